@@ -1,0 +1,56 @@
+# mindp: make test | make run | make stop | make clean | make p4 | make bench
+# Run as root on Debian 12. Every target sets up what it needs, once.
+
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+APT_PACKAGES := mininet bridge-utils iproute2 iputils-ping tcpdump ethtool python3-venv python3-pip
+STAMP_APT := $(VENV)/.apt-done
+STAMP_PIP := $(VENV)/.pip-done
+
+# Training run (see README: make run).
+TARGET ?= auto
+WORKERS ?= 4
+STEPS ?= 60
+LOSS ?= 0
+JOBS ?= 1
+SEED ?= 0
+PCAP ?= 0
+# Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
+PYTEST_ARGS ?=
+
+.PHONY: setup test run stop clean p4 bench
+
+setup: $(STAMP_PIP)
+
+$(STAMP_APT):
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 $$missing >/dev/null; \
+	fi
+	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
+	@touch $@
+
+$(STAMP_PIP): $(STAMP_APT) pyproject.toml
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+run: setup
+	$(PY) -m mininet_topos.run --target $(TARGET) --workers $(WORKERS) --steps $(STEPS) \
+	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP)
+
+stop: setup
+	$(PY) -m mininet_topos.stop
+
+p4: setup
+	$(PY) -m p4src.artifacts compile
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean: stop
+	rm -rf build logs pcaps

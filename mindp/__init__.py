@@ -1,0 +1,1 @@
+"""mindp: model-in-network data parallelism. Shared wire format and pure logic."""

@@ -1,0 +1,109 @@
+"""The mindp wire format: the one source of truth.
+
+Every other part derives its view of the packet from this module: the Scapy
+layers (`mindp.layers`), the numpy codec (`mindp.codec`), the P4 program's
+constants (checked against `p4src/` by the tests) and the embedded switch tests.
+docs/PROTOCOL.md explains the format in prose.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+#: UDP port of mindp, source and destination (0xC0DE, in the dynamic range).
+UDP_PORT = 49374
+
+#: Elements per chunk. Shared with the P4 program (p4src/constants.p4 and the
+#: generated per-element code); see docs/PROTOCOL.md for why 32.
+K = 32
+
+#: Fixed-point scale: an fp16 value x is carried through the switch as x * 2**24.
+SCALE_BITS = 24
+
+#: Width of the per-slot worker bitmap in the switch: worker ids are 0..31.
+MAX_WORKERS = 32
+
+
+class Kind(enum.IntEnum):
+    GRAD = 1  # worker -> switch: K fp16 gradient elements
+    SUM = 2  # switch -> optimizer node: K int64 exact sums
+    PARAM = 3  # optimizer node -> switch -> workers: K fp16 parameters
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    NONFINITE = 0x01  # an element was Inf/NaN (in any contribution, for SUM)
+    RETRANSMIT = 0x02  # sent again after a timeout, or a sum/params resent
+
+
+#: Header fields in wire order: (name, width in bits). Big-endian on the wire.
+HEADER_FIELDS: tuple[tuple[str, int], ...] = (
+    ("version", 8),
+    ("kind", 8),
+    ("flags", 8),
+    ("ver", 8),  # slot version (0 or 1) of this use of the slot
+    ("job", 16),
+    ("worker", 16),  # sender's worker id (GRAD); last contributor (SUM)
+    ("slot", 16),  # slot index relative to the job's slot range
+    ("count", 16),  # valid elements in this chunk (<= K); the rest is padding
+    ("step", 32),
+    ("chunk", 32),
+    ("nworkers", 16),  # SUM: contributions in the sum; else 0
+    ("reserved", 16),
+)
+
+HEADER_LEN = sum(w for _, w in HEADER_FIELDS) // 8
+
+#: numpy view of the header, for batch encode/decode without Python loops.
+HEADER_DTYPE = np.dtype([(name, f">u{w // 8}") for name, w in HEADER_FIELDS])
+assert HEADER_DTYPE.itemsize == HEADER_LEN
+
+#: Element encoding per kind: big-endian fp16 bits or big-endian int64.
+ELEMENT_DTYPE = {Kind.GRAD: np.dtype(">f2"), Kind.PARAM: np.dtype(">f2"), Kind.SUM: np.dtype(">i8")}
+
+ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
+ETHERTYPE_IPV4 = 0x0800
+IPPROTO_UDP = 17
+
+
+def payload_len(kind: Kind) -> int:
+    """Bytes after the UDP header: mindp header plus K elements."""
+    return HEADER_LEN + K * ELEMENT_DTYPE[Kind(kind)].itemsize
+
+
+def frame_len(kind: Kind) -> int:
+    """Length of a whole Ethernet frame of this kind (no FCS)."""
+    return ETH_LEN + IPV4_LEN + UDP_LEN + payload_len(kind)
+
+
+@dataclass(frozen=True)
+class Header:
+    """One mindp header, field for field as on the wire."""
+
+    kind: int
+    job: int = 0
+    worker: int = 0
+    step: int = 0
+    chunk: int = 0
+    slot: int = 0
+    ver: int = 0
+    count: int = K
+    flags: int = 0
+    nworkers: int = 0
+    version: int = PROTOCOL_VERSION
+    reserved: int = 0
+
+    def as_tuple(self) -> tuple[int, ...]:
+        return tuple(getattr(self, name) for name, _ in HEADER_FIELDS)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A host's addresses as the packets carry them."""
+
+    mac: str
+    ip: str

@@ -1,0 +1,27 @@
+"""Which slot and slot version each (step, chunk) of a job uses (DESIGN.md invariant 3).
+
+Chunk c uses slot c mod S. The uses of one slot follow each other in
+(step, chunk) order; its version alternates 0, 1, 0, ... with each use, so the
+other version still holds the previous use's result for retransmissions.
+Workers, the optimizer node and the tests all take slots from here.
+"""
+from __future__ import annotations
+
+
+def slot_of(chunk: int, slots: int) -> int:
+    return chunk % slots
+
+
+def uses_per_step(slot: int, n_chunks: int, slots: int) -> int:
+    """How many chunks of one step land in `slot`."""
+    return max(0, -(-(n_chunks - slot) // slots))
+
+
+def use_index(step: int, chunk: int, n_chunks: int, slots: int) -> int:
+    """The ordinal of this use of its slot since step 0."""
+    slot = slot_of(chunk, slots)
+    return step * uses_per_step(slot, n_chunks, slots) + chunk // slots
+
+
+def version_of(step: int, chunk: int, n_chunks: int, slots: int) -> int:
+    return use_index(step, chunk, n_chunks, slots) & 1

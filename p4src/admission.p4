@@ -1,0 +1,93 @@
+/* Jobs and membership (DESIGN.md invariant 5): a gradient is admitted only from
+ * the port registered for its (job, worker), a parameter chunk only from the
+ * job's optimizer-node port. Everything else of our protocol is dropped, and
+ * the reason counted by the ingress. */
+#ifndef MINDP_ADMISSION_P4
+#define MINDP_ADMISSION_P4
+
+#include "headers.p4"
+
+control Admission(inout headers_t hdr, inout metadata_t meta,
+                  inout standard_metadata_t standard_metadata) {
+    action reject(bit<8> reason) {
+        meta.dropped = 1;
+        meta.drop_reason = reason;
+    }
+
+    /* A job's configuration. Slot ranges [slot_base, slot_base + slot_count) of
+     * different jobs are disjoint (the controller allocates them); epoch is new
+     * on every creation of a job, so slots left by an earlier job start afresh. */
+    action set_job(bit<32> slot_base, bit<16> slot_count, bit<16> workers,
+                   port_t optimizer_port, mac_t optimizer_mac, ip4_t optimizer_ip,
+                   bit<16> mcast_group, bit<16> epoch) {
+        meta.slot_base = slot_base;
+        meta.slot_count = slot_count;
+        meta.workers = workers;
+        meta.optimizer_port = optimizer_port;
+        meta.optimizer_mac = optimizer_mac;
+        meta.optimizer_ip = optimizer_ip;
+        meta.mcast_group = mcast_group;
+        meta.epoch = epoch;
+    }
+
+    table jobs {
+        key = { hdr.mindp.job: exact; }
+        actions = { set_job; @defaultonly reject; }
+        default_action = reject(DROP_UNKNOWN_JOB);
+        size = MAX_JOBS;
+    }
+
+    action admit() { }
+
+    table workers {
+        key = {
+            standard_metadata.ingress_port: exact;
+            hdr.mindp.job: exact;
+            hdr.mindp.worker: exact;
+        }
+        actions = { admit; @defaultonly reject; }
+        default_action = reject(DROP_NOT_MEMBER);
+        size = 2048;
+    }
+
+    table optimizers {
+        key = {
+            standard_metadata.ingress_port: exact;
+            hdr.mindp.job: exact;
+        }
+        actions = { admit; @defaultonly reject; }
+        default_action = reject(DROP_NOT_MEMBER);
+        size = MAX_JOBS;
+    }
+
+    apply {
+        if (standard_metadata.parser_error != error.NoError) {
+            reject(DROP_MALFORMED);
+        } else if (hdr.mindp.version != MINDP_VERSION) {
+            reject(DROP_BAD_VERSION);
+        } else if (hdr.mindp.kind != KIND_GRAD && hdr.mindp.kind != KIND_PARAM) {
+            reject(DROP_BAD_KIND);
+        } else if (hdr.udp.length != UDP_LEN_FP16 || hdr.mindp.count == 0
+                   || hdr.mindp.count > MINDP_K) {
+            reject(DROP_BAD_LENGTH);
+        } else if (hdr.mindp.job >= MAX_JOBS_16) {
+            reject(DROP_UNKNOWN_JOB);
+        } else {
+            jobs.apply();
+            if (meta.dropped == 0) {
+                if (hdr.mindp.kind == KIND_GRAD) {
+                    workers.apply();
+                    if (meta.dropped == 0 && (hdr.mindp.worker >= MAX_WORKERS
+                            || (bit<32>) hdr.mindp.slot >= (bit<32>) meta.slot_count
+                            || hdr.mindp.ver > 1)) {
+                        reject(DROP_BAD_SLOT);
+                    }
+                } else {
+                    optimizers.apply();
+                }
+            }
+        }
+    }
+}
+
+#endif

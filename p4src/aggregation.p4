@@ -1,0 +1,122 @@
+/* Exact in-network aggregation in self-cleaning slots (DESIGN.md invariants
+ * 1, 3 and 4).
+ *
+ * A cell is one version of one slot: cell = (slot_base + slot) * 2 + ver. A
+ * use of a cell is named by (epoch, step, chunk). The first gradient of a use
+ * newer than the one the cell holds overwrites it; later ones of the same use
+ * add; gradients of an older use are stale and dropped. When the last worker's
+ * gradient arrives the packet becomes the sum and goes to the optimizer node; a
+ * gradient for a complete cell is a retransmission and gets the sum again. */
+#ifndef MINDP_AGGREGATION_P4
+#define MINDP_AGGREGATION_P4
+
+#include "headers.p4"
+
+/* fp16 bits -> value * 2^24, exactly: m for subnormals, (1024 + m) << (e - 1)
+ * for normals, negated for sign 1; Inf/NaN (e == 31) contribute 0 and are
+ * flagged by the caller. */
+bit<64> fp16_to_fixed(in bit<16> h) {
+    bit<5> e = h[14:10];
+    bit<64> man = (bit<64>) h[9:0];
+    bit<64> mag = (e == 0) ? man : ((man | 64w0x400) << (e - 1));
+    bit<64> fixed = (h[15:15] == 1) ? (64w0 - mag) : mag;
+    return (e == 31) ? 64w0 : fixed;
+}
+
+control Aggregation(inout headers_t hdr, inout metadata_t meta,
+                    inout standard_metadata_t standard_metadata) {
+    /* tag_epoch[cell] ++ tag_step_chunk[cell]: the use the cell holds now.
+     * Grows with every new use in a job's life (step, then chunk). */
+    register<bit<16>>(POOL_CELLS) tag_epoch;
+    register<bit<64>>(POOL_CELLS) tag_step_chunk;
+    /* bitmap[cell]: bit w set iff worker w's gradient is in acc_*[cell] for
+     * this use; count[cell] is its population count. */
+    register<bit<32>>(POOL_CELLS) bitmap;
+    register<bit<16>>(POOL_CELLS) count;
+    /* nonfinite[cell] = 1 iff some contribution to this use had an Inf/NaN. */
+    register<bit<1>>(POOL_CELLS) nonfinite;
+
+#include "generated/agg_registers.p4"
+
+    counter(MAX_JOBS, CounterType.packets_and_bytes) grad_packets;
+    counter(MAX_JOBS, CounterType.packets) completions;
+    counter(MAX_JOBS, CounterType.packets) duplicates;
+    counter(MAX_JOBS, CounterType.packets) resent_sums;
+
+#include "generated/agg_actions.p4"
+
+    apply {
+        grad_packets.count((bit<32>) hdr.mindp.job);
+        meta.cell = (meta.slot_base + (bit<32>) hdr.mindp.slot) * 2 + (bit<32>) hdr.mindp.ver;
+        meta.worker_bit = (bit<32>) 1 << (bit<8>) hdr.mindp.worker;
+        bit<16> epoch;
+        bit<64> held;
+        bit<32> bits;
+        bit<16> n;
+        bit<1> nf;
+        tag_epoch.read(epoch, meta.cell);
+        tag_step_chunk.read(held, meta.cell);
+        bit<64> use = hdr.mindp.step ++ hdr.mindp.chunk;
+        hdr.sums.setValid();
+        meta.pkt_nonfinite = 0;
+        if (epoch != meta.epoch || use > held) {
+            agg_first();
+            tag_epoch.write(meta.cell, meta.epoch);
+            tag_step_chunk.write(meta.cell, use);
+            bits = meta.worker_bit;
+            n = 1;
+            nf = meta.pkt_nonfinite;
+            meta.complete = (n == meta.workers) ? 1w1 : 1w0;
+        } else if (use < held) {
+            meta.dropped = 1;
+            meta.drop_reason = DROP_STALE;
+        } else {
+            bitmap.read(bits, meta.cell);
+            count.read(n, meta.cell);
+            nonfinite.read(nf, meta.cell);
+            if (bits & meta.worker_bit != 0) {
+                duplicates.count((bit<32>) hdr.mindp.job);
+                if (n == meta.workers) {
+                    agg_read();
+                    meta.resend = 1;
+                    resent_sums.count((bit<32>) hdr.mindp.job);
+                } else {
+                    meta.dropped = 1;
+                    meta.drop_reason = DROP_DUPLICATE;
+                }
+            } else {
+                agg_add();
+                bits = bits | meta.worker_bit;
+                n = n + 1;
+                nf = nf | meta.pkt_nonfinite;
+                meta.complete = (n == meta.workers) ? 1w1 : 1w0;
+            }
+        }
+        if (meta.dropped == 0 && meta.resend == 0) {
+            bitmap.write(meta.cell, bits);
+            count.write(meta.cell, n);
+            nonfinite.write(meta.cell, nf);
+        }
+        if (meta.complete == 1 || meta.resend == 1) {
+            if (meta.complete == 1) {
+                completions.count((bit<32>) hdr.mindp.job);
+            }
+            /* The packet becomes the sum for the job's optimizer node. */
+            hdr.fp16.setInvalid();
+            hdr.mindp.kind = KIND_SUM;
+            hdr.mindp.nworkers = n;
+            hdr.mindp.flags = (nf == 1 ? FLAG_NONFINITE : 8w0)
+                              | (meta.resend == 1 ? FLAG_RETRANSMIT : 8w0);
+            hdr.ethernet.dstAddr = meta.optimizer_mac;
+            hdr.ipv4.dstAddr = meta.optimizer_ip;
+            hdr.ipv4.totalLen = IPV4_LEN_SUM;
+            hdr.udp.length = UDP_LEN_SUM;
+            hdr.udp.checksum = 0;
+            standard_metadata.egress_spec = meta.optimizer_port;
+        } else if (meta.dropped == 0) {
+            meta.absorbed = 1;  /* counted in; the sum leaves with the last worker's packet */
+        }
+    }
+}
+
+#endif

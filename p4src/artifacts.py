@@ -1,0 +1,108 @@
+"""The committed compiled program: paths, source hash, and the p4c call.
+
+    python -m p4src.artifacts compile [--p4c PATH]   # regenerate, compile, record hash
+    python -m p4src.artifacts check                  # exit 1 if sources changed since
+
+The BMv2 JSON and P4Info in p4src/compiled/ are committed with the SHA-256 of
+the P4 sources that produced them, so machines without p4c run the real program
+and a stale artifact is caught by the tests.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = pathlib.Path(__file__).resolve().parent
+COMPILED = HERE / "compiled"
+BMV2_JSON = COMPILED / "mindp.json"
+P4INFO = COMPILED / "mindp.p4info.txtpb"
+HASH_FILE = COMPILED / "mindp.sources.sha256"
+MAIN = HERE / "mindp.p4"
+P4TOOLS_BIN = pathlib.Path("/opt/p4tools/bin")
+
+
+def sources(root: pathlib.Path = HERE) -> list[pathlib.Path]:
+    return sorted(list(root.glob("*.p4")) + list((root / "generated").glob("*.p4")))
+
+
+def source_hash(root: pathlib.Path = HERE) -> str:
+    digest = hashlib.sha256()
+    for path in sources(root):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def recorded_hash() -> str | None:
+    try:
+        return HASH_FILE.read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def find_p4c() -> str | None:
+    found = shutil.which("p4c-bm2-ss")
+    if found:
+        return found
+    local = P4TOOLS_BIN / "p4c-bm2-ss"
+    return str(local) if local.exists() else None
+
+
+def compile_program(p4c: str, main: pathlib.Path, json_out: pathlib.Path, p4info_out: pathlib.Path) -> None:
+    """Run p4c-bm2-ss; raises RuntimeError with p4c's own message on failure."""
+    cmd = [p4c, "--std", "p4-16", "--arch", "v1model", "-o", str(json_out), "--p4runtime-files", str(p4info_out), str(main)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"p4c failed:\n{proc.stderr.strip()}")
+    warnings = proc.stderr.strip()
+    if warnings:
+        print(warnings, file=sys.stderr)
+
+
+def compile_and_record(p4c: str) -> None:
+    from . import gen_p4
+
+    gen_p4.main([])
+    COMPILED.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        json_tmp, info_tmp = pathlib.Path(tmp) / "mindp.json", pathlib.Path(tmp) / "mindp.p4info.txtpb"
+        compile_program(p4c, MAIN, json_tmp, info_tmp)
+        shutil.copyfile(json_tmp, BMV2_JSON)
+        shutil.copyfile(info_tmp, P4INFO)
+    version = subprocess.run([p4c, "--version"], capture_output=True, text=True).stdout.strip().split("\n")[-1]
+    HASH_FILE.write_text(f"{source_hash()}  {version}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Compile mindp.p4 or check the committed artifacts")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compile", help="regenerate, compile with p4c-bm2-ss and record the source hash")
+    c.add_argument("--p4c", default=None, help="path of p4c-bm2-ss (default: PATH, then /opt/p4tools/bin)")
+    sub.add_parser("check", help="exit 1 if the P4 sources changed since the artifacts were compiled")
+    args = ap.parse_args(argv)
+    if args.cmd == "compile":
+        p4c = args.p4c or find_p4c()
+        if not p4c:
+            print("p4c-bm2-ss not found: keeping the committed artifacts in p4src/compiled/", file=sys.stderr)
+            return 0
+        try:
+            compile_and_record(p4c)
+        except RuntimeError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        print(f"compiled {MAIN.name} -> {BMV2_JSON.relative_to(HERE.parent)}, {P4INFO.relative_to(HERE.parent)}")
+        return 0
+    if recorded_hash() != source_hash():
+        print("p4src/compiled/ is stale: the P4 sources changed; run `make p4` with p4c installed", file=sys.stderr)
+        return 1
+    print("p4src/compiled/ matches the P4 sources")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+/* Headers and metadata of the mindp switch. The mindp header and the element
+ * chunks are generated from mindp/protocol.py (generated/). */
+#ifndef MINDP_HEADERS_P4
+#define MINDP_HEADERS_P4
+
+#include "constants.p4"
+#include "generated/chunks.p4"
+
+header ethernet_t {
+    mac_t dstAddr;
+    mac_t srcAddr;
+    bit<16> etherType;
+}
+
+header arp_t {
+    bit<16> htype;
+    bit<16> ptype;
+    bit<8> hlen;
+    bit<8> plen;
+    bit<16> oper;
+    mac_t sha;
+    ip4_t spa;
+    mac_t tha;
+    ip4_t tpa;
+}
+
+header ipv4_t {
+    bit<4> version;
+    bit<4> ihl;
+    bit<8> diffserv;
+    bit<16> totalLen;
+    bit<16> identification;
+    bit<3> flags;
+    bit<13> fragOffset;
+    bit<8> ttl;
+    bit<8> protocol;
+    bit<16> hdrChecksum;
+    ip4_t srcAddr;
+    ip4_t dstAddr;
+}
+
+header udp_t {
+    bit<16> srcPort;
+    bit<16> dstPort;
+    bit<16> length;
+    bit<16> checksum;
+}
+
+struct headers_t {
+    ethernet_t ethernet;
+    arp_t arp;
+    ipv4_t ipv4;
+    udp_t udp;
+    mindp_t mindp;
+    fp16_chunk_t fp16;
+    sum_chunk_t sums;
+}
+
+/* Per-packet state of the mindp pipeline. */
+struct metadata_t {
+    bit<8> drop_reason;
+    bit<1> dropped;            /* dropped for drop_reason, and counted */
+    bit<1> absorbed;           /* consumed by aggregation: dropped, not counted */
+    bit<32> drop_cell;         /* row * DROP_REASONS + reason */
+    /* From the job table. */
+    bit<32> slot_base;
+    bit<16> slot_count;
+    bit<16> workers;
+    port_t optimizer_port;
+    mac_t optimizer_mac;
+    ip4_t optimizer_ip;
+    bit<16> mcast_group;
+    bit<16> epoch;
+    /* Aggregation. */
+    bit<32> cell;              /* (slot_base + slot) * 2 + ver */
+    bit<32> worker_bit;
+    bit<1> pkt_nonfinite;
+    bit<1> complete;
+    bit<1> resend;
+}
+
+#endif

@@ -1,0 +1,70 @@
+/* mindp: in-network aggregation with an attached optimizer node (v1model).
+ *
+ * Ingress: ordinary frames are forwarded by destination MAC; mindp gradients
+ * are admitted (job, membership), aggregated, and the completed sum sent to the
+ * job's optimizer node; mindp parameter chunks from the optimizer node are
+ * multicast to the job's workers. Egress addresses each parameter replica to
+ * its worker and keeps flooded frames off their ingress port. */
+#include <core.p4>
+#include <v1model.p4>
+
+#include "constants.p4"
+#include "headers.p4"
+#include "parser.p4"
+#include "forwarding.p4"
+#include "admission.p4"
+#include "aggregation.p4"
+#include "multicast.p4"
+#include "deparser.p4"
+
+control MindpIngress(inout headers_t hdr, inout metadata_t meta,
+                     inout standard_metadata_t standard_metadata) {
+    Forwarding() forwarding;
+    Admission() admission;
+    Aggregation() aggregation;
+    ParamMulticast() multicast;
+
+    /* drops[row * DROP_REASONS + reason]: mindp packets dropped, by job row and
+     * reason (row MAX_JOBS: no valid job id); plus ordinary frames (NO_ROUTE). */
+    counter(DROP_CELLS, CounterType.packets) drops;
+
+    apply {
+        if (hdr.mindp.isValid()) {
+            admission.apply(hdr, meta, standard_metadata);
+            if (meta.dropped == 0) {
+                if (hdr.mindp.kind == KIND_GRAD) {
+                    aggregation.apply(hdr, meta, standard_metadata);
+                } else {
+                    multicast.apply(hdr, meta, standard_metadata);
+                }
+            }
+        } else {
+            forwarding.apply(hdr, meta, standard_metadata);
+        }
+        if (meta.dropped == 1) {
+            bit<32> row = (hdr.mindp.isValid() && hdr.mindp.job < MAX_JOBS_16)
+                          ? (bit<32>) hdr.mindp.job : (bit<32>) MAX_JOBS;
+            drops.count(row * DROP_REASONS + (bit<32>) meta.drop_reason);
+            mark_to_drop(standard_metadata);
+        } else if (meta.absorbed == 1) {
+            mark_to_drop(standard_metadata);
+        }
+    }
+}
+
+control MindpEgress(inout headers_t hdr, inout metadata_t meta,
+                    inout standard_metadata_t standard_metadata) {
+    ParamRewrite() rewrite;
+
+    apply {
+        if (hdr.mindp.isValid() && hdr.mindp.kind == KIND_PARAM) {
+            rewrite.apply(hdr, meta, standard_metadata);
+        } else if (standard_metadata.egress_port == standard_metadata.ingress_port) {
+            /* A flooded frame does not go back where it came from. */
+            mark_to_drop(standard_metadata);
+        }
+    }
+}
+
+V1Switch(MindpParser(), MindpVerifyChecksum(), MindpIngress(), MindpEgress(),
+         MindpComputeChecksum(), MindpDeparser()) main;
