@@ -1,0 +1,167 @@
+"""Start BMv2 `simple_switch_grpc` or the embedded switch with the same arguments.
+
+Both targets take the simple_switch_grpc command line, so tests, Mininet and
+benches start either the same way, wait until its gRPC server answers and stop
+it by PID.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+TARGETS = ("auto", "bmv2", "embedded")
+P4TOOLS_BIN = pathlib.Path("/opt/p4tools/bin")
+
+
+class TargetError(RuntimeError):
+    """The switch cannot be started or did not come up; the message says why."""
+
+
+def find_tool(name: str) -> str | None:
+    """A p4lang tool on PATH or under /opt/p4tools/bin."""
+    found = shutil.which(name)
+    if found:
+        return found
+    local = P4TOOLS_BIN / name
+    return str(local) if local.exists() and os.access(local, os.X_OK) else None
+
+
+def find_bmv2() -> str | None:
+    return find_tool("simple_switch_grpc")
+
+
+def resolve(target: str) -> str:
+    """auto -> bmv2 when installed, else embedded; bmv2 must be installed."""
+    if target not in TARGETS:
+        raise TargetError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
+    if target == "auto":
+        return "bmv2" if find_bmv2() else "embedded"
+    if target == "bmv2" and not find_bmv2():
+        raise TargetError("TARGET=bmv2 but simple_switch_grpc is not installed (PATH or /opt/p4tools/bin)")
+    return target
+
+
+@dataclass
+class SwitchConfig:
+    ports: dict[int, str]  # switch port -> interface name
+    grpc_addr: str = "127.0.0.1:9559"
+    device_id: int = 0
+    json_path: str | None = None  # None: start without a program (--no-p4)
+    log_file: str | None = None  # the switch's own log (also its stdout/stderr)
+    pcap_dir: str | None = None
+    thrift_port: int | None = None  # BMv2 runtime CLI port (queue depth); None: BMv2's default 9090
+    cpu_port: int | None = None
+    fault_args: list[str] = field(default_factory=list)  # embedded only: --drop-prob P ...
+
+    def args(self) -> list[str]:
+        args = ["--device-id", str(self.device_id)]
+        if self.log_file:
+            args += ["--log-file", self.log_file]
+        if self.pcap_dir:
+            args += ["--pcap", self.pcap_dir]
+        if self.thrift_port is not None:
+            args += ["--thrift-port", str(self.thrift_port)]
+        for port, iface in sorted(self.ports.items()):
+            args += ["-i", f"{port}@{iface}"]
+        args += [self.json_path] if self.json_path else ["--no-p4"]
+        args += ["--", "--grpc-server-addr", self.grpc_addr]
+        if self.cpu_port is not None:
+            args += ["--cpu-port", str(self.cpu_port)]
+        return args
+
+
+def command(target: str, cfg: SwitchConfig) -> list[str]:
+    target = resolve(target)
+    if target == "bmv2":
+        return [find_bmv2(), "--log-level", "off", *cfg.args()]
+    return [sys.executable, "-m", "softswitch", *cfg.fault_args, *cfg.args()]
+
+
+def grpc_port_open(addr: str) -> bool:
+    host, _, port = addr.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SwitchProcess:
+    """One running switch. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, target: str, cfg: SwitchConfig, *, prefix: list[str] | None = None):
+        self.target = resolve(target)
+        self.cfg = cfg
+        self.cmd = [*(prefix or []), *command(self.target, cfg)]
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self, timeout: float = 20.0) -> SwitchProcess:
+        if grpc_port_open(self.cfg.grpc_addr):
+            raise TargetError(f"gRPC address {self.cfg.grpc_addr} is already in use")
+        log = open(self.cfg.log_file, "ab") if self.cfg.log_file else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise TargetError(f"cannot start {self.cmd[0]}: {exc}") from None
+        finally:
+            if log is not subprocess.DEVNULL:
+                log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                where = f"; see {self.cfg.log_file}" if self.cfg.log_file else ""
+                raise TargetError(f"{self.target} switch exited with code {self.proc.returncode} at start{where}")
+            if grpc_port_open(self.cfg.grpc_addr):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise TargetError(f"{self.target} switch did not open gRPC {self.cfg.grpc_addr} within {timeout:.0f} s")
+
+    def set_queue_depth(self, depth: int) -> None:
+        """BMv2 drops silently past 64 queued packets a port: raise the bound. No-op on the embedded switch."""
+        if self.target != "bmv2":
+            return
+        cli = find_tool("simple_switch_CLI")
+        if not cli:
+            raise TargetError("simple_switch_CLI not found: cannot set BMv2 queue depth")
+        port = self.cfg.thrift_port or 9090
+        proc = subprocess.run(
+            [cli, "--thrift-port", str(port)], input=f"set_queue_depth {depth}\n", capture_output=True, text=True, timeout=30
+        )
+        if proc.returncode != 0:
+            raise TargetError(f"set_queue_depth failed: {proc.stderr.strip() or proc.stdout.strip()}")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if not self.proc or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> SwitchProcess:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,137 @@
+"""Hosts in network namespaces on veth pairs, for tests and benches.
+
+Each host gets a namespace `<prefix><name>` holding `eth0`; the switch-side end
+`<prefix>p<port>` stays in the root namespace, where the switch runs. Offloads
+and IPv6 are off on both ends (as BMv2's veth_setup.sh does), so only the
+frames a test sends cross the link. Everything is removed on close, by name.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import subprocess
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .topology import Host
+
+ETH_P_ALL = 0x0003
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise TestbedError(f"{' '.join(args)}: {proc.stderr.strip()}")
+    return proc
+
+
+OFFLOADS = ("rx", "tx", "sg", "tso", "ufo", "gso", "gro", "lro", "rxvlan", "txvlan", "rxhash")
+
+
+def quiet_link(iface: str, netns: str | None = None) -> None:
+    """Offloads off, IPv6 off, link up: no frames but the ones we send."""
+    pre = ["ip", "netns", "exec", netns] if netns else []
+    for feature in OFFLOADS:
+        sh(*pre, "ethtool", "-K", iface, feature, "off", check=False)
+    sh(*pre, "sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)
+    sh(*pre, "ip", "link", "set", iface, "up")
+
+
+@contextmanager
+def in_netns(netns: str):
+    """Run the body with this thread in `netns` (for opening sockets there)."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            raise TestbedError(f"setns({netns}): {os.strerror(ctypes.get_errno())}")
+        yield
+    finally:
+        _libc.setns(own, CLONE_NEWNET)
+        os.close(own)
+        os.close(target)
+
+
+def raw_socket(iface: str, netns: str | None = None) -> socket.socket:
+    """A non-blocking AF_PACKET socket bound to `iface`, receiving every frame."""
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        s.bind((iface, 0))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        s.setblocking(False)
+        return s
+
+    if netns is None:
+        return make()
+    with in_netns(netns):
+        return make()
+
+
+@dataclass
+class NetHost:
+    host: Host
+    netns: str
+    switch_iface: str  # the root-namespace end, given to the switch as port `host.port`
+
+    def exec(self, *cmd: str, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", self.netns, *cmd], **kw)
+
+    def popen(self, *cmd: str, **kw) -> subprocess.Popen:
+        return subprocess.Popen(["ip", "netns", "exec", self.netns, *cmd], **kw)
+
+    def socket(self) -> socket.socket:
+        return raw_socket("eth0", self.netns)
+
+
+class Testbed:
+    """Namespaces and veths for a set of hosts; a context manager that cleans up."""
+
+    def __init__(self, prefix: str):
+        if not 1 <= len(prefix) <= 6:
+            raise ValueError("prefix must be 1..6 characters (interface names are short)")
+        self.prefix = prefix
+        self.hosts: dict[str, NetHost] = {}
+
+    def add(self, host: Host) -> NetHost:
+        netns = f"{self.prefix}{host.name}"
+        outer = f"{self.prefix}p{host.port}"
+        inner = f"{self.prefix}h{host.port}"
+        self._remove(netns, outer)
+        sh("ip", "netns", "add", netns)
+        nh = NetHost(host, netns, outer)
+        self.hosts[host.name] = nh
+        sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+        sh("ip", "link", "set", inner, "netns", netns)
+        sh("ip", "-n", netns, "link", "set", inner, "name", "eth0")
+        sh("ip", "-n", netns, "link", "set", "eth0", "address", host.mac)
+        sh("ip", "-n", netns, "addr", "add", f"{host.ip}/16", "dev", "eth0")
+        sh("ip", "-n", netns, "link", "set", "lo", "up")
+        quiet_link("eth0", netns)
+        quiet_link(outer)
+        return nh
+
+    def ports(self) -> dict[int, str]:
+        return {nh.host.port: nh.switch_iface for nh in self.hosts.values()}
+
+    @staticmethod
+    def _remove(netns: str, outer: str) -> None:
+        sh("ip", "netns", "del", netns, check=False)
+        sh("ip", "link", "del", outer, check=False)
+
+    def close(self) -> None:
+        for nh in self.hosts.values():
+            self._remove(nh.netns, nh.switch_iface)
+        self.hosts.clear()
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
