@@ -135,7 +135,7 @@ def encode(kind: Kind, headers: np.ndarray, elements: np.ndarray, addrs: Address
     hdr["kind"] = kind
     frames[:, PREFIX_LEN : PREFIX_LEN + HEADER_LEN] = hdr.view(np.uint8).reshape(n, HEADER_LEN)
     body = np.ascontiguousarray(elements.astype(ELEMENT_DTYPE[kind]))
-    frames[:, PREFIX_LEN + HEADER_LEN :] = body.view(np.uint8).reshape(n, -1)
+    frames[:, PREFIX_LEN + HEADER_LEN :] = body.view(np.uint8).reshape(n, frames.shape[1] - PREFIX_LEN - HEADER_LEN)
     return frames
 
 
@@ -178,11 +178,13 @@ def decode(frames, kind: Kind) -> Decoded:
     if isinstance(frames, np.ndarray):
         arr = frames if frames.ndim == 2 and frames.shape[1] == length else None
         if arr is None:
-            rejects["length"] += len(frames)
+            if len(frames):
+                rejects["length"] += len(frames)
             arr = np.empty((0, length), dtype=np.uint8)
     else:
         good = [f for f in frames if len(f) == length]
-        rejects["length"] += len(frames) - len(good)
+        if len(good) != len(frames):
+            rejects["length"] += len(frames) - len(good)
         arr = np.frombuffer(b"".join(good), dtype=np.uint8).reshape(len(good), length)
     checks = (
         ("ethertype", (arr[:, 12].astype(np.uint16) << 8 | arr[:, 13]) == ETHERTYPE_IPV4),
@@ -200,7 +202,7 @@ def decode(frames, kind: Kind) -> Decoded:
         ok &= passed
     arr = arr[ok]
     headers = arr[:, PREFIX_LEN : PREFIX_LEN + HEADER_LEN].copy().view(HEADER_DTYPE).reshape(-1)
-    elements = arr[:, PREFIX_LEN + HEADER_LEN :].copy().view(ELEMENT_DTYPE[kind]).reshape(-1, K)
+    elements = arr[:, PREFIX_LEN + HEADER_LEN :].copy().view(ELEMENT_DTYPE[kind]).reshape(len(arr), K)
     return Decoded(headers, elements.astype(elements.dtype.newbyteorder("=")), rejects)
 
 
