@@ -51,9 +51,9 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         meta.worker_bit = (bit<32>) 1 << (bit<8>) hdr.mindp.worker;
         bit<16> epoch;
         bit<64> held;
-        bit<32> bits;
-        bit<16> n;
-        bit<1> nf;
+        bit<32> bits = 0;
+        bit<16> n = 0;
+        bit<1> nf = 0;
         tag_epoch.read(epoch, meta.cell);
         tag_step_chunk.read(held, meta.cell);
         bit<64> use = hdr.mindp.step ++ hdr.mindp.chunk;

@@ -74,7 +74,8 @@ def compile_and_record(p4c: str) -> None:
         compile_program(p4c, MAIN, json_tmp, info_tmp)
         shutil.copyfile(json_tmp, BMV2_JSON)
         shutil.copyfile(info_tmp, P4INFO)
-    version = subprocess.run([p4c, "--version"], capture_output=True, text=True).stdout.strip().split("\n")[-1]
+    proc = subprocess.run([p4c, "--version"], capture_output=True, text=True)
+    version = next((line for line in (proc.stdout + proc.stderr).splitlines() if "Version" in line), "p4c").strip()
     HASH_FILE.write_text(f"{source_hash()}  {version}\n")
 
 
