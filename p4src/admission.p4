@@ -61,9 +61,7 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
     }
 
     apply {
-        if (standard_metadata.parser_error != error.NoError) {
-            reject(DROP_MALFORMED);
-        } else if (hdr.mindp.version != MINDP_VERSION) {
+        if (hdr.mindp.version != MINDP_VERSION) {
             reject(DROP_BAD_VERSION);
         } else if (hdr.mindp.kind != KIND_GRAD && hdr.mindp.kind != KIND_PARAM) {
             reject(DROP_BAD_KIND);

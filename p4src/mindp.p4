@@ -29,7 +29,11 @@ control MindpIngress(inout headers_t hdr, inout metadata_t meta,
     counter(DROP_CELLS, CounterType.packets) drops;
 
     apply {
-        if (hdr.mindp.isValid()) {
+        if (standard_metadata.parser_error != error.NoError) {
+            /* Cut short (e.g. a truncated mindp header or elements): never forwarded. */
+            meta.dropped = 1;
+            meta.drop_reason = DROP_MALFORMED;
+        } else if (hdr.mindp.isValid()) {
             admission.apply(hdr, meta, standard_metadata);
             if (meta.dropped == 0) {
                 if (hdr.mindp.kind == KIND_GRAD) {
