@@ -74,9 +74,9 @@ def ipv4_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
-def frame_prefix(kind: Kind, addrs: Addresses) -> bytes:
+def frame_prefix(kind: Kind, addrs: Addresses, k: int = K) -> bytes:
     """The Ethernet, IPv4 and UDP headers shared by every frame of a batch."""
-    udp_len = UDP_LEN + payload_len(kind)
+    udp_len = UDP_LEN + payload_len(kind, k)
     ip = bytearray(
         struct.pack(
             "!BBHHHBBH4s4s",
@@ -122,15 +122,18 @@ def header_array(n: int, **fields) -> np.ndarray:
     return hdr
 
 
-def encode(kind: Kind, headers: np.ndarray, elements: np.ndarray, addrs: Addresses) -> np.ndarray:
-    """Headers (n,) and elements (n, K) -> frames as an (n, frame_len) uint8 array."""
+def encode(kind: Kind, headers: np.ndarray, elements: np.ndarray, addrs: Addresses, *, k: int = K) -> np.ndarray:
+    """Headers (n,) and elements (n, k) -> frames as an (n, frame_len) uint8 array.
+
+    k is the protocol's K; another k builds frames for a program compiled with it (benches).
+    """
     kind = Kind(kind)
     n = len(headers)
     elements = np.asarray(elements)
-    if elements.shape != (n, K):
-        raise ValueError(f"elements must be ({n}, {K}), got {elements.shape}")
-    frames = np.empty((n, frame_len(kind)), dtype=np.uint8)
-    frames[:, :PREFIX_LEN] = np.frombuffer(frame_prefix(kind, addrs), dtype=np.uint8)
+    if elements.shape != (n, k):
+        raise ValueError(f"elements must be ({n}, {k}), got {elements.shape}")
+    frames = np.empty((n, frame_len(kind, k)), dtype=np.uint8)
+    frames[:, :PREFIX_LEN] = np.frombuffer(frame_prefix(kind, addrs, k), dtype=np.uint8)
     hdr = np.asarray(headers, dtype=HEADER_DTYPE).copy()
     hdr["kind"] = kind
     frames[:, PREFIX_LEN : PREFIX_LEN + HEADER_LEN] = hdr.view(np.uint8).reshape(n, HEADER_LEN)

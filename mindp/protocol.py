@@ -70,14 +70,14 @@ ETHERTYPE_IPV4 = 0x0800
 IPPROTO_UDP = 17
 
 
-def payload_len(kind: Kind) -> int:
-    """Bytes after the UDP header: mindp header plus K elements."""
-    return HEADER_LEN + K * ELEMENT_DTYPE[Kind(kind)].itemsize
+def payload_len(kind: Kind, k: int = K) -> int:
+    """Bytes after the UDP header: mindp header plus k elements (k other than K: benches only)."""
+    return HEADER_LEN + k * ELEMENT_DTYPE[Kind(kind)].itemsize
 
 
-def frame_len(kind: Kind) -> int:
+def frame_len(kind: Kind, k: int = K) -> int:
     """Length of a whole Ethernet frame of this kind (no FCS)."""
-    return ETH_LEN + IPV4_LEN + UDP_LEN + payload_len(kind)
+    return ETH_LEN + IPV4_LEN + UDP_LEN + payload_len(kind, k)
 
 
 @dataclass(frozen=True)

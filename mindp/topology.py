@@ -1,7 +1,7 @@
 """Topology and jobs as data: the one description that Mininet, the controller,
 the agents and the tests all read.
 
-JSON form (see docs/TOPOLOGY.md for a full example):
+JSON form (`mindp.topology.star([2]).dump(path)` writes a full example):
 
     {"switch": {"name": "s1", "grpc_addr": "127.0.0.1:9559", "device_id": 0},
      "hosts": {"w0": {"mac": "02:00:00:00:00:01", "ip": "10.0.0.1", "port": 1}, ...},
