@@ -77,6 +77,7 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
                     workers.apply();
                     if (meta.dropped == 0 && (hdr.mindp.worker >= MAX_WORKERS
                             || (bit<32>) hdr.mindp.slot >= (bit<32>) meta.slot_count
+                            || meta.slot_base + (bit<32>) hdr.mindp.slot >= POOL_SLOTS
                             || hdr.mindp.ver > 1)) {
                         reject(DROP_BAD_SLOT);
                     }
