@@ -1,0 +1,341 @@
+"""The optimizer node: applies each (step, chunk) sum exactly once, out of core.
+
+`NodeCore` is the pure state machine (sums in, parameter chunks out, no socket);
+`OptimizerNode` runs it on a raw socket; `main` is the `mindp-optimizer` CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import pathlib
+import select
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from mindp import codec
+from mindp.protocol import K, Flag, Kind
+from mindp.topology import Topology, TopologyError
+
+from . import optim, rawsock, state
+from .optim import ConfigError, OptimizerConfig
+from .pager import PagerError
+
+
+class NodeCore:
+    """Sums -> parameter chunks, with the state in a `state.Store`.
+
+    A sum of the current step for a chunk not yet applied is applied (or, if it
+    carries NONFINITE, the chunk is carried over unchanged and `on_nonfinite` is
+    called); a sum already applied, or of the last committed step, is answered by
+    resending that chunk's parameters; older and malformed sums are counted and
+    dropped. When the step's last chunk is applied the step is committed (durable)
+    before its parameters are returned for sending.
+    """
+
+    def __init__(self, store: state.Store, job_id: int, n_workers: int, slots: int,
+                 on_nonfinite: Callable[[int, int], None] | None = None):
+        self.store = store
+        self.cfg = store.cfg
+        self.job_id = job_id
+        self.n_workers = n_workers
+        self.slots = slots
+        self.on_nonfinite = on_nonfinite
+        self.n = store.n_chunks
+        counts = np.full(self.n, K, dtype=np.int64)
+        counts[-1] = store.layout.chunk_count(self.n - 1)
+        self.counts = counts
+        self.uses = -(-(self.n - np.arange(min(slots, self.n))) // slots)  # uses of each slot per step
+        self.stats = collections.Counter()
+        self.nonfinite: list[tuple[int, int]] = []
+        if store.resumed_chunks:
+            self.stats["resumed_chunks"] = store.resumed_chunks
+        if store.step_complete:
+            store.commit()
+
+    @property
+    def committed(self) -> int:
+        return self.store.committed
+
+    def _valid(self, h: np.ndarray) -> np.ndarray:
+        chunk = h["chunk"].astype(np.int64)
+        step = h["step"].astype(np.int64)
+        ok = np.ones(len(h), dtype=bool)
+        checks = [("job", h["job"] == self.job_id), ("nworkers", h["nworkers"] == self.n_workers),
+                  ("chunk", chunk < self.n)]
+        for reason, passed in checks:
+            self._count_bad(reason, ok & ~passed)
+            ok &= passed
+        c = np.where(ok, chunk, 0)
+        slot = c % self.slots
+        ver = (step * self.uses[slot] + c // self.slots) & 1
+        for reason, passed in (("count", h["count"] == self.counts[c]),
+                               ("slot", (h["slot"] == slot) & (h["ver"] == ver))):
+            self._count_bad(reason, ok & ~passed)
+            ok &= passed
+        return ok
+
+    def _count_bad(self, reason: str, bad: np.ndarray) -> None:
+        if bad.any():
+            self.stats[f"rejected_{reason}"] += int(bad.sum())
+
+    def handle(self, headers: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A batch of SUM headers and (n, K) int64 sums -> PARAM headers and (m, K) fp16 to send."""
+        self.stats["sums"] += len(headers)
+        ok = self._valid(headers)
+        cur = self.store.current
+        applied = self.store.applied
+        apply: dict[int, int] = {}  # chunk -> row of its sum
+        resend: list[int] = []  # rows answered from stored parameters
+        for i in np.flatnonzero(ok):
+            s, c = int(headers["step"][i]), int(headers["chunk"][i])
+            if s == cur and not applied[c] and c not in apply:
+                apply[c] = i
+            elif s == cur or s == cur - 1:
+                resend.append(i)
+            elif s < cur:
+                self.stats["stale"] += 1
+            else:
+                self.stats["future"] += 1
+        out_rows: list[int] = []
+        out_vals: list[np.ndarray] = []
+        if apply:
+            chunks = np.array(sorted(apply), dtype=np.int64)
+            rows = np.array([apply[c] for c in chunks], dtype=np.int64)
+            params = self._apply(cur, chunks, headers[rows], sums[rows])
+            out_rows += rows.tolist()
+            out_vals.append(params)
+            if self.store.step_complete:
+                self.store.commit()
+                self.stats["steps"] += 1
+        if resend:
+            self.stats["resent"] += len(resend)
+            out_rows += resend
+            out_vals.append(np.stack([self._params_of(int(headers["step"][i]), int(headers["chunk"][i]))
+                                      for i in resend]))
+        if not out_rows:
+            return np.zeros(0, dtype=headers.dtype), np.zeros((0, K), dtype=np.float16)
+        hdr = headers[np.array(out_rows)].copy()
+        hdr["flags"] &= np.uint8(Flag.NONFINITE)
+        if resend:
+            hdr["flags"][-len(resend):] |= np.uint8(Flag.RETRANSMIT)
+        hdr["nworkers"] = 0
+        hdr["worker"] = 0
+        hdr["kind"] = Kind.PARAM
+        nxt = self.store.current
+        self.store.prefetch_from(int(max(apply)) + 1 if apply and nxt == cur else 0)
+        return hdr, np.concatenate(out_vals)
+
+    def _apply(self, step: int, chunks: np.ndarray, headers: np.ndarray, sums: np.ndarray) -> np.ndarray:
+        store = self.store
+        src, dst = store.copy_after(step - 1), store.copy_after(step)
+        nonfinite = (headers["flags"] & Flag.NONFINITE) != 0
+        out = np.empty((len(chunks), K), dtype=np.float16)
+        pos = 0
+        for lo, hi in store.page_runs(chunks):
+            n = hi - lo
+            new = store.records(dst, lo, hi, write=True)
+            new[...] = store.records(src, lo, hi)
+            nf = nonfinite[pos : pos + n]
+            g = optim.mean_gradient(sums[pos : pos + n], self.n_workers)
+            if nf.any():
+                keep = ~nf
+                sel = new[keep]
+                optim.apply(self.cfg, sel[:, state.MASTER], sel[:, state.M], sel[:, state.V], g[keep], step)
+                new[keep] = sel
+                for c in np.flatnonzero(nf) + lo:
+                    self.nonfinite.append((step, int(c)))
+                    self.stats["nonfinite_skipped"] += 1
+                    if self.on_nonfinite:
+                        self.on_nonfinite(step, int(c))
+            else:
+                optim.apply(self.cfg, new[:, state.MASTER], new[:, state.M], new[:, state.V], g, step)
+            out[pos : pos + n] = new[:, state.MASTER].astype(np.float16)
+            store.mark_applied(lo, hi)
+            pos += n
+        self.stats["applied"] += len(chunks)
+        return out
+
+    def _params_of(self, step: int, chunk: int) -> np.ndarray:
+        rec = self.store.records(self.store.copy_after(step), chunk, chunk + 1)
+        return rec[0, state.MASTER].astype(np.float16)
+
+
+@dataclass
+class NodeAddress:
+    mac: str
+    ip: str
+
+
+class OptimizerNode:
+    """NodeCore on a raw socket: SUM frames in, PARAM frames out to the switch (broadcast address)."""
+
+    def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None):
+        self.core = core
+        self.sock = sock
+        self.addrs = codec.Addresses(addr.mac, "ff:ff:ff:ff:ff:ff", addr.ip, "255.255.255.255")
+        self.faults = faults
+        self.stats = core.stats
+        self._stop = False
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def poll(self, timeout: float) -> int:
+        """Wait up to `timeout` for frames, handle one batch; returns frames received."""
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return 0
+        frames = rawsock.recv_batch(self.sock)
+        if self.faults:
+            frames = self.faults.filter_recv(frames)
+        dec = codec.decode(frames, Kind.SUM)
+        for reason, n in dec.rejects.items():
+            self.stats[f"rejected_{reason}"] += n
+        if len(dec.headers):
+            hdr, vals = self.core.handle(dec.headers, dec.elements)
+            if len(hdr):
+                out = codec.encode(Kind.PARAM, hdr, vals, self.addrs)
+                sent, failed = rawsock.send_rows(self.sock, out, range(len(out)), self.faults)
+                self.stats["params_sent"] += sent
+                self.stats["send_errors"] += failed
+        return len(frames)
+
+    def serve(self, steps: int | None = None, linger: float = 2.0, idle_timeout: float | None = None) -> None:
+        """Serve until `steps` steps are committed and no sum came for `linger` s (late resends
+        are answered meanwhile), until stop(), or until idle for `idle_timeout` s."""
+        self.core.store.prefetch_from(0)
+        last = time.monotonic()
+        while not self._stop:
+            if self.poll(0.05):
+                last = time.monotonic()
+            idle = time.monotonic() - last
+            if steps is not None and self.core.committed + 1 >= steps and idle >= linger:
+                return
+            if idle_timeout is not None and idle >= idle_timeout:
+                return
+
+
+# --- CLI ------------------------------------------------------------------------
+
+def parse_size(text: str) -> int:
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        value = float(t[: len(t) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 64M, 1G)") from None
+    return int(value * units[unit])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mindp-optimizer", description="mindp optimizer node (out-of-core AdamW/SGD)")
+    p.add_argument("--iface", default="eth0", help="interface facing the switch")
+    p.add_argument("--topology", help="topology JSON (mindp.topology); gives the job's workers, slots and our addresses")
+    p.add_argument("--job", type=int, default=1, help="job id")
+    p.add_argument("--workers", type=int, help="worker count (without --topology)")
+    p.add_argument("--slots", type=int, help="the job's slot count (without --topology)")
+    p.add_argument("--mac", help="our MAC (without --topology)")
+    p.add_argument("--ip", help="our IPv4 address (without --topology)")
+    p.add_argument("--state-dir", required=True, help="directory of the out-of-core state (resumed if present)")
+    p.add_argument("--ram-budget", type=parse_size, default=parse_size("256M"), help="resident state budget")
+    p.add_argument("--page-chunks", type=int, default=state.DEFAULT_PAGE_CHUNKS, help="chunks per page")
+    p.add_argument("--layout", help="JSON layout [[name, [dims]], ...] (default: the arrays of --init FILE)")
+    p.add_argument("--init", default="seed:0", help="seed:N or a .npz of initial parameters")
+    p.add_argument("--optimizer", choices=optim.KINDS, default="adamw")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--steps", type=int, help="exit after this many steps are committed (and late resends settle)")
+    p.add_argument("--linger", type=float, default=2.0, help="seconds of quiet after the last step before exiting")
+    p.add_argument("--export", help="write the final master parameters to this .npz")
+    p.add_argument("--stats", help="write counters as JSON here at exit")
+    p.add_argument("--drop-recv", type=float, default=0.0, help="test loss injection on received sums")
+    p.add_argument("--drop-send", type=float, default=0.0, help="test loss injection on sent parameters")
+    p.add_argument("--fault-seed", type=int, default=0)
+    return p
+
+
+def _job_from_args(args) -> tuple[int, int, NodeAddress]:
+    if args.topology:
+        topo = Topology.load(args.topology)
+        jobs = {j.job_id: j for j in topo.jobs}
+        if args.job not in jobs:
+            raise TopologyError(f"job {args.job} is not in {args.topology}")
+        job = jobs[args.job]
+        host = topo.host(job.optimizer)
+        return job.n_workers, job.slots, NodeAddress(host.mac, host.ip)
+    missing = [f"--{n}" for n in ("workers", "slots", "mac", "ip") if getattr(args, n) is None]
+    if missing:
+        raise ConfigError(f"without --topology, give {' '.join(missing)}")
+    return args.workers, args.slots, NodeAddress(args.mac, args.ip)
+
+
+def open_state(args) -> state.Store:
+    cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum)
+    if not state.exists(args.state_dir):
+        init = None
+        seed = 0
+        if args.init.startswith("seed:"):
+            try:
+                seed = int(args.init[5:])
+            except ValueError:
+                raise ConfigError(f"bad --init {args.init!r}: want seed:N or a file.npz") from None
+            if not args.layout:
+                raise ConfigError("--init seed:N needs --layout")
+        else:
+            init = optim.load_npz(args.init)
+        if args.layout:
+            try:
+                layout = optim.layout_from_json(json.loads(pathlib.Path(args.layout).read_text()))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ConfigError(f"cannot read layout {args.layout}: {exc}") from None
+        else:
+            layout = optim.layout_of(init)
+        state.create(args.state_dir, layout, state.init_pieces(layout, init, seed), cfg, args.page_chunks)
+    store = state.Store(args.state_dir, args.ram_budget)
+    if store.cfg != cfg:
+        store.close()
+        raise ConfigError(f"{args.state_dir} was created with {store.cfg}, not {cfg}")
+    return store
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        n_workers, slots, addr = _job_from_args(args)
+        store = open_state(args)
+        sock = rawsock.open_raw(args.iface)
+    except (ConfigError, TopologyError, rawsock.SocketError, PagerError) as exc:
+        print(f"mindp-optimizer: {exc}", file=sys.stderr)
+        return 2
+    skipped = []
+    core = NodeCore(store, args.job, n_workers, slots, on_nonfinite=lambda s, c: skipped.append((s, c)))
+    faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) if (args.drop_send or args.drop_recv) else None
+    node = OptimizerNode(core, sock, addr, faults)
+    signal.signal(signal.SIGTERM, lambda *_: node.stop())
+    print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {store.n_chunks} chunks, "
+          f"resuming after step {store.committed}", flush=True)
+    try:
+        node.serve(args.steps, args.linger)
+    except KeyboardInterrupt:
+        pass
+    if args.export:
+        store.export(args.export)
+    stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pager.stats.peak_pages,
+                 page_bytes=store.pager.page_bytes)
+    store.close()
+    if args.stats:
+        pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
+    print(f"mindp-optimizer: stopped after step {stats['committed']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

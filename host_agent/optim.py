@@ -1,0 +1,133 @@
+"""The optimizer math shared by the optimizer node and the reference trainer.
+
+Everything is elementwise float32 with IEEE-exact operations (+ - * / sqrt) and
+scalars rounded to float32 once, so applying a slice of chunks gives the same
+bits as applying the whole tensor: the node (chunk by chunk, in any order) and
+the reference (whole arrays) agree bit for bit (DESIGN.md invariant 2).
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from mindp.layout import Layout, TensorSpec
+from mindp.protocol import SCALE_BITS
+
+KINDS = ("adamw", "sgd")
+F32 = np.float32
+
+
+class ConfigError(ValueError):
+    """An optimizer or model description that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    kind: str = "adamw"
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    momentum: float = 0.9  # sgd only
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ConfigError(f"unknown optimizer {self.kind!r}: choose one of {', '.join(KINDS)}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"learning rate must be positive, got {self.lr}")
+        b1, b2 = self.betas
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ConfigError(f"betas must be in [0, 1), got {self.betas}")
+        if self.eps <= 0 or self.weight_decay < 0 or not 0 <= self.momentum < 1:
+            raise ConfigError("eps must be > 0, weight_decay >= 0, momentum in [0, 1)")
+        object.__setattr__(self, "betas", (float(b1), float(b2)))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> OptimizerConfig:
+        try:
+            return cls(**{**d, "betas": tuple(d.get("betas", (0.9, 0.999)))})
+        except TypeError as exc:
+            raise ConfigError(f"malformed optimizer description: {exc}") from None
+
+
+def mean_gradient(sums: np.ndarray, nworkers: int) -> np.ndarray:
+    """Exact int64 sums at scale 2**24 -> float32 mean: float64(sum) * 2**-24 / nworkers."""
+    return (np.asarray(sums, dtype=np.int64).astype(np.float64) * 2.0**-SCALE_BITS / nworkers).astype(np.float32)
+
+
+def apply(cfg: OptimizerConfig, master: np.ndarray, m: np.ndarray, v: np.ndarray, grad: np.ndarray, step: int) -> None:
+    """One optimizer step on float32 arrays of any (equal) shape, in place.
+
+    `step` is the 0-based training step; Adam's bias correction uses step + 1
+    for every chunk, also after a skipped (non-finite) step of that chunk.
+    AdamW and SGD follow torch.optim's formulas (decoupled weight decay for AdamW;
+    L2 weight decay, momentum without dampening for SGD).
+    """
+    lr = cfg.lr
+    if cfg.kind == "adamw":
+        b1, b2 = cfg.betas
+        t = step + 1
+        if cfg.weight_decay:
+            master *= F32(1.0 - lr * cfg.weight_decay)
+        m *= F32(b1)
+        m += F32(1.0 - b1) * grad
+        v *= F32(b2)
+        v += F32(1.0 - b2) * (grad * grad)
+        denom = np.sqrt(v)
+        denom /= F32(math.sqrt(1.0 - b2**t))
+        denom += F32(cfg.eps)
+        upd = m / denom
+        upd *= F32(lr / (1.0 - b1**t))
+        master -= upd
+    else:
+        g = grad + F32(cfg.weight_decay) * master if cfg.weight_decay else grad
+        m *= F32(cfg.momentum)
+        m += g
+        master -= F32(lr) * m
+
+
+def seed_params(layout: Layout, seed: int, scale: float = 0.02) -> dict[str, np.ndarray]:
+    """Deterministic float32 initial parameters from a seed (the same in every process)."""
+    return {spec.name: seed_tensor(seed, i, spec.size, scale).reshape(spec.shape) for i, spec in enumerate(layout.specs)}
+
+
+def seed_tensor(seed: int, index: int, size: int, scale: float = 0.02) -> np.ndarray:
+    """The index-th tensor of a seeded initialisation, flat float32 (N(0, scale^2), PCG64)."""
+    return np.random.default_rng([seed, index]).standard_normal(size, dtype=np.float32) * F32(scale)
+
+
+def load_npz(path: str | pathlib.Path) -> dict[str, np.ndarray]:
+    """Named float arrays from an .npz file, as float32 (order kept)."""
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: np.asarray(npz[name]) for name in npz.files}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read parameters from {path}: {exc}") from None
+    if not arrays:
+        raise ConfigError(f"{path} holds no arrays")
+    bad = [n for n, a in arrays.items() if a.dtype.kind != "f"]
+    if bad:
+        raise ConfigError(f"{path}: arrays {bad} are not floating point")
+    return {n: a.astype(np.float32) for n, a in arrays.items()}
+
+
+def layout_of(arrays: dict[str, np.ndarray]) -> Layout:
+    """The fp16 layout of named arrays (workers hold fp16 parameters)."""
+    return Layout([TensorSpec(n, tuple(a.shape), "float16") for n, a in arrays.items()])
+
+
+def layout_to_json(layout: Layout) -> list:
+    return [[s.name, list(s.shape)] for s in layout.specs]
+
+
+def layout_from_json(data) -> Layout:
+    try:
+        return Layout([TensorSpec(str(name), tuple(int(d) for d in shape), "float16") for name, shape in data])
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"malformed layout (want [[name, [dims...]], ...]): {exc}") from None

@@ -1,0 +1,96 @@
+"""Raw AF_PACKET sockets for the agents: open, batch receive, send with counted errors."""
+from __future__ import annotations
+
+import errno
+import random
+import socket
+
+import numpy as np
+
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_IGNORE_OUTGOING = 23
+MAX_FRAME = 2048
+
+
+class SocketError(RuntimeError):
+    pass
+
+
+def open_raw(iface: str) -> socket.socket:
+    """A non-blocking raw socket on `iface` (in this process's namespace), deaf to its own sends."""
+    try:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        s.bind((iface, 0))
+    except PermissionError:
+        raise SocketError("raw sockets need root (CAP_NET_RAW)") from None
+    except OSError as exc:
+        raise SocketError(f"cannot open a raw socket on {iface!r}: {exc.strerror or exc}") from None
+    prepare(s)
+    return s
+
+
+def prepare(s: socket.socket) -> None:
+    """Non-blocking, large receive buffer, own outgoing frames not looped back."""
+    s.setblocking(False)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    try:
+        s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+    except OSError:
+        pass  # older kernel: own frames are rejected by the decoder instead
+
+
+def recv_batch(s: socket.socket, limit: int = 1024) -> list[bytes]:
+    frames = []
+    while len(frames) < limit:
+        try:
+            frames.append(s.recv(MAX_FRAME))
+        except (BlockingIOError, InterruptedError):
+            break
+    return frames
+
+
+class Faults:
+    """Seeded loss injection on an agent's own send and receive paths (tests)."""
+
+    def __init__(self, drop_send: float = 0.0, drop_recv: float = 0.0, seed: int = 0):
+        for p in (drop_send, drop_recv):
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"drop probability must be in [0, 1), got {p}")
+        self.drop_send = drop_send
+        self.drop_recv = drop_recv
+        self.rng = random.Random(seed)
+        self.dropped_send = 0
+        self.dropped_recv = 0
+
+    def keep_send(self) -> bool:
+        if self.drop_send and self.rng.random() < self.drop_send:
+            self.dropped_send += 1
+            return False
+        return True
+
+    def filter_recv(self, frames: list[bytes]) -> list[bytes]:
+        if not self.drop_recv:
+            return frames
+        kept = [f for f in frames if self.rng.random() >= self.drop_recv]
+        self.dropped_recv += len(frames) - len(kept)
+        return kept
+
+
+def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None = None) -> tuple[int, int]:
+    """Send frames[rows]; returns (sent, failed). A full queue counts as a loss (retransmission covers it)."""
+    sent = failed = 0
+    send = s.send
+    for r in rows:
+        if faults is not None and not faults.keep_send():
+            sent += 1  # lost on the wire, as far as the sender knows
+            continue
+        try:
+            send(frames[r])
+            sent += 1
+        except OSError as exc:
+            if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN):
+                raise
+            failed += 1
+    return sent, failed

@@ -1,0 +1,118 @@
+"""Single-process reference trainer: no network, the same math as the system.
+
+Each worker's gradient is rounded to fp16, the workers' gradients are summed
+exactly (mindp.fixedpoint, as the switch does), a chunk with an Inf/NaN anywhere
+is skipped for that step (as the node does on the switch's NONFINITE flag), and
+every other chunk goes through `host_agent.optim.apply`, the node's code path.
+A run through the network must end bit-identical to this (DESIGN.md invariant 2).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from mindp.fixedpoint import fp16_to_fixed
+from mindp.layout import Layout
+from mindp.protocol import K
+
+from . import optim
+from .optim import OptimizerConfig
+
+GradFn = Callable[[int, int, dict], dict]
+
+
+@dataclass
+class Result:
+    params: dict[str, np.ndarray]  # final fp16 parameters, as the workers hold them
+    master: dict[str, np.ndarray]  # final fp32 master parameters, as the node holds them
+    nonfinite: list[tuple[int, int]] = field(default_factory=list)  # skipped (step, chunk)
+
+
+def to_fp16(x) -> np.ndarray:
+    """A numpy array or torch tensor -> numpy fp16 (round to nearest even)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().float().numpy()
+    return np.asarray(x).astype(np.float16)
+
+
+def flat_fp16(layout: Layout, arrays: dict) -> np.ndarray:
+    """Named gradients -> one zero-padded fp16 vector of n_chunks * K elements."""
+    flat = np.zeros(layout.n_chunks * K, dtype=np.float16)
+    flat[: layout.total] = layout.flatten({n: to_fp16(a) for n, a in arrays.items()}, dtype=np.float16)
+    return flat
+
+
+def chunk_sums(flats: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Workers' padded fp16 vectors -> (n_chunks, K) exact int64 sums, per-chunk non-finite flag."""
+    total = None
+    nonfinite = None
+    for flat in flats:
+        fixed, nf = fp16_to_fixed(flat)
+        total = fixed if total is None else total + fixed
+        nonfinite = nf if nonfinite is None else nonfinite | nf
+    return total.reshape(-1, K), nonfinite.reshape(-1, K).any(axis=1)
+
+
+def train(
+    init: dict[str, np.ndarray],
+    grad_fn: GradFn,
+    n_workers: int,
+    steps: int,
+    opt: OptimizerConfig,
+    layout: Layout | None = None,
+    on_nonfinite: Callable[[int, int], None] | None = None,
+) -> Result:
+    """Train `steps` steps of `n_workers` data-parallel workers in one process.
+
+    init: named initial float32 parameters (workers start from their fp16 rounding).
+    grad_fn(worker, step, params_fp16) -> named gradients (numpy or torch, any float dtype).
+    """
+    layout = layout or optim.layout_of(init)
+    n = layout.n_chunks
+    master = np.zeros(n * K, dtype=np.float32)
+    master[: layout.total] = layout.flatten(init, dtype=np.float32)
+    m = np.zeros_like(master)
+    v = np.zeros_like(master)
+    skipped: list[tuple[int, int]] = []
+    for step in range(steps):
+        params = layout.unflatten(master[: layout.total].astype(np.float16))
+        flats = [flat_fp16(layout, grad_fn(w, step, params)) for w in range(n_workers)]
+        sums, nonfinite = chunk_sums(flats)
+        ok = ~nonfinite
+        rows = (master.reshape(n, K), m.reshape(n, K), v.reshape(n, K))
+        if ok.all():
+            optim.apply(opt, master, m, v, optim.mean_gradient(sums.reshape(-1), n_workers), step)
+        else:
+            sel = [r[ok] for r in rows]
+            optim.apply(opt, *sel, optim.mean_gradient(sums[ok], n_workers), step)
+            for r, s in zip(rows, sel):
+                r[ok] = s
+            for c in np.flatnonzero(nonfinite):
+                skipped.append((step, int(c)))
+                if on_nonfinite:
+                    on_nonfinite(step, int(c))
+    flat = master[: layout.total]
+    return Result(layout.unflatten(flat.astype(np.float16)), unflatten_f32(layout, flat), skipped)
+
+
+def unflatten_f32(layout: Layout, flat: np.ndarray) -> dict[str, np.ndarray]:
+    """A flat float32 vector -> named float32 arrays (copies)."""
+    return {s.name: np.array(flat[layout.offsets[s.name] : layout.offsets[s.name] + s.size]).reshape(s.shape)
+            for s in layout.specs}
+
+
+def synthetic_grads(seed: int = 0, noise: float = 0.01, pull: float = 0.1) -> GradFn:
+    """A deterministic gradient function of (worker, step, fp16 params), for runs without a model:
+    pull * params + noise * N(0, 1), seeded per (seed, worker, step, tensor)."""
+    def grad_fn(worker: int, step: int, params: dict) -> dict:
+        out = {}
+        for i, (name, p) in enumerate(params.items()):
+            rng = np.random.default_rng([seed, worker, step, i])
+            g = rng.standard_normal(p.shape, dtype=np.float32) * np.float32(noise)
+            g += np.float32(pull) * np.asarray(p, dtype=np.float32)
+            out[name] = g
+        return out
+
+    return grad_fn

@@ -1,0 +1,260 @@
+"""The optimizer node's out-of-core state, crash-consistent at every step boundary.
+
+A state directory holds:
+
+  meta.json       layout, optimizer, page geometry (written once, at creation)
+  state0.bin      records of (master, m, v) x K float32 per chunk: the state
+  state1.bin      after an even number of steps in state0, odd in state1
+  commit.json     {"step": s}: the last step whose state is durable (-1: initial)
+  progress.bin    chunks of step s+1 already applied (see below)
+
+Step t reads copy t % 2 and writes copy (t + 1) % 2, so applying a chunk is
+idempotent: redoing it after a crash gives the same bits. When the last chunk of
+step t is applied, the written pages are made durable (msync + fsync) and only
+then is commit.json replaced atomically (write, fsync, rename, fsync of the
+directory). A chunk is marked in progress.bin after its record is written and
+before its parameters leave the node, so a node killed mid-step resumes without
+applying any chunk twice and without needing sums that workers will never resend
+(workers only retransmit chunks whose parameters they lack). progress.bin is
+trusted only on the same boot (it is not fsynced per chunk); after a reboot the
+step restarts from the durable commit.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import pathlib
+from typing import Iterable
+
+import numpy as np
+
+from mindp.layout import Layout
+from mindp.protocol import K
+
+from . import optim
+from .optim import ConfigError, OptimizerConfig
+from .pager import MappedFile, Pager
+
+RECORD = np.dtype((np.float32, (3, K)))  # master, m, v of one chunk
+MASTER, M, V = 0, 1, 2
+PROGRESS_MAGIC = b"MINDPRG1"
+PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, pad
+DEFAULT_PAGE_CHUNKS = 512  # 192 KiB pages (a multiple of the 4 KiB OS page)
+FORMAT = 1
+
+
+def boot_id() -> bytes:
+    try:
+        return pathlib.Path("/proc/sys/kernel/random/boot_id").read_bytes().strip()[:36].ljust(36)
+    except OSError:
+        return b"?" * 36
+
+
+def _write_atomic(path: pathlib.Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _padded_records(n_chunks: int, page_chunks: int) -> int:
+    return -(-n_chunks // page_chunks) * page_chunks
+
+
+def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndarray], cfg: OptimizerConfig,
+           page_chunks: int = DEFAULT_PAGE_CHUNKS) -> None:
+    """Write a fresh state directory; `init` yields the flat float32 master in layout order, in pieces.
+
+    Pieces are written as they come, so a model larger than memory can be created
+    tensor by tensor.
+    """
+    if page_chunks <= 0 or (page_chunks * RECORD.itemsize) % mmap.PAGESIZE:
+        raise ConfigError(f"page_chunks must be a positive multiple of {mmap.PAGESIZE // np.gcd(mmap.PAGESIZE, RECORD.itemsize)}")
+    d = pathlib.Path(state_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    for name in ("commit.json", "progress.bin"):
+        (d / name).unlink(missing_ok=True)
+    n = layout.n_chunks
+    nbytes = _padded_records(n, page_chunks) * RECORD.itemsize
+    block_chunks = 8192
+    with open(d / "state0.bin", "wb") as f0:
+        pending = np.empty(0, dtype=np.float32)
+        written = 0
+
+        def flush_block(flat: np.ndarray) -> None:
+            nonlocal written
+            c = len(flat) // K
+            rec = np.zeros((c, 3, K), dtype=np.float32)
+            rec[:, MASTER, :] = flat.reshape(c, K)
+            f0.write(rec.tobytes())
+            written += c
+
+        for piece in init:
+            pending = np.concatenate([pending, np.asarray(piece, dtype=np.float32).reshape(-1)])
+            while len(pending) >= block_chunks * K:
+                flush_block(pending[: block_chunks * K])
+                pending = pending[block_chunks * K :]
+        total = written * K + len(pending)
+        if total != layout.total:
+            raise ConfigError(f"initial parameters have {total} elements, layout has {layout.total}")
+        if len(pending):
+            pad = np.zeros(-(-len(pending) // K) * K, dtype=np.float32)
+            pad[: len(pending)] = pending
+            flush_block(pad)
+        f0.truncate(nbytes)
+        os.fsync(f0.fileno())
+    with open(d / "state1.bin", "wb") as f1:
+        f1.truncate(nbytes)
+        os.fsync(f1.fileno())
+    meta = {"format": FORMAT, "layout": optim.layout_to_json(layout), "optimizer": cfg.to_dict(),
+            "page_chunks": page_chunks}
+    _write_atomic(d / "meta.json", json.dumps(meta, indent=1).encode())
+    _write_atomic(d / "commit.json", b'{"step": -1}\n')
+
+
+def exists(state_dir: str | pathlib.Path) -> bool:
+    d = pathlib.Path(state_dir)
+    return (d / "meta.json").exists() and (d / "commit.json").exists()
+
+
+class Store:
+    """An open state directory: pager-backed records, the commit and the step's progress."""
+
+    def __init__(self, state_dir: str | pathlib.Path, budget_bytes: int, *, prefetch: bool = True,
+                 drop_cache: bool = True):
+        d = self.dir = pathlib.Path(state_dir)
+        try:
+            meta = json.loads((d / "meta.json").read_text())
+            self.committed = int(json.loads((d / "commit.json").read_text())["step"])
+            self.layout = optim.layout_from_json(meta["layout"])
+            self.cfg = OptimizerConfig.from_dict(meta["optimizer"])
+            page_chunks = int(meta["page_chunks"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"state directory {d} is not usable: {exc}") from None
+        self.n_chunks = n = self.layout.n_chunks
+        self.page_chunks = page_chunks
+        padded = _padded_records(n, page_chunks)
+        files = [MappedFile(d / f"state{i}.bin", RECORD, padded) for i in (0, 1)]
+        self.pager = Pager(files, page_chunks * RECORD.itemsize, budget_bytes, drop_cache=drop_cache,
+                           prefetch=prefetch)
+        self._open_progress(n)
+
+    # --- progress of the current step ------------------------------------------
+    def _open_progress(self, n: int) -> None:
+        path = self.dir / "progress.bin"
+        size = PROGRESS_HEADER + n
+        fresh = not path.exists() or path.stat().st_size != size
+        if fresh:
+            with open(path, "wb") as f:
+                f.truncate(size)
+        self._pfd = os.open(path, os.O_RDWR)
+        self._pmm = mmap.mmap(self._pfd, size)
+        hdr = bytes(self._pmm[:PROGRESS_HEADER])
+        step = int.from_bytes(hdr[8:16], "little", signed=True)
+        self.applied = np.frombuffer(self._pmm, dtype=np.bool_, offset=PROGRESS_HEADER, count=n)
+        trusted = hdr[:8] == PROGRESS_MAGIC and step == self.current and hdr[16:52] == boot_id()
+        self.resumed_chunks = int(self.applied.sum()) if trusted else 0
+        if not trusted:
+            self._reset_progress()
+
+    def _reset_progress(self) -> None:
+        self.applied[:] = False
+        self._pmm[:PROGRESS_HEADER] = (PROGRESS_MAGIC + self.current.to_bytes(8, "little", signed=True)
+                                       + boot_id()).ljust(PROGRESS_HEADER, b"\0")
+
+    @property
+    def current(self) -> int:
+        """The step being applied now."""
+        return self.committed + 1
+
+    @staticmethod
+    def copy_after(step: int) -> int:
+        """Which file holds the state after `step` (-1: the initial state)."""
+        return (step + 1) % 2
+
+    # --- records ---------------------------------------------------------------
+    def records(self, copy: int, lo: int, hi: int, write: bool = False) -> np.ndarray:
+        return self.pager.records(copy, lo, hi, write)
+
+    def page_runs(self, chunks: np.ndarray) -> list[tuple[int, int]]:
+        """Sorted unique chunks -> [lo, hi) runs of consecutive chunks within one page."""
+        runs = []
+        if not len(chunks):
+            return runs
+        breaks = np.flatnonzero((np.diff(chunks) != 1) | (np.diff(chunks // self.page_chunks) != 0)) + 1
+        for part in np.split(chunks, breaks):
+            runs.append((int(part[0]), int(part[-1]) + 1))
+        return runs
+
+    def prefetch_from(self, chunk: int) -> None:
+        """Tell the pager the current step will touch chunks from `chunk` on, in order."""
+        step = self.current
+        src, dst = self.copy_after(step - 1), self.copy_after(step)
+        first = chunk // self.page_chunks
+        last = (self.n_chunks - 1) // self.page_chunks
+        wants = []
+        for page in range(first, min(last, first + self.pager.max_pages // 4) + 1):
+            wants += [(src, page, False), (dst, page, True)]
+        self.pager.hint(wants)
+
+    def mark_applied(self, lo: int, hi: int) -> None:
+        self.applied[lo:hi] = True
+
+    @property
+    def step_complete(self) -> bool:
+        return bool(self.applied.all())
+
+    def commit(self) -> None:
+        """The current step is fully applied: make it durable, then advance."""
+        self.pager.flush()
+        _write_atomic(self.dir / "commit.json", json.dumps({"step": self.current}).encode() + b"\n")
+        self.committed += 1
+        self._reset_progress()
+
+    # --- whole-model access (export) ---------------------------------------------
+    def master_flat(self, step: int | None = None) -> np.ndarray:
+        """The float32 master after `step` (default: the last committed), read page by page."""
+        step = self.committed if step is None else step
+        copy = self.copy_after(step)
+        out = np.empty(self.n_chunks * K, dtype=np.float32)
+        for lo in range(0, self.n_chunks, self.page_chunks):
+            hi = min(self.n_chunks, lo + self.page_chunks)
+            out[lo * K : hi * K] = self.records(copy, lo, hi)[:, MASTER, :].reshape(-1)
+        return out[: self.layout.total]
+
+    def export(self, path: str | pathlib.Path) -> dict[str, np.ndarray]:
+        """Write the committed master parameters to an .npz (float32); returns them."""
+        from .reference import unflatten_f32
+
+        arrays = unflatten_f32(self.layout, self.master_flat())
+        np.savez(path, **arrays)
+        return arrays
+
+    def close(self) -> None:
+        self.pager.close()
+        self.applied = None
+        try:
+            self._pmm.close()
+        except BufferError:
+            pass
+        os.close(self._pfd)
+
+
+def init_pieces(layout: Layout, init: dict[str, np.ndarray] | None = None, seed: int = 0):
+    """Flat float32 initial master in layout order, one tensor at a time (given, else seeded)."""
+    for i, spec in enumerate(layout.specs):
+        if init is None:
+            yield optim.seed_tensor(seed, i, spec.size)
+            continue
+        arr = np.asarray(init[spec.name], dtype=np.float32)
+        if tuple(arr.shape) != spec.shape:
+            raise ConfigError(f"{spec.name}: initial shape {arr.shape} != layout {spec.shape}")
+        yield arr.reshape(-1)

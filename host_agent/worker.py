@@ -1,0 +1,415 @@
+"""The worker agent: push a step's gradients, get the step's fp16 parameters back.
+
+`Window` is the pure send/receive state machine of one step (slot window,
+adaptive retransmission timeouts with back-off, deadline); `WorkerAgent` runs
+it on a raw socket with the fast codec; `main` is the `mindp-worker` CLI.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import pathlib
+import select
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mindp import codec
+from mindp.layout import Layout
+from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
+from mindp.topology import Topology, TopologyError
+
+from . import optim, rawsock, reference
+from .optim import ConfigError
+
+FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
+
+
+def slot_and_version(step: int, chunks: np.ndarray, n_chunks: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """mindp.schedule.slot_of / version_of for many chunks of one step at once."""
+    chunks = np.asarray(chunks, dtype=np.int64)
+    slot = chunks % slots
+    uses = -(-(n_chunks - slot) // slots)
+    return slot, (step * uses + chunks // slots) & 1
+
+
+@dataclass(frozen=True)
+class RtoConfig:
+    """Retransmission timing (seconds). RTO follows RFC 6298 from round trips of chunks sent once."""
+
+    initial: float = 0.2
+    min: float = 0.02
+    max: float = 2.0
+    deadline: float = 15.0  # fail the step after this long without any new parameter chunk
+
+
+class RttEstimator:
+    def __init__(self, cfg: RtoConfig):
+        self.cfg = cfg
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.rto = cfg.initial
+
+    def sample(self, rtt: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.rto = min(self.cfg.max, max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar)))
+
+    def backoff(self, attempts: int) -> float:
+        """Timeout of a chunk sent `attempts` times: doubled per retransmission, capped."""
+        return min(self.cfg.max, self.rto * 2 ** (attempts - 1))
+
+
+class StepTimeout(RuntimeError):
+    """A step gave up: no new parameters for the deadline. Names the missing chunks."""
+
+    def __init__(self, job: int, worker: int, step: int, missing: list[int], waited: float):
+        self.step = step
+        self.missing = missing
+        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+        super().__init__(f"job {job} worker {worker} step {step}: no parameters for {len(missing)} chunk(s) "
+                         f"after {waited:.1f} s without progress: {shown}")
+
+
+class Window:
+    """One step of one worker: which chunk to send when, which ones are done.
+
+    Chunks go out in order; chunk c may be sent only once it is ready (produced)
+    and, for c >= slots, once the parameters of chunk c - slots arrived (they
+    share a slot: DESIGN.md invariant 3). An outstanding chunk is sent again,
+    flagged RETRANSMIT, when its timeout expires.
+    """
+
+    def __init__(self, step: int, n_chunks: int, slots: int, rtt: RttEstimator, now: float):
+        self.step = step
+        self.n = n_chunks
+        self.slots = slots
+        self.rtt = rtt
+        self.ready = np.zeros(n_chunks, dtype=bool)
+        self.done = np.zeros(n_chunks, dtype=bool)
+        self.attempts = np.zeros(n_chunks, dtype=np.int32)
+        self.first_sent = np.zeros(n_chunks, dtype=np.float64)
+        self.outstanding: dict[int, float] = {}  # chunk -> expiry
+        self.next_new = 0
+        self.n_done = 0
+        self.last_progress = now
+        self.timeouts = 0
+
+    def set_ready(self, chunks) -> None:
+        self.ready[chunks] = True
+
+    @property
+    def complete(self) -> bool:
+        return self.n_done == self.n
+
+    def due(self, now: float) -> tuple[list[int], list[int]]:
+        """(chunks to send for the first time, chunks to send again), marked as sent now."""
+        new = []
+        c = self.next_new
+        while c < self.n and self.ready[c] and (c < self.slots or self.done[c - self.slots]):
+            if not self.done[c]:
+                new.append(c)
+                self.attempts[c] = 1
+                self.first_sent[c] = now
+                self.outstanding[c] = now + self.rtt.backoff(1)
+            c += 1
+        self.next_new = c
+        again = [c for c, exp in self.outstanding.items() if exp <= now]
+        for c in again:
+            self.attempts[c] += 1
+            self.outstanding[c] = now + self.rtt.backoff(int(self.attempts[c]))
+        self.timeouts += len(again)
+        return new, again
+
+    def on_param(self, chunk: int, now: float) -> bool:
+        """Parameters for `chunk` arrived; False if already had them."""
+        if self.done[chunk]:
+            return False
+        self.done[chunk] = True
+        self.n_done += 1
+        self.last_progress = now
+        if self.outstanding.pop(chunk, None) is not None and self.attempts[chunk] == 1:
+            self.rtt.sample(now - self.first_sent[chunk])  # Karn: never from a retransmitted chunk
+        return True
+
+    def wake_at(self) -> float:
+        """When something is next due: the earliest expiry, or the deadline."""
+        t = self.last_progress + self.rtt.cfg.deadline
+        return min(t, min(self.outstanding.values())) if self.outstanding else t
+
+    def stalled(self, now: float) -> bool:
+        return now - self.last_progress > self.rtt.cfg.deadline
+
+    def missing(self) -> list[int]:
+        return [int(c) for c in np.flatnonzero(~self.done)]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    job_id: int
+    worker_id: int
+    slots: int
+    mac: str
+    ip: str
+    optimizer_mac: str
+    optimizer_ip: str
+    rto: RtoConfig = field(default_factory=RtoConfig)
+    first_step: int = 0
+
+    @classmethod
+    def from_topology(cls, topo: Topology, job_id: int, worker_id: int, **kw) -> WorkerConfig:
+        jobs = {j.job_id: j for j in topo.jobs}
+        if job_id not in jobs:
+            raise TopologyError(f"job {job_id} is not in the topology")
+        job = jobs[job_id]
+        if worker_id not in job.workers:
+            raise TopologyError(f"job {job_id} has no worker {worker_id}")
+        me, opt = topo.host(job.workers[worker_id]), topo.host(job.optimizer)
+        return cls(job_id, worker_id, job.slots, me.mac, me.ip, opt.mac, opt.ip, **kw)
+
+
+class WorkerAgent:
+    """A worker's network agent for one job: one step at a time, in order."""
+
+    def __init__(self, cfg: WorkerConfig, layout: Layout, sock, faults: rawsock.Faults | None = None):
+        if cfg.slots < 1:
+            raise ConfigError("slots must be >= 1")
+        self.cfg = cfg
+        self.layout = layout
+        self.sock = sock
+        self.faults = faults
+        self.step = cfg.first_step
+        self.rtt = RttEstimator(cfg.rto)
+        self.stats = collections.Counter()
+        self.step_times: list[float] = []
+        self.addrs = codec.Addresses(cfg.mac, cfg.optimizer_mac, cfg.ip, cfg.optimizer_ip)
+        n = layout.n_chunks
+        self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
+        self.frames = np.zeros((n, codec.frame_len(Kind.GRAD)), dtype=np.uint8)
+        # Chunks each tensor touches, to know when a chunk is fully produced.
+        self.tensor_chunks = {}
+        self.pending0 = np.zeros(n, dtype=np.int32)
+        for spec in layout.specs:
+            off = layout.offsets[spec.name]
+            if spec.size:
+                lo, hi = off // K, (off + spec.size - 1) // K + 1
+                self.tensor_chunks[spec.name] = (lo, hi)
+                self.pending0[lo:hi] += 1
+
+    def push(self, grads: dict) -> dict[str, np.ndarray]:
+        """Send this step's gradients (all tensors), return the step's new fp16 parameters."""
+        h = self.start_step()
+        for name, g in grads.items():
+            h.put(name, g)
+        return h.wait()
+
+    def start_step(self) -> StepHandle:
+        """Overlap form: put() tensors as they are produced (sending starts at once), then wait()."""
+        return StepHandle(self)
+
+
+class StepHandle:
+    def __init__(self, agent: WorkerAgent):
+        self.agent = agent
+        lay = agent.layout
+        self.flat = np.zeros(lay.n_chunks * K, dtype=np.float16)
+        self.params = np.zeros(lay.n_chunks * K, dtype=np.float16)
+        self.pending = agent.pending0.copy()
+        self.put_names: set[str] = set()
+        self.t0 = time.monotonic()
+        self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0)
+
+    def put(self, name: str, grad) -> None:
+        """One named gradient (numpy or torch); its chunks leave as soon as the window allows."""
+        a = self.agent
+        if name not in a.layout.offsets:
+            raise KeyError(f"no tensor {name!r} in the layout")
+        if name in self.put_names:
+            raise ValueError(f"gradient {name!r} given twice in step {a.step}")
+        spec = next(s for s in a.layout.specs if s.name == name)
+        g = reference.to_fp16(grad)
+        if tuple(g.shape) != spec.shape:
+            raise ValueError(f"{name}: gradient shape {g.shape} != layout {spec.shape}")
+        self.put_names.add(name)
+        off = a.layout.offsets[name]
+        self.flat[off : off + spec.size] = g.reshape(-1)
+        if name in a.tensor_chunks:
+            lo, hi = a.tensor_chunks[name]
+            self.pending[lo:hi] -= 1
+            ready = np.flatnonzero(self.pending[lo:hi] == 0) + lo
+            if len(ready):
+                self._encode(ready)
+                self.window.set_ready(ready)
+        self.pump(0.0)
+
+    def _encode(self, chunks: np.ndarray) -> None:
+        a = self.agent
+        w = self.window
+        body = self.flat.reshape(-1, K)[chunks]
+        nonfinite = ~np.isfinite(body).all(axis=1)
+        slot, ver = slot_and_version(w.step, chunks, w.n, a.cfg.slots)
+        hdr = codec.header_array(len(chunks), job=a.cfg.job_id, worker=a.cfg.worker_id, step=w.step, chunk=chunks,
+                                 slot=slot, ver=ver, count=a.counts[chunks],
+                                 flags=np.where(nonfinite, int(Flag.NONFINITE), 0))
+        a.frames[chunks] = codec.encode(Kind.GRAD, hdr, body, a.addrs)
+
+    def pump(self, timeout: float) -> None:
+        """Send what is due, wait up to `timeout` for frames, take the parameters that came."""
+        a = self.agent
+        now = time.monotonic()
+        new, again = self.window.due(now)
+        if new:
+            sent, failed = rawsock.send_rows(a.sock, a.frames, new, a.faults)
+            a.stats["sent"] += sent
+            a.stats["send_errors"] += failed
+        if again:
+            a.frames[again, FLAGS_OFFSET] |= np.uint8(Flag.RETRANSMIT)
+            sent, failed = rawsock.send_rows(a.sock, a.frames, again, a.faults)
+            a.stats["retransmitted"] += sent
+            a.stats["timeouts"] += len(again)
+            a.stats["send_errors"] += failed
+        if timeout > 0:
+            ready, _, _ = select.select([a.sock], [], [], timeout)
+            if not ready:
+                return
+        frames = rawsock.recv_batch(a.sock)
+        if frames:
+            self._receive(frames)
+
+    def _receive(self, frames: list[bytes]) -> None:
+        a = self.agent
+        if a.faults:
+            frames = a.faults.filter_recv(frames)
+        dec = codec.decode(frames, Kind.PARAM)
+        for reason, n in dec.rejects.items():
+            a.stats[f"rejected_{reason}"] += n
+        h = dec.headers
+        now = time.monotonic()
+        w = self.window
+        for i in range(len(h)):
+            if h["job"][i] != a.cfg.job_id:
+                a.stats["rejected_job"] += 1
+                continue
+            step, c = int(h["step"][i]), int(h["chunk"][i])
+            if step != w.step:
+                a.stats["stale" if step < w.step else "future"] += 1
+                continue
+            if c >= w.n or h["count"][i] != a.counts[c]:
+                a.stats["rejected_chunk"] += 1
+                continue
+            if w.on_param(c, now):
+                self.params[c * K : (c + 1) * K] = dec.elements[i]
+                a.stats["params_received"] += 1
+            else:
+                a.stats["duplicates"] += 1
+
+    def wait(self) -> dict[str, np.ndarray]:
+        """Block until every parameter chunk of the step is in; raises StepTimeout past the deadline."""
+        a = self.agent
+        w = self.window
+        missing_grads = [s.name for s in a.layout.specs if s.name not in self.put_names]
+        if missing_grads:
+            raise ValueError(f"step {w.step}: no gradient given for {missing_grads}")
+        while not w.complete:
+            now = time.monotonic()
+            if w.stalled(now):
+                a.stats["failed_steps"] += 1
+                raise StepTimeout(a.cfg.job_id, a.cfg.worker_id, w.step, w.missing(), now - w.last_progress)
+            self.pump(max(0.0, min(w.wake_at() - now, 0.05)))
+        elapsed = time.monotonic() - self.t0
+        a.step_times.append(elapsed)
+        a.stats["steps"] += 1
+        a.step += 1
+        return a.layout.unflatten(self.params[: a.layout.total])
+
+
+# --- CLI ------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mindp-worker", description="mindp worker agent pushing synthetic gradients")
+    p.add_argument("--iface", default="eth0")
+    p.add_argument("--topology", help="topology JSON (mindp.topology)")
+    p.add_argument("--job", type=int, default=1)
+    p.add_argument("--worker", type=int, required=True, help="worker id in the job")
+    p.add_argument("--slots", type=int, help="the job's slot count (without --topology)")
+    p.add_argument("--mac", help="our MAC (without --topology)")
+    p.add_argument("--ip", help="our IPv4 address (without --topology)")
+    p.add_argument("--opt-mac", help="optimizer node MAC (without --topology)")
+    p.add_argument("--opt-ip", help="optimizer node IPv4 (without --topology)")
+    p.add_argument("--layout", help="JSON layout [[name, [dims]], ...] (default: the arrays of --init FILE)")
+    p.add_argument("--init", default="seed:0", help="seed:N or a .npz of initial parameters")
+    p.add_argument("--grad-seed", type=int, default=0, help="seed of the synthetic gradients")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--deadline", type=float, default=RtoConfig.deadline, help="seconds without progress before failing")
+    p.add_argument("--out", help="write the final fp16 parameters to this .npz")
+    p.add_argument("--stats", help="write counters as JSON here at exit")
+    p.add_argument("--drop-send", type=float, default=0.0)
+    p.add_argument("--drop-recv", type=float, default=0.0)
+    p.add_argument("--fault-seed", type=int, default=0)
+    return p
+
+
+def load_model(layout_path: str | None, init: str) -> tuple[Layout, dict[str, np.ndarray]]:
+    """(layout, float32 initial parameters) from --layout / --init, as the optimizer node reads them."""
+    if init.startswith("seed:"):
+        try:
+            seed = int(init[5:])
+        except ValueError:
+            raise ConfigError(f"bad --init {init!r}: want seed:N or a file.npz") from None
+        if not layout_path:
+            raise ConfigError("--init seed:N needs --layout")
+        try:
+            layout = optim.layout_from_json(json.loads(pathlib.Path(layout_path).read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read layout {layout_path}: {exc}") from None
+        return layout, optim.seed_params(layout, seed)
+    arrays = optim.load_npz(init)
+    return optim.layout_of(arrays), arrays
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        layout, init = load_model(args.layout, args.init)
+        rto = RtoConfig(deadline=args.deadline)
+        if args.topology:
+            cfg = WorkerConfig.from_topology(Topology.load(args.topology), args.job, args.worker, rto=rto)
+        else:
+            missing = [f"--{n.replace('_', '-')}" for n in ("slots", "mac", "ip", "opt_mac", "opt_ip")
+                       if getattr(args, n) is None]
+            if missing:
+                raise ConfigError(f"without --topology, give {' '.join(missing)}")
+            cfg = WorkerConfig(args.job, args.worker, args.slots, args.mac, args.ip, args.opt_mac, args.opt_ip, rto=rto)
+        faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) if (args.drop_send or args.drop_recv) else None
+        agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults)
+    except (ConfigError, TopologyError, rawsock.SocketError, ValueError) as exc:
+        print(f"mindp-worker: {exc}", file=sys.stderr)
+        return 2
+    grad_fn = reference.synthetic_grads(args.grad_seed)
+    params = layout.unflatten(layout.flatten(init, dtype=np.float32).astype(np.float16))
+    code = 0
+    try:
+        for step in range(args.steps):
+            params = agent.push(grad_fn(args.worker, agent.step, params))
+    except StepTimeout as exc:
+        print(f"mindp-worker: {exc}", file=sys.stderr)
+        code = 1
+    if args.out:
+        np.savez(args.out, **params)
+    stats = dict(agent.stats, step_times=agent.step_times, rto=agent.rtt.rto)
+    if args.stats:
+        pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
+    print(f"mindp-worker {args.worker}: {agent.stats['steps']} steps, sent {agent.stats['sent']}, "
+          f"retransmitted {agent.stats['retransmitted']}, duplicates {agent.stats['duplicates']}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Shared pieces of the host-agent tests: a small model and sums as the switch makes them."""
+from __future__ import annotations
+
+import numpy as np
+
+from host_agent import optim, reference, worker
+from mindp import codec
+from mindp.protocol import Flag, Kind
+
+
+def small_model(seed: int = 1) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "embed": rng.standard_normal((40, 17)).astype(np.float32) * 0.1,
+        "w": rng.standard_normal((33, 21)).astype(np.float32) * 0.1,
+        "b": np.zeros(13, np.float32),
+    }
+
+
+def initial_fp16(init: dict) -> dict:
+    lay = optim.layout_of(init)
+    return lay.unflatten(lay.flatten(init, dtype=np.float32).astype(np.float16))
+
+
+def sum_headers(job: int, step: int, chunks, layout, slots: int, nworkers: int, nonfinite=None) -> np.ndarray:
+    chunks = np.asarray(chunks, dtype=np.int64)
+    slot, ver = worker.slot_and_version(step, chunks, layout.n_chunks, slots)
+    flags = 0 if nonfinite is None else np.where(nonfinite[chunks], int(Flag.NONFINITE), 0)
+    return codec.header_array(len(chunks), kind=Kind.SUM, job=job, step=step, chunk=chunks, slot=slot, ver=ver,
+                              count=[layout.chunk_count(int(c)) for c in chunks], nworkers=nworkers, flags=flags)
+
+
+def step_sums(layout, grad_fn, n_workers: int, step: int, params: dict):
+    """The exact per-chunk sums and non-finite flags the switch would produce for this step."""
+    flats = [reference.flat_fp16(layout, grad_fn(w, step, params)) for w in range(n_workers)]
+    return reference.chunk_sums(flats)
+
+
+def same_bits(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].dtype == b[k].dtype and np.array_equal(a[k].view(np.uint8), b[k].view(np.uint8)) for k in a)
+
+
+def with_nonfinite(grad_fn, worker_id: int, step: int, name: str, index: int):
+    """grad_fn, but worker `worker_id` produces an Inf at `name`[index] in `step`."""
+    def fn(w, s, params):
+        g = grad_fn(w, s, params)
+        if (w, s) == (worker_id, step):
+            g[name] = g[name].copy()
+            g[name].reshape(-1)[index] = np.inf
+        return g
+
+    return fn

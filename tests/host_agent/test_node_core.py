@@ -1,0 +1,156 @@
+"""The optimizer node's state machine against the reference, without a network:
+sums as the switch makes them, in random order, with duplicates and a crash."""
+import random
+
+import numpy as np
+import pytest
+
+from host_agent import node, optim, reference, state
+from host_agent.optim import OptimizerConfig
+from mindp.protocol import K, Flag
+
+from .helpers import initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
+
+N, S, JOB = 3, 8, 1
+
+
+def open_core(tmp_path, init, cfg, budget=1 << 20, create=True, **kw):
+    lay = optim.layout_of(init)
+    if create:
+        state.create(tmp_path, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
+    return node.NodeCore(state.Store(tmp_path, budget), JOB, N, S, **kw)
+
+
+def run_step(core, lay, gf, step, params, rng, dup=0.3, batch=5, only=None, window=None):
+    """Feed one step's sums (shuffled, or within `window` of their place; some twice) in batches;
+    returns {chunk: [(flags, params) for each answer]}."""
+    sums, nf = step_sums(lay, gf, N, step, params)
+    chunks = list(range(lay.n_chunks)) if only is None else list(only)
+    chunks += [c for c in chunks if rng.random() < dup]
+    if window:
+        chunks.sort(key=lambda c: c + rng.random() * window)  # the order of a window of slots
+    else:
+        rng.shuffle(chunks)
+    sent = {}
+    for i in range(0, len(chunks), batch):
+        part = np.array(chunks[i : i + batch])
+        hdr, vals = core.handle(sum_headers(JOB, step, part, lay, S, N, nf), sums[part])
+        for h, v in zip(hdr, vals):
+            assert h["step"] == step
+            sent.setdefault(int(h["chunk"]), []).append((int(h["flags"]), v.copy()))
+    return sent
+
+
+def assemble(lay, sent, previous):
+    flat = lay.flatten(previous, dtype=np.float16)
+    flat = np.concatenate([flat, np.zeros(lay.n_chunks * K - lay.total, np.float16)])
+    for c, answers in sent.items():
+        flat[c * K : (c + 1) * K] = answers[0][1]
+    return lay.unflatten(flat[: lay.total])
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_shuffled_duplicated_sums_give_reference_bits(tmp_path, kind):
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig(kind=kind, lr=1e-2)
+    gf = reference.synthetic_grads(5)
+    core = open_core(tmp_path, init, cfg)
+    rng = random.Random(0)
+    params = initial_fp16(init)
+    for step in range(4):
+        sent = run_step(core, lay, gf, step, params, rng)
+        assert sorted(sent) == list(range(lay.n_chunks))
+        for answers in sent.values():  # first answer applied, the rest resent with equal bits
+            assert not answers[0][0] & Flag.RETRANSMIT
+            assert all(f & Flag.RETRANSMIT and np.array_equal(v, answers[0][1]) for f, v in answers[1:])
+        params = assemble(lay, sent, params)
+    assert core.committed == 3 and core.stats["applied"] == 4 * lay.n_chunks
+    assert same_bits(params, reference.train(init, gf, N, 4, cfg).params)
+    assert same_bits(core.store.export(tmp_path / "out.npz"), reference.train(init, gf, N, 4, cfg).master)
+
+
+def test_nonfinite_chunk_is_skipped_reported_and_still_answered(tmp_path):
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig()
+    gf = with_nonfinite(reference.synthetic_grads(5), 2, 1, "w", 40)
+    hook = []
+    core = open_core(tmp_path, init, cfg, on_nonfinite=lambda s, c: hook.append((s, c)))
+    rng = random.Random(1)
+    params = initial_fp16(init)
+    for step in range(3):
+        sent = run_step(core, lay, gf, step, params, rng, dup=0)
+        params = assemble(lay, sent, params)
+    bad_chunk = (lay.offsets["w"] + 40) // K
+    assert hook == [(1, bad_chunk)] and core.stats["nonfinite_skipped"] == 1
+    ref = reference.train(init, gf, N, 3, cfg)
+    assert ref.nonfinite == [(1, bad_chunk)]
+    assert same_bits(params, ref.params)
+
+
+def test_sums_of_old_steps_resend_or_drop_and_bad_sums_are_counted(tmp_path):
+    init = small_model()
+    lay = optim.layout_of(init)
+    gf = reference.synthetic_grads(5)
+    core = open_core(tmp_path, init, OptimizerConfig())
+    params = initial_fp16(init)
+    for step in range(2):
+        params = assemble(lay, run_step(core, lay, gf, step, params, random.Random(step), dup=0), params)
+    sums, nf = step_sums(lay, gf, N, 0, initial_fp16(init))
+    hdr, _ = core.handle(sum_headers(JOB, 0, [0], lay, S, N), sums[[0]])  # step 0: two steps old
+    assert len(hdr) == 0 and core.stats["stale"] == 1
+    bad = sum_headers(JOB, 2, [1, 2, 3, 4], lay, S, N)
+    bad["job"][0] = 9
+    bad["nworkers"][1] = N - 1
+    bad["ver"][2] ^= 1
+    bad["chunk"][3] = lay.n_chunks + 5
+    hdr, _ = core.handle(bad, np.zeros((4, K), np.int64))
+    assert len(hdr) == 0
+    assert {k: v for k, v in core.stats.items() if k.startswith("rejected")} == {
+        "rejected_job": 1, "rejected_nworkers": 1, "rejected_slot": 1, "rejected_chunk": 1}
+    assert core.store.applied.sum() == 0
+
+
+def test_crash_mid_step_resumes_without_double_apply(tmp_path):
+    """Kill between chunks: the reopened node has the applied chunks; workers' retransmissions
+    (only for chunks whose parameters they lack) complete the step with reference bits."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig()
+    gf = reference.synthetic_grads(5)
+    core = open_core(tmp_path, init, cfg)
+    rng = random.Random(3)
+    params = initial_fp16(init)
+    params = assemble(lay, run_step(core, lay, gf, 0, params, rng), params)
+    half = list(range(0, lay.n_chunks, 2))
+    sent_before = run_step(core, lay, gf, 1, params, rng, only=half)
+    del core  # no close: as if killed (the mapping's writes are in the page cache)
+    core = open_core(tmp_path, init, cfg, create=False)
+    assert core.committed == 0 and core.stats["resumed_chunks"] == len(half)
+    rest = [c for c in range(lay.n_chunks) if c not in half]
+    sent_after = run_step(core, lay, gf, 1, params, rng, only=rest + half[:3])  # some late duplicates too
+    assert all(a[0][0] & Flag.RETRANSMIT for c, a in sent_after.items() if c in half)
+    assert core.stats["applied"] == len(rest)
+    params = assemble(lay, {**sent_after, **sent_before}, params)
+    params = assemble(lay, run_step(core, lay, gf, 2, params, rng), params)
+    assert same_bits(params, reference.train(init, gf, N, 3, cfg).params)
+
+
+def test_state_larger_than_budget_pages_within_budget(tmp_path):
+    init = {"big": np.random.default_rng(0).standard_normal(200_000).astype(np.float32)}
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig()
+    gf = reference.synthetic_grads(1)
+    page = 32 * state.RECORD.itemsize
+    budget = 8 * page
+    core = open_core(tmp_path, init, cfg, budget=budget)
+    state_bytes = 2 * lay.n_chunks * state.RECORD.itemsize
+    assert state_bytes > 40 * budget
+    params = initial_fp16(init)
+    for step in range(2):
+        params = assemble(lay, run_step(core, lay, gf, step, params, random.Random(step), dup=0.01, batch=64,
+                                            window=64),
+                          params)
+    assert core.store.pager.stats.peak_pages <= 8
+    assert same_bits(params, reference.train(init, gf, N, 2, cfg).params)

@@ -1,0 +1,73 @@
+"""The worker's per-step state machine: slot window, adaptive timeouts, back-off, deadline."""
+import numpy as np
+import pytest
+
+from host_agent.worker import RtoConfig, RttEstimator, StepTimeout, Window, slot_and_version
+from mindp import schedule
+
+
+def window(n=10, slots=4, **rto):
+    return Window(0, n, slots, RttEstimator(RtoConfig(**rto)), now=0.0)
+
+
+def test_at_most_one_outstanding_chunk_per_slot():
+    w = window()
+    w.set_ready(range(10))
+    new, again = w.due(0.0)
+    assert new == [0, 1, 2, 3] and again == []
+    assert w.due(0.01) == ([], [])
+    w.on_param(1, 0.02)  # chunk 5 shares slot 1 but must wait for chunk 4's predecessor, 0
+    assert w.due(0.02) == ([], [])
+    w.on_param(0, 0.03)
+    assert w.due(0.03)[0] == [4, 5]
+
+
+def test_chunks_wait_until_produced():
+    w = window(slots=8)
+    w.set_ready([0, 1, 3])
+    assert w.due(0.0)[0] == [0, 1]
+    w.set_ready([2])
+    assert w.due(0.0)[0] == [2, 3]
+
+
+def test_timeout_retransmits_with_backoff_and_rtt_from_first_sends_only():
+    w = window(n=2, slots=2, initial=0.1, min=0.01, max=1.0)
+    w.set_ready([0, 1])
+    w.due(0.0)
+    assert w.due(0.099) == ([], [])
+    assert w.due(0.1) == ([], [0, 1])  # first timeout: RTO 0.1
+    assert w.due(0.25) == ([], [])  # backed off to 0.2
+    assert w.due(0.301) == ([], [0, 1])
+    assert w.timeouts == 4
+    assert w.on_param(0, 0.31) and w.rtt.srtt is None  # Karn: no sample from a retransmitted chunk
+    assert not w.on_param(0, 0.32)  # duplicate
+
+
+def test_rto_adapts_to_measured_round_trips():
+    est = RttEstimator(RtoConfig(initial=1.0, min=0.001, max=5.0))
+    for _ in range(50):
+        est.sample(0.004)
+    assert 0.004 <= est.rto < 0.01
+    for _ in range(50):
+        est.sample(0.4)
+    assert 0.4 <= est.rto < 0.6
+
+
+def test_deadline_fails_the_step_naming_missing_chunks():
+    w = window(n=5, slots=5, deadline=2.0)
+    w.set_ready(range(5))
+    w.due(0.0)
+    for c in (0, 2, 4):
+        w.on_param(c, 1.0)
+    assert not w.stalled(2.9)
+    assert w.stalled(3.1) and w.missing() == [1, 3]
+    err = StepTimeout(1, 2, 0, w.missing(), 2.1)
+    assert "chunk(s)" in str(err) and "1, 3" in str(err) and "step 0" in str(err)
+
+
+@pytest.mark.parametrize("n,slots", [(10, 4), (7, 7), (5, 8), (33, 1)])
+def test_vectorised_slot_versions_match_the_schedule(n, slots):
+    for step in range(4):
+        slot, ver = slot_and_version(step, np.arange(n), n, slots)
+        assert slot.tolist() == [schedule.slot_of(c, slots) for c in range(n)]
+        assert ver.tolist() == [schedule.version_of(step, c, n, slots) for c in range(n)]
