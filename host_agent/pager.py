@@ -92,6 +92,7 @@ class Pager:
         self._unused: set[tuple[int, int]] = set()  # prefetched, not yet touched by the caller
         self._cv = threading.Condition(self.lock)
         self._stop = False
+        self._reserved = 0
         self._thread = None
         if prefetch:
             self._thread = threading.Thread(target=self._prefetcher, name="pager-prefetch", daemon=True)
@@ -115,6 +116,7 @@ class Pager:
                 return
         self._make_room(1)
         with self.lock:
+            self._reserved -= 1
             self.stats.faults += key not in self.lru
             self.lru[key] = self.lru.get(key, False) or write
             self.lru.move_to_end(key)
@@ -138,10 +140,12 @@ class Pager:
 
     # --- residency -----------------------------------------------------------
     def _make_room(self, n: int) -> None:
+        """Evict until n more pages fit, and reserve them (the caller registers them, then unreserves)."""
         while True:
             with self.io:
                 with self.lock:
-                    if len(self.lru) + n <= self.max_pages:
+                    if len(self.lru) + self._reserved + n <= self.max_pages:
+                        self._reserved += n
                         return
                     key, dirty = self.lru.popitem(last=False)
                     self._unused.discard(key)
@@ -184,6 +188,7 @@ class Pager:
             self._make_room(1)
             self._populate((f, page), write)
             with self.lock:
+                self._reserved -= 1
                 if (f, page) not in self.lru:
                     self.lru[(f, page)] = write
                     self._unused.add((f, page))
