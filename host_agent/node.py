@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     node = OptimizerNode(core, sock, addr, faults)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {store.n_chunks} chunks, "
-          f"resuming after step {store.committed}", flush=True)
+          f"resuming after step {store.committed} ({store.resumed_chunks} chunks of the next step applied)",
+          flush=True)
     try:
         node.serve(args.steps, args.linger)
     except KeyboardInterrupt:

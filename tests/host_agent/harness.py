@@ -1,0 +1,128 @@
+"""Runs a training job over real packets: worker agents (threads, raw sockets in their
+namespaces) and the optimizer node (the mindp-optimizer CLI in its namespace)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from host_agent import optim, rawsock
+from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig
+
+from .helpers import initial_fp16
+
+
+class NodeProcess:
+    """The mindp-optimizer CLI in the optimizer's namespace; stopped by PID."""
+
+    def __init__(self, nethost, args: list[str], log_path):
+        self.nethost = nethost
+        self.args = args
+        self.log_path = log_path
+        self.proc = None
+
+    def start(self, timeout: float = 30.0) -> NodeProcess:
+        self.log = open(self.log_path, "a")
+        self.proc = self.nethost.popen(sys.executable, "-m", "host_agent.node", *self.args, stdout=subprocess.PIPE,
+                                       stderr=self.log, text=True)
+        line = self.proc.stdout.readline()  # "mindp-optimizer: job ..., resuming after step S"
+        if "resuming" not in line:
+            raise RuntimeError(f"optimizer node did not start: {line!r}; see {self.log_path}")
+        self.banner = line
+        return self
+
+    def kill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.log.close()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def node_args(topo_path, state_dir, init_path, steps, export, stats, budget="8M", extra=()) -> list[str]:
+    return ["--iface", "eth0", "--topology", str(topo_path), "--job", "1", "--state-dir", str(state_dir),
+            "--ram-budget", budget, "--init", str(init_path), "--steps", str(steps), "--export", str(export),
+            "--stats", str(stats), "--page-chunks", "32", "--linger", "1.5", *extra]
+
+
+class Workers:
+    """One thread per worker, each pushing `steps` steps of grad_fn's gradients."""
+
+    def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, rto=None):
+        self.layout = optim.layout_of(init)
+        self.results: dict[int, dict] = {}
+        self.errors: dict[int, BaseException] = {}
+        self.agents: dict[int, WorkerAgent] = {}
+        self.progress: dict[int, int] = {}
+        job = topo.jobs[0]
+        rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
+        for w, name in job.workers.items():
+            sock = bed.hosts[name].socket()
+            rawsock.prepare(sock)
+            faults = rawsock.Faults(drop, drop, seed=100 + w) if drop else None
+            self.agents[w] = WorkerAgent(WorkerConfig.from_topology(topo, job.job_id, w, rto=rto), self.layout, sock,
+                                         faults)
+        self.threads = [threading.Thread(target=self._run, args=(w, init, grad_fn, steps), daemon=True)
+                        for w in self.agents]
+
+    def _run(self, w, init, grad_fn, steps):
+        params = initial_fp16(init)
+        try:
+            for step in range(steps):
+                params = self.agents[w].push(grad_fn(w, step, params))
+                self.progress[w] = step + 1
+            self.results[w] = params
+        except BaseException as exc:  # reported by join()
+            self.errors[w] = exc
+
+    def start(self) -> Workers:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def wait_step(self, step: int, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while min(self.progress.get(w, 0) for w in self.agents) < step and time.monotonic() < deadline:
+            if self.errors:
+                break
+            time.sleep(0.005)
+
+    def join(self, timeout: float = 120.0) -> None:
+        for t in self.threads:
+            t.join(timeout)
+        alive = [t for t in self.threads if t.is_alive()]
+        assert not alive, f"{len(alive)} worker(s) still running after {timeout} s"
+        if self.errors:
+            raise next(iter(self.errors.values()))
+        for a in self.agents.values():
+            a.sock.close()
+
+    def totals(self) -> dict:
+        out: dict = {}
+        for a in self.agents.values():
+            for k, v in a.stats.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+
+def load_stats(path) -> dict:
+    return json.loads(open(path).read())
+
+
+def load_npz(path) -> dict:
+    with np.load(path) as z:
+        return {k: z[k] for k in z.files}
