@@ -1,0 +1,160 @@
+"""The training workload of `make run`: a numpy MLP on scikit-learn's digits.
+
+The data ship inside scikit-learn (no download). Everything is a pure function
+of (config, worker, step, fp16 parameters), so the workers in Mininet and the
+single-process reference trainer compute the very same gradient bits:
+
+- the data split and each worker's shard come from the seed;
+- worker w at step s trains on a batch drawn from its own shard by a
+  generator seeded with (seed, w, s), an epoch-free fixed schedule;
+- forward and backward are float32 numpy on the fp16 parameters the worker holds.
+
+Run numpy single-threaded (OPENBLAS_NUM_THREADS=1) where bits must agree: a
+BLAS that splits a product differently may round differently.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import pathlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+N_FEATURES = 64  # 8x8 images
+N_CLASSES = 10
+PARAM_NAMES = ("w1", "b1", "w2", "b2")
+F32 = np.float32
+
+
+class WorkloadError(ValueError):
+    """A workload description that cannot be used; the message says why."""
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    n_workers: int
+    seed: int = 0
+    hidden: int = 64
+    batch: int = 32  # per worker and step
+    test_fraction: float = 0.2
+
+    def __post_init__(self):
+        if self.n_workers < 1:
+            raise WorkloadError(f"n_workers must be >= 1, got {self.n_workers}")
+        if self.hidden < 1 or self.batch < 1:
+            raise WorkloadError(f"hidden and batch must be >= 1, got {self.hidden} and {self.batch}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise WorkloadError(f"test_fraction must be in (0, 1), got {self.test_fraction}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> WorkloadConfig:
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise WorkloadError(f"malformed workload description: {exc}") from None
+
+    def dump(self, path: str | pathlib.Path) -> None:
+        pathlib.Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | pathlib.Path) -> WorkloadConfig:
+        try:
+            return cls.from_dict(json.loads(pathlib.Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise WorkloadError(f"cannot read workload {path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Dataset:
+    x_train: np.ndarray  # (n, 64) float32 in [0, 1]
+    y_train: np.ndarray  # (n,) int64
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+@functools.lru_cache(maxsize=4)
+def load_dataset(seed: int, test_fraction: float = 0.2) -> Dataset:
+    """Digits split into train and test by a seeded permutation."""
+    from sklearn.datasets import load_digits  # heavy import, only where data are needed
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(F32)
+    y = digits.target.astype(np.int64)
+    order = np.random.default_rng([seed, 0xD161]).permutation(len(y))
+    n_test = int(round(len(y) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    return Dataset(x[train], y[train], x[test], y[test])
+
+
+def shard(cfg: WorkloadConfig, worker: int, n_train: int) -> np.ndarray:
+    """Training indices owned by `worker`: every n_workers-th example, disjoint across workers."""
+    if not 0 <= worker < cfg.n_workers:
+        raise WorkloadError(f"worker {worker} outside 0..{cfg.n_workers - 1}")
+    return np.arange(worker, n_train, cfg.n_workers)
+
+
+def batch_indices(cfg: WorkloadConfig, worker: int, step: int, n_train: int) -> np.ndarray:
+    """The fixed batch of `worker` at `step`, drawn from its own shard."""
+    own = shard(cfg, worker, n_train)
+    rng = np.random.default_rng([cfg.seed, worker, step])
+    return own[rng.choice(len(own), size=min(cfg.batch, len(own)), replace=False)]
+
+
+def init_params(cfg: WorkloadConfig) -> dict[str, np.ndarray]:
+    """He-initialised float32 parameters from the seed (zero biases)."""
+    rng = np.random.default_rng([cfg.seed, 0x1417])
+    return {
+        "w1": (rng.standard_normal((N_FEATURES, cfg.hidden), dtype=F32) * F32(np.sqrt(2.0 / N_FEATURES))),
+        "b1": np.zeros(cfg.hidden, dtype=F32),
+        "w2": (rng.standard_normal((cfg.hidden, N_CLASSES), dtype=F32) * F32(np.sqrt(2.0 / cfg.hidden))),
+        "b2": np.zeros(N_CLASSES, dtype=F32),
+    }
+
+
+def _f32(params: dict) -> tuple[np.ndarray, ...]:
+    return tuple(np.asarray(params[n], dtype=F32) for n in PARAM_NAMES)
+
+
+def _forward(params: dict, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w1, b1, w2, b2 = _f32(params)
+    h = np.maximum(x @ w1 + b1, F32(0))
+    return h, h @ w2 + b2
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def evaluate(params: dict, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of the parameters on (x, y)."""
+    _, logits = _forward(params, x)
+    logp = _log_softmax(logits)
+    loss = float(-logp[np.arange(len(y)), y].mean())
+    return loss, float((logits.argmax(axis=1) == y).mean())
+
+
+def gradients(params: dict, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """Float32 gradients of the mean cross-entropy on (x, y)."""
+    w1, b1, w2, b2 = _f32(params)
+    h, logits = _forward(params, x)
+    d = np.exp(_log_softmax(logits))
+    d[np.arange(len(y)), y] -= F32(1)
+    d /= F32(len(y))
+    dh = (d @ w2.T) * (h > 0)
+    return {"w1": x.T @ dh, "b1": dh.sum(axis=0), "w2": h.T @ d, "b2": d.sum(axis=0)}
+
+
+def grad_fn(cfg: WorkloadConfig):
+    """grad_fn(worker, step, fp16 params) -> named float32 gradients (host_agent.reference's form)."""
+    data = load_dataset(cfg.seed, cfg.test_fraction)
+
+    def fn(worker: int, step: int, params: dict) -> dict[str, np.ndarray]:
+        idx = batch_indices(cfg, worker, step, len(data.y_train))
+        return gradients(params, data.x_train[idx], data.y_train[idx])
+
+    return fn
