@@ -1,0 +1,172 @@
+"""Job model: entries and group of a job, ordered changes, validation, reconcile from entries."""
+import random
+
+import pytest
+
+from controller import p4info_names as n
+from controller.jobs import Endpoint, JobError, changed_workers, new_epoch, new_job, orphan_plan, plan, rebuild
+from controller.model import Group, OpKind
+from controller.slots import PoolExhausted, SlotPool, SlotRange
+from mindp.topology import Host, JobSpec, star
+
+
+@pytest.fixture
+def topo():
+    return star([3, 2], slots=16)
+
+
+def make(topo, pool=None, jobs=None, spec=None, seed=0):
+    pool = pool or SlotPool()
+    jobs = {} if jobs is None else jobs
+    spec = spec or topo.jobs[0]
+    job = new_job(spec, topo, jobs, pool, set(), random.Random(seed))
+    jobs[job.job_id] = job
+    return job
+
+
+def test_job_entries_and_group(topo):
+    job = make(topo)
+    opt = topo.hosts["opt1"]
+    je = job.job_entry()
+    assert je.match == {n.MF_JOB: 1}
+    assert je.params == {"slot_base": 0, "slot_count": 16, "workers": 3, "optimizer_port": opt.port,
+                         "optimizer_mac": opt.mac, "optimizer_ip": opt.ip, "mcast_group": 257, "epoch": job.epoch}
+    tables = [e.table for e in job.entries()]
+    assert tables.count(n.WORKERS) == 3 and tables.count(n.PARAM_REWRITE) == 3 and tables.count(n.OPTIMIZERS) == 1
+    assert tables[-1] == n.JOBS
+    w1 = topo.hosts["w1_1"]
+    assert job.mcast_group() == Group(257, [(topo.hosts[f"w1_{i}"].port, 1 + 32 + i) for i in range(3)])
+    rw = [e for e in job.entries() if e.table == n.PARAM_REWRITE and e.match[n.MF_EGRESS_RID] == 34]
+    assert rw[0].params == {"mac": w1.mac, "ip": w1.ip}
+
+
+def test_create_plan_puts_job_entry_after_its_members_and_delete_before(topo):
+    job = make(topo)
+    create = plan(None, job)
+    assert all(op.kind is OpKind.INSERT for op in create)
+    kinds = [("group" if isinstance(op.item, Group) else op.item.table) for op in create]
+    assert kinds[-1] == n.JOBS and kinds[-2] == "group"
+    delete = plan(job, None)
+    assert all(op.kind is OpKind.DELETE for op in delete)
+    assert delete[0].item.table == n.JOBS and isinstance(delete[1].item, Group)
+    assert len(delete) == len(create)
+
+
+def test_inverse_of_a_plan_undoes_it(topo):
+    job = make(topo)
+    moved = job.with_workers({**job.workers, 0: Endpoint(40, "02:00:00:00:00:40", "10.0.0.40")})
+    ops = plan(job, moved)
+    undo = [op.inverse() for op in reversed(ops)]
+    for op, inv in zip(reversed(ops), undo):
+        if op.kind is OpKind.MODIFY:
+            assert inv.item == op.previous and inv.previous == op.item
+        else:
+            assert inv.item == op.item and inv.kind is not op.kind
+
+
+def test_replace_worker_moves_membership_rewrites_address_and_group(topo):
+    jobs = {}
+    job = make(topo, jobs=jobs)
+    spare = Endpoint(40, "02:00:00:00:00:40", "10.0.0.40", "spare")
+    moved = changed_workers(job, {**job.workers, 1: spare}, jobs)
+    ops = plan(job, moved)
+    got = {(op.kind, op.item.table if not isinstance(op.item, Group) else "group") for op in ops}
+    assert got == {(OpKind.INSERT, n.WORKERS), (OpKind.MODIFY, n.PARAM_REWRITE), (OpKind.MODIFY, "group"),
+                   (OpKind.DELETE, n.WORKERS)}
+    assert ops[-1].kind is OpKind.DELETE  # the old port loses membership last
+    assert moved.job_entry() == job.job_entry()  # same count, slots, epoch
+
+
+def test_add_and_remove_worker_update_count_and_group(topo):
+    jobs = {}
+    job = make(topo, jobs=jobs)
+    bigger = changed_workers(job, {**job.workers, 5: Endpoint(40, "02:00:00:00:00:40", "10.0.0.40")}, jobs)
+    assert bigger.job_entry().params["workers"] == 4
+    assert (40, n.worker_rid(1, 5)) in bigger.mcast_group().replicas
+    ops = plan(job, bigger)
+    assert [op.kind for op in ops].count(OpKind.INSERT) == 2  # membership + rewrite
+    smaller = changed_workers(job, {w: e for w, e in job.workers.items() if w != 0}, jobs)
+    ops = plan(job, smaller)
+    job_mod = [i for i, op in enumerate(ops) if not isinstance(op.item, Group) and op.item.table == n.JOBS][0]
+    deletes = [i for i, op in enumerate(ops) if op.kind is OpKind.DELETE]
+    assert ops[job_mod].item.params["workers"] == 2 and all(d > job_mod for d in deletes)
+    with pytest.raises(JobError, match="no workers"):
+        changed_workers(job, {}, jobs)
+
+
+def test_jobs_get_disjoint_slots_and_distinct_epochs(topo):
+    pool, jobs = SlotPool(), {}
+    a = make(topo, pool, jobs, topo.jobs[0])
+    b = make(topo, pool, jobs, topo.jobs[1])
+    assert not a.slots.overlaps(b.slots)
+    assert a.epoch != b.epoch and 0 not in (a.epoch, b.epoch)
+
+
+def test_new_epoch_avoids_used_values():
+    rng = random.Random(1)
+    used = set(range(1, 0xFFFF))  # only 65535 left
+    assert new_epoch(used, rng) == 0xFFFF
+    with pytest.raises(JobError):
+        new_epoch(used | {0xFFFF}, rng)
+
+
+def test_bad_requests_fail_without_allocating(topo):
+    pool, jobs = SlotPool(32), {}
+    make(topo, pool, jobs)
+    cases = [
+        (JobSpec(1, {0: "w2_0"}, "opt2"), "job 1 already exists"),
+        (JobSpec(3, {0: "w1_0"}, "opt2"), f"port {topo.hosts['w1_0'].port} is already owned by job 1"),
+        (JobSpec(3, {0: "w2_0"}, "opt1"), "already owned by job 1"),
+        (JobSpec(3, {0: "nobody"}, "opt2"), "unknown host 'nobody'"),
+        (JobSpec(3, {0: "w2_0", 1: "w2_0"}, "opt2"), "share port"),
+        (JobSpec(3, {0: "w2_0"}, "w2_0"), "share port"),
+        (JobSpec(70, {0: "w2_0"}, "opt2"), "outside 0..63"),
+    ]
+    for spec, msg in cases:
+        with pytest.raises(JobError, match=msg):
+            new_job(spec, topo, jobs, pool, set())
+    with pytest.raises(PoolExhausted):
+        new_job(JobSpec(2, {0: "w2_0"}, "opt2", slots=17), topo, jobs, pool, set())
+    assert pool.allocations == {1: SlotRange(0, 16)}
+
+
+def test_rebuild_recovers_jobs_from_entries_and_groups(topo):
+    pool, jobs = SlotPool(), {}
+    a = make(topo, pool, jobs, topo.jobs[0])
+    b = make(topo, pool, jobs, topo.jobs[1])
+    entries = [*a.entries(), *b.entries()]
+    random.Random(3).shuffle(entries)
+    flood = Group(n.FLOOD_GROUP, [(h.port, 0) for h in topo.hosts.values()])
+    got = rebuild(entries, [flood, a.mcast_group(), b.mcast_group()], topo)
+    assert got.problems == [] and got.orphans == []
+    assert got.jobs == {1: a, 2: b}
+    anonymous = rebuild(entries, None)  # without a topology, hosts are unnamed
+    assert anonymous.jobs[1].workers[0] == Endpoint(a.workers[0].port, a.workers[0].mac, a.workers[0].ip)
+
+
+def test_rebuild_reports_leftovers_of_a_half_written_job(topo):
+    pool, jobs = SlotPool(), {}
+    a = make(topo, pool, jobs, topo.jobs[0])
+    b = make(topo, pool, jobs, topo.jobs[1])
+    half = b.member_entries()[:3]  # a crash before the job entry
+    got = rebuild([*a.entries(), *half], [a.mcast_group(), b.mcast_group()], topo)
+    assert list(got.jobs) == [1]
+    assert len(got.orphans) == 3 and got.orphan_groups == [b.mcast_group()]
+    assert any("job 2, which has no job entry" in p for p in got.problems)
+    ops = orphan_plan(2, got)
+    assert len(ops) == 4 and all(op.kind is OpKind.DELETE for op in ops)
+    assert orphan_plan(1, got) == []
+
+
+def test_rebuild_flags_inconsistent_count_and_group(topo):
+    job = make(topo)
+    entries = job.entries()
+    entries[-1].params["workers"] = 5
+    got = rebuild(entries, [Group(job.group, [(1, 33)])], topo)
+    assert any("counts 5 workers" in p for p in got.problems)
+    assert any("replicas differ" in p for p in got.problems)
+
+
+def test_endpoint_from_host():
+    h = Host("a", "02:00:00:00:00:09", "10.0.0.9", 9)
+    assert Endpoint.of(h) == Endpoint(9, h.mac, h.ip, "a")
