@@ -1,0 +1,169 @@
+"""Command line shaped like simple_switch_grpc:
+
+  mindp-softswitch [--device-id N] [--log-file F] [--log-level L] [--pcap DIR]
+      [--thrift-port N] [-i PORT@IFACE ...] [--drop-prob P --dup-prob P
+      --reorder-prob P --seed S] (JSON | --no-p4)
+      [-- --grpc-server-addr HOST:PORT --cpu-port N --drop-port N]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+DEFAULT_GRPC = "127.0.0.1:9559"
+LEVELS = {"off": None, "critical": logging.CRITICAL, "error": logging.ERROR, "warn": logging.WARNING,
+          "warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG, "trace": logging.DEBUG}
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def parse_port(spec: str) -> tuple[int, str]:
+    num, sep, iface = spec.partition("@")
+    if not sep or not num.isdigit() or not iface:
+        raise UsageError(f"bad interface {spec!r}: expected PORT@IFACE, e.g. 1@veth1")
+    return int(num), iface
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    if "--" in argv:
+        i = argv.index("--")
+        main, target = argv[:i], argv[i + 1:]
+    else:
+        main, target = argv, []
+    p = _Parser(prog="mindp-softswitch", description="Embedded P4 switch running a BMv2 JSON (v1model).")
+    p.add_argument("json", nargs="?", help="BMv2 JSON program (p4c-bm2-ss output)")
+    p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
+    p.add_argument("-i", "--interface", action="append", default=[], metavar="PORT@IFACE")
+    p.add_argument("--device-id", type=int, default=0)
+    p.add_argument("--log-file")
+    p.add_argument("--log-level", default="info", choices=sorted(LEVELS))
+    p.add_argument("--log-console", action="store_true")
+    p.add_argument("--pcap", nargs="?", const=".", metavar="DIR")
+    p.add_argument("--thrift-port", type=int, help="accepted for compatibility; unused")
+    p.add_argument("--drop-prob", type=float, default=0.0)
+    p.add_argument("--dup-prob", type=float, default=0.0)
+    p.add_argument("--reorder-prob", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--drop-port", type=int, default=511)
+    args = p.parse_args(main)
+    t = _Parser(prog="mindp-softswitch ... --")
+    t.add_argument("--grpc-server-addr", default=DEFAULT_GRPC)
+    t.add_argument("--cpu-port", type=int)
+    t.add_argument("--drop-port", type=int)
+    targs = t.parse_args(target)
+    args.grpc_server_addr = targs.grpc_server_addr
+    args.cpu_port = targs.cpu_port
+    if targs.drop_port is not None:
+        args.drop_port = targs.drop_port
+    if args.json and args.no_p4:
+        raise UsageError("give a JSON program or --no-p4, not both")
+    if not args.json and not args.no_p4:
+        raise UsageError("missing JSON program (or --no-p4)")
+    ports = {}
+    for spec in args.interface:
+        num, iface = parse_port(spec)
+        if num in ports:
+            raise UsageError(f"port {num} given twice")
+        if num == args.drop_port:
+            raise UsageError(f"port {num} is the drop port")
+        ports[num] = iface
+    args.ports = ports
+    for name in ("drop_prob", "dup_prob", "reorder_prob"):
+        v = getattr(args, name)
+        if not 0.0 <= v <= 1.0:
+            raise UsageError(f"--{name.replace('_', '-')} must be within [0, 1]")
+    return args
+
+
+def setup_logging(args) -> None:
+    level = LEVELS[args.log_level]
+    root = logging.getLogger("softswitch")
+    root.propagate = False
+    fmt = logging.Formatter("%(asctime)s softswitch %(levelname)s: %(message)s")
+    if args.log_file and level is not None:
+        h = logging.FileHandler(args.log_file)
+        h.setFormatter(fmt)
+        root.addHandler(h)
+        root.setLevel(level)
+    else:
+        root.setLevel(level if args.log_console and level is not None else logging.WARNING)
+    # errors always reach stderr, whatever the log file says
+    err = logging.StreamHandler(sys.stderr)
+    err.setLevel(logging.WARNING if not args.log_console else (level or logging.WARNING))
+    err.setFormatter(logging.Formatter("softswitch: %(message)s"))
+    root.addHandler(err)
+    if root.level > logging.WARNING:
+        root.setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args = parse_args(argv)
+    except UsageError as exc:
+        print(f"mindp-softswitch: {exc}", file=sys.stderr)
+        return 2
+    setup_logging(args)
+    log = logging.getLogger("softswitch")
+
+    # imported here so that --help and usage errors are instant
+    from . import compiler
+    from .compiler_errors import ProgramError
+    from .dataplane import DataPlane
+    from .engine import Engine
+    from .faults import FaultConfig, Faults
+    from .p4runtime_server import Server, SwitchService
+    from .ports import Port, PortError
+
+    engine = Engine()
+    if args.json:
+        try:
+            with open(args.json, "rb") as fh:
+                engine.load(compiler.load(fh.read(), args.drop_port))
+        except OSError as exc:
+            print(f"mindp-softswitch: cannot read {args.json}: {exc.strerror}", file=sys.stderr)
+            return 1
+        except ProgramError as exc:
+            print(f"mindp-softswitch: {args.json}: {exc}", file=sys.stderr)
+            return 1
+    if args.pcap:
+        os.makedirs(args.pcap, exist_ok=True)
+    ports = {}
+    for num, iface in sorted(args.ports.items()):
+        try:
+            ports[num] = Port(num, iface, args.pcap)
+        except PortError as exc:
+            log.error("%s; port not added (frames to it are counted as dropped)", exc)
+    faults = Faults(FaultConfig(args.drop_prob, args.dup_prob, args.reorder_prob, args.seed))
+    service = SwitchService(engine, args.device_id, args.drop_port, args.cpu_port)
+    dp = DataPlane(engine, ports, faults, args.cpu_port, service.packet_in)
+    service.inject = dp.inject
+    try:
+        server = Server(service, args.grpc_server_addr)
+    except (OSError, RuntimeError) as exc:
+        print(f"mindp-softswitch: gRPC: {exc}", file=sys.stderr)
+        return 1
+    server.start()
+    signal.signal(signal.SIGTERM, lambda *_: dp.stop())
+    signal.signal(signal.SIGINT, lambda *_: dp.stop())
+    log.info("ready: gRPC %s, device %d, ports %s%s", args.grpc_server_addr, args.device_id,
+             {n: p.iface for n, p in ports.items()}, "" if args.json else ", waiting for a pipeline")
+    try:
+        dp.run()
+    finally:
+        server.stop()
+        s = engine.stats
+        log.info("stopped: rx %d tx %d dropped %d errors %d faults %s", s.rx, s.tx, s.dropped, s.errors,
+                 faults.stats)
+        dp.close()
+    return 0

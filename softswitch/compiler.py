@@ -1,0 +1,1100 @@
+"""Compile a BMv2 JSON (p4c-bm2-ss, v1model) into Python source, once.
+
+The packet state is one flat list `f` of ints: for each header instance its
+validity slot followed by its fields (metadata headers are always valid), plus
+hidden slots (ingress length, packet length register). Parser states, actions,
+pipelines and the deparser become Python functions over `f` whose text is
+generated here and exec'd; nothing looks at the JSON per packet.
+
+Expressions follow bmv2's: values are unbounded integers, p4c inserts the masks
+that give bit<W> its wrap-around, fields are truncated (unsigned) or wrapped to
+two's complement (signed) on assignment. Masks that cannot change a value (its
+width is already known to fit) are elided, and subexpressions repeated in a
+straight-line action are computed once.
+
+Anything the compiler does not implement is rejected at load time with its name
+(`UnsupportedConstruct`), never ignored.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from dataclasses import dataclass, field
+
+from . import hashing
+from .compiler_errors import ProgramError, UnsupportedConstruct
+from .tables import ActionSpec, KeySpec, Table
+
+DEFAULT_DROP_PORT = 511
+INSTANCE_NORMAL = 0
+INSTANCE_REPLICATION = 5
+SHIFT_CAP = 1 << 13  # runtime shift amounts beyond any field width all give 0 after masking
+
+
+def _hex(s: str) -> int:
+    neg = s.startswith("-")
+    v = int(s[1:] if neg else s, 16)
+    return -v if neg else v
+
+
+@dataclass
+class HeaderLayout:
+    name: str
+    valid: int  # slot of the validity bit; fields follow
+    fields: list[tuple[str, int, bool]]  # (name, width, signed)
+    metadata: bool
+
+    @property
+    def first(self) -> int:
+        return self.valid + 1
+
+    @property
+    def end(self) -> int:
+        return self.valid + 1 + len(self.fields)
+
+    @property
+    def nbits(self) -> int:
+        return sum(w for _, w, _ in self.fields)
+
+    def index(self, fname: str) -> int:
+        for i, (n, _, _) in enumerate(self.fields):
+            if n == fname:
+                return self.first + i
+        raise ProgramError(f"header {self.name} has no field {fname!r}")
+
+
+@dataclass
+class Layout:
+    headers: dict[str, HeaderLayout]
+    widths: list[int]  # per slot (validity: 1)
+    signed: list[bool]
+    nslots: int
+    ilen: int  # hidden: ingress length (counter bytes)
+    plen: int  # hidden: packet length register (add/remove_header)
+    aliases: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    def field(self, ref) -> int:
+        hname, fname = ref
+        h = self.headers.get(hname)
+        if h is None:
+            raise ProgramError(f"unknown header instance {hname!r}")
+        if fname == "$valid$":
+            return h.valid
+        return h.index(fname)
+
+    def std(self, fname: str) -> int | None:
+        """A v1model intrinsic field, through field_aliases (e.g. intrinsic_metadata.mcast_grp)."""
+        for alias, target in self.aliases.items():
+            if alias.endswith("." + fname):
+                return self.field(target)
+        h = self.headers.get("standard_metadata")
+        if h and any(n == fname for n, _, _ in h.fields):
+            return h.index(fname)
+        return None
+
+
+def build_layout(j: dict) -> Layout:
+    types = {}
+    for ht in j.get("header_types", []):
+        fields = []
+        for fdef in ht["fields"]:
+            name, width = fdef[0], fdef[1]
+            signed = bool(fdef[2]) if len(fdef) > 2 else False
+            if not isinstance(width, int):
+                raise UnsupportedConstruct(f"varbit field {ht['name']}.{name}")
+            if name == "$valid$":
+                continue
+            fields.append((name, width, signed))
+        types[ht["name"]] = fields
+    headers: dict[str, HeaderLayout] = {}
+    widths: list[int] = []
+    signed: list[bool] = []
+    for h in j.get("headers", []):
+        if h["header_type"] not in types:
+            raise ProgramError(f"header {h['name']}: unknown type {h['header_type']!r}")
+        hl = HeaderLayout(h["name"], len(widths), types[h["header_type"]], bool(h.get("metadata")))
+        headers[h["name"]] = hl
+        widths.append(1)
+        signed.append(False)
+        for _, w, s in hl.fields:
+            widths.append(w)
+            signed.append(s)
+    ilen = len(widths)
+    plen = ilen + 1
+    widths += [32, 32]
+    signed += [False, False]
+    aliases = {a[0]: tuple(a[1]) for a in j.get("field_aliases", [])}
+    return Layout(headers, widths, signed, len(widths), ilen, plen, aliases)
+
+
+# --- expressions -------------------------------------------------------------
+# Normalised nodes (hashable tuples):
+#   ("c", value)  ("b", bool)  ("f", slot)  ("a", index, width)  ("valid", slot)
+#   ("lk", bit_offset, width)  ("reg", name, index_node)
+#   (op, left, right) / ("?", cond, left, right) / (unop, None, right)
+
+BOOL_OPS = {"==", "!=", "<", ">", "<=", ">=", "and", "or", "not", "valid", "d2b", "b"}
+
+
+class ExprCompiler:
+    def __init__(self, layout: Layout, registers: dict[str, int], reg_widths: dict[str, int]):
+        self.layout = layout
+        self.registers = registers
+        self.reg_widths = reg_widths
+
+    # JSON -> node
+    def node(self, tv, params: list[int] | None = None):
+        t = tv["type"]
+        v = tv["value"]
+        if t == "expression":
+            if isinstance(v, dict) and "op" not in v:  # {"type":"expression","value":{...}}
+                return self.node(v, params)
+            return self.op(v, params)
+        if t == "field":
+            return ("f", self.layout.field(v))
+        if t == "hexstr":
+            return ("c", _hex(v))
+        if t == "bool":
+            return ("b", bool(v))
+        if t in ("runtime_data", "local"):
+            if params is None or not 0 <= v < len(params):
+                raise ProgramError(f"runtime_data {v} outside an action or out of range")
+            return ("a", v, params[v])
+        if t == "header":
+            if v not in self.layout.headers:
+                raise ProgramError(f"unknown header {v!r}")
+            return ("hdr", v)
+        if t == "lookahead":
+            return ("lk", v[0], v[1])
+        if t == "register":
+            name, idx = v
+            if name not in self.registers:
+                raise ProgramError(f"unknown register {name!r}")
+            return ("reg", name, self.node(idx, params))
+        raise UnsupportedConstruct(f"expression operand of type {t!r}")
+
+    def op(self, e: dict, params):
+        op = e["op"]
+        left = e.get("left")
+        right = e.get("right")
+        if op == "valid":
+            r = self.node(right, params)
+            if r[0] != "hdr":
+                raise UnsupportedConstruct("valid() on a non-header operand")
+            return ("valid", self.layout.headers[r[1]].valid)
+        if op == "?":
+            return ("?", self.node(e["cond"], params), self.node(left, params), self.node(right, params))
+        if op in ("two_comp_mod", "usat_cast", "sat_cast"):
+            w = self.node(right, params)
+            if w[0] != "c":
+                raise UnsupportedConstruct(f"{op} with a runtime width")
+            return (op, self.node(left, params), w)
+        if op in ("not", "~", "d2b", "b2d"):
+            return (op, None, self.node(right, params))
+        if op == "-" and left is None:
+            return ("-", ("c", 0), self.node(right, params))
+        if op in ("+", "-", "*", "/", "%", "<<", ">>", "==", "!=", "<", ">", "<=", ">=",
+                  "and", "or", "&", "|", "^"):
+            return self.simplify((op, self.node(left, params), self.node(right, params)))
+        raise UnsupportedConstruct(f"expression operator {op!r}")
+
+    def simplify(self, n):
+        op, l, r = n
+        if op == "&" and r[0] == "c" and r[1] >= 0:
+            m = r[1]
+            if l[0] == "&" and l[2][0] == "c" and l[2][1] >= 0:
+                return self.simplify(("&", l[1], ("c", l[2][1] & m)))
+            w = self.width(l)
+            if w is not None and (m + 1) & m == 0 and w <= m.bit_length():
+                return l
+        return n
+
+    def width(self, n) -> int | None:
+        """Bits needed for the value if it is known non-negative, else None."""
+        k = n[0]
+        if k == "c":
+            return n[1].bit_length() if n[1] >= 0 else None
+        if k == "f":
+            return None if self.layout.signed[n[1]] else self.layout.widths[n[1]]
+        if k == "a":
+            return n[2]
+        if k == "lk":
+            return n[2]
+        if k == "reg":
+            return self.reg_widths[n[1]]
+        if k in BOOL_OPS or k == "b2d":
+            return 1
+        if k == "?":
+            a, b = self.width(n[2]), self.width(n[3])
+            return None if a is None or b is None else max(a, b)
+        if k == "two_comp_mod" or k == "sat_cast":
+            return None
+        if k == "usat_cast":
+            return n[2][1]
+        l, r = n[1], n[2]
+        wl = self.width(l) if l is not None else None
+        wr = self.width(r) if r is not None else None
+        if k == "&":
+            known = [w for w in (wl, wr) if w is not None]
+            return min(known) if known else None
+        if k in ("|", "^"):
+            return None if wl is None or wr is None else max(wl, wr)
+        if k == "+":
+            return None if wl is None or wr is None else max(wl, wr) + 1
+        if k == "*":
+            return None if wl is None or wr is None else wl + wr
+        if k in ("/", "%"):
+            return wl
+        if k == ">>":
+            if wl is None:
+                return None
+            return max(wl - r[1], 0) if r[0] == "c" else wl
+        if k == "<<":
+            if wl is None or r[0] != "c":
+                return None
+            return wl + r[1]
+        return None
+
+
+def _leaves(n, out: set):
+    if not isinstance(n, tuple):
+        return
+    if n[0] in ("f", "valid"):
+        out.add(n[1])
+    for c in n[1:]:
+        if isinstance(c, tuple):
+            _leaves(c, out)
+
+
+def _has_reg(n) -> bool:
+    if not isinstance(n, tuple):
+        return False
+    if n[0] in ("reg", "lk"):
+        return True
+    return any(_has_reg(c) for c in n[1:] if isinstance(c, tuple))
+
+
+def _count(n, counts: dict):
+    if not isinstance(n, tuple) or n[0] in ("c", "b", "a", "hdr"):
+        return
+    counts[n] = counts.get(n, 0) + 1
+    if counts[n] > 1:
+        return  # children were counted with the first occurrence
+    for c in n[1:]:
+        if isinstance(c, tuple):
+            _count(c, counts)
+
+
+class Emitter:
+    """Python text for nodes, with common subexpressions bound to locals."""
+
+    def __init__(self, ec: ExprCompiler, counts: dict | None = None):
+        self.ec = ec
+        self.counts = counts or {}
+        self.avail: dict = {}  # node -> temp name
+        self.deps: dict = {}  # temp name -> slots read
+        self.n = 0
+        self.pre: list[str] = []
+
+    def invalidate(self, slots) -> None:
+        slots = set(slots)
+        for node, name in list(self.avail.items()):
+            if self.deps[name] & slots:
+                del self.avail[node]
+
+    def invalidate_regs(self) -> None:
+        for node, name in list(self.avail.items()):
+            if _has_reg(node):
+                del self.avail[node]
+
+    def take_pre(self) -> list[str]:
+        pre, self.pre = self.pre, []
+        return pre
+
+    def expr(self, n) -> str:
+        if n in self.avail:
+            return self.avail[n]
+        code = self._expr(n)
+        if self.counts.get(n, 0) > 1 and n[0] not in ("c", "b", "a") and not _has_reg(n):
+            name = f"_t{self.n}"
+            self.n += 1
+            self.pre.append(f"{name} = {code}")
+            self.avail[n] = name
+            deps = set()
+            _leaves(n, deps)
+            self.deps[name] = deps
+            return name
+        return code
+
+    def cond(self, n) -> str:
+        return self.expr(n)
+
+    def _expr(self, n) -> str:
+        k = n[0]
+        e = self.expr
+        if k == "c":
+            return str(n[1]) if n[1] >= 0 else f"({n[1]})"
+        if k == "b":
+            return "True" if n[1] else "False"
+        if k == "f":
+            return f"f[{n[1]}]"
+        if k == "valid":
+            return f"(f[{n[1]}] == 1)"
+        if k == "a":
+            return f"a[{n[1]}]"
+        if k == "lk":
+            return f"_lookahead(data, off, {n[1]}, {n[2]})"
+        if k == "reg":
+            name = n[1]
+            size = self.ec.registers[name]
+            idx = e(n[2])
+            return f"(R_{_ident(name)}[{idx}] if {idx} < {size} else 0)"
+        if k == "?":
+            return f"({e(n[2])} if {e(n[1])} else {e(n[3])})"
+        if k == "not":
+            return f"(not {e(n[2])})"
+        if k == "~":
+            return f"(~{e(n[2])})"
+        if k == "d2b":
+            return f"({e(n[2])} != 0)"
+        if k == "b2d":
+            return f"(1 if {e(n[2])} else 0)"
+        if k == "two_comp_mod":
+            w = n[2][1]
+            h = 1 << (w - 1)
+            return f"((({e(n[1])} + {h}) & {(1 << w) - 1}) - {h})"
+        if k == "usat_cast":
+            w = n[2][1]
+            return f"min(max({e(n[1])}, 0), {(1 << w) - 1})"
+        if k == "sat_cast":
+            w = n[2][1]
+            return f"min(max({e(n[1])}, {-(1 << (w - 1))}), {(1 << (w - 1)) - 1})"
+        op, l, r = n
+        if op == "and":
+            return f"({e(l)} and {e(r)})"
+        if op == "or":
+            return f"({e(l)} or {e(r)})"
+        if op == "/":
+            return f"_div({e(l)}, {e(r)})"
+        if op == "%":
+            return f"_mod({e(l)}, {e(r)})"
+        if op == "<<" and r[0] != "c":
+            return f"_shl({e(l)}, {e(r)})"
+        if op == ">>" and r[0] != "c":
+            return f"_shr({e(l)}, {e(r)})"
+        return f"({e(l)} {op} {e(r)})"
+
+    def store(self, slot: int, n) -> str:
+        """`f[slot] = value`, truncated/wrapped to the field's width when needed."""
+        w = self.ec.layout.widths[slot]
+        code = self.expr(n)
+        if self.ec.layout.signed[slot]:
+            h = 1 << (w - 1)
+            code = f"((({code}) + {h}) & {(1 << w) - 1}) - {h}"
+        else:
+            nw = self.ec.width(n)
+            if nw is None or nw > w:
+                code = f"{code} & {(1 << w) - 1}"
+        return f"f[{slot}] = {code}"
+
+
+def _ident(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _div(a, b):
+    return a // b if b > 0 and a >= 0 else 0
+
+
+def _mod(a, b):
+    return a % b if b > 0 and a >= 0 else 0
+
+
+def _shl(a, b):
+    return a << b if b < SHIFT_CAP else 0
+
+
+def _shr(a, b):
+    return a >> b if b < SHIFT_CAP else (-1 if a < 0 else 0)
+
+
+class ParserError(Exception):
+    def __init__(self, code: int):
+        self.code = code
+
+
+class _Exit(Exception):
+    pass
+
+
+def _lookahead(data, off, bit_off, width):
+    start = off + bit_off // 8
+    end = off + (bit_off + width + 7) // 8
+    if end > len(data):
+        raise ParserError(_lookahead.too_short)
+    v = int.from_bytes(data[start:end], "big")
+    return (v >> ((end - start) * 8 - bit_off % 8 - width)) & ((1 << width) - 1)
+
+
+# --- the program ---------------------------------------------------------------
+SUPPORTED_PRIMITIVES = {
+    "assign", "assign_header", "add_header", "remove_header", "mark_to_drop", "drop",
+    "register_read", "register_write", "count", "modify_field_with_hash_based_offset",
+    "modify_field_rng_uniform", "exit", "log_msg", "assume", "assert",
+}
+REJECT_IF_PRESENT = [
+    ("header_stacks", "header stacks"), ("header_union_types", "header unions"),
+    ("header_unions", "header unions"), ("header_union_stacks", "header union stacks"),
+    ("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
+    ("learn_lists", "digests (learn lists)"), ("extern_instances", "extern instances"),
+]
+
+
+@dataclass
+class CompiledProgram:
+    source: str
+    ns: dict
+    layout: Layout
+    tables: dict[str, Table]
+    tables_by_id: dict[int, Table]
+    registers: dict[str, list]
+    reg_widths: dict[str, int]
+    counters: dict[str, tuple[list, list]]
+    counter_direct: dict[str, str]  # direct counter name -> table name
+    actions: dict[int, dict]  # JSON actions by id
+    init: list
+    drop_port: int
+    slots: dict[str, int]  # v1model intrinsic fields used by the engine
+
+
+def load(json_bytes: bytes | str, drop_port: int = DEFAULT_DROP_PORT) -> CompiledProgram:
+    try:
+        j = json.loads(json_bytes)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProgramError(f"not valid JSON: {exc}") from None
+    if not isinstance(j, dict) or "headers" not in j or "pipelines" not in j:
+        raise ProgramError("not a BMv2 JSON program (no headers/pipelines)")
+    try:
+        return ProgramBuilder(j, drop_port).build()
+    except (KeyError, TypeError, IndexError) as exc:
+        raise ProgramError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
+
+
+class ProgramBuilder:
+    def __init__(self, j: dict, drop_port: int):
+        self.j = j
+        self.drop_port = drop_port
+        self.lines: list[str] = []
+
+    def w(self, line: str, ind: int = 0) -> None:
+        self.lines.append("    " * ind + line)
+
+    def build(self) -> CompiledProgram:
+        j = self.j
+        for key, what in REJECT_IF_PRESENT:
+            items = j.get(key) or []
+            if items:
+                names = ", ".join(str(i.get("name", i)) if isinstance(i, dict) else str(i) for i in items[:3])
+                raise UnsupportedConstruct(f"{what} ({names})")
+        self.layout = L = build_layout(j)
+        self.errors = {name: code for name, code in j.get("errors", [])}
+        _lookahead.too_short = self.errors.get("PacketTooShort", 1)
+        self.registers = {r["name"]: r["size"] for r in j.get("register_arrays", [])}
+        self.reg_widths = {r["name"]: r["bitwidth"] for r in j.get("register_arrays", [])}
+        self.ec = ExprCompiler(L, self.registers, self.reg_widths)
+        slots = {}
+        for name in ("ingress_port", "egress_spec", "egress_port", "instance_type", "packet_length",
+                     "mcast_grp", "egress_rid", "checksum_error", "parser_error",
+                     "ingress_global_timestamp", "egress_global_timestamp"):
+            s = L.std(name)
+            if s is not None:
+                slots[name] = s
+        for req in ("ingress_port", "egress_spec", "egress_port", "instance_type", "packet_length"):
+            if req not in slots:
+                raise ProgramError(f"standard_metadata.{req} missing: not a v1model program")
+        self.slots = slots
+        self.counters = {c["name"]: c for c in j.get("counter_arrays", [])}
+        self.calcs = {c["name"]: c for c in j.get("calculations", [])}
+        for c in self.calcs.values():
+            hashing.check(c["algo"], c["name"])
+        self.actions = {a["id"]: a for a in j.get("actions", [])}
+
+        self.w("# generated by softswitch.compiler from a BMv2 JSON; do not edit")
+        for aid, a in self.actions.items():
+            self.gen_action(a)
+        for c in self.calcs.values():
+            self.gen_calc(c)
+        parsers = j.get("parsers", [])
+        if len(parsers) != 1:
+            raise UnsupportedConstruct(f"{len(parsers)} parsers (v1model has one)")
+        self.gen_parser(parsers[0])
+        pipes = {p["name"]: p for p in j["pipelines"]}
+        if set(pipes) != {"ingress", "egress"}:
+            raise ProgramError(f"pipelines {sorted(pipes)}: v1model needs ingress and egress")
+        self.table_specs = {}
+        for p in pipes.values():
+            if p.get("action_profiles"):
+                raise UnsupportedConstruct(f"action profiles ({p['action_profiles'][0]['name']})")
+            for t in p.get("tables", []):
+                self.table_specs[t["name"]] = t
+            self.gen_pipeline(p)
+        deps = j.get("deparsers", [])
+        if len(deps) != 1:
+            raise UnsupportedConstruct(f"{len(deps)} deparsers (v1model has one)")
+        self.gen_deparser(deps[0])
+        source = "\n".join(self.lines) + "\n"
+
+        registers = {name: [0] * size for name, size in self.registers.items()}
+        counters = {name: ([0] * c["size"], [0] * c["size"]) for name, c in self.counters.items()}
+        ns: dict = {
+            "_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_lookahead": _lookahead,
+            "PErr": ParserError, "_Exit": _Exit, "_struct": struct, "_rng": __import__("random").Random(),
+        }
+        ns.update(hashing.namespace())
+        for name, cells in registers.items():
+            ns[f"R_{_ident(name)}"] = cells
+        for name, (pk, by) in counters.items():
+            ns[f"CP_{_ident(name)}"] = pk
+            ns[f"CB_{_ident(name)}"] = by
+        for h in L.headers.values():
+            ns[f"S_{_ident(h.name)}"] = self.header_struct(h)
+        try:
+            code = compile(source, "<softswitch program>", "exec")
+        except (SyntaxError, RecursionError) as exc:
+            raise ProgramError(f"internal: generated code does not compile: {exc}") from None
+        exec(code, ns)
+        tables = {}
+        for name, t in self.table_specs.items():
+            tables[name] = self.make_table(t, ns)
+            ns[f"T_{t['id']}"] = tables[name]
+        init = [0] * L.nslots
+        for h in L.headers.values():
+            if h.metadata:
+                init[h.valid] = 1
+        direct = {c["name"]: c.get("binding") for c in self.counters.values() if c.get("is_direct")}
+        return CompiledProgram(source, ns, L, tables, {t.id: t for t in tables.values()}, registers,
+                               self.reg_widths, counters, direct, self.actions, init, self.drop_port, slots)
+
+    # --- actions ---------------------------------------------------------
+    def prim_param(self, p, params):
+        return self.ec.node(p, params)
+
+    def gen_action(self, a: dict) -> None:
+        params = [rd["bitwidth"] for rd in a.get("runtime_data", [])]
+        prims = a.get("primitives", [])
+        for p in prims:
+            if p["op"] not in SUPPORTED_PRIMITIVES:
+                raise UnsupportedConstruct(f"primitive {p['op']!r} in action {a['name']}")
+        self.w(f"def A_{a['id']}(f, a):  # {a['name']}")
+        body = self.gen_block(prims, params, 1)
+        if not body:
+            self.w("pass", 1)
+        self.w("")
+
+    def gen_block(self, prims: list, params, ind: int) -> int:
+        """Straight-line primitives; returns the number of lines written."""
+        counts: dict = {}
+        nodes = []
+        for p in prims:
+            ns = []
+            for q in p.get("parameters", []):
+                if q["type"] in ("expression", "field", "hexstr", "runtime_data", "local", "bool", "register"):
+                    try:
+                        ns.append(self.ec.node(q, params))
+                    except ProgramError:
+                        ns.append(None)
+            nodes.append(ns)
+            for n in ns:
+                if n is not None:
+                    _count(n, counts)
+        em = Emitter(self.ec, counts)
+        start = len(self.lines)
+        for p in prims:
+            for line in self.gen_primitive(p, params, em):
+                self.w(line, ind)
+        return len(self.lines) - start
+
+    def lvalue(self, p) -> int:
+        if p["type"] != "field":
+            raise UnsupportedConstruct(f"assignment to a {p['type']} (header stacks/unions)")
+        return self.layout.field(p["value"])
+
+    def gen_primitive(self, p: dict, params, em: Emitter) -> list[str]:
+        op = p["op"]
+        ps = p.get("parameters", [])
+        L = self.layout
+        out: list[str] = []
+
+        def rv(q):
+            return em.expr(self.ec.node(q, params))
+
+        if op == "assign":
+            slot = self.lvalue(ps[0])
+            if slot == self.layout.headers[ps[0]["value"][0]].valid:
+                raise ProgramError("assignment to $valid$")
+            line = em.store(slot, self.ec.node(ps[1], params))
+            out += em.take_pre() + [line]
+            em.invalidate([slot])
+        elif op == "assign_header":
+            dst = L.headers[ps[0]["value"]]
+            src = L.headers[ps[1]["value"]]
+            if [w for _, w, _ in dst.fields] != [w for _, w, _ in src.fields]:
+                raise ProgramError(f"assign_header {src.name} -> {dst.name}: different types")
+            out.append(f"f[{dst.valid}:{dst.end}] = f[{src.valid}:{src.end}]")
+            em.invalidate(range(dst.valid, dst.end))
+        elif op == "add_header":
+            h = L.headers[ps[0]["value"]]
+            out += [f"if not f[{h.valid}]:",
+                    f"    f[{h.first}:{h.end}] = {[0] * len(h.fields)!r}",
+                    f"    f[{h.valid}] = 1",
+                    f"    f[{L.plen}] += {h.nbits // 8}"]
+            em.invalidate(range(h.valid, h.end))
+        elif op == "remove_header":
+            h = L.headers[ps[0]["value"]]
+            out += [f"if f[{h.valid}]:", f"    f[{h.valid}] = 0", f"    f[{L.plen}] -= {h.nbits // 8}"]
+            em.invalidate([h.valid])
+        elif op in ("mark_to_drop", "drop"):
+            es = self.slots["egress_spec"]
+            out.append(f"f[{es}] = {self.drop_port}")
+            inv = [es]
+            if "mcast_grp" in self.slots:
+                out.append(f"f[{self.slots['mcast_grp']}] = 0")
+                inv.append(self.slots["mcast_grp"])
+            em.invalidate(inv)
+        elif op == "register_read":
+            slot = self.lvalue(ps[0])
+            reg = ps[1]["value"]
+            size = self.registers[reg]
+            idx = rv(ps[2])
+            out += em.take_pre()
+            out += [f"if {idx} < {size}:", f"    f[{slot}] = R_{_ident(reg)}[{idx}]"]
+            em.invalidate([slot])
+        elif op == "register_write":
+            reg = ps[0]["value"]
+            size = self.registers[reg]
+            idx = rv(ps[1])
+            val_node = self.ec.node(ps[2], params)
+            val = em.expr(val_node)
+            w = self.reg_widths[reg]
+            nw = self.ec.width(val_node)
+            if nw is None or nw > w:
+                val = f"{val} & {(1 << w) - 1}"
+            out += em.take_pre()
+            out += [f"if {idx} < {size}:", f"    R_{_ident(reg)}[{idx}] = {val}"]
+            em.invalidate_regs()
+        elif op == "count":
+            name = ps[0]["value"]
+            c = self.counters.get(name)
+            if c is None:
+                raise ProgramError(f"unknown counter {name!r}")
+            idx = rv(ps[1])
+            out += em.take_pre()
+            out += [f"if {idx} < {c['size']}:",
+                    f"    CP_{_ident(name)}[{idx}] += 1",
+                    f"    CB_{_ident(name)}[{idx}] += f[{L.ilen}]"]
+        elif op == "modify_field_with_hash_based_offset":
+            slot = self.lvalue(ps[0])
+            base = rv(ps[1])
+            calc = ps[2]["value"]
+            if calc not in self.calcs:
+                raise ProgramError(f"unknown calculation {calc!r}")
+            size = rv(ps[3])
+            w = L.widths[slot]
+            out += em.take_pre()
+            out.append(f"f[{slot}] = ({base} + _hmod(K_{self.calcs[calc]['id']}(f), {size})) & {(1 << w) - 1}")
+            em.invalidate([slot])
+        elif op == "modify_field_rng_uniform":
+            slot = self.lvalue(ps[0])
+            lo, hi = rv(ps[1]), rv(ps[2])
+            w = L.widths[slot]
+            out += em.take_pre()
+            out.append(f"f[{slot}] = _rng.randint({lo}, max({lo}, {hi})) & {(1 << w) - 1}")
+            em.invalidate([slot])
+        elif op == "exit":
+            self.uses_exit = True
+            out.append("raise _Exit()")
+        elif op in ("log_msg",):
+            pass  # bmv2 prints it with --log-console only; no effect on packets
+        elif op in ("assume", "assert"):
+            pass  # bmv2 aborts the switch on failure; we keep forwarding
+        else:
+            raise UnsupportedConstruct(f"primitive {op!r}")
+        return out
+
+    # --- calculations (hash, checksum) -------------------------------------
+    def gen_calc(self, c: dict) -> None:
+        L = self.layout
+        self.w(f"def K_{c['id']}(f):  # {c['name']} ({c['algo']})")
+        self.w("v = 0", 1)
+        self.w("n = 0", 1)
+        for inp in c["input"]:
+            t = inp["type"]
+            if t == "field":
+                slot = L.field(inp["value"])
+                h = L.headers[inp["value"][0]]
+                wd = L.widths[slot]
+                self.w(f"if f[{h.valid}]:", 1)
+                self.w(f"v = (v << {wd}) | (f[{slot}] & {(1 << wd) - 1}); n += {wd}", 2)
+            elif t == "hexstr":
+                wd = inp["bitwidth"]
+                self.w(f"v = (v << {wd}) | {_hex(inp['value']) & ((1 << wd) - 1)}; n += {wd}", 1)
+            elif t == "header":
+                h = L.headers[inp["value"]]
+                self.w(f"if f[{h.valid}]:", 1)
+                for i, (_, wd, _) in enumerate(h.fields):
+                    self.w(f"v = (v << {wd}) | (f[{h.first + i}] & {(1 << wd) - 1}); n += {wd}", 2)
+            else:
+                raise UnsupportedConstruct(f"calculation input of type {t!r} in {c['name']}")
+        self.w("pad = -n % 8", 1)
+        self.w(f"return _algo_{c['algo']}((v << pad).to_bytes((n + pad) // 8, 'big'))", 1)
+        self.w("")
+
+    # --- parser ------------------------------------------------------------
+    def header_struct(self, h: HeaderLayout):
+        fmt = {8: "B", 16: "H", 32: "I", 64: "Q"}
+        sfmt = {8: "b", 16: "h", 32: "i", 64: "q"}
+        if h.metadata or not h.fields:
+            return None
+        if all(w in fmt for _, w, _ in h.fields):
+            return struct.Struct("!" + "".join((sfmt if s else fmt)[w] for _, w, s in h.fields))
+        return None
+
+    def gen_parser(self, p: dict) -> None:
+        L = self.layout
+        states = {s["name"]: s for s in p["parse_states"]}
+        too_short = self.errors.get("PacketTooShort", 1)
+        for s in p["parse_states"]:
+            self.w(f"def P_{s['id']}(f, data, off):  # state {s['name']}")
+            for op in s["parser_ops"]:
+                kind = op["op"]
+                ps = op["parameters"]
+                if kind == "extract":
+                    if ps[0]["type"] != "regular":
+                        raise UnsupportedConstruct(f"extract to a {ps[0]['type']} in state {s['name']}")
+                    h = L.headers[ps[0]["value"]]
+                    nb = h.nbits // 8
+                    if h.nbits % 8:
+                        raise ProgramError(f"header {h.name} is not a whole number of bytes")
+                    self.w(f"if off + {nb} > len(data):", 1)
+                    self.w(f"raise PErr({too_short})", 2)
+                    self.gen_unpack(h, 1)
+                    self.w(f"f[{h.valid}] = 1", 1)
+                    self.w(f"off += {nb}", 1)
+                elif kind == "set":
+                    slot = self.lvalue(ps[0])
+                    em = Emitter(self.ec)
+                    line = em.store(slot, self.ec.node(ps[1]))
+                    for pre in em.take_pre():
+                        self.w(pre, 1)
+                    self.w(line, 1)
+                elif kind == "verify":
+                    em = Emitter(self.ec)
+                    cond = em.expr(self.ec.node(ps[0]))
+                    err = em.expr(self.ec.node(ps[1]))
+                    self.w(f"if not {cond}:", 1)
+                    self.w(f"raise PErr({err})", 2)
+                elif kind in ("advance", "shift"):
+                    em = Emitter(self.ec)
+                    amount = em.expr(self.ec.node(ps[0]))
+                    nbytes = f"({amount}) // 8" if kind == "advance" else f"({amount})"
+                    self.w(f"_n = {nbytes}", 1)
+                    self.w("if off + _n > len(data):", 1)
+                    self.w(f"raise PErr({too_short})", 2)
+                    self.w("off += _n", 1)
+                elif kind == "primitive":
+                    prim = ps[0]
+                    if prim["op"] not in SUPPORTED_PRIMITIVES or prim["op"] == "exit":
+                        raise UnsupportedConstruct(f"primitive {prim['op']!r} in parser state {s['name']}")
+                    for line in self.gen_primitive(prim, None, Emitter(self.ec)):
+                        self.w(line, 1)
+                else:
+                    raise UnsupportedConstruct(f"parser operation {kind!r} in state {s['name']}")
+            key = s.get("transition_key", [])
+            parts = []
+            em = Emitter(self.ec)
+            for k in key:
+                if k["type"] == "field":
+                    slot = L.field(k["value"])
+                    wd = L.widths[slot]
+                    parts.append((f"(f[{slot}] & {(1 << wd) - 1})", (wd + 7) // 8 * 8))
+                elif k["type"] == "lookahead":
+                    off_b, wd = k["value"]
+                    parts.append((f"_lookahead(data, off, {off_b}, {wd})", (wd + 7) // 8 * 8))
+                else:
+                    raise UnsupportedConstruct(f"transition key of type {k['type']!r} in state {s['name']}")
+            if parts:
+                code = parts[0][0]
+                for c, bits in parts[1:]:
+                    code = f"(({code}) << {bits}) | {c}"
+                self.w(f"k = {code}", 1)
+            for t in s["transitions"]:
+                nxt = t["next_state"]
+                target = f"P_{states[nxt]['id']}" if nxt is not None else "None"
+                if nxt is not None and nxt not in states:
+                    raise ProgramError(f"state {s['name']}: unknown next state {nxt!r}")
+                tt = t["type"]
+                if tt == "default":
+                    self.w(f"return {target}, off", 1)
+                    break
+                if tt != "hexstr":
+                    raise UnsupportedConstruct(f"transition of type {tt!r} in state {s['name']}")
+                value = _hex(t["value"])
+                if t.get("mask") is not None:
+                    mask = _hex(t["mask"])
+                    self.w(f"if k & {mask} == {value & mask}:", 1)
+                else:
+                    self.w(f"if k == {value}:", 1)
+                self.w(f"return {target}, off", 2)
+            else:
+                self.w("return None, off", 1)
+            self.w("")
+        init = states[p["init_state"]]["id"]
+        pe = self.slots.get("parser_error")
+        self.w("def parse(f, data):")
+        self.w(f"st = P_{init}", 1)
+        self.w("off = 0", 1)
+        self.w("try:", 1)
+        self.w("while st is not None:", 2)
+        self.w("st, off = st(f, data, off)", 3)
+        self.w("except PErr as e:", 1)
+        if pe is not None:
+            self.w(f"f[{pe}] = e.code", 2)
+        else:
+            self.w("pass", 2)
+        self.gen_checksums(verify=True, ind=1)
+        self.w("return off", 1)
+        self.w("")
+
+    def gen_unpack(self, h: HeaderLayout, ind: int) -> None:
+        nb = h.nbits // 8
+        if self.header_struct(h) is not None:
+            self.w(f"f[{h.first}:{h.end}] = S_{_ident(h.name)}.unpack_from(data, off)", ind)
+            return
+        self.w(f"v = int.from_bytes(data[off:off + {nb}], 'big')", ind)
+        shift = h.nbits
+        for i, (_, wd, signed) in enumerate(h.fields):
+            shift -= wd
+            val = f"(v >> {shift}) & {(1 << wd) - 1}" if shift else f"v & {(1 << wd) - 1}"
+            if signed:
+                half = 1 << (wd - 1)
+                val = f"((({val}) + {half}) & {(1 << wd) - 1}) - {half}"
+            self.w(f"f[{h.first + i}] = {val}", ind)
+
+    def gen_checksums(self, verify: bool, ind: int) -> None:
+        for c in self.j.get("checksums", []):
+            if c.get("type", "generic") != "generic":
+                raise UnsupportedConstruct(f"checksum type {c.get('type')!r} ({c['name']})")
+            if verify and not c.get("verify", True):
+                continue
+            if not verify and not c.get("update", True):
+                continue
+            calc = self.calcs.get(c["calculation"])
+            if calc is None:
+                raise ProgramError(f"checksum {c['name']}: unknown calculation {c['calculation']!r}")
+            target = self.layout.field(c["target"])
+            em = Emitter(self.ec)
+            cond = em.expr(self.ec.node(c["if_cond"])) if c.get("if_cond") else "True"
+            wd = self.layout.widths[target]
+            self.w(f"if {cond}:", ind)
+            if verify:
+                ce = self.slots.get("checksum_error")
+                self.w(f"if K_{calc['id']}(f) & {(1 << wd) - 1} != f[{target}]:", ind + 1)
+                self.w(f"f[{ce}] = 1" if ce is not None else "pass", ind + 2)
+            else:
+                self.w(f"f[{target}] = K_{calc['id']}(f) & {(1 << wd) - 1}", ind + 1)
+
+    # --- pipelines -----------------------------------------------------------
+    def gen_pipeline(self, p: dict) -> None:
+        nodes: dict[str, tuple[str, dict]] = {}
+        for t in p.get("tables", []):
+            nodes[t["name"]] = ("table", t)
+        for c in p.get("conditionals", []):
+            nodes[c["name"]] = ("cond", c)
+        for a in p.get("action_calls", []):
+            nodes[a["name"]] = ("call", a)
+        self.nodes = nodes
+        self.pd: dict = {None: frozenset()}
+        old = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(old, 10000))
+        try:
+            self.w(f"def pipe_{p['name']}(f):")
+            self.w("try:", 1)
+            n0 = len(self.lines)
+            self.emit_nodes(p.get("init_table"), None, 2)
+            if len(self.lines) == n0:
+                self.w("pass", 2)
+            self.w("except _Exit:", 1)
+            self.w("pass", 2)
+            self.w("")
+        finally:
+            sys.setrecursionlimit(old)
+
+    def succs(self, name) -> list:
+        kind, n = self.nodes[name]
+        if kind == "cond":
+            return [n["true_next"], n["false_next"]]
+        if kind == "call":
+            return [n["next_node"]]
+        return list(self.table_next(n).values()) or [n.get("base_default_next")]
+
+    def table_next(self, t: dict) -> dict:
+        """action id (or '__HIT__'/'__MISS__') -> next node."""
+        nt = t.get("next_tables", {})
+        if "__HIT__" in nt or "__MISS__" in nt:
+            return {"__HIT__": nt.get("__HIT__", t.get("base_default_next")),
+                    "__MISS__": nt.get("__MISS__", t.get("base_default_next"))}
+        out = {}
+        for aid, aname in zip(t["action_ids"], t["actions"]):
+            out[aid] = nt.get(aname, t.get("base_default_next"))
+        return out
+
+    def postdoms(self, name) -> frozenset:
+        if name in self.pd:
+            return self.pd[name]
+        if name not in self.nodes:
+            raise ProgramError(f"unknown control-flow node {name!r}")
+        self.pd[name] = frozenset([name])  # guards against cycles; bmv2 pipelines are DAGs
+        sets = [self.postdoms(s) for s in self.succs(name)]
+        common = frozenset.intersection(*sets) if sets else frozenset()
+        self.pd[name] = common | {name}
+        return self.pd[name]
+
+    def ipdom(self, name):
+        cands = self.postdoms(name) - {name}
+        if not cands:
+            return None
+        return max(cands, key=lambda c: len(self.pd[c]))
+
+    def emit_nodes(self, name, stop, ind: int) -> None:
+        while name is not None and name != stop:
+            kind, n = self.nodes[name]
+            if kind == "cond":
+                join = self.ipdom(name)
+                em = Emitter(self.ec)
+                cond = em.expr(self.ec.node(n["expression"]))
+                for pre in em.take_pre():
+                    self.w(pre, ind)
+                self.w(f"if {cond}:  # {name}", ind)
+                self.emit_branch(n["true_next"], join, ind + 1)
+                self.w("else:", ind)
+                self.emit_branch(n["false_next"], join, ind + 1)
+                name = join
+            elif kind == "call":
+                self.w(f"A_{n['action_id']}(f, ())", ind)
+                name = n["next_node"]
+            else:
+                self.emit_table(n, ind)
+                nxt = self.table_next(n)
+                targets = set(nxt.values()) or {n.get("base_default_next")}
+                if len(targets) == 1:
+                    name = targets.pop()
+                    continue
+                join = self.ipdom(name)
+                if "__HIT__" in nxt:
+                    self.w("if _r[0]:", ind)
+                    self.emit_branch(nxt["__HIT__"], join, ind + 1)
+                    self.w("else:", ind)
+                    self.emit_branch(nxt["__MISS__"], join, ind + 1)
+                else:
+                    groups: dict = {}
+                    for aid, target in nxt.items():
+                        groups.setdefault(target, []).append(aid)
+                    self.w("_aid = _r[1]", ind)
+                    first = True
+                    for target, aids in groups.items():
+                        test = f"_aid == {aids[0]}" if len(aids) == 1 else f"_aid in {tuple(aids)!r}"
+                        self.w(f"{'if' if first else 'elif'} {test}:", ind)
+                        self.emit_branch(target, join, ind + 1)
+                        first = False
+                name = join
+
+    def emit_branch(self, name, stop, ind: int) -> None:
+        n0 = len(self.lines)
+        self.emit_nodes(name, stop, ind)
+        if len(self.lines) == n0:
+            self.w("pass", ind)
+
+    def emit_table(self, t: dict, ind: int) -> None:
+        L = self.layout
+        if t.get("type", "simple") != "simple":
+            raise UnsupportedConstruct(f"table {t['name']} of type {t['type']!r} (action profiles)")
+        if t.get("direct_meters"):
+            raise UnsupportedConstruct(f"direct meters on table {t['name']}")
+        keys = []
+        for k in t.get("key", []):
+            mt = k["match_type"]
+            if mt not in ("exact", "lpm", "ternary", "range", "optional", "valid"):
+                raise UnsupportedConstruct(f"match kind {mt!r} in table {t['name']}")
+            if mt == "valid":
+                code = f"f[{L.headers[k['target']].valid}]"
+            else:
+                slot = L.field(k["target"])
+                code = f"f[{slot}]"
+                if L.signed[slot]:
+                    code = f"({code} & {(1 << L.widths[slot]) - 1})"
+                if k.get("mask") is not None:
+                    code = f"({code} & {_hex(k['mask'])})"
+            keys.append(code)
+        exact = all(k["match_type"] in ("exact", "valid") for k in t.get("key", []))
+        tv = f"T_{t['id']}"
+        if not keys:
+            self.w(f"_r = {tv}.miss  # {t['name']}", ind)
+        elif exact:
+            kc = keys[0] if len(keys) == 1 else "(" + ", ".join(keys) + ")"
+            self.w(f"_r = {tv}.d.get({kc}) or {tv}.miss  # {t['name']}", ind)
+        else:
+            self.w(f"_r = {tv}.lookup(({', '.join(keys)},))  # {t['name']}", ind)
+        self.w("_r[2](f, _r[3])", ind)
+        if t.get("with_counters"):
+            self.w("if _r[4] is not None:", ind)
+            self.w("_r[4][0] += 1", ind + 1)
+            self.w(f"_r[4][1] += f[{L.ilen}]", ind + 1)
+
+    def make_table(self, t: dict, ns: dict) -> Table:
+        L = self.layout
+        keys = []
+        for k in t.get("key", []):
+            mt = k["match_type"]
+            width = 1 if mt == "valid" else L.widths[L.field(k["target"])]
+            keys.append(KeySpec(k.get("name") or ".".join(k["target"]) if mt != "valid" else k["target"], mt, width))
+        actions = {}
+        for aid, aname in zip(t["action_ids"], t["actions"]):
+            a = self.actions.get(aid)
+            if a is None:
+                raise ProgramError(f"table {t['name']}: unknown action id {aid}")
+            actions[aid] = ActionSpec(aid, aname, ns[f"A_{aid}"], [rd["bitwidth"] for rd in a.get("runtime_data", [])])
+        table = Table(t["name"], t["id"], keys, t.get("max_size", 1024), actions, bool(t.get("with_counters")))
+        de = t.get("default_entry")
+        if de:
+            args = tuple(_hex(x) for x in de.get("action_data", []))
+            table.set_default(de["action_id"], args)
+            table.default_const = bool(de.get("action_const"))
+        if t.get("entries"):
+            raise UnsupportedConstruct(f"const entries in table {t['name']}")
+        return table
+
+    # --- deparser ------------------------------------------------------------
+    def gen_deparser(self, d: dict) -> None:
+        L = self.layout
+        self.w("def deparse(f, data, off):")
+        self.gen_checksums(verify=False, ind=1)
+        self.w("out = []", 1)
+        for hname in d["order"]:
+            h = L.headers.get(hname)
+            if h is None:
+                raise ProgramError(f"deparser: unknown header {hname!r}")
+            self.w(f"if f[{h.valid}]:", 1)
+            if self.header_struct(h) is not None:
+                self.w(f"out.append(S_{_ident(h.name)}.pack(*f[{h.first}:{h.end}]))", 2)
+            else:
+                parts = []
+                shift = h.nbits
+                for i, (_, wd, signed) in enumerate(h.fields):
+                    shift -= wd
+                    v = f"f[{h.first + i}]" if not signed else f"(f[{h.first + i}] & {(1 << wd) - 1})"
+                    parts.append(f"({v} << {shift})" if shift else v)
+                self.w(f"out.append(({' | '.join(parts)}).to_bytes({h.nbits // 8}, 'big'))", 2)
+        self.w("out.append(data[off:])", 1)
+        self.w("return b''.join(out)", 1)
+        self.w("")

@@ -1,0 +1,134 @@
+"""v1model packet processing over a compiled program: parser, ingress, the packet
+replication engine, egress, checksum update and deparser, as simple_switch does.
+
+Pure logic: bytes and a port in, a list of (port, bytes) out. Ports, P4Runtime
+and threads live elsewhere.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from .compiler import INSTANCE_NORMAL, INSTANCE_REPLICATION, CompiledProgram
+
+log = logging.getLogger("softswitch")
+
+
+@dataclass
+class Stats:
+    rx: int = 0
+    tx: int = 0
+    dropped: int = 0  # by the program (egress_spec == drop port at the end of ingress or egress)
+    no_program: int = 0  # received before any pipeline was set
+    mcast_empty: int = 0  # multicast to a group with no replicas
+    errors: int = 0  # an exception inside the program: packet dropped
+    by_port_rx: dict = field(default_factory=dict)
+    by_port_tx: dict = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, program: CompiledProgram | None = None):
+        self.program: CompiledProgram | None = None
+        self.pre: dict[int, list[tuple[int, int]]] = {}  # mcast group -> [(port, rid)]
+        self.stats = Stats()
+        self._t0 = time.monotonic()
+        self._logged_error = False
+        if program is not None:
+            self.load(program)
+
+    def load(self, program: CompiledProgram) -> None:
+        """Install a program; its tables, registers and counters start empty. One
+        assignment swaps it in, so a packet in flight sees the old or the new one."""
+        self.pre = {}
+        self._run = _Runner(program, self)
+        self.program = program
+
+    def process(self, data: bytes, port: int) -> list[tuple[int, bytes]]:
+        if self.program is None:
+            self.stats.no_program += 1
+            return []
+        out: list[tuple[int, bytes]] = []
+        try:
+            self._process(data, port, out)
+        except Exception as exc:  # a bug or an unforeseen construct: drop, count, keep running
+            self.stats.errors += 1
+            if not self._logged_error:
+                log.error("packet dropped: %s: %s (further errors only counted)", type(exc).__name__, exc)
+                self._logged_error = True
+            return []
+        return out
+
+    def _process(self, data: bytes, port: int, out: list) -> None:
+        self._run.process(data, port, out)
+
+
+class _Runner:
+    """The per-packet path of one program, with everything it needs bound once."""
+
+    def __init__(self, p: CompiledProgram, engine: Engine):
+        ns = p.ns
+        s = p.slots
+        self.engine = engine
+        self.stats = engine.stats
+        self._parse = ns["parse"]
+        self._ingress = ns["pipe_ingress"]
+        self._egress = ns["pipe_egress"]
+        self._deparse = ns["deparse"]
+        self._init = p.init
+        self._drop = p.drop_port
+        self._ip = s["ingress_port"]
+        self._es = s["egress_spec"]
+        self._ep = s["egress_port"]
+        self._it = s["instance_type"]
+        self._pl = s["packet_length"]
+        self._mg = s.get("mcast_grp")
+        self._rid = s.get("egress_rid")
+        self._its = s.get("ingress_global_timestamp")
+        self._ets = s.get("egress_global_timestamp")
+        self._ilen = p.layout.ilen
+        self._plen = p.layout.plen
+        self._t0 = engine._t0
+
+    def process(self, data: bytes, port: int, out: list) -> None:
+        f = self._init[:]
+        n = len(data)
+        f[self._ip] = port
+        f[self._pl] = n
+        f[self._ilen] = n
+        f[self._plen] = n
+        if self._its is not None:
+            f[self._its] = int((time.monotonic() - self._t0) * 1e6)
+        off = self._parse(f, data)
+        self._ingress(f)
+        mg = f[self._mg] if self._mg is not None else 0
+        if mg:
+            f[self._it] = INSTANCE_REPLICATION
+            replicas = self.engine.pre.get(mg)
+            if not replicas:
+                self.stats.mcast_empty += 1
+                return
+            for eport, rid in replicas:
+                g = f[:]
+                if self._rid is not None:
+                    g[self._rid] = rid
+                self._egress_one(g, eport, data, off, out)
+            return
+        es = f[self._es]
+        if es == self._drop:
+            self.stats.dropped += 1
+            return
+        f[self._it] = INSTANCE_NORMAL
+        self._egress_one(f, es, data, off, out)
+
+    def _egress_one(self, f: list, port: int, data: bytes, off: int, out: list) -> None:
+        f[self._ep] = port
+        f[self._es] = self._drop + 1
+        f[self._pl] = f[self._plen]
+        if self._ets is not None:
+            f[self._ets] = int((time.monotonic() - self._t0) * 1e6)
+        self._egress(f)
+        if f[self._es] == self._drop:
+            self.stats.dropped += 1
+            return
+        out.append((port, self._deparse(f, data, off)))

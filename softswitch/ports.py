@@ -1,0 +1,112 @@
+"""Switch ports: AF_PACKET raw sockets bound to interfaces, and pcap capture files."""
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import time
+
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
+PACKET_OUTGOING = 4
+MAX_FRAME = 65535
+
+
+class PortError(OSError):
+    pass
+
+
+class Port:
+    """One switch port on a network interface."""
+
+    def __init__(self, number: int, iface: str, pcap_dir: str | None = None):
+        self.number = number
+        self.iface = iface
+        self.rx = self.tx = self.tx_errors = 0
+        try:
+            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        except PermissionError:
+            raise PortError(f"port {number}: raw sockets need root (CAP_NET_RAW)") from None
+        try:
+            s.bind((iface, 0))
+        except OSError as exc:
+            s.close()
+            raise PortError(f"port {number}: interface {iface!r}: {exc.strerror}") from None
+        try:
+            s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+            self.filter_outgoing = False
+        except OSError:
+            self.filter_outgoing = True  # old kernel: drop PACKET_OUTGOING frames by hand
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        s.setblocking(False)
+        self.sock = s
+        self.pcap_in = Pcap(f"{pcap_dir}/{iface}_in.pcap") if pcap_dir else None
+        self.pcap_out = Pcap(f"{pcap_dir}/{iface}_out.pcap") if pcap_dir else None
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def recv_batch(self, limit: int) -> list[bytes]:
+        frames = []
+        sock = self.sock
+        try:
+            if self.filter_outgoing:
+                for _ in range(limit):
+                    data, addr = sock.recvfrom(MAX_FRAME)
+                    if addr[2] != PACKET_OUTGOING:
+                        frames.append(data)
+            else:
+                for _ in range(limit):
+                    frames.append(sock.recv(MAX_FRAME))
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.ENETDOWN, errno.ENXIO, errno.EAGAIN):
+                raise
+        self.rx += len(frames)
+        if self.pcap_in:
+            for fr in frames:
+                self.pcap_in.write(fr)
+        return frames
+
+    def send(self, frame: bytes) -> bool:
+        try:
+            self.sock.send(frame)
+        except OSError:  # ENOBUFS, link down, too big: a counted drop
+            self.tx_errors += 1
+            return False
+        self.tx += 1
+        if self.pcap_out:
+            self.pcap_out.write(frame)
+        return True
+
+    def close(self) -> None:
+        self.sock.close()
+        for p in (self.pcap_in, self.pcap_out):
+            if p:
+                p.close()
+
+
+class Pcap:
+    """A classic pcap file (Ethernet link type) that Wireshark and tcpdump -r open."""
+
+    HEADER = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, MAX_FRAME, 1)
+
+    def __init__(self, path: str):
+        self.f = open(path, "wb")
+        self.f.write(self.HEADER)
+        self.f.flush()
+
+    def write(self, frame: bytes) -> None:
+        t = time.time()
+        sec = int(t)
+        self.f.write(struct.pack("<IIII", sec, int((t - sec) * 1e6), len(frame), len(frame)))
+        self.f.write(frame)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
