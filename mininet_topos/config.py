@@ -1,0 +1,86 @@
+"""The settings of one `make run`, checked with one-line errors (pure, no I/O)."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from mindp.protocol import MAX_WORKERS
+from mindp.targets import TARGETS
+
+MAX_STEPS = 100_000
+MAX_LOSS = 0.5  # beyond this a run spends its time retransmitting
+
+
+class ConfigError(ValueError):
+    """A bad variable; the message names it (as the Makefile spells it) and says what is allowed."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    target: str = "auto"
+    workers: int = 4
+    steps: int = 60
+    loss: float = 0.0
+    jobs: int = 1
+    seed: int = 0
+    pcap: bool = False
+    hidden: int = 64
+    batch: int = 32
+    lr: float = 0.01
+    slots: int = 64
+    grpc_port: int = 9559
+    thrift_port: int = 9090
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _int(name: str, text: str, lo: int, hi: int) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {text!r}") from None
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value}")
+    return value
+
+
+def _float(name: str, text: str, lo: float, hi: float) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be a number in [{lo}, {hi}], got {text!r}") from None
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise ConfigError(f"{name} must be a number in [{lo}, {hi}], got {text!r}")
+    return value
+
+
+def parse(*, target: str = "auto", workers: str = "4", steps: str = "60", loss: str = "0", jobs: str = "1",
+          seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "0.01",
+          slots: str = "64", grpc_port: str = "9559", thrift_port: str = "9090") -> RunConfig:
+    """Strings as given on the command line (make variables) -> a checked RunConfig."""
+    target = str(target).strip()
+    if target not in TARGETS:
+        raise ConfigError(f"TARGET must be one of {'|'.join(TARGETS)}, got {target!r}")
+    pcap_text = str(pcap).strip()
+    if pcap_text not in ("0", "1"):
+        raise ConfigError(f"PCAP must be 0 or 1, got {pcap!r}")
+    jobs_n = _int("JOBS", jobs, 1, 2)
+    cfg = RunConfig(
+        target=target,
+        workers=_int("WORKERS", workers, 1, MAX_WORKERS),
+        steps=_int("STEPS", steps, 1, MAX_STEPS),
+        loss=_float("LOSS", loss, 0.0, MAX_LOSS),
+        jobs=jobs_n,
+        seed=_int("SEED", seed, 0, 2**31 - 1),
+        pcap=pcap_text == "1",
+        hidden=_int("--hidden", hidden, 1, 4096),
+        batch=_int("--batch", batch, 1, 1024),
+        lr=_float("--lr", lr, 1e-9, 10.0),
+        slots=_int("--slots", slots, 1, 512),  # two jobs fit the 1024-slot pool
+        grpc_port=_int("--grpc-port", grpc_port, 1, 65535),
+        thrift_port=_int("--thrift-port", thrift_port, 1, 65535),
+    )
+    if cfg.grpc_port == cfg.thrift_port:
+        raise ConfigError("--grpc-port and --thrift-port must differ")
+    return cfg

@@ -1,0 +1,131 @@
+"""Mininet pieces: a switch node running BMv2 or the embedded switch, and a network
+built from a `mindp.topology.Topology` (the same data the controller and agents read).
+
+Root-namespace interfaces are named `<prefix>p<port>` (default `mnr-p1`, ...), so
+the switch port number is in the name and nothing clashes with other Mininets;
+each host's side is `eth0` inside its own namespace.
+"""
+from __future__ import annotations
+
+import subprocess
+from typing import Callable
+
+from mininet.link import Link
+from mininet.net import Mininet
+from mininet.node import Host, Switch
+from mininet.topo import Topo
+
+from mindp.targets import SwitchConfig, SwitchProcess
+from mindp.topology import Topology
+
+PREFIX = "mnr-"
+OFFLOADS = ("rx", "tx", "sg", "tso", "ufo", "gso", "gro", "lro", "rxvlan", "txvlan", "rxhash")
+
+# Called with (pid, name, group) for every process a node starts, before anything else starts.
+Recorder = Callable[[int, str, bool], None]
+
+
+def switch_iface(port: int, prefix: str = PREFIX) -> str:
+    return f"{prefix}p{port}"
+
+
+class MindpSwitch(Switch):
+    """A Mininet switch that is our P4 target (`mindp.targets`), in the root namespace.
+
+    start() launches simple_switch_grpc or the embedded switch on this node's
+    interfaces (Mininet port number = P4 port number) and returns once its gRPC
+    port answers; stop() ends it by PID before Mininet deletes the interfaces.
+    """
+
+    def __init__(self, name: str, target: str = "embedded", grpc_addr: str = "127.0.0.1:9559", device_id: int = 0,
+                 json_path: str | None = None, log_file: str | None = None, pcap_dir: str | None = None,
+                 thrift_port: int | None = None, fault_args: list[str] | None = None,
+                 record: Recorder | None = None, **params):
+        self.record = record
+        self.switch_cfg = dict(grpc_addr=grpc_addr, device_id=device_id, json_path=json_path, log_file=log_file,
+                               pcap_dir=pcap_dir, thrift_port=thrift_port, fault_args=list(fault_args or []))
+        self.target = target
+        self.process: SwitchProcess | None = None
+        params["inNamespace"] = False  # the switch process uses the root-namespace veth ends
+        super().__init__(name, **params)
+
+    def startShell(self, *args, **kw):
+        super().startShell(*args, **kw)
+        if self.record:
+            self.record(self.pid, f"mininet shell {self.name}", True)
+
+    def port_ifaces(self) -> dict[int, str]:
+        return {port: intf.name for port, intf in self.intfs.items() if intf.name != "lo"}
+
+    def start(self, controllers) -> None:
+        cfg = SwitchConfig(ports=self.port_ifaces(), **self.switch_cfg)
+        self.process = SwitchProcess(self.target, cfg)
+        try:
+            self.process.start()
+        finally:
+            if self.record and self.process.pid:
+                self.record(self.process.pid, f"{self.process.target} switch {self.name}", True)
+
+    def alive(self) -> bool:
+        return bool(self.process and self.process.proc and self.process.proc.poll() is None)
+
+    def stop(self, deleteIntfs: bool = True) -> None:
+        if self.process:
+            self.process.stop()
+        super().stop(deleteIntfs)
+
+
+class RecordingHost(Host):
+    """A Mininet host whose shell PID is recorded as soon as it exists."""
+
+    record: Recorder | None = None
+
+    def startShell(self, *args, **kw):
+        super().startShell(*args, **kw)
+        if self.record:
+            self.record(self.pid, f"mininet shell {self.name}", True)
+
+
+class DataTopo(Topo):
+    """The Mininet topology of a `Topology`: its hosts (MAC, IP, port) on its one switch."""
+
+    def build(self, topology: Topology, prefix: str = PREFIX, prefix_len: int = 16):
+        sw = self.addSwitch(topology.switch.name)
+        for host in topology.hosts.values():
+            self.addHost(host.name, ip=f"{host.ip}/{prefix_len}", mac=host.mac)
+            self.addLink(host.name, sw, port1=0, port2=host.port,
+                         intfName1="eth0", intfName2=switch_iface(host.port, prefix))
+
+
+def quiet_host(host: Host, iface: str = "eth0") -> None:
+    """Offloads and IPv6 off in the host (as BMv2's veth_setup.sh does): only our frames on the wire."""
+    cmds = [f"ethtool -K {iface} {f} off" for f in OFFLOADS]
+    cmds += ["sysctl -qw net.ipv6.conf.all.disable_ipv6=1", f"sysctl -qw net.ipv6.conf.{iface}.disable_ipv6=1"]
+    host.cmd("; ".join(f"{c} >/dev/null 2>&1" for c in cmds))
+
+
+def quiet_root_iface(iface: str) -> None:
+    for f in OFFLOADS:
+        subprocess.run(["ethtool", "-K", iface, f, "off"], capture_output=True)
+    subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1"], capture_output=True)
+
+
+def make_net(topology: Topology, switch_params: dict, record: Recorder | None = None,
+             prefix: str = PREFIX) -> Mininet:
+    """A built (not started) Mininet of `topology` with MindpSwitch, no OpenFlow controller."""
+
+    class Rec(RecordingHost):
+        pass
+
+    Rec.record = staticmethod(record) if record else None
+
+    def switch(name, **kw):
+        return MindpSwitch(name, record=record, **{**switch_params, **kw})
+
+    return Mininet(topo=DataTopo(topology, prefix=prefix), switch=switch, host=Rec, link=Link, controller=None,
+                   autoSetMacs=False, autoStaticArp=False, build=True, waitConnected=False)
+
+
+def interfaces(topology: Topology, prefix: str = PREFIX) -> list[str]:
+    """The root-namespace interface names a network of `topology` makes."""
+    return [switch_iface(h.port, prefix) for h in topology.hosts.values()]

@@ -1,0 +1,130 @@
+"""Progress of a run from the JSON lines the workers print (pure: no processes, no terminal).
+
+`Progress.feed(line)` takes one line of a worker's log; `bar()` renders one line
+of status: step, loss, accuracy, steps/s, packets/s, retransmissions.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Curve:
+    """Loss and accuracy of one job's model after each step (step -1: initial)."""
+
+    steps: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    acc: list[float] = field(default_factory=list)
+
+
+@dataclass
+class WorkerProgress:
+    step: int = -1  # last completed step
+    sent: int = 0
+    retx: int = 0
+    done: dict | None = None  # the final "done" record
+
+
+class Progress:
+    def __init__(self, jobs: dict[int, int], steps: int, clock=time.monotonic):
+        """jobs: job id -> worker count."""
+        self.steps = steps
+        self.clock = clock
+        self.workers = {(j, w): WorkerProgress() for j, n in jobs.items() for w in range(n)}
+        self.curves = {j: Curve() for j in jobs}
+        self.t0: float | None = None  # first step line seen
+        self.samples: list[tuple[float, int, int]] = []  # (time, steps done, packets), for rates
+        self.bad_lines = 0
+
+    def feed(self, line: str) -> None:
+        line = line.strip()
+        if not line.startswith("{"):
+            return
+        try:
+            rec = json.loads(line)
+            key = (int(rec["job"]), int(rec["worker"]))
+            wp = self.workers[key]
+        except (ValueError, KeyError, TypeError):
+            self.bad_lines += 1
+            return
+        if rec.get("ev") == "step":
+            wp.step = max(wp.step, int(rec["step"]))
+            wp.sent, wp.retx = int(rec.get("sent", 0)), int(rec.get("retx", 0))
+            if "loss" in rec:
+                c = self.curves[key[0]]
+                c.steps.append(int(rec["step"]))
+                c.loss.append(float(rec["loss"]))
+                c.acc.append(float(rec["acc"]))
+            if self.t0 is None:
+                self.t0 = self.clock()
+        elif rec.get("ev") == "done":
+            wp.done = rec
+            stats = rec.get("stats", {})
+            wp.sent, wp.retx = int(stats.get("sent", wp.sent)), int(stats.get("retransmitted", wp.retx))
+
+    @property
+    def step(self) -> int:
+        """Steps completed by every worker of every job."""
+        return min(wp.step for wp in self.workers.values()) + 1
+
+    @property
+    def packets(self) -> int:
+        return sum(wp.sent + wp.retx for wp in self.workers.values())
+
+    @property
+    def retransmissions(self) -> int:
+        return sum(wp.retx for wp in self.workers.values())
+
+    def all_done(self) -> bool:
+        return all(wp.done is not None for wp in self.workers.values())
+
+    def rates(self, window: float = 3.0) -> tuple[float, float]:
+        """(steps/s, packets/s) over the last `window` seconds."""
+        now = self.clock()
+        self.samples.append((now, self.step, self.packets))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= window:
+            self.samples.pop(0)
+        t, s, p = self.samples[0]
+        dt = now - t
+        return ((self.step - s) / dt, (self.packets - p) / dt) if dt > 0 else (0.0, 0.0)
+
+    def latest(self) -> tuple[float | None, float | None]:
+        """Mean over jobs of the latest loss and accuracy."""
+        last = [(c.loss[-1], c.acc[-1]) for c in self.curves.values() if c.loss]
+        if not last:
+            return None, None
+        return sum(x for x, _ in last) / len(last), sum(a for _, a in last) / len(last)
+
+    def bar(self, width: int = 24) -> str:
+        steps_s, pkts_s = self.rates()
+        done = self.step
+        filled = int(width * done / self.steps) if self.steps else width
+        loss, acc = self.latest()
+        loss_s = f"{loss:.4f}" if loss is not None else "-"
+        acc_s = f"{acc * 100:5.1f}%" if acc is not None else "-"
+        return (f"[{'#' * filled}{'.' * (width - filled)}] step {done}/{self.steps}  loss {loss_s}  acc {acc_s}  "
+                f"{steps_s:.1f} steps/s  {pkts_s:,.0f} pkt/s  retx {self.retransmissions}")
+
+
+class LogTail:
+    """Reads whole new lines appended to a file since the last call."""
+
+    def __init__(self, path: str | pathlib.Path):
+        self.path = pathlib.Path(path)
+        self.pos = 0
+        self.partial = ""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self.path, "r", errors="replace") as f:
+                f.seek(self.pos)
+                data = f.read()
+                self.pos = f.tell()
+        except FileNotFoundError:
+            return []
+        data = self.partial + data
+        *full, self.partial = data.split("\n")
+        return full

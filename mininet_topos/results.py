@@ -1,0 +1,117 @@
+"""A run's results: comparison with the reference trainer, summary.json, table, curve PNG."""
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from host_agent import optim, reference
+from host_agent.optim import OptimizerConfig
+from mindp import workload
+
+from .progress import Curve
+
+TABLE_FIELDS = ("target", "workers", "steps", "jobs", "initial_loss", "final_loss", "final_accuracy",
+                "max_abs_param_diff_vs_reference", "packets_sent", "retransmissions", "wall_seconds",
+                "steps_per_second")
+
+
+@dataclass
+class JobResult:
+    job_id: int
+    initial_loss: float
+    final_loss: float
+    final_accuracy: float
+    reference_final_loss: float
+    max_abs_param_diff_vs_reference: float  # over workers' fp16 params and the node's fp32 master
+    packets_sent: int
+    retransmissions: int
+
+
+def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """Largest |a - b| over all named arrays (inf when names or shapes differ, or a value is non-finite)."""
+    if a.keys() != b.keys():
+        return float("inf")
+    worst = 0.0
+    for name in a:
+        x, y = np.asarray(a[name], dtype=np.float64), np.asarray(b[name], dtype=np.float64)
+        if x.shape != y.shape:
+            return float("inf")
+        if x.size:
+            d = np.abs(x - y)
+            worst = max(worst, float(d.max()) if np.isfinite(d).all() else float("inf"))
+    return worst
+
+
+def reference_run(wl: workload.WorkloadConfig, init: dict[str, np.ndarray], steps: int,
+                  opt: OptimizerConfig) -> reference.Result:
+    return reference.train(init, workload.grad_fn(wl), wl.n_workers, steps, opt, optim.layout_of(init))
+
+
+def compare(ref: reference.Result, workers_fp16: list[dict[str, np.ndarray]], master: dict[str, np.ndarray]) -> float:
+    diffs = [max_abs_diff(ref.master, master)] + [max_abs_diff(ref.params, p) for p in workers_fp16]
+    return max(diffs)
+
+
+def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds: float) -> dict:
+    """The run's summary.json: the figures of the run as a whole, then each job's."""
+    n = len(jobs)
+    steps = int(cfg["steps"])
+    return {
+        "target": cfg["target"],
+        "workers": int(cfg["workers"]),
+        "steps": steps,
+        "jobs": n,
+        "loss_rate": float(cfg["loss"]),
+        "seed": int(cfg["seed"]),
+        "initial_loss": sum(j.initial_loss for j in jobs) / n,
+        "final_loss": sum(j.final_loss for j in jobs) / n,
+        "final_accuracy": sum(j.final_accuracy for j in jobs) / n,
+        "max_abs_param_diff_vs_reference": max(j.max_abs_param_diff_vs_reference for j in jobs),
+        "packets_sent": sum(j.packets_sent for j in jobs),
+        "retransmissions": sum(j.retransmissions for j in jobs),
+        "wall_seconds": round(wall_seconds, 3),
+        "steps_per_second": round(steps / wall_seconds, 3) if wall_seconds > 0 else 0.0,
+        "setup_seconds": round(setup_seconds, 3),
+        "per_job": [vars(j) for j in jobs],
+    }
+
+
+def table(s: dict) -> str:
+    rows = []
+    for k in TABLE_FIELDS:
+        v = s[k]
+        if isinstance(v, float) and k not in ("wall_seconds", "steps_per_second"):
+            v = f"{v:.6g}"
+        rows.append((k, str(v)))
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{w}}  {v}" for k, v in rows)
+
+
+def write_summary(path: pathlib.Path, s: dict) -> None:
+    path.write_text(json.dumps(s, indent=1, default=float) + "\n")
+
+
+def plot(path: pathlib.Path, curves: dict[int, Curve], title: str) -> None:
+    """Training loss and test accuracy per step, one line per job, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(10, 4))
+    for job, c in sorted(curves.items()):
+        x = [s + 1 for s in c.steps]  # after step s; 0 is the initial model
+        ax_l.plot(x, c.loss, label=f"job {job}")
+        ax_a.plot(x, [a * 100 for a in c.acc], label=f"job {job}")
+    ax_l.set(xlabel="step", ylabel="training loss (cross-entropy)", yscale="log")
+    ax_a.set(xlabel="step", ylabel="test accuracy (%)", ylim=(0, 100))
+    for ax in (ax_l, ax_a):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,498 @@
+"""`make run`: Mininet + P4 switch + controller + optimizer node + workers train an MLP.
+
+    python -m mininet_topos.run --target auto --workers 4 --steps 60 --loss 0 --jobs 1 --seed 0 --pcap 0
+
+Everything the run starts is recorded in build/run-state.json before the next
+thing starts, so `python -m mininet_topos.stop` (make stop) can remove it after
+a crash. Each run writes runs/<timestamp>/: summary.json, curve.png,
+topology.json, logs/ (every process), pcaps/ (PCAP=1), and per job the
+workload, initial parameters and final parameters.
+"""
+from __future__ import annotations
+
+import os
+
+# Bits must agree with the reference trainer: one BLAS thread everywhere (before numpy loads).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from host_agent import optim  # noqa: E402
+from host_agent.optim import OptimizerConfig  # noqa: E402
+from mindp import targets, topology, workload  # noqa: E402
+from p4src import artifacts  # noqa: E402
+
+from . import config, results  # noqa: E402
+from .progress import LogTail, Progress  # noqa: E402
+from .runstate import DEFAULT_PATH, RunState  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+TOOLS = {"mnexec": "mininet", "ip": "iproute2", "ethtool": "ethtool"}
+WEIGHT_DECAY = 0.01
+STALL_SECONDS = 60.0  # no step anywhere for this long: the run is stuck
+
+
+class RunError(RuntimeError):
+    """Why the run cannot go on, in one line that names the log to read."""
+
+
+class Stopped(Exception):
+    """SIGTERM/SIGHUP: `make stop` or a closed terminal."""
+
+
+def _raise_stopped(signum, frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+def say(msg: str = "") -> None:
+    print(msg, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mininet_topos.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="auto", help="auto|bmv2|embedded (auto: BMv2 when installed)")
+    p.add_argument("--workers", default="4", help="workers per job")
+    p.add_argument("--steps", default="60")
+    p.add_argument("--loss", default="0", help="loss rate injected on every host's send and receive paths")
+    p.add_argument("--jobs", default="1", help="1, or 2 jobs sharing the switch")
+    p.add_argument("--seed", default="0")
+    p.add_argument("--pcap", default="0", help="1: per-port pcaps in runs/<ts>/pcaps/")
+    p.add_argument("--hidden", default="64", help="MLP hidden units")
+    p.add_argument("--batch", default="32", help="examples per worker and step")
+    p.add_argument("--lr", default="0.01", help="AdamW learning rate")
+    p.add_argument("--slots", default="64", help="aggregation slots per job")
+    p.add_argument("--grpc-port", default="9559")
+    p.add_argument("--thrift-port", default="9090", help="BMv2 runtime CLI port")
+    p.add_argument("--p4", choices=("auto", "compile", "committed"), default="auto",
+                   help="auto: compile p4src/ when p4c is installed, else use p4src/compiled/")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--state-file", default=str(DEFAULT_PATH))
+    p.add_argument("--no-cli", action="store_true", help="never open the Mininet CLI")
+    return p
+
+
+# --- checks before anything starts ----------------------------------------------
+
+def preflight(cfg: config.RunConfig) -> str:
+    """Root, tools, target, free ports. Returns the resolved target."""
+    if os.geteuid() != 0:
+        raise RunError("must run as root (Mininet needs network namespaces): sudo make run")
+    for tool, package in TOOLS.items():
+        if not shutil.which(tool):
+            raise RunError(f"{tool} not found: install the Debian package {package} (make setup does)")
+    try:
+        target = targets.resolve(cfg.target)
+    except targets.TargetError as exc:
+        raise RunError(str(exc)) from None
+    if targets.grpc_port_open(f"127.0.0.1:{cfg.grpc_port}"):
+        raise RunError(f"port {cfg.grpc_port} (gRPC) is already in use: another switch is running "
+                       f"(make stop ends ours), or choose --grpc-port")
+    if target == "bmv2" and targets.grpc_port_open(f"127.0.0.1:{cfg.thrift_port}"):
+        raise RunError(f"port {cfg.thrift_port} (BMv2 thrift) is already in use: choose --thrift-port")
+    return target
+
+
+def p4_program(mode: str, run_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, str]:
+    """(BMv2 JSON, P4Info, how it was obtained): compiled into the run when p4c is there, else committed."""
+    p4c = artifacts.find_p4c()
+    if mode == "compile" and not p4c:
+        raise RunError("--p4 compile but p4c-bm2-ss is not installed (PATH or /opt/p4tools/bin)")
+    if mode != "committed" and p4c:
+        out = run_dir / "p4"
+        out.mkdir()
+        json_path, p4info = out / "mindp.json", out / "mindp.p4info.txtpb"
+        try:
+            artifacts.compile_program(p4c, artifacts.MAIN, json_path, p4info)
+        except RuntimeError as exc:
+            (out / "p4c.log").write_text(str(exc) + "\n")
+            raise RunError(f"p4c failed to compile p4src/mindp.p4; see {out / 'p4c.log'}") from None
+        return json_path, p4info, f"compiled with {p4c}"
+    if not artifacts.BMV2_JSON.exists() or not artifacts.P4INFO.exists():
+        raise RunError("p4src/compiled/ artifacts are missing and p4c is not installed")
+    return artifacts.BMV2_JSON, artifacts.P4INFO, "committed p4src/compiled/"
+
+
+def new_run_dir(base: str) -> pathlib.Path:
+    root = pathlib.Path(base)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for n in range(100):
+        d = root / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            d.mkdir(parents=True)
+            return d
+        except FileExistsError:
+            continue
+    raise RunError(f"cannot make a run directory under {root}")
+
+
+def claim_state(path: pathlib.Path) -> RunState:
+    """The state file of this run; refuses while an earlier run is alive, clears a crashed one."""
+    old = RunState.load(path)
+    if old is not None:
+        live = old.live_procs()
+        if live:
+            pids = ", ".join(str(p.pid) for p in live[:5])
+            raise RunError(f"a run is already active (PIDs {pids}; {old.run_dir or path}): make stop ends it")
+        procs, ifaces = old.teardown()
+        if ifaces:
+            say(f"removed {len(ifaces)} interface(s) left by an earlier run that crashed")
+    state = RunState(path)
+    state.add_proc(os.getpid(), "orchestrator", False)
+    return state
+
+
+# --- the run --------------------------------------------------------------------
+
+@dataclass
+class HostProc:
+    name: str
+    proc: subprocess.Popen
+    log: pathlib.Path
+    tail: LogTail = field(init=False)
+
+    def __post_init__(self):
+        self.tail = LogTail(self.log)
+
+    def last_error(self) -> str:
+        """The last line of its log that is not a progress record."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            if line.strip() and not line.startswith("{"):
+                return line.strip()
+        return ""
+
+
+@dataclass
+class JobFiles:
+    job: topology.JobSpec
+    dir: pathlib.Path
+    wl: workload.WorkloadConfig
+    init: dict[str, np.ndarray]
+
+    @property
+    def init_path(self) -> pathlib.Path:
+        return self.dir / "init.npz"
+
+    @property
+    def master_path(self) -> pathlib.Path:
+        return self.dir / "optimizer-master.npz"
+
+    @property
+    def opt_stats_path(self) -> pathlib.Path:
+        return self.dir / "optimizer-stats.json"
+
+    def worker_out(self, w: int) -> pathlib.Path:
+        return self.dir / f"worker{w}-params.npz"
+
+
+class Run:
+    def __init__(self, cfg: config.RunConfig, target: str, run_dir: pathlib.Path, state: RunState, p4_mode: str):
+        self.cfg = cfg
+        self.target = target
+        self.dir = run_dir
+        self.logs = run_dir / "logs"
+        self.logs.mkdir()
+        self.state = state
+        self.p4_mode = p4_mode
+        self.net = None
+        self.switch = None
+        self.ctl = None
+        self.procs: list[HostProc] = []
+        self.opt = OptimizerConfig(kind="adamw", lr=cfg.lr, weight_decay=WEIGHT_DECAY)
+        self.topo = topology.star([cfg.workers] * cfg.jobs, cfg.slots, f"127.0.0.1:{cfg.grpc_port}")
+        self.topo_path = run_dir / "topology.json"
+        self.jobs: list[JobFiles] = []
+
+    # -- setup --
+
+    def prepare_files(self) -> None:
+        self.topo.dump(self.topo_path)
+        (self.dir / "config.json").write_text(json.dumps({**self.cfg.to_dict(), "target": self.target}, indent=1) + "\n")
+        for job in self.topo.jobs:
+            d = self.dir / f"job{job.job_id}"
+            d.mkdir()
+            wl = workload.WorkloadConfig(n_workers=job.n_workers, seed=self.cfg.seed + job.job_id - 1,
+                                         hidden=self.cfg.hidden, batch=self.cfg.batch)
+            wl.dump(d / "workload.json")
+            jf = JobFiles(job, d, wl, workload.init_params(wl))
+            np.savez(jf.init_path, **jf.init)
+            self.jobs.append(jf)
+
+    def start_network(self, json_path: pathlib.Path) -> None:
+        from mininet.log import setLogLevel
+
+        from . import net as mnet
+
+        setLogLevel("error")
+        self.state.add_interfaces(mnet.interfaces(self.topo))
+        pcaps = None
+        if self.cfg.pcap:
+            pcaps = self.dir / "pcaps"
+            pcaps.mkdir()
+        params = dict(target=self.target, grpc_addr=self.topo.switch.grpc_addr, device_id=self.topo.switch.device_id,
+                      json_path=str(json_path), log_file=str(self.logs / "switch.log"),
+                      pcap_dir=str(pcaps) if pcaps else None,
+                      thrift_port=self.cfg.thrift_port if self.target == "bmv2" else None)
+        self.net = mnet.make_net(self.topo, params, record=self.state.add_proc)
+        self.switch = self.net.switches[0]
+        for intf in self.switch.port_ifaces().values():
+            mnet.quiet_root_iface(intf)
+        for host in self.net.hosts:
+            mnet.quiet_host(host)
+        self.net.staticArp()
+        try:
+            self.net.start()
+        except targets.TargetError as exc:
+            raise RunError(f"{exc}") from None
+        if self.target == "bmv2":
+            try:
+                self.switch.process.set_queue_depth(1024)
+            except (targets.TargetError, subprocess.TimeoutExpired) as exc:
+                raise RunError(f"BMv2 queue depth: {exc}; see {self.logs / 'switch.log'}") from None
+
+    def configure(self, json_path: pathlib.Path, p4info: pathlib.Path) -> None:
+        """Pipeline, forwarding and jobs, over P4Runtime, from the same topology data."""
+        from controller import Controller  # noqa: PLC0415 (needs grpc; only where a switch runs)
+
+        log = self.logs / "controller.log"
+        try:
+            self.ctl = Controller(self.topo.switch.grpc_addr, device_id=self.topo.switch.device_id,
+                                  p4info=str(p4info), bmv2_json=str(json_path))
+            self.ctl.push()
+            self.ctl.install_forwarding(self.topo)
+            for job in self.topo.jobs:
+                self.ctl.create_job(job, self.topo)
+        except Exception as exc:  # the controller's errors carry P4Runtime's message
+            log.write_text(f"{type(exc).__name__}: {exc}\n")
+            raise RunError(f"controller: {exc}; see {log}") from None
+
+    def _popen(self, host_name: str, name: str, args: list[str]) -> HostProc:
+        host = self.net.get(host_name)
+        log = self.logs / f"{name}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(log, "wb") as f:
+            proc = host.popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                              cwd=str(REPO), env=env)
+        self.state.add_proc(proc.pid, f"{name} in {host_name}", True)
+        hp = HostProc(name, proc, log)
+        self.procs.append(hp)
+        return hp
+
+    def _faults(self, port: int) -> list[str]:
+        if not self.cfg.loss:
+            return []
+        return ["--drop-send", str(self.cfg.loss), "--drop-recv", str(self.cfg.loss),
+                "--fault-seed", str(self.cfg.seed * 1000 + port)]
+
+    def start_agents(self) -> None:
+        optimizers = []
+        for jf in self.jobs:
+            job = jf.job
+            opt_host = self.topo.host(job.optimizer)
+            optimizers.append(self._popen(job.optimizer, f"optimizer-job{job.job_id}", [
+                "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path),
+                "--job", str(job.job_id), "--state-dir", str(jf.dir / "optimizer-state"),
+                "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
+                "--weight-decay", str(self.opt.weight_decay), "--steps", str(self.cfg.steps), "--linger", "1",
+                "--export", str(jf.master_path), "--stats", str(jf.opt_stats_path),
+                *self._faults(opt_host.port)]))
+        self.optimizers = optimizers
+        deadline = time.monotonic() + 30
+        for hp in optimizers:
+            while "mindp-optimizer: job" not in hp.log.read_text(errors="replace"):
+                if hp.proc.poll() is not None:
+                    raise RunError(f"{hp.name} exited with code {hp.proc.returncode}: {hp.last_error()}; see {hp.log}")
+                if time.monotonic() > deadline:
+                    raise RunError(f"{hp.name} did not start within 30 s; see {hp.log}")
+                time.sleep(0.05)
+        self.workers = []
+        for jf in self.jobs:
+            for w, host_name in sorted(jf.job.workers.items()):
+                port = self.topo.host(host_name).port
+                self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [
+                    "-m", "mininet_topos.worker", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
+                    "--worker", str(w), "--workload", str(jf.dir / "workload.json"), "--init", str(jf.init_path),
+                    "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
+                    *(["--eval"] if w == 0 else []), *self._faults(port)]))
+
+    # -- training --
+
+    def check_alive(self) -> None:
+        if not self.switch.alive():
+            rc = self.switch.process.proc.returncode
+            raise RunError(f"the {self.target} switch exited (code {rc}) during the run; "
+                           f"see {self.logs / 'switch.log'}")
+        for hp in [*self.workers, *self.optimizers]:
+            rc = hp.proc.poll()
+            if rc not in (None, 0):
+                raise RunError(f"{hp.name} failed (exit {rc}): {hp.last_error() or 'no message'}; see {hp.log}")
+
+    def train(self) -> tuple[Progress, float]:
+        progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps)
+        tty = sys.stdout.isatty()
+        t0 = time.monotonic()
+        last_step, last_change, last_print = -1, t0, 0.0
+        while True:
+            for hp in self.workers:
+                for line in hp.tail.lines():
+                    progress.feed(line)
+            self.check_alive()
+            now = time.monotonic()
+            if progress.step != last_step:
+                last_step, last_change = progress.step, now
+            if progress.all_done() and all(hp.proc.poll() is not None for hp in self.workers):
+                break
+            if now - last_change > STALL_SECONDS:
+                raise RunError(f"no training step completed for {STALL_SECONDS:.0f} s; see {self.logs}/")
+            if tty:
+                print("\r" + progress.bar() + "\x1b[K", end="", flush=True)
+            elif now - last_print >= 5.0:
+                say(progress.bar())
+                last_print = now
+            time.sleep(0.2)
+        wall = time.monotonic() - t0
+        say(("\r" if tty else "") + progress.bar() + ("\x1b[K" if tty else ""))
+        deadline = time.monotonic() + 30
+        for hp in self.optimizers:
+            while hp.proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise RunError(f"{hp.name} did not finish after the last step; see {hp.log}")
+                time.sleep(0.05)
+            if hp.proc.returncode != 0:
+                raise RunError(f"{hp.name} failed (exit {hp.proc.returncode}): {hp.last_error()}; see {hp.log}")
+        return progress, wall
+
+    # -- results --
+
+    def results(self, progress: Progress) -> list[results.JobResult]:
+        out = []
+        for jf in self.jobs:
+            j = jf.job.job_id
+            ref = results.reference_run(jf.wl, jf.init, self.cfg.steps, self.opt)
+            try:
+                master = optim.load_npz(jf.master_path)
+                worker_params = []
+                for w in sorted(jf.job.workers):
+                    with np.load(jf.worker_out(w)) as npz:
+                        worker_params.append({n: npz[n] for n in npz.files})
+                opt_stats = json.loads(jf.opt_stats_path.read_text())
+            except (OSError, ValueError, optim.ConfigError) as exc:
+                raise RunError(f"job {j}: cannot read final parameters: {exc}") from None
+            diff = results.compare(ref, worker_params, master)
+            curve = progress.curves[j]
+            data = workload.load_dataset(jf.wl.seed, jf.wl.test_fraction)
+            ws = [progress.workers[(j, w)] for w in sorted(jf.job.workers)]
+            out.append(results.JobResult(
+                job_id=j, initial_loss=curve.loss[0], final_loss=curve.loss[-1], final_accuracy=curve.acc[-1],
+                reference_final_loss=workload.evaluate(ref.params, data.x_train, data.y_train)[0],
+                max_abs_param_diff_vs_reference=diff,
+                packets_sent=sum(w.sent + w.retx for w in ws) + int(opt_stats.get("params_sent", 0)),
+                retransmissions=sum(w.retx for w in ws) + int(opt_stats.get("resent", 0))))
+        return out
+
+    # -- teardown --
+
+    def close(self) -> None:
+        for hp in self.procs:
+            if hp.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(hp.proc.pid, signal.SIGTERM)
+        for hp in self.procs:
+            try:
+                hp.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(hp.proc.pid, signal.SIGKILL)
+                hp.proc.wait(3)
+        if self.ctl is not None:
+            with contextlib.suppress(Exception):
+                self.ctl.close()
+        if self.net is not None:
+            with contextlib.suppress(Exception):
+                self.net.stop()
+
+
+def execute(cfg: config.RunConfig, args) -> int:
+    t_start = time.monotonic()
+    target = preflight(cfg)
+    state = claim_state(pathlib.Path(args.state_file))
+    run = None
+    try:
+        run_dir = new_run_dir(args.runs_dir)
+        state.run_dir = str(run_dir)
+        state.save()
+        jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
+        say(f"mindp run {run_dir}: {target} switch, {jobs} x {cfg.workers} workers, {cfg.steps} steps, "
+            f"loss {cfg.loss:g}, seed {cfg.seed}")
+        json_path, p4info, how = p4_program(args.p4, run_dir)
+        say(f"  P4 program: {how}")
+        run = Run(cfg, target, run_dir, state, args.p4)
+        run.prepare_files()
+        run.start_network(json_path)
+        say(f"  Mininet up: switch {run.topo.switch.name} ({target}, gRPC {run.topo.switch.grpc_addr}), "
+            f"{len(run.topo.hosts)} hosts")
+        run.configure(json_path, p4info)
+        say(f"  controller: pipeline pushed, forwarding and {jobs} installed")
+        run.start_agents()
+        say(f"  optimizer node(s) and {cfg.jobs * cfg.workers} workers started; logs in {run.logs}/")
+        setup = time.monotonic() - t_start
+        progress, wall = run.train()
+        jobs_res = run.results(progress)
+        summ = results.summary({**cfg.to_dict(), "target": target}, jobs_res, wall, setup)
+        results.write_summary(run_dir / "summary.json", summ)
+        results.plot(run_dir / "curve.png", progress.curves,
+                     f"mindp: MLP on digits, {target}, {cfg.jobs} job(s) x {cfg.workers} workers, loss {cfg.loss:g}")
+        say("\nsummary (" + str(run_dir / "summary.json") + "):")
+        say(results.table(summ))
+        exact = summ["max_abs_param_diff_vs_reference"] == 0.0
+        say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
+            f"curve: {run_dir / 'curve.png'}")
+        if sys.stdin.isatty() and sys.stdout.isatty() and not args.no_cli:
+            from mininet.cli import CLI
+
+            say("Mininet CLI (the network stays up; 'exit' ends the run and cleans up)")
+            CLI(run.net)
+        return 0 if exact else 1
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        if run is not None:
+            run.close()
+        state.teardown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGHUP, _raise_stopped)
+    try:
+        cfg = config.parse(target=args.target, workers=args.workers, steps=args.steps, loss=args.loss, jobs=args.jobs,
+                           seed=args.seed, pcap=args.pcap, hidden=args.hidden, batch=args.batch, lr=args.lr,
+                           slots=args.slots, grpc_port=args.grpc_port, thrift_port=args.thrift_port)
+        return execute(cfg, args)
+    except (config.ConfigError, RunError) as exc:
+        print(f"\nmake run: {exc}", file=sys.stderr, flush=True)
+        return 2 if isinstance(exc, config.ConfigError) else 1
+    except (KeyboardInterrupt, Stopped) as exc:
+        print(f"\nmake run: stopped ({exc or 'interrupted'}); everything it started is cleaned up", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""One training worker of `make run`, run inside its Mininet host.
+
+Computes the MLP's gradients on its own shard (mindp.workload), pushes them
+through the worker agent (host_agent.worker) and trains on the fp16 parameters
+that come back. It writes one JSON line per step to stdout, which the
+orchestrator reads for the progress bar; worker 0 also evaluates the model
+(loss on the training set, accuracy on the test set) after every step.
+
+    python -m mininet_topos.worker --topology T.json --job 1 --worker 0 \
+        --workload W.json --init init.npz --steps N --out final.npz
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+from host_agent import optim, rawsock
+from host_agent.optim import ConfigError
+from host_agent.worker import RtoConfig, StepTimeout, WorkerAgent, WorkerConfig
+from mindp import workload
+from mindp.topology import Topology, TopologyError
+
+
+def emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mininet_topos.worker", description="mindp training worker (MLP on digits)")
+    p.add_argument("--iface", default="eth0")
+    p.add_argument("--topology", required=True)
+    p.add_argument("--job", type=int, required=True)
+    p.add_argument("--worker", type=int, required=True)
+    p.add_argument("--workload", required=True, help="workload JSON (mindp.workload.WorkloadConfig)")
+    p.add_argument("--init", required=True, help=".npz of initial float32 parameters")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--eval", action="store_true", help="evaluate after every step (worker 0)")
+    p.add_argument("--deadline", type=float, default=RtoConfig.deadline)
+    p.add_argument("--out", required=True, help="final fp16 parameters (.npz)")
+    p.add_argument("--drop-send", type=float, default=0.0)
+    p.add_argument("--drop-recv", type=float, default=0.0)
+    p.add_argument("--fault-seed", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        wl = workload.WorkloadConfig.load(args.workload)
+        init = optim.load_npz(args.init)
+        layout = optim.layout_of(init)
+        cfg = WorkerConfig.from_topology(Topology.load(args.topology), args.job, args.worker,
+                                         rto=RtoConfig(deadline=args.deadline))
+        faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) \
+            if (args.drop_send or args.drop_recv) else None
+        agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults)
+        grad = workload.grad_fn(wl)
+        data = workload.load_dataset(wl.seed, wl.test_fraction) if args.eval else None
+    except (ConfigError, TopologyError, workload.WorkloadError, rawsock.SocketError, ValueError) as exc:
+        print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
+        return 2
+    params = layout.unflatten(layout.flatten(init, dtype=np.float32).astype(np.float16))
+
+    def status(step: int, **extra) -> None:
+        fields = dict(ev="step", job=args.job, worker=args.worker, step=step, t=time.time(),
+                      sent=agent.stats["sent"], retx=agent.stats["retransmitted"], **extra)
+        if data is not None:
+            loss, _ = workload.evaluate(params, data.x_train, data.y_train)
+            _, acc = workload.evaluate(params, data.x_test, data.y_test)
+            fields.update(loss=loss, acc=acc)
+        emit(**fields)
+
+    status(-1)  # the initial model, before any step
+    code = 0
+    try:
+        for step in range(args.steps):
+            params = agent.push(grad(args.worker, step, params))
+            status(step)
+    except StepTimeout as exc:
+        print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    np.savez(args.out, **params)
+    stats = {k: int(v) for k, v in agent.stats.items()}
+    if faults:
+        stats.update(dropped_send=faults.dropped_send, dropped_recv=faults.dropped_recv)
+    emit(ev="done", job=args.job, worker=args.worker, t=time.time(), stats=stats, rto=agent.rtt.rto)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""make run's variables: defaults accepted, every bad value refused with a line naming it."""
+import pytest
+
+from mininet_topos import config
+
+
+def test_defaults_and_make_style_values():
+    cfg = config.parse()
+    assert (cfg.target, cfg.workers, cfg.steps, cfg.loss, cfg.jobs, cfg.pcap) == ("auto", 4, 60, 0.0, 1, False)
+    cfg = config.parse(target="embedded", workers=" 2 ", steps="5", loss="0.05", jobs="2", seed="7", pcap="1")
+    assert (cfg.target, cfg.workers, cfg.steps, cfg.loss, cfg.jobs, cfg.seed, cfg.pcap) == \
+        ("embedded", 2, 5, 0.05, 2, 7, True)
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"target": "tofino"}, "TARGET"),
+    ({"workers": "0"}, "WORKERS"),
+    ({"workers": "33"}, "WORKERS"),
+    ({"workers": "four"}, "WORKERS"),
+    ({"steps": "-1"}, "STEPS"),
+    ({"steps": "1.5"}, "STEPS"),
+    ({"loss": "0.9"}, "LOSS"),
+    ({"loss": "nan"}, "LOSS"),
+    ({"loss": "-0.1"}, "LOSS"),
+    ({"jobs": "3"}, "JOBS"),
+    ({"seed": "x"}, "SEED"),
+    ({"pcap": "yes"}, "PCAP"),
+    ({"grpc_port": "9090"}, "--grpc-port"),
+    ({"slots": "0"}, "--slots"),
+])
+def test_bad_values_name_the_variable(kw, name):
+    with pytest.raises(config.ConfigError) as err:
+        config.parse(**kw)
+    msg = str(err.value)
+    assert msg.startswith(name) and "\n" not in msg

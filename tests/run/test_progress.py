@@ -1,0 +1,67 @@
+"""Progress from workers' JSON lines: steps done by all, curves, rates, partial lines."""
+import json
+
+from mininet_topos.progress import LogTail, Progress
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def line(**kw):
+    return json.dumps({"ev": "step", **kw})
+
+
+def test_step_is_the_slowest_worker_and_curves_come_from_evaluating_workers():
+    clock = Clock()
+    p = Progress({1: 2, 2: 1}, steps=10, clock=clock)
+    assert p.step == 0
+    p.feed(line(job=1, worker=0, step=-1, sent=0, retx=0, loss=2.5, acc=0.1))
+    p.feed(line(job=1, worker=0, step=0, sent=10, retx=1, loss=2.0, acc=0.3))
+    p.feed(line(job=1, worker=1, step=0, sent=10, retx=0))
+    p.feed(line(job=1, worker=0, step=1, sent=20, retx=2, loss=1.5, acc=0.5))
+    assert p.step == 0  # job 2's worker has done nothing yet
+    p.feed(line(job=2, worker=0, step=1, sent=20, retx=0, loss=1.0, acc=0.7))
+    assert p.step == 1
+    assert p.curves[1].steps == [-1, 0, 1] and p.curves[1].loss == [2.5, 2.0, 1.5]
+    assert p.latest() == (1.25, 0.6)
+    assert p.packets == 20 + 2 + 10 + 20 and p.retransmissions == 2
+    assert not p.all_done()
+    for j, w in ((1, 0), (1, 1), (2, 0)):
+        p.feed(json.dumps({"ev": "done", "job": j, "worker": w, "stats": {"sent": 30, "retransmitted": 3}}))
+    assert p.all_done() and p.retransmissions == 9
+
+
+def test_rates_and_bar():
+    clock = Clock()
+    p = Progress({1: 1}, steps=4, clock=clock)
+    p.rates()
+    p.feed(line(job=1, worker=0, step=1, sent=500, retx=0, loss=1.0, acc=0.5))
+    clock.t += 2.0
+    steps_s, pkts_s = p.rates()
+    assert steps_s == 1.0 and pkts_s == 250.0
+    bar = p.bar(width=8)
+    assert "[####....]" in bar and "step 2/4" in bar and "acc  50.0%" in bar and "retx 0" in bar
+
+
+def test_noise_and_unknown_workers_are_counted_not_fatal():
+    p = Progress({1: 1}, steps=1)
+    p.feed("mindp-worker: a message")
+    p.feed("{not json")
+    p.feed(line(job=9, worker=0, step=0))
+    assert p.bad_lines == 2 and p.step == 0
+
+
+def test_log_tail_returns_whole_lines_only(tmp_path):
+    f = tmp_path / "w.log"
+    tail = LogTail(f)
+    assert tail.lines() == []
+    f.write_text("one\ntw")
+    assert tail.lines() == ["one"]
+    with open(f, "a") as h:
+        h.write("o\nthree\n")
+    assert tail.lines() == ["two", "three"]

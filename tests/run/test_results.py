@@ -1,0 +1,43 @@
+"""Comparison with the reference, summary.json fields, table and curve."""
+import json
+import math
+
+import numpy as np
+
+from mininet_topos import results
+from mininet_topos.progress import Curve
+
+
+def test_max_abs_diff():
+    a = {"w": np.array([1.0, 2.0], dtype=np.float16), "b": np.zeros(3, dtype=np.float32)}
+    assert results.max_abs_diff(a, {k: v.copy() for k, v in a.items()}) == 0.0
+    b = {"w": np.array([1.0, 2.5], dtype=np.float16), "b": np.zeros(3, dtype=np.float32)}
+    assert results.max_abs_diff(a, b) == 0.5
+    assert math.isinf(results.max_abs_diff(a, {"w": a["w"]}))
+    assert math.isinf(results.max_abs_diff(a, {"w": np.array([np.nan, 2.0]), "b": a["b"]}))
+
+
+def job(j, diff=0.0, loss=(2.0, 0.5)):
+    return results.JobResult(job_id=j, initial_loss=loss[0], final_loss=loss[1], final_accuracy=0.9,
+                             reference_final_loss=loss[1], max_abs_param_diff_vs_reference=diff,
+                             packets_sent=100, retransmissions=3)
+
+
+def test_summary_has_the_required_fields_and_aggregates_jobs(tmp_path):
+    cfg = {"target": "embedded", "workers": 2, "steps": 10, "loss": 0.0, "seed": 0}
+    s = results.summary(cfg, [job(1), job(2, diff=0.25, loss=(3.0, 1.0))], wall_seconds=4.0, setup_seconds=1.0)
+    for k in results.TABLE_FIELDS:
+        assert k in s
+    assert s["jobs"] == 2 and s["initial_loss"] == 2.5 and s["final_loss"] == 0.75
+    assert s["max_abs_param_diff_vs_reference"] == 0.25
+    assert s["packets_sent"] == 200 and s["retransmissions"] == 6 and s["steps_per_second"] == 2.5
+    results.write_summary(tmp_path / "s.json", s)
+    assert json.loads((tmp_path / "s.json").read_text())["per_job"][1]["job_id"] == 2
+    t = results.table(s)
+    assert all(k in t for k in results.TABLE_FIELDS) and "0.25" in t
+
+
+def test_curve_png(tmp_path):
+    c = Curve([-1, 0, 1], [2.0, 1.0, 0.5], [0.1, 0.5, 0.8])
+    results.plot(tmp_path / "c.png", {1: c}, "t")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
