@@ -1,0 +1,397 @@
+"""mindp-ctl: the controller from the console.
+
+    mindp-ctl [--grpc-addr A] [--topology topo.json] [--json] COMMAND ...
+
+Every invocation connects, learns the switch's state (reconcile) and does one
+thing; errors are one line on stderr and a non-zero exit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from mindp.topology import JobSpec, Topology, TopologyError
+
+from . import p4info_names as n
+from . import stats as statsmodel
+from .controller import Controller, ControllerError
+from .jobs import Endpoint, JobError, JobState
+from .p4runtime import DEFAULT_GRPC_ADDR, TLS, SwitchConnection, SwitchError
+from .slots import SlotError
+
+EXIT_ERROR = 1
+
+
+class UsageError(ValueError):
+    pass
+
+
+# --- output -------------------------------------------------------------------
+
+
+def table(rows: list[list], header: list[str]) -> str:
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def emit(args, data, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False) if args.json else text)
+
+
+def job_summary(job: JobState) -> list:
+    return [job.job_id, len(job.workers), f"{job.slot_base}..{job.slots.end - 1}", job.slot_count,
+            job.epoch, job.group, f"{job.optimizer.label()} (port {job.optimizer.port})"]
+
+
+JOB_HEADER = ["job", "workers", "slots", "count", "epoch", "group", "optimizer"]
+
+
+def job_detail(job: JobState) -> str:
+    head = (f"job {job.job_id}: slots {job.slot_base}..{job.slots.end - 1} ({job.slot_count}), epoch {job.epoch}, "
+            f"multicast group {job.group}\noptimizer {job.optimizer.label()}: port {job.optimizer.port}, "
+            f"{job.optimizer.mac}, {job.optimizer.ip}\n")
+    rows = [[w, e.host or "-", e.port, e.mac, e.ip, job.rid(w)] for w, e in sorted(job.workers.items())]
+    return head + table(rows, ["worker", "host", "port", "mac", "ip", "rid"])
+
+
+# --- arguments ------------------------------------------------------------------
+
+
+def election_id(text: str) -> tuple[int, int]:
+    try:
+        parts = [int(x, 0) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad election id {text!r}: expected HIGH,LOW or LOW") from None
+    if len(parts) == 1:
+        parts = [0, parts[0]]
+    if len(parts) != 2 or min(parts) < 0 or parts == [0, 0]:
+        raise argparse.ArgumentTypeError(f"bad election id {text!r}: expected HIGH,LOW (not 0,0)")
+    return parts[0], parts[1]
+
+
+def worker_map(text: str) -> dict[int, str]:
+    """'0=w1_0,1=w1_1' or 'w1_0,w1_1' (ids 0, 1, ...)."""
+    out = {}
+    for i, item in enumerate(filter(None, text.split(","))):
+        wid, sep, host = item.partition("=")
+        try:
+            out[int(wid) if sep else i] = host if sep else wid
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad worker {item!r}: expected ID=HOST") from None
+    if not out:
+        raise argparse.ArgumentTypeError("no workers given")
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mindp-ctl", description="mindp P4Runtime controller: pipeline, forwarding, "
+                                "jobs, workers, slots, statistics.")
+    p.add_argument("--grpc-addr", help=f"switch P4Runtime address (default: the topology's switch, else {DEFAULT_GRPC_ADDR})")
+    p.add_argument("--device-id", type=int, help="P4Runtime device id (default: the topology's, else 0)")
+    p.add_argument("--election-id", type=election_id, default=(0, 1), metavar="HIGH,LOW",
+                   help="election id of this controller (default 0,1)")
+    p.add_argument("--topology", "-t", metavar="FILE", help="topology JSON (mindp.topology): hosts' MAC, IP and port")
+    p.add_argument("--p4info", metavar="FILE", help="P4Info text (default p4src/compiled/mindp.p4info.txtpb)")
+    p.add_argument("--bmv2-json", metavar="FILE", help="BMv2 JSON (default p4src/compiled/mindp.json)")
+    p.add_argument("--cacert", metavar="PEM", help="TLS: CA certificate (enables TLS)")
+    p.add_argument("--cert", metavar="PEM", help="TLS: client certificate (enables TLS)")
+    p.add_argument("--key", metavar="PEM", help="TLS: client private key (enables TLS)")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the switch (default 3)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what the controller does")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("push", help="install the pipeline (unless already running) and, with --topology, forwarding")
+    s.add_argument("--force", action="store_true", help="push even if the switch runs our program (clears all entries)")
+
+    jobs = sub.add_parser("jobs", help="list, show, create, delete jobs").add_subparsers(dest="sub", required=True,
+                                                                                        metavar="ACTION")
+    jobs.add_parser("list", help="jobs on the switch")
+    s = jobs.add_parser("show", help="one job in detail")
+    s.add_argument("job_id", type=int)
+    s = jobs.add_parser("create", help="create a job from a JobSpec file, from flags, or from the topology's jobs",
+                        description="Create a job. Hosts are names in --topology. Either --file JOB.json "
+                        "(a JobSpec: {\"job_id\", \"workers\": {\"0\": host, ...}, \"optimizer\", \"slots\"}), or "
+                        "--job-id with --workers/--optimizer/--slots, or --job-id alone for that job of the topology.")
+    s.add_argument("--file", "-f", metavar="JOB.json", help="JobSpec JSON")
+    s.add_argument("--job-id", type=int)
+    s.add_argument("--workers", type=worker_map, metavar="ID=HOST,...", help="e.g. 0=w1_0,1=w1_1")
+    s.add_argument("--optimizer", metavar="HOST")
+    s.add_argument("--slots", type=int, help="slot count (default 64)")
+    s = jobs.add_parser("delete", help="remove a job's entries and group; its slots are free at once")
+    s.add_argument("job_id", type=int)
+
+    workers = sub.add_parser("workers", help="add, remove or replace a worker of a job (between steps)"
+                             ).add_subparsers(dest="sub", required=True, metavar="ACTION")
+    for name, what in (("add", "add a worker"), ("replace", "move a worker id to another host or port")):
+        s = workers.add_parser(name, help=what, description=f"{what.capitalize()}: HOST from --topology, "
+                               "or --port/--mac/--ip.")
+        s.add_argument("job_id", type=int)
+        s.add_argument("worker", type=int)
+        s.add_argument("host", nargs="?", help="host name in the topology")
+        s.add_argument("--port", type=int)
+        s.add_argument("--mac")
+        s.add_argument("--ip")
+    s = workers.add_parser("remove", help="remove a worker")
+    s.add_argument("job_id", type=int)
+    s.add_argument("worker", type=int)
+
+    sub.add_parser("slots", help="the slot pool map")
+    s = sub.add_parser("stats", help="per-job counters; --watch for rates")
+    s.add_argument("--job", type=int, action="append", help="only this job (repeatable)")
+    s.add_argument("--watch", type=float, nargs="?", const=1.0, metavar="SECONDS",
+                   help="print rates every SECONDS (default 1) until Ctrl-C")
+    s.add_argument("--count", type=int, help="with --watch: stop after this many updates")
+    s = sub.add_parser("tables", help="raw dump of table entries and multicast groups")
+    s.add_argument("--table", help="one table (full or short name)")
+    sub.add_parser("shell", help="p4runtime-shell on the switch, with our P4Info")
+    return p
+
+
+# --- commands ---------------------------------------------------------------------
+
+
+def load_topology(args) -> Topology | None:
+    return Topology.load(args.topology) if args.topology else None
+
+
+def connect(args, topo: Topology | None) -> Controller:
+    tls = TLS(args.cacert, args.cert, args.key) if (args.cacert or args.cert or args.key) else None
+    addr = args.grpc_addr or (topo.switch.grpc_addr if topo else DEFAULT_GRPC_ADDR)
+    dev = args.device_id if args.device_id is not None else (topo.switch.device_id if topo else 0)
+    return Controller(addr, dev, args.election_id, topology=topo, p4info_path=args.p4info,
+                      bmv2_json_path=args.bmv2_json, tls=tls, timeout=args.timeout)
+
+
+def cmd_push(args, ctl: Controller, topo) -> None:
+    pushed = ctl.push(force=args.force)
+    writes = ctl.install_forwarding(topo) if topo else None
+    msg = "pushed the pipeline" if pushed else "pipeline already installed (use --force to re-push)"
+    if writes is not None:
+        msg += f"; forwarding for {len(topo.hosts)} hosts ({writes} writes)"
+    emit(args, {"pushed": pushed, "forwarding_writes": writes}, msg)
+
+
+def job_spec(args, topo: Topology | None) -> JobSpec:
+    if args.file:
+        if args.workers or args.optimizer:
+            raise UsageError("give --file or --workers/--optimizer, not both")
+        try:
+            with open(args.file) as f:
+                data = json.load(f)
+        except OSError as exc:
+            raise UsageError(f"cannot read job file {args.file}: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"malformed job file {args.file}: {exc}") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"malformed job file {args.file}: expected a JSON object")
+        if args.job_id is not None:
+            data["job_id"] = args.job_id
+        if args.slots is not None:
+            data["slots"] = args.slots
+        return JobSpec.from_dict(data)
+    if args.job_id is None:
+        raise UsageError("jobs create needs --file JOB.json or --job-id")
+    if args.workers is None and args.optimizer is None:
+        found = [j for j in (topo.jobs if topo else []) if j.job_id == args.job_id]
+        if not found:
+            raise UsageError(f"job {args.job_id} is not in the topology: give --workers and --optimizer")
+        spec = found[0]
+        return JobSpec(spec.job_id, spec.workers, spec.optimizer, args.slots or spec.slots)
+    if args.workers is None or args.optimizer is None:
+        raise UsageError("jobs create needs both --workers and --optimizer")
+    spec = JobSpec(args.job_id, args.workers, args.optimizer, args.slots if args.slots is not None else 64)
+    spec.check()
+    return spec
+
+
+def cmd_jobs(args, ctl: Controller, topo) -> None:
+    if args.sub == "list":
+        ctl.reconcile()
+        jobs = sorted(ctl.jobs.values(), key=lambda j: j.job_id)
+        text = table([job_summary(j) for j in jobs], JOB_HEADER) if jobs else "no jobs"
+        problems = ctl.last_rebuild.problems if ctl.last_rebuild else []
+        emit(args, {"jobs": [j.to_dict() for j in jobs], "problems": problems}, text)
+    elif args.sub == "show":
+        job = ctl.job(args.job_id)
+        emit(args, job.to_dict(), job_detail(job))
+    elif args.sub == "create":
+        if topo is None:
+            raise UsageError("jobs create needs --topology (host addresses and ports)")
+        job = ctl.create_job(job_spec(args, topo), topo)
+        emit(args, job.to_dict(), f"created {job_detail(job)}")
+    elif args.sub == "delete":
+        job = ctl.delete_job(args.job_id)
+        emit(args, {"deleted": job.to_dict()},
+             f"deleted job {job.job_id}: slots {job.slot_base}..{job.slots.end - 1} free, group {job.group} removed")
+
+
+def cmd_workers(args, ctl: Controller, topo) -> None:
+    if args.sub == "remove":
+        job = ctl.remove_worker(args.job_id, args.worker)
+        emit(args, job.to_dict(), f"removed worker {args.worker}; job {job.job_id} has {len(job.workers)} workers")
+        return
+    if args.host and (args.port or args.mac or args.ip):
+        raise UsageError("give a host name or --port/--mac/--ip, not both")
+    if args.host:
+        if topo is None:
+            raise UsageError("a host name needs --topology")
+        where = args.host
+    elif args.port is not None and args.mac and args.ip:
+        where = Endpoint(args.port, args.mac.lower(), args.ip)
+    else:
+        raise UsageError(f"workers {args.sub} needs a host name or all of --port, --mac and --ip")
+    fn = ctl.add_worker if args.sub == "add" else ctl.replace_worker
+    job = fn(args.job_id, args.worker, where, topo)
+    e = job.workers[args.worker]
+    emit(args, job.to_dict(), f"worker {args.worker} of job {job.job_id} {'added' if args.sub == 'add' else 'now'} "
+         f"at {e.label()} (port {e.port}); job has {len(job.workers)} workers")
+
+
+def cmd_slots(args, ctl: Controller, topo) -> None:
+    ctl.reconcile()
+    rows = ctl.pool.map()
+    data = {"size": ctl.pool.size, "free": ctl.pool.free,
+            "ranges": [{"base": b, "count": c, "job": j} for b, c, j in rows]}
+    text = table([[f"{b}..{b + c - 1}", c, "free" if j is None else f"job {j}"] for b, c, j in rows],
+                 ["slots", "count", "owner"])
+    emit(args, data, f"{text}\n{ctl.pool.free} of {ctl.pool.size} slots free")
+
+
+STAT_COLUMNS = [("grad", "grad_packets"), ("sums", "completions"), ("dups", "duplicates"),
+                ("resent", "resent_sums"), ("params", "param_packets"), ("rw-miss", "rewrite_misses"),
+                ("drops", "dropped")]
+
+
+def stats_text(snap: statsmodel.Snapshot, rates: dict | None = None) -> str:
+    rows = []
+    for j, c in snap.jobs.items():
+        vals = rates[j] if rates is not None else c.values()
+        fmt = (lambda v: f"{v:.1f}") if rates is not None else str
+        reasons = ", ".join(f"{r} {c.drops[r]}" for r in sorted(c.drops))
+        rows.append([j, *(fmt(vals[k]) for _, k in STAT_COLUMNS), reasons or "-"])
+    head = ["job", *(h + ("/s" if rates is not None else "") for h, _ in STAT_COLUMNS), "drops by reason (total)"]
+    text = table(rows, head) if rows else "no jobs"
+    if snap.no_job.drops:
+        text += "\nwithout a valid job: " + ", ".join(f"{r} {v}" for r, v in sorted(snap.no_job.drops.items()))
+    return text
+
+
+def cmd_stats(args, ctl: Controller, topo) -> None:
+    jobs = args.job
+    if jobs:
+        for j in jobs:
+            ctl.job(j)
+    snap = ctl.stats(jobs)
+    if args.watch is None:
+        emit(args, snap.to_dict(), stats_text(snap))
+        return
+    if args.watch <= 0:
+        raise UsageError("--watch needs a positive interval")
+    updates = 0
+    try:
+        while args.count is None or updates < args.count:
+            time.sleep(args.watch)
+            now = ctl.stats(jobs)
+            rates = statsmodel.rates(snap, now)
+            if args.json:
+                print(json.dumps({"time": now.time, "interval": now.time - snap.time,
+                                  "rates": {str(j): r for j, r in rates.items()}, "totals": now.to_dict()}), flush=True)
+            else:
+                print(time.strftime("%H:%M:%S", time.localtime(now.time)) + "\n" + stats_text(now, rates) + "\n",
+                      flush=True)
+            snap, updates = now, updates + 1
+    except KeyboardInterrupt:
+        pass
+
+
+def resolve_table(name: str) -> str:
+    for full in n.TABLES:
+        if name in (full, full.rsplit(".", 1)[-1]):
+            return full
+    raise UsageError(f"unknown table {name!r}: one of {', '.join(t.rsplit('.', 1)[-1] for t in n.TABLES)}")
+
+
+def cmd_tables(args, ctl: Controller, topo) -> None:
+    ctl.conn.check_pipeline()
+    which = resolve_table(args.table) if args.table else None
+    entries = ctl.conn.read_entries(which)
+    groups = None if which else ctl._read_groups()
+    if args.json:
+        emit(args, {"entries": [e.to_dict() for e in entries],
+                    "groups": None if groups is None else [g.to_dict() for g in groups]}, "")
+        return
+    lines = []
+    for t in ([which] if which else n.TABLES):
+        mine = [e for e in entries if e.table == t]
+        lines.append(f"{t} ({len(mine)} entries)")
+        for e in sorted(mine, key=lambda e: e.key()):
+            m = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in e.match.items())
+            p = ", ".join(f"{k}={v}" for k, v in e.params.items())
+            lines.append(f"  {m} -> {e.action.rsplit('.', 1)[-1]}({p})")
+    if groups is not None:
+        lines.append(f"multicast groups ({len(groups)})")
+        lines += [f"  {g.group_id}: " + " ".join(f"{p}/{r}" for p, r in g.replicas) for g in groups]
+    elif not which:
+        lines.append("multicast groups: not readable on this target")
+    print("\n".join(lines))
+
+
+def cmd_shell(args, topo) -> None:
+    """Check the switch runs our program, then hand the terminal to p4runtime-shell.
+
+    The shell is started without --config, so it pushes nothing; it reads the
+    P4Info from the switch, which we have just checked equals ours.
+    """
+    tls = TLS(args.cacert, args.cert, args.key) if (args.cacert or args.cert or args.key) else None
+    addr = args.grpc_addr or (topo.switch.grpc_addr if topo else DEFAULT_GRPC_ADDR)
+    dev = args.device_id if args.device_id is not None else (topo.switch.device_id if topo else 0)
+    with SwitchConnection(addr, dev, args.election_id, p4info_path=args.p4info, tls=tls,
+                          require_primary=False, timeout=args.timeout) as conn:
+        conn.check_pipeline()
+    cmd = [sys.executable, "-m", "p4runtime_sh", "--grpc-addr", addr, "--device-id", str(dev),
+           "--election-id", f"{args.election_id[0]},{args.election_id[1]}"]
+    if tls:
+        cmd.append("--ssl")
+        cmd += [x for flag, v in (("--cacert", tls.cacert), ("--cert", tls.cert), ("--private-key", tls.key))
+                if v for x in (flag, v)]
+    sys.stdout.flush()
+    os.execv(sys.executable, cmd)
+
+
+COMMANDS = {"push": cmd_push, "jobs": cmd_jobs, "workers": cmd_workers, "slots": cmd_slots,
+            "stats": cmd_stats, "tables": cmd_tables}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(format="mindp-ctl: %(levelname)s: %(message)s",
+                        level=logging.INFO if args.verbose else logging.WARNING)
+    ctl = None
+    try:
+        topo = load_topology(args)
+        if args.cmd == "shell":
+            cmd_shell(args, topo)
+            return 0
+        ctl = connect(args, topo)
+        COMMANDS[args.cmd](args, ctl, topo)
+        return 0
+    except (ControllerError, SwitchError, TopologyError, JobError, SlotError, UsageError) as exc:
+        print(f"mindp-ctl: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return 0
+    finally:
+        if ctl is not None:
+            ctl.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
