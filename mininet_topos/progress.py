@@ -26,6 +26,7 @@ class WorkerProgress:
     sent: int = 0
     retx: int = 0
     done: dict | None = None  # the final "done" record
+    ready_t: float | None = None  # wall clock of its first record (initial model, before step 0)
 
 
 class Progress:
@@ -51,6 +52,8 @@ class Progress:
             self.bad_lines += 1
             return
         if rec.get("ev") == "step":
+            if wp.ready_t is None and "t" in rec:
+                wp.ready_t = float(rec["t"])
             wp.step = max(wp.step, int(rec["step"]))
             wp.sent, wp.retx = int(rec.get("sent", 0)), int(rec.get("retx", 0))
             if "loss" in rec:
@@ -77,6 +80,14 @@ class Progress:
     @property
     def retransmissions(self) -> int:
         return sum(wp.retx for wp in self.workers.values())
+
+    def training_seconds(self) -> float | None:
+        """From the last worker ready to the last worker done (workers' own clocks: process
+        start-up is not training), or None before every worker is done."""
+        ws = self.workers.values()
+        if not self.all_done() or any(w.ready_t is None or "t" not in w.done for w in ws):
+            return None
+        return max(float(w.done["t"]) for w in ws) - max(w.ready_t for w in ws)
 
     def all_done(self) -> bool:
         return all(wp.done is not None for wp in self.workers.values())

@@ -83,7 +83,9 @@ def table(s: dict) -> str:
     rows = []
     for k in TABLE_FIELDS:
         v = s[k]
-        if isinstance(v, float) and k not in ("wall_seconds", "steps_per_second"):
+        if k == "max_abs_param_diff_vs_reference":
+            v = repr(float(v))  # 0.0 exactly when bit-exact
+        elif isinstance(v, float) and k not in ("wall_seconds", "steps_per_second"):
             v = f"{v:.6g}"
         rows.append((k, str(v)))
     w = max(len(k) for k, _ in rows)
@@ -100,15 +102,17 @@ def plot(path: pathlib.Path, curves: dict[int, Curve], title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(10, 4))
     for job, c in sorted(curves.items()):
         x = [s + 1 for s in c.steps]  # after step s; 0 is the initial model
         ax_l.plot(x, c.loss, label=f"job {job}")
         ax_a.plot(x, [a * 100 for a in c.acc], label=f"job {job}")
-    ax_l.set(xlabel="step", ylabel="training loss (cross-entropy)", yscale="log")
+    ax_l.set(xlabel="step", ylabel="training loss (cross-entropy)", ylim=(0, None))
     ax_a.set(xlabel="step", ylabel="test accuracy (%)", ylim=(0, 100))
     for ax in (ax_l, ax_a):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)

@@ -268,12 +268,11 @@ class Run:
 
     def configure(self, json_path: pathlib.Path, p4info: pathlib.Path) -> None:
         """Pipeline, forwarding and jobs, over P4Runtime, from the same topology data."""
-        from controller import Controller  # noqa: PLC0415 (needs grpc; only where a switch runs)
+        from controller.controller import Controller
 
         log = self.logs / "controller.log"
         try:
-            self.ctl = Controller(self.topo.switch.grpc_addr, device_id=self.topo.switch.device_id,
-                                  p4info=str(p4info), bmv2_json=str(json_path))
+            self.ctl = Controller.for_topology(self.topo, p4info_path=p4info, bmv2_json_path=json_path)
             self.ctl.push()
             self.ctl.install_forwarding(self.topo)
             for job in self.topo.jobs:
@@ -366,7 +365,7 @@ class Run:
                 say(progress.bar())
                 last_print = now
             time.sleep(0.2)
-        wall = time.monotonic() - t0
+        wall = progress.training_seconds() or (time.monotonic() - t0)
         say(("\r" if tty else "") + progress.bar() + ("\x1b[K" if tty else ""))
         deadline = time.monotonic() + 30
         for hp in self.optimizers:

@@ -108,8 +108,9 @@ class RunState:
 
     def teardown(self, grace: float = 3.0) -> tuple[list[Proc], list[str]]:
         """Stop every listed process (SIGTERM, then SIGKILL after `grace` s), delete every
-        listed interface still present, remove the file. Returns what was stopped and deleted."""
-        live = self.live_procs()
+        listed interface still present, remove the file. Returns what was stopped and deleted.
+        The calling process (the orchestrator cleaning up after itself) is left alone."""
+        live = [p for p in self.live_procs() if p.pid != os.getpid()]
         for p in live:
             p.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace

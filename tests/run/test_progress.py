@@ -65,3 +65,13 @@ def test_log_tail_returns_whole_lines_only(tmp_path):
     with open(f, "a") as h:
         h.write("o\nthree\n")
     assert tail.lines() == ["two", "three"]
+
+
+def test_training_time_runs_from_the_last_worker_ready_to_the_last_done():
+    p = Progress({1: 2}, steps=1)
+    p.feed(line(job=1, worker=0, step=-1, t=10.0))
+    p.feed(line(job=1, worker=1, step=-1, t=12.0))
+    p.feed(json.dumps({"ev": "done", "job": 1, "worker": 0, "t": 15.0, "stats": {}}))
+    assert p.training_seconds() is None
+    p.feed(json.dumps({"ev": "done", "job": 1, "worker": 1, "t": 14.5, "stats": {}}))
+    assert p.training_seconds() == 3.0

@@ -1,0 +1,233 @@
+"""make run end to end: real Mininet, the real switch (embedded, and BMv2 where installed),
+the real controller over P4Runtime, optimizer node and workers in Mininet hosts.
+
+Each run is the orchestrator as `make run` starts it, with its own state file,
+runs directory and free gRPC/thrift ports; every test checks that nothing it
+started is left behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mindp import targets, topology
+from mininet_topos.runstate import RunState
+
+pytestmark = pytest.mark.net
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="make run needs root")
+
+
+class Run:
+    def __init__(self, tmp: pathlib.Path, *args: str):
+        self.tmp = tmp
+        self.state_file = tmp / "run-state.json"
+        self.runs = tmp / "runs"
+        grpc, thrift = targets.free_port(), targets.free_port()
+        self.cmd = [sys.executable, "-m", "mininet_topos.run", "--runs-dir", str(self.runs), "--state-file",
+                    str(self.state_file), "--grpc-port", str(grpc), "--thrift-port", str(thrift), "--no-cli", *args]
+        self.proc: subprocess.Popen | None = None
+        self.out = self.err = ""
+
+    def start(self) -> Run:
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        return self
+
+    def wait(self, timeout: float = 240) -> int:
+        try:
+            self.out, self.err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.out, self.err = self.proc.communicate()
+            pytest.fail(f"make run hung:\n{self.out}\n{self.err}")
+        return self.proc.returncode
+
+    def run(self, timeout: float = 240) -> int:
+        return self.start().wait(timeout)
+
+    @property
+    def run_dir(self) -> pathlib.Path:
+        (d,) = list(self.runs.iterdir())
+        return d
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def state(self) -> RunState | None:
+        return RunState.load(self.state_file)
+
+    def wait_for(self, what, timeout: float = 120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = what()
+            if got:
+                return got
+            if self.proc.poll() is not None:
+                self.wait()
+                pytest.fail(f"make run ended early ({self.proc.returncode}):\n{self.out}\n{self.err}")
+            time.sleep(0.2)
+        pytest.fail("timed out waiting for the run")
+
+    def training(self):
+        """The state once a worker has completed a step."""
+        st = self.state()
+        if st is None or not self.runs.exists():
+            return None
+        logs = list(self.runs.glob("*/logs/worker-*.log"))
+        return st if any('"step": 0' in p.read_text() for p in logs) else None
+
+
+def leftovers(state: RunState | None, recorded: RunState) -> tuple[list, list]:
+    """Processes and interfaces of `recorded` still present."""
+    return recorded.live_procs(), recorded.existing_interfaces()
+
+
+def assert_clean(run: Run, recorded: RunState | None = None) -> None:
+    assert not run.state_file.exists(), "state file left behind"
+    present = [i for i in os.listdir("/sys/class/net") if i.startswith("mnr-")]
+    assert present == [], f"interfaces left: {present}"
+    if recorded is not None:
+        assert [p for p in recorded.live_procs() if p.name != "orchestrator"] == []
+
+
+def check_summary(s: dict, target: str, workers: int, steps: int, jobs: int = 1) -> None:
+    for key in ("target", "workers", "steps", "jobs", "initial_loss", "final_loss", "final_accuracy",
+                "max_abs_param_diff_vs_reference", "packets_sent", "retransmissions", "wall_seconds",
+                "steps_per_second"):
+        assert key in s, key
+    assert (s["target"], s["workers"], s["steps"], s["jobs"]) == (target, workers, steps, jobs)
+    assert s["max_abs_param_diff_vs_reference"] == 0.0
+    assert len(s["per_job"]) == jobs
+    for j in s["per_job"]:
+        assert j["max_abs_param_diff_vs_reference"] == 0.0
+        assert j["final_loss"] < 0.9 * j["initial_loss"]
+        assert j["final_loss"] == pytest.approx(j["reference_final_loss"], abs=0.0)
+    # Each worker sends at least one gradient frame per chunk per step.
+    assert s["packets_sent"] >= jobs * workers * steps * 150
+    assert s["wall_seconds"] > 0 and s["steps_per_second"] > 0
+
+
+@needs_root
+def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
+    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "4", "--p4", "committed", "--pcap", "1")
+    assert run.run() == 0, run.err
+    s = run.summary()
+    check_summary(s, "embedded", 2, 4)
+    d = run.run_dir
+    assert (d / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    topo = topology.Topology.load(d / "topology.json")
+    assert sorted(topo.hosts) == ["opt1", "w1_0", "w1_1"] and topo.jobs[0].n_workers == 2
+    logs = sorted(p.name for p in (d / "logs").iterdir())
+    assert logs == ["optimizer-job1.log", "switch.log", "worker-job1-0.log", "worker-job1-1.log"]
+    pcaps = list((d / "pcaps").iterdir())
+    assert len(pcaps) >= 3 and all(p.stat().st_size > 24 for p in pcaps)
+    assert "max_abs_param_diff_vs_reference  0.0" in run.out and "bit-exact" in run.out
+    assert_clean(run)
+
+
+@needs_root
+def test_embedded_run_with_loss_is_still_bit_exact(tmp_path):
+    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "4", "--loss", "0.05",
+              "--p4", "committed", "--seed", "3")
+    assert run.run() == 0, run.err
+    s = run.summary()
+    check_summary(s, "embedded", 2, 4)
+    assert s["loss_rate"] == 0.05 and s["retransmissions"] > 0
+    assert_clean(run)
+
+
+@needs_root
+def test_two_jobs_share_the_switch_both_bit_exact(tmp_path):
+    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "3", "--jobs", "2", "--p4", "committed")
+    assert run.run() == 0, run.err
+    s = run.summary()
+    check_summary(s, "embedded", 2, 3, jobs=2)
+    assert [j["job_id"] for j in s["per_job"]] == [1, 2]
+    assert s["per_job"][0]["initial_loss"] != s["per_job"][1]["initial_loss"]  # different seeds, own models
+    assert_clean(run)
+
+
+@needs_root
+@pytest.mark.bmv2
+@pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed")
+def test_bmv2_short_run_is_bit_exact_and_learns(tmp_path):
+    run = Run(tmp_path, "--target", "bmv2", "--workers", "2", "--steps", "4", "--loss", "0.02")
+    assert run.run() == 0, run.err
+    check_summary(run.summary(), "bmv2", 2, 4)
+    assert_clean(run)
+
+
+@needs_root
+def test_stop_after_a_crashed_run_removes_everything_and_is_safe_twice(tmp_path):
+    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
+    recorded = run.wait_for(run.training)
+    assert len(recorded.procs) >= 1 + 3 + 1 + 1 + 3  # orchestrator, host shells, switch shell, switch, agents
+    run.proc.send_signal(signal.SIGKILL)  # a crash: no cleanup of its own
+    run.wait()
+    assert recorded.existing_interfaces(), "the crash should have left interfaces for stop to remove"
+    stop = [sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)]
+    first = subprocess.run(stop, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and "ended" in first.stdout
+    assert_clean(run, recorded)
+    second = subprocess.run(stop, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0 and "nothing to stop" in second.stdout
+
+
+@needs_root
+def test_stop_during_a_run_makes_it_clean_up_and_exit(tmp_path):
+    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
+    recorded = run.wait_for(run.training)
+    stop = subprocess.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "asked the running make run to stop" in stop.stdout
+    assert run.wait(30) == 130
+    assert "stopped" in run.err and "Traceback" not in run.err
+    assert_clean(run, recorded)
+
+
+@needs_root
+@pytest.mark.parametrize("victim, log", [("embedded switch", "switch.log"), ("worker-job1-1", "worker-job1-1.log")])
+def test_a_crash_during_the_run_is_one_line_naming_the_log(tmp_path, victim, log):
+    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
+    recorded = run.wait_for(run.training)
+    (proc,) = [p for p in recorded.procs if p.name.startswith(victim)]
+    os.killpg(proc.pid, signal.SIGKILL)
+    assert run.wait(90) == 1
+    lines = [line for line in run.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("make run: ") and log in lines[0], run.err
+    assert_clean(run, recorded)
+
+
+@needs_root
+def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
+    run = Run(tmp_path, "--workers", "zero")
+    assert run.run(60) == 2
+    assert run.err.strip() == "make run: WORKERS must be an integer in 1..32, got 'zero'"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        run = Run(tmp_path, "--target", "embedded", "--grpc-port", str(port))
+        assert run.run(60) == 1
+    assert "already in use" in run.err and len(run.err.strip().splitlines()) == 1
+    assert not run.runs.exists()
+    assert_clean(run)
+
+
+@needs_root
+def test_not_root_is_refused(tmp_path):
+    tmp_path.chmod(0o777)
+    run = Run(tmp_path, "--target", "embedded")
+    run.cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *run.cmd]
+    assert run.run(60) == 1
+    assert run.err.strip().startswith("make run: must run as root")
