@@ -420,8 +420,11 @@ def _shr(a, b):
 
 
 class ParserError(Exception):
-    def __init__(self, code: int):
+    """A parser error; `off` is where the packet's payload starts (bytes extracted so far)."""
+
+    def __init__(self, code: int, off: int):
         self.code = code
+        self.off = off
 
 
 class _Exit(Exception):
@@ -432,7 +435,7 @@ def _lookahead(data, off, bit_off, width):
     start = off + bit_off // 8
     end = off + (bit_off + width + 7) // 8
     if end > len(data):
-        raise ParserError(_lookahead.too_short)
+        raise ParserError(_lookahead.too_short, off)
     v = int.from_bytes(data[start:end], "big")
     return (v >> ((end - start) * 8 - bit_off % 8 - width)) & ((1 << width) - 1)
 
@@ -514,7 +517,8 @@ class ProgramBuilder:
             if req not in slots:
                 raise ProgramError(f"standard_metadata.{req} missing: not a v1model program")
         self.slots = slots
-        self.counters = {c["name"]: c for c in j.get("counter_arrays", [])}
+        self.counters = {c["name"]: c for c in j.get("counter_arrays", []) if not c.get("is_direct")}
+        self.direct_counters = {c["name"]: c.get("binding") for c in j.get("counter_arrays", []) if c.get("is_direct")}
         self.calcs = {c["name"]: c for c in j.get("calculations", [])}
         for c in self.calcs.values():
             hashing.check(c["algo"], c["name"])
@@ -572,7 +576,7 @@ class ProgramBuilder:
         for h in L.headers.values():
             if h.metadata:
                 init[h.valid] = 1
-        direct = {c["name"]: c.get("binding") for c in self.counters.values() if c.get("is_direct")}
+        direct = self.direct_counters
         return CompiledProgram(source, ns, L, tables, {t.id: t for t in tables.values()}, registers,
                                self.reg_widths, counters, direct, self.actions, init, self.drop_port, slots)
 
@@ -777,7 +781,7 @@ class ProgramBuilder:
                     if h.nbits % 8:
                         raise ProgramError(f"header {h.name} is not a whole number of bytes")
                     self.w(f"if off + {nb} > len(data):", 1)
-                    self.w(f"raise PErr({too_short})", 2)
+                    self.w(f"raise PErr({too_short}, off)", 2)
                     self.gen_unpack(h, 1)
                     self.w(f"f[{h.valid}] = 1", 1)
                     self.w(f"off += {nb}", 1)
@@ -793,14 +797,14 @@ class ProgramBuilder:
                     cond = em.expr(self.ec.node(ps[0]))
                     err = em.expr(self.ec.node(ps[1]))
                     self.w(f"if not {cond}:", 1)
-                    self.w(f"raise PErr({err})", 2)
+                    self.w(f"raise PErr({err}, off)", 2)
                 elif kind in ("advance", "shift"):
                     em = Emitter(self.ec)
                     amount = em.expr(self.ec.node(ps[0]))
                     nbytes = f"({amount}) // 8" if kind == "advance" else f"({amount})"
                     self.w(f"_n = {nbytes}", 1)
                     self.w("if off + _n > len(data):", 1)
-                    self.w(f"raise PErr({too_short})", 2)
+                    self.w(f"raise PErr({too_short}, off)", 2)
                     self.w("off += _n", 1)
                 elif kind == "primitive":
                     prim = ps[0]
@@ -858,6 +862,7 @@ class ProgramBuilder:
         self.w("while st is not None:", 2)
         self.w("st, off = st(f, data, off)", 3)
         self.w("except PErr as e:", 1)
+        self.w("off = e.off", 2)
         if pe is not None:
             self.w(f"f[{pe}] = e.code", 2)
         else:
