@@ -14,6 +14,7 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from .protocol import UDP_PORT
 from .topology import Host
 
 ETH_P_ALL = 0x0003
@@ -74,11 +75,27 @@ def raw_socket(iface: str, netns: str | None = None) -> socket.socket:
         return make()
 
 
+def hold_udp_port(netns: str | None = None, port: int = UDP_PORT) -> socket.socket:
+    """A UDP socket bound to mindp's port, so the host's kernel does not answer our frames
+    (read on raw sockets) with ICMP port-unreachable and the ARP that goes with it."""
+    def make() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.bind(("0.0.0.0", port))
+        return s
+
+    if netns is None:
+        return make()
+    with in_netns(netns):
+        return make()
+
+
 @dataclass
 class NetHost:
     host: Host
     netns: str
     switch_iface: str  # the root-namespace end, given to the switch as port `host.port`
+    udp_guard: socket.socket | None = None
 
     def exec(self, *cmd: str, **kw) -> subprocess.CompletedProcess:
         return subprocess.run(["ip", "netns", "exec", self.netns, *cmd], **kw)
@@ -115,6 +132,7 @@ class Testbed:
         sh("ip", "-n", netns, "link", "set", "lo", "up")
         quiet_link("eth0", netns)
         quiet_link(outer)
+        nh.udp_guard = hold_udp_port(netns)
         return nh
 
     def ports(self) -> dict[int, str]:
@@ -127,6 +145,8 @@ class Testbed:
 
     def close(self) -> None:
         for nh in self.hosts.values():
+            if nh.udp_guard:
+                nh.udp_guard.close()
             self._remove(nh.netns, nh.switch_iface)
         self.hosts.clear()
 
