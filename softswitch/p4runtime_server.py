@@ -49,7 +49,32 @@ def _int(b: bytes, width: int, what: str) -> int:
 
 
 def _bytes(v: int, width: int) -> bytes:
-    return v.to_bytes((width + 7) // 8, "big")
+    """P4Runtime canonical bytestring: no leading zero bytes, at least one byte."""
+    return v.to_bytes(max(1, (v.bit_length() + 7) // 8), "big")
+
+
+def _canon(b: bytes) -> bytes:
+    return b.lstrip(b"\0") or b"\0"
+
+
+def canonical_entry(te) -> None:
+    """Rewrite a TableEntry's bytestrings in canonical form, as reads return them."""
+    for fm in te.match:
+        kind = fm.WhichOneof("field_match_type")
+        if kind == "exact":
+            fm.exact.value = _canon(fm.exact.value)
+        elif kind == "lpm":
+            fm.lpm.value = _canon(fm.lpm.value)
+        elif kind == "ternary":
+            fm.ternary.value = _canon(fm.ternary.value)
+            fm.ternary.mask = _canon(fm.ternary.mask)
+        elif kind == "range":
+            fm.range.low = _canon(fm.range.low)
+            fm.range.high = _canon(fm.range.high)
+        elif kind == "optional":
+            fm.optional.value = _canon(fm.optional.value)
+    for p in te.action.action.params:
+        p.value = _canon(p.value)
 
 
 @dataclass
@@ -523,6 +548,7 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
         meta = p4runtime_pb2.TableEntry()
         meta.CopyFrom(te)
         meta.ClearField("counter_data")
+        canonical_entry(meta)
         e = Entry(match, te.priority, jid, args, (), meta=meta)
         if utype == U.INSERT:
             table.insert(e)

@@ -1,0 +1,240 @@
+"""P4Runtime server over real gRPC: p4runtime-shell works against it, and bad
+requests get BMv2's status codes while the server keeps serving."""
+import grpc
+import pytest
+from google.protobuf import text_format
+from google.rpc import code_pb2, status_pb2
+from p4.config.v1 import p4info_pb2
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+import p4runtime_sh.shell as sh
+from mindp import targets
+from p4src import artifacts
+from softswitch.engine import Engine
+from softswitch.p4runtime_server import Server, SwitchService
+
+from . import compiled
+
+L2 = "MindpIngress.forwarding.l2_forward"
+
+
+@pytest.fixture
+def server():
+    addr = f"127.0.0.1:{targets.free_port()}"
+    srv = Server(SwitchService(Engine()), addr)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def p4info(path=artifacts.P4INFO) -> p4info_pb2.P4Info:
+    return text_format.Parse(path.read_text(), p4info_pb2.P4Info())
+
+
+class Client:
+    """A bare P4Runtime client: one stream, one election id."""
+
+    def __init__(self, addr: str, election: int, device_id: int = 0):
+        self.channel = grpc.insecure_channel(addr)
+        self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
+        self.election = election
+        self.requests = []
+        import queue
+        self.q = queue.Queue()
+        self.stream = self.stub.StreamChannel(iter(self.q.get, None))
+        req = p4runtime_pb2.StreamMessageRequest()
+        req.arbitration.device_id = device_id
+        req.arbitration.election_id.low = election
+        self.q.put(req)
+        self.arbitration = next(self.stream).arbitration
+
+    def eid(self, msg):
+        msg.election_id.low = self.election
+        return msg
+
+    def set_pipeline(self, info=None, json_bytes=None):
+        req = self.eid(p4runtime_pb2.SetForwardingPipelineConfigRequest(device_id=0))
+        req.action = req.VERIFY_AND_COMMIT
+        req.config.p4info.CopyFrom(info or p4info())
+        req.config.p4_device_config = json_bytes if json_bytes is not None else artifacts.BMV2_JSON.read_bytes()
+        return self.stub.SetForwardingPipelineConfig(req)
+
+    def write(self, *updates):
+        req = self.eid(p4runtime_pb2.WriteRequest(device_id=0))
+        req.updates.extend(updates)
+        return self.stub.Write(req)
+
+    def read(self, entity):
+        req = p4runtime_pb2.ReadRequest(device_id=0)
+        req.entities.add().CopyFrom(entity)
+        return [e for r in self.stub.Read(req) for e in r.entities]
+
+    def close(self):
+        self.q.put(None)
+        self.channel.close()
+
+
+def ids(info):
+    t = next(t for t in info.tables if t.preamble.name == L2)
+    acts = {a.preamble.name: a.preamble.id for a in info.actions}
+    return t.preamble.id, acts
+
+
+def l2_update(info, mac: int, port: int, utype=p4runtime_pb2.Update.INSERT, action="MindpIngress.forwarding.forward",
+              field_id=1, param_value=None):
+    tid, acts = ids(info)
+    u = p4runtime_pb2.Update(type=utype)
+    te = u.entity.table_entry
+    te.table_id = tid
+    m = te.match.add()
+    m.field_id = field_id
+    m.exact.value = mac.to_bytes(6, "big")
+    te.action.action.action_id = acts[action]
+    p = te.action.action.params.add()
+    p.param_id = 1
+    p.value = param_value if param_value is not None else port.to_bytes(2, "big")
+    return u
+
+
+def write_errors(exc: grpc.RpcError):
+    """Per-update canonical codes from grpc-status-details-bin, as BMv2 sends them."""
+    assert exc.code() == grpc.StatusCode.UNKNOWN
+    md = dict(exc.trailing_metadata())
+    st = status_pb2.Status.FromString(md["grpc-status-details-bin"])
+    out = []
+    for d in st.details:
+        err = p4runtime_pb2.Error()
+        d.Unpack(err)
+        out.append(code_pb2.Code.Name(err.canonical_code))
+    return out
+
+
+def test_p4runtime_shell_against_the_server(server):
+    sh.setup(device_id=0, grpc_addr=server.addr, election_id=(0, 1),
+             config=sh.FwdPipeConfig(str(artifacts.P4INFO), str(artifacts.BMV2_JSON)))
+    try:
+        te = sh.TableEntry(L2)(action="MindpIngress.forwarding.forward")
+        te.match["hdr.ethernet.dstAddr"] = "02:00:00:00:00:05"
+        te.action["port"] = "5"
+        te.insert()
+        got = list(sh.TableEntry(L2).read())
+        assert len(got) == 1 and got[0].action["port"].value == b"\x05"
+        g = sh.MulticastGroupEntry(3)
+        g.add(1, 0).add(2, 7)
+        g.insert()
+        (rg,) = list(sh.MulticastGroupEntry(3).read())
+        assert [(r.egress_port, r.instance) for r in rg.replicas] == [(1, 0), (2, 7)]
+        ce = sh.CounterEntry("MindpIngress.drops")
+        ce.index = 10
+        (c,) = list(ce.read())
+        assert c.data.packet_count == 0
+        server.service.pipeline.program.counters["MindpIngress.drops"][0][10] = 4
+        (c,) = list(ce.read())
+        assert c.data.packet_count == 4
+        te.delete()
+        assert list(sh.TableEntry(L2).read()) == []
+    finally:
+        sh.teardown()
+
+
+def test_status_codes_of_bad_writes(server):
+    c = Client(server.addr, 1)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            c.write(l2_update(p4info(), 5, 1))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, "no pipeline yet"
+        c.set_pipeline()
+        info = p4info()
+        c.write(l2_update(info, 5, 1))
+        U = p4runtime_pb2.Update
+        with pytest.raises(grpc.RpcError) as e:
+            c.write(l2_update(info, 6, 2),                                   # OK
+                    l2_update(info, 5, 1),                                   # duplicate
+                    l2_update(info, 7, 1, utype=U.MODIFY),                   # missing
+                    l2_update(info, 7, 1, utype=U.DELETE),                   # missing
+                    l2_update(info, 8, 1, field_id=9),                       # bad key field
+                    l2_update(info, 8, 1, action="MindpIngress.forwarding.unknown_destination"),  # default-only
+                    l2_update(info, 8, 1, param_value=b"\x7f\xff"))          # param beyond 9 bits
+        assert write_errors(e.value) == ["OK", "ALREADY_EXISTS", "NOT_FOUND", "NOT_FOUND", "INVALID_ARGUMENT",
+                                         "INVALID_ARGUMENT", "INVALID_ARGUMENT"]
+        tid, _ = ids(info)
+        ent = p4runtime_pb2.Entity()
+        ent.table_entry.table_id = tid
+        assert len(c.read(ent)) == 2, "the good update of the failed batch was applied"
+    finally:
+        c.close()
+
+
+def test_only_the_primary_writes(server):
+    a = Client(server.addr, 5)
+    b = Client(server.addr, 3)
+    try:
+        assert a.arbitration.status.code == code_pb2.OK
+        assert b.arbitration.status.code == code_pb2.ALREADY_EXISTS
+        a.set_pipeline()
+        with pytest.raises(grpc.RpcError) as e:
+            b.write(l2_update(p4info(), 5, 1))
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as e:
+            b.set_pipeline()
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        a.close()
+        # the old primary left: b is promoted and may write
+        for _ in range(20):
+            msg = next(b.stream)
+            if msg.arbitration.status.code == code_pb2.OK:
+                break
+        b.write(l2_update(p4info(), 5, 1))
+    finally:
+        b.close()
+
+
+def test_bad_pipelines_are_rejected_and_the_server_keeps_running(server):
+    c = Client(server.addr, 1)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            c.set_pipeline(json_bytes=b"{ not json")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "JSON" in e.value.details()
+        with pytest.raises(grpc.RpcError) as e:
+            c.set_pipeline(info=p4info(compiled.p4info_path("features")))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "does not match" in e.value.details()
+        c.set_pipeline()
+        req = p4runtime_pb2.GetForwardingPipelineConfigRequest(device_id=0)
+        cfg = c.stub.GetForwardingPipelineConfig(req).config
+        assert cfg.p4_device_config == artifacts.BMV2_JSON.read_bytes() and cfg.p4info == p4info()
+    finally:
+        c.close()
+
+
+def test_wildcard_reads_and_default_action(server):
+    c = Client(server.addr, 1)
+    try:
+        info = p4info(compiled.p4info_path("features"))
+        c.set_pipeline(info, compiled.json_path("features").read_bytes())
+        ent = p4runtime_pb2.Entity()
+        ent.counter_entry.counter_id = 0
+        cells = c.read(ent)
+        assert len(cells) == 8 and all(x.counter_entry.data.byte_count == 0 for x in cells)
+        routes = next(t for t in info.tables if t.preamble.name == "I.routes")
+        acts = {a.preamble.name: a.preamble.id for a in info.actions}
+        u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.MODIFY)
+        te = u.entity.table_entry
+        te.table_id = routes.preamble.id
+        te.is_default_action = True
+        te.action.action.action_id = acts["I.route"]
+        te.action.action.params.add(param_id=1, value=b"\x04")
+        c.write(u)
+        frame = b"\x02" * 12 + b"\x08\x00" + bytes.fromhex("4500001400000000400000000a0000010a000002")
+        import struct
+        from mindp import codec
+        hdr = bytearray(frame[14:])
+        hdr[10:12] = struct.pack("!H", codec.ipv4_checksum(bytes(hdr)))
+        out = server.service.engine.process(frame[:14] + bytes(hdr), 1)
+        assert [p for p, _ in out] == [4], "the new default action forwards to port 4"
+        rd = p4runtime_pb2.Entity()
+        rd.table_entry.table_id = routes.preamble.id
+        rd.table_entry.is_default_action = True
+        (d,) = c.read(rd)
+        assert d.table_entry.action.action.action_id == acts["I.route"]
+    finally:
+        c.close()
