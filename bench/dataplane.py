@@ -24,8 +24,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import p4runtime_sh.shell as sh  # noqa: E402
-
+from controller import p4info_names as N  # noqa: E402
+from controller.model import Entry  # noqa: E402
+from controller.p4runtime import SwitchConnection  # noqa: E402
 from mindp import codec, targets  # noqa: E402
 from mindp.protocol import K, Kind, frame_len  # noqa: E402
 from mindp.testbed import Testbed  # noqa: E402
@@ -50,24 +51,13 @@ def program_for(k: int, workdir: pathlib.Path) -> tuple[str, str] | None:
     return str(info), str(js)
 
 
-def entry(table, action, match, params):
-    te = sh.TableEntry(table)(action=action)
-    for f, v in match.items():
-        te.match[f] = str(v)
-    for f, v in params.items():
-        te.action[f] = str(v)
-    te.insert()
-
-
-def install() -> None:
-    entry("MindpIngress.forwarding.l2_forward", "MindpIngress.forwarding.forward",
-          {"hdr.ethernet.dstAddr": SINK.mac}, {"port": SINK.port})
-    entry("MindpIngress.admission.jobs", "MindpIngress.admission.set_job", {"hdr.mindp.job": 1},
-          {"slot_base": 0, "slot_count": 1024, "workers": 2, "optimizer_port": SINK.port,
-           "optimizer_mac": SINK.mac, "optimizer_ip": SINK.ip, "mcast_group": 257, "epoch": 1})
+def install(sw: SwitchConnection) -> None:
+    sw.insert(Entry(N.L2_FORWARD, {N.MF_DST_MAC: SINK.mac}, N.FORWARD, {"port": SINK.port}))
+    sw.insert(Entry(N.JOBS, {N.MF_JOB: 1}, N.SET_JOB, {
+        "slot_base": 0, "slot_count": 1024, "workers": 2, "optimizer_port": SINK.port, "optimizer_mac": SINK.mac,
+        "optimizer_ip": SINK.ip, "mcast_group": N.job_group(1), "epoch": 1}))
     for w in (0, 1):  # both workers behind one port keeps their packets in order
-        entry("MindpIngress.admission.workers", "MindpIngress.admission.admit",
-              {"standard_metadata.ingress_port": SENDER.port, "hdr.mindp.job": 1, "hdr.mindp.worker": w}, {})
+        sw.insert(Entry(N.WORKERS, {N.MF_INGRESS_PORT: SENDER.port, N.MF_JOB: 1, N.MF_WORKER: w}, N.ADMIT))
 
 
 def gradient_frames(k: int, uses: int) -> list[bytes]:
@@ -118,16 +108,12 @@ def measure(target: str, k: int, program: tuple[str, str], packets: int, window:
         cfg = targets.SwitchConfig(ports=bed.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
                                    log_file=os.path.join(logdir, f"switch-{target}-k{k}.log"),
                                    thrift_port=targets.free_port())
-        with targets.SwitchProcess(target, cfg):
-            sh.setup(device_id=0, grpc_addr=cfg.grpc_addr, election_id=(0, 1),
-                     config=sh.FwdPipeConfig(program[0], program[1]))
-            try:
-                install()
-                tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
-                fwd_pps, _ = closed_loop(tx, rx, forward_frames(k, packets), 1, window)
-                agg_pps, sums = closed_loop(tx, rx, gradient_frames(k, packets // 2), 2, window)
-            finally:
-                sh.teardown()
+        with targets.SwitchProcess(target, cfg), SwitchConnection(cfg.grpc_addr, p4info_path=program[0]) as sw:
+            sw.push_pipeline(program[0], program[1])
+            install(sw)
+            tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
+            fwd_pps, _ = closed_loop(tx, rx, forward_frames(k, packets), 1, window)
+            agg_pps, sums = closed_loop(tx, rx, gradient_frames(k, packets // 2), 2, window)
     return {"k": k, "forward_pps": fwd_pps, "aggregate_pps": agg_pps, "sums": sums}
 
 

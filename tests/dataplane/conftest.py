@@ -1,6 +1,7 @@
 """PTF-style harness for the switch program: the real target on veth pairs in
-network namespaces, programmed over P4Runtime (p4runtime-shell), frames sent
-and received on raw sockets in the hosts' namespaces.
+network namespaces, programmed over P4Runtime (the controller's SwitchConnection,
+with explicit entries so tests choose slot ranges and epochs), frames sent and
+received on raw sockets in the hosts' namespaces.
 
 The same suite runs on every target present: the embedded switch always, BMv2
 wherever simple_switch_grpc is installed.
@@ -12,23 +13,16 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import p4runtime_sh.shell as sh
 import pytest
 
+from controller import p4info_names as N
+from controller.model import Entry, Group
+from controller.p4runtime import SwitchConnection
 from mindp import codec, targets
 from mindp.protocol import K, Kind
 from mindp.testbed import Testbed
 from mindp.topology import Host, star
 from p4src import artifacts
-
-FLOOD_GROUP = 1
-DROP_REASONS = 16
-NO_JOB_ROW = 64
-REASONS = {
-    "MALFORMED": 0, "BAD_VERSION": 1, "BAD_KIND": 2, "BAD_LENGTH": 3, "UNKNOWN_JOB": 4,
-    "NOT_MEMBER": 5, "BAD_SLOT": 6, "STALE": 7, "DUPLICATE": 8, "NO_ROUTE": 10,
-}
-BCAST = codec.Addresses
 
 
 def available_targets():
@@ -56,72 +50,56 @@ class Job:
 class Fabric:
     """The switch under test, its hosts, and P4Runtime access."""
 
-    def __init__(self, bed: Testbed, hosts: dict[str, Host]):
+    def __init__(self, bed: Testbed, hosts: dict[str, Host], sw: SwitchConnection):
         self.bed = bed
+        self.sw = sw
         self.hosts = hosts
         self.socks = {name: bed.hosts[name].socket() for name in hosts}
         self.by_fd = {s.fileno(): name for name, s in self.socks.items()}
 
     # --- P4Runtime -------------------------------------------------------
-    @staticmethod
-    def entry(table: str, action: str, match: dict, params: dict):
-        te = sh.TableEntry(table)(action=action)
-        for k, v in match.items():
-            te.match[k] = str(v)
-        for k, v in params.items():
-            te.action[k] = str(v)
-        te.insert()
-        return te
+    def entry(self, table: str, action: str, match: dict, params: dict) -> Entry:
+        e = Entry(table, match, action, params)
+        self.sw.insert(e)
+        return e
 
     def install_forwarding(self) -> None:
         for h in self.hosts.values():
-            self.entry("MindpIngress.forwarding.l2_forward", "MindpIngress.forwarding.forward",
-                       {"hdr.ethernet.dstAddr": h.mac}, {"port": h.port})
-        self.entry("MindpIngress.forwarding.l2_forward", "MindpIngress.forwarding.flood",
-                   {"hdr.ethernet.dstAddr": "ff:ff:ff:ff:ff:ff"}, {"group": FLOOD_GROUP})
-        group = sh.MulticastGroupEntry(FLOOD_GROUP)
-        for h in self.hosts.values():
-            group.add(h.port, 0)
-        group.insert()
+            self.entry(N.L2_FORWARD, N.FORWARD, {N.MF_DST_MAC: h.mac}, {"port": h.port})
+        self.entry(N.L2_FORWARD, N.FLOOD, {N.MF_DST_MAC: "ff:ff:ff:ff:ff:ff"}, {"group": N.FLOOD_GROUP})
+        self.sw.insert_group(Group(N.FLOOD_GROUP, [(h.port, 0) for h in self.hosts.values()]))
 
     def install_job(self, job_id, workers, optimizer, slot_base, slots, epoch=1) -> Job:
         opt = self.hosts[optimizer]
-        job = Job(job_id, list(workers), optimizer, slot_base, slots, epoch, 256 + job_id)
+        job = Job(job_id, list(workers), optimizer, slot_base, slots, epoch, N.job_group(job_id))
         job.entries.append(self.entry(
-            "MindpIngress.admission.jobs", "MindpIngress.admission.set_job", {"hdr.mindp.job": job_id},
+            N.JOBS, N.SET_JOB, {N.MF_JOB: job_id},
             {"slot_base": slot_base, "slot_count": slots, "workers": len(workers), "optimizer_port": opt.port,
              "optimizer_mac": opt.mac, "optimizer_ip": opt.ip, "mcast_group": job.group, "epoch": epoch}))
-        job.entries.append(self.entry(
-            "MindpIngress.admission.optimizers", "MindpIngress.admission.admit",
-            {"standard_metadata.ingress_port": opt.port, "hdr.mindp.job": job_id}, {}))
-        group = sh.MulticastGroupEntry(job.group)
+        job.entries.append(self.entry(N.OPTIMIZERS, N.ADMIT, {N.MF_INGRESS_PORT: opt.port, N.MF_JOB: job_id}, {}))
+        replicas = []
         for w, name in enumerate(workers):
             h = self.hosts[name]
-            rid = 1 + job_id * 32 + w
+            rid = N.worker_rid(job_id, w)
             job.entries.append(self.entry(
-                "MindpIngress.admission.workers", "MindpIngress.admission.admit",
-                {"standard_metadata.ingress_port": h.port, "hdr.mindp.job": job_id, "hdr.mindp.worker": w}, {}))
-            job.entries.append(self.entry(
-                "MindpEgress.rewrite.param_rewrite", "MindpEgress.rewrite.set_worker_address",
-                {"standard_metadata.egress_rid": rid}, {"mac": h.mac, "ip": h.ip}))
-            group.add(h.port, rid)
-        group.insert()
+                N.WORKERS, N.ADMIT, {N.MF_INGRESS_PORT: h.port, N.MF_JOB: job_id, N.MF_WORKER: w}, {}))
+            job.entries.append(self.entry(N.PARAM_REWRITE, N.SET_WORKER_ADDRESS, {N.MF_EGRESS_RID: rid},
+                                          {"mac": h.mac, "ip": h.ip}))
+            replicas.append((h.port, rid))
+        self.sw.insert_group(Group(job.group, replicas))
         return job
 
     def remove_job(self, job: Job) -> None:
-        for te in reversed(job.entries):
-            te.delete()
-        sh.MulticastGroupEntry(job.group).delete()
+        for e in reversed(job.entries):
+            self.sw.delete(e)
+        self.sw.delete_group(job.group)
 
-    @staticmethod
-    def counter(name: str, index: int) -> int:
-        ce = sh.CounterEntry(name)
-        ce.index = index
-        return sum(c.data.packet_count for c in ce.read())
+    def counter(self, name: str, index: int) -> int:
+        return self.sw.read_counter(name, index)[index][0]
 
     def drops(self, reason: str, job: int | None = None) -> int:
-        row = NO_JOB_ROW if job is None else job
-        return self.counter("MindpIngress.drops", row * DROP_REASONS + REASONS[reason])
+        row = N.NO_JOB_ROW if job is None else job
+        return self.counter(N.DROPS, N.drop_cell(row, N.DropReason[reason]))
 
     # --- frames ----------------------------------------------------------
     def grad(self, job: Job, worker: int, values, *, step: int, chunk: int, ver: int | None = None,
@@ -181,17 +159,15 @@ def fabric(request, tmp_path_factory):
             bed.add(h)
         cfg = targets.SwitchConfig(ports=bed.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
                                    log_file=str(logs / "switch.log"), thrift_port=targets.free_port())
-        with targets.SwitchProcess(request.param, cfg):
-            sh.setup(device_id=0, grpc_addr=cfg.grpc_addr, election_id=(0, 1),
-                     config=sh.FwdPipeConfig(str(artifacts.P4INFO), str(artifacts.BMV2_JSON)))
-            fab = Fabric(bed, hosts)
+        with targets.SwitchProcess(request.param, cfg), SwitchConnection(cfg.grpc_addr) as sw:
+            sw.push_pipeline(artifacts.P4INFO, artifacts.BMV2_JSON)
+            fab = Fabric(bed, hosts, sw)
             try:
                 fab.install_forwarding()
                 fab.drain()
                 yield fab
             finally:
                 fab.close()
-                sh.teardown()
 
 
 _epoch = iter(range(1, 1 << 16))
