@@ -90,8 +90,15 @@ def worker_map(text: str) -> dict[int, str]:
     return out
 
 
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line (the full usage is one --help away)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mindp-ctl", description="mindp P4Runtime controller: pipeline, forwarding, "
+    p = Parser(prog="mindp-ctl", description="mindp P4Runtime controller: pipeline, forwarding, "
                                 "jobs, workers, slots, statistics.")
     p.add_argument("--grpc-addr", help=f"switch P4Runtime address (default: the topology's switch, else {DEFAULT_GRPC_ADDR})")
     p.add_argument("--device-id", type=int, help="P4Runtime device id (default: the topology's, else 0)")

@@ -1,0 +1,150 @@
+"""mindp-ctl end to end against a real switch: a session, and bad input as one line and a non-zero exit."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from controller import p4info_names as n
+from controller.controller import Controller
+from controller.p4runtime import SwitchConnection
+from mindp import targets
+from p4src import artifacts
+
+
+def ctl_command() -> list[str]:
+    script = pathlib.Path(sys.executable).with_name("mindp-ctl")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "controller"]
+
+
+class Ctl:
+    def __init__(self, addr: str, topo_path: pathlib.Path):
+        self.base = [*ctl_command(), "--grpc-addr", addr, "--topology", str(topo_path)]
+
+    def run(self, *args: str, ok: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=120, input=stdin)
+        if ok:
+            assert proc.returncode == 0, f"{args}: {proc.stderr}"
+            assert proc.stderr == "", proc.stderr
+        return proc
+
+    def json(self, *args: str):
+        return json.loads(self.run("--json", *args).stdout)
+
+    def fails(self, *args: str, match: str, code: int = 1) -> str:
+        proc = self.run(*args, ok=False)
+        assert proc.returncode == code, (args, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert match in lines[0], lines[0]
+        return lines[0]
+
+
+@pytest.fixture
+def cli(switch, topo, tmp_path):
+    path = tmp_path / "topo.json"
+    topo.dump(path)
+    return Ctl(switch.addr, path)
+
+
+def test_session_end_to_end(cli, tmp_path, switch):
+    cli.fails("jobs", "list", match="has no pipeline (run `mindp-ctl push`)")
+    assert "pushed the pipeline; forwarding for 8 hosts" in cli.run("push").stdout
+    assert "already installed" in cli.run("push").stdout
+    job_file = tmp_path / "job1.json"
+    job_file.write_text(json.dumps({"job_id": 1, "workers": {"0": "w1_0", "1": "w1_1", "2": "w1_2"},
+                                    "optimizer": "opt1", "slots": 32}))
+    j1 = cli.json("jobs", "create", "--file", str(job_file))
+    assert (j1["slot_base"], j1["slots"], j1["mcast_group"]) == (0, 32, 257)
+    assert j1["workers"]["2"] == {"host": "w1_2", "port": 3, "mac": "02:00:00:00:00:03", "ip": "10.0.0.3", "rid": 35}
+    out = cli.run("jobs", "create", "--job-id", "2", "--workers", "0=w2_0,1=w2_1", "--optimizer", "opt2",
+                  "--slots", "100").stdout
+    assert "created job 2: slots 32..131 (100)" in out
+    listed = cli.json("jobs", "list")
+    assert [j["job_id"] for j in listed["jobs"]] == [1, 2] and listed["problems"] == []
+    assert listed["jobs"][0]["epoch"] == j1["epoch"]
+    text = cli.run("jobs", "list").stdout
+    assert "1    3        0..31    32" in text
+    slots = cli.json("slots")
+    assert slots["free"] == 1024 - 132
+    assert slots["ranges"] == [{"base": 0, "count": 32, "job": 1}, {"base": 32, "count": 100, "job": 2},
+                               {"base": 132, "count": 892, "job": None}]
+    assert "132..1023  892    free" in cli.run("slots").stdout
+    stats = cli.json("stats")
+    assert set(stats["jobs"]) == {"1", "2"} and stats["jobs"]["1"]["grad_packets"] == 0
+    watch = cli.run("--json", "stats", "--watch", "0.2", "--count", "2").stdout.splitlines()
+    assert len(watch) == 2 and json.loads(watch[1])["rates"]["2"]["completions"] == 0.0
+    tables = cli.json("tables")
+    assert sum(e["table"] == n.WORKERS for e in tables["entries"]) == 5
+    assert {g["group_id"] for g in tables["groups"]} == {1, 257, 258}
+    assert "egress_rid=34 -> set_worker_address(mac=02:00:00:00:00:02, ip=10.0.0.2)" in \
+        cli.run("tables", "--table", "param_rewrite").stdout
+    moved = cli.json("workers", "replace", "1", "1", "spare")
+    assert moved["workers"]["1"]["port"] == 20
+    added = cli.json("workers", "add", "1", "5", "--port", "21", "--mac", "02:00:00:00:00:15", "--ip", "10.0.0.21")
+    assert len(added["workers"]) == 4
+    assert "job 1 has 3 workers" in cli.run("workers", "remove", "1", "0").stdout
+    shown = cli.json("jobs", "show", "1")
+    assert sorted(shown["workers"]) == ["1", "2", "5"]
+    assert "deleted job 2: slots 32..131 free" in cli.run("jobs", "delete", "2").stdout
+    with SwitchConnection(switch.addr, election_id=(0, 9), require_primary=False) as probe:
+        jobs_table = probe.read_entries(n.JOBS)
+        assert [e.match[n.MF_JOB] for e in jobs_table] == [1]
+        assert jobs_table[0].params["workers"] == 3
+        assert n.job_group(2) not in {g.group_id for g in probe.read_groups()}
+    shell = cli.run("shell", stdin='print("JOBS", len(list(table_entry["MindpIngress.admission.jobs"].read())))\n')
+    assert "JOBS 1" in shell.stdout
+
+
+def test_bad_input_is_one_line_and_nonzero(cli, tmp_path, switch, topo):
+    cli.run("push")
+    cli.run("jobs", "create", "--job-id", "1")
+    cli.fails("jobs", "create", "--job-id", "1", match="job 1 already exists")
+    cli.fails("jobs", "show", "9", match="unknown job 9")
+    cli.fails("jobs", "delete", "9", match="unknown job 9")
+    cli.fails("jobs", "create", "--job-id", "2", "--workers", "w2_0", "--optimizer", "opt2", "--slots", "1020",
+              match="slot pool exhausted: job 2 needs 1020 slots, 1008 of 1024 free")
+    cli.fails("jobs", "create", "--job-id", "2", "--workers", "w1_0", "--optimizer", "opt2",
+              match="port 1 is already owned by job 1")
+    cli.fails("jobs", "create", "--job-id", "2", "--workers", "nobody", "--optimizer", "opt2",
+              match="unknown host 'nobody'")
+    bad = tmp_path / "bad.json"
+    for content, msg in (("{not json", "malformed job file"), ('{"job_id": 2}', "malformed job description"),
+                         ("[1, 2]", "expected a JSON object"),
+                         ('{"job_id": 2, "workers": {"x": "w2_0"}, "optimizer": "opt2"}', "malformed job description")):
+        bad.write_text(content)
+        cli.fails("jobs", "create", "--file", str(bad), match=msg)
+    cli.fails("jobs", "create", "--file", str(tmp_path / "missing.json"), match="cannot read job file")
+    cli.fails("workers", "add", "1", "3", match="needs a host name or all of --port, --mac and --ip")
+    cli.fails("tables", "--table", "nope", match="unknown table 'nope'")
+    assert cli.run("jobs", "create", "--job-id", "2", "--workers", "w2_0", "--optimizer", "opt2", "--slots", "2000",
+                   ok=False).returncode == 1
+    # Nothing half-installed: only job 1 on the switch.
+    with SwitchConnection(switch.addr, election_id=(0, 9), require_primary=False) as probe:
+        assert [e.match[n.MF_JOB] for e in probe.read_entries(n.JOBS)] == [1]
+        assert all(e.match[n.MF_JOB] == 1 for e in probe.read_entries(n.WORKERS))
+        assert {g.group_id for g in probe.read_groups()} == {1, 257}
+    # Another controller is primary: refused with its election id.
+    with Controller(switch.addr, election_id=(0, 7)):
+        cli.fails("jobs", "delete", "1", match="not primary")
+    # A program other than ours (a P4Info with a renamed table).
+    other = tmp_path / "other.p4info.txtpb"
+    other.write_text(artifacts.P4INFO.read_text().replace('"MindpIngress.admission.jobs"', '"MindpIngress.x.jobs"'))
+    cli.fails("--p4info", str(other), "jobs", "list", match="runs another program")
+    cli.fails("--p4info", str(tmp_path / "none.txtpb"), "jobs", "list", match="cannot read P4Info")
+    cli.fails("--topology", str(bad), "jobs", "list", match="malformed topology")
+
+
+def test_unreachable_switch_and_usage(tmp_path, topo):
+    path = tmp_path / "topo.json"
+    topo.dump(path)
+    cli = Ctl(f"127.0.0.1:{targets.free_port()}", path)
+    for cmd in (["jobs", "list"], ["push"], ["stats"], ["shell"]):
+        cli.fails("--timeout", "0.3", *cmd, match="cannot reach the switch at 127.0.0.1:")
+    cli.fails("--election-id", "x", "push", match="bad election id", code=2)
+    for cmd in ([], ["jobs"], ["jobs", "create"], ["workers", "replace"], ["stats"], ["shell"]):
+        proc = cli.run(*cmd, "--help")
+        assert proc.stdout.startswith("usage: mindp-ctl")
