@@ -14,7 +14,7 @@ import subprocess
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .protocol import UDP_PORT
+from .netutil import hold_udp_port
 from .topology import Host
 
 ETH_P_ALL = 0x0003
@@ -75,21 +75,6 @@ def raw_socket(iface: str, netns: str | None = None) -> socket.socket:
         return make()
 
 
-def hold_udp_port(netns: str | None = None, port: int = UDP_PORT) -> socket.socket:
-    """A UDP socket bound to mindp's port, so the host's kernel does not answer our frames
-    (read on raw sockets) with ICMP port-unreachable and the ARP that goes with it."""
-    def make() -> socket.socket:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        s.bind(("0.0.0.0", port))
-        return s
-
-    if netns is None:
-        return make()
-    with in_netns(netns):
-        return make()
-
-
 @dataclass
 class NetHost:
     host: Host
@@ -132,7 +117,8 @@ class Testbed:
         sh("ip", "-n", netns, "link", "set", "lo", "up")
         quiet_link("eth0", netns)
         quiet_link(outer)
-        nh.udp_guard = hold_udp_port(netns)
+        with in_netns(netns):
+            nh.udp_guard = hold_udp_port()
         return nh
 
     def ports(self) -> dict[int, str]:
