@@ -306,6 +306,14 @@ def open_state(args) -> state.Store:
     return store
 
 
+def proc_status_kb(field: str) -> int:
+    """A memory figure of this process from /proc/self/status, in KiB."""
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -320,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) if (args.drop_send or args.drop_recv) else None
     node = OptimizerNode(core, sock, addr, faults)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
+    rss_start = proc_status_kb("VmRSS")
     print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {store.n_chunks} chunks, "
           f"resuming after step {store.committed} ({store.resumed_chunks} chunks of the next step applied)",
           flush=True)
@@ -327,10 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         node.serve(args.steps, args.linger)
     except KeyboardInterrupt:
         pass
+    stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pager.stats.peak_pages,
+                 page_bytes=store.pager.page_bytes, rss_start_kb=rss_start, vm_hwm_kb=proc_status_kb("VmHWM"))
     if args.export:
         store.export(args.export)
-    stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pager.stats.peak_pages,
-                 page_bytes=store.pager.page_bytes)
     store.close()
     if args.stats:
         pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")

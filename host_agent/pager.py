@@ -25,7 +25,7 @@ import numpy as np
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-MADV_WILLNEED, MADV_DONTNEED, MADV_POPULATE_READ, MADV_POPULATE_WRITE = 3, 4, 22, 23
+MADV_RANDOM, MADV_WILLNEED, MADV_DONTNEED, MADV_POPULATE_READ, MADV_POPULATE_WRITE = 1, 3, 4, 22, 23
 MS_SYNC = 4
 OS_PAGE = mmap.PAGESIZE
 
@@ -50,6 +50,8 @@ class MappedFile:
         self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
         self.addr = self.bytes.ctypes.data
+        # No kernel read-ahead or fault-around: only the pages the pager asks for become resident.
+        _libc.madvise(self.addr, size, MADV_RANDOM)
         base, shape = (record_dtype.subdtype or (record_dtype, ()))
         self.records = self.bytes[: n_records * self.record_bytes].view(base).reshape(n_records, *shape)
 
@@ -84,6 +86,12 @@ class Pager:
         if self.max_pages < 4:
             raise PagerError(f"RAM budget {budget_bytes} B holds {self.max_pages} pages of {page_bytes} B; need >= 4")
         self.drop_cache = drop_cache
+        if drop_cache:
+            # Start cold: cached large folios (e.g. from the writes that created the file) would be
+            # mapped whole on first touch, beyond any page the pager registered.
+            for mf in files:
+                os.fsync(mf.fd)
+                os.posix_fadvise(mf.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         self.lru: collections.OrderedDict[tuple[int, int], bool] = collections.OrderedDict()  # -> dirty
         self.lock = threading.Lock()
         self.io = threading.Lock()  # held while a page is written back, and by flush()

@@ -25,6 +25,7 @@ import json
 import mmap
 import os
 import pathlib
+import zipfile
 from typing import Iterable
 
 import numpy as np
@@ -84,7 +85,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
         (d / name).unlink(missing_ok=True)
     n = layout.n_chunks
     nbytes = _padded_records(n, page_chunks) * RECORD.itemsize
-    block_chunks = 8192
+    block_chunks = 1024
     with open(d / "state0.bin", "wb") as f0:
         pending = np.empty(0, dtype=np.float32)
         written = 0
@@ -220,23 +221,29 @@ class Store:
         self._reset_progress()
 
     # --- whole-model access (export) ---------------------------------------------
-    def master_flat(self, step: int | None = None) -> np.ndarray:
-        """The float32 master after `step` (default: the last committed), read page by page."""
-        step = self.committed if step is None else step
-        copy = self.copy_after(step)
-        out = np.empty(self.n_chunks * K, dtype=np.float32)
-        for lo in range(0, self.n_chunks, self.page_chunks):
-            hi = min(self.n_chunks, lo + self.page_chunks)
-            out[lo * K : hi * K] = self.records(copy, lo, hi)[:, MASTER, :].reshape(-1)
-        return out[: self.layout.total]
+    def tensor(self, name: str, step: int | None = None) -> np.ndarray:
+        """One named float32 master tensor after `step` (default: the last committed), read page by page."""
+        copy = self.copy_after(self.committed if step is None else step)
+        spec = next(s for s in self.layout.specs if s.name == name)
+        lo = self.layout.offsets[name]
+        out = np.empty(spec.size, dtype=np.float32)
+        done = 0
+        while done < spec.size:
+            e = lo + done
+            c = e // K
+            hi_c = min(self.n_chunks, (c // self.page_chunks + 1) * self.page_chunks)
+            flat = self.records(copy, c, hi_c)[:, MASTER, :].reshape(-1)[e - c * K :]
+            take = min(len(flat), spec.size - done)
+            out[done : done + take] = flat[:take]
+            done += take
+        return out.reshape(spec.shape)
 
-    def export(self, path: str | pathlib.Path) -> dict[str, np.ndarray]:
-        """Write the committed master parameters to an .npz (float32); returns them."""
-        from .reference import unflatten_f32
-
-        arrays = unflatten_f32(self.layout, self.master_flat())
-        np.savez(path, **arrays)
-        return arrays
+    def export(self, path: str | pathlib.Path) -> None:
+        """Write the committed master parameters to an .npz (float32), one tensor in memory at a time."""
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+            for spec in self.layout.specs:
+                with zf.open(f"{spec.name}.npy", "w", force_zip64=True) as f:
+                    np.lib.format.write_array(f, self.tensor(spec.name), allow_pickle=False)
 
     def close(self) -> None:
         self.pager.close()

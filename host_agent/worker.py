@@ -53,6 +53,14 @@ class RttEstimator:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.rto = cfg.initial
+        self._backed_off_at = float("-inf")
+
+    def on_timeout(self, now: float) -> None:
+        """Back the RTO itself off (RFC 6298 5.5), at most once per RTO: a burst of timeouts of
+        one window is one congestion signal, and a retransmission storm would feed itself."""
+        if now - self._backed_off_at >= self.rto:
+            self.rto = min(self.cfg.max, self.rto * 2)
+            self._backed_off_at = now
 
     def sample(self, rtt: float) -> None:
         if self.srtt is None:
@@ -122,6 +130,8 @@ class Window:
             c += 1
         self.next_new = c
         again = [c for c, exp in self.outstanding.items() if exp <= now]
+        if again:
+            self.rtt.on_timeout(now)
         for c in again:
             self.attempts[c] += 1
             self.outstanding[c] = now + self.rtt.backoff(int(self.attempts[c]))

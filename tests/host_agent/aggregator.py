@@ -65,13 +65,13 @@ class Aggregator:
         except OSError:
             pass
 
-    def _grad(self, frame: bytes) -> None:
-        dec = codec.decode([frame], Kind.GRAD)
-        if not len(dec.headers):
-            return
-        h, g = dec.headers[0], dec.elements[0]
-        if h["job"] != self.job:
-            return
+    def _grads(self, frames: list[bytes]) -> None:
+        dec = codec.decode(frames, Kind.GRAD)
+        for h, g in zip(dec.headers, dec.elements):
+            if h["job"] == self.job:
+                self._grad(h, g)
+
+    def _grad(self, h, g) -> None:
         self.stats["grads"] += 1
         key = (int(h["step"]), int(h["chunk"]))
         cell = self.cells.setdefault(key, {"bits": 0, "sum": np.zeros(len(g), np.int64), "nf": False})
@@ -120,8 +120,12 @@ class Aggregator:
             ready, _, _ = select.select(list(self.socks.values()), [], [], 0.02)
             for s in ready:
                 port = by_fd[s.fileno()]
-                for frame in rawsock.recv_batch(s):
-                    (self._param if port == opt_port else self._grad)(frame)
+                frames = rawsock.recv_batch(s)
+                if port != opt_port:
+                    self._grads(frames)
+                else:
+                    for frame in frames:
+                        self._param(frame)
             if self.held and (not ready or len(self.held) > 8):
                 self.rng.shuffle(self.held)
                 held, self.held = self.held, []

@@ -37,6 +37,10 @@ class NodeProcess:
         self.banner = line
         return self
 
+    def child_pid(self) -> int:
+        """The node's own PID (`ip netns exec` execs it, so the same as the Popen's)."""
+        return self.proc.pid
+
     def kill(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()

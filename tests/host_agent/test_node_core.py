@@ -67,7 +67,9 @@ def test_shuffled_duplicated_sums_give_reference_bits(tmp_path, kind):
         params = assemble(lay, sent, params)
     assert core.committed == 3 and core.stats["applied"] == 4 * lay.n_chunks
     assert same_bits(params, reference.train(init, gf, N, 4, cfg).params)
-    assert same_bits(core.store.export(tmp_path / "out.npz"), reference.train(init, gf, N, 4, cfg).master)
+    core.store.export(tmp_path / "out.npz")
+    with np.load(tmp_path / "out.npz") as z:
+        assert same_bits({k: z[k] for k in z.files}, reference.train(init, gf, N, 4, cfg).master)
 
 
 def test_nonfinite_chunk_is_skipped_reported_and_still_answered(tmp_path):

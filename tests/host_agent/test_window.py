@@ -36,9 +36,10 @@ def test_timeout_retransmits_with_backoff_and_rtt_from_first_sends_only():
     w.due(0.0)
     assert w.due(0.099) == ([], [])
     assert w.due(0.1) == ([], [0, 1])  # first timeout: RTO 0.1
-    assert w.due(0.25) == ([], [])  # backed off to 0.2
-    assert w.due(0.301) == ([], [0, 1])
-    assert w.timeouts == 4
+    assert w.rtt.rto == pytest.approx(0.2)  # the RTO itself backs off once for the burst
+    assert w.due(0.49) == ([], [])  # second send of each: 0.2 * 2
+    assert w.due(0.501) == ([], [0, 1])
+    assert w.rtt.rto == pytest.approx(0.4) and w.timeouts == 4
     assert w.on_param(0, 0.31) and w.rtt.srtt is None  # Karn: no sample from a retransmitted chunk
     assert not w.on_param(0, 0.32)  # duplicate
 

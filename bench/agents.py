@@ -1,0 +1,193 @@
+"""Host-agent figures, side by side in one run.
+
+    python bench/agents.py [--chunks N] [--elements N] [--ooc-elements N] [--budget BYTES]
+
+1. Worker send rate (packets/s, encode included) against a bare raw-socket send
+   loop of the same frames on the same veth (ratio).
+2. Optimizer-node update rate in RAM (elements/s: sums in, state updated,
+   fp16 parameters out) against torch.optim.AdamW(foreach=True) on CPU when torch
+   is installed, else against whole-array numpy AdamW (ratio).
+3. Out-of-core update rate with a RAM budget of 1/10 of the state, as state
+   bytes moved per second, against the disk's sequential read+write bandwidth
+   measured in the same run (ratio).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from host_agent import node, optim, rawsock, state  # noqa: E402
+from host_agent.optim import OptimizerConfig  # noqa: E402
+from host_agent.worker import WorkerAgent, WorkerConfig  # noqa: E402
+from mindp import codec  # noqa: E402
+from mindp.layout import Layout, TensorSpec  # noqa: E402
+from mindp.protocol import K, Kind  # noqa: E402
+from mindp.testbed import quiet_link, sh  # noqa: E402
+
+VETH = ("ha-bench0", "ha-bench1")
+
+
+# --- 1. worker send rate ------------------------------------------------------------
+
+def send_rates(chunks: int) -> tuple[float, float]:
+    a, b = VETH
+    sh("ip", "link", "del", a, check=False)
+    sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+    try:
+        quiet_link(a)
+        quiet_link(b)
+        layout = Layout([TensorSpec("g", (chunks * K,))])
+        grads = {"g": np.random.default_rng(0).standard_normal(chunks * K).astype(np.float32) * 0.01}
+        sock = rawsock.open_raw(a)
+        # A window as wide as the step: the whole step goes out without waiting for parameters.
+        cfg = WorkerConfig(1, 0, chunks, "02:00:00:00:00:01", "10.0.0.1", "02:00:00:00:00:02", "10.0.0.2")
+        agent = WorkerAgent(cfg, layout, sock)
+        best_worker = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            h = agent.start_step()
+            h.put("g", grads["g"])  # fp16 rounding, encode, and send of every chunk
+            best_worker = min(best_worker, time.perf_counter() - t)
+            assert agent.stats["sent"] % chunks == 0
+            agent.step += 1
+        frames = codec.encode_tensor(Kind.GRAD, grads["g"], agent.addrs, job=1)
+        bare = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+        bare.bind((a, 0))
+        best_bare = float("inf")
+        for _ in range(3):
+            t = time.perf_counter()
+            for row in frames:
+                bare.send(row)
+            best_bare = min(best_bare, time.perf_counter() - t)
+        bare.close()
+        sock.close()
+        return chunks / best_worker, chunks / best_bare
+    finally:
+        sh("ip", "link", "del", a, check=False)
+
+
+# --- 2 and 3. optimizer node --------------------------------------------------------
+
+def sums_for(layout: Layout, nworkers: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.integers(-(1 << 20), 1 << 20, size=(layout.n_chunks, K), dtype=np.int64)
+
+
+def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int = 2, batch: int = 256) -> float:
+    """Elements/s of NodeCore.handle over whole steps, sums arriving in chunk order in batches."""
+    layout = Layout([TensorSpec("p", (elements,))])
+    cfg = OptimizerConfig()
+    d = tmp / f"state-{budget}"
+    state.create(d, layout, state.init_pieces(layout, seed=0), cfg)
+    state_bytes = 2 * layout.n_chunks * state.RECORD.itemsize
+    store = state.Store(d, budget or 2 * state_bytes, drop_cache=budget is not None)
+    core = node.NodeCore(store, 1, 2, 64)
+    sums = sums_for(layout, 2)
+    n = layout.n_chunks
+    from host_agent.worker import slot_and_version
+
+    hdrs = []
+    for step in range(steps):
+        chunks = np.arange(n)
+        slot, ver = slot_and_version(step, chunks, n, 64)
+        hdrs.append(codec.header_array(n, kind=Kind.SUM, job=1, step=step, chunk=chunks, slot=slot, ver=ver,
+                                       count=[layout.chunk_count(int(c)) for c in chunks], nworkers=2))
+    store.prefetch_from(0)
+    t = time.perf_counter()
+    for step in range(steps):
+        for lo in range(0, n, batch):
+            out, _ = core.handle(hdrs[step][lo : lo + batch], sums[lo : lo + batch])
+    elapsed = time.perf_counter() - t
+    assert core.committed == steps - 1
+    store.close()
+    shutil.rmtree(d)
+    return steps * elements / elapsed
+
+
+def baseline_rate(elements: int, steps: int = 5) -> tuple[str, float]:
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        p = torch.nn.Parameter(torch.randn(elements))
+        opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
+        p.grad = torch.randn(elements)
+        opt.step()
+        t = time.perf_counter()
+        for _ in range(steps):
+            opt.step()
+        return "torch.optim.AdamW(foreach=True)", steps * elements / (time.perf_counter() - t)
+    rng = np.random.default_rng(0)
+    master = rng.standard_normal(elements).astype(np.float32)
+    m, v = np.zeros_like(master), np.zeros_like(master)
+    g = rng.standard_normal(elements).astype(np.float32)
+    cfg = OptimizerConfig()
+    t = time.perf_counter()
+    for step in range(steps):
+        optim.apply(cfg, master, m, v, g, step)
+    return "numpy AdamW (whole arrays)", steps * elements / (time.perf_counter() - t)
+
+
+def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
+    """Sequential write (fsynced) then read (cache dropped) of nbytes: total bytes per second."""
+    path = tmp / "disk.bin"
+    block = np.random.default_rng(0).integers(0, 255, 4 << 20, dtype=np.uint8).tobytes()
+    t = time.perf_counter()
+    with open(path, "wb") as f:
+        for _ in range(nbytes // len(block)):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    with open(path, "rb", buffering=0) as f:
+        while f.read(4 << 20):
+            pass
+    elapsed = time.perf_counter() - t
+    path.unlink()
+    return 2 * (nbytes // len(block)) * len(block) / elapsed
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chunks", type=int, default=100_000, help="chunks per step for the send-rate figure")
+    ap.add_argument("--elements", type=int, default=4_000_000, help="model size for the in-RAM figure")
+    ap.add_argument("--ooc-elements", type=int, default=2_000_000, help="model size for the out-of-core figure")
+    ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/agents.py: needs root (raw sockets, veths)", file=sys.stderr)
+        return 2
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=args.dir or "/var/tmp"))
+    try:
+        worker, bare = send_rates(args.chunks)
+        print(f"worker send      {worker:12,.0f} pkt/s   bare raw-socket loop {bare:12,.0f} pkt/s   "
+              f"ratio {worker / bare:.2f}")
+        in_ram = node_rate(tmp, args.elements, None)
+        name, base = baseline_rate(args.elements)
+        print(f"node in RAM      {in_ram:12,.0f} elem/s  {name} {base:12,.0f} elem/s   ratio {in_ram / base:.3f}")
+        state_bytes = 2 * (-(-args.ooc_elements // K)) * state.RECORD.itemsize
+        budget = state_bytes // 10
+        ooc = node_rate(tmp, args.ooc_elements, budget)
+        moved = ooc * 2 * state.RECORD.itemsize / K  # each element: its record read from one copy, written to the other
+        disk = disk_bandwidth(tmp, max(64 << 20, state_bytes))
+        print(f"node out of core {ooc:12,.0f} elem/s  ({moved / 2**20:,.0f} MiB/s of state, budget "
+              f"{budget / 2**20:.1f} MiB = state/10)   disk seq read+write {disk / 2**20:,.0f} MiB/s   "
+              f"ratio {moved / disk:.2f}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
