@@ -238,3 +238,31 @@ def test_wildcard_reads_and_default_action(server):
         assert d.table_entry.action.action.action_id == acts["I.route"]
     finally:
         c.close()
+
+
+def test_packet_out_and_packet_in_through_the_cpu_port():
+    """Packet-out enters ingress on the CPU port; exprs.p4 reflects it, so it comes back as packet-in."""
+    engine = Engine()
+    service = SwitchService(engine, cpu_port=64)
+
+    def inject(frame, port):  # the data plane's part, without sockets
+        for out_port, out in engine.process(frame, port):
+            if out_port == service.cpu_port:
+                service.packet_in(out)
+
+    service.inject = inject
+    srv = Server(service, f"127.0.0.1:{targets.free_port()}")
+    srv.start()
+    c = Client(srv.addr, 1)
+    try:
+        c.set_pipeline(p4info(compiled.p4info_path("exprs")), compiled.json_path("exprs").read_bytes())
+        frame = b"\x02" * 12 + b"\x88\xb5" + bytes.fromhex("0001000200000000" + "0000")
+        req = p4runtime_pb2.StreamMessageRequest()
+        req.packet.payload = frame
+        c.q.put(req)
+        msg = next(c.stream)
+        assert msg.WhichOneof("update") == "packet"
+        assert msg.packet.payload[:24] == frame and msg.packet.payload[24:26] == b"\x00\x03"
+    finally:
+        c.close()
+        srv.stop()
