@@ -3,7 +3,9 @@
     mindp-ctl [--grpc-addr A] [--topology topo.json] [--json] COMMAND ...
 
 Every invocation connects, learns the switch's state (reconcile) and does one
-thing; errors are one line on stderr and a non-zero exit.
+thing; errors are one line on stderr and a non-zero exit. Commands that only
+read (jobs list/show, slots, stats, tables) do not arbitrate; the others become
+primary with --election-id (default 0,1).
 """
 from __future__ import annotations
 
@@ -174,7 +176,13 @@ def connect(args, topo: Topology | None) -> Controller:
     addr = args.grpc_addr or (topo.switch.grpc_addr if topo else DEFAULT_GRPC_ADDR)
     dev = args.device_id if args.device_id is not None else (topo.switch.device_id if topo else 0)
     return Controller(addr, dev, args.election_id, topology=topo, p4info_path=args.p4info,
-                      bmv2_json_path=args.bmv2_json, tls=tls, timeout=args.timeout)
+                      bmv2_json_path=args.bmv2_json, tls=tls, timeout=args.timeout, read_only=read_only(args))
+
+
+def read_only(args) -> bool:
+    """Commands that only read need no P4Runtime session, so they never disturb the primary
+    (e.g. `stats --watch` next to the controller of `make run`)."""
+    return args.cmd in ("slots", "stats", "tables") or (args.cmd == "jobs" and args.sub in ("list", "show"))
 
 
 def cmd_push(args, ctl: Controller, topo) -> None:

@@ -49,7 +49,7 @@ class Controller:
                  election_id: tuple[int, int] = (0, 1), *, topology: Topology | None = None,
                  p4info_path: str | pathlib.Path | None = None, bmv2_json_path: str | pathlib.Path | None = None,
                  tls: TLS | None = None, timeout: float = 3.0, reconnect_timeout: float = 20.0,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, read_only: bool = False):
         from p4src import artifacts
 
         self.grpc_addr = grpc_addr
@@ -58,6 +58,7 @@ class Controller:
         self.p4info_path = pathlib.Path(p4info_path or artifacts.P4INFO)
         self.bmv2_json_path = pathlib.Path(bmv2_json_path or artifacts.BMV2_JSON)
         self.tls = tls
+        self.read_only = read_only  # no arbitration: reads only, never competes with the primary
         self.timeout = timeout
         self.reconnect_timeout = reconnect_timeout
         self.topology = topology
@@ -80,7 +81,7 @@ class Controller:
 
     def _connect(self) -> SwitchConnection:
         return SwitchConnection(self.grpc_addr, self.device_id, self.election_id, p4info_path=self.p4info_path,
-                                tls=self.tls, timeout=self.timeout)
+                                tls=self.tls, timeout=self.timeout, arbitrate=not self.read_only)
 
     def close(self) -> None:
         self.conn.close()
@@ -155,6 +156,8 @@ class Controller:
         self._ensure()
         if not force and self.pipeline_installed():
             return False
+        if self.read_only:
+            raise ControllerError("pipeline push: this controller is read-only")
         self._push()
         self.pool = SlotPool()
         self.jobs.clear()
@@ -232,6 +235,8 @@ class Controller:
 
     # --- writes with rollback ---------------------------------------------------
     def _apply(self, ops: list[Op], what: str) -> None:
+        if ops and self.read_only:
+            raise ControllerError(f"{what}: this controller is read-only")
         done: list[Op] = []
         for op in ops:
             try:

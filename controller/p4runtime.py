@@ -103,12 +103,14 @@ def _status_message(err: grpc.RpcError) -> str:
 class _Client(P4RuntimeClient):
     """P4RuntimeClient whose connection and arbitration raise instead of exiting."""
 
-    def __init__(self, device_id, grpc_addr, election_id, ssl_options, timeout):
+    def __init__(self, device_id, grpc_addr, election_id, ssl_options, timeout, arbitrate=True):
         self._timeout = timeout
         self._grpc_addr = grpc_addr
+        self._arbitrate = arbitrate
         self._stream_error: str | None = None
         self.is_primary = False
         self.primary_election_id: tuple[int, int] | None = None
+        self.stream_out_q = self.stream_in_q = self.stream_recv_thread = None
         super().__init__(device_id, grpc_addr, election_id, None, ssl_options)
 
     def set_up_stream(self):
@@ -118,6 +120,8 @@ class _Client(P4RuntimeClient):
             self.channel.close()
             raise SwitchUnreachable(f"cannot reach the switch at {self._grpc_addr} (no gRPC server answered "
                                     f"within {self._timeout:g} s)") from None
+        if not self._arbitrate:  # reads need no session: a reader never competes for primary
+            return
         self.stream_out_q = queue.Queue()
         self.stream_in_q = {k: queue.Queue() for k in ("arbitration", "packet", "digest",
                                                        "idle_timeout_notification", "unknown")}
@@ -167,19 +171,22 @@ class _Client(P4RuntimeClient):
 
     @property
     def stream_alive(self) -> bool:
-        return self.stream_recv_thread.is_alive()
+        return self.stream_recv_thread is None or self.stream_recv_thread.is_alive()
 
 
 class SwitchConnection:
     """One P4Runtime session with one device.
 
+    With `arbitrate=False` there is no stream: the connection only reads
+    (entries, groups, counters, pipeline), so it never disturbs the primary.
     Values: ints, MAC strings and dotted IPv4 strings in; ints, and for the
     address fields named in p4info_names, MAC/IP strings out.
     """
 
     def __init__(self, grpc_addr: str = DEFAULT_GRPC_ADDR, device_id: int = 0,
                  election_id: tuple[int, int] = (0, 1), *, p4info_path: str | pathlib.Path | None = None,
-                 tls: TLS | None = None, require_primary: bool = True, timeout: float = 3.0):
+                 tls: TLS | None = None, require_primary: bool = True, arbitrate: bool = True,
+                 timeout: float = 3.0):
         from p4src import artifacts
 
         self.grpc_addr = grpc_addr
@@ -195,8 +202,8 @@ class SwitchConnection:
                 if path and not pathlib.Path(path).is_file():
                     raise SwitchError(f"TLS credential {path} not found")
             ssl = SSLOptions(False, tls.cacert, tls.cert, tls.key)
-        self.client = _Client(device_id, grpc_addr, self.election_id, ssl, timeout)
-        if require_primary and not self.client.is_primary:
+        self.client = _Client(device_id, grpc_addr, self.election_id, ssl, timeout, arbitrate)
+        if arbitrate and require_primary and not self.client.is_primary:
             primary = self.client.primary_election_id
             self.close()
             raise NotPrimary(f"not primary on {grpc_addr}: another controller holds election id "

@@ -127,9 +127,14 @@ def test_bad_input_is_one_line_and_nonzero(cli, tmp_path, switch, topo):
         assert [e.match[n.MF_JOB] for e in probe.read_entries(n.JOBS)] == [1]
         assert all(e.match[n.MF_JOB] == 1 for e in probe.read_entries(n.WORKERS))
         assert {g.group_id for g in probe.read_groups()} == {1, 257}
-    # Another controller is primary: refused with its election id.
+    # Another controller is primary: writes are refused naming its election id; reads need no session.
     with Controller(switch.addr, election_id=(0, 7)):
-        cli.fails("jobs", "delete", "1", match="not primary")
+        cli.fails("jobs", "delete", "1", match="another controller holds election id 0,7 (ours is 0,1)")
+        assert [j["job_id"] for j in cli.json("jobs", "list")["jobs"]] == [1]
+    with Controller(switch.addr, election_id=(0, 1)):  # e.g. make run's controller, with our default id
+        assert cli.json("stats")["jobs"]["1"]["grad_packets"] == 0
+        cli.fails("jobs", "delete", "1", match="refused the session")
+    cli.fails("--cacert", str(tmp_path / "ca.pem"), "push", match="TLS credential")
     # A program other than ours (a P4Info with a renamed table).
     other = tmp_path / "other.p4info.txtpb"
     other.write_text(artifacts.P4INFO.read_text().replace('"MindpIngress.admission.jobs"', '"MindpIngress.x.jobs"'))

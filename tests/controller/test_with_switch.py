@@ -6,8 +6,8 @@ import pytest
 from controller import p4info_names as n
 from controller.controller import Controller, ControllerError, flood_group, forwarding_entries
 from controller.model import Entry, Group
-from controller.p4runtime import (EntryExists, NoPipeline, NotPrimary, SwitchConnection, SwitchUnreachable,
-                                  p4info_signature)
+from controller.p4runtime import (EntryExists, NoPipeline, NotPrimary, SwitchConnection, SwitchError,
+                                  SwitchUnreachable, p4info_signature)
 from mindp import targets
 from mindp.topology import JobSpec
 
@@ -135,6 +135,13 @@ def test_lower_election_id_is_refused_writes(switch, topo):
                 backup.push_pipeline(primary.p4info_path, primary.bmv2_json_path)
         primary.create_job(topo.jobs[0])  # the primary still writes
         assert len(primary.conn.read_entries(n.JOBS)) == 1
+        with Controller(switch.addr, election_id=(0, 5), read_only=True, topology=topo) as reader:
+            assert reader.reconcile().jobs == primary.jobs  # same id as the primary: no session, reads only
+            with pytest.raises(ControllerError, match="read-only"):
+                reader.delete_job(1)
+        with pytest.raises(SwitchError, match="refused the session"):
+            Controller(switch.addr, election_id=(0, 5))  # the primary's own id, from another client
+        primary.delete_job(1)
 
 
 def test_restarted_controller_reconciles_without_touching_running_jobs(switch, topo):
