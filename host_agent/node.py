@@ -258,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stats", help="write counters as JSON here at exit")
     p.add_argument("--drop-recv", type=float, default=0.0, help="test loss injection on received sums")
     p.add_argument("--drop-send", type=float, default=0.0, help="test loss injection on sent parameters")
+    p.add_argument("--dup-send", type=float, default=0.0, help="test duplication of sent parameters")
+    p.add_argument("--reorder-send", type=float, default=0.0, help="test reordering of sent parameters")
     p.add_argument("--fault-seed", type=int, default=0)
     return p
 
@@ -320,12 +322,15 @@ def main(argv: list[str] | None = None) -> int:
         n_workers, slots, addr = _job_from_args(args)
         store = open_state(args)
         sock = rawsock.open_raw(args.iface)
-    except (ConfigError, TopologyError, rawsock.SocketError, PagerError) as exc:
+        guard = rawsock.udp_guard()
+    except (ConfigError, TopologyError, rawsock.SocketError, PagerError, ValueError, OSError) as exc:
         print(f"mindp-optimizer: {exc}", file=sys.stderr)
         return 2
     skipped = []
     core = NodeCore(store, args.job, n_workers, slots, on_nonfinite=lambda s, c: skipped.append((s, c)))
-    faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) if (args.drop_send or args.drop_recv) else None
+    faults = None
+    if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:
+        faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed, args.dup_send, args.reorder_send)
     node = OptimizerNode(core, sock, addr, faults)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     rss_start = proc_status_kb("VmRSS")
@@ -341,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.export:
         store.export(args.export)
     store.close()
+    if guard:
+        guard.close()
     if args.stats:
         pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
     print(f"mindp-optimizer: stopped after step {stats['committed']}", flush=True)

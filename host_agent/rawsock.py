@@ -7,6 +7,8 @@ import socket
 
 import numpy as np
 
+from mindp.netutil import hold_udp_port
+
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
@@ -28,6 +30,15 @@ def open_raw(iface: str) -> socket.socket:
         raise SocketError(f"cannot open a raw socket on {iface!r}: {exc.strerror or exc}") from None
     prepare(s)
     return s
+
+
+def udp_guard() -> socket.socket | None:
+    """Hold mindp's UDP port so our kernel sends no ICMP port-unreachable for the frames we
+    take raw; None if it cannot be held (e.g. already held without SO_REUSEADDR)."""
+    try:
+        return hold_udp_port()
+    except OSError:
+        return None
 
 
 def prepare(s: socket.socket) -> None:
@@ -52,23 +63,36 @@ def recv_batch(s: socket.socket, limit: int = 1024) -> list[bytes]:
 
 
 class Faults:
-    """Seeded loss injection on an agent's own send and receive paths (tests)."""
+    """Seeded fault injection on an agent's own paths (tests): drop on send and receive;
+    duplicate and reorder on send (a reordered frame goes out after the next batch)."""
 
-    def __init__(self, drop_send: float = 0.0, drop_recv: float = 0.0, seed: int = 0):
-        for p in (drop_send, drop_recv):
+    def __init__(self, drop_send: float = 0.0, drop_recv: float = 0.0, seed: int = 0, dup: float = 0.0,
+                 reorder: float = 0.0):
+        for p in (drop_send, drop_recv, dup, reorder):
             if not 0.0 <= p < 1.0:
-                raise ValueError(f"drop probability must be in [0, 1), got {p}")
+                raise ValueError(f"fault probability must be in [0, 1), got {p}")
         self.drop_send = drop_send
         self.drop_recv = drop_recv
+        self.dup = dup
+        self.reorder = reorder
         self.rng = random.Random(seed)
-        self.dropped_send = 0
-        self.dropped_recv = 0
+        self.held: list[bytes] = []
+        self.dropped_send = self.dropped_recv = self.duplicated = self.reordered = 0
 
-    def keep_send(self) -> bool:
-        if self.drop_send and self.rng.random() < self.drop_send:
+    def copies(self, frame) -> int:
+        """How many times to send `frame` now (0: dropped or held back for later)."""
+        r = self.rng.random
+        if self.drop_send and r() < self.drop_send:
             self.dropped_send += 1
-            return False
-        return True
+            return 0
+        if self.reorder and r() < self.reorder:
+            self.reordered += 1
+            self.held.append(bytes(frame))
+            return 0
+        if self.dup and r() < self.dup:
+            self.duplicated += 1
+            return 2
+        return 1
 
     def filter_recv(self, frames: list[bytes]) -> list[bytes]:
         if not self.drop_recv:
@@ -82,15 +106,22 @@ def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None 
     """Send frames[rows]; returns (sent, failed). A full queue counts as a loss (retransmission covers it)."""
     sent = failed = 0
     send = s.send
+    held = []
+    if faults is not None:
+        held, faults.held = faults.held, []
     for r in rows:
-        if faults is not None and not faults.keep_send():
-            sent += 1  # lost on the wire, as far as the sender knows
-            continue
+        n = 1 if faults is None else faults.copies(frames[r])
+        sent += 1  # as far as the sender knows, it left
+        for _ in range(n):
+            try:
+                send(frames[r])
+            except OSError as exc:
+                if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN):
+                    raise
+                failed += 1
+    for frame in held:  # frames held back by the previous call now go after this batch
         try:
-            send(frames[r])
-            sent += 1
-        except OSError as exc:
-            if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN):
-                raise
-            failed += 1
+            send(frame)
+        except OSError:
+            pass
     return sent, failed

@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = WorkerConfig(args.job, args.worker, args.slots, args.mac, args.ip, args.opt_mac, args.opt_ip, rto=rto)
         faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) if (args.drop_send or args.drop_recv) else None
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults)
-    except (ConfigError, TopologyError, rawsock.SocketError, ValueError) as exc:
+        guard = rawsock.udp_guard()
+    except (ConfigError, TopologyError, rawsock.SocketError, ValueError, OSError) as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)
         return 2
     grad_fn = reference.synthetic_grads(args.grad_seed)
@@ -411,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     except StepTimeout as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)
         code = 1
+    if guard:
+        guard.close()
     if args.out:
         np.savez(args.out, **params)
     stats = dict(agent.stats, step_times=agent.step_times, rto=agent.rtt.rto)

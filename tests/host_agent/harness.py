@@ -66,7 +66,7 @@ def node_args(topo_path, state_dir, init_path, steps, export, stats, budget="8M"
 class Workers:
     """One thread per worker, each pushing `steps` steps of grad_fn's gradients."""
 
-    def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, rto=None):
+    def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, dup=0.0, reorder=0.0, rto=None):
         self.layout = optim.layout_of(init)
         self.results: dict[int, dict] = {}
         self.errors: dict[int, BaseException] = {}
@@ -77,7 +77,7 @@ class Workers:
         for w, name in job.workers.items():
             sock = bed.hosts[name].socket()
             rawsock.prepare(sock)
-            faults = rawsock.Faults(drop, drop, seed=100 + w) if drop else None
+            faults = rawsock.Faults(drop, drop, 100 + w, dup, reorder) if (drop or dup or reorder) else None
             self.agents[w] = WorkerAgent(WorkerConfig.from_topology(topo, job.job_id, w, rto=rto), self.layout, sock,
                                          faults)
         self.threads = [threading.Thread(target=self._run, args=(w, init, grad_fn, steps), daemon=True)
