@@ -176,11 +176,14 @@ class Controller:
         want, flood = forwarding_entries(topology), flood_group(topology)
         upserts, deletes = diff_entries(self.conn.read_entries(n.L2_FORWARD), want)
         groups = self._read_groups()
-        if groups is None:
-            current = self.flood
+        if groups is None:  # a target that cannot read groups: write it, as a modify if it exists
+            try:
+                self.conn.insert_group(flood)
+            except EntryExists:
+                self.conn.modify_group(flood)
+            g_up = []
         else:
-            current = next((g for g in groups if g.group_id == n.FLOOD_GROUP), None)
-        g_up, _ = diff_group(current, flood)
+            g_up, _ = diff_group(next((g for g in groups if g.group_id == n.FLOOD_GROUP), None), flood)
         ops = [*g_up, *upserts, *deletes]
         self._apply(ops, "install forwarding")
         self.forwarding, self.flood = want, flood

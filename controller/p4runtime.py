@@ -451,6 +451,16 @@ class SwitchConnection:
         got = self._read(ent, f"read of {table or 'all tables'}")
         return [self._entry_of(e.table_entry) for e in got if not e.table_entry.is_default_action]
 
+    def read_default_action(self, table: str) -> Entry:
+        """The table's default action, as an Entry with an empty match."""
+        ent = p4runtime_pb2.Entity()
+        ent.table_entry.table_id = self._id(P4Type.table, table)
+        ent.table_entry.is_default_action = True
+        got = self._read(ent, f"read of the default action of {table}")
+        if not got:
+            raise EntryMissing(f"{table}: no default action read back")
+        return self._entry_of(got[0].table_entry)
+
     def read_groups(self, group_id: int = 0) -> list[Group]:
         """One multicast group, or all (group_id 0)."""
         got = self._read(self._group_msg(Group(group_id)), "multicast group read")

@@ -205,6 +205,18 @@ def test_switch_restart_is_restored(switch, topo):
         assert c.jobs[1] == job
 
 
+def test_default_action_and_counter_cells(ctl, topo):
+    conn = ctl.conn
+    assert conn.read_default_action(n.L2_FORWARD).action == "MindpIngress.forwarding.unknown_destination"
+    conn.set_default_action(n.L2_FORWARD, n.FLOOD, {"group": n.FLOOD_GROUP})
+    assert conn.read_default_action(n.L2_FORWARD) == Entry(n.L2_FORWARD, {}, n.FLOOD, {"group": 1})
+    with pytest.raises(SwitchError, match="parameter group missing"):
+        conn.set_default_action(n.L2_FORWARD, n.FLOOD, {})
+    cells = conn.read_counter(n.DROPS)
+    assert len(cells) == n.DROP_CELLS and set(cells.values()) == {(0, 0)}
+    assert conn.read_counter(n.GRAD_PACKETS, 5) == {5: (0, 0)}
+
+
 def test_unreachable_switch_is_one_clear_error():
     addr = f"127.0.0.1:{targets.free_port()}"
     with pytest.raises(SwitchUnreachable, match=f"cannot reach the switch at {addr}"):
