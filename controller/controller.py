@@ -115,6 +115,7 @@ class Controller:
             done.append("pushed the pipeline")
             present_entries, present_groups = [], []
         else:
+            self.conn.check_pipeline()
             present_entries, present_groups = self.conn.read_entries(), self._read_groups() or []
         have = {e.key() for e in present_entries}
         groups = {g.group_id for g in present_groups}
@@ -292,7 +293,12 @@ class Controller:
     def delete_job(self, job_id: int) -> JobState:
         """Remove every entry and the group of a job; its slots are free at once."""
         job = self.job(job_id)
-        self._apply(jobmodel.plan(job, None), f"delete job {job_id}")
+        leftovers = jobmodel.orphan_plan(job_id, self.last_rebuild) if self.last_rebuild else []
+        self._apply([*jobmodel.plan(job, None), *leftovers], f"delete job {job_id}")
+        if leftovers and self.last_rebuild:
+            gone = [op.item for op in leftovers]
+            self.last_rebuild.orphans = [e for e in self.last_rebuild.orphans if e not in gone]
+            self.last_rebuild.orphan_groups = [g for g in self.last_rebuild.orphan_groups if g not in gone]
         del self.jobs[job_id]
         self.pool.release(job_id)
         self.retired_epochs.add(job.epoch)

@@ -449,7 +449,11 @@ class SwitchConnection:
         ent = p4runtime_pb2.Entity()
         ent.table_entry.table_id = self._id(P4Type.table, table) if table else 0
         got = self._read(ent, f"read of {table or 'all tables'}")
-        return [self._entry_of(e.table_entry) for e in got if not e.table_entry.is_default_action]
+        try:
+            return [self._entry_of(e.table_entry) for e in got if not e.table_entry.is_default_action]
+        except KeyError as exc:
+            raise PipelineMismatch(f"the switch at {self.grpc_addr} holds entries with ids not in "
+                                   f"{self.p4info_path} ({exc})") from None
 
     def read_default_action(self, table: str) -> Entry:
         """The table's default action, as an Entry with an empty match."""

@@ -169,6 +169,26 @@ def test_restarted_controller_reconciles_without_touching_running_jobs(switch, t
         assert set(third.jobs) == {1, 3}
 
 
+def test_leftovers_of_a_crashed_create_are_reported_and_cleaned(ctl, topo):
+    from controller.jobs import new_job
+    from controller.slots import SlotPool
+
+    crashed = new_job(topo.jobs[1], topo, {}, SlotPool(), set())
+    for e in crashed.member_entries()[:3]:  # a controller died half way through a create
+        ctl.conn.insert(e)
+    ctl.conn.insert_group(crashed.mcast_group())
+    with Controller(ctl.grpc_addr, election_id=(0, 2), topology=topo) as second:
+        rebuilt = second.reconcile()
+        assert list(rebuilt.jobs) == [] and len(rebuilt.orphans) == 3
+        assert any("job 2, which has no job entry" in p for p in rebuilt.problems)
+        assert [g.group_id for g in rebuilt.orphan_groups] == [258]
+        job = second.create_job(topo.jobs[1])  # removes the leftovers first, then installs
+        assert keyed(job_entries_on_switch(second.conn, 2)) == keyed(job.entries())
+        assert groups(second.conn)[258] == job.mcast_group()
+    with Controller(ctl.grpc_addr, election_id=(0, 3), topology=topo) as third:
+        assert third.reconcile().problems == []
+
+
 def test_workers_replace_add_remove(ctl, topo):
     ctl.create_job(topo.jobs[0])
     job = ctl.replace_worker(1, 1, "spare")
