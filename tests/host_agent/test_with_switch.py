@@ -1,0 +1,191 @@
+"""Worker agents and the optimizer node through the real switch (the embedded switch
+always, BMv2 where installed), configured by the real controller over P4Runtime, on
+veth pairs in namespaces: parameters bit-identical to the reference, also with
+loss, duplicates and reordering, and across a killed and restarted node."""
+import random
+import time
+
+import numpy as np
+import pytest
+
+from controller.controller import Controller
+from host_agent import optim, reference, state
+from host_agent.optim import OptimizerConfig
+from mindp import targets
+from mindp.testbed import Testbed
+from mindp.topology import star
+
+from .harness import NodeProcess, Workers, load_npz, load_stats, node_args, state_rss
+from .helpers import same_bits, small_model, with_nonfinite
+
+pytestmark = pytest.mark.net
+N = 3
+STEPS = 4
+FAULTS = ["--drop-prob", "0.05", "--dup-prob", "0.05", "--reorder-prob", "0.05", "--seed", "3"]
+
+
+def available_targets():
+    return [pytest.param("embedded"),
+            pytest.param("bmv2", marks=pytest.mark.skipif(targets.find_bmv2() is None,
+                                                           reason="BMv2 simple_switch_grpc not installed"))]
+
+
+@pytest.fixture(scope="module")
+def bed():
+    topo = star([N], slots=8)
+    with Testbed("has-") as b:
+        for h in topo.hosts.values():
+            b.add(h)
+        yield b, topo
+
+
+class Fabric:
+    """A switch on the bed's ports with the job installed by the controller."""
+
+    def __init__(self, target, bed_topo, tmp_path, switch_faults=()):
+        b, topo = bed_topo
+        self.bed, self.topo = b, topo
+        cfg = targets.SwitchConfig(ports=b.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
+                                   log_file=str(tmp_path / "switch.log"), thrift_port=targets.free_port(),
+                                   fault_args=list(switch_faults) if target == "embedded" else [])
+        self.switch = targets.SwitchProcess(target, cfg)
+        self.target = target
+
+    def __enter__(self):
+        self.switch.start()
+        try:
+            self.switch.set_queue_depth(1024)
+            self.ctl = Controller(self.switch.cfg.grpc_addr, topology=self.topo)
+            self.ctl.push()
+            self.ctl.install_forwarding()
+            self.ctl.create_job(self.topo.jobs[0])
+        except BaseException:
+            self.switch.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.ctl.close()
+        self.switch.stop()
+
+
+def files(tmp_path, topo, init, steps=STEPS):
+    topo_path = tmp_path / "topo.json"
+    topo.dump(topo_path)
+    init_path = tmp_path / "init.npz"
+    np.savez(init_path, **init)
+    return node_args(topo_path, tmp_path / "state", init_path, steps, tmp_path / "final.npz", tmp_path / "stats.json")
+
+
+@pytest.mark.parametrize("target", available_targets())
+@pytest.mark.parametrize("lossy", [False, True], ids=["clean", "loss-dup-reorder"])
+def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, lossy):
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(21)
+    ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
+    args = files(tmp_path, topo, init)
+    faults = dict(drop=0.05, dup=0.05, reorder=0.05) if lossy else {}
+    if lossy and target == "bmv2":  # BMv2 has no fault injection: the node's own paths lose too
+        args += ["--drop-recv", "0.05", "--drop-send", "0.05", "--dup-send", "0.05", "--reorder-send", "0.05"]
+    with Fabric(target, bed, tmp_path, FAULTS if lossy else ()):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            workers = Workers(b, topo, init, gf, STEPS, **faults).start()
+            workers.join(240)
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+    for w, params in workers.results.items():
+        assert same_bits(params, ref.params), f"worker {w} differs from the reference"
+    assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
+    stats = load_stats(tmp_path / "stats.json")
+    assert stats["applied"] == STEPS * optim.layout_of(init).n_chunks
+    if lossy:
+        totals = workers.totals()
+        assert totals["retransmitted"] > 0 and totals["duplicates"] > 0
+        assert stats.get("resent", 0) > 0
+
+
+@pytest.mark.parametrize("target", available_targets())
+def test_nonfinite_gradient_skips_its_chunk_for_the_step(bed, tmp_path, target):
+    b, topo = bed
+    init = small_model()
+    gf = with_nonfinite(reference.synthetic_grads(23), 1, 2, "w", 3)
+    ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
+    assert len(ref.nonfinite) == 1
+    args = files(tmp_path, topo, init)
+    with Fabric(target, bed, tmp_path):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            workers = Workers(b, topo, init, gf, STEPS).start()
+            workers.join(240)
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+    for params in workers.results.values():
+        assert same_bits(params, ref.params)
+    stats = load_stats(tmp_path / "stats.json")
+    assert [tuple(x) for x in stats["nonfinite"]] == ref.nonfinite  # the hook saw the switch's flag
+
+
+@pytest.mark.parametrize("target", available_targets())
+def test_killed_and_restarted_node_through_the_switch(bed, tmp_path, target):
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(22)
+    ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
+    args = files(tmp_path, topo, init)
+    rng = random.Random(5)
+    with Fabric(target, bed, tmp_path):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            workers = Workers(b, topo, init, gf, STEPS).start()
+            for kill_after in (1, 2):
+                workers.wait_step(kill_after)
+                time.sleep(rng.uniform(0, 0.05))
+                node.kill()
+                time.sleep(0.3)
+                node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+            workers.join(240)
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+    for params in workers.results.values():
+        assert same_bits(params, ref.params)
+    assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
+
+
+@pytest.mark.parametrize("target", available_targets())
+def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
+    """State ten times the budget, one step through the switch: the node's state mappings never
+    hold more than the budget, and the process never grows by the state's size."""
+    b, topo = bed
+    budget = 512 << 10
+    init = {"big": np.random.default_rng(3).standard_normal(230_000).astype(np.float32) * 0.1}
+    lay = optim.layout_of(init)
+    state_bytes = 2 * lay.n_chunks * state.RECORD.itemsize
+    assert state_bytes >= 10 * budget
+    cfg = OptimizerConfig()
+    state.create(tmp_path / "state", lay, state.init_pieces(lay, init), cfg, page_chunks=32)
+    gf = reference.synthetic_grads(4)
+    ref = reference.train(init, gf, N, 1, cfg)
+    args = files(tmp_path, topo, init, steps=1)
+    args[args.index("--ram-budget") + 1] = str(budget)
+    samples = []
+    with Fabric(target, bed, tmp_path):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            workers = Workers(b, topo, init, gf, 1).start()
+            while any(t.is_alive() for t in workers.threads):
+                samples.append(state_rss(node.child_pid()))
+                time.sleep(0.02)
+            workers.join(240)
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+    for params in workers.results.values():
+        assert same_bits(params, ref.params)
+    stats = load_stats(tmp_path / "stats.json")
+    assert max(samples) <= budget + stats["page_bytes"]
+    assert (stats["vm_hwm_kb"] - stats["rss_start_kb"]) * 1024 < state_bytes / 2
