@@ -126,16 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     from .ports import Port, PortError
 
     engine = Engine()
-    if args.json:
-        try:
-            with open(args.json, "rb") as fh:
-                engine.load(compiler.load(fh.read(), args.drop_port))
-        except OSError as exc:
-            print(f"mindp-softswitch: cannot read {args.json}: {exc.strerror}", file=sys.stderr)
-            return 1
-        except ProgramError as exc:
-            print(f"mindp-softswitch: {args.json}: {exc}", file=sys.stderr)
-            return 1
+    if args.json and not os.path.isfile(args.json):
+        print(f"mindp-softswitch: cannot read {args.json}: no such file", file=sys.stderr)
+        return 1
     if args.pcap:
         os.makedirs(args.pcap, exist_ok=True)
     ports = {}
@@ -153,7 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, RuntimeError) as exc:
         print(f"mindp-softswitch: gRPC: {exc}", file=sys.stderr)
         return 1
-    server.start()
+    server.start()  # listening before the JSON is compiled: ready fast
+    if args.json:
+        try:
+            with open(args.json, "rb") as fh:
+                program = compiler.load(fh.read(), args.drop_port)
+        except (OSError, ProgramError) as exc:
+            server.stop()
+            print(f"mindp-softswitch: {args.json}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
+            return 1
+        with service.lock:
+            if service.pipeline is None:  # a controller may have pushed one meanwhile: it wins
+                engine.load(program)
     signal.signal(signal.SIGTERM, lambda *_: dp.stop())
     signal.signal(signal.SIGINT, lambda *_: dp.stop())
     log.info("ready: gRPC %s, device %d, ports %s%s", args.grpc_server_addr, args.device_id,
