@@ -83,12 +83,14 @@ def sums_for(layout: Layout, nworkers: int, seed: int = 0) -> np.ndarray:
     return rng.integers(-(1 << 20), 1 << 20, size=(layout.n_chunks, K), dtype=np.int64)
 
 
-def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int = 2, batch: int = 256) -> float:
-    """Elements/s of NodeCore.handle over whole steps, sums arriving in chunk order in batches."""
+def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int = 2, batch: int = 1024,
+              page_chunks: int = state.DEFAULT_PAGE_CHUNKS) -> float:
+    """Elements/s of NodeCore.handle over whole steps (commits included), sums arriving in chunk
+    order in batches of the node's receive batch size."""
     layout = Layout([TensorSpec("p", (elements,))])
     cfg = OptimizerConfig()
     d = tmp / f"state-{budget}"
-    state.create(d, layout, state.init_pieces(layout, seed=0), cfg)
+    state.create(d, layout, state.init_pieces(layout, seed=0), cfg, page_chunks)
     state_bytes = 2 * layout.n_chunks * state.RECORD.itemsize
     store = state.Store(d, budget or 2 * state_bytes, drop_cache=budget is not None)
     core = node.NodeCore(store, 1, 2, 64)
@@ -162,8 +164,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", type=int, default=100_000, help="chunks per step for the send-rate figure")
     ap.add_argument("--elements", type=int, default=4_000_000, help="model size for the in-RAM figure")
-    ap.add_argument("--ooc-elements", type=int, default=2_000_000, help="model size for the out-of-core figure")
+    ap.add_argument("--ooc-elements", type=int, default=4_000_000, help="model size for the out-of-core figure")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
+    ap.add_argument("--page-chunks", type=int, default=2048, help="pager page size in chunks (out of core)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/agents.py: needs root (raw sockets, veths)", file=sys.stderr)
@@ -173,12 +176,17 @@ def main() -> int:
         worker, bare = send_rates(args.chunks)
         print(f"worker send      {worker:12,.0f} pkt/s   bare raw-socket loop {bare:12,.0f} pkt/s   "
               f"ratio {worker / bare:.2f}")
-        in_ram = node_rate(tmp, args.elements, None)
+        shm = pathlib.Path("/dev/shm")
+        ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
+        try:
+            in_ram = node_rate(ram_dir, args.elements, None)  # state on tmpfs: durability costs nothing
+        finally:
+            shutil.rmtree(ram_dir, ignore_errors=True)
         name, base = baseline_rate(args.elements)
         print(f"node in RAM      {in_ram:12,.0f} elem/s  {name} {base:12,.0f} elem/s   ratio {in_ram / base:.3f}")
         state_bytes = 2 * (-(-args.ooc_elements // K)) * state.RECORD.itemsize
         budget = state_bytes // 10
-        ooc = node_rate(tmp, args.ooc_elements, budget)
+        ooc = node_rate(tmp, args.ooc_elements, budget, page_chunks=args.page_chunks)
         moved = ooc * 2 * state.RECORD.itemsize / K  # each element: its record read from one copy, written to the other
         disk = disk_bandwidth(tmp, max(64 << 20, state_bytes))
         print(f"node out of core {ooc:12,.0f} elem/s  ({moved / 2**20:,.0f} MiB/s of state, budget "

@@ -89,19 +89,20 @@ class NodeCore:
         self.stats["sums"] += len(headers)
         ok = self._valid(headers)
         cur = self.store.current
-        applied = self.store.applied
-        apply: dict[int, int] = {}  # chunk -> row of its sum
-        resend: list[int] = []  # rows answered from stored parameters
-        for i in np.flatnonzero(ok):
-            s, c = int(headers["step"][i]), int(headers["chunk"][i])
-            if s == cur and not applied[c] and c not in apply:
-                apply[c] = i
-            elif s == cur or s == cur - 1:
-                resend.append(i)
-            elif s < cur:
-                self.stats["stale"] += 1
-            else:
-                self.stats["future"] += 1
+        idx = np.flatnonzero(ok)
+        steps = headers["step"][idx].astype(np.int64)
+        chunks = headers["chunk"][idx].astype(np.int64)
+        fresh = (steps == cur) & ~self.store.applied[chunks]
+        # The first sum of each fresh chunk is applied; any other sum of this or the last step is
+        # a duplicate, answered from the stored parameters.
+        uniq, first = np.unique(chunks[fresh], return_index=True)
+        apply_rows = idx[fresh][first]
+        answer = (steps == cur) | (steps == cur - 1)
+        answer[np.flatnonzero(fresh)[first]] = False
+        resend = idx[answer].tolist()
+        self.stats["stale"] += int((steps < cur - 1).sum())
+        self.stats["future"] += int((steps > cur).sum())
+        apply = dict(zip(uniq.tolist(), apply_rows.tolist()))
         out_rows: list[int] = []
         out_vals: list[np.ndarray] = []
         if apply:
@@ -127,8 +128,8 @@ class NodeCore:
         hdr["nworkers"] = 0
         hdr["worker"] = 0
         hdr["kind"] = Kind.PARAM
-        nxt = self.store.current
-        self.store.prefetch_from(int(max(apply)) + 1 if apply and nxt == cur else 0)
+        if apply:
+            self.store.prefetch_from(0 if self.store.current != cur else int(uniq[-1]) + 1)
         return hdr, np.concatenate(out_vals)
 
     def _apply(self, step: int, chunks: np.ndarray, headers: np.ndarray, sums: np.ndarray) -> np.ndarray:

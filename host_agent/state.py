@@ -146,6 +146,7 @@ class Store:
         files = [MappedFile(d / f"state{i}.bin", RECORD, padded) for i in (0, 1)]
         self.pager = Pager(files, page_chunks * RECORD.itemsize, budget_bytes, drop_cache=drop_cache,
                            prefetch=prefetch)
+        self._hinted = (None, None)
         self._open_progress(n)
 
     # --- progress of the current step ------------------------------------------
@@ -200,6 +201,9 @@ class Store:
         step = self.current
         src, dst = self.copy_after(step - 1), self.copy_after(step)
         first = chunk // self.page_chunks
+        if (step, first) == self._hinted:
+            return
+        self._hinted = (step, first)
         last = (self.n_chunks - 1) // self.page_chunks
         wants = []
         for page in range(first, min(last, first + self.pager.max_pages // 4) + 1):

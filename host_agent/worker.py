@@ -119,16 +119,19 @@ class Window:
 
     def due(self, now: float) -> tuple[list[int], list[int]]:
         """(chunks to send for the first time, chunks to send again), marked as sent now."""
-        new = []
-        c = self.next_new
-        while c < self.n and self.ready[c] and (c < self.slots or self.done[c - self.slots]):
-            if not self.done[c]:
-                new.append(c)
-                self.attempts[c] = 1
-                self.first_sent[c] = now
-                self.outstanding[c] = now + self.rtt.backoff(1)
-            c += 1
-        self.next_new = c
+        c0 = self.next_new
+        new: list[int] = []
+        if c0 < self.n and self.ready[c0]:
+            # Only [c0, c0 + slots) can be allowed: beyond, the slot's previous chunk is unsent.
+            c = np.arange(c0, min(self.n, c0 + self.slots))
+            ok = self.ready[c] & ((c < self.slots) | self.done[np.maximum(c - self.slots, 0)])
+            stop = len(ok) if ok.all() else int(np.argmin(ok))
+            sel = c[:stop][~self.done[c[:stop]]]
+            self.attempts[sel] = 1
+            self.first_sent[sel] = now
+            new = sel.tolist()
+            self.outstanding.update(dict.fromkeys(new, now + self.rtt.backoff(1)))
+            self.next_new = c0 + stop
         again = [c for c, exp in self.outstanding.items() if exp <= now]
         if again:
             self.rtt.on_timeout(now)
