@@ -308,7 +308,7 @@ class Run:
                 "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path),
                 "--job", str(job.job_id), "--state-dir", str(jf.dir / "optimizer-state"),
                 "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
-                "--weight-decay", str(self.opt.weight_decay), "--steps", str(self.cfg.steps), "--linger", "1",
+                "--weight-decay", str(self.opt.weight_decay),
                 "--export", str(jf.master_path), "--stats", str(jf.opt_stats_path),
                 *self._faults(opt_host.port)]))
         self.optimizers = optimizers
@@ -339,7 +339,7 @@ class Run:
                            f"see {self.logs / 'switch.log'}")
         for hp in [*self.workers, *self.optimizers]:
             rc = hp.proc.poll()
-            if rc not in (None, 0):
+            if rc not in (None, 0) or (rc == 0 and hp in self.optimizers):  # a node serves until told to stop
                 raise RunError(f"{hp.name} failed (exit {rc}): {hp.last_error() or 'no message'}; see {hp.log}")
 
     def train(self) -> tuple[Progress, float]:
@@ -367,12 +367,16 @@ class Run:
             time.sleep(0.2)
         wall = progress.training_seconds() or (time.monotonic() - t0)
         say(("\r" if tty else "") + progress.bar() + ("\x1b[K" if tty else ""))
-        deadline = time.monotonic() + 30
+        # The nodes serve until every worker has every parameter (a late PARAM loss is answered
+        # by resending): only now are they told to stop; they export their state on SIGTERM.
         for hp in self.optimizers:
-            while hp.proc.poll() is None:
-                if time.monotonic() > deadline:
-                    raise RunError(f"{hp.name} did not finish after the last step; see {hp.log}")
-                time.sleep(0.05)
+            if hp.proc.poll() is None:
+                hp.proc.send_signal(signal.SIGTERM)
+        for hp in self.optimizers:
+            try:
+                hp.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                raise RunError(f"{hp.name} did not stop after the last step; see {hp.log}") from None
             if hp.proc.returncode != 0:
                 raise RunError(f"{hp.name} failed (exit {hp.proc.returncode}): {hp.last_error()}; see {hp.log}")
         return progress, wall

@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--eval", action="store_true", help="evaluate after every step (worker 0)")
     p.add_argument("--deadline", type=float, default=RtoConfig.deadline)
+    # A slot completes only when every worker's chunk is in, so one worker's round trip includes the
+    # others' queueing and recovery: a 20 ms floor retransmits spuriously behind a software switch,
+    # and an uncapped RTO grows with the slowest worker's back-off under loss.
+    p.add_argument("--rto-min", type=float, default=0.1, help="retransmission timeout floor (s)")
+    p.add_argument("--rto-max", type=float, default=0.5, help="retransmission timeout cap (s)")
     p.add_argument("--out", required=True, help="final fp16 parameters (.npz)")
     p.add_argument("--drop-send", type=float, default=0.0)
     p.add_argument("--drop-recv", type=float, default=0.0)
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         init = optim.load_npz(args.init)
         layout = optim.layout_of(init)
         cfg = WorkerConfig.from_topology(Topology.load(args.topology), args.job, args.worker,
-                                         rto=RtoConfig(deadline=args.deadline))
+                                         rto=RtoConfig(min=args.rto_min, max=args.rto_max, deadline=args.deadline))
         faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) \
             if (args.drop_send or args.drop_recv) else None
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults)
