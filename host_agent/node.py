@@ -255,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--steps", type=int, help="exit after this many steps are committed (and late resends settle)")
     p.add_argument("--linger", type=float, default=2.0, help="seconds of quiet after the last step before exiting")
+    p.add_argument("--idle-timeout", type=float, help="exit after this many seconds without a sum")
     p.add_argument("--export", help="write the final master parameters to this .npz")
     p.add_argument("--stats", help="write counters as JSON here at exit")
     p.add_argument("--drop-recv", type=float, default=0.0, help="test loss injection on received sums")
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
           f"resuming after step {store.committed} ({store.resumed_chunks} chunks of the next step applied)",
           flush=True)
     try:
-        node.serve(args.steps, args.linger)
+        node.serve(args.steps, args.linger, args.idle_timeout)
     except KeyboardInterrupt:
         pass
     stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pager.stats.peak_pages,

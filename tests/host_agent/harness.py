@@ -60,13 +60,15 @@ class NodeProcess:
 def node_args(topo_path, state_dir, init_path, steps, export, stats, budget="8M", extra=()) -> list[str]:
     return ["--iface", "eth0", "--topology", str(topo_path), "--job", "1", "--state-dir", str(state_dir),
             "--ram-budget", budget, "--init", str(init_path), "--steps", str(steps), "--export", str(export),
-            "--stats", str(stats), "--page-chunks", "32", "--linger", "1.5", *extra]
+            "--stats", str(stats), "--page-chunks", "32", "--linger", "1.5", "--idle-timeout", "60", *extra]
 
 
 class Workers:
     """One thread per worker, each pushing `steps` steps of grad_fn's gradients."""
 
-    def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, dup=0.0, reorder=0.0, rto=None):
+    def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, dup=0.0, reorder=0.0, rto=None,
+                 overlap=False):
+        self.overlap = overlap
         self.layout = optim.layout_of(init)
         self.results: dict[int, dict] = {}
         self.errors: dict[int, BaseException] = {}
@@ -87,7 +89,15 @@ class Workers:
         params = initial_fp16(init)
         try:
             for step in range(steps):
-                params = self.agents[w].push(grad_fn(w, step, params))
+                grads = grad_fn(w, step, params)
+                if self.overlap:  # as a backward pass produces them: last layer first, sending meanwhile
+                    h = self.agents[w].start_step()
+                    for name in reversed(list(grads)):
+                        h.put(name, grads[name])
+                        time.sleep(0.002)
+                    params = h.wait()
+                else:
+                    params = self.agents[w].push(grads)
                 self.progress[w] = step + 1
             self.results[w] = params
         except BaseException as exc:  # reported by join()

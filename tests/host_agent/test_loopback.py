@@ -12,6 +12,10 @@ from host_agent.optim import OptimizerConfig
 from mindp.testbed import Testbed
 from mindp.topology import star
 
+from host_agent.worker import RtoConfig, StepTimeout
+from mindp import codec
+from mindp.protocol import K, Kind
+
 from .aggregator import Aggregator
 from .harness import NodeProcess, Workers, load_npz, load_stats, node_args
 from .helpers import same_bits, small_model
@@ -45,9 +49,20 @@ def aggregator(bed_topo, **faults):
     return Aggregator(job.job_id, workers, topo.host(job.optimizer), b.ports(), **faults)
 
 
-@pytest.mark.parametrize("faults", [{}, dict(drop=0.05, dup=0.05, reorder=0.05, seed=1)],
-                         ids=["clean", "loss-dup-reorder"])
-def test_workers_and_node_match_reference(bed, tmp_path, faults):
+def junk_frames(topo) -> list[bytes]:
+    """Frames the node must count and ignore: truncated, a GRAD, a SUM of another job, a bad count."""
+    opt, w = topo.host("opt1"), topo.host("w1_0")
+    addrs = codec.Addresses(w.mac, opt.mac, w.ip, opt.ip)
+    grad = codec.encode_tensor(Kind.GRAD, np.ones(K), addrs, job=1)[0].tobytes()
+    other = codec.encode_tensor(Kind.SUM, np.ones(K), addrs, job=7, nworkers=N)[0].tobytes()
+    bad_count = codec.encode(Kind.SUM, codec.header_array(1, job=1, nworkers=N, count=3), np.ones((1, K)),
+                             addrs)[0].tobytes()
+    return [grad[:40], grad, other, bad_count]
+
+
+@pytest.mark.parametrize("faults,overlap", [({}, False), (dict(drop=0.05, dup=0.05, reorder=0.05, seed=1), False),
+                                            ({}, True)], ids=["clean", "loss-dup-reorder", "overlapped"])
+def test_workers_and_node_match_reference(bed, tmp_path, faults, overlap):
     b, topo = bed
     init = small_model()
     gf = reference.synthetic_grads(11)
@@ -56,7 +71,9 @@ def test_workers_and_node_match_reference(bed, tmp_path, faults):
     with aggregator(bed, **faults) as agg:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
-            workers = Workers(b, topo, init, gf, STEPS, drop=faults.get("drop", 0.0)).start()
+            for frame in junk_frames(topo):
+                agg.socks[topo.host("opt1").port].send(frame)
+            workers = Workers(b, topo, init, gf, STEPS, drop=faults.get("drop", 0.0), overlap=overlap).start()
             workers.join()
             assert node.wait(30) == 0
         finally:
@@ -67,6 +84,8 @@ def test_workers_and_node_match_reference(bed, tmp_path, faults):
     stats = load_stats(tmp_path / "stats.json")
     n_chunks = optim.layout_of(init).n_chunks
     assert stats["applied"] == STEPS * n_chunks and stats["committed"] == STEPS - 1
+    assert stats["rejected_length"] >= 2  # the truncated frame and the GRAD frame
+    assert stats["rejected_job"] >= 1 and stats["rejected_count"] >= 1
     totals = workers.totals()
     assert totals["params_received"] == N * STEPS * n_chunks
     if faults:
@@ -102,3 +121,21 @@ def test_killed_and_restarted_node_ends_bit_identical(bed, tmp_path):
     assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
     assert agg.stats["resent_sums"] > 0  # the gap was filled by retransmissions
 
+
+
+def test_worker_without_optimizer_fails_the_step_naming_missing_chunks(bed):
+    """No optimizer node: sums go nowhere; the worker gives up after its deadline, with the chunks."""
+    b, topo = bed
+    init = small_model()
+    with aggregator(bed):
+        workers = Workers(b, topo, init, reference.synthetic_grads(1), 1,
+                          rto=RtoConfig(initial=0.05, max=0.2, deadline=1.0))
+        workers.start()
+        t = time.monotonic()
+        with pytest.raises(StepTimeout) as err:
+            workers.join(30)
+    assert time.monotonic() - t < 10
+    n = optim.layout_of(init).n_chunks
+    assert err.value.missing == list(range(n)) and f"{n} chunk(s)" in str(err.value)
+    for a in workers.agents.values():
+        assert a.stats["failed_steps"] == 1 and a.stats["retransmitted"] > 0

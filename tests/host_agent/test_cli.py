@@ -1,0 +1,85 @@
+"""The console entry points: bad input is one clear line and a non-zero exit, never a traceback;
+a state directory is never overwritten or reinterpreted."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from host_agent import optim, state
+from host_agent.optim import OptimizerConfig
+
+from .helpers import small_model
+
+
+def run(module, *args):
+    p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def one_line_error(code, err, prog, needle):
+    assert code != 0
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(prog) or "usage:" in err, err
+    assert needle in err, err
+
+
+@pytest.fixture
+def files(tmp_path):
+    init = tmp_path / "init.npz"
+    np.savez(init, **small_model())
+    layout = tmp_path / "layout.json"
+    layout.write_text(json.dumps([["a", [10, 3]], ["b", [7]]]))
+    return tmp_path, init, layout
+
+
+EXPLICIT = ["--workers", "2", "--slots", "8", "--mac", "02:00:00:00:00:09", "--ip", "10.0.0.9"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--state-dir", "S"], "without --topology, give --workers --slots --mac --ip"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "seed:x", "--layout", "L"], "bad --init"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "seed:1"], "needs --layout"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "missing.npz"], "cannot read parameters"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--ram-budget", "4k"], "need >= 4"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--ram-budget", "lots"], "bad size"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--lr", "-1"], "learning rate"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--iface", "ha-nosuch0"], "ha-nosuch0"),
+    (["--state-dir", "S", "--topology", "nosuch.json"], "cannot read topology"),
+])
+def test_optimizer_cli_bad_input(files, args, needle):
+    tmp, init, layout = files
+    subst = {"S": str(tmp / "state"), "I": str(init), "L": str(layout)}
+    code, _, err = run("host_agent.node", *[subst.get(a, a) for a in args])
+    one_line_error(code, err, "mindp-optimizer", needle)
+
+
+def test_optimizer_refuses_a_state_dir_made_for_another_optimizer(files):
+    tmp, init, _ = files
+    arrays = small_model()
+    lay = optim.layout_of(arrays)
+    state.create(tmp / "state", lay, state.init_pieces(lay, arrays), OptimizerConfig(kind="sgd"))
+    before = (tmp / "state" / "state0.bin").read_bytes()
+    code, _, err = run("host_agent.node", "--state-dir", str(tmp / "state"), *EXPLICIT, "--init", str(init))
+    one_line_error(code, err, "mindp-optimizer", "was created with")
+    assert (tmp / "state" / "state0.bin").read_bytes() == before
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "without --topology, give --slots --mac --ip --opt-mac --opt-ip"),
+    (["--layout", "nosuch.json"], "cannot read layout"),
+    (["--init", "I", "--slots", "0", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
+      "02:00:00:00:00:02", "--opt-ip", "10.0.0.2"], "slots must be >= 1"),
+    (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
+      "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--iface", "ha-nosuch0"], "ha-nosuch0"),
+    (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
+      "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--drop-send", "1.5"], "probability"),
+])
+def test_worker_cli_bad_input(files, args, needle):
+    tmp, init, layout = files
+    subst = {"I": str(init)}
+    code, _, err = run("host_agent.worker", "--worker", "0", "--layout", str(layout),
+                       *[subst.get(a, a) for a in args])
+    one_line_error(code, err, "mindp-worker", needle)
