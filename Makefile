@@ -39,12 +39,17 @@ $(STAMP_PIP): $(STAMP_APT) pyproject.toml
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-run: setup
-	$(PY) -m mininet_topos.run --target $(TARGET) --workers $(WORKERS) --steps $(STEPS) \
+# Root first: otherwise setup's apt-get would fail with its own, less helpful, message.
+run:
+	@[ "$$(id -u)" = 0 ] || { echo "make run: must run as root (Mininet needs network namespaces): sudo make run" >&2; exit 1; }
+	@$(MAKE) -s --no-print-directory setup
+	@$(PY) -m mininet_topos.run --target $(TARGET) --workers $(WORKERS) --steps $(STEPS) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP)
 
-stop: setup
-	$(PY) -m mininet_topos.stop
+stop:
+	@[ "$$(id -u)" = 0 ] || { echo "make stop: must run as root (the run's processes and interfaces are root's)" >&2; exit 1; }
+	@$(MAKE) -s --no-print-directory setup
+	@$(PY) -m mininet_topos.stop
 
 p4: setup
 	$(PY) -m p4src.artifacts compile
