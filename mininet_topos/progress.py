@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import time
 from dataclasses import dataclass, field
 
 
@@ -30,13 +29,12 @@ class WorkerProgress:
 
 
 class Progress:
-    def __init__(self, jobs: dict[int, int], steps: int, clock=time.monotonic):
+    def __init__(self, jobs: dict[int, int], steps: int):
         """jobs: job id -> worker count."""
         self.steps = steps
-        self.clock = clock
+        self.last_t = 0.0  # latest worker clock seen: rates use the workers' time, not when we read
         self.workers = {(j, w): WorkerProgress() for j, n in jobs.items() for w in range(n)}
         self.curves = {j: Curve() for j in jobs}
-        self.t0: float | None = None  # first step line seen
         self.samples: list[tuple[float, int, int]] = []  # (time, steps done, packets), for rates
         self.bad_lines = 0
 
@@ -51,6 +49,8 @@ class Progress:
         except (ValueError, KeyError, TypeError):
             self.bad_lines += 1
             return
+        if "t" in rec:
+            self.last_t = max(self.last_t, float(rec["t"]))
         if rec.get("ev") == "step":
             if wp.ready_t is None and "t" in rec:
                 wp.ready_t = float(rec["t"])
@@ -61,8 +61,6 @@ class Progress:
                 c.steps.append(int(rec["step"]))
                 c.loss.append(float(rec["loss"]))
                 c.acc.append(float(rec["acc"]))
-            if self.t0 is None:
-                self.t0 = self.clock()
         elif rec.get("ev") == "done":
             wp.done = rec
             stats = rec.get("stats", {})
@@ -93,8 +91,8 @@ class Progress:
         return all(wp.done is not None for wp in self.workers.values())
 
     def rates(self, window: float = 3.0) -> tuple[float, float]:
-        """(steps/s, packets/s) over the last `window` seconds."""
-        now = self.clock()
+        """(steps/s, packets/s) over the last `window` seconds of the workers' clocks."""
+        now = self.last_t
         self.samples.append((now, self.step, self.packets))
         while len(self.samples) > 2 and now - self.samples[1][0] >= window:
             self.samples.pop(0)

@@ -20,6 +20,7 @@ import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import pathlib  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
@@ -240,6 +241,7 @@ class Run:
         from . import net as mnet
 
         setLogLevel("error")
+        logging.getLogger("mininet").propagate = False  # printed once, by Mininet's own handler
         self.state.add_interfaces(mnet.interfaces(self.topo))
         pcaps = None
         if self.cfg.pcap:
@@ -468,7 +470,9 @@ def execute(cfg: config.RunConfig, args) -> int:
             f"curve: {run_dir / 'curve.png'}")
         if sys.stdin.isatty() and sys.stdout.isatty() and not args.no_cli:
             from mininet.cli import CLI
+            from mininet.log import setLogLevel
 
+            setLogLevel("output")  # the CLI's own replies (pingall, ...) are at this level
             say("Mininet CLI (the network stays up; 'exit' ends the run and cleans up)")
             CLI(run.net)
         return 0 if exact else 1

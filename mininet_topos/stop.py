@@ -9,6 +9,7 @@ name. Safe to run twice and after a crash.
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import signal
 import sys
@@ -46,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mininet_topos.stop", description=__doc__.split("\n\n")[0])
     p.add_argument("--state-file", default=str(DEFAULT_PATH))
     args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("make stop: must run as root (the run's processes and interfaces are root's)", file=sys.stderr)
+        return 1
     print(f"make stop: {stop(pathlib.Path(args.state_file))}")
     return 0
 

@@ -4,21 +4,12 @@ import json
 from mininet_topos.progress import LogTail, Progress
 
 
-class Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
-
-
 def line(**kw):
     return json.dumps({"ev": "step", **kw})
 
 
 def test_step_is_the_slowest_worker_and_curves_come_from_evaluating_workers():
-    clock = Clock()
-    p = Progress({1: 2, 2: 1}, steps=10, clock=clock)
+    p = Progress({1: 2, 2: 1}, steps=10)
     assert p.step == 0
     p.feed(line(job=1, worker=0, step=-1, sent=0, retx=0, loss=2.5, acc=0.1))
     p.feed(line(job=1, worker=0, step=0, sent=10, retx=1, loss=2.0, acc=0.3))
@@ -36,12 +27,11 @@ def test_step_is_the_slowest_worker_and_curves_come_from_evaluating_workers():
     assert p.all_done() and p.retransmissions == 9
 
 
-def test_rates_and_bar():
-    clock = Clock()
-    p = Progress({1: 1}, steps=4, clock=clock)
+def test_rates_use_the_workers_clock_and_bar():
+    p = Progress({1: 1}, steps=4)
+    p.feed(line(job=1, worker=0, step=-1, sent=0, retx=0, t=100.0))
     p.rates()
-    p.feed(line(job=1, worker=0, step=1, sent=500, retx=0, loss=1.0, acc=0.5))
-    clock.t += 2.0
+    p.feed(line(job=1, worker=0, step=1, sent=500, retx=0, loss=1.0, acc=0.5, t=102.0))
     steps_s, pkts_s = p.rates()
     assert steps_s == 1.0 and pkts_s == 250.0
     bar = p.bar(width=8)
