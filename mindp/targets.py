@@ -142,8 +142,11 @@ class SwitchProcess:
         if not cli:
             raise TargetError("simple_switch_CLI not found: cannot set BMv2 queue depth")
         port = self.cfg.thrift_port or 9090
+        # The CLI is a Python script that needs `thrift`: run it with our interpreter (the venv sees
+        # Debian's python3-thrift), not whichever python3 comes first on PATH.
         proc = subprocess.run(
-            [cli, "--thrift-port", str(port)], input=f"set_queue_depth {depth}\n", capture_output=True, text=True, timeout=30
+            [sys.executable, cli, "--thrift-port", str(port)], input=f"set_queue_depth {depth}\n",
+            capture_output=True, text=True, timeout=30
         )
         if proc.returncode != 0:
             raise TargetError(f"set_queue_depth failed: {proc.stderr.strip() or proc.stdout.strip()}")
