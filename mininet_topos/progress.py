@@ -108,7 +108,8 @@ class Progress:
         return sum(x for x, _ in last) / len(last), sum(a for _, a in last) / len(last)
 
     def bar(self, width: int = 24) -> str:
-        steps_s, pkts_s = self.rates()
+        total = self.training_seconds()
+        steps_s, pkts_s = (self.steps / total, self.packets / total) if total else self.rates()
         done = self.step
         filled = int(width * done / self.steps) if self.steps else width
         loss, acc = self.latest()

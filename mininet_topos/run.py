@@ -58,6 +58,12 @@ def _raise_stopped(signum, frame):
     raise Stopped(signal.Signals(signum).name)
 
 
+def one_line(text: str) -> str:
+    """The last non-empty line of a message (a tool's traceback ends with its cause)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
 def say(msg: str = "") -> None:
     print(msg, flush=True)
 
@@ -261,12 +267,12 @@ class Run:
         try:
             self.net.start()
         except targets.TargetError as exc:
-            raise RunError(f"{exc}") from None
+            raise RunError(one_line(str(exc))) from None
         if self.target == "bmv2":
             try:
                 self.switch.process.set_queue_depth(1024)
             except (targets.TargetError, subprocess.TimeoutExpired) as exc:
-                raise RunError(f"BMv2 queue depth: {exc}; see {self.logs / 'switch.log'}") from None
+                raise RunError(f"BMv2 queue depth: {one_line(str(exc))}; see {self.logs / 'switch.log'}") from None
 
     def configure(self, json_path: pathlib.Path, p4info: pathlib.Path) -> None:
         """Pipeline, forwarding and jobs, over P4Runtime, from the same topology data."""
@@ -281,7 +287,7 @@ class Run:
                 self.ctl.create_job(job, self.topo)
         except Exception as exc:  # the controller's errors carry P4Runtime's message
             log.write_text(f"{type(exc).__name__}: {exc}\n")
-            raise RunError(f"controller: {exc}; see {log}") from None
+            raise RunError(f"controller: {one_line(str(exc))}; see {log}") from None
 
     def _popen(self, host_name: str, name: str, args: list[str]) -> HostProc:
         host = self.net.get(host_name)
