@@ -28,6 +28,7 @@ class JobResult:
     max_abs_param_diff_vs_reference: float  # over workers' fp16 params and the node's fp32 master
     packets_sent: int
     retransmissions: int
+    switch_counters: dict | None = None  # the job's P4 counters, read by the controller after the run
 
 
 def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:

@@ -391,7 +391,18 @@ class Run:
 
     # -- results --
 
+    def switch_counters(self) -> dict[int, dict]:
+        """Each job's P4 counters (packets, completions, duplicates, drops by reason), via the controller."""
+        try:
+            snap = self.ctl.stats()
+        except Exception as exc:  # counters are informative: a failed read is reported, not fatal
+            say(f"  (switch counters not read: {one_line(str(exc))})")
+            return {}
+        (self.dir / "switch-counters.json").write_text(json.dumps(snap.to_dict(), indent=1) + "\n")
+        return {j: c.to_dict() for j, c in snap.jobs.items()}
+
     def results(self, progress: Progress) -> list[results.JobResult]:
+        counters = self.switch_counters()
         out = []
         for jf in self.jobs:
             j = jf.job.job_id
@@ -414,7 +425,8 @@ class Run:
                 reference_final_loss=workload.evaluate(ref.params, data.x_train, data.y_train)[0],
                 max_abs_param_diff_vs_reference=diff,
                 packets_sent=sum(w.sent + w.retx for w in ws) + int(opt_stats.get("params_sent", 0)),
-                retransmissions=sum(w.retx for w in ws) + int(opt_stats.get("resent", 0))))
+                retransmissions=sum(w.retx for w in ws) + int(opt_stats.get("resent", 0)),
+                switch_counters=counters.get(j)))
         return out
 
     # -- teardown --

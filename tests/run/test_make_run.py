@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from mindp import targets, topology
+from host_agent import optim
+from mindp import targets, topology, workload
 from mininet_topos.runstate import RunState
 
 pytestmark = pytest.mark.net
@@ -108,8 +109,11 @@ def check_summary(s: dict, target: str, workers: int, steps: int, jobs: int = 1)
     assert (s["target"], s["workers"], s["steps"], s["jobs"]) == (target, workers, steps, jobs)
     assert s["max_abs_param_diff_vs_reference"] == 0.0
     assert len(s["per_job"]) == jobs
+    n_chunks = optim.layout_of(workload.init_params(workload.WorkloadConfig(n_workers=workers))).n_chunks
     for j in s["per_job"]:
         assert j["max_abs_param_diff_vs_reference"] == 0.0
+        # The switch completed every chunk of every step exactly once (resends are counted apart).
+        assert j["switch_counters"]["completions"] == steps * n_chunks
         assert j["final_loss"] < 0.9 * j["initial_loss"]
         assert j["final_loss"] == pytest.approx(j["reference_final_loss"], abs=0.0)
     # Each worker sends at least one gradient frame per chunk per step.
@@ -222,6 +226,15 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
     assert "already in use" in run.err and len(run.err.strip().splitlines()) == 1
     assert not run.runs.exists()
     assert_clean(run)
+
+
+@needs_root
+def test_a_missing_tool_is_named(tmp_path):
+    run = Run(tmp_path, "--target", "embedded")
+    run.cmd = ["env", "PATH=/nonexistent", *run.cmd]
+    assert run.run(60) == 1
+    assert run.err.strip() == "make run: mnexec not found: install the Debian package mininet (make setup does)"
+    assert not run.runs.exists()
 
 
 @needs_root
