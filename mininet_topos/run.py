@@ -27,6 +27,7 @@ import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import traceback  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -517,6 +518,14 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, Stopped) as exc:
         print(f"\nmake run: stopped ({exc or 'interrupted'}); everything it started is cleaned up", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: cleaned up already (finally); the traceback goes to a file, not the screen
+        log = pathlib.Path(args.state_file).parent / "make-run-error.log"
+        with contextlib.suppress(OSError):
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(traceback.format_exc())
+        print(f"\nmake run: internal error {type(exc).__name__}: {one_line(str(exc))}; traceback in {log}",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -226,6 +226,18 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
     assert "already in use" in run.err and len(run.err.strip().splitlines()) == 1
     assert not run.runs.exists()
     assert_clean(run)
+    # A run whose processes are alive blocks a second one (and is not touched by it).
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        st = RunState(tmp_path / "run-state.json")
+        st.add_proc(other.pid, "orchestrator", False)
+        run = Run(tmp_path, "--target", "embedded")
+        assert run.run(60) == 1
+        assert "a run is already active" in run.err and "make stop" in run.err
+        assert other.poll() is None and run.state_file.exists()
+    finally:
+        other.kill()
+        other.wait()
 
 
 @needs_root
