@@ -22,6 +22,7 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import pathlib  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -69,6 +70,12 @@ def say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
+def if_prefix(text: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,5}", text):
+        raise argparse.ArgumentTypeError("1..6 characters: a lowercase letter, then letters, digits or '-'")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mininet_topos.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="auto", help="auto|bmv2|embedded (auto: BMv2 when installed)")
@@ -89,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--state-file", default=str(DEFAULT_PATH))
     p.add_argument("--no-cli", action="store_true", help="never open the Mininet CLI")
+    p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
+                   help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
 
 
@@ -210,8 +219,10 @@ class JobFiles:
 
 
 class Run:
-    def __init__(self, cfg: config.RunConfig, target: str, run_dir: pathlib.Path, state: RunState, p4_mode: str):
+    def __init__(self, cfg: config.RunConfig, target: str, run_dir: pathlib.Path, state: RunState, p4_mode: str,
+                 if_prefix: str = "mnr-"):
         self.cfg = cfg
+        self.if_prefix = if_prefix
         self.target = target
         self.dir = run_dir
         self.logs = run_dir / "logs"
@@ -249,7 +260,7 @@ class Run:
 
         setLogLevel("error")
         logging.getLogger("mininet").propagate = False  # printed once, by Mininet's own handler
-        self.state.add_interfaces(mnet.interfaces(self.topo))
+        self.state.add_interfaces(mnet.interfaces(self.topo, self.if_prefix))
         pcaps = None
         if self.cfg.pcap:
             pcaps = self.dir / "pcaps"
@@ -258,7 +269,7 @@ class Run:
                       json_path=str(json_path), log_file=str(self.logs / "switch.log"),
                       pcap_dir=str(pcaps) if pcaps else None,
                       thrift_port=self.cfg.thrift_port if self.target == "bmv2" else None)
-        self.net = mnet.make_net(self.topo, params, record=self.state.add_proc)
+        self.net = mnet.make_net(self.topo, params, record=self.state.add_proc, prefix=self.if_prefix)
         self.switch = self.net.switches[0]
         for intf in self.switch.port_ifaces().values():
             mnet.quiet_root_iface(intf)
@@ -466,7 +477,7 @@ def execute(cfg: config.RunConfig, args) -> int:
             f"loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir)
         say(f"  P4 program: {how}")
-        run = Run(cfg, target, run_dir, state, args.p4)
+        run = Run(cfg, target, run_dir, state, args.p4, args.if_prefix)
         run.prepare_files()
         run.start_network(json_path)
         say(f"  Mininet up: switch {run.topo.switch.name} ({target}, gRPC {run.topo.switch.grpc_addr}), "

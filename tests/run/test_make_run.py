@@ -25,6 +25,7 @@ from mininet_topos.runstate import RunState
 pytestmark = pytest.mark.net
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
+PREFIX = "mnt-"  # not make run's own mnr-: a test never meets a user's run
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="make run needs root")
 
 
@@ -35,7 +36,8 @@ class Run:
         self.runs = tmp / "runs"
         grpc, thrift = targets.free_port(), targets.free_port()
         self.cmd = [sys.executable, "-m", "mininet_topos.run", "--runs-dir", str(self.runs), "--state-file",
-                    str(self.state_file), "--grpc-port", str(grpc), "--thrift-port", str(thrift), "--no-cli", *args]
+                    str(self.state_file), "--grpc-port", str(grpc), "--thrift-port", str(thrift), "--no-cli",
+                    "--if-prefix", PREFIX, *args]
         self.proc: subprocess.Popen | None = None
         self.out = self.err = ""
 
@@ -95,7 +97,7 @@ def leftovers(state: RunState | None, recorded: RunState) -> tuple[list, list]:
 
 def assert_clean(run: Run, recorded: RunState | None = None) -> None:
     assert not run.state_file.exists(), "state file left behind"
-    present = [i for i in os.listdir("/sys/class/net") if i.startswith("mnr-")]
+    present = [i for i in os.listdir("/sys/class/net") if i.startswith(PREFIX)]
     assert present == [], f"interfaces left: {present}"
     if recorded is not None:
         assert [p for p in recorded.live_procs() if p.name != "orchestrator"] == []

@@ -57,13 +57,13 @@ def test_a_recycled_pid_is_never_signalled(tmp_path, sleeper):
 def test_only_recorded_interfaces_are_deleted(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to make interfaces")
-    mine, other = "mnr-tst0", "mnr-tst1"
+    mine, other = "mnt-tst0", "mnt-tst1"
     for name in (mine, other):
         subprocess.run(["ip", "link", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", name + "b"], check=True)
     try:
         st = RunState(tmp_path / "state.json")
-        st.add_interfaces([mine, "mnr-absent"])
+        st.add_interfaces([mine, "mnt-absent"])
         _, deleted = RunState.load(st.path).teardown()
         assert deleted == [mine]
         assert not pathlib.Path(f"/sys/class/net/{mine}").exists()
