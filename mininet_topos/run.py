@@ -66,8 +66,14 @@ def one_line(text: str) -> str:
     return lines[-1] if lines else text
 
 
+RUN_LOG: pathlib.Path | None = None  # the orchestrator's own lines, also kept in the run's logs/run.log
+
+
 def say(msg: str = "") -> None:
     print(msg, flush=True)
+    if RUN_LOG is not None:
+        with contextlib.suppress(OSError), open(RUN_LOG, "a") as f:
+            f.write(msg.lstrip("\r") + "\n")
 
 
 def if_prefix(text: str) -> str:
@@ -227,6 +233,8 @@ class Run:
         self.dir = run_dir
         self.logs = run_dir / "logs"
         self.logs.mkdir()
+        global RUN_LOG
+        RUN_LOG = self.logs / "run.log"
         self.state = state
         self.p4_mode = p4_mode
         self.net = None
@@ -291,14 +299,23 @@ class Run:
         from controller.controller import Controller
 
         log = self.logs / "controller.log"
+        handler = logging.FileHandler(log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        ctl_log = logging.getLogger("mindp.controller")
+        ctl_log.addHandler(handler)
+        ctl_log.setLevel(logging.INFO)
+        ctl_log.propagate = False  # its warnings go to the log, not over the progress bar
         try:
             self.ctl = Controller.for_topology(self.topo, p4info_path=p4info, bmv2_json_path=json_path)
             self.ctl.push()
-            self.ctl.install_forwarding(self.topo)
-            for job in self.topo.jobs:
-                self.ctl.create_job(job, self.topo)
+            ctl_log.info("pipeline pushed: %s, %s", p4info, json_path)
+            writes = self.ctl.install_forwarding(self.topo)
+            ctl_log.info("forwarding installed: %d writes for %d hosts", writes, len(self.topo.hosts))
+            for spec in self.topo.jobs:
+                job = self.ctl.create_job(spec, self.topo)
+                ctl_log.info("job created: %s", json.dumps(job.to_dict()))
         except Exception as exc:  # the controller's errors carry P4Runtime's message
-            log.write_text(f"{type(exc).__name__}: {exc}\n")
+            ctl_log.error("%s: %s", type(exc).__name__, exc)
             raise RunError(f"controller: {one_line(str(exc))}; see {log}") from None
 
     def _popen(self, host_name: str, name: str, args: list[str]) -> HostProc:
@@ -472,12 +489,12 @@ def execute(cfg: config.RunConfig, args) -> int:
         run_dir = new_run_dir(args.runs_dir)
         state.run_dir = str(run_dir)
         state.save()
+        run = Run(cfg, target, run_dir, state, args.p4, args.if_prefix)
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
         say(f"mindp run {run_dir}: {target} switch, {jobs} x {cfg.workers} workers, {cfg.steps} steps, "
             f"loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir)
         say(f"  P4 program: {how}")
-        run = Run(cfg, target, run_dir, state, args.p4, args.if_prefix)
         run.prepare_files()
         run.start_network(json_path)
         say(f"  Mininet up: switch {run.topo.switch.name} ({target}, gRPC {run.topo.switch.grpc_addr}), "
@@ -514,6 +531,14 @@ def execute(cfg: config.RunConfig, args) -> int:
         state.teardown()
 
 
+def fail(msg: str) -> None:
+    """The one line that says why the run ended, on stderr and in the run's log."""
+    print(f"\nmake run: {msg}", file=sys.stderr, flush=True)
+    if RUN_LOG is not None:
+        with contextlib.suppress(OSError), open(RUN_LOG, "a") as f:
+            f.write(f"make run: {msg}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_stopped)
@@ -524,18 +549,17 @@ def main(argv: list[str] | None = None) -> int:
                            slots=args.slots, grpc_port=args.grpc_port, thrift_port=args.thrift_port)
         return execute(cfg, args)
     except (config.ConfigError, RunError) as exc:
-        print(f"\nmake run: {exc}", file=sys.stderr, flush=True)
+        fail(str(exc))
         return 2 if isinstance(exc, config.ConfigError) else 1
     except (KeyboardInterrupt, Stopped) as exc:
-        print(f"\nmake run: stopped ({exc or 'interrupted'}); everything it started is cleaned up", file=sys.stderr)
+        fail(f"stopped ({exc or 'interrupted'}); everything it started is cleaned up")
         return 130
     except Exception as exc:  # a bug: cleaned up already (finally); the traceback goes to a file, not the screen
         log = pathlib.Path(args.state_file).parent / "make-run-error.log"
         with contextlib.suppress(OSError):
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text(traceback.format_exc())
-        print(f"\nmake run: internal error {type(exc).__name__}: {one_line(str(exc))}; traceback in {log}",
-              file=sys.stderr)
+        fail(f"internal error {type(exc).__name__}: {one_line(str(exc))}; traceback in {log}")
         return 1
 
 

@@ -134,7 +134,10 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
     topo = topology.Topology.load(d / "topology.json")
     assert sorted(topo.hosts) == ["opt1", "w1_0", "w1_1"] and topo.jobs[0].n_workers == 2
     logs = sorted(p.name for p in (d / "logs").iterdir())
-    assert logs == ["optimizer-job1.log", "switch.log", "worker-job1-0.log", "worker-job1-1.log"]
+    assert logs == ["controller.log", "optimizer-job1.log", "run.log", "switch.log", "worker-job1-0.log",
+                    "worker-job1-1.log"]
+    assert "job created" in (d / "logs" / "controller.log").read_text()
+    assert "bit-exact" in (d / "logs" / "run.log").read_text()
     pcaps = list((d / "pcaps").iterdir())
     assert len(pcaps) >= 3 and all(p.stat().st_size > 24 for p in pcaps)
     assert "max_abs_param_diff_vs_reference  0.0" in run.out and "bit-exact" in run.out
@@ -211,6 +214,7 @@ def test_a_crash_during_the_run_is_one_line_naming_the_log(tmp_path, victim, log
     assert run.wait(90) == 1
     lines = [line for line in run.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("make run: ") and log in lines[0], run.err
+    assert lines[0] in (run.run_dir / "logs" / "run.log").read_text()
     assert_clean(run, recorded)
 
 
