@@ -197,6 +197,7 @@ class WorkerAgent:
         self.cfg = cfg
         self.layout = layout
         self.sock = sock
+        sock.setblocking(False)  # the agent waits in select(), never in recv()
         self.faults = faults
         self.step = cfg.first_step
         self.rtt = RttEstimator(cfg.rto)

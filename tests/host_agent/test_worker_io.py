@@ -1,0 +1,121 @@
+"""WorkerAgent's I/O on a datagram socket pair (the test plays switch and node): frames as the
+protocol says, parameters reassembled, numpy and torch gradients alike."""
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from host_agent import optim
+from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version
+from mindp import codec
+from mindp.protocol import K, Flag, Kind
+
+from .helpers import small_model
+
+CFG = WorkerConfig(3, 1, 4, "02:00:00:00:00:01", "10.0.0.1", "02:00:00:00:00:09", "10.0.0.9",
+                   rto=RtoConfig(initial=0.05, min=0.01, deadline=5.0))
+
+
+class Echo(threading.Thread):
+    """Answers each GRAD chunk with PARAM = 2 * gradient, dropping the first copy of every 5th chunk."""
+
+    def __init__(self, sock):
+        super().__init__(daemon=True)
+        self.sock = sock
+        self.seen: dict[tuple[int, int], int] = {}
+        self.headers = []
+        self.stop = False
+
+    def run(self):
+        addrs = codec.Addresses("02:00:00:00:00:09", "02:00:00:00:00:01", "10.0.0.9", "10.0.0.1")
+        self.sock.settimeout(0.05)
+        while not self.stop:
+            try:
+                frame = self.sock.recv(4096)
+            except socket.timeout:
+                continue
+            h, g = codec.decode_one(frame, Kind.GRAD)
+            self.headers.append(h)
+            key = (int(h["step"]), int(h["chunk"]))
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if key[1] % 5 == 0 and self.seen[key] == 1:
+                continue  # lost: the worker must retransmit
+            out = codec.encode(Kind.PARAM, np.array([h]), (g.astype(np.float32) * 2).astype(np.float16)[None, :],
+                               addrs)[0].tobytes()
+            self.sock.send(out)
+            if key[1] % 7 == 0:
+                self.sock.send(out)  # a duplicate
+
+
+def run_steps(grads_per_step, layout):
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    echo = Echo(b)
+    echo.start()
+    agent = WorkerAgent(CFG, layout, a)
+    try:
+        out = [agent.push(g) for g in grads_per_step]
+    finally:
+        echo.stop = True
+        echo.join()
+    return agent, echo, out
+
+
+def test_push_sends_protocol_frames_and_reassembles_parameters():
+    init = small_model()
+    lay = optim.layout_of(init)
+    rng = np.random.default_rng(0)
+    steps = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in init.items()} for _ in range(2)]
+    steps[1]["b"][3] = np.nan
+    agent, echo, out = run_steps(steps, lay)
+    for grads, params in zip(steps, out):
+        for k in init:
+            expect = (grads[k].astype(np.float16).astype(np.float32) * 2).astype(np.float16)
+            assert params[k].dtype == np.float16
+            assert np.array_equal(params[k], expect, equal_nan=True)
+    n = lay.n_chunks
+    first = [h for h in echo.headers if not h["flags"] & Flag.RETRANSMIT]
+    assert len(first) == 2 * n
+    for h in echo.headers:
+        slot, ver = slot_and_version(int(h["step"]), [int(h["chunk"])], n, CFG.slots)
+        assert (h["job"], h["worker"], h["slot"], h["ver"]) == (3, 1, slot[0], ver[0])
+        assert h["count"] == lay.chunk_count(int(h["chunk"]))
+    nan_chunk = (lay.offsets["b"] + 3) // K
+    assert all(bool(h["flags"] & Flag.NONFINITE) == (h["step"] == 1 and h["chunk"] == nan_chunk)
+               for h in echo.headers)
+    lost = len([c for c in range(n) if c % 5 == 0])
+    assert agent.stats["retransmitted"] >= 2 * lost
+    assert agent.stats["duplicates"] >= 2 * len([c for c in range(n) if c % 7 == 0 and c % 5])
+    assert agent.stats["params_received"] == 2 * n and len(agent.step_times) == 2
+
+
+def test_torch_gradients_equal_numpy_gradients():
+    torch = pytest.importorskip("torch")
+    init = small_model()
+    lay = optim.layout_of(init)
+    rng = np.random.default_rng(1)
+    grads = {k: rng.standard_normal(v.shape).astype(np.float32) for k, v in init.items()}
+    _, _, (from_numpy,) = run_steps([grads], lay)
+    _, _, (from_torch,) = run_steps([{k: torch.from_numpy(v).requires_grad_(False) for k, v in grads.items()}], lay)
+    for k in init:
+        assert np.array_equal(from_numpy[k], from_torch[k])
+
+
+def test_put_rejects_unknown_wrong_shape_and_repeated_tensors():
+    init = small_model()
+    lay = optim.layout_of(init)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent = WorkerAgent(CFG, lay, a)
+    h = agent.start_step()
+    with pytest.raises(KeyError, match="nosuch"):
+        h.put("nosuch", np.zeros(3))
+    with pytest.raises(ValueError, match="shape"):
+        h.put("b", np.zeros(4))
+    h.put("b", np.zeros(13))
+    with pytest.raises(ValueError, match="twice"):
+        h.put("b", np.zeros(13))
+    with pytest.raises(ValueError, match="no gradient given"):
+        h.wait()
+    a.close()
+    b.close()
