@@ -42,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deadline", type=float, default=RtoConfig.deadline)
     # A slot completes only when every worker's chunk is in, so one worker's round trip includes the
     # others' queueing and recovery: a 20 ms floor retransmits spuriously behind a software switch,
-    # and an uncapped RTO grows with the slowest worker's back-off under loss.
+    # and an uncapped RTO grows with the slowest worker's back-off under loss (docs/RUN.md).
     p.add_argument("--rto-min", type=float, default=0.1, help="retransmission timeout floor (s)")
-    p.add_argument("--rto-max", type=float, default=0.5, help="retransmission timeout cap (s)")
+    p.add_argument("--rto-max", type=float, default=0.25, help="retransmission timeout cap (s)")
     p.add_argument("--out", required=True, help="final fp16 parameters (.npz)")
     p.add_argument("--drop-send", type=float, default=0.0)
     p.add_argument("--drop-recv", type=float, default=0.0)
