@@ -110,9 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 # --- checks before anything starts ----------------------------------------------
 
 def preflight(cfg: config.RunConfig) -> str:
-    """Root, tools, target, free ports. Returns the resolved target."""
-    if os.geteuid() != 0:
-        raise RunError("must run as root (Mininet needs network namespaces): sudo make run")
+    """Tools, target, free ports. Returns the resolved target."""
     for tool, package in TOOLS.items():
         if not shutil.which(tool):
             raise RunError(f"{tool} not found: install the Debian package {package} (make setup does)")
@@ -482,10 +480,12 @@ class Run:
 
 def execute(cfg: config.RunConfig, args) -> int:
     t_start = time.monotonic()
-    target = preflight(cfg)
-    state = claim_state(pathlib.Path(args.state_file))
+    if os.geteuid() != 0:
+        raise RunError("must run as root (Mininet needs network namespaces): sudo make run")
+    state = claim_state(pathlib.Path(args.state_file))  # first: a live run explains a busy port
     run = None
     try:
+        target = preflight(cfg)
         run_dir = new_run_dir(args.runs_dir)
         state.run_dir = str(run_dir)
         state.save()
