@@ -381,7 +381,7 @@ class Run:
         progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps)
         tty = sys.stdout.isatty()
         t0 = time.monotonic()
-        last_step, last_change, last_print = -1, t0, 0.0
+        last_step, last_change, last_print, shown = -1, t0, 0.0, -1
         while True:
             for hp in self.workers:
                 for line in hp.tail.lines():
@@ -396,12 +396,15 @@ class Run:
                 raise RunError(f"no training step completed for {STALL_SECONDS:.0f} s; see {self.logs}/")
             if tty:
                 print("\r" + progress.bar() + "\x1b[K", end="", flush=True)
-            elif now - last_print >= 5.0:
+            elif now - last_print >= 5.0 and progress.step != shown:
                 say(progress.bar())
-                last_print = now
+                last_print, shown = now, progress.step
             time.sleep(0.2)
         wall = progress.training_seconds() or (time.monotonic() - t0)
-        say(("\r" if tty else "") + progress.bar() + ("\x1b[K" if tty else ""))
+        if tty:
+            say("\r" + progress.bar() + "\x1b[K")
+        elif progress.step != shown:
+            say(progress.bar())
         # The nodes serve until every worker has every parameter (a late PARAM loss is answered
         # by resending): only now are they told to stop; they export their state on SIGTERM.
         for hp in self.optimizers:
