@@ -27,6 +27,8 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 MADV_RANDOM, MADV_WILLNEED, MADV_DONTNEED, MADV_POPULATE_READ, MADV_POPULATE_WRITE = 1, 3, 4, 22, 23
 MS_SYNC = 4
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 OS_PAGE = mmap.PAGESIZE
 
 
@@ -123,6 +125,7 @@ class Pager:
                     self._cv.notify()
                 return
         self._make_room(1)
+        self._populate(key, write)
         with self.lock:
             self._reserved -= 1
             self.stats.faults += key not in self.lru
@@ -137,6 +140,15 @@ class Pager:
         for page in range(lo * size // self.page_bytes, ((hi * size) - 1) // self.page_bytes + 1):
             self.touch(f, page, write)
         return recs[lo:hi]
+
+    def discard(self, f: int, page: int) -> bool:
+        """Forget a page's contents (it reads as zeros, with no disk read) unless it is resident;
+        for pages about to be overwritten. False if not done (resident, or unsupported)."""
+        with self.lock:
+            if (f, page) in self.lru:
+                return False
+            mf, off, length = self._range((f, page))
+            return length > 0 and _libc.fallocate(mf.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, length) == 0
 
     def hint(self, wants: list[tuple[int, int, bool]]) -> None:
         """Pages (f, page, write) needed soon, in order; replaces the previous hint."""
@@ -177,8 +189,12 @@ class Pager:
         self.stats.evictions += 1
 
     def _populate(self, key: tuple[int, int], write: bool) -> None:
+        """Read the page in with one large I/O, then map it (the mapping itself reads 4 KiB at a time)."""
         mf, off, length = self._range(key)
-        if length > 0 and _libc.madvise(mf.addr + off, length, MADV_POPULATE_WRITE if write else MADV_POPULATE_READ):
+        if length <= 0:
+            return
+        os.posix_fadvise(mf.fd, off, length, os.POSIX_FADV_WILLNEED)
+        if _libc.madvise(mf.addr + off, length, MADV_POPULATE_WRITE if write else MADV_POPULATE_READ):
             _libc.madvise(mf.addr + off, length, MADV_WILLNEED)  # older kernels: read ahead at least
 
     def _prefetcher(self) -> None:

@@ -147,6 +147,7 @@ class Store:
         self.pager = Pager(files, page_chunks * RECORD.itemsize, budget_bytes, drop_cache=drop_cache,
                            prefetch=prefetch)
         self._hinted = (None, None)
+        self._discarded: set[tuple[int, int]] = set()
         self._open_progress(n)
 
     # --- progress of the current step ------------------------------------------
@@ -207,6 +208,12 @@ class Store:
         last = (self.n_chunks - 1) // self.page_chunks
         wants = []
         for page in range(first, min(last, first + self.pager.max_pages // 4) + 1):
+            # The destination page holds a state two steps old: if none of its chunks is applied
+            # yet, drop its contents so populating it costs no disk read.
+            lo = page * self.page_chunks
+            if (step, page) not in self._discarded and not self.applied[lo : lo + self.page_chunks].any():
+                if self.pager.discard(dst, page):
+                    self._discarded.add((step, page))
             wants += [(src, page, False), (dst, page, True)]
         self.pager.hint(wants)
 
@@ -222,6 +229,7 @@ class Store:
         self.pager.flush()
         _write_atomic(self.dir / "commit.json", json.dumps({"step": self.current}).encode() + b"\n")
         self.committed += 1
+        self._discarded.clear()
         self._reset_progress()
 
     # --- whole-model access (export) ---------------------------------------------
