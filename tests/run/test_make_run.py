@@ -255,10 +255,18 @@ def test_a_missing_tool_is_named(tmp_path):
     assert not run.runs.exists()
 
 
-@needs_root
-def test_not_root_is_refused(tmp_path):
-    tmp_path.chmod(0o777)
-    run = Run(tmp_path, "--target", "embedded")
-    run.cmd = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *run.cmd]
-    assert run.run(60) == 1
-    assert run.err.strip().startswith("make run: must run as root")
+def test_not_root_is_refused(tmp_path, monkeypatch, capsys):
+    from mininet_topos import run as orchestrator
+
+    monkeypatch.setattr(orchestrator.os, "geteuid", lambda: 1000)  # seam: a user without root
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = orchestrator.main(["--target", "embedded", "--runs-dir", str(tmp_path / "runs"),
+                                  "--state-file", str(tmp_path / "state.json")])
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == 1
+    assert capsys.readouterr().err.strip() == \
+        "make run: must run as root (Mininet needs network namespaces): sudo make run"
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "state.json").exists()
