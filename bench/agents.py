@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from host_agent import node, optim, rawsock, state  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
-from host_agent.worker import WorkerAgent, WorkerConfig  # noqa: E402
+from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
 from mindp import codec  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
@@ -78,7 +78,7 @@ def send_rates(chunks: int) -> tuple[float, float]:
 
 # --- 2 and 3. optimizer node --------------------------------------------------------
 
-def sums_for(layout: Layout, nworkers: int, seed: int = 0) -> np.ndarray:
+def sums_for(layout: Layout, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return rng.integers(-(1 << 20), 1 << 20, size=(layout.n_chunks, K), dtype=np.int64)
 
@@ -94,10 +94,8 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     state_bytes = 2 * layout.n_chunks * state.RECORD.itemsize
     store = state.Store(d, budget or 2 * state_bytes, drop_cache=budget is not None)
     core = node.NodeCore(store, 1, 2, 64)
-    sums = sums_for(layout, 2)
+    sums = sums_for(layout)
     n = layout.n_chunks
-    from host_agent.worker import slot_and_version
-
     hdrs = []
     for step in range(steps):
         chunks = np.arange(n)

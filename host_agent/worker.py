@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import pathlib
 import select
 import sys

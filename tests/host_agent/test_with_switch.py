@@ -11,8 +11,7 @@ import pytest
 from controller.controller import Controller
 from host_agent import optim, reference, state
 from host_agent.optim import OptimizerConfig
-from mindp import targets
-from mindp.testbed import Testbed
+from mindp import targets, testbed
 from mindp.topology import star
 
 from .harness import NodeProcess, Workers, load_npz, load_stats, node_args, state_rss
@@ -33,7 +32,7 @@ def available_targets():
 @pytest.fixture(scope="module")
 def bed():
     topo = star([N], slots=8)
-    with Testbed("has-") as b:
+    with testbed.Testbed("has-") as b:
         for h in topo.hosts.values():
             b.add(h)
         yield b, topo
