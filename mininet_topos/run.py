@@ -523,7 +523,8 @@ def execute(cfg: config.RunConfig, args) -> int:
             from mininet.log import setLogLevel
 
             setLogLevel("output")  # the CLI's own replies (pingall, ...) are at this level
-            say("Mininet CLI (the network stays up; 'exit' ends the run and cleans up)")
+            say(f"Mininet CLI: the network stays up (try pingall; in another shell: "
+                f"mindp-ctl --topology {run.topo_path} stats). 'exit' ends the run and cleans up.")
             CLI(run.net)
         return 0 if exact else 1
     finally:
