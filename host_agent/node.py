@@ -295,19 +295,28 @@ def open_state(args) -> state.Store:
                 raise ConfigError("--init seed:N needs --layout")
         else:
             init = optim.load_npz(args.init)
-        if args.layout:
-            try:
-                layout = optim.layout_from_json(json.loads(pathlib.Path(args.layout).read_text()))
-            except (OSError, json.JSONDecodeError) as exc:
-                raise ConfigError(f"cannot read layout {args.layout}: {exc}") from None
-        else:
-            layout = optim.layout_of(init)
+        layout = _requested_layout(args) if args.layout else optim.layout_of(init)
         state.create(args.state_dir, layout, state.init_pieces(layout, init, seed), cfg, args.page_chunks)
     store = state.Store(args.state_dir, args.ram_budget)
     if store.cfg != cfg:
         store.close()
         raise ConfigError(f"{args.state_dir} was created with {store.cfg}, not {cfg}")
+    wanted = _requested_layout(args)
+    if wanted is not None and optim.layout_to_json(wanted) != optim.layout_to_json(store.layout):
+        store.close()
+        raise ConfigError(f"{args.state_dir} holds another model than --init/--layout describe")
     return store
+
+
+def _requested_layout(args):
+    if args.layout:
+        try:
+            return optim.layout_from_json(json.loads(pathlib.Path(args.layout).read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read layout {args.layout}: {exc}") from None
+    if not args.init.startswith("seed:"):
+        return optim.npz_layout(args.init)
+    return None
 
 
 def proc_status_kb(field: str) -> int:

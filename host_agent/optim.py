@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import zipfile
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -115,6 +116,25 @@ def load_npz(path: str | pathlib.Path) -> dict[str, np.ndarray]:
     if bad:
         raise ConfigError(f"{path}: arrays {bad} are not floating point")
     return {n: a.astype(np.float32) for n, a in arrays.items()}
+
+
+def npz_layout(path: str | pathlib.Path) -> Layout:
+    """The layout of an .npz's arrays from their headers only (no data read)."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            specs = []
+            for name in zf.namelist():
+                with zf.open(name) as f:
+                    fmt = np.lib.format
+                    version = fmt.read_magic(f)
+                    read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+                    shape, _, dtype = read(f)
+                if dtype.kind != "f":
+                    raise ConfigError(f"{path}: array {name[:-4]!r} is not floating point")
+                specs.append(TensorSpec(name.removesuffix(".npy"), tuple(shape), "float16"))
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise ConfigError(f"cannot read parameters from {path}: {exc}") from None
+    return Layout(specs)
 
 
 def layout_of(arrays: dict[str, np.ndarray]) -> Layout:

@@ -190,7 +190,10 @@ class WorkerConfig:
 class WorkerAgent:
     """A worker's network agent for one job: one step at a time, in order."""
 
-    def __init__(self, cfg: WorkerConfig, layout: Layout, sock, faults: rawsock.Faults | None = None):
+    def __init__(self, cfg: WorkerConfig, layout: Layout, sock, faults: rawsock.Faults | None = None,
+                 on_nonfinite=None):
+        """on_nonfinite(step, chunks): called after a step whose parameters came back flagged
+        NONFINITE (the node skipped those chunks): the hook for dynamic loss scaling."""
         if cfg.slots < 1:
             raise ConfigError("slots must be >= 1")
         self.cfg = cfg
@@ -199,6 +202,8 @@ class WorkerAgent:
         sock.setblocking(False)  # the agent waits in select(), never in recv()
         self.faults = faults
         self.step = cfg.first_step
+        self.on_nonfinite = on_nonfinite
+        self.nonfinite_chunks: list[int] = []  # of the last completed step
         self.rtt = RttEstimator(cfg.rto)
         self.stats = collections.Counter()
         self.step_times: list[float] = []
@@ -236,6 +241,7 @@ class StepHandle:
         self.params = np.zeros(lay.n_chunks * K, dtype=np.float16)
         self.pending = agent.pending0.copy()
         self.put_names: set[str] = set()
+        self.nonfinite: set[int] = set()
         self.t0 = time.monotonic()
         self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0)
 
@@ -320,6 +326,8 @@ class StepHandle:
             if w.on_param(c, now):
                 self.params[c * K : (c + 1) * K] = dec.elements[i]
                 a.stats["params_received"] += 1
+                if h["flags"][i] & Flag.NONFINITE:
+                    self.nonfinite.add(c)
             else:
                 a.stats["duplicates"] += 1
 
@@ -339,6 +347,11 @@ class StepHandle:
         elapsed = time.monotonic() - self.t0
         a.step_times.append(elapsed)
         a.stats["steps"] += 1
+        a.nonfinite_chunks = sorted(self.nonfinite)
+        if self.nonfinite:
+            a.stats["nonfinite_steps"] += 1
+            if a.on_nonfinite:
+                a.on_nonfinite(w.step, a.nonfinite_chunks)
         a.step += 1
         return a.layout.unflatten(self.params[: a.layout.total])
 

@@ -80,8 +80,10 @@ class Workers:
             sock = bed.hosts[name].socket()
             rawsock.prepare(sock)
             faults = rawsock.Faults(drop, drop, 100 + w, dup, reorder) if (drop or dup or reorder) else None
-            self.agents[w] = WorkerAgent(WorkerConfig.from_topology(topo, job.job_id, w, rto=rto), self.layout, sock,
-                                         faults)
+            agent = WorkerAgent(WorkerConfig.from_topology(topo, job.job_id, w, rto=rto), self.layout, sock, faults)
+            agent.nonfinite_log = []
+            agent.on_nonfinite = lambda step, chunks, log=agent.nonfinite_log: log.append((step, chunks))
+            self.agents[w] = agent
         self.threads = [threading.Thread(target=self._run, args=(w, init, grad_fn, steps), daemon=True)
                         for w in self.agents]
 

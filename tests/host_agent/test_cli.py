@@ -83,3 +83,18 @@ def test_worker_cli_bad_input(files, args, needle):
     code, _, err = run("host_agent.worker", "--worker", "0", "--layout", str(layout),
                        *[subst.get(a, a) for a in args])
     one_line_error(code, err, "mindp-worker", needle)
+
+
+def test_optimizer_refuses_a_state_dir_of_another_model(files):
+    tmp, init, layout = files
+    arrays = small_model()
+    lay = optim.layout_of(arrays)
+    state.create(tmp / "state", lay, state.init_pieces(lay, arrays), OptimizerConfig())
+    code, _, err = run("host_agent.node", "--state-dir", str(tmp / "state"), *EXPLICIT, "--init", "seed:0",
+                       "--layout", str(layout))
+    one_line_error(code, err, "mindp-optimizer", "another model")
+
+
+def test_npz_layout_reads_shapes_without_data(files):
+    _, init, _ = files
+    assert optim.layout_to_json(optim.npz_layout(init)) == optim.layout_to_json(optim.layout_of(small_model()))

@@ -125,7 +125,10 @@ def test_nonfinite_gradient_skips_its_chunk_for_the_step(bed, tmp_path, target):
     for params in workers.results.values():
         assert same_bits(params, ref.params)
     stats = load_stats(tmp_path / "stats.json")
-    assert [tuple(x) for x in stats["nonfinite"]] == ref.nonfinite  # the hook saw the switch's flag
+    assert [tuple(x) for x in stats["nonfinite"]] == ref.nonfinite  # the node's hook saw the switch's flag
+    step, chunk = ref.nonfinite[0]
+    for a in workers.agents.values():  # and every worker learnt it from the parameters' flag
+        assert a.stats["nonfinite_steps"] == 1 and a.nonfinite_log == [(step, [chunk])]
 
 
 @pytest.mark.parametrize("target", available_targets())
