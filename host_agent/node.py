@@ -102,15 +102,11 @@ class NodeCore:
         resend = idx[answer].tolist()
         self.stats["stale"] += int((steps < cur - 1).sum())
         self.stats["future"] += int((steps > cur).sum())
-        apply = dict(zip(uniq.tolist(), apply_rows.tolist()))
         out_rows: list[int] = []
         out_vals: list[np.ndarray] = []
-        if apply:
-            chunks = np.array(sorted(apply), dtype=np.int64)
-            rows = np.array([apply[c] for c in chunks], dtype=np.int64)
-            params = self._apply(cur, chunks, headers[rows], sums[rows])
-            out_rows += rows.tolist()
-            out_vals.append(params)
+        if len(uniq):  # uniq is sorted: runs of consecutive chunks are applied together
+            out_vals.append(self._apply(cur, uniq, headers[apply_rows], sums[apply_rows]))
+            out_rows += apply_rows.tolist()
             if self.store.step_complete:
                 self.store.commit()
                 self.stats["steps"] += 1
@@ -128,7 +124,7 @@ class NodeCore:
         hdr["nworkers"] = 0
         hdr["worker"] = 0
         hdr["kind"] = Kind.PARAM
-        if apply:
+        if len(uniq):
             self.store.prefetch_from(0 if self.store.current != cur else int(uniq[-1]) + 1)
         return hdr, np.concatenate(out_vals)
 

@@ -43,6 +43,7 @@ PROGRESS_MAGIC = b"MINDPRG1"
 PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, pad
 DEFAULT_PAGE_CHUNKS = 512  # 192 KiB pages (a multiple of the 4 KiB OS page)
 FORMAT = 1
+PREFETCH_PAGES = 8  # how far ahead of the current page (per file) the pager prefetches, at most
 
 
 def boot_id() -> bytes:
@@ -165,11 +166,13 @@ class Store:
         self.applied = np.frombuffer(self._pmm, dtype=np.bool_, offset=PROGRESS_HEADER, count=n)
         trusted = hdr[:8] == PROGRESS_MAGIC and step == self.current and hdr[16:52] == boot_id()
         self.resumed_chunks = int(self.applied.sum()) if trusted else 0
+        self.n_applied = self.resumed_chunks
         if not trusted:
             self._reset_progress()
 
     def _reset_progress(self) -> None:
         self.applied[:] = False
+        self.n_applied = 0
         self._pmm[:PROGRESS_HEADER] = (PROGRESS_MAGIC + self.current.to_bytes(8, "little", signed=True)
                                        + boot_id()).ljust(PROGRESS_HEADER, b"\0")
 
@@ -207,7 +210,7 @@ class Store:
         self._hinted = (step, first)
         last = (self.n_chunks - 1) // self.page_chunks
         wants = []
-        for page in range(first, min(last, first + self.pager.max_pages // 4) + 1):
+        for page in range(first, min(last, first + min(PREFETCH_PAGES, self.pager.max_pages // 4)) + 1):
             # The destination page holds a state two steps old: if none of its chunks is applied
             # yet, drop its contents so populating it costs no disk read.
             lo = page * self.page_chunks
@@ -218,11 +221,13 @@ class Store:
         self.pager.hint(wants)
 
     def mark_applied(self, lo: int, hi: int) -> None:
+        """Chunks [lo, hi), none applied before in this step, are now applied."""
         self.applied[lo:hi] = True
+        self.n_applied += hi - lo
 
     @property
     def step_complete(self) -> bool:
-        return bool(self.applied.all())
+        return self.n_applied == self.n_chunks
 
     def commit(self) -> None:
         """The current step is fully applied: make it durable, then advance."""
