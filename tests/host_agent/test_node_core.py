@@ -156,3 +156,80 @@ def test_state_larger_than_budget_pages_within_budget(tmp_path):
                           params)
     assert core.store.pager.stats.peak_pages <= 8
     assert same_bits(params, reference.train(init, gf, N, 2, cfg).params)
+
+
+class Crash(Exception):
+    pass
+
+
+CRASH_POINTS = [
+    ("mark_applied", 3),  # a chunk's record written, not yet marked applied
+    ("mark_applied", 11),
+    ("commit", 1),  # the step's last chunk applied, nothing durable yet
+    ("commit_record", 2),  # pages durable, commit.json not yet replaced
+    ("reset_progress", 2),  # commit.json replaced, progress not yet reset
+]
+
+
+@pytest.mark.parametrize("where,nth", CRASH_POINTS)
+def test_crash_at_each_point_of_the_apply_and_commit_path(tmp_path, monkeypatch, where, nth):
+    """A crash injected at the n-th call of one step of the apply/commit path, then a restart
+    from disk: the workers resend sums only for chunks whose parameters they lack, and the
+    final parameters equal the reference."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig()
+    gf = reference.synthetic_grads(9)
+    steps = 3
+    calls = {"n": 0}
+
+    def crashing(orig):
+        def fn(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == nth:
+                raise Crash(where)
+            return orig(*a, **kw)
+        return fn
+
+    targets = {"mark_applied": (state.Store, "mark_applied"), "commit": (state.Store, "commit"),
+               "reset_progress": (state.Store, "_reset_progress")}
+    if where == "commit_record":
+        orig_write = state._write_atomic
+        hit = crashing(orig_write)
+        monkeypatch.setattr(state, "_write_atomic",
+                            lambda path, data: hit(path, data) if path.name == "commit.json" else orig_write(path, data))
+    core = open_core(tmp_path, init, cfg)
+    if where != "commit_record":
+        cls, name = targets[where]
+        monkeypatch.setattr(cls, name, crashing(getattr(cls, name)))
+    rng = random.Random(nth)
+    params = initial_fp16(init)
+    crashed = False
+    for step in range(steps):
+        sums, nf = step_sums(lay, gf, N, step, params)
+        have: dict[int, np.ndarray] = {}
+        for _ in range(20):
+            if len(have) == lay.n_chunks:
+                break
+            todo = [c for c in range(lay.n_chunks) if c not in have]  # the workers' retransmissions
+            rng.shuffle(todo)
+            for i in range(0, len(todo), 7):
+                part = np.array(todo[i : i + 7])
+                try:
+                    hdr, vals = core.handle(sum_headers(JOB, step, part, lay, S, N, nf), sums[part])
+                except Crash:
+                    crashed = True
+                    monkeypatch.undo()
+                    del core
+                    core = open_core(tmp_path, init, cfg, create=False)  # the restarted node
+                    break
+                for h, v in zip(hdr, vals):
+                    have.setdefault(int(h["chunk"]), v.copy())
+        assert len(have) == lay.n_chunks, f"step {step}: the node never answered chunks the workers lack"
+        params = assemble(lay, {c: [(0, v)] for c, v in have.items()}, params)
+    assert crashed
+    ref = reference.train(init, gf, N, steps, cfg)
+    assert same_bits(params, ref.params)
+    core.store.export(tmp_path / "out.npz")
+    with np.load(tmp_path / "out.npz") as z:
+        assert same_bits({k: z[k] for k in z.files}, ref.master)
