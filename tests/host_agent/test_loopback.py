@@ -3,6 +3,8 @@ seam: bit-identical to the reference, also with loss, duplicates, reordering,
 overlapped steps and a killed and restarted optimizer node; a worker without an
 optimizer fails its step by the deadline."""
 import random
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -139,3 +141,35 @@ def test_worker_without_optimizer_fails_the_step_naming_missing_chunks(bed):
     assert err.value.missing == list(range(n)) and f"{n} chunk(s)" in str(err.value)
     for a in workers.agents.values():
         assert a.stats["failed_steps"] == 1 and a.stats["retransmitted"] > 0
+
+
+def test_console_scripts_train_to_reference_bits(bed, tmp_path):
+    """mindp-worker processes (synthetic gradients) and mindp-optimizer, each in its namespace."""
+    b, topo = bed
+    init = small_model()
+    args = setup_run(tmp_path, topo, init)
+    ref = reference.train(init, reference.synthetic_grads(5), N, STEPS, OptimizerConfig())
+    with aggregator(bed):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        procs = []
+        try:
+            for w, name in topo.jobs[0].workers.items():
+                procs.append(b.hosts[name].popen(
+                    sys.executable, "-m", "host_agent.worker", "--topology", str(tmp_path / "topo.json"), "--job", "1",
+                    "--worker", str(w), "--init", str(tmp_path / "init.npz"), "--grad-seed", "5", "--steps",
+                    str(STEPS), "--out", str(tmp_path / f"w{w}.npz"), "--stats", str(tmp_path / f"w{w}.json"),
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            for p in procs:
+                out, err = p.communicate(timeout=120)
+                assert p.returncode == 0, err
+                assert "steps" in out
+            assert node.wait(30) == 0
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            node.stop()
+    for w in range(N):
+        assert same_bits(load_npz(tmp_path / f"w{w}.npz"), ref.params)
+        assert load_stats(tmp_path / f"w{w}.json")["steps"] == STEPS
+    assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
