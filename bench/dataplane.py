@@ -14,21 +14,16 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import select
 import shutil
 import sys
 import tempfile
-import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from controller import p4info_names as N  # noqa: E402
-from controller.model import Entry  # noqa: E402
 from controller.p4runtime import SwitchConnection  # noqa: E402
-from mindp import codec, targets  # noqa: E402
-from mindp.protocol import K, Kind, frame_len  # noqa: E402
+from mindp import targets  # noqa: E402
+from mindp.loadgen import aggregation_entries, closed_loop, forward_frames, gradient_frames  # noqa: E402
+from mindp.protocol import K  # noqa: E402
 from mindp.testbed import Testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from p4src import artifacts, gen_p4  # noqa: E402
@@ -51,56 +46,6 @@ def program_for(k: int, workdir: pathlib.Path) -> tuple[str, str] | None:
     return str(info), str(js)
 
 
-def install(sw: SwitchConnection) -> None:
-    sw.insert(Entry(N.L2_FORWARD, {N.MF_DST_MAC: SINK.mac}, N.FORWARD, {"port": SINK.port}))
-    sw.insert(Entry(N.JOBS, {N.MF_JOB: 1}, N.SET_JOB, {
-        "slot_base": 0, "slot_count": 1024, "workers": 2, "optimizer_port": SINK.port, "optimizer_mac": SINK.mac,
-        "optimizer_ip": SINK.ip, "mcast_group": N.job_group(1), "epoch": 1}))
-    for w in (0, 1):  # both workers behind one port keeps their packets in order
-        sw.insert(Entry(N.WORKERS, {N.MF_INGRESS_PORT: SENDER.port, N.MF_JOB: 1, N.MF_WORKER: w}, N.ADMIT))
-
-
-def gradient_frames(k: int, uses: int) -> list[bytes]:
-    rng = np.random.default_rng(0)
-    n = 2 * uses
-    chunk = np.repeat(np.arange(uses), 2)
-    hdr = codec.header_array(n, job=1, worker=np.tile([0, 1], uses), step=0, chunk=chunk, slot=chunk % 1024,
-                             ver=(chunk // 1024) & 1, count=k)
-    elems = rng.standard_normal((n, k)).astype(np.float16)
-    frames = codec.encode(Kind.GRAD, hdr, elems, codec.Addresses(SENDER.mac, SINK.mac, SENDER.ip, SINK.ip), k=k)
-    return [f.tobytes() for f in frames]
-
-
-def forward_frames(k: int, n: int) -> list[bytes]:
-    """Plain frames to the sink, as long as a gradient frame (not our protocol: L2 forwarded)."""
-    length = frame_len(Kind.GRAD, k)
-    head = bytes.fromhex(SINK.mac.replace(":", "") + SENDER.mac.replace(":", "")) + b"\x88\xb5"
-    return [head + i.to_bytes(4, "big") + bytes(length - len(head) - 4) for i in range(n)]
-
-
-def closed_loop(tx, rx, frames: list[bytes], per_output: int, window: int) -> tuple[float, int]:
-    """Send with at most `window` frames in flight; returns (input packets/s, outputs received)."""
-    sent = received = 0
-    expected = len(frames) // per_output
-    t0 = time.perf_counter()
-    last = t0
-    while received < expected:
-        while sent < len(frames) and sent - received * per_output < window:
-            tx.send(frames[sent])
-            sent += 1
-        ready, _, _ = select.select([rx], [], [], 1.0)
-        if not ready:
-            break  # lost frames: stop, rate counts what came through
-        while True:
-            try:
-                rx.recv(4096)
-            except BlockingIOError:
-                break
-            received += 1
-            last = time.perf_counter()
-    return received * per_output / (last - t0), received
-
-
 def measure(target: str, k: int, program: tuple[str, str], packets: int, window: int, logdir: str) -> dict:
     with Testbed("bdp") as bed:
         bed.add(SENDER)
@@ -110,10 +55,11 @@ def measure(target: str, k: int, program: tuple[str, str], packets: int, window:
                                    thrift_port=targets.free_port())
         with targets.SwitchProcess(target, cfg), SwitchConnection(cfg.grpc_addr, p4info_path=program[0]) as sw:
             sw.push_pipeline(program[0], program[1])
-            install(sw)
+            for e in aggregation_entries(SENDER, SINK):
+                sw.insert(e)
             tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
-            fwd_pps, _ = closed_loop(tx, rx, forward_frames(k, packets), 1, window)
-            agg_pps, sums = closed_loop(tx, rx, gradient_frames(k, packets // 2), 2, window)
+            fwd_pps, _ = closed_loop(tx, rx, forward_frames(SENDER, SINK, packets, k), 1, window)
+            agg_pps, sums = closed_loop(tx, rx, gradient_frames(SENDER, SINK, packets // 2, k), 2, window)
     return {"k": k, "forward_pps": fwd_pps, "aggregate_pps": agg_pps, "sums": sums}
 
 

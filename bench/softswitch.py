@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import subprocess
 import sys
 import tempfile
@@ -24,11 +23,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from controller import p4info_names as N  # noqa: E402
-from controller.model import Entry  # noqa: E402
 from controller.p4runtime import SwitchConnection  # noqa: E402
-from mindp import codec, targets  # noqa: E402
-from mindp.protocol import K, Kind  # noqa: E402
+from mindp import targets  # noqa: E402
+from mindp.loadgen import aggregation_entries, closed_loop, gradient_frames  # noqa: E402
+from mindp.protocol import K  # noqa: E402
 from mindp.testbed import Testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from p4src import artifacts  # noqa: E402
@@ -47,48 +45,6 @@ while True:
 """
 
 
-def gradient_frames(uses: int) -> list[bytes]:
-    import numpy as np
-    rng = np.random.default_rng(0)
-    n = 2 * uses
-    chunk = np.repeat(np.arange(uses), 2)
-    hdr = codec.header_array(n, job=1, worker=np.tile([0, 1], uses), step=0, chunk=chunk, slot=chunk % 1024,
-                             ver=(chunk // 1024) & 1)
-    elems = rng.standard_normal((n, K)).astype(np.float16)
-    frames = codec.encode(Kind.GRAD, hdr, elems, codec.Addresses(SENDER.mac, SINK.mac, SENDER.ip, SINK.ip))
-    return [f.tobytes() for f in frames]
-
-
-def install(sw: SwitchConnection) -> None:
-    sw.insert(Entry(N.JOBS, {N.MF_JOB: 1}, N.SET_JOB, {
-        "slot_base": 0, "slot_count": 1024, "workers": 2, "optimizer_port": SINK.port, "optimizer_mac": SINK.mac,
-        "optimizer_ip": SINK.ip, "mcast_group": N.job_group(1), "epoch": 1}))
-    for w in (0, 1):  # both workers behind one port keeps their packets in order
-        sw.insert(Entry(N.WORKERS, {N.MF_INGRESS_PORT: SENDER.port, N.MF_JOB: 1, N.MF_WORKER: w}, N.ADMIT))
-
-
-def closed_loop(tx, rx, frames: list[bytes], per_output: int, window: int) -> tuple[float, int]:
-    """Send with at most `window` frames in flight; returns (input packets/s, outputs received)."""
-    sent = received = 0
-    expected = len(frames) // per_output
-    t0 = last = time.perf_counter()
-    while received < expected:
-        while sent < len(frames) and sent - received * per_output < window:
-            tx.send(frames[sent])
-            sent += 1
-        ready, _, _ = select.select([rx], [], [], 1.0)
-        if not ready:
-            break  # lost frames: stop, the rate counts what came through
-        while True:
-            try:
-                rx.recv(4096)
-            except BlockingIOError:
-                break
-            received += 1
-            last = time.perf_counter()
-    return received * per_output / max(last - t0, 1e-9), received
-
-
 def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str) -> tuple[float, int]:
     cfg = targets.SwitchConfig(ports=bed.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
                                log_file=os.path.join(logdir, f"{target}.log"), thrift_port=targets.free_port())
@@ -96,7 +52,8 @@ def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str) -> t
             SwitchConnection(cfg.grpc_addr, p4info_path=str(artifacts.P4INFO)) as sw:
         sw.push_pipeline(str(artifacts.P4INFO), str(artifacts.BMV2_JSON))
         proc.set_queue_depth(max(64, 2 * window))
-        install(sw)
+        for e in aggregation_entries(SENDER, SINK):
+            sw.insert(e)
         tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
         try:
             return closed_loop(tx, rx, frames, 2, window)
@@ -152,7 +109,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/softswitch.py needs root (network namespaces)")
         return 1
-    frames = gradient_frames(args.packets // 2)
+    frames = gradient_frames(SENDER, SINK, args.packets // 2)
     print(f"aggregation program, K={K}, {len(frames)} gradient frames, closed loop window {args.window}")
     results = {"executor alone (no I/O)": executor_alone(frames)}
     with tempfile.TemporaryDirectory() as tmp, Testbed("bss") as bed:
