@@ -54,9 +54,16 @@ def find_p4c() -> str | None:
 
 
 def compile_program(p4c: str, main: pathlib.Path, json_out: pathlib.Path, p4info_out: pathlib.Path) -> None:
-    """Run p4c-bm2-ss; raises RuntimeError with p4c's own message on failure."""
-    cmd = [p4c, "--std", "p4-16", "--arch", "v1model", "-o", str(json_out), "--p4runtime-files", str(p4info_out), str(main)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    """Run p4c-bm2-ss; raises RuntimeError with p4c's own message on failure.
+
+    p4c runs from the directory above p4src/ with a relative path, so the source
+    file names recorded in the JSON do not depend on where the clone lives.
+    """
+    main = pathlib.Path(main).resolve()
+    cwd = main.parent.parent
+    cmd = [p4c, "--std", "p4-16", "--arch", "v1model", "-o", str(pathlib.Path(json_out).resolve()),
+           "--p4runtime-files", str(pathlib.Path(p4info_out).resolve()), str(main.relative_to(cwd))]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if proc.returncode != 0:
         raise RuntimeError(f"p4c failed:\n{proc.stderr.strip()}")
     warnings = proc.stderr.strip()
