@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import socket
 import subprocess
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 from .netutil import hold_udp_port
 from .topology import Host
@@ -141,3 +144,51 @@ class Testbed:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class FrameTap:
+    """Raw sockets on hosts of a testbed (PTF style): send frames, collect what arrives.
+
+    `accept` filters what counts (default: every frame, so a test can assert
+    that nothing else arrived).
+    """
+
+    def __init__(self, bed: Testbed, names: list[str] | None = None,
+                 accept: Callable[[bytes], bool] | None = None):
+        self.socks = {name: bed.hosts[name].socket() for name in (names or list(bed.hosts))}
+        self.by_fd = {s.fileno(): name for name, s in self.socks.items()}
+        self.accept = accept
+
+    def send(self, host: str, frame: bytes) -> None:
+        self.socks[host].send(frame)
+
+    def collect(self, n: int = 0, timeout: float = 3.0, grace: float = 0.25) -> dict[str, list[bytes]]:
+        """Frames per host: wait until `n` arrived (or `timeout`), then `grace` more for extras."""
+        got: dict[str, list[bytes]] = {name: [] for name in self.socks}
+        total = 0
+        deadline = time.monotonic() + timeout
+        quiet_until = None
+        while True:
+            now = time.monotonic()
+            if total >= n and quiet_until is None:
+                quiet_until = now + grace
+            end = quiet_until if quiet_until is not None else deadline
+            if now >= end:
+                return got
+            ready, _, _ = select.select(list(self.socks.values()), [], [], end - now)
+            for s in ready:
+                while True:
+                    try:
+                        frame = s.recv(4096)
+                    except BlockingIOError:
+                        break
+                    if self.accept is None or self.accept(frame):
+                        got[self.by_fd[s.fileno()]].append(frame)
+                        total += 1
+
+    def drain(self) -> None:
+        self.collect(0, grace=0.05)
+
+    def close(self) -> None:
+        for s in self.socks.values():
+            s.close()

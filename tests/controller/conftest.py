@@ -8,14 +8,7 @@ import pytest
 from controller.controller import Controller
 from mindp import targets
 from mindp.topology import Host, star
-
-
-def available_targets():
-    return [
-        pytest.param("embedded"),
-        pytest.param("bmv2", marks=pytest.mark.skipif(targets.find_bmv2() is None,
-                                                       reason="BMv2 simple_switch_grpc not installed")),
-    ]
+from tests.conftest import TARGET_PARAMS
 
 
 class Switch:
@@ -45,7 +38,7 @@ class Switch:
         self.start()
 
 
-@pytest.fixture(params=available_targets())
+@pytest.fixture(params=TARGET_PARAMS)
 def switch(request, tmp_path):
     sw = Switch(request.param, tmp_path).start()
     yield sw

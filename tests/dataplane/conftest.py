@@ -8,8 +8,6 @@ wherever simple_switch_grpc is installed.
 """
 from __future__ import annotations
 
-import select
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,19 +18,10 @@ from controller.model import Entry, Group
 from controller.p4runtime import SwitchConnection
 from mindp import codec, targets
 from mindp.protocol import K, Kind
-from mindp.testbed import Testbed
+from mindp.testbed import FrameTap, Testbed
 from mindp.topology import Host, star
 from p4src import artifacts
-
-
-def available_targets():
-    return [
-        pytest.param("embedded"),
-        pytest.param(
-            "bmv2",
-            marks=pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed"),
-        ),
-    ]
+from tests.conftest import TARGET_PARAMS
 
 
 @dataclass
@@ -54,8 +43,7 @@ class Fabric:
         self.bed = bed
         self.sw = sw
         self.hosts = hosts
-        self.socks = {name: bed.hosts[name].socket() for name in hosts}
-        self.by_fd = {s.fileno(): name for name, s in self.socks.items()}
+        self.tap = FrameTap(bed, list(hosts))
 
     # --- P4Runtime -------------------------------------------------------
     def entry(self, table: str, action: str, match: dict, params: dict) -> Entry:
@@ -115,40 +103,16 @@ class Fabric:
                                    step=step, slot=slot, ver=ver, flags=flags, **fields)[0].tobytes()
 
     def send(self, host: str, frame: bytes) -> None:
-        self.socks[host].send(frame)
+        self.tap.send(host, frame)
 
     def collect(self, n: int = 0, timeout: float = 3.0, grace: float = 0.25) -> dict[str, list[bytes]]:
-        """Frames received per host: wait until `n` arrived (or timeout), then `grace` more for extras."""
-        got: dict[str, list[bytes]] = {name: [] for name in self.hosts}
-        total = 0
-        deadline = time.monotonic() + timeout
-        quiet_until = None
-        while True:
-            now = time.monotonic()
-            if total >= n and quiet_until is None:
-                quiet_until = now + grace
-            end = quiet_until if quiet_until is not None else deadline
-            if now >= end:
-                return got
-            ready, _, _ = select.select(list(self.socks.values()), [], [], end - now)
-            for s in ready:
-                while True:
-                    try:
-                        frame = s.recv(4096)
-                    except BlockingIOError:
-                        break
-                    got[self.by_fd[s.fileno()]].append(frame)
-                    total += 1
+        return self.tap.collect(n, timeout, grace)
 
     def drain(self) -> None:
-        self.collect(0, grace=0.05)
-
-    def close(self) -> None:
-        for s in self.socks.values():
-            s.close()
+        self.tap.drain()
 
 
-@pytest.fixture(scope="module", params=available_targets())
+@pytest.fixture(scope="module", params=TARGET_PARAMS)
 def fabric(request, tmp_path_factory):
     topo = star([3, 2])
     hosts = dict(topo.hosts)
@@ -167,7 +131,7 @@ def fabric(request, tmp_path_factory):
                 fab.drain()
                 yield fab
             finally:
-                fab.close()
+                fab.tap.close()
 
 
 _epoch = iter(range(1, 1 << 16))

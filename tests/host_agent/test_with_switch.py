@@ -14,6 +14,8 @@ from host_agent.optim import OptimizerConfig
 from mindp import targets, testbed
 from mindp.topology import star
 
+from tests.conftest import TARGET_PARAMS
+
 from .harness import NodeProcess, Workers, load_npz, load_stats, node_args, state_rss
 from .helpers import same_bits, small_model, with_nonfinite
 
@@ -21,12 +23,6 @@ pytestmark = pytest.mark.net
 N = 3
 STEPS = 4
 FAULTS = ["--drop-prob", "0.05", "--dup-prob", "0.05", "--reorder-prob", "0.05", "--seed", "3"]
-
-
-def available_targets():
-    return [pytest.param("embedded"),
-            pytest.param("bmv2", marks=pytest.mark.skipif(targets.find_bmv2() is None,
-                                                           reason="BMv2 simple_switch_grpc not installed"))]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +72,7 @@ def files(tmp_path, topo, init, steps=STEPS):
     return node_args(topo_path, tmp_path / "state", init_path, steps, tmp_path / "final.npz", tmp_path / "stats.json")
 
 
-@pytest.mark.parametrize("target", available_targets())
+@pytest.mark.parametrize("target", TARGET_PARAMS)
 @pytest.mark.parametrize("lossy", [False, True], ids=["clean", "loss-dup-reorder"])
 def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, lossy):
     b, topo = bed
@@ -106,7 +102,7 @@ def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, los
         assert stats.get("resent", 0) > 0
 
 
-@pytest.mark.parametrize("target", available_targets())
+@pytest.mark.parametrize("target", TARGET_PARAMS)
 def test_nonfinite_gradient_skips_its_chunk_for_the_step(bed, tmp_path, target):
     b, topo = bed
     init = small_model()
@@ -131,7 +127,7 @@ def test_nonfinite_gradient_skips_its_chunk_for_the_step(bed, tmp_path, target):
         assert a.stats["nonfinite_steps"] == 1 and a.nonfinite_log == [(step, [chunk])]
 
 
-@pytest.mark.parametrize("target", available_targets())
+@pytest.mark.parametrize("target", TARGET_PARAMS)
 def test_killed_and_restarted_node_through_the_switch(bed, tmp_path, target):
     b, topo = bed
     init = small_model()
@@ -158,7 +154,7 @@ def test_killed_and_restarted_node_through_the_switch(bed, tmp_path, target):
     assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
 
 
-@pytest.mark.parametrize("target", available_targets())
+@pytest.mark.parametrize("target", TARGET_PARAMS)
 def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
     """State ten times the budget, one step through the switch: the node's state mappings never
     hold more than the budget, and the process never grows by the state's size."""
