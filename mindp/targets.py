@@ -59,6 +59,7 @@ class SwitchConfig:
     thrift_port: int | None = None  # BMv2 runtime CLI port (queue depth); None: BMv2's default 9090
     cpu_port: int | None = None
     fault_args: list[str] = field(default_factory=list)  # embedded only: --drop-prob P ...
+    grpc_args: list[str] = field(default_factory=list)  # after `--`, e.g. BMv2's --grpc-server-ssl ...
 
     def args(self) -> list[str]:
         args = ["--device-id", str(self.device_id)]
@@ -74,7 +75,7 @@ class SwitchConfig:
         args += ["--", "--grpc-server-addr", self.grpc_addr]
         if self.cpu_port is not None:
             args += ["--cpu-port", str(self.cpu_port)]
-        return args
+        return args + self.grpc_args
 
 
 def command(target: str, cfg: SwitchConfig) -> list[str]:
