@@ -13,6 +13,8 @@ import time
 import numpy as np
 
 from host_agent import optim, rawsock
+from mindp import testbed
+from mindp.topology import star
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig
 
 from .helpers import initial_fp16
@@ -61,6 +63,24 @@ def node_args(topo_path, state_dir, init_path, steps, export, stats, budget="8M"
     return ["--iface", "eth0", "--topology", str(topo_path), "--job", "1", "--state-dir", str(state_dir),
             "--ram-budget", budget, "--init", str(init_path), "--steps", str(steps), "--export", str(export),
             "--stats", str(stats), "--page-chunks", "32", "--linger", "1.5", "--idle-timeout", "60", *extra]
+
+
+def run_files(tmp_path, topo, init, steps) -> list[str]:
+    """Write the topology and initial parameters for a node run; its arguments."""
+    topo_path = tmp_path / "topo.json"
+    topo.dump(topo_path)
+    init_path = tmp_path / "init.npz"
+    np.savez(init_path, **init)
+    return node_args(topo_path, tmp_path / "state", init_path, steps, tmp_path / "final.npz", tmp_path / "stats.json")
+
+
+def job_bed(prefix: str, n_workers: int):
+    """A testbed with one job's workers and optimizer node (a generator for module fixtures)."""
+    topo = star([n_workers], slots=8)
+    with testbed.Testbed(prefix) as b:
+        for h in topo.hosts.values():
+            b.add(h)
+        yield b, topo
 
 
 class Workers:

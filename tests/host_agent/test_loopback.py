@@ -13,12 +13,11 @@ import pytest
 from host_agent import optim, reference
 from host_agent.optim import OptimizerConfig
 from host_agent.worker import RtoConfig, StepTimeout
-from mindp import codec, testbed
+from mindp import codec
 from mindp.protocol import K, Kind
-from mindp.topology import star
 
 from .aggregator import Aggregator
-from .harness import NodeProcess, Workers, load_npz, load_stats, node_args
+from .harness import NodeProcess, Workers, job_bed, load_npz, load_stats, run_files
 from .helpers import same_bits, small_model
 
 pytestmark = pytest.mark.net
@@ -28,19 +27,7 @@ N = 3
 
 @pytest.fixture(scope="module")
 def bed():
-    topo = star([N], slots=8)
-    with testbed.Testbed("hal-") as b:
-        for h in topo.hosts.values():
-            b.add(h)
-        yield b, topo
-
-
-def setup_run(tmp_path, topo, init):
-    topo_path = tmp_path / "topo.json"
-    topo.dump(topo_path)
-    init_path = tmp_path / "init.npz"
-    np.savez(init_path, **init)
-    return node_args(topo_path, tmp_path / "state", init_path, STEPS, tmp_path / "final.npz", tmp_path / "stats.json")
+    yield from job_bed("hal-", N)
 
 
 def aggregator(bed_topo, **faults):
@@ -68,7 +55,7 @@ def test_workers_and_node_match_reference(bed, tmp_path, faults, overlap):
     init = small_model()
     gf = reference.synthetic_grads(11)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
-    args = setup_run(tmp_path, topo, init)
+    args = run_files(tmp_path, topo, init, STEPS)
     with aggregator(bed, **faults) as agg:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
@@ -101,7 +88,7 @@ def test_killed_and_restarted_node_ends_bit_identical(bed, tmp_path, seed):
     init = small_model()
     gf = reference.synthetic_grads(12)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
-    args = setup_run(tmp_path, topo, init)
+    args = run_files(tmp_path, topo, init, STEPS)
     rng = random.Random(seed)
     with aggregator(bed) as agg:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
@@ -147,7 +134,7 @@ def test_console_scripts_train_to_reference_bits(bed, tmp_path):
     """mindp-worker processes (synthetic gradients) and mindp-optimizer, each in its namespace."""
     b, topo = bed
     init = small_model()
-    args = setup_run(tmp_path, topo, init)
+    args = run_files(tmp_path, topo, init, STEPS)
     ref = reference.train(init, reference.synthetic_grads(5), N, STEPS, OptimizerConfig())
     with aggregator(bed):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()

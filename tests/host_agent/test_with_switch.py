@@ -11,12 +11,11 @@ import pytest
 from controller.controller import Controller
 from host_agent import optim, reference, state
 from host_agent.optim import OptimizerConfig
-from mindp import targets, testbed
-from mindp.topology import star
+from mindp import targets
 
 from tests.conftest import TARGET_PARAMS
 
-from .harness import NodeProcess, Workers, load_npz, load_stats, node_args, state_rss
+from .harness import NodeProcess, Workers, job_bed, load_npz, load_stats, run_files, state_rss
 from .helpers import same_bits, small_model, with_nonfinite
 
 pytestmark = pytest.mark.net
@@ -27,11 +26,7 @@ FAULTS = ["--drop-prob", "0.05", "--dup-prob", "0.05", "--reorder-prob", "0.05",
 
 @pytest.fixture(scope="module")
 def bed():
-    topo = star([N], slots=8)
-    with testbed.Testbed("has-") as b:
-        for h in topo.hosts.values():
-            b.add(h)
-        yield b, topo
+    yield from job_bed("has-", N)
 
 
 class Fabric:
@@ -64,14 +59,6 @@ class Fabric:
         self.switch.stop()
 
 
-def files(tmp_path, topo, init, steps=STEPS):
-    topo_path = tmp_path / "topo.json"
-    topo.dump(topo_path)
-    init_path = tmp_path / "init.npz"
-    np.savez(init_path, **init)
-    return node_args(topo_path, tmp_path / "state", init_path, steps, tmp_path / "final.npz", tmp_path / "stats.json")
-
-
 @pytest.mark.parametrize("target", TARGET_PARAMS)
 @pytest.mark.parametrize("lossy", [False, True], ids=["clean", "loss-dup-reorder"])
 def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, lossy):
@@ -79,7 +66,7 @@ def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, los
     init = small_model()
     gf = reference.synthetic_grads(21)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
-    args = files(tmp_path, topo, init)
+    args = run_files(tmp_path, topo, init, STEPS)
     faults = dict(drop=0.05, dup=0.05, reorder=0.05) if lossy else {}
     if lossy and target == "bmv2":  # BMv2 has no fault injection: the node's own paths lose too
         args += ["--drop-recv", "0.05", "--drop-send", "0.05", "--dup-send", "0.05", "--reorder-send", "0.05"]
@@ -109,7 +96,7 @@ def test_nonfinite_gradient_skips_its_chunk_for_the_step(bed, tmp_path, target):
     gf = with_nonfinite(reference.synthetic_grads(23), 1, 2, "w", 3)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
     assert len(ref.nonfinite) == 1
-    args = files(tmp_path, topo, init)
+    args = run_files(tmp_path, topo, init, STEPS)
     with Fabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
@@ -133,7 +120,7 @@ def test_killed_and_restarted_node_through_the_switch(bed, tmp_path, target):
     init = small_model()
     gf = reference.synthetic_grads(22)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
-    args = files(tmp_path, topo, init)
+    args = run_files(tmp_path, topo, init, STEPS)
     rng = random.Random(5)
     with Fabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
@@ -168,7 +155,7 @@ def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
     state.create(tmp_path / "state", lay, state.init_pieces(lay, init), cfg, page_chunks=32)
     gf = reference.synthetic_grads(4)
     ref = reference.train(init, gf, N, 1, cfg)
-    args = files(tmp_path, topo, init, steps=1)
+    args = run_files(tmp_path, topo, init, 1)
     args[args.index("--ram-budget") + 1] = str(budget)
     samples = []
     with Fabric(target, bed, tmp_path):
