@@ -1,7 +1,8 @@
 """Progress of a run from the JSON lines the workers print (pure: no processes, no terminal).
 
 `Progress.feed(line)` takes one line of a worker's log; `bar()` renders one line
-of status: step, loss, accuracy, steps/s, packets/s, retransmissions.
+of status: step, loss, accuracy, steps/s, the workers' gradient packets/s and retransmissions
+(summary.json adds the optimizer nodes' parameter frames and resends).
 """
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ class Progress:
         loss_s = f"{loss:.4f}" if loss is not None else "-"
         acc_s = f"{acc * 100:5.1f}%" if acc is not None else "-"
         return (f"[{'#' * filled}{'.' * (width - filled)}] step {done}/{self.steps}  loss {loss_s}  acc {acc_s}  "
-                f"{steps_s:.1f} steps/s  {pkts_s:,.0f} pkt/s  retx {self.retransmissions}")
+                f"{steps_s:.1f} steps/s  {pkts_s:,.0f} grad pkt/s  grad retx {self.retransmissions}")
 
 
 class LogTail:

@@ -35,7 +35,7 @@ def test_rates_use_the_workers_clock_and_bar():
     steps_s, pkts_s = p.rates()
     assert steps_s == 1.0 and pkts_s == 250.0
     bar = p.bar(width=8)
-    assert "[####....]" in bar and "step 2/4" in bar and "acc  50.0%" in bar and "retx 0" in bar
+    assert "[####....]" in bar and "step 2/4" in bar and "acc  50.0%" in bar and "grad retx 0" in bar
 
 
 def test_noise_and_unknown_workers_are_counted_not_fatal():
