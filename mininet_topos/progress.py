@@ -91,15 +91,16 @@ class Progress:
     def all_done(self) -> bool:
         return all(wp.done is not None for wp in self.workers.values())
 
-    def rates(self, window: float = 3.0) -> tuple[float, float]:
-        """(steps/s, packets/s) over the last `window` seconds of the workers' clocks."""
+    def rates(self, window: float = 3.0) -> tuple[float, float] | None:
+        """(steps/s, packets/s) over the last `window` seconds of the workers' clocks; None until
+        two records of different times have been seen."""
         now = self.last_t
         self.samples.append((now, self.step, self.packets))
         while len(self.samples) > 2 and now - self.samples[1][0] >= window:
             self.samples.pop(0)
         t, s, p = self.samples[0]
         dt = now - t
-        return ((self.step - s) / dt, (self.packets - p) / dt) if dt > 0 else (0.0, 0.0)
+        return ((self.step - s) / dt, (self.packets - p) / dt) if dt > 0 else None
 
     def latest(self) -> tuple[float | None, float | None]:
         """Mean over jobs of the latest loss and accuracy."""
@@ -110,14 +111,15 @@ class Progress:
 
     def bar(self, width: int = 24) -> str:
         total = self.training_seconds()
-        steps_s, pkts_s = (self.steps / total, self.packets / total) if total else self.rates()
+        rates = (self.steps / total, self.packets / total) if total else self.rates()
+        speed = f"{rates[0]:.1f} steps/s  {rates[1]:,.0f} grad pkt/s" if rates else "- steps/s  - grad pkt/s"
         done = self.step
         filled = int(width * done / self.steps) if self.steps else width
         loss, acc = self.latest()
         loss_s = f"{loss:.4f}" if loss is not None else "-"
         acc_s = f"{acc * 100:5.1f}%" if acc is not None else "-"
         return (f"[{'#' * filled}{'.' * (width - filled)}] step {done}/{self.steps}  loss {loss_s}  acc {acc_s}  "
-                f"{steps_s:.1f} steps/s  {pkts_s:,.0f} grad pkt/s  grad retx {self.retransmissions}")
+                f"{speed}  grad retx {self.retransmissions}")
 
 
 class LogTail:
