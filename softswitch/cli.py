@@ -3,7 +3,9 @@
   mindp-softswitch [--device-id N] [--log-file F] [--log-level L] [--pcap DIR]
       [--thrift-port N] [-i PORT@IFACE ...] [--drop-prob P --dup-prob P
       --reorder-prob P --seed S] (JSON | --no-p4)
-      [-- --grpc-server-addr HOST:PORT --cpu-port N --drop-port N]
+      [-- --grpc-server-addr HOST:PORT --cpu-port N --drop-port N
+          --grpc-server-ssl --grpc-server-cacert F --grpc-server-cert F --grpc-server-key F
+          --grpc-server-with-client-auth]
 """
 from __future__ import annotations
 
@@ -60,7 +62,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     t.add_argument("--grpc-server-addr", default=DEFAULT_GRPC)
     t.add_argument("--cpu-port", type=int)
     t.add_argument("--drop-port", type=int)
+    t.add_argument("--grpc-server-ssl", action="store_true")
+    t.add_argument("--grpc-server-cacert")
+    t.add_argument("--grpc-server-cert")
+    t.add_argument("--grpc-server-key")
+    t.add_argument("--grpc-server-with-client-auth", action="store_true")
     targs = t.parse_args(target)
+    args.tls = None
+    if targs.grpc_server_ssl:
+        if not (targs.grpc_server_cert and targs.grpc_server_key):
+            raise UsageError("--grpc-server-ssl needs --grpc-server-cert and --grpc-server-key")
+        if targs.grpc_server_with_client_auth and not targs.grpc_server_cacert:
+            raise UsageError("--grpc-server-with-client-auth needs --grpc-server-cacert")
+        args.tls = (targs.grpc_server_cert, targs.grpc_server_key, targs.grpc_server_cacert,
+                    targs.grpc_server_with_client_auth)
+    elif targs.grpc_server_cacert or targs.grpc_server_cert or targs.grpc_server_key \
+            or targs.grpc_server_with_client_auth:
+        raise UsageError("TLS options need --grpc-server-ssl")
     args.grpc_server_addr = targs.grpc_server_addr
     args.cpu_port = targs.cpu_port
     if targs.drop_port is not None:
@@ -122,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from .dataplane import DataPlane
     from .engine import Engine
     from .faults import FaultConfig, Faults
-    from .p4runtime_server import Server, SwitchService
+    from .p4runtime_server import Server, SwitchService, server_credentials
     from .ports import Port, PortError
 
     engine = Engine()
@@ -142,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     dp = DataPlane(engine, ports, faults, args.cpu_port, service.packet_in)
     service.inject = dp.inject
     try:
-        server = Server(service, args.grpc_server_addr)
+        server = Server(service, args.grpc_server_addr, server_credentials(*args.tls) if args.tls else None)
     except (OSError, RuntimeError) as exc:
         print(f"mindp-softswitch: gRPC: {exc}", file=sys.stderr)
         return 1

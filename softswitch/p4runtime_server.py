@@ -710,15 +710,35 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
                 out.data.byte_count = e.counter[1]
 
 
-class Server:
-    """The gRPC server around a SwitchService."""
+def server_credentials(cert: str, key: str, cacert: str | None = None,
+                       client_auth: bool = False) -> grpc.ServerCredentials:
+    """TLS as BMv2's --grpc-server-ssl options give it; with client_auth, clients must present a
+    certificate signed by cacert. OSError names a file that cannot be read or holds no PEM
+    (gRPC itself would only say that it failed to bind)."""
+    def read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError as exc:
+            raise OSError(f"cannot read {path}: {exc.strerror}") from None
+        if b"-----BEGIN " not in data:
+            raise OSError(f"{path} is not a PEM file")
+        return data
 
-    def __init__(self, service: SwitchService, addr: str):
+    return grpc.ssl_server_credentials([(read(key), read(cert))], root_certificates=read(cacert) if cacert else None,
+                                       require_client_auth=client_auth)
+
+
+class Server:
+    """The gRPC server around a SwitchService; plaintext unless given TLS credentials."""
+
+    def __init__(self, service: SwitchService, addr: str, credentials: grpc.ServerCredentials | None = None):
         self.service = service
         self.addr = addr
         self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="p4rt"))
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(service, self.grpc)
-        if self.grpc.add_insecure_port(addr) == 0:
+        port = self.grpc.add_secure_port(addr, credentials) if credentials else self.grpc.add_insecure_port(addr)
+        if port == 0:
             raise OSError(f"cannot listen on {addr}")
 
     def start(self) -> None:

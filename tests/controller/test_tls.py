@@ -1,4 +1,4 @@
-"""The controller over TLS, against BMv2's TLS-enabled gRPC server (the embedded switch has none)."""
+"""The controller over mutual TLS, against each target started with BMv2's TLS options."""
 import subprocess
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from controller.p4runtime import TLS, SwitchConnection, SwitchError
 from mindp import targets
 
-pytestmark = pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed")
+from ..conftest import TARGET_PARAMS
 
 
 def openssl(*args, cwd):
@@ -28,15 +28,17 @@ def pki(tmp_path_factory):
     return d
 
 
-@pytest.fixture
-def tls_switch(pki, tmp_path):
+def tls_args(pki, key="server.key"):
+    return ["--grpc-server-ssl", "--grpc-server-cacert", str(pki / "ca.pem"), "--grpc-server-cert",
+            str(pki / "server.pem"), "--grpc-server-key", str(pki / key), "--grpc-server-with-client-auth"]
+
+
+@pytest.fixture(params=TARGET_PARAMS)
+def tls_switch(request, pki, tmp_path):
     cfg = targets.SwitchConfig(ports={}, grpc_addr=f"127.0.0.1:{targets.free_port()}",
                                log_file=str(tmp_path / "switch.log"), thrift_port=targets.free_port(),
-                               grpc_args=["--grpc-server-ssl", "--grpc-server-cacert", str(pki / "ca.pem"),
-                                          "--grpc-server-cert", str(pki / "server.pem"),
-                                          "--grpc-server-key", str(pki / "server.key"),
-                                          "--grpc-server-with-client-auth"])
-    with targets.SwitchProcess("bmv2", cfg):
+                               grpc_args=tls_args(pki))
+    with targets.SwitchProcess(request.param, cfg):
         yield cfg.grpc_addr
 
 
@@ -61,3 +63,22 @@ def test_plaintext_or_unknown_client_is_refused_with_one_error(pki, tls_switch):
 def test_missing_credential_file_is_named(tmp_path):
     with pytest.raises(SwitchError, match="not found"):
         SwitchConnection("127.0.0.1:1", tls=TLS(cacert=str(tmp_path / "nope.pem")))
+
+
+@pytest.mark.parametrize("bad, says", [
+    (["--grpc-server-ssl"], "needs --grpc-server-cert and --grpc-server-key"),
+    (["--grpc-server-cert", "x.pem"], "need --grpc-server-ssl"),
+    (["--grpc-server-ssl", "--grpc-server-cert", "c", "--grpc-server-key", "k", "--grpc-server-with-client-auth"],
+     "needs --grpc-server-cacert"),
+])
+def test_embedded_switch_tls_usage_errors(bad, says):
+    cmd = targets.command("embedded", targets.SwitchConfig(ports={}))[:3] + ["--no-p4", "--", *bad]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("key", ["missing.key", "ca.srl"])
+def test_embedded_switch_names_an_unreadable_key(pki, key):
+    cfg = targets.SwitchConfig(ports={}, grpc_addr=f"127.0.0.1:{targets.free_port()}", grpc_args=tls_args(pki, key))
+    r = subprocess.run(targets.command("embedded", cfg), capture_output=True, text=True, timeout=20)
+    assert r.returncode == 1 and key in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
