@@ -15,10 +15,11 @@ from mindp import codec
 from mindp.fixedpoint import fp16_to_fixed
 from mindp.protocol import Flag, Kind
 from mindp.testbed import raw_socket
+from mindp.topology import Host
 
 
 class Aggregator:
-    def __init__(self, job: int, workers: dict[int, "Host"], optimizer: "Host", ports: dict[int, str],
+    def __init__(self, job: int, workers: dict[int, Host], optimizer: Host, ports: dict[int, str],
                  drop=0.0, dup=0.0, reorder=0.0, seed=0):
         self.job = job
         self.workers = workers

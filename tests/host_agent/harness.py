@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from mindp import testbed
 from mindp.topology import star
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig
 
-from .helpers import initial_fp16
+from .helpers import initial_fp16, same_bits
 
 
 class NodeProcess:
@@ -153,6 +154,42 @@ class Workers:
             for k, v in a.stats.items():
                 out[k] = out.get(k, 0) + v
         return out
+
+
+def train(bed_topo, args, tmp_path, init, grad_fn, steps, *, kill_after=(), seed=0, before_workers=None,
+          **worker_kw) -> Workers:
+    """The optimizer node (CLI args `args`) and the job's workers to the last step; the node must
+    exit 0. With kill_after, the node is killed (SIGKILL) a random moment after each of those steps
+    and restarted, and must say that it resumes. before_workers() runs once the node is up."""
+    b, topo = bed_topo
+    rng = random.Random(seed)
+    node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+    try:
+        if before_workers:
+            before_workers()
+        workers = Workers(b, topo, init, grad_fn, steps, **worker_kw).start()
+        for step in kill_after:
+            workers.wait_step(step)
+            time.sleep(rng.uniform(0, 0.06))  # somewhere inside the next step, or at its end
+            node.kill()
+            time.sleep(0.3)  # workers time out and retransmit into the void meanwhile
+            node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+            assert "resuming after step" in node.banner
+        workers.join(240)
+        assert node.wait(60) == 0
+    finally:
+        node.stop()
+    return workers
+
+
+def check_against(ref, workers, tmp_path, master=True) -> dict:
+    """Every worker's parameters (and the node's exported master) bit-identical to the reference
+    run; returns the node's stats."""
+    for w, params in workers.results.items():
+        assert same_bits(params, ref.params), f"worker {w} differs from the reference"
+    if master:
+        assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
+    return load_stats(tmp_path / "stats.json")
 
 
 def load_stats(path) -> dict:

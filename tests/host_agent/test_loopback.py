@@ -2,7 +2,6 @@
 seam: bit-identical to the reference, also with loss, duplicates, reordering,
 overlapped steps and a killed and restarted optimizer node; a worker without an
 optimizer fails its step by the deadline."""
-import random
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from mindp import codec
 from mindp.protocol import K, Kind
 
 from .aggregator import Aggregator
-from .harness import NodeProcess, Workers, job_bed, load_npz, load_stats, run_files
+from .harness import NodeProcess, Workers, check_against, job_bed, load_npz, load_stats, run_files, train
 from .helpers import same_bits, small_model
 
 pytestmark = pytest.mark.net
@@ -51,25 +50,18 @@ def junk_frames(topo) -> list[bytes]:
 @pytest.mark.parametrize("faults,overlap", [({}, False), (dict(drop=0.05, dup=0.05, reorder=0.05, seed=1), False),
                                             ({}, True)], ids=["clean", "loss-dup-reorder", "overlapped"])
 def test_workers_and_node_match_reference(bed, tmp_path, faults, overlap):
-    b, topo = bed
+    topo = bed[1]
     init = small_model()
     gf = reference.synthetic_grads(11)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
     args = run_files(tmp_path, topo, init, STEPS)
     with aggregator(bed, **faults) as agg:
-        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
-        try:
+        def send_junk():
             for frame in junk_frames(topo):
                 agg.socks[topo.host("opt1").port].send(frame)
-            workers = Workers(b, topo, init, gf, STEPS, drop=faults.get("drop", 0.0), overlap=overlap).start()
-            workers.join()
-            assert node.wait(30) == 0
-        finally:
-            node.stop()
-    for w, params in workers.results.items():
-        assert same_bits(params, ref.params), f"worker {w} differs from the reference"
-    assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
-    stats = load_stats(tmp_path / "stats.json")
+        workers = train(bed, args, tmp_path, init, gf, STEPS, before_workers=send_junk,
+                        drop=faults.get("drop", 0.0), overlap=overlap)
+    stats = check_against(ref, workers, tmp_path)
     n_chunks = optim.layout_of(init).n_chunks
     assert stats["applied"] == STEPS * n_chunks and stats["committed"] == STEPS - 1
     assert stats["rejected_length"] >= 2  # the truncated frame and the GRAD frame
@@ -84,30 +76,14 @@ def test_workers_and_node_match_reference(bed, tmp_path, faults, overlap):
 
 @pytest.mark.parametrize("seed", [7, 8])
 def test_killed_and_restarted_node_ends_bit_identical(bed, tmp_path, seed):
-    b, topo = bed
+    topo = bed[1]
     init = small_model()
     gf = reference.synthetic_grads(12)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
     args = run_files(tmp_path, topo, init, STEPS)
-    rng = random.Random(seed)
     with aggregator(bed) as agg:
-        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
-        try:
-            workers = Workers(b, topo, init, gf, STEPS).start()
-            for kill_after in (1, 2, 3):
-                workers.wait_step(kill_after)
-                time.sleep(rng.uniform(0, 0.06))  # somewhere inside the next step, or at its end
-                node.kill()
-                time.sleep(0.3)  # workers time out and retransmit into the void meanwhile
-                node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
-                assert "resuming after step" in node.banner
-            workers.join()
-            assert node.wait(30) == 0
-        finally:
-            node.stop()
-    for params in workers.results.values():
-        assert same_bits(params, ref.params)
-    assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
+        workers = train(bed, args, tmp_path, init, gf, STEPS, kill_after=(1, 2, 3), seed=seed)
+    check_against(ref, workers, tmp_path)
     assert agg.stats["resent_sums"] > 0  # the gap was filled by retransmissions
 
 

@@ -2,7 +2,6 @@
 always, BMv2 where installed), configured by the real controller over P4Runtime, on
 veth pairs in namespaces: parameters bit-identical to the reference, also with
 loss, duplicates and reordering, and across a killed and restarted node."""
-import random
 import time
 
 import numpy as np
@@ -15,8 +14,8 @@ from mindp import targets
 
 from tests.conftest import TARGET_PARAMS
 
-from .harness import NodeProcess, Workers, job_bed, load_npz, load_stats, run_files, state_rss
-from .helpers import same_bits, small_model, with_nonfinite
+from .harness import NodeProcess, Workers, check_against, job_bed, run_files, state_rss, train
+from .helpers import small_model, with_nonfinite
 
 pytestmark = pytest.mark.net
 N = 3
@@ -62,7 +61,7 @@ class Fabric:
 @pytest.mark.parametrize("target", TARGET_PARAMS)
 @pytest.mark.parametrize("lossy", [False, True], ids=["clean", "loss-dup-reorder"])
 def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, lossy):
-    b, topo = bed
+    topo = bed[1]
     init = small_model()
     gf = reference.synthetic_grads(21)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
@@ -71,17 +70,8 @@ def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, los
     if lossy and target == "bmv2":  # BMv2 has no fault injection: the node's own paths lose too
         args += ["--drop-recv", "0.05", "--drop-send", "0.05", "--dup-send", "0.05", "--reorder-send", "0.05"]
     with Fabric(target, bed, tmp_path, FAULTS if lossy else ()):
-        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
-        try:
-            workers = Workers(b, topo, init, gf, STEPS, **faults).start()
-            workers.join(240)
-            assert node.wait(60) == 0
-        finally:
-            node.stop()
-    for w, params in workers.results.items():
-        assert same_bits(params, ref.params), f"worker {w} differs from the reference"
-    assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
-    stats = load_stats(tmp_path / "stats.json")
+        workers = train(bed, args, tmp_path, init, gf, STEPS, **faults)
+    stats = check_against(ref, workers, tmp_path)
     assert stats["applied"] == STEPS * optim.layout_of(init).n_chunks
     if lossy:
         totals = workers.totals()
@@ -91,23 +81,15 @@ def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, los
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
 def test_nonfinite_gradient_skips_its_chunk_for_the_step(bed, tmp_path, target):
-    b, topo = bed
+    topo = bed[1]
     init = small_model()
     gf = with_nonfinite(reference.synthetic_grads(23), 1, 2, "w", 3)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
     assert len(ref.nonfinite) == 1
     args = run_files(tmp_path, topo, init, STEPS)
     with Fabric(target, bed, tmp_path):
-        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
-        try:
-            workers = Workers(b, topo, init, gf, STEPS).start()
-            workers.join(240)
-            assert node.wait(60) == 0
-        finally:
-            node.stop()
-    for params in workers.results.values():
-        assert same_bits(params, ref.params)
-    stats = load_stats(tmp_path / "stats.json")
+        workers = train(bed, args, tmp_path, init, gf, STEPS)
+    stats = check_against(ref, workers, tmp_path, master=False)
     assert [tuple(x) for x in stats["nonfinite"]] == ref.nonfinite  # the node's hook saw the switch's flag
     step, chunk = ref.nonfinite[0]
     for a in workers.agents.values():  # and every worker learnt it from the parameters' flag
@@ -116,29 +98,14 @@ def test_nonfinite_gradient_skips_its_chunk_for_the_step(bed, tmp_path, target):
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
 def test_killed_and_restarted_node_through_the_switch(bed, tmp_path, target):
-    b, topo = bed
+    topo = bed[1]
     init = small_model()
     gf = reference.synthetic_grads(22)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
     args = run_files(tmp_path, topo, init, STEPS)
-    rng = random.Random(5)
     with Fabric(target, bed, tmp_path):
-        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
-        try:
-            workers = Workers(b, topo, init, gf, STEPS).start()
-            for kill_after in (1, 2):
-                workers.wait_step(kill_after)
-                time.sleep(rng.uniform(0, 0.05))
-                node.kill()
-                time.sleep(0.3)
-                node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
-            workers.join(240)
-            assert node.wait(60) == 0
-        finally:
-            node.stop()
-    for params in workers.results.values():
-        assert same_bits(params, ref.params)
-    assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
+        workers = train(bed, args, tmp_path, init, gf, STEPS, kill_after=(1, 2), seed=5)
+    check_against(ref, workers, tmp_path)
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
@@ -169,8 +136,6 @@ def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
             assert node.wait(60) == 0
         finally:
             node.stop()
-    for params in workers.results.values():
-        assert same_bits(params, ref.params)
-    stats = load_stats(tmp_path / "stats.json")
+    stats = check_against(ref, workers, tmp_path, master=False)
     assert max(samples) <= budget + stats["page_bytes"]
     assert (stats["vm_hwm_kb"] - stats["rss_start_kb"]) * 1024 < state_bytes / 2
