@@ -17,13 +17,14 @@ import subprocess
 import sys
 import tempfile
 
+from mindp.targets import find_tool
+
 HERE = pathlib.Path(__file__).resolve().parent
 COMPILED = HERE / "compiled"
 BMV2_JSON = COMPILED / "mindp.json"
 P4INFO = COMPILED / "mindp.p4info.txtpb"
 HASH_FILE = COMPILED / "mindp.sources.sha256"
 MAIN = HERE / "mindp.p4"
-P4TOOLS_BIN = pathlib.Path("/opt/p4tools/bin")
 
 
 def sources(root: pathlib.Path = HERE) -> list[pathlib.Path]:
@@ -46,11 +47,7 @@ def recorded_hash() -> str | None:
 
 
 def find_p4c() -> str | None:
-    found = shutil.which("p4c-bm2-ss")
-    if found:
-        return found
-    local = P4TOOLS_BIN / "p4c-bm2-ss"
-    return str(local) if local.exists() else None
+    return find_tool("p4c-bm2-ss")
 
 
 def compile_program(p4c: str, main: pathlib.Path, json_out: pathlib.Path, p4info_out: pathlib.Path) -> None:
