@@ -95,6 +95,8 @@ class Progress:
         """(steps/s, packets/s) over the last `window` seconds of the workers' clocks; None until
         two records of different times have been seen."""
         now = self.last_t
+        if not now:  # no timestamped record yet: a sample at clock 0 would average over the epoch
+            return None
         self.samples.append((now, self.step, self.packets))
         while len(self.samples) > 2 and now - self.samples[1][0] >= window:
             self.samples.pop(0)

@@ -29,6 +29,7 @@ def test_step_is_the_slowest_worker_and_curves_come_from_evaluating_workers():
 
 def test_rates_use_the_workers_clock_and_bar():
     p = Progress({1: 1}, steps=4)
+    assert p.rates() is None  # before any record: no sample at clock 0
     p.feed(line(job=1, worker=0, step=-1, sent=0, retx=0, t=100.0))
     assert p.rates() is None and "- steps/s  - grad pkt/s" in p.bar()
     p.feed(line(job=1, worker=0, step=1, sent=500, retx=0, loss=1.0, acc=0.5, t=102.0))
