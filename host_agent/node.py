@@ -118,7 +118,9 @@ class NodeCore:
         if not out_rows:
             return np.zeros(0, dtype=headers.dtype), np.zeros((0, K), dtype=np.float16)
         hdr = headers[np.array(out_rows)].copy()
-        hdr["flags"] &= np.uint8(Flag.NONFINITE)
+        # A sum's RETRANSMIT (completed by a retransmitted gradient) stays on its parameters so
+        # that workers take no round-trip sample from them; resent parameters carry it always.
+        hdr["flags"] &= np.uint8(Flag.NONFINITE | Flag.RETRANSMIT)
         if resend:
             hdr["flags"][-len(resend):] |= np.uint8(Flag.RETRANSMIT)
         hdr["nworkers"] = 0

@@ -44,6 +44,10 @@ class RtoConfig:
     min: float = 0.02
     max: float = 2.0
     deadline: float = 15.0  # fail the step after this long without any new parameter chunk
+    # Fast retransmit: a chunk sent once is resent at once when the parameters of a chunk this
+    # many places later arrived (0: off). Chunks are sent, aggregated and answered in order, so
+    # a later chunk's answer means this one's gradient, sum or parameters were lost.
+    fast_after: int = 3
 
 
 class RttEstimator:
@@ -91,7 +95,8 @@ class Window:
     Chunks go out in order; chunk c may be sent only once it is ready (produced)
     and, for c >= slots, once the parameters of chunk c - slots arrived (they
     share a slot: DESIGN.md invariant 3). An outstanding chunk is sent again,
-    flagged RETRANSMIT, when its timeout expires.
+    flagged RETRANSMIT, when its timeout expires, or once, early, when the
+    parameters of a chunk `fast_after` places later arrived before its own.
     """
 
     def __init__(self, step: int, n_chunks: int, slots: int, rtt: RttEstimator, now: float):
@@ -108,6 +113,9 @@ class Window:
         self.n_done = 0
         self.last_progress = now
         self.timeouts = 0
+        self.fast_retransmits = 0
+        self.fast_due: list[int] = []  # chunks found overdue by a later chunk's parameters
+        self._fast_checked = 0  # chunks below this were checked for fast retransmit
 
     def set_ready(self, chunks) -> None:
         self.ready[chunks] = True
@@ -131,28 +139,42 @@ class Window:
             new = sel.tolist()
             self.outstanding.update(dict.fromkeys(new, now + self.rtt.backoff(1)))
             self.next_new = c0 + stop
-        again = [c for c, exp in self.outstanding.items() if exp <= now]
-        if again:
+        expired = [c for c, exp in self.outstanding.items() if exp <= now]
+        if expired:
             self.rtt.on_timeout(now)
+        fast = [c for c in self.fast_due if c in self.outstanding and c not in expired]
+        self.fast_due = []
+        again = expired + fast
         for c in again:
             self.attempts[c] += 1
             self.outstanding[c] = now + self.rtt.backoff(int(self.attempts[c]))
-        self.timeouts += len(again)
+        self.timeouts += len(expired)
+        self.fast_retransmits += len(fast)
         return new, again
 
-    def on_param(self, chunk: int, now: float) -> bool:
-        """Parameters for `chunk` arrived; False if already had them."""
+    def on_param(self, chunk: int, now: float, sample: bool = True) -> bool:
+        """Parameters for `chunk` arrived; False if already had them. `sample`: False when a
+        retransmission (any worker's) completed the chunk, so its round trip includes a timeout."""
         if self.done[chunk]:
             return False
         self.done[chunk] = True
         self.n_done += 1
         self.last_progress = now
-        if self.outstanding.pop(chunk, None) is not None and self.attempts[chunk] == 1:
+        gap = self.rtt.cfg.fast_after
+        if gap and chunk - gap >= self._fast_checked:
+            # Every chunk below `chunk` was sent before it; each is checked once.
+            lo, hi = self._fast_checked, chunk - gap + 1
+            overdue = lo + np.flatnonzero(~self.done[lo:hi] & (self.attempts[lo:hi] == 1))
+            self.fast_due += overdue.tolist()
+            self._fast_checked = hi
+        if self.outstanding.pop(chunk, None) is not None and self.attempts[chunk] == 1 and sample:
             self.rtt.sample(now - self.first_sent[chunk])  # Karn: never from a retransmitted chunk
         return True
 
     def wake_at(self) -> float:
-        """When something is next due: the earliest expiry, or the deadline."""
+        """When something is next due: now for a fast retransmit, the earliest expiry, or the deadline."""
+        if self.fast_due:
+            return self.last_progress
         t = self.last_progress + self.rtt.cfg.deadline
         return min(t, min(self.outstanding.values())) if self.outstanding else t
 
@@ -283,7 +305,11 @@ class StepHandle:
         """Send what is due, wait up to `timeout` for frames, take the parameters that came."""
         a = self.agent
         now = time.monotonic()
-        new, again = self.window.due(now)
+        w = self.window
+        timeouts, fast = w.timeouts, w.fast_retransmits
+        new, again = w.due(now)
+        a.stats["timeouts"] += w.timeouts - timeouts
+        a.stats["fast_retransmits"] += w.fast_retransmits - fast
         if new:
             sent, failed = rawsock.send_rows(a.sock, a.frames, new, a.faults)
             a.stats["sent"] += sent
@@ -292,7 +318,6 @@ class StepHandle:
             a.frames[again, FLAGS_OFFSET] |= np.uint8(Flag.RETRANSMIT)
             sent, failed = rawsock.send_rows(a.sock, a.frames, again, a.faults)
             a.stats["retransmitted"] += sent
-            a.stats["timeouts"] += len(again)
             a.stats["send_errors"] += failed
         if timeout > 0:
             ready, _, _ = select.select([a.sock], [], [], timeout)
@@ -323,7 +348,7 @@ class StepHandle:
             if c >= w.n or h["count"][i] != a.counts[c]:
                 a.stats["rejected_chunk"] += 1
                 continue
-            if w.on_param(c, now):
+            if w.on_param(c, now, sample=not h["flags"][i] & Flag.RETRANSMIT):
                 self.params[c * K : (c + 1) * K] = dec.elements[i]
                 a.stats["params_received"] += 1
                 if h["flags"][i] & Flag.NONFINITE:

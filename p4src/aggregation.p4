@@ -101,12 +101,15 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             if (meta.complete == 1) {
                 completions.count((bit<32>) hdr.mindp.job);
             }
-            /* The packet becomes the sum for the job's optimizer node. */
+            /* The packet becomes the sum for the job's optimizer node. RETRANSMIT marks a
+             * resent sum and a sum completed by a retransmitted gradient: either way the
+             * round trip it ends is not one workers may sample (Karn's rule, docs/AGENTS.md). */
             hdr.fp16.setInvalid();
             hdr.mindp.kind = KIND_SUM;
             hdr.mindp.nworkers = n;
             hdr.mindp.flags = (nf == 1 ? FLAG_NONFINITE : 8w0)
-                              | (meta.resend == 1 ? FLAG_RETRANSMIT : 8w0);
+                              | (meta.resend == 1 ? FLAG_RETRANSMIT : 8w0)
+                              | (hdr.mindp.flags & FLAG_RETRANSMIT);
             hdr.ethernet.dstAddr = meta.optimizer_mac;
             hdr.ipv4.dstAddr = meta.optimizer_ip;
             hdr.ipv4.totalLen = IPV4_LEN_SUM;

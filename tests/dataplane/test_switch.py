@@ -111,12 +111,29 @@ def test_retransmission_to_a_completed_slot_resends_the_sum(fabric, job1):
     for w in range(3):
         fabric.send(job1.workers[w], fabric.grad(job1, w, grads[w], step=5, chunk=3))
     first = only_sums_at(fabric, fabric.collect(1), "opt1", 1)
+    assert not first.headers[0]["flags"] & Flag.RETRANSMIT
     resent = fabric.counter("MindpIngress.aggregation.resent_sums", 1)
     fabric.send("w1_1", fabric.grad(job1, 1, grads[1], step=5, chunk=3, flags=int(Flag.RETRANSMIT)))
     again = only_sums_at(fabric, fabric.collect(1), "opt1", 1)
     assert np.array_equal(again.elements[0], first.elements[0])
     assert again.headers[0]["flags"] & Flag.RETRANSMIT and again.headers[0]["nworkers"] == 3
     assert fabric.counter("MindpIngress.aggregation.resent_sums", 1) == resent + 1
+
+
+def test_sum_completed_by_a_retransmitted_gradient_is_flagged(fabric, job1):
+    """Its round trip includes a timeout: the flag tells workers not to sample it (Karn)."""
+    rng = np.random.default_rng(10)
+    grads = [random_fp16(rng) for _ in range(3)]
+    completions = fabric.counter("MindpIngress.aggregation.completions", 1)
+    resent = fabric.counter("MindpIngress.aggregation.resent_sums", 1)
+    fabric.send("w1_0", fabric.grad(job1, 0, grads[0], step=6, chunk=2))
+    fabric.send("w1_1", fabric.grad(job1, 1, grads[1], step=6, chunk=2, flags=int(Flag.RETRANSMIT)))
+    fabric.send("w1_2", fabric.grad(job1, 2, grads[2], step=6, chunk=2, flags=int(Flag.RETRANSMIT)))
+    dec = only_sums_at(fabric, fabric.collect(1), "opt1", 1)
+    assert np.array_equal(dec.elements[0], exact_sum(grads)[0])
+    assert dec.headers[0]["flags"] == Flag.RETRANSMIT and dec.headers[0]["nworkers"] == 3
+    assert fabric.counter("MindpIngress.aggregation.completions", 1) == completions + 1
+    assert fabric.counter("MindpIngress.aggregation.resent_sums", 1) == resent
 
 
 def test_versions_alternate_over_many_reuses_of_a_slot(fabric, job1):

@@ -90,7 +90,7 @@ class Aggregator:
             cell["bits"] |= bit
             if cell["bits"] != (1 << len(self.workers)) - 1:
                 return
-            flags = 0
+            flags = h["flags"] & Flag.RETRANSMIT  # completed by a retransmission: as the P4 does
             self.stats["sums"] += 1
         hdr = h.copy()
         hdr["nworkers"] = len(self.workers)

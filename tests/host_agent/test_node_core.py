@@ -49,6 +49,19 @@ def assemble(lay, sent, previous):
     return lay.unflatten(flat[: lay.total])
 
 
+def test_retransmit_flag_of_a_fresh_sum_stays_on_its_parameters(tmp_path):
+    init = small_model()
+    lay = optim.layout_of(init)
+    core = open_core(tmp_path, init, OptimizerConfig())
+    sums, nf = step_sums(lay, reference.synthetic_grads(1), N, 0, initial_fp16(init))
+    chunks = np.arange(2)
+    hdr = sum_headers(JOB, 0, chunks, lay, S, N, nf)
+    hdr["flags"][1] |= Flag.RETRANSMIT
+    out, _ = core.handle(hdr, sums[chunks])
+    assert out["chunk"].tolist() == [0, 1] and core.stats["applied"] == 2
+    assert [bool(f & Flag.RETRANSMIT) for f in out["flags"]] == [False, True]
+
+
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 def test_shuffled_duplicated_sums_give_reference_bits(tmp_path, kind):
     init = small_model()

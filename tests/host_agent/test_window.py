@@ -44,6 +44,38 @@ def test_timeout_retransmits_with_backoff_and_rtt_from_first_sends_only():
     assert not w.on_param(0, 0.32)  # duplicate
 
 
+def test_parameters_of_a_later_chunk_fast_retransmit_an_overdue_one_once():
+    w = window(n=10, slots=10, initial=1.0, min=0.5, max=4.0)
+    w.set_ready(range(10))
+    w.due(0.0)
+    for c in (0, 2, 3):
+        w.on_param(c, 0.01)
+    assert w.due(0.02) == ([], []) and w.wake_at() > 0.5  # chunk 1 is only 2 places behind
+    w.on_param(4, 0.03)  # 3 places: its gradient, sum or parameters were lost
+    assert w.wake_at() <= 0.03
+    assert w.due(0.03) == ([], [1])
+    assert w.fast_retransmits == 1 and w.timeouts == 0 and w.rtt.rto == 0.5  # floor; no back-off
+    for c in (5, 6, 7, 8, 9):
+        w.on_param(c, 0.04)
+    assert w.due(1.02) == ([], [])  # once per chunk: then its timer, doubled, takes over
+    assert w.due(1.031) == ([], [1]) and w.timeouts == 1
+
+
+def test_fast_retransmit_off_and_karn_for_flagged_parameters():
+    w = window(n=6, slots=6, fast_after=0)
+    w.set_ready(range(6))
+    w.due(0.0)
+    for c in range(1, 6):
+        w.on_param(c, 0.01, sample=c != 1)
+    assert w.due(0.02) == ([], []) and w.fast_retransmits == 0
+    assert w.rtt.srtt == pytest.approx(0.01)
+    w2 = window(n=2, slots=2)
+    w2.set_ready([0, 1])
+    w2.due(0.0)
+    w2.on_param(0, 0.3, sample=False)  # completed by a peer's retransmission: not a round trip
+    assert w2.rtt.srtt is None
+
+
 def test_rto_adapts_to_measured_round_trips():
     est = RttEstimator(RtoConfig(initial=1.0, min=0.001, max=5.0))
     for _ in range(50):
