@@ -73,6 +73,13 @@ class Layout:
     ilen: int  # hidden: ingress length (counter bytes)
     plen: int  # hidden: packet length register (add/remove_header)
     aliases: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # header stack -> (hidden slot of its next index, its element headers in order)
+    stacks: dict[str, tuple[int, list[HeaderLayout]]] = field(default_factory=dict)
+
+    def stack(self, name: str) -> tuple[int, list[HeaderLayout]]:
+        if name not in self.stacks:
+            raise ProgramError(f"unknown header stack {name!r}")
+        return self.stacks[name]
 
     def field(self, ref) -> int:
         hname, fname = ref
@@ -124,8 +131,17 @@ def build_layout(j: dict) -> Layout:
     plen = ilen + 1
     widths += [32, 32]
     signed += [False, False]
+    by_id = {h["id"]: h["name"] for h in j.get("headers", [])}
+    stacks = {}
+    for st in j.get("header_stacks", []):
+        elems = [headers[by_id[i]] for i in st["header_ids"]]
+        if any([w for _, w, _ in e.fields] != [w for _, w, _ in elems[0].fields] for e in elems):
+            raise ProgramError(f"header stack {st['name']}: elements of different types")
+        stacks[st["name"]] = (len(widths), elems)
+        widths.append(32)
+        signed.append(False)
     aliases = {a[0]: tuple(a[1]) for a in j.get("field_aliases", [])}
-    return Layout(headers, widths, signed, len(widths), ilen, plen, aliases)
+    return Layout(headers, widths, signed, len(widths), ilen, plen, aliases, stacks)
 
 
 # --- expressions -------------------------------------------------------------
@@ -192,6 +208,9 @@ class ExprCompiler:
             return (op, self.node(left, params), w)
         if op in ("not", "~", "d2b", "b2d"):
             return (op, None, self.node(right, params))
+        if op == "last_stack_index" and right.get("type") == "header_stack":
+            nxt, _ = self.layout.stack(right["value"])
+            return ("-", ("f", nxt), ("c", 1))
         if op == "-" and left is None:
             return ("-", ("c", 0), self.node(right, params))
         if op in ("+", "-", "*", "/", "%", "<<", ">>", "==", "!=", "<", ">", "<=", ">=",
@@ -444,10 +463,10 @@ def _lookahead(data, off, bit_off, width):
 SUPPORTED_PRIMITIVES = {
     "assign", "assign_header", "add_header", "remove_header", "mark_to_drop", "drop",
     "register_read", "register_write", "count", "modify_field_with_hash_based_offset",
-    "modify_field_rng_uniform", "exit", "log_msg", "assume", "assert",
+    "modify_field_rng_uniform", "exit", "log_msg", "assume", "assert", "push", "pop",
 }
 REJECT_IF_PRESENT = [
-    ("header_stacks", "header stacks"), ("header_union_types", "header unions"),
+    ("header_union_types", "header unions"),
     ("header_unions", "header unions"), ("header_union_stacks", "header union stacks"),
     ("parse_vsets", "parser value sets"), ("meter_arrays", "meters"),
     ("learn_lists", "digests (learn lists)"), ("extern_instances", "extern instances"),
@@ -654,6 +673,10 @@ class ProgramBuilder:
                     f"    f[{h.valid}] = 1",
                     f"    f[{L.plen}] += {h.nbits // 8}"]
             em.invalidate(range(h.valid, h.end))
+        elif op in ("push", "pop"):
+            out += self.gen_push_pop(op, ps)
+            nxt, elems = L.stack(ps[0]["value"])
+            em.invalidate([nxt] + [s for e in elems for s in range(e.valid, e.end)])
         elif op == "remove_header":
             h = L.headers[ps[0]["value"]]
             out += [f"if f[{h.valid}]:", f"    f[{h.valid}] = 0", f"    f[{L.plen}] -= {h.nbits // 8}"]
@@ -773,18 +796,19 @@ class ProgramBuilder:
             for op in s["parser_ops"]:
                 kind = op["op"]
                 ps = op["parameters"]
-                if kind == "extract":
+                if kind == "extract" and ps[0]["type"] == "stack":
+                    # extract(stack.next): the element at the next index, StackOutOfBounds past the end
+                    nxt, elems = L.stack(ps[0]["value"])
+                    self.w(f"if f[{nxt}] >= {len(elems)}:", 1)
+                    self.w(f"raise PErr({self.errors.get('StackOutOfBounds', 3)}, off)", 2)
+                    for i, h in enumerate(elems):
+                        self.w(f"{'if' if i == 0 else 'elif'} f[{nxt}] == {i}:", 1)
+                        self.gen_extract(h, too_short, 2)
+                    self.w(f"f[{nxt}] += 1", 1)
+                elif kind == "extract":
                     if ps[0]["type"] != "regular":
                         raise UnsupportedConstruct(f"extract to a {ps[0]['type']} in state {s['name']}")
-                    h = L.headers[ps[0]["value"]]
-                    nb = h.nbits // 8
-                    if h.nbits % 8:
-                        raise ProgramError(f"header {h.name} is not a whole number of bytes")
-                    self.w(f"if off + {nb} > len(data):", 1)
-                    self.w(f"raise PErr({too_short}, off)", 2)
-                    self.gen_unpack(h, 1)
-                    self.w(f"f[{h.valid}] = 1", 1)
-                    self.w(f"off += {nb}", 1)
+                    self.gen_extract(L.headers[ps[0]["value"]], too_short, 1)
                 elif kind == "set":
                     slot = self.lvalue(ps[0])
                     em = Emitter(self.ec)
@@ -822,6 +846,11 @@ class ProgramBuilder:
                     slot = L.field(k["value"])
                     wd = L.widths[slot]
                     parts.append((f"(f[{slot}] & {(1 << wd) - 1})", (wd + 7) // 8 * 8))
+                elif k["type"] == "stack_field":  # stack.last.field: the element last extracted
+                    nxt, elems = L.stack(k["value"][0])
+                    slots = tuple(e.index(k["value"][1]) for e in elems)
+                    wd = L.widths[slots[0]]
+                    parts.append((f"(f[{slots!r}[f[{nxt}] - 1]] & {(1 << wd) - 1})", (wd + 7) // 8 * 8))
                 elif k["type"] == "lookahead":
                     off_b, wd = k["value"]
                     parts.append((f"_lookahead(data, off, {off_b}, {wd})", (wd + 7) // 8 * 8))
@@ -870,6 +899,38 @@ class ProgramBuilder:
         self.gen_checksums(verify=True, ind=1)
         self.w("return off", 1)
         self.w("")
+
+    def gen_push_pop(self, op: str, ps: list) -> list[str]:
+        """push_front(n) / pop_front(n): elements move n places up / down, the n freed ones
+        become invalid, the next index follows (clamped), packet length by the valid count."""
+        L = self.layout
+        if ps[0]["type"] != "header_stack" or ps[1]["type"] != "hexstr":
+            raise UnsupportedConstruct(f"{op} on a {ps[0]['type']} with a {ps[1]['type']} count")
+        nxt, elems = L.stack(ps[0]["value"])
+        size, n = len(elems), _hex(ps[1]["value"])
+        valid = " + ".join(f"f[{e.valid}]" for e in elems)
+        out = [f"_nv = {valid}"]
+        order = range(size - 1, -1, -1) if op == "push" else range(size)
+        for i in order:
+            src = i - n if op == "push" else i + n
+            d = elems[i]
+            if 0 <= src < size:
+                out.append(f"f[{d.valid}:{d.end}] = f[{elems[src].valid}:{elems[src].end}]")
+            else:
+                out.append(f"f[{d.valid}:{d.end}] = {[0] * (1 + len(d.fields))!r}")
+        out.append(f"f[{nxt}] = min({size}, f[{nxt}] + {n})" if op == "push" else f"f[{nxt}] = max(0, f[{nxt}] - {n})")
+        out.append(f"f[{L.plen}] += ({valid} - _nv) * {elems[0].nbits // 8}")
+        return out
+
+    def gen_extract(self, h: HeaderLayout, too_short: int, ind: int) -> None:
+        nb = h.nbits // 8
+        if h.nbits % 8:
+            raise ProgramError(f"header {h.name} is not a whole number of bytes")
+        self.w(f"if off + {nb} > len(data):", ind)
+        self.w(f"raise PErr({too_short}, off)", ind + 1)
+        self.gen_unpack(h, ind)
+        self.w(f"f[{h.valid}] = 1", ind)
+        self.w(f"off += {nb}", ind)
 
     def gen_unpack(self, h: HeaderLayout, ind: int) -> None:
         nb = h.nbits // 8

@@ -146,6 +146,54 @@ def test_truncated_ethernet_is_a_parser_error_not_a_crash():
     assert eng.stats.errors == 0
 
 
+# --- header stacks ------------------------------------------------------------------
+def stacks_model(labels: bytes, payload: bytes, etype: int = 0x88B6):
+    """P4_16/v1model semantics of programs/stacks.p4, written out: the frame it must emit."""
+    parsed, err, last, rest = [], 0, 0, labels + payload
+    if etype == 0x88B6:
+        while True:
+            if len(parsed) == 4:
+                err = 0xEE  # StackOutOfBounds: extract(next) past the end
+                break
+            if not rest:
+                err = 0x55  # PacketTooShort
+                break
+            b, rest = rest[0], rest[1:]
+            parsed.append((b >> 1, b & 1))
+            last = len(parsed) - 1
+            if b & 1:
+                break
+    length = 14 + len(labels) + len(payload)
+    stack = parsed + [None] * (4 - len(parsed))
+    first = stack[0][0] if stack[0] else None
+    if first in (1, 2):
+        stack = stack[first:] + [None] * first
+    elif first == 3:
+        stack = [(9, 0)] + stack[:3]
+    src = (length << 32) | sum(1 << (16 + i) for i, e in enumerate(stack) if e) | (err << 8) | last
+    body = bytes((v << 1) | bos for v, bos in (e for e in stack if e))
+    return MAC_A + src.to_bytes(6, "big") + etype.to_bytes(2, "big") + body + rest
+
+
+@pytest.mark.parametrize("labels,payload", [
+    (bytes([0x0A, 0x0C, 0x0F]), b"data"),  # 3 labels, bos on the third; first 5: untouched
+    (bytes([0x03]), b"xy"),  # one label, value 1: popped, the stack is empty
+    (bytes([0x02, 0x04, 0x06, 0x09]), b"p"),  # 4 labels, value 1: pop_front(1) moves 3 up
+    (bytes([0x04, 0x06, 0x08, 0x0B]), b""),  # value 2: pop_front(2)
+    (bytes([0x06, 0x0B]), b"zz"),  # value 3: push_front(1) then a new first label
+    (bytes([0x06, 0x08, 0x0A, 0x0D]), b"q"),  # push on a full stack: the last element falls off
+    (bytes([0x0A, 0x0C, 0x0E, 0x10, 0x13]), b"!"),  # no bos within 4: StackOutOfBounds
+    (bytes([0x0A, 0x0C]), b""),  # runs out of bytes: PacketTooShort
+])
+def test_header_stacks_next_last_push_pop(labels, payload):
+    eng = engine("stacks")
+    frame = MAC_A + MAC_B + b"\x88\xb6" + labels + payload
+    assert eng.process(frame, 3) == [(1, stacks_model(labels, payload))]
+    other = MAC_A + MAC_B + b"\x08\x00" + labels + payload  # no labels parsed
+    assert eng.process(other, 3) == [(1, stacks_model(labels, payload, 0x0800))]
+    assert eng.stats.errors == 0
+
+
 # --- tables, registers, counters, hash, checksum, multicast ------------------------
 RES_F = [("reg_old", 32, 0), ("h16", 16, 0), ("h32", 32, 0), ("path", 8, 0), ("rid", 16, 0),
          ("eport", 8, 0), ("inst", 32, 0), ("plen", 32, 0)]
@@ -316,7 +364,7 @@ def test_malformed_json_is_a_clear_error():
     (lambda j: j["actions"][0]["primitives"].append({"op": "clone_ingress_pkt_to_egress", "parameters": []}),
      "clone_ingress_pkt_to_egress"),
     (lambda j: j.__setitem__("meter_arrays", [{"name": "I.m", "id": 0}]), "meters"),
-    (lambda j: j.__setitem__("header_stacks", [{"name": "stk", "id": 0}]), "header stacks"),
+    (lambda j: j.__setitem__("header_unions", [{"name": "u", "id": 0}]), "header unions"),
     (lambda j: j["calculations"].append({"name": "c9", "id": 9, "algo": "crc64", "input": []}), "crc64"),
     (lambda j: j["pipelines"][0]["conditionals"][0]["expression"]["value"].__setitem__("op", "**"), r"'\*\*'"),
 ])
