@@ -1,7 +1,7 @@
 """The aggregation slot pool: contiguous ranges handed to jobs, first fit.
 
 Pure logic. A job gets [base, base + count); ranges of live jobs are disjoint
-(DESIGN.md invariant 5). A freed range is reusable at once because slots clean
+(docs/DESIGN.md invariant 5). A freed range is reusable at once because slots clean
 themselves (invariant 3: the new job's epoch makes every old cell stale).
 No defragmentation: a request that fits the free total but no single gap fails
 with a message that says so.

@@ -3,7 +3,7 @@
 Everything is elementwise float32 with IEEE-exact operations (+ - * / sqrt) and
 scalars rounded to float32 once, so applying a slice of chunks gives the same
 bits as applying the whole tensor: the node (chunk by chunk, in any order) and
-the reference (whole arrays) agree bit for bit (DESIGN.md invariant 2).
+the reference (whole arrays) agree bit for bit (docs/DESIGN.md invariant 2).
 """
 from __future__ import annotations
 

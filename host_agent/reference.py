@@ -4,7 +4,7 @@ Each worker's gradient is rounded to fp16, the workers' gradients are summed
 exactly (mindp.fixedpoint, as the switch does), a chunk with an Inf/NaN anywhere
 is skipped for that step (as the node does on the switch's NONFINITE flag), and
 every other chunk goes through `host_agent.optim.apply`, the node's code path.
-A run through the network must end bit-identical to this (DESIGN.md invariant 2).
+A run through the network must end bit-identical to this (docs/DESIGN.md invariant 2).
 """
 from __future__ import annotations
 

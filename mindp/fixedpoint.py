@@ -1,4 +1,4 @@
-"""Exact fixed point for in-network sums (DESIGN.md invariant 1).
+"""Exact fixed point for in-network sums (docs/DESIGN.md invariant 1).
 
 Every finite fp16 value is an integer multiple of 2**-24 with magnitude below
 2**16, so x * 2**24 is an integer of at most 41 bits. The switch converts each

@@ -1,4 +1,4 @@
-"""Which slot and slot version each (step, chunk) of a job uses (DESIGN.md invariant 3).
+"""Which slot and slot version each (step, chunk) of a job uses (docs/DESIGN.md invariant 3).
 
 Chunk c uses slot c mod S. The uses of one slot follow each other in
 (step, chunk) order; its version alternates 0, 1, 0, ... with each use, so the
