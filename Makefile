@@ -51,8 +51,9 @@ stop:
 	@$(MAKE) -s --no-print-directory setup
 	@$(PY) -m mininet_topos.stop
 
+# Without p4c the committed program is kept only while it matches p4src/; otherwise one line and exit 1.
 p4: setup
-	$(PY) -m p4src.artifacts compile
+	@$(PY) -m p4src.artifacts compile
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -143,7 +143,11 @@ def p4_program(mode: str, run_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.
         return json_path, p4info, f"compiled with {p4c}"
     if not artifacts.BMV2_JSON.exists() or not artifacts.P4INFO.exists():
         raise RunError("p4src/compiled/ artifacts are missing and p4c is not installed")
-    return artifacts.BMV2_JSON, artifacts.P4INFO, "committed p4src/compiled/"
+    why = artifacts.staleness()  # never run an older program than the sources say
+    if why:
+        fix = "run make p4, or drop --p4 committed" if p4c else f"{artifacts.P4C_HINT} (make run then compiles it)"
+        raise RunError(f"{why}: the committed program is stale; {fix}, or undo the change (git diff p4src/)")
+    return artifacts.BMV2_JSON, artifacts.P4INFO, "committed p4src/compiled/ (matches the sources)"
 
 
 def new_run_dir(base: str) -> pathlib.Path:

@@ -4,8 +4,9 @@
     python -m p4src.artifacts check                  # exit 1 if sources changed since
 
 The BMv2 JSON and P4Info in p4src/compiled/ are committed with the SHA-256 of
-the P4 sources that produced them, so machines without p4c run the real program
-and a stale artifact is caught by the tests.
+the P4 sources that produced them, so machines without p4c run the real program.
+A stale artifact is refused, not silently used: by `make p4` without p4c, by
+`make run` before it loads the committed program, and by the tests.
 """
 from __future__ import annotations
 
@@ -39,11 +40,36 @@ def source_hash(root: pathlib.Path = HERE) -> str:
     return digest.hexdigest()
 
 
-def recorded_hash() -> str | None:
+def recorded_hash(root: pathlib.Path | None = None) -> str | None:
+    hash_file = HASH_FILE if root is None else root / "compiled" / HASH_FILE.name
     try:
-        return HASH_FILE.read_text().split()[0]
+        return hash_file.read_text().split()[0]
     except (OSError, IndexError):
         return None
+
+
+def staleness(root: pathlib.Path | None = None) -> str | None:
+    """Why p4src/compiled/ is not the program of the sources in `root` (default p4src/), or None.
+
+    The generated files are compared with a fresh generation first, so a change to
+    mindp/protocol.py or gen_p4.py is caught as well as an edit of a .p4 file.
+    """
+    from . import gen_p4
+
+    root = root or HERE
+    stale = sorted(name for name, text in gen_p4.render().items()
+                   if not (root / "generated" / name).exists() or (root / "generated" / name).read_text() != text)
+    if stale:
+        return f"p4src/generated/{', '.join(stale)} differ from mindp/protocol.py and p4src/gen_p4.py"
+    recorded = recorded_hash(root)
+    if recorded is None:
+        return "p4src/compiled/ has no recorded source hash"
+    if recorded != source_hash(root):
+        return "the P4 sources in p4src/ changed since p4src/compiled/ was compiled"
+    return None
+
+
+P4C_HINT = "install p4c (p4c-bm2-ss on PATH or in /opt/p4tools/bin; README.md, 'BMv2 and p4c')"
 
 
 def find_p4c() -> str | None:
@@ -93,7 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "compile":
         p4c = args.p4c or find_p4c()
         if not p4c:
-            print("p4c-bm2-ss not found: keeping the committed artifacts in p4src/compiled/", file=sys.stderr)
+            why = staleness()
+            if why:
+                print(f"make p4: {why}, and p4c-bm2-ss is not installed to recompile them: {P4C_HINT}, "
+                      f"then run make p4 (or undo the change: git diff p4src/)", file=sys.stderr)
+                return 1
+            print("p4c-bm2-ss not found: p4src/compiled/ matches the P4 sources and is kept", file=sys.stderr)
             return 0
         try:
             compile_and_record(p4c)
@@ -102,8 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"compiled {MAIN.name} -> {BMV2_JSON.relative_to(HERE.parent)}, {P4INFO.relative_to(HERE.parent)}")
         return 0
-    if recorded_hash() != source_hash():
-        print("p4src/compiled/ is stale: the P4 sources changed; run `make p4` with p4c installed", file=sys.stderr)
+    why = staleness()
+    if why:
+        print(f"p4src/compiled/ is stale: {why}; run `make p4` with p4c installed", file=sys.stderr)
         return 1
     print("p4src/compiled/ matches the P4 sources")
     return 0

@@ -1,0 +1,79 @@
+"""An edited P4 program is never silently ignored: without p4c, `make p4` and `make run`
+refuse committed artifacts that differ from the sources (issue 16.1).
+
+p4c is hidden through the find_p4c seam; the sources are a copy of p4src/ in a
+temporary directory, edited there (the shared tree is never touched).
+"""
+from __future__ import annotations
+
+import pathlib
+import shutil
+
+import pytest
+
+from mininet_topos import run as orchestrator
+from p4src import artifacts, gen_p4
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch) -> pathlib.Path:
+    root = tmp_path / "p4src"
+    shutil.copytree(artifacts.HERE, root, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    monkeypatch.setattr(artifacts, "HERE", root)
+    monkeypatch.setattr(artifacts, "BMV2_JSON", root / "compiled" / artifacts.BMV2_JSON.name)
+    monkeypatch.setattr(artifacts, "P4INFO", root / "compiled" / artifacts.P4INFO.name)
+    monkeypatch.setattr(artifacts, "find_p4c", lambda: None)
+    # A consistent tree by construction, whatever state the working copy is in: fresh generated
+    # files and the hash of these sources recorded (the committed JSON stands in for their program).
+    for name, text in gen_p4.render().items():
+        (root / "generated" / name).write_text(text)
+    (root / "compiled" / artifacts.HASH_FILE.name).write_text(artifacts.source_hash(root) + "  p4c\n")
+    return root
+
+
+def edit(path: pathlib.Path) -> None:
+    path.write_text(path.read_text() + "\n/* an edit the committed program does not have */\n")
+
+
+def test_unchanged_sources_are_current_and_make_p4_keeps_them(tree, capsys):
+    assert artifacts.staleness() is None
+    assert artifacts.main(["compile"]) == 0
+    assert "matches the P4 sources" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["mindp.p4", "aggregation.p4", "generated/protocol.p4"])
+def test_make_p4_without_p4c_refuses_an_edited_program_in_one_line(tree, capsys, name):
+    before = {p.name: p.read_bytes() for p in (tree / "compiled").iterdir()}
+    edit(tree / name)
+    assert artifacts.main(["compile"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("make p4: ")
+    assert "p4c-bm2-ss is not installed" in err and "/opt/p4tools/bin" in err
+    if name.startswith("generated/"):
+        assert "generated/protocol.p4" in err  # a stale generation is named
+    assert {p.name: p.read_bytes() for p in (tree / "compiled").iterdir()} == before
+    assert artifacts.main(["check"]) == 1
+
+
+def test_missing_hash_file_is_stale(tree):
+    (tree / "compiled" / artifacts.HASH_FILE.name).unlink()
+    assert "no recorded source hash" in artifacts.staleness()
+
+
+def test_make_run_refuses_a_stale_committed_program_naming_the_fix(tree, tmp_path):
+    json_path, p4info, how = orchestrator.p4_program("auto", tmp_path)
+    assert (json_path, p4info) == (artifacts.BMV2_JSON, artifacts.P4INFO) and "matches the sources" in how
+    edit(tree / "admission.p4")
+    for mode in ("auto", "committed"):
+        with pytest.raises(orchestrator.RunError) as err:
+            orchestrator.p4_program(mode, tmp_path)
+        msg = str(err.value)
+        assert "changed since p4src/compiled/ was compiled" in msg and "install p4c" in msg
+        assert "\n" not in msg
+
+
+def test_make_run_committed_with_p4c_installed_says_to_recompile(tree, tmp_path, monkeypatch):
+    monkeypatch.setattr(artifacts, "find_p4c", lambda: "/somewhere/p4c-bm2-ss")
+    edit(tree / "mindp.p4")
+    with pytest.raises(orchestrator.RunError, match="run make p4, or drop --p4 committed"):
+        orchestrator.p4_program("committed", tmp_path)
