@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import random
 import socket
+import struct
 
 import numpy as np
 
@@ -11,8 +12,13 @@ from mindp.netutil import hold_udp_port
 
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
+PACKET_AUXDATA = 8
 PACKET_IGNORE_OUTGOING = 23
 MAX_FRAME = 2048
+# struct tpacket_auxdata: tp_status, tp_len, tp_snaplen, tp_mac, tp_net, tp_vlan_tci, tp_vlan_tpid
+AUXDATA = struct.Struct("=IIIHHHH")
+TP_STATUS_VLAN_VALID = 1 << 4
+AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
 
 
 class SocketError(RuntimeError):
@@ -60,6 +66,44 @@ def recv_batch(s: socket.socket, limit: int = 1024) -> list[bytes]:
         except (BlockingIOError, InterruptedError):
             break
     return frames
+
+
+def enable_auxdata(s: socket.socket) -> bool:
+    """Ask the kernel to say, per received frame, whether it carried a VLAN tag it stripped
+    (PACKET_AUXDATA); False where the socket is not AF_PACKET (test socket pairs)."""
+    try:
+        s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
+    except OSError:
+        return False
+    return True
+
+
+def was_tagged(ancdata) -> bool:
+    """Whether a frame's PACKET_AUXDATA says the kernel stripped an 802.1Q/802.1ad tag from it."""
+    for level, kind, data in ancdata:
+        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= AUXDATA.size:
+            status, _, _, _, _, tci, _ = AUXDATA.unpack_from(data)
+            return bool(status & TP_STATUS_VLAN_VALID) or tci != 0
+    return False
+
+
+def recv_batch_untagged(s: socket.socket, limit: int = 1024) -> tuple[list[bytes], int]:
+    """Like recv_batch on a socket with enable_auxdata: (frames that carried no VLAN tag, number
+    of tagged frames dropped). A tagged frame never counts as mindp traffic: the kernel strips the
+    tag, so without this a forged frame on another VLAN would look like one of ours."""
+    frames = []
+    tagged = 0
+    recvmsg = s.recvmsg
+    while len(frames) + tagged < limit:
+        try:
+            data, anc, _, _ = recvmsg(MAX_FRAME, AUX_SPACE)
+        except (BlockingIOError, InterruptedError):
+            break
+        if anc and was_tagged(anc):
+            tagged += 1
+        else:
+            frames.append(data)
+    return frames, tagged
 
 
 class Faults:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import ipaddress
 import json
 import pathlib
 import select
@@ -92,11 +93,13 @@ class StepTimeout(RuntimeError):
 class Window:
     """One step of one worker: which chunk to send when, which ones are done.
 
-    Chunks go out in order; chunk c may be sent only once it is ready (produced)
-    and, for c >= slots, once the parameters of chunk c - slots arrived (they
-    share a slot: DESIGN.md invariant 3). An outstanding chunk is sent again,
-    flagged RETRANSMIT, when its timeout expires, or once, early, when the
-    parameters of a chunk `fast_after` places later arrived before its own.
+    A chunk may be sent once it is ready (produced) and, for c >= slots, once
+    the parameters of chunk c - slots arrived (they share a slot: docs/DESIGN.md
+    invariant 3). Chunks of different slots go in any order, so a model whose
+    tensors are produced last-first still sends each chunk as soon as it is
+    ready. An outstanding chunk is sent again, flagged RETRANSMIT, when its
+    timeout expires, or once, early, when the parameters of a chunk
+    `fast_after` places later (and sent after it) arrived before its own.
     """
 
     def __init__(self, step: int, n_chunks: int, slots: int, rtt: RttEstimator, now: float):
@@ -109,7 +112,10 @@ class Window:
         self.attempts = np.zeros(n_chunks, dtype=np.int32)
         self.first_sent = np.zeros(n_chunks, dtype=np.float64)
         self.outstanding: dict[int, float] = {}  # chunk -> expiry
-        self.next_new = 0
+        # Per slot, the next chunk to send in it: slot uses go strictly in chunk order.
+        self.next_in_slot = np.arange(min(slots, n_chunks), dtype=np.int64)
+        self.n_sent = 0
+        self._changed = True  # something became ready or done since the last scan for new chunks
         self.n_done = 0
         self.last_progress = now
         self.timeouts = 0
@@ -119,26 +125,32 @@ class Window:
 
     def set_ready(self, chunks) -> None:
         self.ready[chunks] = True
+        self._changed = True
 
     @property
     def complete(self) -> bool:
         return self.n_done == self.n
 
+    def sent(self, chunk: int) -> bool:
+        return bool(self.attempts[chunk])
+
     def due(self, now: float) -> tuple[list[int], list[int]]:
         """(chunks to send for the first time, chunks to send again), marked as sent now."""
-        c0 = self.next_new
         new: list[int] = []
-        if c0 < self.n and self.ready[c0]:
-            # Only [c0, c0 + slots) can be allowed: beyond, the slot's previous chunk is unsent.
-            c = np.arange(c0, min(self.n, c0 + self.slots))
-            ok = self.ready[c] & ((c < self.slots) | self.done[np.maximum(c - self.slots, 0)])
-            stop = len(ok) if ok.all() else int(np.argmin(ok))
-            sel = c[:stop][~self.done[c[:stop]]]
-            self.attempts[sel] = 1
-            self.first_sent[sel] = now
-            new = sel.tolist()
-            self.outstanding.update(dict.fromkeys(new, now + self.rtt.backoff(1)))
-            self.next_new = c0 + stop
+        if self._changed and self.n_sent < self.n:
+            self._changed = False
+            c = self.next_in_slot
+            live = c < self.n
+            cc = np.minimum(c, self.n - 1)
+            ok = live & self.ready[cc] & ((cc < self.slots) | self.done[np.maximum(cc - self.slots, 0)])
+            if ok.any():
+                sel = np.sort(c[ok])
+                self.attempts[sel] = 1
+                self.first_sent[sel] = now
+                self.next_in_slot[ok] += self.slots
+                self.n_sent += len(sel)
+                new = sel.tolist()
+                self.outstanding.update(dict.fromkeys(new, now + self.rtt.backoff(1)))
         expired = [c for c, exp in self.outstanding.items() if exp <= now]
         if expired:
             self.rtt.on_timeout(now)
@@ -160,11 +172,13 @@ class Window:
         self.done[chunk] = True
         self.n_done += 1
         self.last_progress = now
+        self._changed = True
         gap = self.rtt.cfg.fast_after
         if gap and chunk - gap >= self._fast_checked:
-            # Every chunk below `chunk` was sent before it; each is checked once.
+            # Chunks below `chunk` sent no later than it are overdue; each is checked once.
             lo, hi = self._fast_checked, chunk - gap + 1
-            overdue = lo + np.flatnonzero(~self.done[lo:hi] & (self.attempts[lo:hi] == 1))
+            overdue = lo + np.flatnonzero(~self.done[lo:hi] & (self.attempts[lo:hi] == 1)
+                                          & (self.first_sent[lo:hi] <= self.first_sent[chunk]))
             self.fast_due += overdue.tolist()
             self._fast_checked = hi
         if self.outstanding.pop(chunk, None) is not None and self.attempts[chunk] == 1 and sample:
@@ -213,9 +227,11 @@ class WorkerAgent:
     """A worker's network agent for one job: one step at a time, in order."""
 
     def __init__(self, cfg: WorkerConfig, layout: Layout, sock, faults: rawsock.Faults | None = None,
-                 on_nonfinite=None):
+                 on_nonfinite=None, initial: dict | None = None):
         """on_nonfinite(step, chunks): called after a step whose parameters came back flagged
-        NONFINITE (the node skipped those chunks): the hook for dynamic loss scaling."""
+        NONFINITE (the node skipped the whole step): the hook for dynamic loss scaling.
+        initial: the fp16 parameters held before the first step; a non-finite step returns the
+        parameters held before it (without them, a first step's answers are taken as they came)."""
         if cfg.slots < 1:
             raise ConfigError("slots must be >= 1")
         self.cfg = cfg
@@ -226,10 +242,19 @@ class WorkerAgent:
         self.step = cfg.first_step
         self.on_nonfinite = on_nonfinite
         self.nonfinite_chunks: list[int] = []  # of the last completed step
+        self.current: np.ndarray | None = None  # flat fp16 parameters held now (n_chunks * K)
+        if initial is not None:
+            self.current = np.zeros(layout.n_chunks * K, dtype=np.float16)
+            self.current[: layout.total] = layout.flatten(initial, dtype=np.float16)
         self.rtt = RttEstimator(cfg.rto)
         self.stats = collections.Counter()
         self.step_times: list[float] = []
         self.addrs = codec.Addresses(cfg.mac, cfg.optimizer_mac, cfg.ip, cfg.optimizer_ip)
+        # PARAM frames come from the job's optimizer node only (the switch forwards them unchanged).
+        self.param_src_mac = bytes.fromhex(cfg.optimizer_mac.replace(":", ""))
+        self.param_src_ip = ipaddress.IPv4Address(cfg.optimizer_ip).packed
+        self.param_len = codec.frame_len(Kind.PARAM)
+        self.auxdata = rawsock.enable_auxdata(sock)
         n = layout.n_chunks
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
         self.frames = np.zeros((n, codec.frame_len(Kind.GRAD)), dtype=np.uint8)
@@ -323,7 +348,12 @@ class StepHandle:
             ready, _, _ = select.select([a.sock], [], [], timeout)
             if not ready:
                 return
-        frames = rawsock.recv_batch(a.sock)
+        if a.auxdata:
+            frames, tagged = rawsock.recv_batch_untagged(a.sock)
+            if tagged:
+                a.stats["rejected_tagged"] += tagged
+        else:
+            frames = rawsock.recv_batch(a.sock)
         if frames:
             self._receive(frames)
 
@@ -331,6 +361,11 @@ class StepHandle:
         a = self.agent
         if a.faults:
             frames = a.faults.filter_recv(frames)
+        n_in = len(frames)
+        mac, ip, length = a.param_src_mac, a.param_src_ip, a.param_len
+        frames = [f for f in frames if len(f) != length or (f[6:12] == mac and f[26:30] == ip)]
+        if len(frames) != n_in:
+            a.stats["rejected_source"] += n_in - len(frames)
         dec = codec.decode(frames, Kind.PARAM)
         for reason, n in dec.rejects.items():
             a.stats[f"rejected_{reason}"] += n
@@ -347,6 +382,11 @@ class StepHandle:
                 continue
             if c >= w.n or h["count"][i] != a.counts[c]:
                 a.stats["rejected_chunk"] += 1
+                continue
+            if not w.sent(c):
+                # Parameters for a gradient we have not sent: taking them would mean never sending
+                # it, and the chunk could then never complete for the other workers.
+                a.stats["unsent"] += 1
                 continue
             if w.on_param(c, now, sample=not h["flags"][i] & Flag.RETRANSMIT):
                 self.params[c * K : (c + 1) * K] = dec.elements[i]
@@ -374,9 +414,14 @@ class StepHandle:
         a.stats["steps"] += 1
         a.nonfinite_chunks = sorted(self.nonfinite)
         if self.nonfinite:
+            # The node skipped the whole step; answers sent before it learned so may carry
+            # parameters it has since reverted: keep what we held before the step.
             a.stats["nonfinite_steps"] += 1
+            if a.current is not None:
+                self.params = a.current
             if a.on_nonfinite:
                 a.on_nonfinite(w.step, a.nonfinite_chunks)
+        a.current = self.params
         a.step += 1
         return a.layout.unflatten(self.params[: a.layout.total])
 
@@ -439,7 +484,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"without --topology, give {' '.join(missing)}")
             cfg = WorkerConfig(args.job, args.worker, args.slots, args.mac, args.ip, args.opt_mac, args.opt_ip, rto=rto)
         faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) if (args.drop_send or args.drop_recv) else None
-        agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults)
+        agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
+                            initial={n: a.astype(np.float16) for n, a in init.items()})
         guard = rawsock.udp_guard()
     except (ConfigError, TopologyError, rawsock.SocketError, ValueError, OSError) as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)
@@ -455,8 +501,10 @@ def main(argv: list[str] | None = None) -> int:
         code = 1
     if guard:
         guard.close()
-    if args.out:
+    if args.out and code == 0:
         np.savez(args.out, **params)
+    elif args.out:
+        print(f"mindp-worker: {args.out} not written: the run did not finish", file=sys.stderr)
     stats = dict(agent.stats, step_times=agent.step_times, rto=agent.rtt.rto)
     if args.stats:
         pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")

@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                                          rto=RtoConfig(min=args.rto_min, max=args.rto_max, deadline=args.deadline))
         faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) \
             if (args.drop_send or args.drop_recv) else None
-        agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults)
+        agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
+                            initial={n: a.astype(np.float16) for n, a in init.items()})
         grad = workload.grad_fn(wl)
         data = workload.load_dataset(wl.seed, wl.test_fraction) if args.eval else None
     except (ConfigError, TopologyError, workload.WorkloadError, rawsock.SocketError, ValueError) as exc:
@@ -88,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     except StepTimeout as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
         code = 1
-    np.savez(args.out, **params)
+    if code == 0:  # after a failed step the parameters are not the run's result
+        np.savez(args.out, **params)
     stats = {k: int(v) for k, v in agent.stats.items()}
     if faults:
         stats.update(dropped_send=faults.dropped_send, dropped_recv=faults.dropped_recv)

@@ -16,18 +16,37 @@ def test_at_most_one_outstanding_chunk_per_slot():
     new, again = w.due(0.0)
     assert new == [0, 1, 2, 3] and again == []
     assert w.due(0.01) == ([], [])
-    w.on_param(1, 0.02)  # chunk 5 shares slot 1 but must wait for chunk 4's predecessor, 0
-    assert w.due(0.02) == ([], [])
+    w.on_param(1, 0.02)  # chunk 5 shares slot 1 with chunk 1: free now; chunk 4 still waits for 0
+    assert w.due(0.02) == ([5], [])
     w.on_param(0, 0.03)
-    assert w.due(0.03)[0] == [4, 5]
+    assert w.due(0.03)[0] == [4]
+    assert w.due(0.04) == ([], [])
+
+
+def test_chunks_leave_in_any_order_as_produced_within_the_slot_rule():
+    w = window(n=10, slots=4)
+    w.set_ready([9, 8, 3])  # produced last-first: 9 and 8 wait for their slots' earlier uses
+    assert w.due(0.0)[0] == [3]
+    w.set_ready([7, 6, 5, 4, 2, 1, 0])
+    assert w.due(0.0)[0] == [0, 1, 2]
+    w.on_param(3, 0.01)
+    assert w.due(0.01)[0] == [7]  # slot 3's next use
+    for c in (0, 1, 2):
+        w.on_param(c, 0.02)
+    assert w.due(0.02)[0] == [4, 5, 6]
+    w.on_param(4, 0.03)
+    w.on_param(5, 0.03)
+    assert w.due(0.03)[0] == [8, 9]
+    assert w.n_sent == 10 and all(w.sent(c) for c in range(10))
 
 
 def test_chunks_wait_until_produced():
     w = window(slots=8)
     w.set_ready([0, 1, 3])
-    assert w.due(0.0)[0] == [0, 1]
+    assert w.due(0.0)[0] == [0, 1, 3]
+    assert w.due(0.0)[0] == []
     w.set_ready([2])
-    assert w.due(0.0)[0] == [2, 3]
+    assert w.due(0.0)[0] == [2]
 
 
 def test_timeout_retransmits_with_backoff_and_rtt_from_first_sends_only():

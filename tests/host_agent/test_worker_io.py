@@ -69,11 +69,13 @@ def test_push_sends_protocol_frames_and_reassembles_parameters():
     steps = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in init.items()} for _ in range(2)]
     steps[1]["b"][3] = np.nan
     agent, echo, out = run_steps(steps, lay)
-    for grads, params in zip(steps, out):
-        for k in init:
-            expect = (grads[k].astype(np.float16).astype(np.float32) * 2).astype(np.float16)
-            assert params[k].dtype == np.float16
-            assert np.array_equal(params[k], expect, equal_nan=True)
+    for k in init:
+        expect = (steps[0][k].astype(np.float16).astype(np.float32) * 2).astype(np.float16)
+        assert out[0][k].dtype == np.float16
+        assert np.array_equal(out[0][k], expect)
+        # Step 1 had a NaN (its answers echo the NONFINITE flag): the whole step changes nothing.
+        assert np.array_equal(out[1][k], out[0][k])
+    assert agent.stats["nonfinite_steps"] == 1
     n = lay.n_chunks
     first = [h for h in echo.headers if not h["flags"] & Flag.RETRANSMIT]
     assert len(first) == 2 * n
@@ -117,5 +119,51 @@ def test_put_rejects_unknown_wrong_shape_and_repeated_tensors():
         h.put("b", np.zeros(13))
     with pytest.raises(ValueError, match="no gradient given"):
         h.wait()
+    a.close()
+    b.close()
+
+
+NODE = codec.Addresses("02:00:00:00:00:09", "ff:ff:ff:ff:ff:ff", "10.0.0.9", "255.255.255.255")
+
+
+def param_frame(step, chunk, n, value, lay, addrs=NODE, flags=0):
+    slot, ver = slot_and_version(step, [chunk], n, CFG.slots)
+    hdr = codec.header_array(1, job=CFG.job_id, step=step, chunk=chunk, slot=slot, ver=ver,
+                             count=lay.chunk_count(chunk), flags=flags)
+    return codec.encode(Kind.PARAM, hdr, np.full((1, K), value, np.float16), addrs)[0].tobytes()
+
+
+def test_parameters_for_unsent_chunks_and_from_a_foreign_source_are_ignored():
+    lay = optim.layout_of({"a": np.zeros(70, np.float32), "b": np.zeros(40, np.float32)})  # chunks 0-2 | 2-3
+    n = lay.n_chunks
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent = WorkerAgent(CFG, lay, a)
+    h = agent.start_step()
+    b.send(param_frame(0, 0, n, 7.0, lay))  # before chunk 0 was sent: taking it would deadlock the job
+    h.pump(0.05)
+    assert agent.stats["unsent"] == 1 and not h.window.done[0]
+    h.put("a", np.ones(70, np.float32))  # chunks 0, 1 go; chunk 2 also holds b's first elements
+    sent = set()
+    b.setblocking(False)
+    while True:
+        try:
+            sent.add(int(codec.decode_one(b.recv(4096), Kind.GRAD)[0]["chunk"]))
+        except BlockingIOError:
+            break
+    assert sent == {0, 1}
+    b.send(param_frame(0, 2, n, 7.0, lay))  # chunk 2 not sent yet
+    spoof = codec.Addresses("02:00:00:00:00:66", "ff:ff:ff:ff:ff:ff", "10.0.0.9", "255.255.255.255")
+    b.send(param_frame(0, 0, n, 9.0, lay, spoof))  # a worker port forging the node's answer
+    b.send(param_frame(0, 1, n, 9.0, lay, codec.Addresses("02:00:00:00:00:09", "ff:ff:ff:ff:ff:ff", "10.0.0.66",
+                                                          "255.255.255.255")))  # the node's MAC, not its IP
+    h.pump(0.05)
+    assert agent.stats["unsent"] == 2 and agent.stats["rejected_source"] == 2
+    assert not h.window.done[:3].any()
+    h.put("b", np.ones(40, np.float32))
+    for c in range(n):
+        b.send(param_frame(0, c, n, 3.0, lay))
+    params = h.wait()
+    assert (params["a"] == 3).all() and (params["b"] == 3).all()
+    assert agent.stats["params_received"] == n
     a.close()
     b.close()

@@ -1,0 +1,80 @@
+"""The worker on a real veth: a PARAM frame that carried a VLAN tag (stripped by the kernel,
+reported in PACKET_AUXDATA) is refused; the CLI writes no --out after a failed step."""
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from host_agent import optim, rawsock
+from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version
+from mindp import codec, testbed
+from mindp.protocol import K, Kind
+from mindp.topology import star
+
+pytestmark = pytest.mark.net
+
+
+@pytest.fixture(scope="module")
+def bed():
+    topo = star([1], slots=8)
+    with testbed.Testbed("hwg-") as b:
+        b.add(topo.host("w1_0"))
+        yield b, topo
+
+
+def tagged(frame: bytes, tpid: int, vid: int) -> bytes:
+    return frame[:12] + struct.pack("!HH", tpid, vid) + frame[12:]
+
+
+def test_tagged_parameter_frames_are_refused(bed):
+    b, topo = bed
+    cfg = WorkerConfig.from_topology(topo, 1, 0, rto=RtoConfig(initial=1.0, deadline=5.0))
+    lay = optim.layout_of({"a": np.zeros(3 * K, np.float32)})
+    sock = b.hosts["w1_0"].socket()
+    rawsock.prepare(sock)
+    agent = WorkerAgent(cfg, lay, sock)
+    assert agent.auxdata
+    switch = testbed.raw_socket(b.hosts["w1_0"].switch_iface)
+    try:
+        h = agent.start_step()
+        h.put("a", np.ones(3 * K, np.float32))
+        opt = topo.host("opt1")
+        node = codec.Addresses(opt.mac, "ff:ff:ff:ff:ff:ff", opt.ip, "255.255.255.255")
+
+        def param(chunk, value):
+            slot, ver = slot_and_version(0, [chunk], lay.n_chunks, cfg.slots)
+            hdr = codec.header_array(1, job=1, step=0, chunk=chunk, slot=slot, ver=ver)
+            return codec.encode(Kind.PARAM, hdr, np.full((1, K), value, np.float16), node)[0].tobytes()
+
+        for tpid in (0x8100, 0x88A8):
+            switch.send(tagged(param(0, -50.0), tpid, 7))  # a forged answer on another VLAN
+        h.pump(0.2)
+        assert agent.stats["rejected_tagged"] == 2 and not h.window.done[0]
+        for c in range(lay.n_chunks):
+            switch.send(param(c, 0.5))
+        params = h.wait()
+        assert (params["a"] == np.float16(0.5)).all()
+    finally:
+        switch.close()
+        sock.close()
+
+
+def test_worker_cli_writes_no_out_after_a_failed_step(bed, tmp_path):
+    b, topo = bed
+    topo_path = tmp_path / "topo.json"
+    topo.dump(topo_path)
+    init = tmp_path / "init.npz"
+    np.savez(init, a=np.zeros(40, np.float32))
+    out = tmp_path / "final.npz"
+    stats = tmp_path / "w.json"
+    p = b.hosts["w1_0"].exec(sys.executable, "-m", "host_agent.worker", "--topology", str(topo_path), "--job", "1",
+                             "--worker", "0", "--init", str(init), "--steps", "2", "--deadline", "0.5",
+                             "--out", str(out), "--stats", str(stats), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert "no parameters for 2 chunk(s)" in p.stderr and "not written" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert not out.exists()
+    assert json.loads(stats.read_text())["failed_steps"] == 1
