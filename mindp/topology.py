@@ -6,6 +6,9 @@ JSON form (`mindp.topology.star([2]).dump(path)` writes a full example):
     {"switch": {"name": "s1", "grpc_addr": "127.0.0.1:9559", "device_id": 0},
      "hosts": {"w0": {"mac": "02:00:00:00:00:01", "ip": "10.0.0.1", "port": 1}, ...},
      "jobs": [{"job_id": 1, "workers": {"0": "w0", "1": "w1"}, "optimizer": "opt1", "slots": 64}]}
+
+A job may also give "chunks", its chunk count: the switch then drops gradients for
+chunks beyond it (0 or absent: not known).
 """
 from __future__ import annotations
 
@@ -16,11 +19,9 @@ import re
 from dataclasses import dataclass, field
 
 from .protocol import MAX_WORKERS
+from .switch_constants import MAX_JOB_ID, MAX_PORT
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
-
-#: Highest job id the switch accepts (p4src/constants.p4 MAX_JOBS - 1).
-MAX_JOB_ID = 63
 
 
 class TopologyError(ValueError):
@@ -48,26 +49,33 @@ class JobSpec:
     workers: dict[int, str]  # worker id -> host name
     optimizer: str  # host name of the optimizer node
     slots: int = 64
+    chunks: int = 0  # chunks per step, if known: the switch bounds gradients' chunk index by it
 
     @property
     def n_workers(self) -> int:
         return len(self.workers)
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "job_id": self.job_id,
             "workers": {str(w): h for w, h in sorted(self.workers.items())},
             "optimizer": self.optimizer,
             "slots": self.slots,
         }
+        if self.chunks:
+            out["chunks"] = self.chunks
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> JobSpec:
         try:
             workers = {int(w): str(h) for w, h in dict(d["workers"]).items()}
-            spec = cls(int(d["job_id"]), workers, str(d["optimizer"]), int(d.get("slots", 64)))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise TopologyError(f"malformed job description: {exc!r}") from None
+            spec = cls(int(d["job_id"]), workers, str(d["optimizer"]), int(d.get("slots", 64)),
+                       int(d.get("chunks", 0)))
+        except KeyError as exc:
+            raise TopologyError(f"malformed job description: {exc.args[0]!r} missing") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise TopologyError(f"malformed job description: {exc}") from None
         spec.check()
         return spec
 
@@ -81,6 +89,8 @@ class JobSpec:
             raise TopologyError(f"job {self.job_id}: worker ids {bad} outside 0..{MAX_WORKERS - 1}")
         if self.slots < 1:
             raise TopologyError(f"job {self.job_id}: slots must be >= 1")
+        if not 0 <= self.chunks < 1 << 32:
+            raise TopologyError(f"job {self.job_id}: chunks must be 0 (not known) or a 32-bit count")
 
 
 @dataclass(frozen=True)
@@ -104,8 +114,8 @@ class Topology:
                 ipaddress.IPv4Address(h.ip)
             except ValueError:
                 raise TopologyError(f"host {h.name}: bad IPv4 address {h.ip!r}") from None
-            if not 1 <= h.port <= 510:
-                raise TopologyError(f"host {h.name}: port {h.port} outside 1..510")
+            if not 1 <= h.port <= MAX_PORT:
+                raise TopologyError(f"host {h.name}: port {h.port} outside 1..{MAX_PORT}")
         ids = set()
         for job in self.jobs:
             job.check()
@@ -115,6 +125,14 @@ class Topology:
             for name in [*job.workers.values(), job.optimizer]:
                 if name not in self.hosts:
                     raise TopologyError(f"job {job.job_id} names unknown host {name!r}")
+
+    def job(self, job_id: int) -> JobSpec:
+        """The job with this id, or a TopologyError naming the ids there are."""
+        for job in self.jobs:
+            if job.job_id == job_id:
+                return job
+        have = ", ".join(str(j.job_id) for j in self.jobs) or "none"
+        raise TopologyError(f"job {job_id} is not in the topology (jobs: {have})")
 
     def host(self, name: str) -> Host:
         try:
@@ -138,10 +156,12 @@ class Topology:
                 for n, h in dict(d["hosts"]).items()
             }
             jobs = [JobSpec.from_dict(j) for j in d.get("jobs", [])]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            if isinstance(exc, TopologyError):
-                raise
-            raise TopologyError(f"malformed topology: {exc!r}") from None
+        except TopologyError:
+            raise
+        except KeyError as exc:
+            raise TopologyError(f"malformed topology: {exc.args[0]!r} missing") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise TopologyError(f"malformed topology: {exc}") from None
         topo = cls(switch, hosts, jobs)
         topo.check()
         return topo

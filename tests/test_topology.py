@@ -44,3 +44,29 @@ def test_unreadable_file_is_a_topology_error(tmp_path):
         Topology.load(tmp_path / "t.json")
     with pytest.raises(TopologyError, match="no workers"):
         JobSpec.from_dict({"job_id": 1, "workers": {}, "optimizer": "o"})
+
+
+def test_job_lookup_and_chunk_count_round_trip(tmp_path):
+    topo = star([2, 1])
+    assert topo.job(2).optimizer == "opt2"
+    with pytest.raises(TopologyError, match=r"job 5 is not in the topology \(jobs: 1, 2\)"):
+        topo.job(5)
+    d = topo.to_dict()
+    assert "chunks" not in d["jobs"][0]  # not known: absent
+    d["jobs"][0]["chunks"] = 40
+    back = Topology.from_dict(d)
+    assert back.job(1).chunks == 40 and back.to_dict()["jobs"][0]["chunks"] == 40
+    d["jobs"][0]["chunks"] = -1
+    with pytest.raises(TopologyError, match="chunks must be 0"):
+        Topology.from_dict(d)
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"job_id": 1, "optimizer": "o"}, "'workers' missing"),
+    ({"job_id": 1, "workers": {"0": "a"}}, "'optimizer' missing"),
+    ({"job_id": "x", "workers": {"0": "a"}, "optimizer": "o"}, "invalid literal"),
+])
+def test_malformed_job_messages_name_the_field_without_python_reprs(data, message):
+    with pytest.raises(TopologyError, match=message) as exc:
+        JobSpec.from_dict(data)
+    assert "KeyError" not in str(exc.value) and "ValueError(" not in str(exc.value)
