@@ -9,8 +9,12 @@ pipeline; UNIMPLEMENTED for P4Runtime register access, as BMv2.
 """
 from __future__ import annotations
 
+import asyncio
+import collections
+import errno
+import functools
 import logging
-import queue
+import socket
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -30,6 +34,9 @@ log = logging.getLogger("softswitch")
 API_VERSION = "1.4.1"
 MATCH_KIND = {2: "exact", 3: "lpm", 4: "ternary", 5: "range", 6: "optional"}
 COUNTER_BYTES, COUNTER_PACKETS, COUNTER_BOTH = 1, 2, 3
+UNARY_THREADS = 16  # unary RPCs in parallel; streams run on the event loop and take none
+MAX_STREAMS = 256  # open StreamChannels; more are refused with RESOURCE_EXHAUSTED
+STREAM_QUEUE = 1024  # messages waiting for one client that does not read
 
 
 class P4RTError(Exception):
@@ -109,7 +116,6 @@ def build_pipeline(p4info: p4info_pb2.P4Info, device_config: bytes, cookie: int,
         prog = compiler.load(device_config, drop_port)
     except ProgramError as exc:
         raise P4RTError("INVALID_ARGUMENT", f"bad BMv2 JSON device config: {exc}") from None
-    jactions = {a["name"]: a for a in prog.actions.values()}
     actions = {a.preamble.id: a for a in p4info.actions}
     tables: dict[int, TableInfo] = {}
     for t in p4info.tables:
@@ -147,19 +153,16 @@ def build_pipeline(p4info: p4info_pb2.P4Info, device_config: bytes, cookie: int,
         initial = (table.default_action_id, table.default_args)
         tables[t.preamble.id] = TableInfo(table, t, fields, amap, jmap,
                                           table.default_const or t.const_default_action_id != 0, initial)
-    del jactions
     counters = {}
     for c in p4info.counters:
         if c.preamble.name not in prog.counters:
             raise P4RTError("INVALID_ARGUMENT", f"P4Info does not match the JSON: no counter {c.preamble.name!r}")
         counters[c.preamble.id] = (c.preamble.name, c.size, c.spec.unit)
-    tables_by_name = {ti.p4info.preamble.name: tid for tid, ti in tables.items()}
     direct = {}
     for dc in p4info.direct_counters:
         direct[dc.preamble.id] = dc.direct_table_id
         if dc.direct_table_id not in tables:
             raise P4RTError("INVALID_ARGUMENT", f"direct counter {dc.preamble.name} on an unknown table")
-    del tables_by_name
     pl = Pipeline(p4info, device_config, cookie, prog, tables, counters, direct,
                   {r.preamble.id for r in p4info.registers})
     for cpm in p4info.controller_packet_metadata:
@@ -171,14 +174,79 @@ def build_pipeline(p4info: p4info_pb2.P4Info, device_config: bytes, cookie: int,
     return pl
 
 
+class _Outbox:
+    """Messages to one stream's client: put from any thread, awaited on the server's event loop.
+
+    Bounded, so a client that does not read cannot grow the switch: a packet-in beyond the bound is
+    dropped (counted by the service); any other message beyond it ends the stream with
+    RESOURCE_EXHAUSTED, since the client would otherwise miss an arbitration change."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int):
+        self.loop = loop
+        self.limit = limit
+        self.items: collections.deque = collections.deque()
+        self.lock = threading.Lock()
+        self.ready = asyncio.Event()
+        self.closed = False
+
+    def put(self, item, droppable: bool = False) -> bool:
+        """False if the item was not queued (a dropped packet-in, or the stream is ending)."""
+        with self.lock:
+            if self.closed:
+                return False
+            if len(self.items) >= self.limit:
+                if droppable:
+                    return False
+                self.items.clear()
+                item = (grpc.StatusCode.RESOURCE_EXHAUSTED, "stream closed: the client does not read its messages")
+            if item is None or isinstance(item, tuple):
+                self.closed = True  # the end (or an error ending the stream) is the last message
+            self.items.append(item)
+        self.loop.call_soon_threadsafe(self.ready.set)
+        return True
+
+    async def get(self):
+        while True:
+            with self.lock:
+                if self.items:
+                    return self.items.popleft()
+                self.ready.clear()
+            await self.ready.wait()
+
+
+@dataclass(eq=False)
 class _Stream:
-    def __init__(self):
-        self.q: queue.Queue = queue.Queue()
-        self.election_id: int | None = None
-        self.device_id: int | None = None
+    outbox: _Outbox
+    election_id: int | None = None
+
+
+def _rpc(*, primary: bool = False, pipeline: bool = False):
+    """The checks a unary RPC repeats, in BMv2's order: device id; then, under the service lock,
+    the caller is the primary, a pipeline is set. A P4RTError or TableError raised by the method
+    ends the call with its canonical code."""
+    def wrap(method):
+        @functools.wraps(method)
+        def handler(self, request, context):
+            if request.device_id != self.device_id:
+                context.abort(grpc.StatusCode.NOT_FOUND, f"Invalid device id {request.device_id}")
+            with self.lock:
+                if primary and not self.is_primary(request.election_id):
+                    context.abort(grpc.StatusCode.PERMISSION_DENIED, "Not primary")
+                if pipeline and self.pipeline is None:
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, "No forwarding pipeline config set")
+                try:
+                    return method(self, request, context)
+                except (P4RTError, TableError) as exc:
+                    context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
+        return handler
+    return wrap
 
 
 class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
+    """Unary RPCs run on the server's thread pool under `lock`; StreamChannel runs on its event loop
+    and takes only `arb_lock` (held for list updates and queue puts), so idle streams hold no thread
+    and a long pipeline compile does not stall them."""
+
     def __init__(self, engine: Engine, device_id: int = 0, drop_port: int = compiler.DEFAULT_DROP_PORT,
                  cpu_port: int | None = None, inject=None):
         self.engine = engine
@@ -189,19 +257,25 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.pipeline: Pipeline | None = None
         self.saved: Pipeline | None = None
         self.lock = threading.RLock()
+        self.arb_lock = threading.Lock()
         self.streams: list[_Stream] = []
+        self.packet_in_dropped = 0  # packet-ins the primary's full stream queue had no room for
 
     # --- arbitration ----------------------------------------------------
     def primary_election_id(self) -> int | None:
         ids = [s.election_id for s in self.streams if s.election_id is not None]
         return max(ids) if ids else None
 
+    def is_primary(self, election_id) -> bool:
+        with self.arb_lock:
+            primary = self.primary_election_id()
+        return primary is not None and (election_id.high << 64) | election_id.low == primary
+
     def _notify_all(self) -> None:
         primary = self.primary_election_id()
         for s in self.streams:
-            if s.election_id is None:
-                continue
-            self._send_arbitration(s, primary)
+            if s.election_id is not None:
+                self._send_arbitration(s, primary)
 
     def _send_arbitration(self, s: _Stream, primary: int | None) -> None:
         resp = p4runtime_pb2.StreamMessageResponse()
@@ -216,71 +290,61 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
         else:
             arb.status.code = code_pb2.ALREADY_EXISTS
             arb.status.message = "Is slave"
-        s.q.put(resp)
+        s.outbox.put(resp)
 
-    def _check_primary(self, election_id, context) -> None:
-        eid = (election_id.high << 64) | election_id.low
-        primary = self.primary_election_id()
-        if primary is None or eid != primary:
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, "Not primary")
-
-    def _check_device(self, device_id, context) -> None:
-        if device_id != self.device_id:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"Invalid device id {device_id}")
-
-    def StreamChannel(self, request_iterator, context):
-        s = _Stream()
-        with self.lock:
-            self.streams.append(s)
-
-        def reader():
-            try:
-                for req in request_iterator:
-                    if not self._on_stream_message(s, req):
-                        break
-            except Exception:  # the client went away
-                pass
-            finally:
-                s.q.put(None)
-
-        threading.Thread(target=reader, daemon=True, name="p4rt-stream").start()
-        context.add_callback(lambda: s.q.put(None))
+    async def StreamChannel(self, request_iterator, context):
+        s = _Stream(_Outbox(asyncio.get_running_loop(), STREAM_QUEUE))
+        with self.arb_lock:
+            full = len(self.streams) >= MAX_STREAMS
+            if not full:
+                self.streams.append(s)
+        if full:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"too many streams (at most {MAX_STREAMS})")
+        reader = asyncio.ensure_future(self._read_stream(s, request_iterator))
         try:
             while True:
-                item = s.q.get()
+                item = await s.outbox.get()
                 if item is None:
                     break
                 if isinstance(item, tuple):  # (grpc code, message): end the stream with an error
-                    context.abort(item[0], item[1])
+                    await context.abort(item[0], item[1])
                 yield item
         finally:
-            with self.lock:
-                if s in self.streams:
-                    self.streams.remove(s)
-                    was_primary = s.election_id is not None
-                    if was_primary:
-                        self._notify_all()
+            reader.cancel()
+            with self.arb_lock:
+                self.streams.remove(s)
+                if s.election_id is not None:
+                    self._notify_all()
+
+    async def _read_stream(self, s: _Stream, request_iterator) -> None:
+        try:
+            async for req in request_iterator:
+                if not self._on_stream_message(s, req):
+                    break
+        except Exception:  # the client went away
+            pass
+        finally:
+            s.outbox.put(None)
 
     def _on_stream_message(self, s: _Stream, req) -> bool:
         which = req.WhichOneof("update")
         if which == "arbitration":
             arb = req.arbitration
             if arb.device_id != self.device_id:
-                s.q.put((grpc.StatusCode.NOT_FOUND, f"Invalid device id {arb.device_id}"))
+                s.outbox.put((grpc.StatusCode.NOT_FOUND, f"Invalid device id {arb.device_id}"))
                 return False
             eid = (arb.election_id.high << 64) | arb.election_id.low
-            with self.lock:
+            with self.arb_lock:
                 if any(o is not s and o.election_id == eid for o in self.streams):
-                    s.q.put((grpc.StatusCode.INVALID_ARGUMENT, "Election id already in use by another client"))
+                    s.outbox.put((grpc.StatusCode.INVALID_ARGUMENT, "Election id already in use by another client"))
                     return False
                 s.election_id = eid
-                s.device_id = arb.device_id
                 self._notify_all()
         elif which == "packet":
-            with self.lock:
+            with self.arb_lock:
                 if s.election_id is None or s.election_id != self.primary_election_id():
                     return True  # only the primary may send packets; ignored like BMv2
-                self._packet_out(req.packet)
+            self._packet_out(req.packet)
         return True
 
     def _packet_out(self, pkt) -> None:
@@ -314,42 +378,36 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
                 md.value = _bytes((v >> shift) & ((1 << width) - 1), width)
             payload = frame[nbytes:]
         resp.packet.payload = payload
-        with self.lock:
+        with self.arb_lock:
             primary = self.primary_election_id()
-            for s in self.streams:
-                if s.election_id == primary and primary is not None:
-                    s.q.put(resp)
+            to = [s for s in self.streams if primary is not None and s.election_id == primary]
+        for s in to:
+            if not s.outbox.put(resp, droppable=True):
+                self.packet_in_dropped += 1
 
     # --- pipeline ---------------------------------------------------------
+    @_rpc(primary=True)
     def SetForwardingPipelineConfig(self, request, context):
-        self._check_device(request.device_id, context)
-        with self.lock:
-            self._check_primary(request.election_id, context)
-            A = p4runtime_pb2.SetForwardingPipelineConfigRequest
-            action = request.action
-            if action == A.UNSPECIFIED:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Invalid SetForwardingPipelineConfig action")
-            if action == A.COMMIT:
-                if self.saved is None:
-                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, "No saved config to commit")
-                self._commit(self.saved)
-                self.saved = None
-                return p4runtime_pb2.SetForwardingPipelineConfigResponse()
-            cfg = request.config
-            try:
-                pl = build_pipeline(cfg.p4info, cfg.p4_device_config, cfg.cookie.cookie, self.drop_port)
-            except P4RTError as exc:
-                context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
-            if action == A.VERIFY:
-                pass
-            elif action == A.VERIFY_AND_SAVE:
-                self.saved = pl
-            elif action == A.RECONCILE_AND_COMMIT and self.pipeline is not None \
-                    and self.pipeline.device_config == pl.device_config \
-                    and self.pipeline.p4info == pl.p4info:
-                self.pipeline.cookie = pl.cookie  # same program: keep all state
-            else:
-                self._commit(pl)
+        A = p4runtime_pb2.SetForwardingPipelineConfigRequest
+        action = request.action
+        if action == A.UNSPECIFIED:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Invalid SetForwardingPipelineConfig action")
+        if action == A.COMMIT:
+            if self.saved is None:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "No saved config to commit")
+            self._commit(self.saved)
+            self.saved = None
+            return p4runtime_pb2.SetForwardingPipelineConfigResponse()
+        cfg = request.config
+        pl = build_pipeline(cfg.p4info, cfg.p4_device_config, cfg.cookie.cookie, self.drop_port)
+        if action == A.VERIFY_AND_SAVE:
+            self.saved = pl
+        elif action == A.RECONCILE_AND_COMMIT and self.pipeline is not None \
+                and self.pipeline.device_config == pl.device_config \
+                and self.pipeline.p4info == pl.p4info:
+            self.pipeline.cookie = pl.cookie  # same program: keep all state
+        elif action != A.VERIFY:
+            self._commit(pl)
         return p4runtime_pb2.SetForwardingPipelineConfigResponse()
 
     def _commit(self, pl: Pipeline) -> None:
@@ -357,8 +415,8 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.engine.load(pl.program)
         log.info("pipeline set: %d tables, %d counters", len(pl.tables), len(pl.counters))
 
+    @_rpc()
     def GetForwardingPipelineConfig(self, request, context):
-        self._check_device(request.device_id, context)
         resp = p4runtime_pb2.GetForwardingPipelineConfigResponse()
         pl = self.pipeline
         if pl is None:
@@ -376,21 +434,17 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
         return p4runtime_pb2.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
 
     # --- write ---------------------------------------------------------------
+    @_rpc(primary=True, pipeline=True)
     def Write(self, request, context):
-        self._check_device(request.device_id, context)
-        with self.lock:
-            self._check_primary(request.election_id, context)
-            if self.pipeline is None:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "No forwarding pipeline config set")
-            if request.atomicity != p4runtime_pb2.WriteRequest.CONTINUE_ON_ERROR:
-                context.abort(grpc.StatusCode.UNIMPLEMENTED, "Only CONTINUE_ON_ERROR atomicity is supported")
-            results = []
-            for u in request.updates:
-                try:
-                    self._update(u)
-                    results.append(None)
-                except (P4RTError, TableError) as exc:
-                    results.append((exc.code, str(exc)))
+        if request.atomicity != p4runtime_pb2.WriteRequest.CONTINUE_ON_ERROR:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "Only CONTINUE_ON_ERROR atomicity is supported")
+        results = []
+        for u in request.updates:
+            try:
+                self._update(u)
+                results.append(None)
+            except (P4RTError, TableError) as exc:
+                results.append((exc.code, str(exc)))
         if any(results):
             status = status_pb2.Status(code=code_pb2.UNKNOWN, message="Write failure.")
             for r in results:
@@ -602,18 +656,12 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
             by[i] = ce.data.byte_count
 
     # --- read ------------------------------------------------------------------
+    @_rpc(pipeline=True)
     def Read(self, request, context):
-        self._check_device(request.device_id, context)
-        with self.lock:
-            if self.pipeline is None:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, "No forwarding pipeline config set")
-            resp = p4runtime_pb2.ReadResponse()
-            try:
-                for ent in request.entities:
-                    self._read_entity(ent, resp)
-            except (P4RTError, TableError) as exc:
-                context.abort(getattr(grpc.StatusCode, exc.code), str(exc))
-        yield resp
+        resp = p4runtime_pb2.ReadResponse()
+        for ent in request.entities:
+            self._read_entity(ent, resp)
+        return iter((resp,))
 
     def _read_entity(self, ent, resp) -> None:
         which = ent.WhichOneof("entity")
@@ -729,20 +777,77 @@ def server_credentials(cert: str, key: str, cacert: str | None = None,
                                        require_client_auth=client_auth)
 
 
+def check_address_free(addr: str) -> None:
+    """OSError naming `addr` if another process listens there. gRPC alone would say only that it
+    failed to bind, and without SO_REUSEADDR-only binding two switches could share the port."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or host.startswith("unix"):
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise OSError(f"cannot listen on {addr}: {exc.strerror}") from None
+    for family, kind, proto, _, sockaddr in infos:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: TIME_WAIT is no conflict
+            try:
+                s.bind(sockaddr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise OSError(f"{addr} is already in use by another process") from None
+                raise OSError(f"cannot listen on {addr}: {exc.strerror}") from None
+
+
 class Server:
-    """The gRPC server around a SwitchService; plaintext unless given TLS credentials."""
+    """The gRPC server around a SwitchService; plaintext unless given TLS credentials.
+
+    An asyncio server on its own thread: StreamChannel calls are coroutines on its event loop, so
+    any number of idle streams leave the unary RPCs (run on a thread pool) free. The port is
+    bound without SO_REUSEPORT: a second switch on the same address fails instead of sharing it."""
 
     def __init__(self, service: SwitchService, addr: str, credentials: grpc.ServerCredentials | None = None):
         self.service = service
         self.addr = addr
-        self.grpc = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="p4rt"))
-        p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(service, self.grpc)
-        port = self.grpc.add_secure_port(addr, credentials) if credentials else self.grpc.add_insecure_port(addr)
+        check_address_free(addr)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="p4rt-loop", daemon=True)
+        self._thread.start()
+        try:
+            self.grpc = self._call(self._create(credentials))
+        except BaseException:
+            self._close_loop()
+            raise
+
+    def _call(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    async def _create(self, credentials):
+        srv = grpc.aio.server(futures.ThreadPoolExecutor(max_workers=UNARY_THREADS, thread_name_prefix="p4rt"),
+                              options=[("grpc.so_reuseport", 0)])
+        p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self.service, srv)
+        try:
+            port = srv.add_secure_port(self.addr, credentials) if credentials else srv.add_insecure_port(self.addr)
+        except RuntimeError:
+            port = 0
         if port == 0:
-            raise OSError(f"cannot listen on {addr}")
+            raise OSError(f"cannot listen on {self.addr}")
+        return srv
 
     def start(self) -> None:
-        self.grpc.start()
+        self._call(self.grpc.start())
 
     def stop(self) -> None:
-        self.grpc.stop(grace=0.5).wait(2)
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(asyncio.wait_for(self.grpc.stop(grace=0.5), 2))
+        except (asyncio.TimeoutError, futures.TimeoutError):
+            pass
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(2)
+        if not self._loop.is_running():
+            self._loop.close()

@@ -1,5 +1,11 @@
 """P4Runtime server over real gRPC: p4runtime-shell works against it, and bad
 requests get BMv2's status codes while the server keeps serving."""
+import asyncio
+import queue
+import socket
+import subprocess
+import time
+
 import grpc
 import pytest
 from google.protobuf import text_format
@@ -11,7 +17,7 @@ import p4runtime_sh.shell as sh
 from mindp import targets
 from p4src import artifacts
 from softswitch.engine import Engine
-from softswitch.p4runtime_server import Server, SwitchService
+from softswitch.p4runtime_server import STREAM_QUEUE, Server, SwitchService, _Outbox
 
 from . import compiled
 
@@ -39,7 +45,6 @@ class Client:
         self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
         self.election = election
         self.requests = []
-        import queue
         self.q = queue.Queue()
         self.stream = self.stub.StreamChannel(iter(self.q.get, None))
         req = p4runtime_pb2.StreamMessageRequest()
@@ -266,3 +271,96 @@ def test_packet_out_and_packet_in_through_the_cpu_port():
     finally:
         c.close()
         srv.stop()
+
+
+def test_idle_streams_hold_no_thread(server):
+    """64 idle StreamChannels (4x the unary pool) and Write, Read and Capabilities still answer."""
+    c = Client(server.addr, 1)
+    idle = []
+    try:
+        c.set_pipeline()
+        for _ in range(64):
+            ch = grpc.insecure_channel(server.addr)
+            q = queue.Queue()
+            call = p4runtime_pb2_grpc.P4RuntimeStub(ch).StreamChannel(iter(q.get, None))
+            idle.append((ch, q, call))
+        deadline = time.monotonic() + 5
+        while len(server.service.streams) < 65 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(server.service.streams) == 65, "every idle stream is open on the server"
+        info = p4info()
+        req = c.eid(p4runtime_pb2.WriteRequest(device_id=0))
+        req.updates.append(l2_update(info, 5, 1))
+        c.stub.Write(req, timeout=1)
+        ent = p4runtime_pb2.Entity()
+        ent.table_entry.table_id = ids(info)[0]
+        rreq = p4runtime_pb2.ReadRequest(device_id=0)
+        rreq.entities.add().CopyFrom(ent)
+        assert sum(len(r.entities) for r in c.stub.Read(rreq, timeout=1)) == 1
+        assert c.stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=1).p4runtime_api_version
+    finally:
+        for ch, q, _ in idle:
+            q.put(None)
+            ch.close()
+        c.close()
+
+
+def test_stream_queue_is_bounded():
+    """A client that does not read its stream: packet-ins beyond the bound are dropped and counted,
+    and an arbitration message that finds the queue full ends that stream instead of growing it."""
+    async def scenario():
+        box = _Outbox(asyncio.get_running_loop(), 4)
+        kept = [box.put(i, droppable=True) for i in range(6)]
+        assert kept == [True] * 4 + [False] * 2 and len(box.items) == 4
+        assert box.put("arbitration") and list(box.items) == [
+            (grpc.StatusCode.RESOURCE_EXHAUSTED, "stream closed: the client does not read its messages")]
+        assert not box.put("later"), "nothing after the end"
+        return await box.get()
+
+    assert asyncio.run(scenario())[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_packet_ins_to_a_client_that_does_not_read_are_counted_not_queued():
+    engine = Engine()
+    service = SwitchService(engine, cpu_port=64)
+    srv = Server(service, f"127.0.0.1:{targets.free_port()}")
+    srv.start()
+    c = Client(srv.addr, 1)
+    try:
+        c.set_pipeline(p4info(compiled.p4info_path("exprs")), compiled.json_path("exprs").read_bytes())
+        frame = b"\x02" * 12 + b"\x88\xb5" + bytes(16000)
+        n = 3 * STREAM_QUEUE
+        for _ in range(n):
+            service.packet_in(frame)
+        (s,) = service.streams
+        assert len(s.outbox.items) <= STREAM_QUEUE
+        assert service.packet_in_dropped > 0, "the client read nothing: some packet-ins had no room"
+        received = 0
+        for msg in c.stream:
+            received += msg.WhichOneof("update") == "packet"
+            if received + service.packet_in_dropped == n:
+                break
+        assert received + service.packet_in_dropped == n, "each packet-in delivered or counted"
+    finally:
+        c.close()
+        srv.stop()
+
+
+def test_a_second_server_on_a_used_address_is_refused(server):
+    with pytest.raises(OSError, match="already in use"):
+        Server(SwitchService(Engine()), server.addr)
+    # a listener with SO_REUSEPORT (as the switch had before): still refused, not shared
+    port = targets.free_port()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        with pytest.raises(OSError, match="already in use"):
+            Server(SwitchService(Engine()), f"127.0.0.1:{port}")
+
+
+def test_the_switch_refuses_to_start_on_a_used_grpc_port(server):
+    cmd = targets.command("embedded", targets.SwitchConfig(ports={}, grpc_addr=server.addr))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == f"mindp-softswitch: gRPC: {server.addr} is already in use by another process"
