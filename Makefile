@@ -16,6 +16,8 @@ LOSS ?= 0
 JOBS ?= 1
 SEED ?= 0
 PCAP ?= 0
+CLI ?= auto
+LOG ?= off
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 
@@ -44,7 +46,7 @@ run:
 	@[ "$$(id -u)" = 0 ] || { echo "make run: must run as root (Mininet needs network namespaces): sudo make run" >&2; exit 1; }
 	@$(MAKE) -s --no-print-directory setup
 	@$(PY) -m mininet_topos.run --target $(TARGET) --workers $(WORKERS) --steps $(STEPS) \
-	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP)
+	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG)
 
 stop:
 	@[ "$$(id -u)" = 0 ] || { echo "make stop: must run as root (the run's processes and interfaces are root's)" >&2; exit 1; }

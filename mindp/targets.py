@@ -55,6 +55,7 @@ class SwitchConfig:
     device_id: int = 0
     json_path: str | None = None  # None: start without a program (--no-p4)
     log_file: str | None = None  # the switch's own log (also its stdout/stderr)
+    log_level: str | None = None  # --log-level (BMv2's -L): debug/trace log every packet; None: off on BMv2
     pcap_dir: str | None = None
     thrift_port: int | None = None  # BMv2 runtime CLI port (queue depth); None: BMv2's default 9090
     cpu_port: int | None = None
@@ -65,6 +66,8 @@ class SwitchConfig:
         args = ["--device-id", str(self.device_id)]
         if self.log_file:
             args += ["--log-file", self.log_file]
+        if self.log_level:
+            args += ["--log-level", self.log_level]
         if self.pcap_dir:
             args += ["--pcap", self.pcap_dir]
         if self.thrift_port is not None:
@@ -81,7 +84,7 @@ class SwitchConfig:
 def command(target: str, cfg: SwitchConfig) -> list[str]:
     target = resolve(target)
     if target == "bmv2":
-        return [find_bmv2(), "--log-level", "off", *cfg.args()]
+        return [find_bmv2(), *([] if cfg.log_level else ["--log-level", "off"]), *cfg.args()]
     return [sys.executable, "-m", "softswitch", *cfg.fault_args, *cfg.args()]
 
 

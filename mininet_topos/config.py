@@ -9,6 +9,8 @@ from mindp.targets import TARGETS
 
 MAX_STEPS = 100_000
 MAX_LOSS = 0.5  # beyond this a run spends its time retransmitting
+CLI_MODES = ("auto", "0", "1")  # auto: the Mininet CLI when stdin and stdout are a terminal
+LOG_LEVELS = ("off", "info", "debug", "trace")  # the switch's log level; debug and trace log every packet
 
 
 class ConfigError(ValueError):
@@ -30,6 +32,8 @@ class RunConfig:
     slots: int = 64
     grpc_port: int = 9559
     thrift_port: int = 9090
+    cli: str = "auto"
+    log: str = "off"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -57,7 +61,8 @@ def _float(name: str, text: str, lo: float, hi: float) -> float:
 
 def parse(*, target: str = "auto", workers: str = "4", steps: str = "60", loss: str = "0", jobs: str = "1",
           seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "0.01",
-          slots: str = "64", grpc_port: str = "9559", thrift_port: str = "9090") -> RunConfig:
+          slots: str = "64", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
+          log: str = "off") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig."""
     target = str(target).strip()
     if target not in TARGETS:
@@ -66,6 +71,11 @@ def parse(*, target: str = "auto", workers: str = "4", steps: str = "60", loss: 
     if pcap_text not in ("0", "1"):
         raise ConfigError(f"PCAP must be 0 or 1, got {pcap!r}")
     jobs_n = _int("JOBS", jobs, 1, 2)
+    cli_text, log_text = str(cli).strip(), str(log).strip().lower()
+    if cli_text not in CLI_MODES:
+        raise ConfigError(f"CLI must be 0, 1 or auto, got {cli!r}")
+    if log_text not in LOG_LEVELS:
+        raise ConfigError(f"LOG must be one of {'|'.join(LOG_LEVELS)}, got {log!r}")
     cfg = RunConfig(
         target=target,
         workers=_int("WORKERS", workers, 1, MAX_WORKERS),
@@ -80,6 +90,8 @@ def parse(*, target: str = "auto", workers: str = "4", steps: str = "60", loss: 
         slots=_int("--slots", slots, 1, 512),  # two jobs fit the 1024-slot pool
         grpc_port=_int("--grpc-port", grpc_port, 1, 65535),
         thrift_port=_int("--thrift-port", thrift_port, 1, 65535),
+        cli=cli_text,
+        log=log_text,
     )
     if cfg.grpc_port == cfg.thrift_port:
         raise ConfigError("--grpc-port and --thrift-port must differ")

@@ -38,12 +38,14 @@ class MindpSwitch(Switch):
     """
 
     def __init__(self, name: str, target: str = "embedded", grpc_addr: str = "127.0.0.1:9559", device_id: int = 0,
-                 json_path: str | None = None, log_file: str | None = None, pcap_dir: str | None = None,
+                 json_path: str | None = None, log_file: str | None = None, log_level: str | None = None,
+                 pcap_dir: str | None = None,
                  thrift_port: int | None = None, fault_args: list[str] | None = None,
                  record: Recorder | None = None, **params):
         self.record = record
         self.switch_cfg = dict(grpc_addr=grpc_addr, device_id=device_id, json_path=json_path, log_file=log_file,
-                               pcap_dir=pcap_dir, thrift_port=thrift_port, fault_args=list(fault_args or []))
+                               log_level=log_level, pcap_dir=pcap_dir, thrift_port=thrift_port,
+                               fault_args=list(fault_args or []))
         self.target = target
         self.process: SwitchProcess | None = None
         params["inNamespace"] = False  # the switch process uses the root-namespace veth ends

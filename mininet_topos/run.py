@@ -101,7 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="auto: compile p4src/ when p4c is installed, else use p4src/compiled/")
     p.add_argument("--runs-dir", default="runs")
     p.add_argument("--state-file", default=str(DEFAULT_PATH))
-    p.add_argument("--no-cli", action="store_true", help="never open the Mininet CLI")
+    p.add_argument("--cli", default="auto",
+                   help="1: the Mininet CLI after training; 0: never; auto: when stdin and stdout are a terminal")
+    p.add_argument("--log", default="off", help="switch log level off|info|debug|trace (debug, trace: every packet)")
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
@@ -277,6 +279,7 @@ class Run:
             pcaps.mkdir()
         params = dict(target=self.target, grpc_addr=self.topo.switch.grpc_addr, device_id=self.topo.switch.device_id,
                       json_path=str(json_path), log_file=str(self.logs / "switch.log"),
+                      log_level=None if self.cfg.log == "off" else self.cfg.log,
                       pcap_dir=str(pcaps) if pcaps else None,
                       thrift_port=self.cfg.thrift_port if self.target == "bmv2" else None)
         self.net = mnet.make_net(self.topo, params, record=self.state.add_proc, prefix=self.if_prefix)
@@ -463,6 +466,26 @@ class Run:
                 switch_counters=counters.get(j)))
         return out
 
+    # -- after training --
+
+    def cli(self, p4info: pathlib.Path) -> None:
+        """The Mininet CLI on the network as training left it; returns on 'exit' (make stop: Stopped)."""
+        from mininet.cli import CLI
+        from mininet.log import setLogLevel
+
+        if self.ctl is not None:  # hand P4Runtime over: mindp-ctl may then be primary with its default id
+            with contextlib.suppress(Exception):
+                self.ctl.close()
+            self.ctl = None
+        ctl = shutil.which("mindp-ctl") or str(pathlib.Path(sys.executable).parent / "mindp-ctl")
+        hosts = sorted(self.topo.hosts)
+        setLogLevel("output")  # the CLI's own replies (pingall, ...) are at this level
+        say(f"Mininet CLI: the network stays up. Try: pingall | {hosts[-1]} ping -c1 {hosts[0]} | "
+            f"sh {ctl} --topology {self.topo_path} --p4info {p4info} stats\n"
+            f"  (the same mindp-ctl command works from another shell). 'exit' or make stop ends the run "
+            f"and cleans up.")
+        CLI(self.net)
+
     # -- teardown --
 
     def close(self) -> None:
@@ -522,14 +545,8 @@ def execute(cfg: config.RunConfig, args) -> int:
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0
         say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
             f"curve: {run_dir / 'curve.png'}")
-        if sys.stdin.isatty() and sys.stdout.isatty() and not args.no_cli:
-            from mininet.cli import CLI
-            from mininet.log import setLogLevel
-
-            setLogLevel("output")  # the CLI's own replies (pingall, ...) are at this level
-            say(f"Mininet CLI: the network stays up (try pingall; in another shell: "
-                f"mindp-ctl --topology {run.topo_path} stats). 'exit' ends the run and cleans up.")
-            CLI(run.net)
+        if cfg.cli == "1" or (cfg.cli == "auto" and sys.stdin.isatty() and sys.stdout.isatty()):
+            run.cli(p4info)
         return 0 if exact else 1
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -554,7 +571,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config.parse(target=args.target, workers=args.workers, steps=args.steps, loss=args.loss, jobs=args.jobs,
                            seed=args.seed, pcap=args.pcap, hidden=args.hidden, batch=args.batch, lr=args.lr,
-                           slots=args.slots, grpc_port=args.grpc_port, thrift_port=args.thrift_port)
+                           slots=args.slots, grpc_port=args.grpc_port, thrift_port=args.thrift_port,
+                           cli=args.cli, log=args.log)
         return execute(cfg, args)
     except (config.ConfigError, RunError) as exc:
         fail(str(exc))

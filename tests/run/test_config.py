@@ -10,6 +10,8 @@ def test_defaults_and_make_style_values():
     cfg = config.parse(target="embedded", workers=" 2 ", steps="5", loss="0.05", jobs="2", seed="7", pcap="1")
     assert (cfg.target, cfg.workers, cfg.steps, cfg.loss, cfg.jobs, cfg.seed, cfg.pcap) == \
         ("embedded", 2, 5, 0.05, 2, 7, True)
+    assert (cfg.cli, cfg.log) == ("auto", "off")
+    assert (config.parse(cli="1", log="DEBUG").cli, config.parse(log="DEBUG").log) == ("1", "debug")
 
 
 @pytest.mark.parametrize("kw, name", [
@@ -27,9 +29,26 @@ def test_defaults_and_make_style_values():
     ({"pcap": "yes"}, "PCAP"),
     ({"grpc_port": "9090"}, "--grpc-port"),
     ({"slots": "0"}, "--slots"),
+    ({"cli": "yes"}, "CLI"),
+    ({"log": "verbose"}, "LOG"),
 ])
 def test_bad_values_name_the_variable(kw, name):
     with pytest.raises(config.ConfigError) as err:
         config.parse(**kw)
     msg = str(err.value)
     assert msg.startswith(name) and "\n" not in msg
+
+
+def test_log_level_reaches_both_targets_command_lines():
+    from mindp import targets
+
+    cfg = targets.SwitchConfig(ports={1: "mnr-p1"}, log_file="runs/x/logs/switch.log", log_level="debug")
+    cmd = targets.command("embedded", cfg)
+    assert cmd[cmd.index("--log-level") + 1] == "debug"
+    assert cmd[cmd.index("--log-file") + 1] == "runs/x/logs/switch.log"
+    quiet = targets.SwitchConfig(ports={1: "mnr-p1"}, log_file="switch.log")
+    assert "--log-level" not in targets.command("embedded", quiet)  # its own default (info): unchanged
+    if targets.find_bmv2():
+        bmv2 = targets.command("bmv2", cfg)
+        assert bmv2.count("--log-level") == 1 and bmv2[bmv2.index("--log-level") + 1] == "debug"
+        assert targets.command("bmv2", quiet)[1:3] == ["--log-level", "off"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import pty
+import select
 import signal
 import socket
 import subprocess
@@ -36,7 +38,7 @@ class Run:
         self.runs = tmp / "runs"
         grpc, thrift = targets.free_port(), targets.free_port()
         self.cmd = [sys.executable, "-m", "mininet_topos.run", "--runs-dir", str(self.runs), "--state-file",
-                    str(self.state_file), "--grpc-port", str(grpc), "--thrift-port", str(thrift), "--no-cli",
+                    str(self.state_file), "--grpc-port", str(grpc), "--thrift-port", str(thrift), "--cli", "0",
                     "--if-prefix", PREFIX, *args]
         self.proc: subprocess.Popen | None = None
         self.out = self.err = ""
@@ -270,3 +272,88 @@ def test_not_root_is_refused(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == \
         "make run: must run as root (Mininet needs network namespaces): sudo make run"
     assert not (tmp_path / "runs").exists() and not (tmp_path / "state.json").exists()
+
+
+class Terminal:
+    """The orchestrator on a pseudo-terminal, as a user's shell runs it (the Mininet CLI reads it)."""
+
+    def __init__(self, run: Run):
+        self.master, slave = pty.openpty()
+        run.proc = subprocess.Popen(run.cmd, cwd=REPO, stdin=slave, stdout=slave, stderr=slave,
+                                    start_new_session=True)
+        os.close(slave)
+        self.run = run
+        self.text = ""
+
+    def expect(self, marker: str, start: int = 0, timeout: float = 180) -> str:
+        """Everything written from `start` up to and including `marker`."""
+        deadline = time.monotonic() + timeout
+        while marker not in self.text[start:]:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"no {marker!r} on the terminal:\n{self.text[-3000:]}")
+            if select.select([self.master], [], [], min(left, 1.0))[0]:
+                try:
+                    chunk = os.read(self.master, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:  # the other end closed: the run ended
+                    pytest.fail(f"the run ended before {marker!r}:\n{self.text[-3000:]}")
+                self.text += chunk.decode(errors="replace")
+        end = self.text.index(marker, start) + len(marker)
+        return self.text[start:end]
+
+    def command(self, line: str, timeout: float = 60) -> str:
+        """Type one CLI command; its output up to the next prompt."""
+        start = len(self.text)
+        os.write(self.master, (line + "\n").encode())
+        return self.expect("mininet> ", start, timeout)
+
+    def drain(self) -> None:
+        while select.select([self.master], [], [], 0.2)[0]:
+            try:
+                if not os.read(self.master, 65536):
+                    return
+            except OSError:
+                return
+
+    def close(self) -> None:
+        os.close(self.master)
+
+
+@needs_root
+@pytest.mark.parametrize("how", ["exit", "make stop"])
+def test_cli_after_training_pings_runs_mindp_ctl_and_cleans_up(tmp_path, how):
+    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "3", "--p4", "committed")
+    run.cmd[run.cmd.index("--cli") + 1] = "1"
+    term = Terminal(run)
+    try:
+        term.expect("mininet> ")
+        assert "bit-exact with the reference trainer" in term.text
+        recorded = run.state()
+        ping = term.command("pingall")
+        assert "0% dropped" in ping and "(6/6 received)" in ping, ping
+        one = term.command("w1_1 ping -c1 w1_0")
+        assert "1 received" in one, one
+        topo = run.run_dir / "topology.json"
+        p4info = REPO / "p4src" / "compiled" / "mindp.p4info.txtpb"
+        ctl = term.command(f"sh {pathlib.Path(sys.executable).parent / 'mindp-ctl'} --topology {topo} "
+                           f"--p4info {p4info} --json stats")
+        stats = json.loads(ctl[ctl.index("{"):ctl.rindex("}") + 1])
+        assert stats["jobs"]["1"]["completions"] > 0, stats
+        if how == "exit":
+            os.write(term.master, b"exit\n")
+            term.drain()
+            assert run.proc.wait(60) == 0
+        else:
+            stop = subprocess.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
+                                  cwd=REPO, capture_output=True, text=True, timeout=60)
+            assert "asked the running make run to stop" in stop.stdout
+            term.drain()
+            assert run.proc.wait(60) == 130
+    finally:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+        term.close()
+    assert_clean(run, recorded)
