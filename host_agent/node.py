@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from mindp import codec
-from mindp.protocol import K, Flag, Kind
+from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
 from . import optim, rawsock, state
@@ -36,14 +36,20 @@ class NodeCore:
     resending that chunk's parameters; older and malformed sums are counted and
     dropped. When the step's last chunk is applied the step is committed (durable)
     before its parameters are returned for sending.
+
+    The job's membership may change between steps (the controller adds or removes
+    workers): a sum's `nworkers`, the contributions the switch counted, is trusted
+    within 1..max_workers and is the divisor of that chunk's mean; `n_workers` is
+    only the count the job started with.
     """
 
     def __init__(self, store: state.Store, job_id: int, n_workers: int, slots: int,
-                 on_nonfinite: Callable[[int, int], None] | None = None):
+                 on_nonfinite: Callable[[int, int], None] | None = None, max_workers: int = MAX_WORKERS):
         self.store = store
         self.cfg = store.cfg
         self.job_id = job_id
         self.n_workers = n_workers
+        self.max_workers = max_workers
         self.slots = slots
         self.on_nonfinite = on_nonfinite
         self.n = store.n_chunks
@@ -66,7 +72,8 @@ class NodeCore:
         chunk = h["chunk"].astype(np.int64)
         step = h["step"].astype(np.int64)
         ok = np.ones(len(h), dtype=bool)
-        checks = [("job", h["job"] == self.job_id), ("nworkers", h["nworkers"] == self.n_workers),
+        nw = h["nworkers"]
+        checks = [("job", h["job"] == self.job_id), ("nworkers", (nw >= 1) & (nw <= self.max_workers)),
                   ("chunk", chunk < self.n)]
         for reason, passed in checks:
             self._count_bad(reason, ok & ~passed)
@@ -134,6 +141,7 @@ class NodeCore:
         store = self.store
         src, dst = store.copy_after(step - 1), store.copy_after(step)
         nonfinite = (headers["flags"] & Flag.NONFINITE) != 0
+        nworkers = headers["nworkers"].astype(np.int64)[:, None]
         out = np.empty((len(chunks), K), dtype=np.float16)
         pos = 0
         for lo, hi in store.page_runs(chunks):
@@ -141,7 +149,7 @@ class NodeCore:
             new = store.records(dst, lo, hi, write=True)
             new[...] = store.records(src, lo, hi)
             nf = nonfinite[pos : pos + n]
-            g = optim.mean_gradient(sums[pos : pos + n], self.n_workers)
+            g = optim.mean_gradient(sums[pos : pos + n], nworkers[pos : pos + n])
             if nf.any():
                 keep = ~nf
                 sel = new[keep]
@@ -240,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", type=int, default=1, help="job id")
     p.add_argument("--workers", type=int, help="worker count (without --topology)")
     p.add_argument("--slots", type=int, help="the job's slot count (without --topology)")
+    p.add_argument("--max-workers", type=int, default=MAX_WORKERS,
+                   help="largest worker count a sum may carry (the job's membership may change between steps)")
     p.add_argument("--mac", help="our MAC (without --topology)")
     p.add_argument("--ip", help="our IPv4 address (without --topology)")
     p.add_argument("--state-dir", required=True, help="directory of the out-of-core state (resumed if present)")
@@ -329,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         n_workers, slots, addr = _job_from_args(args)
+        if not 1 <= args.max_workers <= MAX_WORKERS:
+            raise ConfigError(f"--max-workers must be in 1..{MAX_WORKERS}")
         store = open_state(args)
         sock = rawsock.open_raw(args.iface)
         guard = rawsock.udp_guard()
@@ -336,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mindp-optimizer: {exc}", file=sys.stderr)
         return 2
     skipped = []
-    core = NodeCore(store, args.job, n_workers, slots, on_nonfinite=lambda s, c: skipped.append((s, c)))
+    core = NodeCore(store, args.job, n_workers, slots, on_nonfinite=lambda s, c: skipped.append((s, c)),
+                    max_workers=args.max_workers)
     faults = None
     if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:
         faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed, args.dup_send, args.reorder_send)

@@ -63,11 +63,14 @@ def train(
     opt: OptimizerConfig,
     layout: Layout | None = None,
     on_nonfinite: Callable[[int, int], None] | None = None,
+    members: Callable[[int], list[int]] | None = None,
 ) -> Result:
     """Train `steps` steps of `n_workers` data-parallel workers in one process.
 
     init: named initial float32 parameters (workers start from their fp16 rounding).
     grad_fn(worker, step, params_fp16) -> named gradients (numpy or torch, any float dtype).
+    members(step) -> the worker ids taking part in that step (default 0..n_workers-1), for a job
+    whose membership changes between steps; the mean divides by their number.
     """
     layout = layout or optim.layout_of(init)
     n = layout.n_chunks
@@ -78,15 +81,16 @@ def train(
     skipped: list[tuple[int, int]] = []
     for step in range(steps):
         params = layout.unflatten(master[: layout.total].astype(np.float16))
-        flats = [flat_fp16(layout, grad_fn(w, step, params)) for w in range(n_workers)]
+        ids = list(range(n_workers)) if members is None else list(members(step))
+        flats = [flat_fp16(layout, grad_fn(w, step, params)) for w in ids]
         sums, nonfinite = chunk_sums(flats)
         ok = ~nonfinite
         rows = (master.reshape(n, K), m.reshape(n, K), v.reshape(n, K))
         if ok.all():
-            optim.apply(opt, master, m, v, optim.mean_gradient(sums.reshape(-1), n_workers), step)
+            optim.apply(opt, master, m, v, optim.mean_gradient(sums.reshape(-1), len(ids)), step)
         else:
             sel = [r[ok] for r in rows]
-            optim.apply(opt, *sel, optim.mean_gradient(sums[ok], n_workers), step)
+            optim.apply(opt, *sel, optim.mean_gradient(sums[ok], len(ids)), step)
             for r, s in zip(rows, sel):
                 r[ok] = s
             for c in np.flatnonzero(nonfinite):

@@ -13,9 +13,10 @@ import time
 
 import numpy as np
 
+from controller.controller import Controller
 from host_agent import optim, rawsock
-from mindp import testbed
-from mindp.topology import star
+from mindp import targets, testbed
+from mindp.topology import JobSpec, star
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig
 
 from .helpers import initial_fp16, same_bits
@@ -75,6 +76,58 @@ def run_files(tmp_path, topo, init, steps) -> list[str]:
     return node_args(topo_path, tmp_path / "state", init_path, steps, tmp_path / "final.npz", tmp_path / "stats.json")
 
 
+class Fabric:
+    """A switch on the bed's ports with the job installed by the controller (the topology's job,
+    or `job`, e.g. a subset of its workers). restart() kills the switch and starts it again on the
+    same ports; the controller then gives it the pipeline, forwarding and job back."""
+
+    def __init__(self, target, bed_topo, tmp_path, switch_faults=(), job: JobSpec | None = None):
+        b, topo = bed_topo
+        self.bed, self.topo = b, topo
+        self.job = job or topo.jobs[0]
+        cfg = targets.SwitchConfig(ports=b.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
+                                   log_file=str(tmp_path / "switch.log"), thrift_port=targets.free_port(),
+                                   fault_args=list(switch_faults) if target == "embedded" else [])
+        self.switch = targets.SwitchProcess(target, cfg)
+        self.target = target
+        self.ctl = None
+
+    def __enter__(self):
+        self.switch.start()
+        try:
+            self.switch.set_queue_depth(1024)
+            self.ctl = Controller(self.switch.cfg.grpc_addr, topology=self.topo)
+            self.ctl.push()
+            self.ctl.install_forwarding()
+            self.ctl.create_job(self.job)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def restart(self, down: float = 0.0) -> list[str]:
+        """Kill the switch (its registers are gone), start it again after `down` s, and let the
+        controller restore it; returns what the controller did."""
+        self.switch.stop()
+        time.sleep(down)
+        self.switch.start()
+        self.switch.set_queue_depth(1024)
+        self.ctl.reconnect()
+        return self.ctl.restore()
+
+    def restart_controller(self) -> Controller:
+        """A new controller process's view: a fresh Controller that learns the job from the switch."""
+        self.ctl.close()
+        self.ctl = Controller(self.switch.cfg.grpc_addr, topology=self.topo)
+        self.ctl.reconcile()
+        return self.ctl
+
+    def __exit__(self, *exc):
+        if self.ctl:
+            self.ctl.close()
+        self.switch.stop()
+
+
 def job_bed(prefix: str, n_workers: int):
     """A testbed with one job's workers and optimizer node (a generator for module fixtures)."""
     topo = star([n_workers], slots=8)
@@ -88,30 +141,38 @@ class Workers:
     """One thread per worker, each pushing `steps` steps of grad_fn's gradients."""
 
     def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, dup=0.0, reorder=0.0, rto=None,
-                 overlap=False):
+                 overlap=False, ids=None, first_step=0, params=None):
+        """ids: the workers to run (default all of the job's); they run steps first_step..steps-1
+        from `params` (fp16, default the initial parameters' rounding)."""
         self.overlap = overlap
         self.layout = optim.layout_of(init)
         self.results: dict[int, dict] = {}
         self.errors: dict[int, BaseException] = {}
         self.agents: dict[int, WorkerAgent] = {}
         self.progress: dict[int, int] = {}
+        self.first_step = first_step
+        self.stop = threading.Event()
         job = topo.jobs[0]
         rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
-        for w, name in job.workers.items():
-            sock = bed.hosts[name].socket()
+        for w in (job.workers if ids is None else ids):
+            sock = bed.hosts[job.workers[w]].socket()
             rawsock.prepare(sock)
             faults = rawsock.Faults(drop, drop, 100 + w, dup, reorder) if (drop or dup or reorder) else None
-            agent = WorkerAgent(WorkerConfig.from_topology(topo, job.job_id, w, rto=rto), self.layout, sock, faults)
+            cfg = WorkerConfig.from_topology(topo, job.job_id, w, rto=rto, first_step=first_step)
+            agent = WorkerAgent(cfg, self.layout, sock, faults)
             agent.nonfinite_log = []
             agent.on_nonfinite = lambda step, chunks, log=agent.nonfinite_log: log.append((step, chunks))
             self.agents[w] = agent
-        self.threads = [threading.Thread(target=self._run, args=(w, init, grad_fn, steps), daemon=True)
+            self.progress[w] = first_step
+        start = initial_fp16(init) if params is None else params
+        self.threads = [threading.Thread(target=self._run, args=(w, start, grad_fn, steps), daemon=True)
                         for w in self.agents]
 
-    def _run(self, w, init, grad_fn, steps):
-        params = initial_fp16(init)
+    def _run(self, w, params, grad_fn, steps):
         try:
-            for step in range(steps):
+            for step in range(self.first_step, steps):
+                if self.stop.is_set():  # stopped between steps (a worker "killed" by the test)
+                    return
                 grads = grad_fn(w, step, params)
                 if self.overlap:  # as a backward pass produces them: last layer first, sending meanwhile
                     h = self.agents[w].start_step()
@@ -133,7 +194,7 @@ class Workers:
 
     def wait_step(self, step: int, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
-        while min(self.progress.get(w, 0) for w in self.agents) < step and time.monotonic() < deadline:
+        while min(self.progress.values()) < step and time.monotonic() < deadline:
             if self.errors:
                 break
             time.sleep(0.005)

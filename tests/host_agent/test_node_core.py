@@ -85,6 +85,29 @@ def test_shuffled_duplicated_sums_give_reference_bits(tmp_path, kind):
         assert same_bits({k: z[k] for k in z.files}, reference.train(init, gf, N, 4, cfg).master)
 
 
+def test_membership_change_between_steps_divides_by_each_sums_count(tmp_path):
+    """Workers added and removed between steps (the switch's sums carry the new count): the node
+    follows, each mean divided by the contributions counted, as the reference with the same members."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig()
+    gf = reference.synthetic_grads(6)
+    members = {0: [0, 1, 2], 1: [0, 1, 2, 3], 2: [1, 2, 3], 3: [1, 3]}
+    core = open_core(tmp_path, init, cfg)
+    params = initial_fp16(init)
+    chunks = np.arange(lay.n_chunks)
+    for step, ids in members.items():
+        sums, nf = reference.chunk_sums([reference.flat_fp16(lay, gf(w, step, params)) for w in ids])
+        hdr, vals = core.handle(sum_headers(JOB, step, chunks, lay, S, len(ids), nf), sums)
+        assert hdr["chunk"].tolist() == chunks.tolist()
+        params = assemble(lay, {int(c): [(0, v)] for c, v in zip(hdr["chunk"], vals)}, params)
+    ref = reference.train(init, gf, N, len(members), cfg, members=members.__getitem__)
+    assert same_bits(params, ref.params)
+    assert not same_bits(params, reference.train(init, gf, N, len(members), cfg).params)
+    hdr, _ = core.handle(sum_headers(JOB, 4, [0], lay, S, 33), np.zeros((1, K), np.int64))
+    assert len(hdr) == 0 and core.stats["rejected_nworkers"] == 1  # beyond the protocol's 32
+
+
 def test_nonfinite_chunk_is_skipped_reported_and_still_answered(tmp_path):
     init = small_model()
     lay = optim.layout_of(init)
@@ -117,7 +140,7 @@ def test_sums_of_old_steps_resend_or_drop_and_bad_sums_are_counted(tmp_path):
     assert len(hdr) == 0 and core.stats["stale"] == 1
     bad = sum_headers(JOB, 2, [1, 2, 3, 4], lay, S, N)
     bad["job"][0] = 9
-    bad["nworkers"][1] = N - 1
+    bad["nworkers"][1] = 0  # no contribution: never a sum the switch makes
     bad["ver"][2] ^= 1
     bad["chunk"][3] = lay.n_chunks + 5
     hdr, _ = core.handle(bad, np.zeros((4, K), np.int64))

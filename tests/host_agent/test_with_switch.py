@@ -7,14 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from controller.controller import Controller
 from host_agent import optim, reference, state
 from host_agent.optim import OptimizerConfig
-from mindp import targets
 
 from tests.conftest import TARGET_PARAMS
 
-from .harness import NodeProcess, Workers, check_against, job_bed, run_files, state_rss, train
+from .harness import Fabric, NodeProcess, Workers, check_against, job_bed, run_files, state_rss, train
 from .helpers import small_model, with_nonfinite
 
 pytestmark = pytest.mark.net
@@ -26,36 +24,6 @@ FAULTS = ["--drop-prob", "0.05", "--dup-prob", "0.05", "--reorder-prob", "0.05",
 @pytest.fixture(scope="module")
 def bed():
     yield from job_bed("has-", N)
-
-
-class Fabric:
-    """A switch on the bed's ports with the job installed by the controller."""
-
-    def __init__(self, target, bed_topo, tmp_path, switch_faults=()):
-        b, topo = bed_topo
-        self.bed, self.topo = b, topo
-        cfg = targets.SwitchConfig(ports=b.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
-                                   log_file=str(tmp_path / "switch.log"), thrift_port=targets.free_port(),
-                                   fault_args=list(switch_faults) if target == "embedded" else [])
-        self.switch = targets.SwitchProcess(target, cfg)
-        self.target = target
-
-    def __enter__(self):
-        self.switch.start()
-        try:
-            self.switch.set_queue_depth(1024)
-            self.ctl = Controller(self.switch.cfg.grpc_addr, topology=self.topo)
-            self.ctl.push()
-            self.ctl.install_forwarding()
-            self.ctl.create_job(self.topo.jobs[0])
-        except BaseException:
-            self.switch.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.ctl.close()
-        self.switch.stop()
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
