@@ -3,9 +3,11 @@
     mindp-ctl [--grpc-addr A] [--topology topo.json] [--json] COMMAND ...
 
 Every invocation connects, learns the switch's state (reconcile) and does one
-thing; errors are one line on stderr and a non-zero exit. Commands that only
-read (jobs list/show, slots, stats, tables) do not arbitrate; the others become
-primary with --election-id (default 0,1).
+thing; errors are one line on stderr and a non-zero exit. Global options may
+also follow the command (`mindp-ctl stats --watch --json`). Commands that only
+read (jobs list/show, slots, stats, tables) do not arbitrate, so they work next
+to another primary controller; the others become primary with --election-id
+(default 0,1); the shell is read-only while another controller is primary.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from . import p4info_names as n
 from . import stats as statsmodel
 from .controller import Controller, ControllerError
 from .jobs import Endpoint, JobError, JobState
-from .p4runtime import DEFAULT_GRPC_ADDR, TLS, SwitchConnection, SwitchError
+from .p4runtime import DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection, SwitchError
 from .slots import SlotError
 
 EXIT_ERROR = 1
@@ -79,17 +81,50 @@ def election_id(text: str) -> tuple[int, int]:
 
 
 def worker_map(text: str) -> dict[int, str]:
-    """'0=w1_0,1=w1_1' or 'w1_0,w1_1' (ids 0, 1, ...)."""
-    out = {}
-    for i, item in enumerate(filter(None, text.split(","))):
-        wid, sep, host = item.partition("=")
-        try:
-            out[int(wid) if sep else i] = host if sep else wid
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad worker {item!r}: expected ID=HOST") from None
-    if not out:
+    """'0=w1_0,1=w1_1' or 'w1_0,w1_1' (ids 0, 1, ...); every id and host once."""
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
         raise argparse.ArgumentTypeError("no workers given")
+    if "" in items:
+        raise argparse.ArgumentTypeError(f"empty worker in {text!r}: expected ID=HOST,...")
+    explicit = ["=" in item for item in items]
+    if any(explicit) and not all(explicit):
+        raise argparse.ArgumentTypeError(f"give every worker as ID=HOST or none ({text!r} mixes both)")
+    out: dict[int, str] = {}
+    for i, item in enumerate(items):
+        wid, _, host = item.partition("=") if explicit[i] else (str(i), "=", item)
+        try:
+            w = int(wid)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad worker {item!r}: expected ID=HOST with an integer ID") from None
+        if w < 0 or not host:
+            raise argparse.ArgumentTypeError(f"bad worker {item!r}: expected ID=HOST, ID >= 0")
+        if w in out:
+            raise argparse.ArgumentTypeError(f"worker id {w} given twice ({out[w]} and {host})")
+        if host in out.values():
+            raise argparse.ArgumentTypeError(f"host {host} given for two worker ids")
+        out[w] = host
     return out
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
 
 
 class Parser(argparse.ArgumentParser):
@@ -99,68 +134,90 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+DEFAULT_ELECTION_ID = (0, 1)
+
+
+def add_global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """The options of every command. On the main parser with their defaults; on each
+    subcommand without (SUPPRESS), so `mindp-ctl stats --json` means `mindp-ctl --json stats`."""
+    def d(value):
+        return value if defaults else argparse.SUPPRESS
+
+    p.add_argument("--grpc-addr", default=d(None),
+                   help=f"switch P4Runtime address (default: the topology's switch, else {DEFAULT_GRPC_ADDR})")
+    p.add_argument("--device-id", type=int, default=d(None), help="P4Runtime device id (default: the topology's, else 0)")
+    p.add_argument("--election-id", type=election_id, default=d(None), metavar="HIGH,LOW",
+                   help="election id of this controller (default 0,1; the shell picks a read-only session "
+                   "when another controller is primary)")
+    p.add_argument("--topology", "-t", metavar="FILE", default=d(None),
+                   help="topology JSON (mindp.topology): hosts' MAC, IP and port")
+    p.add_argument("--p4info", metavar="FILE", default=d(None),
+                   help="P4Info text (default p4src/compiled/mindp.p4info.txtpb)")
+    p.add_argument("--bmv2-json", metavar="FILE", default=d(None), help="BMv2 JSON (default p4src/compiled/mindp.json)")
+    p.add_argument("--cacert", metavar="PEM", default=d(None), help="TLS: CA certificate (enables TLS)")
+    p.add_argument("--cert", metavar="PEM", default=d(None), help="TLS: client certificate (enables TLS)")
+    p.add_argument("--key", metavar="PEM", default=d(None), help="TLS: client private key (enables TLS)")
+    p.add_argument("--timeout", type=positive_float, default=d(3.0), help="seconds to wait for the switch (default 3)")
+    p.add_argument("--json", action="store_true", default=d(False), help="machine-readable output")
+    p.add_argument("-v", "--verbose", action="store_true", default=d(False), help="log what the controller does")
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog="mindp-ctl", description="mindp P4Runtime controller: pipeline, forwarding, "
-                                "jobs, workers, slots, statistics.")
-    p.add_argument("--grpc-addr", help=f"switch P4Runtime address (default: the topology's switch, else {DEFAULT_GRPC_ADDR})")
-    p.add_argument("--device-id", type=int, help="P4Runtime device id (default: the topology's, else 0)")
-    p.add_argument("--election-id", type=election_id, default=(0, 1), metavar="HIGH,LOW",
-                   help="election id of this controller (default 0,1)")
-    p.add_argument("--topology", "-t", metavar="FILE", help="topology JSON (mindp.topology): hosts' MAC, IP and port")
-    p.add_argument("--p4info", metavar="FILE", help="P4Info text (default p4src/compiled/mindp.p4info.txtpb)")
-    p.add_argument("--bmv2-json", metavar="FILE", help="BMv2 JSON (default p4src/compiled/mindp.json)")
-    p.add_argument("--cacert", metavar="PEM", help="TLS: CA certificate (enables TLS)")
-    p.add_argument("--cert", metavar="PEM", help="TLS: client certificate (enables TLS)")
-    p.add_argument("--key", metavar="PEM", help="TLS: client private key (enables TLS)")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the switch (default 3)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("-v", "--verbose", action="store_true", help="log what the controller does")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+                                "jobs, workers, slots, statistics. Global options may also follow the command.")
+    add_global_options(p, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    add_global_options(common, defaults=False)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", parser_class=Parser)
 
-    s = sub.add_parser("push", help="install the pipeline (unless already running) and, with --topology, forwarding")
+    def command(parent, name: str, **kw) -> argparse.ArgumentParser:
+        return parent.add_parser(name, parents=[common], **kw)
+
+    s = command(sub, "push", help="install the pipeline (unless already running) and, with --topology, forwarding")
     s.add_argument("--force", action="store_true", help="push even if the switch runs our program (clears all entries)")
 
-    jobs = sub.add_parser("jobs", help="list, show, create, delete jobs").add_subparsers(dest="sub", required=True,
-                                                                                        metavar="ACTION")
-    jobs.add_parser("list", help="jobs on the switch")
-    s = jobs.add_parser("show", help="one job in detail")
+    jobs = command(sub, "jobs", help="list, show, create, delete jobs").add_subparsers(
+        dest="sub", required=True, metavar="ACTION", parser_class=Parser)
+    command(jobs, "list", help="jobs on the switch")
+    s = command(jobs, "show", help="one job in detail")
     s.add_argument("job_id", type=int)
-    s = jobs.add_parser("create", help="create a job from a JobSpec file, from flags, or from the topology's jobs",
-                        description="Create a job. Hosts are names in --topology. Either --file JOB.json "
-                        "(a JobSpec: {\"job_id\", \"workers\": {\"0\": host, ...}, \"optimizer\", \"slots\"}), or "
-                        "--job-id with --workers/--optimizer/--slots, or --job-id alone for that job of the topology.")
+    s = command(jobs, "create", help="create a job from a JobSpec file, from flags, or from the topology's jobs",
+                description="Create a job. Hosts are names in --topology. Either --file JOB.json "
+                "(a JobSpec: {\"job_id\", \"workers\": {\"0\": host, ...}, \"optimizer\", \"slots\", \"chunks\"}), or "
+                "--job-id with --workers/--optimizer/--slots, or --job-id alone for that job of the topology.")
     s.add_argument("--file", "-f", metavar="JOB.json", help="JobSpec JSON")
     s.add_argument("--job-id", type=int)
     s.add_argument("--workers", type=worker_map, metavar="ID=HOST,...", help="e.g. 0=w1_0,1=w1_1")
     s.add_argument("--optimizer", metavar="HOST")
-    s.add_argument("--slots", type=int, help="slot count (default 64)")
-    s = jobs.add_parser("delete", help="remove a job's entries and group; its slots are free at once")
+    s.add_argument("--slots", type=positive_int, help="slot count (default 64)")
+    s = command(jobs, "delete", help="remove a job's entries and group; its slots are free at once")
     s.add_argument("job_id", type=int)
 
-    workers = sub.add_parser("workers", help="add, remove or replace a worker of a job (between steps)"
-                             ).add_subparsers(dest="sub", required=True, metavar="ACTION")
+    workers = command(sub, "workers", help="add, remove or replace a worker of a job (between steps)"
+                      ).add_subparsers(dest="sub", required=True, metavar="ACTION", parser_class=Parser)
     for name, what in (("add", "add a worker"), ("replace", "move a worker id to another host or port")):
-        s = workers.add_parser(name, help=what, description=f"{what.capitalize()}: HOST from --topology, "
-                               "or --port/--mac/--ip.")
+        s = command(workers, name, help=what, description=f"{what.capitalize()}: HOST from --topology, "
+                    "or --port/--mac/--ip.")
         s.add_argument("job_id", type=int)
         s.add_argument("worker", type=int)
         s.add_argument("host", nargs="?", help="host name in the topology")
         s.add_argument("--port", type=int)
         s.add_argument("--mac")
         s.add_argument("--ip")
-    s = workers.add_parser("remove", help="remove a worker")
+    s = command(workers, "remove", help="remove a worker")
     s.add_argument("job_id", type=int)
     s.add_argument("worker", type=int)
 
-    sub.add_parser("slots", help="the slot pool map")
-    s = sub.add_parser("stats", help="per-job counters; --watch for rates")
+    command(sub, "slots", help="the slot pool map")
+    s = command(sub, "stats", help="per-job counters; --watch for rates")
     s.add_argument("--job", type=int, action="append", help="only this job (repeatable)")
-    s.add_argument("--watch", type=float, nargs="?", const=1.0, metavar="SECONDS",
+    s.add_argument("--watch", type=positive_float, nargs="?", const=1.0, metavar="SECONDS",
                    help="print rates every SECONDS (default 1) until Ctrl-C")
-    s.add_argument("--count", type=int, help="with --watch: stop after this many updates")
-    s = sub.add_parser("tables", help="raw dump of table entries and multicast groups")
+    s.add_argument("--count", type=positive_int, help="with --watch: stop after this many updates")
+    s = command(sub, "tables", help="raw dump of table entries and multicast groups")
     s.add_argument("--table", help="one table (full or short name)")
-    sub.add_parser("shell", help="p4runtime-shell on the switch, with our P4Info")
+    command(sub, "shell", help="p4runtime-shell on the switch, with our P4Info (read-only while another "
+            "controller is primary)")
     return p
 
 
@@ -175,7 +232,7 @@ def connect(args, topo: Topology | None) -> Controller:
     tls = TLS(args.cacert, args.cert, args.key) if (args.cacert or args.cert or args.key) else None
     addr = args.grpc_addr or (topo.switch.grpc_addr if topo else DEFAULT_GRPC_ADDR)
     dev = args.device_id if args.device_id is not None else (topo.switch.device_id if topo else 0)
-    return Controller(addr, dev, args.election_id, topology=topo, p4info_path=args.p4info,
+    return Controller(addr, dev, args.election_id or DEFAULT_ELECTION_ID, topology=topo, p4info_path=args.p4info,
                       bmv2_json_path=args.bmv2_json, tls=tls, timeout=args.timeout, read_only=read_only(args))
 
 
@@ -186,12 +243,39 @@ def read_only(args) -> bool:
 
 
 def cmd_push(args, ctl: Controller, topo) -> None:
+    wiped = what_a_push_wipes(ctl) if args.force else None
     pushed = ctl.push(force=args.force)
     writes = ctl.install_forwarding(topo) if topo else None
-    msg = "pushed the pipeline" if pushed else "pipeline already installed (use --force to re-push)"
+    if not pushed:
+        msg = "pipeline already installed (use --force to re-push)"
+    elif wiped is None:
+        msg = "pushed the pipeline"
+    else:
+        msg = f"re-pushed the pipeline, wiping {wiped['text']}"
     if writes is not None:
         msg += f"; forwarding for {len(topo.hosts)} hosts ({writes} writes)"
-    emit(args, {"pushed": pushed, "forwarding_writes": writes}, msg)
+    emit(args, {"pushed": pushed, "wiped": None if wiped is None else {k: v for k, v in wiped.items() if k != "text"},
+                "forwarding_writes": writes}, msg)
+
+
+def what_a_push_wipes(ctl: Controller) -> dict | None:
+    """What the switch holds now, which a forced push clears; None when it has no pipeline."""
+    info, _ = ctl.conn.installed_pipeline()
+    if info is None:
+        return None
+    try:
+        entries = ctl.conn.read_entries()
+    except PipelineMismatch:
+        return {"program": "another", "entries": None, "groups": None, "jobs": None,
+                "text": "another program and all its entries"}
+    groups = ctl._read_groups()
+    jobs = sorted(int(e.match[n.MF_JOB]) for e in entries if e.table == n.JOBS)
+    text = f"{len(entries)} table entries"
+    if jobs:
+        text += f" (job{'s' if len(jobs) > 1 else ''} {', '.join(map(str, jobs))})"
+    text += " and " + (f"{len(groups)} multicast groups" if groups is not None else "the multicast groups")
+    return {"program": "ours", "entries": len(entries), "groups": None if groups is None else len(groups),
+            "jobs": jobs, "text": text}
 
 
 def job_spec(args, topo: Topology | None) -> JobSpec:
@@ -308,8 +392,6 @@ def cmd_stats(args, ctl: Controller, topo) -> None:
     if args.watch is None:
         emit(args, snap.to_dict(), stats_text(snap))
         return
-    if args.watch <= 0:
-        raise UsageError("--watch needs a positive interval")
     updates = 0
     try:
         while args.count is None or updates < args.count:
@@ -363,22 +445,66 @@ def cmd_shell(args, topo) -> None:
     """Check the switch runs our program, then hand the terminal to p4runtime-shell.
 
     The shell is started without --config, so it pushes nothing; it reads the
-    P4Info from the switch, which we have just checked equals ours.
+    P4Info from the switch, which we have just checked equals ours. It never
+    takes primary away silently: while another controller is primary (e.g. the
+    one of `make run`) it is a read-only session, unless --election-id names a
+    backup id below the primary's.
     """
     tls = TLS(args.cacert, args.cert, args.key) if (args.cacert or args.cert or args.key) else None
     addr = args.grpc_addr or (topo.switch.grpc_addr if topo else DEFAULT_GRPC_ADDR)
     dev = args.device_id if args.device_id is not None else (topo.switch.device_id if topo else 0)
-    with SwitchConnection(addr, dev, args.election_id, p4info_path=args.p4info, tls=tls,
-                          require_primary=False, timeout=args.timeout) as conn:
-        conn.check_pipeline()
-    cmd = [sys.executable, "-m", "p4runtime_sh", "--grpc-addr", addr, "--device-id", str(dev),
-           "--election-id", f"{args.election_id[0]},{args.election_id[1]}"]
+    eid, read_only, note = shell_session(args, addr, dev, tls)
+    if note:
+        print(f"mindp-ctl: {note}", file=sys.stderr)
+    module = "controller.readonly_shell" if read_only else "p4runtime_sh"
+    cmd = [sys.executable, "-m", module, "--grpc-addr", addr, "--device-id", str(dev),
+           "--election-id", f"{eid[0]},{eid[1]}"]
     if tls:
         cmd.append("--ssl")
         cmd += [x for flag, v in (("--cacert", tls.cacert), ("--cert", tls.cert), ("--private-key", tls.key))
                 if v for x in (flag, v)]
     sys.stdout.flush()
+    sys.stderr.flush()
     os.execv(sys.executable, cmd)
+
+
+def shell_session(args, addr: str, dev: int, tls) -> tuple[tuple[int, int], bool, str | None]:
+    """(election id, read-only?, a note for the user) for the shell.
+
+    A probe with the lowest election id (0,1) can never take primary away: it
+    either becomes primary (nobody else is), or a backup that learns the
+    primary's id, or is refused because another client holds (0,1).
+    """
+    def probe(eid):
+        with SwitchConnection(addr, dev, eid, p4info_path=args.p4info, tls=tls, require_primary=False,
+                              timeout=args.timeout) as conn:
+            conn.check_pipeline()
+            return conn.is_primary, conn.client.primary_election_id
+
+    wanted = args.election_id
+    try:
+        alone, primary = probe(DEFAULT_ELECTION_ID)
+    except ElectionIdInUse:
+        if wanted is None or wanted == DEFAULT_ELECTION_ID:
+            if wanted is not None:
+                raise
+            return DEFAULT_ELECTION_ID, True, ("another controller holds election id 0,1: read-only session "
+                                               "(writes need --election-id)")
+        got_primary, _ = probe(wanted)
+        note = (f"election id {wanted[0]},{wanted[1]} is now primary: the controller with 0,1 is a backup "
+                "until this shell exits") if got_primary else None
+        return wanted, False, note
+    if alone:
+        return wanted or DEFAULT_ELECTION_ID, False, None
+    p = f"{primary[0]},{primary[1]}" if primary else "another id"
+    if wanted is None:
+        return DEFAULT_ELECTION_ID, True, f"controller with election id {p} is primary: read-only session"
+    if primary is not None and wanted > primary:
+        raise UsageError(f"controller with election id {p} is primary: the shell's --election-id "
+                         f"{wanted[0]},{wanted[1]} would take primary away; give one below {p}, "
+                         "or none for a read-only session")
+    probe(wanted)  # below the primary: a backup; refused if another client uses it
+    return wanted, False, None
 
 
 COMMANDS = {"push": cmd_push, "jobs": cmd_jobs, "workers": cmd_workers, "slots": cmd_slots,
@@ -403,6 +529,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"mindp-ctl: error: {exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}", file=sys.stderr)
+        return EXIT_ERROR
     finally:
         if ctl is not None:
             ctl.close()

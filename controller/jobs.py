@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
-from mindp.topology import Host, JobSpec, Topology, TopologyError
+from mindp.topology import Host, JobSpec, Topology, TopologyError, valid_ipv4, valid_mac
 
 from . import p4info_names as n
 from .model import Entry, Group, Op, OpKind, diff_entries, diff_group
@@ -144,6 +144,10 @@ def check_ports(job_id: int, workers: dict[int, Endpoint], optimizer: Endpoint, 
     for label, e in [*((f"worker {w}", e) for w, e in sorted(workers.items())), ("optimizer", optimizer)]:
         if not 1 <= e.port <= n.MAX_PORT:
             raise JobError(f"job {job_id}: {label} port {e.port} outside 1..{n.MAX_PORT}")
+        if not valid_mac(e.mac):
+            raise JobError(f"job {job_id}: {label} has a bad MAC {e.mac!r} (expected 02:00:00:00:00:01 form)")
+        if not valid_ipv4(e.ip):
+            raise JobError(f"job {job_id}: {label} has a bad IPv4 address {e.ip!r}")
         if e.port in seen:
             raise JobError(f"job {job_id}: {label} and {seen[e.port]} share port {e.port}")
         seen[e.port] = label

@@ -43,6 +43,10 @@ class NotPrimary(SwitchError):
     pass
 
 
+class ElectionIdInUse(SwitchError):
+    """Another client holds this election id on the device (P4Runtime allows one each)."""
+
+
 class NoPipeline(SwitchError):
     pass
 
@@ -154,6 +158,10 @@ class _Client(P4RuntimeClient):
         if rep is None:
             why = self._stream_error or "no arbitration answer"
             self.tear_down()
+            low = why.lower()
+            if "election id" in low and ("exists" in low or "in use" in low):
+                raise ElectionIdInUse(f"election id {self.election_id[0]},{self.election_id[1]} is in use by another "
+                                      f"controller on {self._grpc_addr}: choose another with --election-id")
             raise SwitchError(f"switch at {self._grpc_addr} refused the session (device id {self.device_id}, "
                               f"election id {self.election_id[0]},{self.election_id[1]}): {why}")
         self._on_arbitration(rep)

@@ -28,6 +28,19 @@ class TopologyError(ValueError):
     """A topology or job description that cannot be used; the message says why."""
 
 
+def valid_mac(text: str) -> bool:
+    """Six lower-case hex pairs separated by colons, as the topology and the controller write MACs."""
+    return bool(_MAC.match(text))
+
+
+def valid_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class Host:
     name: str
@@ -108,12 +121,10 @@ class Topology:
                     raise TopologyError(f"hosts {seen[key]} and {h.name} share {attr} {key}")
                 seen[key] = h.name
         for h in self.hosts.values():
-            if not _MAC.match(h.mac):
+            if not valid_mac(h.mac):
                 raise TopologyError(f"host {h.name}: bad MAC {h.mac!r}")
-            try:
-                ipaddress.IPv4Address(h.ip)
-            except ValueError:
-                raise TopologyError(f"host {h.name}: bad IPv4 address {h.ip!r}") from None
+            if not valid_ipv4(h.ip):
+                raise TopologyError(f"host {h.name}: bad IPv4 address {h.ip!r}")
             if not 1 <= h.port <= MAX_PORT:
                 raise TopologyError(f"host {h.name}: port {h.port} outside 1..{MAX_PORT}")
         ids = set()

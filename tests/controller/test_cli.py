@@ -133,7 +133,8 @@ def test_bad_input_is_one_line_and_nonzero(cli, tmp_path, switch, topo):
         assert [j["job_id"] for j in cli.json("jobs", "list")["jobs"]] == [1]
     with Controller(switch.addr, election_id=(0, 1)):  # e.g. make run's controller, with our default id
         assert cli.json("stats")["jobs"]["1"]["grad_packets"] == 0
-        cli.fails("jobs", "delete", "1", match="refused the session")
+        cli.fails("jobs", "delete", "1", match="election id 0,1 is in use by another controller")
+        cli.fails("jobs", "delete", "1", match="choose another with --election-id")
     cli.fails("--cacert", str(tmp_path / "ca.pem"), "push", match="TLS credential")
     # A program other than ours (a P4Info with a renamed table).
     other = tmp_path / "other.p4info.txtpb"
@@ -153,3 +154,95 @@ def test_unreachable_switch_and_usage(tmp_path, topo):
     for cmd in ([], ["jobs"], ["jobs", "create"], ["workers", "replace"], ["stats"], ["shell"]):
         proc = cli.run(*cmd, "--help")
         assert proc.stdout.startswith("usage: mindp-ctl")
+
+
+def test_global_options_after_the_command(cli, switch):
+    cli.run("push")
+    cli.run("jobs", "create", "--job-id", "1")
+    watch = cli.run("stats", "--watch", "0.2", "--count", "2", "--json").stdout.splitlines()
+    assert len(watch) == 2 and json.loads(watch[0])["totals"]["jobs"]["1"]["grad_packets"] == 0
+    bare = [*ctl_command(), "jobs", "list", "--json", "--grpc-addr", switch.addr, "--timeout", "5"]
+    proc = subprocess.run(bare, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert [j["job_id"] for j in json.loads(proc.stdout)["jobs"]] == [1]
+    assert json.loads(cli.run("jobs", "show", "1", "--json").stdout)["job_id"] == 1
+
+
+@pytest.mark.parametrize("workers,message", [
+    ("0=w2_0,0=w2_1", "worker id 0 given twice"),
+    ("w2_0,1=w2_1", "mixes both"),
+    ("0=w2_0,,1=w2_1", "empty worker"),
+    ("0=", "expected ID=HOST"),
+    ("0=w2_0,-1=w2_1", "ID >= 0"),
+    ("x=w2_0", "integer ID"),
+    ("0=w2_0,1=w2_0", "host w2_0 given for two worker ids"),
+])
+def test_bad_worker_lists_are_refused(tmp_path, topo, workers, message):
+    path = tmp_path / "topo.json"
+    topo.dump(path)
+    cli = Ctl(f"127.0.0.1:{targets.free_port()}", path)  # refused before any connection
+    cli.fails("jobs", "create", "--job-id", "2", "--workers", workers, "--optimizer", "opt2", match=message, code=2)
+
+
+def test_usage_values_are_checked_before_connecting(tmp_path, topo):
+    path = tmp_path / "topo.json"
+    topo.dump(path)
+    cli = Ctl(f"127.0.0.1:{targets.free_port()}", path)
+    cli.fails("--timeout", "-1", "stats", match="must be a positive number of seconds", code=2)
+    cli.fails("stats", "--timeout", "nan", match="must be a positive number of seconds", code=2)
+    cli.fails("stats", "--watch", "0", match="must be a positive number", code=2)
+    cli.fails("stats", "--watch", "1", "--count", "0", match="must be a positive integer", code=2)
+    cli.fails("jobs", "create", "--job-id", "2", "--slots", "-3", match="must be a positive integer", code=2)
+
+
+def test_bad_addresses_are_refused_before_any_write(cli, switch):
+    cli.run("push")
+    cli.run("jobs", "create", "--job-id", "1")
+    with SwitchConnection(switch.addr, arbitrate=False) as probe:
+        before = sorted(e.key() for e in probe.read_entries())
+        for mac, ip, message in (("zz", "10.0.0.21", "bad MAC 'zz'"),
+                                 ("02:00:00:00:00:15", "10.0.0.300", "bad IPv4 address '10.0.0.300'")):
+            cli.fails("workers", "add", "1", "5", "--port", "21", "--mac", mac, "--ip", ip, match=message)
+            cli.fails("workers", "replace", "1", "0", "--port", "21", "--mac", mac, "--ip", ip, match=message)
+        assert sorted(e.key() for e in probe.read_entries()) == before
+
+
+def test_forced_push_says_what_it_wiped(cli, topo):
+    assert "pushed the pipeline;" in cli.run("push").stdout
+    cli.run("jobs", "create", "--job-id", "1")
+    cli.run("jobs", "create", "--job-id", "2")
+    forwarding = len(topo.hosts) + 1  # one entry a host, and broadcast
+    per_job = [2 + 2 * j.n_workers for j in topo.jobs]  # job, optimizer, and a membership and rewrite a worker
+    out = cli.run("push", "--force").stdout
+    assert (f"re-pushed the pipeline, wiping {forwarding + sum(per_job)} table entries (jobs 1, 2) and 3 multicast "
+            "groups") in out, out
+    wiped = cli.json("push", "--force")["wiped"]
+    assert wiped == {"program": "ours", "entries": forwarding, "groups": 1, "jobs": []}
+
+
+SHELL_READ = 'print("JOBS", len(list(table_entry["MindpIngress.admission.jobs"].read())))\n'
+SHELL_WRITE = ('te = table_entry["MindpIngress.forwarding.l2_forward"](action="MindpIngress.forwarding.forward")\n'
+               'te.match["hdr.ethernet.dstAddr"] = "02:77:00:00:00:01"\nte.action["port"] = "3"\n'
+               'te.insert(); print("WRO" + "TE")\n')
+
+
+def test_shell_next_to_a_primary_controller_never_takes_primary(cli, switch, topo):
+    cli.run("push")
+    cli.run("jobs", "create", "--job-id", "1")
+    for primary_id in ((0, 1), (0, 5)):  # make run's controller has the default id, or another one
+        with Controller(switch.addr, election_id=primary_id, topology=topo) as primary:
+            shell = cli.run("shell", stdin=SHELL_READ + SHELL_WRITE, ok=False)
+            assert shell.returncode == 0, shell.stderr
+            assert "JOBS 1" in shell.stdout and "read-only session" in shell.stderr
+            assert "WROTE" not in shell.stdout and "Traceback" not in shell.stderr  # refused: not primary
+            assert primary.conn.is_primary and len(primary.conn.read_entries(n.L2_FORWARD)) == len(topo.hosts) + 1
+            primary.delete_job(1)  # the primary still writes
+            primary.create_job(topo.job(1))
+    with Controller(switch.addr, election_id=(0, 5), topology=topo) as primary:
+        cli.fails("--election-id", "0,9", "shell", match="election id 0,5 is primary: the shell's --election-id 0,9 "
+                  "would take primary away")
+        backup = cli.run("--election-id", "0,3", "shell", stdin=SHELL_READ, ok=False)
+        assert backup.returncode == 0 and "JOBS 1" in backup.stdout, backup.stderr
+        assert primary.conn.is_primary
+    alone = cli.run("shell", stdin=SHELL_WRITE)  # nobody else: the shell is primary and writes
+    assert "WROTE" in alone.stdout
