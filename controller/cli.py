@@ -327,9 +327,12 @@ def cmd_jobs(args, ctl: Controller, topo) -> None:
         job = ctl.create_job(job_spec(args, topo), topo)
         emit(args, job.to_dict(), f"created {job_detail(job)}")
     elif args.sub == "delete":
-        job = ctl.delete_job(args.job_id)
-        emit(args, {"deleted": job.to_dict()},
-             f"deleted job {job.job_id}: slots {job.slot_base}..{job.slots.end - 1} free, group {job.group} removed")
+        gone = ctl.delete_job(args.job_id)
+        job = gone.job
+        text = f"deleted job {job.job_id}: slots {job.slot_base}..{job.slots.end - 1} free, group {job.group} removed"
+        if gone.missing:
+            text += f"; already missing on the switch: {', '.join(gone.missing)}"
+        emit(args, {"deleted": job.to_dict(), "missing": gone.missing}, text)
 
 
 def cmd_workers(args, ctl: Controller, topo) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
+from dataclasses import dataclass
 import random
 import time
 
@@ -20,7 +21,7 @@ from . import p4info_names as n
 from . import stats as statsmodel
 from .jobs import Endpoint, JobError, JobState, Rebuilt
 from .model import Entry, Group, Op, OpKind, diff_entries, diff_group
-from .p4runtime import (TLS, DEFAULT_GRPC_ADDR, EntryExists, NoPipeline, SwitchConnection, SwitchError,
+from .p4runtime import (TLS, DEFAULT_GRPC_ADDR, EntryExists, EntryMissing, NoPipeline, SwitchConnection, SwitchError,
                         SwitchUnreachable, p4info_signature, pipeline_cookie)
 from .slots import SlotPool
 
@@ -29,6 +30,13 @@ log = logging.getLogger("mindp.controller")
 
 class ControllerError(RuntimeError):
     """A request the controller refused or could not complete; str() is one line."""
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """A deleted job, and the pieces of it that were already missing on the switch."""
+    job: JobState
+    missing: list[str]
 
 
 def forwarding_entries(topology: Topology) -> list[Entry]:
@@ -238,14 +246,20 @@ class Controller:
             raise ControllerError(f"unknown job {job_id}") from None
 
     # --- writes with rollback ---------------------------------------------------
-    def _apply(self, ops: list[Op], what: str) -> None:
+    def _apply(self, ops: list[Op], what: str, missing_ok: bool = False) -> list[str]:
+        """Apply in order, rolling back on a failure. With `missing_ok` a delete of something
+        already gone is no failure; returns what was found missing that way."""
         if ops and self.read_only:
             raise ControllerError(f"{what}: this controller is read-only")
         done: list[Op] = []
+        missing: list[str] = []
         for op in ops:
             try:
                 self.conn.apply(op)
             except SwitchError as exc:
+                if missing_ok and op.kind is OpKind.DELETE and isinstance(exc, EntryMissing):
+                    missing.append(op.describe().removeprefix("delete "))
+                    continue
                 undo_errors = []
                 for prev in reversed(done):
                     try:
@@ -256,6 +270,7 @@ class Controller:
                     f"rollback of {len(done)} writes failed ({undo_errors[0]}): reconcile before retrying"
                 raise type(exc)(f"{what}: {exc} ({note})") from None
             done.append(op)
+        return missing
 
     # --- jobs ---------------------------------------------------------------------
     def _topology(self, topology: Topology | None) -> Topology:
@@ -290,11 +305,14 @@ class Controller:
         self.jobs[job.job_id] = job
         return job
 
-    def delete_job(self, job_id: int) -> JobState:
-        """Remove every entry and the group of a job; its slots are free at once."""
+    def delete_job(self, job_id: int) -> Deletion:
+        """Remove every entry and the group of a job; its slots are free at once. Pieces already
+        missing on the switch (e.g. its multicast group) are no error: the deletion lists them."""
         job = self.job(job_id)
         leftovers = jobmodel.orphan_plan(job_id, self.last_rebuild) if self.last_rebuild else []
-        self._apply([*jobmodel.plan(job, None), *leftovers], f"delete job {job_id}")
+        missing = self._apply([*jobmodel.plan(job, None), *leftovers], f"delete job {job_id}", missing_ok=True)
+        for what in missing:
+            log.info("delete job %d: %s was already missing", job_id, what)
         if leftovers and self.last_rebuild:
             gone = [op.item for op in leftovers]
             self.last_rebuild.orphans = [e for e in self.last_rebuild.orphans if e not in gone]
@@ -302,7 +320,7 @@ class Controller:
         del self.jobs[job_id]
         self.pool.release(job_id)
         self.retired_epochs.add(job.epoch)
-        return job
+        return Deletion(job, missing)
 
     def _endpoint(self, where: str | Endpoint | object, topology: Topology | None) -> Endpoint:
         if isinstance(where, Endpoint):

@@ -246,3 +246,14 @@ def test_shell_next_to_a_primary_controller_never_takes_primary(cli, switch, top
         assert primary.conn.is_primary
     alone = cli.run("shell", stdin=SHELL_WRITE)  # nobody else: the shell is primary and writes
     assert "WROTE" in alone.stdout
+
+
+def test_delete_reports_pieces_already_missing(cli, switch):
+    cli.run("push")
+    cli.run("jobs", "create", "--job-id", "2")
+    with Controller(switch.addr, election_id=(0, 9)) as other:
+        other.conn.delete_group(n.job_group(2))
+    proc = cli.run("jobs", "delete", "2", ok=False)
+    assert proc.returncode == 0 and "reconcile: job 2: multicast group 258 missing" in proc.stderr
+    assert "deleted job 2" in proc.stdout and "already missing on the switch: multicast group 258" in proc.stdout
+    assert cli.json("jobs", "list")["jobs"] == []

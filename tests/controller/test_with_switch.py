@@ -241,3 +241,15 @@ def test_unreachable_switch_is_one_clear_error():
     addr = f"127.0.0.1:{targets.free_port()}"
     with pytest.raises(SwitchUnreachable, match=f"cannot reach the switch at {addr}"):
         Controller(addr, timeout=0.5)
+
+
+def test_delete_tolerates_and_reports_missing_pieces(ctl, topo):
+    job = ctl.create_job(topo.jobs[0])
+    ctl.conn.delete_group(job.group)  # someone removed pieces behind the controller's back
+    ctl.conn.delete(next(e for e in job.member_entries() if e.table == n.WORKERS))
+    gone = ctl.delete_job(1)
+    assert sorted(gone.missing) == sorted([f"multicast group {job.group}",
+                                           f"workers {{'{n.MF_INGRESS_PORT}': 1, '{n.MF_JOB}': 1, '{n.MF_WORKER}': 0}}"])
+    assert job_entries_on_switch(ctl.conn, 1) == [] and job.group not in groups(ctl.conn)
+    assert ctl.create_job(topo.jobs[0]).job_id == 1  # not "already exists"
+    assert ctl.delete_job(1).missing == []
