@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mindp import codec
+from mindp import codec, schedule
 from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
@@ -29,12 +29,7 @@ from .optim import ConfigError
 FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
 
 
-def slot_and_version(step: int, chunks: np.ndarray, n_chunks: int, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """mindp.schedule.slot_of / version_of for many chunks of one step at once."""
-    chunks = np.asarray(chunks, dtype=np.int64)
-    slot = chunks % slots
-    uses = -(-(n_chunks - slot) // slots)
-    return slot, (step * uses + chunks // slots) & 1
+slot_and_version = schedule.slots_and_versions  # the slot schedule lives in mindp.schedule only
 
 
 @dataclass(frozen=True)

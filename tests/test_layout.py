@@ -68,3 +68,15 @@ def test_slot_versions_alternate_per_use_across_steps(n_chunks, slots):
             if s in last:
                 assert v != last[s], (step, c)
             last[s] = v
+
+
+def test_vectorised_schedule_is_the_scalar_one():
+    for n_chunks, slots in ((10, 4), (7, 7), (3, 8), (100, 16)):
+        chunks = np.arange(n_chunks)
+        for step in (0, 1, 5):
+            slot, ver = schedule.slots_and_versions(step, chunks, n_chunks, slots)
+            assert list(slot) == [schedule.slot_of(c, slots) for c in chunks]
+            assert list(ver) == [schedule.version_of(step, c, n_chunks, slots) for c in chunks]
+        steps = np.arange(n_chunks) % 3  # one step per chunk, as the node checks received sums
+        _, ver = schedule.slots_and_versions(steps, chunks, n_chunks, slots)
+        assert list(ver) == [schedule.version_of(s, c, n_chunks, slots) for s, c in zip(steps, chunks)]
