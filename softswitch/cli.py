@@ -1,6 +1,6 @@
 """Command line shaped like simple_switch_grpc:
 
-  mindp-softswitch [--device-id N] [--log-file F] [--log-level L] [--pcap DIR]
+  mindp-softswitch [--device-id N] [--log-file F] [--log-console] [-L LEVEL] [--pcap DIR]
       [--thrift-port N] [-i PORT@IFACE ...] [--drop-prob P --dup-prob P
       --reorder-prob P --seed S] (JSON | --no-p4)
       [-- --grpc-server-addr HOST:PORT --cpu-port N --drop-port N
@@ -16,6 +16,9 @@ import signal
 import sys
 
 DEFAULT_GRPC = "127.0.0.1:9559"
+DEFAULT_THRIFT = 9090  # as BMv2
+# BMv2's -L values (and two Python spellings); debug and trace turn on the per-packet lines that
+# the engine logs on "softswitch.trace", as BMv2 logs them at debug
 LEVELS = {"off": None, "critical": logging.CRITICAL, "error": logging.ERROR, "warn": logging.WARNING,
           "warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG, "trace": logging.DEBUG}
 
@@ -47,11 +50,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--no-p4", action="store_true", help="start without a program; wait for P4Runtime")
     p.add_argument("-i", "--interface", action="append", default=[], metavar="PORT@IFACE")
     p.add_argument("--device-id", type=int, default=0)
-    p.add_argument("--log-file")
-    p.add_argument("--log-level", default="info", choices=sorted(LEVELS))
-    p.add_argument("--log-console", action="store_true")
+    p.add_argument("--log-file", help="log to this file (as BMv2: nothing is logged without it or --log-console)")
+    p.add_argument("-L", "--log-level", default="info", choices=sorted(LEVELS),
+                   help="debug/trace: one line per parser state, table, register effect and egress of each packet")
+    p.add_argument("--log-console", action="store_true", help="log to stderr")
     p.add_argument("--pcap", nargs="?", const=".", metavar="DIR")
-    p.add_argument("--thrift-port", type=int, help="accepted for compatibility; unused")
+    p.add_argument("--thrift-port", type=int, help=f"simple_switch_CLI's port (read-only subset; default "
+                   f"{DEFAULT_THRIFT}, on the gRPC address's host)")
     p.add_argument("--drop-prob", type=float, default=0.0)
     p.add_argument("--dup-prob", type=float, default=0.0)
     p.add_argument("--reorder-prob", type=float, default=0.0)
@@ -80,6 +85,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             or targs.grpc_server_with_client_auth:
         raise UsageError("TLS options need --grpc-server-ssl")
     args.grpc_server_addr = targs.grpc_server_addr
+    if args.thrift_port is not None and not 0 < args.thrift_port < 65536:
+        raise UsageError(f"--thrift-port {args.thrift_port}: not a TCP port")
     args.cpu_port = targs.cpu_port
     if targs.drop_port is not None:
         args.drop_port = targs.drop_port
@@ -101,6 +108,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if not 0.0 <= v <= 1.0:
             raise UsageError(f"--{name.replace('_', '-')} must be within [0, 1]")
     return args
+
+
+def thrift_host(grpc_addr: str) -> str:
+    """Thrift listens where gRPC does (loopback by default), not on every interface."""
+    host, sep, _ = grpc_addr.rpartition(":")
+    if not sep or host.startswith("unix"):
+        return "127.0.0.1"
+    return host.strip("[]") or "0.0.0.0"
 
 
 def setup_logging(args) -> None:
@@ -131,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"mindp-softswitch: {exc}", file=sys.stderr)
         return 2
-    setup_logging(args)
+    try:
+        setup_logging(args)
+    except OSError as exc:
+        print(f"mindp-softswitch: cannot write the log file {args.log_file}: {exc.strerror}", file=sys.stderr)
+        return 1
     log = logging.getLogger("softswitch")
 
     # imported here so that --help and usage errors are instant
@@ -142,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from .faults import FaultConfig, Faults
     from .p4runtime_server import Server, SwitchService, server_credentials
     from .ports import Port, PortError
+    from .thrift_server import ThriftServer
 
     engine = Engine()
     if args.json and not os.path.isfile(args.json):
@@ -164,28 +184,44 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, RuntimeError) as exc:
         print(f"mindp-softswitch: gRPC: {exc}", file=sys.stderr)
         return 1
+    thrift_port = args.thrift_port or DEFAULT_THRIFT
+    try:
+        thrift = ThriftServer(service, thrift_host(args.grpc_server_addr), thrift_port)
+    except OSError as exc:
+        if args.thrift_port is not None:
+            print(f"mindp-softswitch: {exc}", file=sys.stderr)
+            return 1
+        thrift = None  # only the default port is busy (say, a BMv2 next to us): run without Thrift
+        log.warning("%s; running without a Thrift server (give --thrift-port)", exc)
     server.start()  # listening before the JSON is compiled: ready fast
+    if thrift:
+        thrift.start()
     if args.json:
         try:
             with open(args.json, "rb") as fh:
-                program = compiler.load(fh.read(), args.drop_port)
+                json_bytes = fh.read()
+            program = compiler.load(json_bytes, args.drop_port)
         except (OSError, ProgramError) as exc:
             server.stop()
+            if thrift:
+                thrift.stop()
             print(f"mindp-softswitch: {args.json}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
             return 1
-        with service.lock:
-            if service.pipeline is None:  # a controller may have pushed one meanwhile: it wins
-                engine.load(program)
+        service.load_startup_program(program, json_bytes)
     signal.signal(signal.SIGTERM, lambda *_: dp.stop())
     signal.signal(signal.SIGINT, lambda *_: dp.stop())
-    log.info("ready: gRPC %s, device %d, ports %s%s", args.grpc_server_addr, args.device_id,
-             {n: p.iface for n, p in ports.items()}, "" if args.json else ", waiting for a pipeline")
+    log.info("ready: gRPC %s, Thrift %s, device %d, ports %s%s", args.grpc_server_addr,
+             thrift_port if thrift else "off", args.device_id, {n: p.iface for n, p in ports.items()},
+             "" if args.json else ", waiting for a pipeline")
     try:
         dp.run()
     finally:
         server.stop()
+        if thrift:
+            thrift.stop()
         s = engine.stats
-        log.info("stopped: rx %d tx %d dropped %d errors %d faults %s", s.rx, s.tx, s.dropped, s.errors,
+        # The program consumes frames too (mindp absorbs gradients into sums): not all of these are drops.
+        log.info("stopped: rx %d tx %d not forwarded %d errors %d faults %s", s.rx, s.tx, s.dropped, s.errors,
                  faults.stats)
         dp.close()
     return 0

@@ -260,6 +260,21 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.arb_lock = threading.Lock()
         self.streams: list[_Stream] = []
         self.packet_in_dropped = 0  # packet-ins the primary's full stream queue had no room for
+        self.startup_json = b""  # the program given on the command line, until a controller sets one
+
+    def load_startup_program(self, program: compiler.CompiledProgram, json_bytes: bytes) -> bool:
+        """Run the command line's program, unless a controller pushed a pipeline meanwhile (it wins)."""
+        with self.lock:
+            if self.pipeline is not None:
+                return False
+            self.engine.load(program)
+            self.startup_json = json_bytes
+            return True
+
+    def running_json(self) -> bytes:
+        """The BMv2 JSON the engine runs (b"" with none), as BMv2's bm_get_config returns it."""
+        pl = self.pipeline
+        return pl.device_config if pl is not None else self.startup_json
 
     # --- arbitration ----------------------------------------------------
     def primary_election_id(self) -> int | None:
