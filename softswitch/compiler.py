@@ -18,11 +18,13 @@ Anything the compiler does not implement is rejected at load time with its name
 from __future__ import annotations
 
 import json
+import re
 import struct
 import sys
+import types
 from dataclasses import dataclass, field
 
-from . import hashing
+from . import hashing, program_shape
 from .compiler_errors import ProgramError, UnsupportedConstruct
 from .tables import ActionSpec, KeySpec, Table
 
@@ -158,6 +160,7 @@ class ExprCompiler:
         self.layout = layout
         self.registers = registers
         self.reg_widths = reg_widths
+        self.register_index = {name: i for i, name in enumerate(registers)}
 
     # JSON -> node
     def node(self, tv, params: list[int] | None = None):
@@ -205,6 +208,8 @@ class ExprCompiler:
             w = self.node(right, params)
             if w[0] != "c":
                 raise UnsupportedConstruct(f"{op} with a runtime width")
+            if not 1 <= w[1] <= program_shape.MAX_WIDTH:
+                raise ProgramError(f"{op} to a width of {w[1]} bits")
             return (op, self.node(left, params), w)
         if op in ("not", "~", "d2b", "b2d"):
             return (op, None, self.node(right, params))
@@ -368,7 +373,7 @@ class Emitter:
             name = n[1]
             size = self.ec.registers[name]
             idx = e(n[2])
-            return f"(R_{_ident(name)}[{idx}] if {idx} < {size} else 0)"
+            return f"(R_{self.ec.register_index[name]}[{idx}] if {idx} < {size} else 0)"
         if k == "?":
             return f"({e(n[2])} if {e(n[1])} else {e(n[3])})"
         if k == "not":
@@ -398,9 +403,9 @@ class Emitter:
             return f"_div({e(l)}, {e(r)})"
         if op == "%":
             return f"_mod({e(l)}, {e(r)})"
-        if op == "<<" and r[0] != "c":
+        if op == "<<" and (r[0] != "c" or not 0 <= r[1] < SHIFT_CAP):
             return f"_shl({e(l)}, {e(r)})"
-        if op == ">>" and r[0] != "c":
+        if op == ">>" and (r[0] != "c" or not 0 <= r[1] < SHIFT_CAP):
             return f"_shr({e(l)}, {e(r)})"
         return f"({e(l)} {op} {e(r)})"
 
@@ -418,8 +423,11 @@ class Emitter:
         return f"f[{slot}] = {code}"
 
 
-def _ident(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name)
+def _int(v) -> str:
+    """An integer of the JSON as source text; anything else never reaches generated code."""
+    if type(v) is not int:
+        raise ProgramError(f"expected an integer, got {v!r:.40}")
+    return str(v)
 
 
 def _div(a, b):
@@ -491,19 +499,75 @@ class CompiledProgram:
 
 
 def load(json_bytes: bytes | str, drop_port: int = DEFAULT_DROP_PORT) -> CompiledProgram:
+    """Compile a BMv2 JSON; any fault of the program is a one-line ProgramError."""
+    try:
+        return _load(json_bytes, drop_port)
+    except ProgramError as exc:
+        raise type(exc)(_one_line(str(exc))) from None
+    except (KeyError, TypeError, IndexError, ValueError, AttributeError, OverflowError, RecursionError,
+            MemoryError) as exc:
+        raise ProgramError(_one_line(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}")) from None
+
+
+def _one_line(message: str, limit: int = 300) -> str:
+    """Control characters of names quoted in a message escaped, and the message cut to `limit`."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _load(json_bytes: bytes | str, drop_port: int) -> CompiledProgram:
     try:
         j = json.loads(json_bytes)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ProgramError(f"not valid JSON: {exc}") from None
-    if not isinstance(j, dict) or "headers" not in j or "pipelines" not in j:
-        raise ProgramError("not a BMv2 JSON program (no headers/pipelines)")
-    try:
-        return ProgramBuilder(j, drop_port).build()
-    except (KeyError, TypeError, IndexError) as exc:
-        raise ProgramError(f"malformed BMv2 JSON: {type(exc).__name__}: {exc}") from None
+    if type(drop_port) is not int or not 0 <= drop_port < 1 << 16:
+        raise ProgramError(f"drop port {drop_port!r} is not a port number")
+    program_shape.check(j)
+    return ProgramBuilder(j, drop_port).build()
+
+
+def _unique_ids(items: list, what: str) -> None:
+    seen = set()
+    for item in items:
+        if item["id"] in seen:
+            raise ProgramError(f"two {what} with id {item['id']}")
+        seen.add(item["id"])
+
+
+# What the compiled program may name besides the compiler's own `[A-Z]+_<n>` objects and `_t<n>`
+# temporaries, and the only constants it may hold besides integers: nothing of the JSON's text.
+_GENERATED_NAME = re.compile(r"(?:[A-Z]{1,2}_\d+|_t\d+)\Z")
+_CODE_NAMES = frozenset({
+    "<module>", "f", "a", "data", "off", "v", "n", "k", "pad", "out", "st", "e", "_r", "_aid", "_nv", "_n",
+    "pipe_ingress", "pipe_egress", "parse", "deparse", "min", "max", "len", "int",
+    "d", "get", "miss", "lookup", "unpack_from", "pack", "to_bytes", "from_bytes", "append", "randint",
+    "code", "join",
+})
+_CODE_STRINGS = ("big", b"")
+_BUILTINS = {"min": min, "max": max, "len": len, "int": int}
+
+
+def _audit(code: types.CodeType, allowed: frozenset) -> None:
+    """Refuse compiled code naming anything or holding a constant the compiler did not make."""
+    for name in (code.co_name,) + code.co_names + code.co_varnames + code.co_cellvars + code.co_freevars:
+        if name not in allowed and not _GENERATED_NAME.match(name):
+            raise ProgramError(f"internal: generated code uses the name {name[:40]!r}")
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _audit(const, allowed)
+        elif isinstance(const, tuple):
+            if not all(type(x) is int for x in const):
+                raise ProgramError("internal: generated code holds a constant that is not an integer")
+        elif not (const is None or type(const) in (int, bool) or const in _CODE_STRINGS):
+            raise ProgramError("internal: generated code holds a constant that is not an integer")
 
 
 class ProgramBuilder:
+    """Generated source names every function and object by an index the builder assigns
+    (A_<n> actions, P_<n> parser states, K_<n> calculations, T_<n> tables, R_<n> registers,
+    CP_/CB_<n> counters, S_<n> header structs, H_<n> hash algorithms); names and ids of the
+    JSON are data only."""
+
     def __init__(self, j: dict, drop_port: int):
         self.j = j
         self.drop_port = drop_port
@@ -517,9 +581,10 @@ class ProgramBuilder:
         for key, what in REJECT_IF_PRESENT:
             items = j.get(key) or []
             if items:
-                names = ", ".join(str(i.get("name", i)) if isinstance(i, dict) else str(i) for i in items[:3])
+                names = ", ".join(repr(i.get("name", i)) if isinstance(i, dict) else repr(i) for i in items[:3])
                 raise UnsupportedConstruct(f"{what} ({names})")
         self.layout = L = build_layout(j)
+        self.header_index = {name: i for i, name in enumerate(L.headers)}
         self.errors = {name: code for name, code in j.get("errors", [])}
         _lookahead.too_short = self.errors.get("PacketTooShort", 1)
         self.registers = {r["name"]: r["size"] for r in j.get("register_arrays", [])}
@@ -537,11 +602,18 @@ class ProgramBuilder:
                 raise ProgramError(f"standard_metadata.{req} missing: not a v1model program")
         self.slots = slots
         self.counters = {c["name"]: c for c in j.get("counter_arrays", []) if not c.get("is_direct")}
+        for name, c in self.counters.items():
+            if c.get("size") is None:
+                raise ProgramError(f"counter {name!r} has no size")
+        self.counter_index = {name: i for i, name in enumerate(self.counters)}
         self.direct_counters = {c["name"]: c.get("binding") for c in j.get("counter_arrays", []) if c.get("is_direct")}
         self.calcs = {c["name"]: c for c in j.get("calculations", [])}
+        self.calc_index = {name: i for i, name in enumerate(self.calcs)}
         for c in self.calcs.values():
             hashing.check(c["algo"], c["name"])
+        _unique_ids(j.get("actions", []), "actions")
         self.actions = {a["id"]: a for a in j.get("actions", [])}
+        self.action_fn = {aid: f"A_{i}" for i, aid in enumerate(self.actions)}
 
         self.w("# generated by softswitch.compiler from a BMv2 JSON; do not edit")
         for aid, a in self.actions.items():
@@ -551,16 +623,20 @@ class ProgramBuilder:
         parsers = j.get("parsers", [])
         if len(parsers) != 1:
             raise UnsupportedConstruct(f"{len(parsers)} parsers (v1model has one)")
-        self.gen_parser(parsers[0])
         pipes = {p["name"]: p for p in j["pipelines"]}
-        if set(pipes) != {"ingress", "egress"}:
+        if set(pipes) != {"ingress", "egress"} or len(j["pipelines"]) != 2:
             raise ProgramError(f"pipelines {sorted(pipes)}: v1model needs ingress and egress")
         self.table_specs = {}
         for p in pipes.values():
-            if p.get("action_profiles"):
-                raise UnsupportedConstruct(f"action profiles ({p['action_profiles'][0]['name']})")
             for t in p.get("tables", []):
+                if t["name"] in self.table_specs:
+                    raise ProgramError(f"two tables named {t['name']!r}")
                 self.table_specs[t["name"]] = t
+        self.table_var = {name: f"T_{i}" for i, name in enumerate(self.table_specs)}
+        self.gen_parser(parsers[0])
+        for p in pipes.values():
+            if p.get("action_profiles"):
+                raise UnsupportedConstruct(f"action profiles ({p['action_profiles'][0]['name']!r})")
             self.gen_pipeline(p)
         deps = j.get("deparsers", [])
         if len(deps) != 1:
@@ -571,26 +647,32 @@ class ProgramBuilder:
         registers = {name: [0] * size for name, size in self.registers.items()}
         counters = {name: ([0] * c["size"], [0] * c["size"]) for name, c in self.counters.items()}
         ns: dict = {
+            "__builtins__": dict(_BUILTINS),
             "_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_lookahead": _lookahead,
-            "PErr": ParserError, "_Exit": _Exit, "_struct": struct, "_rng": __import__("random").Random(),
+            "PErr": ParserError, "_Exit": _Exit, "_rng": __import__("random").Random(),
         }
-        ns.update(hashing.namespace())
-        for name, cells in registers.items():
-            ns[f"R_{_ident(name)}"] = cells
-        for name, (pk, by) in counters.items():
-            ns[f"CP_{_ident(name)}"] = pk
-            ns[f"CB_{_ident(name)}"] = by
-        for h in L.headers.values():
-            ns[f"S_{_ident(h.name)}"] = self.header_struct(h)
+        ns["_hmod"] = hashing.namespace()["_hmod"]
+        for i, c in enumerate(self.calcs.values()):
+            ns[f"H_{i}"] = hashing.ALGOS[c["algo"]]
+        for i, cells in enumerate(registers.values()):
+            ns[f"R_{i}"] = cells
+        for i, (pk, by) in enumerate(counters.values()):
+            ns[f"CP_{i}"] = pk
+            ns[f"CB_{i}"] = by
+        for i, h in enumerate(L.headers.values()):
+            ns[f"S_{i}"] = self.header_struct(h)
+        for name in self.table_specs:
+            ns[self.table_var[name]] = None
         try:
             code = compile(source, "<softswitch program>", "exec")
         except (SyntaxError, RecursionError) as exc:
             raise ProgramError(f"internal: generated code does not compile: {exc}") from None
+        _audit(code, _CODE_NAMES | set(ns))
         exec(code, ns)
         tables = {}
         for name, t in self.table_specs.items():
             tables[name] = self.make_table(t, ns)
-            ns[f"T_{t['id']}"] = tables[name]
+            ns[self.table_var[name]] = tables[name]
         init = [0] * L.nslots
         for h in L.headers.values():
             if h.metadata:
@@ -598,6 +680,17 @@ class ProgramBuilder:
         direct = self.direct_counters
         return CompiledProgram(source, ns, L, tables, {t.id: t for t in tables.values()}, registers,
                                self.reg_widths, counters, direct, self.actions, init, self.drop_port, slots)
+
+    def action(self, aid) -> str:
+        if aid not in self.action_fn:
+            raise ProgramError(f"unknown action id {aid!r}")
+        return self.action_fn[aid]
+
+    def register(self, param: dict) -> str:
+        name = param["value"]
+        if param["type"] != "register_array" or name not in self.registers:
+            raise ProgramError(f"unknown register {name!r}")
+        return name
 
     # --- actions ---------------------------------------------------------
     def prim_param(self, p, params):
@@ -608,8 +701,8 @@ class ProgramBuilder:
         prims = a.get("primitives", [])
         for p in prims:
             if p["op"] not in SUPPORTED_PRIMITIVES:
-                raise UnsupportedConstruct(f"primitive {p['op']!r} in action {a['name']}")
-        self.w(f"def A_{a['id']}(f, a):  # {a['name']}")
+                raise UnsupportedConstruct(f"primitive {p['op']!r} in action {a['name']!r}")
+        self.w(f"def {self.action_fn[a['id']]}(f, a):")
         body = self.gen_block(prims, params, 1)
         if not body:
             self.w("pass", 1)
@@ -691,14 +784,14 @@ class ProgramBuilder:
             em.invalidate(inv)
         elif op == "register_read":
             slot = self.lvalue(ps[0])
-            reg = ps[1]["value"]
+            reg = self.register(ps[1])
             size = self.registers[reg]
             idx = rv(ps[2])
             out += em.take_pre()
-            out += [f"if {idx} < {size}:", f"    f[{slot}] = R_{_ident(reg)}[{idx}]"]
+            out += [f"if {idx} < {size}:", f"    f[{slot}] = R_{self.ec.register_index[reg]}[{idx}]"]
             em.invalidate([slot])
         elif op == "register_write":
-            reg = ps[0]["value"]
+            reg = self.register(ps[0])
             size = self.registers[reg]
             idx = rv(ps[1])
             val_node = self.ec.node(ps[2], params)
@@ -708,7 +801,7 @@ class ProgramBuilder:
             if nw is None or nw > w:
                 val = f"{val} & {(1 << w) - 1}"
             out += em.take_pre()
-            out += [f"if {idx} < {size}:", f"    R_{_ident(reg)}[{idx}] = {val}"]
+            out += [f"if {idx} < {size}:", f"    R_{self.ec.register_index[reg]}[{idx}] = {val}"]
             em.invalidate_regs()
         elif op == "count":
             name = ps[0]["value"]
@@ -716,10 +809,11 @@ class ProgramBuilder:
             if c is None:
                 raise ProgramError(f"unknown counter {name!r}")
             idx = rv(ps[1])
+            i = self.counter_index[name]
             out += em.take_pre()
             out += [f"if {idx} < {c['size']}:",
-                    f"    CP_{_ident(name)}[{idx}] += 1",
-                    f"    CB_{_ident(name)}[{idx}] += f[{L.ilen}]"]
+                    f"    CP_{i}[{idx}] += 1",
+                    f"    CB_{i}[{idx}] += f[{L.ilen}]"]
         elif op == "modify_field_with_hash_based_offset":
             slot = self.lvalue(ps[0])
             base = rv(ps[1])
@@ -729,7 +823,7 @@ class ProgramBuilder:
             size = rv(ps[3])
             w = L.widths[slot]
             out += em.take_pre()
-            out.append(f"f[{slot}] = ({base} + _hmod(K_{self.calcs[calc]['id']}(f), {size})) & {(1 << w) - 1}")
+            out.append(f"f[{slot}] = ({base} + _hmod(K_{self.calc_index[calc]}(f), {size})) & {(1 << w) - 1}")
             em.invalidate([slot])
         elif op == "modify_field_rng_uniform":
             slot = self.lvalue(ps[0])
@@ -752,7 +846,8 @@ class ProgramBuilder:
     # --- calculations (hash, checksum) -------------------------------------
     def gen_calc(self, c: dict) -> None:
         L = self.layout
-        self.w(f"def K_{c['id']}(f):  # {c['name']} ({c['algo']})")
+        index = self.calc_index[c["name"]]
+        self.w(f"def K_{index}(f):")
         self.w("v = 0", 1)
         self.w("n = 0", 1)
         for inp in c["input"]:
@@ -772,9 +867,9 @@ class ProgramBuilder:
                 for i, (_, wd, _) in enumerate(h.fields):
                     self.w(f"v = (v << {wd}) | (f[{h.first + i}] & {(1 << wd) - 1}); n += {wd}", 2)
             else:
-                raise UnsupportedConstruct(f"calculation input of type {t!r} in {c['name']}")
+                raise UnsupportedConstruct(f"calculation input of type {t!r} in {c['name']!r}")
         self.w("pad = -n % 8", 1)
-        self.w(f"return _algo_{c['algo']}((v << pad).to_bytes((n + pad) // 8, 'big'))", 1)
+        self.w(f"return H_{index}((v << pad).to_bytes((n + pad) // 8, 'big'))", 1)
         self.w("")
 
     # --- parser ------------------------------------------------------------
@@ -790,9 +885,12 @@ class ProgramBuilder:
     def gen_parser(self, p: dict) -> None:
         L = self.layout
         states = {s["name"]: s for s in p["parse_states"]}
+        if len(states) != len(p["parse_states"]):
+            raise ProgramError("two parser states with one name")
+        state_fn = {name: f"P_{i}" for i, name in enumerate(states)}
         too_short = self.errors.get("PacketTooShort", 1)
         for s in p["parse_states"]:
-            self.w(f"def P_{s['id']}(f, data, off):  # state {s['name']}")
+            self.w(f"def {state_fn[s['name']]}(f, data, off):")
             for op in s["parser_ops"]:
                 kind = op["op"]
                 ps = op["parameters"]
@@ -863,9 +961,9 @@ class ProgramBuilder:
                 self.w(f"k = {code}", 1)
             for t in s["transitions"]:
                 nxt = t["next_state"]
-                target = f"P_{states[nxt]['id']}" if nxt is not None else "None"
                 if nxt is not None and nxt not in states:
-                    raise ProgramError(f"state {s['name']}: unknown next state {nxt!r}")
+                    raise ProgramError(f"state {s['name']!r}: unknown next state {nxt!r}")
+                target = state_fn[nxt] if nxt is not None else "None"
                 tt = t["type"]
                 if tt == "default":
                     self.w(f"return {target}, off", 1)
@@ -882,10 +980,12 @@ class ProgramBuilder:
             else:
                 self.w("return None, off", 1)
             self.w("")
-        init = states[p["init_state"]]["id"]
+        if p["init_state"] not in states:
+            raise ProgramError(f"unknown initial parser state {p['init_state']!r}")
+        init = state_fn[p["init_state"]]
         pe = self.slots.get("parser_error")
         self.w("def parse(f, data):")
-        self.w(f"st = P_{init}", 1)
+        self.w(f"st = {init}", 1)
         self.w("off = 0", 1)
         self.w("try:", 1)
         self.w("while st is not None:", 2)
@@ -935,7 +1035,7 @@ class ProgramBuilder:
     def gen_unpack(self, h: HeaderLayout, ind: int) -> None:
         nb = h.nbits // 8
         if self.header_struct(h) is not None:
-            self.w(f"f[{h.first}:{h.end}] = S_{_ident(h.name)}.unpack_from(data, off)", ind)
+            self.w(f"f[{h.first}:{h.end}] = S_{self.header_index[h.name]}.unpack_from(data, off)", ind)
             return
         self.w(f"v = int.from_bytes(data[off:off + {nb}], 'big')", ind)
         shift = h.nbits
@@ -965,10 +1065,10 @@ class ProgramBuilder:
             self.w(f"if {cond}:", ind)
             if verify:
                 ce = self.slots.get("checksum_error")
-                self.w(f"if K_{calc['id']}(f) & {(1 << wd) - 1} != f[{target}]:", ind + 1)
+                self.w(f"if K_{self.calc_index[c['calculation']]}(f) & {(1 << wd) - 1} != f[{target}]:", ind + 1)
                 self.w(f"f[{ce}] = 1" if ce is not None else "pass", ind + 2)
             else:
-                self.w(f"f[{target}] = K_{calc['id']}(f) & {(1 << wd) - 1}", ind + 1)
+                self.w(f"f[{target}] = K_{self.calc_index[c['calculation']]}(f) & {(1 << wd) - 1}", ind + 1)
 
     # --- pipelines -----------------------------------------------------------
     def gen_pipeline(self, p: dict) -> None:
@@ -984,7 +1084,7 @@ class ProgramBuilder:
         old = sys.getrecursionlimit()
         sys.setrecursionlimit(max(old, 10000))
         try:
-            self.w(f"def pipe_{p['name']}(f):")
+            self.w("def pipe_ingress(f):" if p["name"] == "ingress" else "def pipe_egress(f):")
             self.w("try:", 1)
             n0 = len(self.lines)
             self.emit_nodes(p.get("init_table"), None, 2)
@@ -1041,13 +1141,13 @@ class ProgramBuilder:
                 cond = em.expr(self.ec.node(n["expression"]))
                 for pre in em.take_pre():
                     self.w(pre, ind)
-                self.w(f"if {cond}:  # {name}", ind)
+                self.w(f"if {cond}:", ind)
                 self.emit_branch(n["true_next"], join, ind + 1)
                 self.w("else:", ind)
                 self.emit_branch(n["false_next"], join, ind + 1)
                 name = join
             elif kind == "call":
-                self.w(f"A_{n['action_id']}(f, ())", ind)
+                self.w(f"{self.action(n['action_id'])}(f, ())", ind)
                 name = n["next_node"]
             else:
                 self.emit_table(n, ind)
@@ -1069,7 +1169,8 @@ class ProgramBuilder:
                     self.w("_aid = _r[1]", ind)
                     first = True
                     for target, aids in groups.items():
-                        test = f"_aid == {aids[0]}" if len(aids) == 1 else f"_aid in {tuple(aids)!r}"
+                        test = f"_aid == {_int(aids[0])}" if len(aids) == 1 else \
+                            f"_aid in ({', '.join(_int(x) for x in aids)},)"
                         self.w(f"{'if' if first else 'elif'} {test}:", ind)
                         self.emit_branch(target, join, ind + 1)
                         first = False
@@ -1103,14 +1204,14 @@ class ProgramBuilder:
                     code = f"({code} & {_hex(k['mask'])})"
             keys.append(code)
         exact = all(k["match_type"] in ("exact", "valid") for k in t.get("key", []))
-        tv = f"T_{t['id']}"
+        tv = self.table_var[t["name"]]
         if not keys:
-            self.w(f"_r = {tv}.miss  # {t['name']}", ind)
+            self.w(f"_r = {tv}.miss", ind)
         elif exact:
             kc = keys[0] if len(keys) == 1 else "(" + ", ".join(keys) + ")"
-            self.w(f"_r = {tv}.d.get({kc}) or {tv}.miss  # {t['name']}", ind)
+            self.w(f"_r = {tv}.d.get({kc}) or {tv}.miss", ind)
         else:
-            self.w(f"_r = {tv}.lookup(({', '.join(keys)},))  # {t['name']}", ind)
+            self.w(f"_r = {tv}.lookup(({', '.join(keys)},))", ind)
         self.w("_r[2](f, _r[3])", ind)
         if t.get("with_counters"):
             self.w("if _r[4] is not None:", ind)
@@ -1129,7 +1230,7 @@ class ProgramBuilder:
             a = self.actions.get(aid)
             if a is None:
                 raise ProgramError(f"table {t['name']}: unknown action id {aid}")
-            actions[aid] = ActionSpec(aid, aname, ns[f"A_{aid}"], [rd["bitwidth"] for rd in a.get("runtime_data", [])])
+            actions[aid] = ActionSpec(aid, aname, ns[self.action(aid)], [rd["bitwidth"] for rd in a.get("runtime_data", [])])
         table = Table(t["name"], t["id"], keys, t.get("max_size", 1024), actions, bool(t.get("with_counters")))
         de = t.get("default_entry")
         if de:
@@ -1152,7 +1253,7 @@ class ProgramBuilder:
                 raise ProgramError(f"deparser: unknown header {hname!r}")
             self.w(f"if f[{h.valid}]:", 1)
             if self.header_struct(h) is not None:
-                self.w(f"out.append(S_{_ident(h.name)}.pack(*f[{h.first}:{h.end}]))", 2)
+                self.w(f"out.append(S_{self.header_index[h.name]}.pack(*f[{h.first}:{h.end}]))", 2)
             else:
                 parts = []
                 shift = h.nbits
