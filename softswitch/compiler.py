@@ -18,6 +18,7 @@ Anything the compiler does not implement is rejected at load time with its name
 from __future__ import annotations
 
 import json
+import logging
 import re
 import struct
 import sys
@@ -26,11 +27,12 @@ from dataclasses import dataclass, field
 
 from . import hashing, program_shape
 from .compiler_errors import ProgramError, UnsupportedConstruct
-from .tables import ActionSpec, KeySpec, Table
+from .tables import ActionSpec, KeySpec, Table, noop
 
 DEFAULT_DROP_PORT = 511
 INSTANCE_NORMAL = 0
 INSTANCE_REPLICATION = 5
+trace_log = logging.getLogger("softswitch.trace")
 SHIFT_CAP = 1 << 13  # runtime shift amounts beyond any field width all give 0 after masking
 
 
@@ -496,6 +498,56 @@ class CompiledProgram:
     init: list
     drop_port: int
     slots: dict[str, int]  # v1model intrinsic fields used by the engine
+    program_json: dict = field(repr=False, default_factory=dict)
+    traced_ns: dict | None = field(repr=False, default=None)
+
+    def traced(self) -> dict:
+        """The namespace of the same program compiled with trace calls (built on first use),
+        sharing this one's tables, registers and counters."""
+        if self.traced_ns is None:
+            self.traced_ns = ProgramBuilder(self.program_json, self.drop_port, traced=True).build_traced(self)
+        return self.traced_ns
+
+
+class Tracer:
+    """What traced code calls: one DEBUG line per parser state, extracted header, table
+    lookup, register write and counter update, on the "softswitch.trace" logger. Names come
+    from the JSON as data, shown with repr() so a line stays one line."""
+
+    def __init__(self, builder: "ProgramBuilder", tables: dict[str, Table]):
+        self.states: list[str] = []  # filled by gen_parser
+        self.headers = list(builder.layout.headers)
+        self.tables = [tables[name] for name in builder.table_specs]
+        self.registers = list(builder.registers)
+        self.counters = list(builder.counters)
+        self.param_names = {aid: [rd.get("name", f"p{i}") for i, rd in enumerate(a.get("runtime_data", []))]
+                            for aid, a in builder.actions.items()}
+        self.errors = {code: name for name, code in builder.errors.items()}
+        self.packet = 0
+        self.log = trace_log
+
+    def state(self, i: int) -> None:
+        self.log.debug("pkt %d: parser state %r", self.packet, self.states[i])
+
+    def extract(self, i: int) -> None:
+        self.log.debug("pkt %d: extracted header %r", self.packet, self.headers[i])
+
+    def parser_error(self, code: int) -> None:
+        self.log.debug("pkt %d: parser error %s", self.packet, self.errors.get(code, code))
+
+    def table(self, i: int, result) -> None:
+        table = self.tables[i]
+        hit, aid, _, args, _ = result
+        spec = table.actions.get(aid)
+        params = ", ".join(f"{n}={v:#x}" for n, v in zip(self.param_names.get(aid, []), args))
+        self.log.debug("pkt %d: table %r: %s, action %r(%s)", self.packet, table.name,
+                       "hit" if hit else "miss", spec.name if spec else "NoAction", params)
+
+    def reg(self, i: int, index: int, value: int) -> None:
+        self.log.debug("pkt %d: register %r[%d] <- %d", self.packet, self.registers[i], index, value)
+
+    def count(self, i: int, index: int) -> None:
+        self.log.debug("pkt %d: counter %r[%d] += 1", self.packet, self.counters[i], index)
 
 
 def load(json_bytes: bytes | str, drop_port: int = DEFAULT_DROP_PORT) -> CompiledProgram:
@@ -538,7 +590,7 @@ def _unique_ids(items: list, what: str) -> None:
 # temporaries, and the only constants it may hold besides integers: nothing of the JSON's text.
 _GENERATED_NAME = re.compile(r"(?:[A-Z]{1,2}_\d+|_t\d+)\Z")
 _CODE_NAMES = frozenset({
-    "<module>", "f", "a", "data", "off", "v", "n", "k", "pad", "out", "st", "e", "_r", "_aid", "_nv", "_n",
+    "<module>", "state", "extract", "table", "reg", "count", "parser_error", "f", "a", "data", "off", "v", "n", "k", "pad", "out", "st", "e", "_r", "_aid", "_nv", "_n",
     "pipe_ingress", "pipe_egress", "parse", "deparse", "min", "max", "len", "int",
     "d", "get", "miss", "lookup", "unpack_from", "pack", "to_bytes", "from_bytes", "append", "randint",
     "code", "join",
@@ -568,15 +620,77 @@ class ProgramBuilder:
     CP_/CB_<n> counters, S_<n> header structs, H_<n> hash algorithms); names and ids of the
     JSON are data only."""
 
-    def __init__(self, j: dict, drop_port: int):
+    def __init__(self, j: dict, drop_port: int, traced: bool = False):
         self.j = j
         self.drop_port = drop_port
+        self.traced = traced  # emit _trace.* calls (see Tracer)
         self.lines: list[str] = []
 
     def w(self, line: str, ind: int = 0) -> None:
         self.lines.append("    " * ind + line)
 
     def build(self) -> CompiledProgram:
+        source = self.generate()
+        registers = {name: [0] * size for name, size in self.registers.items()}
+        counters = {name: ([0] * c["size"], [0] * c["size"]) for name, c in self.counters.items()}
+        ns = self.namespace(registers, counters, {})
+        self.run(source, ns)
+        tables = {}
+        for name, t in self.table_specs.items():
+            tables[name] = self.make_table(t, ns)
+            ns[self.table_var[name]] = tables[name]
+        init = [0] * self.layout.nslots
+        for h in self.layout.headers.values():
+            if h.metadata:
+                init[h.valid] = 1
+        return CompiledProgram(source, ns, self.layout, tables, {t.id: t for t in tables.values()}, registers,
+                               self.reg_widths, counters, self.direct_counters, self.actions, init, self.drop_port,
+                               self.slots, self.j)
+
+    def build_traced(self, plain: CompiledProgram) -> dict:
+        """The traced namespace over `plain`'s state."""
+        source = self.generate()
+        ns = self.namespace(plain.registers, plain.counters, plain.tables)
+        tracer = Tracer(self, plain.tables)
+        tracer.states = self.state_names
+        ns["_trace"] = tracer
+        ns["_actions"] = {-1: noop}
+        self.run(source, ns)
+        ns["_actions"].update({aid: ns[fn] for aid, fn in self.action_fn.items()})
+        return ns
+
+    def namespace(self, registers: dict, counters: dict, tables: dict) -> dict:
+        ns: dict = {
+            "__builtins__": dict(_BUILTINS),
+            "_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_lookahead": _lookahead,
+            "PErr": ParserError, "_Exit": _Exit, "_rng": __import__("random").Random(),
+        }
+        ns["_hmod"] = hashing.namespace()["_hmod"]
+        for i, c in enumerate(self.calcs.values()):
+            ns[f"H_{i}"] = hashing.ALGOS[c["algo"]]
+        for i, cells in enumerate(registers.values()):
+            ns[f"R_{i}"] = cells
+        for i, (pk, by) in enumerate(counters.values()):
+            ns[f"CP_{i}"] = pk
+            ns[f"CB_{i}"] = by
+        for i, h in enumerate(self.layout.headers.values()):
+            ns[f"S_{i}"] = self.header_struct(h)
+        for name in self.table_specs:
+            ns[self.table_var[name]] = tables.get(name)
+        if self.traced:
+            ns["_trace"] = ns["_actions"] = None
+        return ns
+
+    @staticmethod
+    def run(source: str, ns: dict) -> None:
+        try:
+            code = compile(source, "<softswitch program>", "exec")
+        except (SyntaxError, RecursionError) as exc:
+            raise ProgramError(f"internal: generated code does not compile: {exc}") from None
+        _audit(code, _CODE_NAMES | set(ns))
+        exec(code, ns)
+
+    def generate(self) -> str:
         j = self.j
         for key, what in REJECT_IF_PRESENT:
             items = j.get(key) or []
@@ -642,44 +756,7 @@ class ProgramBuilder:
         if len(deps) != 1:
             raise UnsupportedConstruct(f"{len(deps)} deparsers (v1model has one)")
         self.gen_deparser(deps[0])
-        source = "\n".join(self.lines) + "\n"
-
-        registers = {name: [0] * size for name, size in self.registers.items()}
-        counters = {name: ([0] * c["size"], [0] * c["size"]) for name, c in self.counters.items()}
-        ns: dict = {
-            "__builtins__": dict(_BUILTINS),
-            "_div": _div, "_mod": _mod, "_shl": _shl, "_shr": _shr, "_lookahead": _lookahead,
-            "PErr": ParserError, "_Exit": _Exit, "_rng": __import__("random").Random(),
-        }
-        ns["_hmod"] = hashing.namespace()["_hmod"]
-        for i, c in enumerate(self.calcs.values()):
-            ns[f"H_{i}"] = hashing.ALGOS[c["algo"]]
-        for i, cells in enumerate(registers.values()):
-            ns[f"R_{i}"] = cells
-        for i, (pk, by) in enumerate(counters.values()):
-            ns[f"CP_{i}"] = pk
-            ns[f"CB_{i}"] = by
-        for i, h in enumerate(L.headers.values()):
-            ns[f"S_{i}"] = self.header_struct(h)
-        for name in self.table_specs:
-            ns[self.table_var[name]] = None
-        try:
-            code = compile(source, "<softswitch program>", "exec")
-        except (SyntaxError, RecursionError) as exc:
-            raise ProgramError(f"internal: generated code does not compile: {exc}") from None
-        _audit(code, _CODE_NAMES | set(ns))
-        exec(code, ns)
-        tables = {}
-        for name, t in self.table_specs.items():
-            tables[name] = self.make_table(t, ns)
-            ns[self.table_var[name]] = tables[name]
-        init = [0] * L.nslots
-        for h in L.headers.values():
-            if h.metadata:
-                init[h.valid] = 1
-        direct = self.direct_counters
-        return CompiledProgram(source, ns, L, tables, {t.id: t for t in tables.values()}, registers,
-                               self.reg_widths, counters, direct, self.actions, init, self.drop_port, slots)
+        return "\n".join(self.lines) + "\n"
 
     def action(self, aid) -> str:
         if aid not in self.action_fn:
@@ -801,7 +878,10 @@ class ProgramBuilder:
             if nw is None or nw > w:
                 val = f"{val} & {(1 << w) - 1}"
             out += em.take_pre()
-            out += [f"if {idx} < {size}:", f"    R_{self.ec.register_index[reg]}[{idx}] = {val}"]
+            ri = self.ec.register_index[reg]
+            out += [f"if {idx} < {size}:", f"    R_{ri}[{idx}] = {val}"]
+            if self.traced:
+                out.append(f"    _trace.reg({ri}, {idx}, R_{ri}[{idx}])")
             em.invalidate_regs()
         elif op == "count":
             name = ps[0]["value"]
@@ -814,6 +894,8 @@ class ProgramBuilder:
             out += [f"if {idx} < {c['size']}:",
                     f"    CP_{i}[{idx}] += 1",
                     f"    CB_{i}[{idx}] += f[{L.ilen}]"]
+            if self.traced:
+                out.append(f"    _trace.count({i}, {idx})")
         elif op == "modify_field_with_hash_based_offset":
             slot = self.lvalue(ps[0])
             base = rv(ps[1])
@@ -888,9 +970,12 @@ class ProgramBuilder:
         if len(states) != len(p["parse_states"]):
             raise ProgramError("two parser states with one name")
         state_fn = {name: f"P_{i}" for i, name in enumerate(states)}
+        self.state_names = list(states)
         too_short = self.errors.get("PacketTooShort", 1)
         for s in p["parse_states"]:
             self.w(f"def {state_fn[s['name']]}(f, data, off):")
+            if self.traced:
+                self.w(f"_trace.state({self.state_names.index(s['name'])})", 1)
             for op in s["parser_ops"]:
                 kind = op["op"]
                 ps = op["parameters"]
@@ -992,6 +1077,8 @@ class ProgramBuilder:
         self.w("st, off = st(f, data, off)", 3)
         self.w("except PErr as e:", 1)
         self.w("off = e.off", 2)
+        if self.traced:
+            self.w("_trace.parser_error(e.code)", 2)
         if pe is not None:
             self.w(f"f[{pe}] = e.code", 2)
         else:
@@ -1031,6 +1118,8 @@ class ProgramBuilder:
         self.gen_unpack(h, ind)
         self.w(f"f[{h.valid}] = 1", ind)
         self.w(f"off += {nb}", ind)
+        if self.traced:
+            self.w(f"_trace.extract({self.header_index[h.name]})", ind)
 
     def gen_unpack(self, h: HeaderLayout, ind: int) -> None:
         nb = h.nbits // 8
@@ -1212,7 +1301,11 @@ class ProgramBuilder:
             self.w(f"_r = {tv}.d.get({kc}) or {tv}.miss", ind)
         else:
             self.w(f"_r = {tv}.lookup(({', '.join(keys)},))", ind)
-        self.w("_r[2](f, _r[3])", ind)
+        if self.traced:
+            self.w(f"_trace.table({list(self.table_var).index(t['name'])}, _r)", ind)
+            self.w("_actions[_r[1]](f, _r[3])", ind)
+        else:
+            self.w("_r[2](f, _r[3])", ind)
         if t.get("with_counters"):
             self.w("if _r[4] is not None:", ind)
             self.w("_r[4][0] += 1", ind + 1)

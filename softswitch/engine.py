@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .compiler import INSTANCE_NORMAL, INSTANCE_REPLICATION, CompiledProgram
 
 log = logging.getLogger("softswitch")
+trace_log = logging.getLogger("softswitch.trace")
 
 
 @dataclass
@@ -64,17 +65,17 @@ class Engine:
 
 
 class _Runner:
-    """The per-packet path of one program, with everything it needs bound once."""
+    """The per-packet path of one program, with everything it needs bound once. When the
+    "softswitch.trace" logger is at DEBUG (checked once per packet) the packet runs through
+    the traced compile of the program instead, which logs each step."""
 
     def __init__(self, p: CompiledProgram, engine: Engine):
-        ns = p.ns
         s = p.slots
+        self.program = p
         self.engine = engine
         self.stats = engine.stats
-        self._parse = ns["parse"]
-        self._ingress = ns["pipe_ingress"]
-        self._egress = ns["pipe_egress"]
-        self._deparse = ns["deparse"]
+        self._plain = self._stages(p.ns)
+        self._traced = None
         self._init = p.init
         self._drop = p.drop_port
         self._ip = s["ingress_port"]
@@ -90,7 +91,20 @@ class _Runner:
         self._plen = p.layout.plen
         self._t0 = engine._t0
 
+    @staticmethod
+    def _stages(ns: dict) -> tuple:
+        return ns["parse"], ns["pipe_ingress"], ns["pipe_egress"], ns["deparse"], ns.get("_trace")
+
     def process(self, data: bytes, port: int, out: list) -> None:
+        stages = self._plain
+        if trace_log.isEnabledFor(logging.DEBUG):
+            if self._traced is None:
+                self._traced = self._stages(self.program.traced())
+            stages = self._traced
+            tracer = stages[4]
+            tracer.packet += 1
+            trace_log.debug("pkt %d: %d bytes in on port %d", tracer.packet, len(data), port)
+        parse, ingress, egress, deparse, tracer = stages
         f = self._init[:]
         n = len(data)
         f[self._ip] = port
@@ -99,36 +113,49 @@ class _Runner:
         f[self._plen] = n
         if self._its is not None:
             f[self._its] = int((time.monotonic() - self._t0) * 1e6)
-        off = self._parse(f, data)
-        self._ingress(f)
+        off = parse(f, data)
+        ingress(f)
         mg = f[self._mg] if self._mg is not None else 0
         if mg:
             f[self._it] = INSTANCE_REPLICATION
             replicas = self.engine.pre.get(mg)
             if not replicas:
                 self.stats.mcast_empty += 1
+                if tracer:
+                    trace_log.debug("pkt %d: dropped: multicast group %d has no replicas", tracer.packet, mg)
                 return
+            if tracer:
+                trace_log.debug("pkt %d: multicast group %d to ports %s", tracer.packet, mg,
+                                ", ".join(str(p) for p, _ in replicas))
             for eport, rid in replicas:
                 g = f[:]
                 if self._rid is not None:
                     g[self._rid] = rid
-                self._egress_one(g, eport, data, off, out)
+                self._egress_one(g, eport, data, off, out, egress, deparse, tracer)
             return
         es = f[self._es]
         if es == self._drop:
             self.stats.dropped += 1
+            if tracer:
+                trace_log.debug("pkt %d: dropped at the end of ingress (egress_spec = drop port %d)",
+                                tracer.packet, es)
             return
         f[self._it] = INSTANCE_NORMAL
-        self._egress_one(f, es, data, off, out)
+        self._egress_one(f, es, data, off, out, egress, deparse, tracer)
 
-    def _egress_one(self, f: list, port: int, data: bytes, off: int, out: list) -> None:
+    def _egress_one(self, f: list, port: int, data: bytes, off: int, out: list, egress, deparse, tracer) -> None:
         f[self._ep] = port
         f[self._es] = self._drop + 1
         f[self._pl] = f[self._plen]
         if self._ets is not None:
             f[self._ets] = int((time.monotonic() - self._t0) * 1e6)
-        self._egress(f)
+        egress(f)
         if f[self._es] == self._drop:
             self.stats.dropped += 1
+            if tracer:
+                trace_log.debug("pkt %d: dropped in egress for port %d (mark_to_drop)", tracer.packet, port)
             return
-        out.append((port, self._deparse(f, data, off)))
+        frame = deparse(f, data, off)
+        if tracer:
+            trace_log.debug("pkt %d: out on port %d, %d bytes", tracer.packet, port, len(frame))
+        out.append((port, frame))

@@ -67,7 +67,7 @@ class Table:
         self.default_args: tuple = ()
         self.default_const = False
         self.default_meta = None  # P4Runtime default entry as last written
-        self.miss: Result = (False, -1, _noop, (), None)
+        self.miss: Result = (False, -1, noop, (), None)
 
     # --- data plane -----------------------------------------------------
     def lookup(self, key) -> Result:
@@ -189,5 +189,5 @@ class Table:
         self._scan = [r for _, r in rows]
 
 
-def _noop(f, a):
+def noop(f, a):
     pass
