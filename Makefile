@@ -60,5 +60,8 @@ p4: setup
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# Old runs go too; the newest (runs/latest) stays unless ALL=1.
+ALL ?= 0
 clean: stop
 	rm -rf build logs pcaps
+	@$(PY) -m mininet_topos.clean $(if $(filter 1,$(ALL)),--all)

@@ -19,6 +19,7 @@ from mindp.targets import SwitchConfig, SwitchProcess
 from mindp.topology import Topology
 
 PREFIX = "mnr-"
+ICMP_SILENCE_MS = 3_600_000  # icmp_ratelimit: one ICMP error per peer an hour, after none for 60 s
 OFFLOADS = ("rx", "tx", "sg", "tso", "ufo", "gso", "gro", "lro", "rxvlan", "txvlan", "rxhash")
 
 # Called with (pid, name, group) for every process a node starts, before anything else starts.
@@ -100,9 +101,16 @@ class DataTopo(Topo):
 
 
 def quiet_host(host: Host, iface: str = "eth0") -> None:
-    """Offloads and IPv6 off in the host (as BMv2's veth_setup.sh does): only our frames on the wire."""
+    """Offloads and IPv6 off in the host (as BMv2's veth_setup.sh does): only our frames on the wire.
+
+    mindp frames are read from raw sockets, so the host's kernel finds no UDP socket on the
+    protocol's port and would answer with ICMP port unreachable (6 a peer, then 1/s), which the
+    receiving agent counts as rejected frames: a rate limit longer than the kernel's initial
+    60 s of credit stops them (echo replies, i.e. ping, are not rate-limited).
+    """
     cmds = [f"ethtool -K {iface} {f} off" for f in OFFLOADS]
-    cmds += ["sysctl -qw net.ipv6.conf.all.disable_ipv6=1", f"sysctl -qw net.ipv6.conf.{iface}.disable_ipv6=1"]
+    cmds += ["sysctl -qw net.ipv6.conf.all.disable_ipv6=1", f"sysctl -qw net.ipv6.conf.{iface}.disable_ipv6=1",
+             f"sysctl -qw net.ipv4.icmp_ratelimit={ICMP_SILENCE_MS}"]
     host.cmd("; ".join(f"{c} >/dev/null 2>&1" for c in cmds))
 
 

@@ -97,6 +97,10 @@ def write_summary(path: pathlib.Path, s: dict) -> None:
     path.write_text(json.dumps(s, indent=1, default=float) + "\n")
 
 
+def curve_title(target: str, jobs: int, workers: int, loss_rate: float) -> str:
+    return f"mindp: MLP on digits, {target}, {jobs} job(s) x {workers} workers, packet loss {loss_rate:g}"
+
+
 def plot(path: pathlib.Path, curves: dict[int, Curve], title: str) -> None:
     """Training loss and test accuracy per step, one line per job, as a PNG."""
     import matplotlib

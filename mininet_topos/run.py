@@ -38,7 +38,7 @@ from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp import targets, topology, workload  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
-from . import config, results  # noqa: E402
+from . import clean, config, results  # noqa: E402
 from .progress import LogTail, Progress  # noqa: E402
 from .runstate import DEFAULT_PATH, RunState  # noqa: E402
 
@@ -436,6 +436,10 @@ class Run:
             say(f"  (switch counters not read: {one_line(str(exc))})")
             return {}
         (self.dir / "switch-counters.json").write_text(json.dumps(snap.to_dict(), indent=1) + "\n")
+        with contextlib.suppress(OSError), open(self.logs / "switch.log", "a") as f:
+            for j, c in sorted(snap.jobs.items()):  # the switch's own 'not forwarded' includes absorbed gradients
+                f.write(f"mindp run: P4 counters of job {j}: {c.grad_packets} gradient frames admitted, "
+                        f"{c.completions} sums sent, {c.resent_sums} resent; dropped {c.dropped} {dict(c.drops)}\n")
         return {j: c.to_dict() for j, c in snap.jobs.items()}
 
     def results(self, progress: Progress) -> list[results.JobResult]:
@@ -517,6 +521,7 @@ def execute(cfg: config.RunConfig, args) -> int:
     try:
         target = preflight(cfg)
         run_dir = new_run_dir(args.runs_dir)
+        clean.point_latest(run_dir.parent, run_dir)
         state.run_dir = str(run_dir)
         state.save()
         run = Run(cfg, target, run_dir, state, args.p4, args.if_prefix)
@@ -539,7 +544,7 @@ def execute(cfg: config.RunConfig, args) -> int:
         summ = results.summary({**cfg.to_dict(), "target": target}, jobs_res, wall, setup)
         results.write_summary(run_dir / "summary.json", summ)
         results.plot(run_dir / "curve.png", progress.curves,
-                     f"mindp: MLP on digits, {target}, {cfg.jobs} job(s) x {cfg.workers} workers, loss {cfg.loss:g}")
+                     results.curve_title(target, cfg.jobs, cfg.workers, cfg.loss))
         say("\nsummary (" + str(run_dir / "summary.json") + "):")
         say(results.table(summ))
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0

@@ -62,7 +62,8 @@ class Run:
 
     @property
     def run_dir(self) -> pathlib.Path:
-        (d,) = list(self.runs.iterdir())
+        (d,) = [p for p in self.runs.iterdir() if p.name != "latest"]
+        assert (self.runs / "latest").resolve() == d.resolve()  # runs/latest points at the newest run
         return d
 
     def summary(self) -> dict:
@@ -140,6 +141,12 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
                     "worker-job1-1.log"]
     assert "job created" in (d / "logs" / "controller.log").read_text()
     assert "bit-exact" in (d / "logs" / "run.log").read_text()
+    counters = [line for line in (d / "logs" / "switch.log").read_text().splitlines() if "P4 counters" in line]
+    n_chunks = optim.layout_of(workload.init_params(workload.WorkloadConfig(n_workers=2))).n_chunks
+    assert len(counters) == 1 and f"{4 * n_chunks} sums sent" in counters[0], counters
+    assert counters[0].endswith("dropped 0 {}"), counters  # absorbed gradients are not drops
+    opt_stats = json.loads((d / "job1" / "optimizer-stats.json").read_text())
+    assert opt_stats.get("rejected_length", 0) == 0, opt_stats  # no ICMP unreachable from the hosts' kernels
     pcaps = list((d / "pcaps").iterdir())
     assert len(pcaps) >= 3 and all(p.stat().st_size > 24 for p in pcaps)
     assert "max_abs_param_diff_vs_reference  0.0" in run.out and "bit-exact" in run.out

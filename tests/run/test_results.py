@@ -41,3 +41,8 @@ def test_curve_png(tmp_path):
     c = Curve([-1, 0, 1], [2.0, 1.0, 0.5], [0.1, 0.5, 0.8])
     results.plot(tmp_path / "c.png", {1: c}, "t")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_curve_title_says_packet_loss_not_training_loss():
+    title = results.curve_title("bmv2", 2, 4, 0.02)
+    assert "packet loss 0.02" in title and "2 job(s) x 4 workers" in title and "bmv2" in title
