@@ -1,4 +1,9 @@
-"""Switch ports: AF_PACKET raw sockets bound to interfaces, and pcap capture files."""
+"""Switch ports: AF_PACKET raw sockets bound to interfaces, and pcap capture files.
+
+The kernel strips a received frame's outer VLAN tag (802.1Q or 802.1ad) before a packet socket sees
+it and reports the tag in PACKET_AUXDATA; a port puts the tag back, so the P4 parser (and the
+pcap) see the bytes that were on the wire, as BMv2 does.
+"""
 from __future__ import annotations
 
 import errno
@@ -10,7 +15,24 @@ ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
 PACKET_OUTGOING = 4
+PACKET_AUXDATA = 8
+TP_STATUS_VLAN_VALID = 1 << 4
+TP_STATUS_VLAN_TPID_VALID = 1 << 6
+ETH_P_8021Q = 0x8100
+AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
+AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
 MAX_FRAME = 65535
+
+
+def restore_vlan(frame: bytes, ancillary: list) -> bytes:
+    """`frame` with the VLAN tag the kernel took off put back after the MAC addresses."""
+    for level, kind, data in ancillary:
+        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= AUXDATA.size:
+            status, _, _, _, _, tci, tpid = AUXDATA.unpack_from(data)
+            if status & TP_STATUS_VLAN_VALID:
+                tpid = tpid if status & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
+                return frame[:12] + struct.pack("!HH", tpid, tci) + frame[12:]
+    return frame
 
 
 class PortError(OSError):
@@ -38,6 +60,7 @@ class Port:
             self.filter_outgoing = False
         except OSError:
             self.filter_outgoing = True  # old kernel: drop PACKET_OUTGOING frames by hand
+        s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         s.setblocking(False)
@@ -52,14 +75,11 @@ class Port:
         frames = []
         sock = self.sock
         try:
-            if self.filter_outgoing:
-                for _ in range(limit):
-                    data, addr = sock.recvfrom(MAX_FRAME)
-                    if addr[2] != PACKET_OUTGOING:
-                        frames.append(data)
-            else:
-                for _ in range(limit):
-                    frames.append(sock.recv(MAX_FRAME))
+            for _ in range(limit):
+                data, ancillary, _, addr = sock.recvmsg(MAX_FRAME, AUX_SPACE)
+                if self.filter_outgoing and addr[2] == PACKET_OUTGOING:
+                    continue
+                frames.append(restore_vlan(data, ancillary) if ancillary else data)
         except BlockingIOError:
             pass
         except OSError as exc:

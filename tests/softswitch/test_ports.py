@@ -9,7 +9,9 @@ import pytest
 from scapy.utils import rdpcap
 
 from mindp import targets
-from mindp.testbed import quiet_link, raw_socket, sh
+from mindp.testbed import Testbed, quiet_link, raw_socket, sh
+from mindp.topology import Host
+from softswitch.ports import Port
 
 from . import compiled
 
@@ -124,3 +126,30 @@ def test_missing_interface_and_bad_arguments(veths, tmp_path):
         r = subprocess.run(py + bad, capture_output=True, text=True, timeout=20)
         assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, (bad, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+def test_a_vlan_tag_reaches_the_program_as_it_was_on_the_wire(tmp_path):
+    """The kernel strips the outer tag of a received frame; the port restores it from PACKET_AUXDATA,
+    so the switch sees (and captures) the sender's bytes: 802.1Q, priority tag (VID 0) and QinQ."""
+    macs = b"\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01"
+    body = b"\x88\xb5" + bytes(range(40))
+    sent = [macs + b"\x81\x00\x20\x07" + body,                      # 802.1Q, PCP 1, VID 7
+            macs + b"\x81\x00\x00\x00" + body,                      # priority tag, VID 0
+            macs + b"\x88\xa8\x00\x64\x81\x00\x00\x07" + body,      # 802.1ad outer 100, inner 7
+            macs + body]                                            # untagged: unchanged
+    with Testbed("vt") as bed:
+        h = bed.add(Host("h1", "02:00:00:00:00:01", "10.9.0.1", 1))
+        port = Port(1, h.switch_iface, str(tmp_path))
+        s = h.socket()
+        try:
+            for fr in sent:
+                s.send(fr)
+            got, deadline = [], time.monotonic() + 3
+            while len(got) < len(sent) and time.monotonic() < deadline:
+                got += port.recv_batch(64)
+                time.sleep(0.01)
+        finally:
+            s.close()
+            port.close()
+    assert got == sent
+    assert [bytes(p) for p in rdpcap(str(tmp_path / "vtp1_in.pcap"))] == sent
