@@ -1,4 +1,5 @@
-"""The training workload of `make run`: a numpy MLP on scikit-learn's digits.
+"""The training workload of `make run`: a numpy MLP on scikit-learn's digits (`model="mlp"`),
+or a torch model of `mindp.torch.models` (`cnn`, `gpt`; needs the torch extra).
 
 The data ship inside scikit-learn (no download). Everything is a pure function
 of (config, worker, step, fp16 parameters), so the workers in Mininet and the
@@ -17,7 +18,7 @@ from __future__ import annotations
 import functools
 import json
 import pathlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -25,6 +26,7 @@ N_FEATURES = 64  # 8x8 images
 N_CLASSES = 10
 PARAM_NAMES = ("w1", "b1", "w2", "b2")
 F32 = np.float32
+MODELS = ("mlp", "cnn", "gpt")
 
 
 class WorkloadError(ValueError):
@@ -38,8 +40,18 @@ class WorkloadConfig:
     hidden: int = 64
     batch: int = 32  # per worker and step
     test_fraction: float = 0.2
+    model: str = "mlp"
+    model_args: dict = field(default_factory=dict)  # torch models: constructor arguments (e.g. gpt's d, layers)
+    loss_scale: float = 0.0  # torch models: initial dynamic loss scale (mindp.lossscale); 0: no scaling
+    scale_growth_interval: int = 2000
 
     def __post_init__(self):
+        if self.model not in MODELS:
+            raise WorkloadError(f"unknown model {self.model!r}: choose one of {', '.join(MODELS)}")
+        if self.model == "mlp" and (self.model_args or self.loss_scale):
+            raise WorkloadError("the mlp model takes no model_args and no loss scaling")
+        if self.loss_scale < 0 or self.scale_growth_interval < 1:
+            raise WorkloadError("loss_scale must be >= 0 and scale_growth_interval >= 1")
         if self.n_workers < 1:
             raise WorkloadError(f"n_workers must be >= 1, got {self.n_workers}")
         if self.hidden < 1 or self.batch < 1:
@@ -105,7 +117,11 @@ def batch_indices(cfg: WorkloadConfig, worker: int, step: int, n_train: int) -> 
 
 
 def init_params(cfg: WorkloadConfig) -> dict[str, np.ndarray]:
-    """He-initialised float32 parameters from the seed (zero biases)."""
+    """Float32 initial parameters from the seed: He-initialised for the MLP (zero biases);
+    a torch model's own initialisation, in the chunk order of mindp.torch.layout_of."""
+    if cfg.model != "mlp":
+        from mindp.torch import tasks
+        return tasks.init_params(cfg)
     rng = np.random.default_rng([cfg.seed, 0x1417])
     return {
         "w1": (rng.standard_normal((N_FEATURES, cfg.hidden), dtype=F32) * F32(np.sqrt(2.0 / N_FEATURES))),
@@ -149,8 +165,12 @@ def gradients(params: dict, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarra
     return {"w1": x.T @ dh, "b1": dh.sum(axis=0), "w2": h.T @ d, "b2": d.sum(axis=0)}
 
 
-def grad_fn(cfg: WorkloadConfig):
-    """grad_fn(worker, step, fp16 params) -> named float32 gradients (host_agent.reference's form)."""
+def grad_fn(cfg: WorkloadConfig, scale_of=None):
+    """grad_fn(worker, step, fp16 params) -> named float32 gradients (host_agent.reference's form).
+    scale_of(step): the loss scale of that step (torch models with loss scaling)."""
+    if cfg.model != "mlp":
+        from mindp.torch import tasks
+        return tasks.grad_fn(cfg, scale_of)
     data = load_dataset(cfg.seed, cfg.test_fraction)
 
     def fn(worker: int, step: int, params: dict) -> dict[str, np.ndarray]:
@@ -158,3 +178,40 @@ def grad_fn(cfg: WorkloadConfig):
         return gradients(params, data.x_train[idx], data.y_train[idx])
 
     return fn
+
+
+def model_eval(cfg: WorkloadConfig):
+    """eval(params) -> (loss on the training data, accuracy on the test data) of any model."""
+    if cfg.model != "mlp":
+        from mindp.torch import tasks
+        return tasks.evaluator(cfg)
+    data = load_dataset(cfg.seed, cfg.test_fraction)
+    return lambda params: (evaluate(params, data.x_train, data.y_train)[0], evaluate(params, data.x_test, data.y_test)[1])
+
+
+def describe(cfg: WorkloadConfig, init: dict[str, np.ndarray]) -> str:
+    """The model's name and parameter count, e.g. 'gpt (1.3M parameters)'."""
+    n = sum(int(a.size) for a in init.values())
+    count = f"{n / 1e6:.1f}M" if n >= 1_000_000 else f"{n / 1e3:.1f}k" if n >= 10_000 else str(n)
+    return f"{cfg.model} ({count} parameters)"
+
+
+def reference_train(cfg: WorkloadConfig, init: dict[str, np.ndarray], steps: int, opt):
+    """host_agent.reference.train of this workload, with the loss scale the workers hold at each step."""
+    from host_agent import optim, reference
+    from mindp.lossscale import LossScaler
+
+    if not cfg.loss_scale:
+        return reference.train(init, grad_fn(cfg), cfg.n_workers, steps, opt, optim.layout_of(init))
+    scaler = LossScaler(cfg.loss_scale, growth_interval=cfg.scale_growth_interval)
+    skipped: set[int] = set()
+    at = [0]
+
+    def scale_of(step: int) -> float:
+        while at[0] < step:  # steps before `step` are complete: their outcome is known
+            scaler.update(at[0] in skipped)
+            at[0] += 1
+        return scaler.scale
+
+    return reference.train(init, grad_fn(cfg, scale_of), cfg.n_workers, steps, opt, optim.layout_of(init),
+                           on_nonfinite=lambda step, chunk: skipped.add(step))

@@ -1,0 +1,86 @@
+"""PyTorch through mindp: the network replaces allreduce and the optimizer.
+
+    from mindp.torch import DataParallel, layout_of, layout_arrays
+    model = build_model()                                  # any torch.nn.Module
+    agent = WorkerAgent(cfg, layout_of(model), sock, initial=...)
+    dp = DataParallel(model, agent, scaler=LossScaler())   # scaler optional
+    for x, y in batches:
+        dp.step(loss_fn(model(x), y))                      # backward, push, parameters back in the model
+
+During `loss.backward()` a hook on each parameter puts its gradient into the
+step as soon as autograd has accumulated it, and the worker agent sends its
+chunks at once, so the push overlaps the rest of the backward pass. The chunk
+space lists the parameters in reverse registration order, the order in which a
+backward pass produces them, so the chunks become ready roughly in chunk order
+(the agent still sends any ready chunk whose slot is free). There is no local
+optimizer: the optimizer node owns AdamW/SGD state; the fp16 parameters that
+come back are written into the module before `step` returns. Torch is an
+optional dependency (`pip install -e '.[torch]'`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from host_agent import optim
+from mindp.layout import Layout
+from mindp.lossscale import LossScaler
+
+
+def layout_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The module's parameters as float32 numpy arrays, in chunk order (reverse registration)."""
+    return {n: p.detach().float().numpy().copy() for n, p in reversed(list(module.named_parameters()))}
+
+
+def layout_of(module: torch.nn.Module) -> Layout:
+    return optim.layout_of(layout_arrays(module))
+
+
+class DataParallel:
+    """Wraps a module and a host_agent.worker.WorkerAgent whose layout is layout_of(module)."""
+
+    def __init__(self, module: torch.nn.Module, agent, scaler: LossScaler | None = None):
+        self.module = module
+        self.agent = agent
+        self.scaler = scaler
+        self.named = dict(module.named_parameters())
+        want = [s.name for s in layout_of(module).specs]
+        if [s.name for s in agent.layout.specs] != want:
+            raise ValueError("the agent's layout is not layout_of(module) (names or order differ)")
+        self._handle = None
+        self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
+
+    def _hook(self, name: str):
+        def ready(p: torch.Tensor) -> None:
+            if self._handle is not None:
+                self._handle.put(name, self._unscaled(p.grad))
+        return ready
+
+    def _unscaled(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad / self.scaler.scale if self.scaler else grad
+
+    def step(self, loss: torch.Tensor) -> dict[str, np.ndarray]:
+        """Backward (with the loss scale), push every gradient, wait for the step's parameters and
+        write them into the module. Returns them as fp16 numpy arrays. A step whose gradients were
+        non-finite anywhere changes no parameter; the scale then backs off."""
+        self.module.zero_grad(set_to_none=True)
+        self._handle = h = self.agent.start_step()
+        try:
+            (loss * self.scaler.scale if self.scaler else loss).backward()
+            for name, p in self.named.items():  # parameters the loss does not depend on
+                if name not in h.put_names:
+                    h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(p.grad))
+        finally:
+            self._handle = None
+        params = h.wait()
+        if self.scaler:
+            self.scaler.update(bool(self.agent.nonfinite_chunks))
+        with torch.no_grad():
+            for name, p in self.named.items():
+                p.copy_(torch.from_numpy(params[name].astype(np.float32)))
+        self.module.zero_grad(set_to_none=True)
+        return params
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
