@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import pathlib
 import select
 import signal
@@ -22,7 +23,7 @@ from mindp import codec
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import optim, rawsock, state
+from . import fused, optim, rawsock, state
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError
 
@@ -59,6 +60,10 @@ class NodeCore:
         self.uses = -(-(self.n - np.arange(min(slots, self.n))) // slots)  # uses of each slot per step
         self.stats = collections.Counter()
         self.nonfinite: list[tuple[int, int]] = []
+        # Per slot, the header of the last fresh answer: a worker lacking the parameters of chunk c
+        # never sends c + slots (its window), so no later chunk of c's slot is applied, and a chunk
+        # some worker still waits for is the last applied of its slot (see recent_params).
+        self.recent: dict[int, np.void] = {}
         if store.resumed_chunks:
             self.stats["resumed_chunks"] = store.resumed_chunks
         if store.step_complete:
@@ -134,8 +139,23 @@ class NodeCore:
         hdr["worker"] = 0
         hdr["kind"] = Kind.PARAM
         if len(uniq):
+            for h in hdr[: len(uniq)].copy():
+                self.recent[int(h["slot"])] = h
             self.store.prefetch_from(0 if self.store.current != cur else int(uniq[-1]) + 1)
         return hdr, np.concatenate(out_vals)
+
+    def recent_params(self) -> tuple[np.ndarray, np.ndarray]:
+        """The parameters of each slot's last applied chunk (of the current or the last committed
+        step; at most `slots`), flagged RETRANSMIT, to send again when sums stop coming: after a
+        switch restart the workers that got a chunk's parameters will not resend its gradient, so
+        the ones that missed them can only learn them from the node."""
+        cur = self.store.current
+        rows = [h for h in self.recent.values() if cur - 1 <= int(h["step"]) <= cur]
+        if not rows:
+            return np.zeros(0, dtype=codec.HEADER_DTYPE), np.zeros((0, K), dtype=np.float16)
+        hdr = np.array(rows, dtype=rows[0].dtype)
+        hdr["flags"] |= np.uint8(Flag.RETRANSMIT)
+        return hdr, np.stack([self._params_of(int(h["step"]), int(h["chunk"])) for h in hdr])
 
     def _apply(self, step: int, chunks: np.ndarray, headers: np.ndarray, sums: np.ndarray) -> np.ndarray:
         store = self.store
@@ -147,10 +167,13 @@ class NodeCore:
         for lo, hi in store.page_runs(chunks):
             n = hi - lo
             new = store.records(dst, lo, hi, write=True)
-            new[...] = store.records(src, lo, hi)
+            old = store.records(src, lo, hi)
             nf = nonfinite[pos : pos + n]
-            g = optim.mean_gradient(sums[pos : pos + n], nworkers[pos : pos + n])
-            if nf.any():
+            if not nf.any():  # one fused pass: old record in, new record and fp16 parameters out
+                fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n, 0], step, out[pos : pos + n])
+            else:
+                new[...] = old
+                g = optim.mean_gradient(sums[pos : pos + n], nworkers[pos : pos + n])
                 keep = ~nf
                 sel = new[keep]
                 optim.apply(self.cfg, sel[:, state.MASTER], sel[:, state.M], sel[:, state.V], g[keep], step)
@@ -160,9 +183,7 @@ class NodeCore:
                     self.stats["nonfinite_skipped"] += 1
                     if self.on_nonfinite:
                         self.on_nonfinite(step, int(c))
-            else:
-                optim.apply(self.cfg, new[:, state.MASTER], new[:, state.M], new[:, state.V], g, step)
-            out[pos : pos + n] = new[:, state.MASTER].astype(np.float16)
+                out[pos : pos + n] = new[:, state.MASTER].astype(np.float16)
             store.mark_applied(lo, hi)
             pos += n
         self.stats["applied"] += len(chunks)
@@ -182,13 +203,20 @@ class NodeAddress:
 class OptimizerNode:
     """NodeCore on a raw socket: SUM frames in, PARAM frames out to the switch (broadcast address)."""
 
-    def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None):
+    #: Resends of one stall: at 1, 3, 7, ... times stall_resend seconds without a sum.
+    STALL_RESENDS = 6
+
+    def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None,
+                 stall_resend: float = 1.0):
         self.core = core
         self.sock = sock
         self.addrs = codec.Addresses(addr.mac, "ff:ff:ff:ff:ff:ff", addr.ip, "255.255.255.255")
         self.faults = faults
         self.stats = core.stats
+        self.stall_resend = stall_resend
         self._stop = False
+        self._last_sum = time.monotonic()
+        self._stall_resends = 0
 
     def stop(self) -> None:
         self._stop = True
@@ -205,13 +233,30 @@ class OptimizerNode:
         for reason, n in dec.rejects.items():
             self.stats[f"rejected_{reason}"] += n
         if len(dec.headers):
-            hdr, vals = self.core.handle(dec.headers, dec.elements)
-            if len(hdr):
-                out = codec.encode(Kind.PARAM, hdr, vals, self.addrs)
-                sent, failed = rawsock.send_rows(self.sock, out, range(len(out)), self.faults)
-                self.stats["params_sent"] += sent
-                self.stats["send_errors"] += failed
+            self._last_sum = time.monotonic()
+            self._stall_resends = 0
+            self._send(*self.core.handle(dec.headers, dec.elements))
         return len(frames)
+
+    def _send(self, hdr: np.ndarray, vals: np.ndarray) -> int:
+        if not len(hdr):
+            return 0
+        out = codec.encode(Kind.PARAM, hdr, vals, self.addrs)
+        sent, failed = rawsock.send_rows(self.sock, out, range(len(out)), self.faults)
+        self.stats["params_sent"] += sent
+        self.stats["send_errors"] += failed
+        return sent
+
+    def check_stall(self, now: float) -> None:
+        """No sum for stall_resend s (then 3x, 7x, ...): send the recent parameters again. Covers
+        a switch that lost its partial sums (restart) while some workers had a chunk's parameters
+        and others not, and a lost last parameter chunk of the run."""
+        if not self.stall_resend or self._stall_resends >= self.STALL_RESENDS:
+            return
+        if now - self._last_sum < self.stall_resend * (2 ** (self._stall_resends + 1) - 1):
+            return
+        self._stall_resends += 1
+        self.stats["stall_resends"] += self._send(*self.core.recent_params())
 
     def serve(self, steps: int | None = None, linger: float = 2.0, idle_timeout: float | None = None) -> None:
         """Serve until `steps` steps are committed and no sum came for `linger` s (late resends
@@ -221,7 +266,9 @@ class OptimizerNode:
         while not self._stop:
             if self.poll(0.05):
                 last = time.monotonic()
-            idle = time.monotonic() - last
+            now = time.monotonic()
+            self.check_stall(now)
+            idle = now - last
             if steps is not None and self.core.committed + 1 >= steps and idle >= linger:
                 return
             if idle_timeout is not None and idle >= idle_timeout:
@@ -264,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="exit after this many steps are committed (and late resends settle)")
     p.add_argument("--linger", type=float, default=2.0, help="seconds of quiet after the last step before exiting")
     p.add_argument("--idle-timeout", type=float, help="exit after this many seconds without a sum")
+    p.add_argument("--stall-resend", type=float, default=1.0,
+                   help="seconds without a sum before the recent parameters are sent again (0: never)")
     p.add_argument("--export", help="write the final master parameters to this .npz")
     p.add_argument("--stats", help="write counters as JSON here at exit")
     p.add_argument("--drop-recv", type=float, default=0.0, help="test loss injection on received sums")
@@ -339,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         n_workers, slots, addr = _job_from_args(args)
+        if not (math.isfinite(args.stall_resend) and args.stall_resend >= 0):
+            raise ConfigError(f"--stall-resend must be a finite number of seconds >= 0, got {args.stall_resend}")
         if not 1 <= args.max_workers <= MAX_WORKERS:
             raise ConfigError(f"--max-workers must be in 1..{MAX_WORKERS}")
         store = open_state(args)
@@ -353,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = None
     if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:
         faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed, args.dup_send, args.reorder_send)
-    node = OptimizerNode(core, sock, addr, faults)
+    node = OptimizerNode(core, sock, addr, faults, args.stall_resend)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     rss_start = proc_status_kb("VmRSS")
     print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {store.n_chunks} chunks, "

@@ -106,9 +106,10 @@ class Fabric:
         return self
 
     def restart(self, down: float = 0.0) -> list[str]:
-        """Kill the switch (its registers are gone), start it again after `down` s, and let the
+        """Kill the switch (SIGKILL: its registers are gone), start it again after `down` s, and let the
         controller restore it; returns what the controller did."""
-        self.switch.stop()
+        os.killpg(self.switch.proc.pid, signal.SIGKILL)
+        self.switch.proc.wait()
         time.sleep(down)
         self.switch.start()
         self.switch.set_queue_depth(1024)
@@ -141,9 +142,10 @@ class Workers:
     """One thread per worker, each pushing `steps` steps of grad_fn's gradients."""
 
     def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, dup=0.0, reorder=0.0, rto=None,
-                 overlap=False, ids=None, first_step=0, params=None):
+                 overlap=False, ids=None, first_step=0, params=None, recv_drop=None):
         """ids: the workers to run (default all of the job's); they run steps first_step..steps-1
-        from `params` (fp16, default the initial parameters' rounding)."""
+        from `params` (fp16, default the initial parameters' rounding). recv_drop: {worker: p},
+        that worker alone loses received frames with probability p."""
         self.overlap = overlap
         self.layout = optim.layout_of(init)
         self.results: dict[int, dict] = {}
@@ -158,6 +160,8 @@ class Workers:
             sock = bed.hosts[job.workers[w]].socket()
             rawsock.prepare(sock)
             faults = rawsock.Faults(drop, drop, 100 + w, dup, reorder) if (drop or dup or reorder) else None
+            if recv_drop and w in recv_drop:
+                faults = rawsock.Faults(drop, recv_drop[w], 100 + w, dup, reorder)
             cfg = WorkerConfig.from_topology(topo, job.job_id, w, rto=rto, first_step=first_step)
             agent = WorkerAgent(cfg, self.layout, sock, faults)
             agent.nonfinite_log = []

@@ -108,6 +108,29 @@ def test_membership_change_between_steps_divides_by_each_sums_count(tmp_path):
     assert len(hdr) == 0 and core.stats["rejected_nworkers"] == 1  # beyond the protocol's 32
 
 
+def test_recent_params_are_each_slots_last_answer(tmp_path):
+    """What the node sends again when sums stop: per slot the last chunk it applied (a worker that
+    lacks a chunk's parameters never sends the next chunk of its slot), across the step boundary,
+    with the bits first sent and flag RETRANSMIT; never a chunk it has not applied."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    gf = reference.synthetic_grads(7)
+    core = open_core(tmp_path, init, OptimizerConfig())
+    assert len(core.recent_params()[0]) == 0
+    params = initial_fp16(init)
+    sent0 = run_step(core, lay, gf, 0, params, random.Random(0), dup=0, batch=1, window=2)
+    params1 = assemble(lay, sent0, params)
+    sent1 = run_step(core, lay, gf, 1, params1, random.Random(1), dup=0, batch=1, only=[0, 1, 2, 9])
+    hdr, vals = core.recent_params()
+    got = sorted((int(h["step"]), int(h["chunk"])) for h in hdr)
+    last0 = [max(c for c in range(lay.n_chunks) if c % S == s) for s in range(3, S)]
+    assert got == sorted([(0, c) for c in last0] + [(1, 0), (1, 2), (1, 9)])
+    assert all(h["flags"] & Flag.RETRANSMIT and h["kind"] == 3 for h in hdr)
+    for h, v in zip(hdr, vals):
+        first = (sent0 if h["step"] == 0 else sent1)[int(h["chunk"])][0][1]
+        assert np.array_equal(v.view(np.uint16), first.view(np.uint16))
+
+
 def test_nonfinite_chunk_is_skipped_reported_and_still_answered(tmp_path):
     init = small_model()
     lay = optim.layout_of(init)

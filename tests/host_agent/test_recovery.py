@@ -3,11 +3,13 @@ embedded switch always, BMv2 where installed) configured by the real controller:
 and removed between steps, a switch restarted mid-step; training ends bit-identical to the
 reference run that does the same."""
 import dataclasses
+import time
 
 import pytest
 
 from host_agent import reference
 from host_agent.optim import OptimizerConfig
+from host_agent.worker import RtoConfig
 
 from tests.conftest import TARGET_PARAMS
 
@@ -57,3 +59,32 @@ def test_workers_added_and_removed_between_steps(bed, tmp_path, target):
             node.stop()
     stats = check_against(ref, workers, tmp_path)
     assert stats.get("rejected_nworkers", 0) == 0 and stats["committed"] == 4
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_switch_killed_and_restarted_mid_step(bed, tmp_path, target):
+    """The switch is killed (SIGKILL) twice inside a step and the controller restores it: every
+    partial sum is gone. Worker 0 loses 30 % of what it receives, so at the kill it usually lacks
+    parameters the others have (they will not send those gradients again): the node's stall
+    resend of its recent parameters completes the step, and training ends at reference bits."""
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(32)
+    steps = 6
+    ref = reference.train(init, gf, 4, steps, OptimizerConfig())
+    args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
+    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=20.0)
+    with Fabric(target, bed, tmp_path) as fab:
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            workers = Workers(b, topo, init, gf, steps, rto=rto, recv_drop={0: 0.3}).start()
+            for step in (1, 3):
+                workers.wait_step(step)
+                time.sleep(0.03)
+                assert "rewrote" in " ".join(fab.restart())
+            workers.join(120)
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+    stats = check_against(ref, workers, tmp_path)
+    assert stats["stall_resends"] > 0
