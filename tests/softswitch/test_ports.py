@@ -9,7 +9,8 @@ import pytest
 from scapy.utils import rdpcap
 
 from mindp import targets
-from mindp.testbed import Testbed, quiet_link, raw_socket, sh
+from mindp import testbed
+from mindp.testbed import quiet_link, raw_socket, sh
 from mindp.topology import Host
 from softswitch.ports import Port
 
@@ -137,7 +138,7 @@ def test_a_vlan_tag_reaches_the_program_as_it_was_on_the_wire(tmp_path):
             macs + b"\x81\x00\x00\x00" + body,                      # priority tag, VID 0
             macs + b"\x88\xa8\x00\x64\x81\x00\x00\x07" + body,      # 802.1ad outer 100, inner 7
             macs + body]                                            # untagged: unchanged
-    with Testbed("vt") as bed:
+    with testbed.Testbed("vt") as bed:
         h = bed.add(Host("h1", "02:00:00:00:00:01", "10.9.0.1", 1))
         port = Port(1, h.switch_iface, str(tmp_path))
         s = h.socket()
@@ -153,3 +154,36 @@ def test_a_vlan_tag_reaches_the_program_as_it_was_on_the_wire(tmp_path):
             port.close()
     assert got == sent
     assert [bytes(p) for p in rdpcap(str(tmp_path / "vtp1_in.pcap"))] == sent
+
+
+@pytest.mark.parametrize("flags,where", [(["-L", "debug", "--log-console"], "console"),
+                                         (["--log-level", "trace"], "file"),
+                                         ([], "file")])
+def test_log_flags_give_the_per_packet_trace_as_bmv2s_do(veths, tmp_path, flags, where):
+    """BMv2's -L/--log-level, --log-console and --log-file: at debug/trace each packet's path is logged
+    (nothing per packet at the default level)."""
+    logfile = tmp_path / "switch.log"
+    console = tmp_path / "stderr.txt"
+    cfg = targets.SwitchConfig(ports={n: f"ss-p{n}" for n in PORTS}, grpc_addr=f"127.0.0.1:{targets.free_port()}",
+                               thrift_port=targets.free_port(), json_path=str(compiled.json_path("exprs")),
+                               log_file=str(logfile) if where == "file" else None)
+    with open(console, "wb") as err:
+        proc = subprocess.Popen([*targets.command("embedded", cfg)[:3], *flags, *cfg.args()], stderr=err,
+                                stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not targets.grpc_port_open(cfg.grpc_addr) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        veths[1].send(frame(7))
+        assert len(recv_all(veths[1])) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    text = (logfile if where == "file" else console).read_text()
+    packet_lines = [x for x in text.splitlines() if "pkt 1: " in x]
+    if flags:
+        assert any("pkt 1: 24 bytes in on port 1" in x for x in packet_lines), text
+        assert any("parser state" in x for x in packet_lines) and "out on port 1" in packet_lines[-1], text
+    else:
+        assert packet_lines == [], "no per-packet lines at the default level"
+    assert "Traceback" not in text
