@@ -1,8 +1,9 @@
 """One training worker of `make run`, run inside its Mininet host.
 
-Computes the MLP's gradients on its own shard (mindp.workload), pushes them
+Computes the model's gradients on its own shard (mindp.workload), pushes them
 through the worker agent (host_agent.worker) and trains on the fp16 parameters
-that come back. It writes one JSON line per step to stdout, which the
+that come back. A torch model (cnn, gpt) goes through mindp.torch.DataParallel:
+its gradients leave from backward hooks while the backward pass still runs. It writes one JSON line per step to stdout, which the
 orchestrator reads for the progress bar; worker 0 also evaluates the model
 (loss on the training set, accuracy on the test set) after every step.
 
@@ -30,7 +31,7 @@ def emit(**fields) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mininet_topos.worker", description="mindp training worker (MLP on digits)")
+    p = argparse.ArgumentParser(prog="mininet_topos.worker", description="mindp training worker (mlp, cnn or gpt)")
     p.add_argument("--iface", default="eth0")
     p.add_argument("--topology", required=True)
     p.add_argument("--job", type=int, required=True)
@@ -52,6 +53,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _numpy_step(wl: workload.WorkloadConfig, agent: WorkerAgent):
+    grad = workload.grad_fn(wl)
+    return lambda worker, step, params: agent.push(grad(worker, step, params))
+
+
+def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, init: dict):
+    from mindp.lossscale import LossScaler
+    from mindp.torch import DataParallel, models, tasks
+
+    net = tasks.model(wl)
+    models.load_params(net, {n: a.astype(np.float16) for n, a in init.items()})
+    scaler = LossScaler(wl.loss_scale, growth_interval=wl.scale_growth_interval) if wl.loss_scale else None
+    dp = DataParallel(net, agent, scaler)
+
+    def step_fn(worker: int, step: int, params: dict) -> dict:
+        x, y = tasks.batch(wl, worker, step)
+        return dp.step(models.loss_of(wl.model, net, x, y))
+
+    return step_fn
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -64,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             if (args.drop_send or args.drop_recv) else None
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
                             initial={n: a.astype(np.float16) for n, a in init.items()})
-        grad = workload.grad_fn(wl)
-        data = workload.load_dataset(wl.seed, wl.test_fraction) if args.eval else None
-    except (ConfigError, TopologyError, workload.WorkloadError, rawsock.SocketError, ValueError) as exc:
+        step_fn = _torch_step(wl, agent, init) if wl.model != "mlp" else _numpy_step(wl, agent)
+        evaluate = workload.model_eval(wl) if args.eval else None
+    except (ConfigError, TopologyError, workload.WorkloadError, rawsock.SocketError, ValueError, ImportError) as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
         return 2
     params = layout.unflatten(layout.flatten(init, dtype=np.float32).astype(np.float16))
@@ -74,9 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     def status(step: int, **extra) -> None:
         fields = dict(ev="step", job=args.job, worker=args.worker, step=step, t=time.time(),
                       sent=agent.stats["sent"], retx=agent.stats["retransmitted"], **extra)
-        if data is not None:
-            loss, _ = workload.evaluate(params, data.x_train, data.y_train)
-            _, acc = workload.evaluate(params, data.x_test, data.y_test)
+        if evaluate is not None:
+            loss, acc = evaluate(params)
             fields.update(loss=loss, acc=acc)
         emit(**fields)
 
@@ -84,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     code = 0
     try:
         for step in range(args.steps):
-            params = agent.push(grad(args.worker, step, params))
+            params = step_fn(args.worker, step, params)
             status(step)
     except StepTimeout as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
