@@ -1,0 +1,73 @@
+"""The fused node kernel against the reference composition (mean_gradient, apply, astype): same bits."""
+import numpy as np
+import pytest
+
+from host_agent import fused
+from host_agent.optim import OptimizerConfig
+from mindp.protocol import K
+
+needs_numba = pytest.mark.skipif(fused.NUMPY_ONLY, reason="numba not installed: only the numpy path exists")
+
+
+def hard_records(rng, n):
+    """Records with ordinary, subnormal, near-fp16-overflow, huge and zero values."""
+    src = np.empty((n, 3, K), np.float32)
+    src[:, 0] = rng.standard_normal((n, K)).astype(np.float32) * np.float32(1e-2)
+    src[:, 1] = rng.standard_normal((n, K)).astype(np.float32) * np.float32(1e-5)
+    src[:, 2] = np.abs(rng.standard_normal((n, K))).astype(np.float32) * np.float32(1e-9)
+    flat = src.reshape(-1)
+    flat[::97] = np.float32(1e-40)   # float32 subnormal
+    flat[::89] = np.float32(65519.0)  # rounds to the largest fp16
+    flat[::83] = np.float32(6.1e-5)   # near the smallest normal fp16
+    flat[::101] = np.float32(3e38)
+    flat[::103] = 0.0
+    return src
+
+
+@needs_numba
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+@pytest.mark.parametrize("wd", [0.0, 0.05])
+@pytest.mark.parametrize("n", [5, fused.PARALLEL_MIN + 3])
+def test_kernel_equals_the_numpy_composition_bit_for_bit(kind, wd, n):
+    rng = np.random.default_rng(n)
+    cfg = OptimizerConfig(kind=kind, lr=3e-3, weight_decay=wd)
+    src = hard_records(rng, n)
+    sums = rng.integers(-(1 << 40), 1 << 40, size=(n, K))
+    sums[:, ::7] = rng.integers(-8, 8, size=sums[:, ::7].shape)  # means far below fp16's range
+    nworkers = rng.integers(1, 6, size=n)
+    for step in (0, 9):
+        got, want = np.empty_like(src), np.empty_like(src)
+        got_p, want_p = np.empty((n, K), np.float16), np.empty((n, K), np.float16)
+        fused.update_records(cfg, src, got, sums, nworkers, step, got_p)
+        with np.errstate(all="ignore"):
+            fused.update_numpy(cfg, src, want, sums, nworkers, step, want_p)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
+        assert not np.array_equal(got, src)
+
+
+@needs_numba
+def test_fp16_conversion_matches_numpy_on_every_class_of_float32():
+    rng = np.random.default_rng(2)
+    bits = rng.integers(0, 1 << 32, size=1 << 20, dtype=np.uint64).astype(np.uint32)
+    # exponents around fp16's range (subnormal, normal, overflow) and NaN payloads, densely
+    edge = (np.arange(101, 144, dtype=np.uint32)[:, None] << 23) | rng.integers(0, 1 << 23, (43, 4096), dtype=np.uint32)
+    nan = np.uint32(0x7F800000) | rng.integers(1, 1 << 23, 4096, dtype=np.uint32)
+    bits = np.concatenate([bits, edge.reshape(-1), edge.reshape(-1) | np.uint32(1 << 31), nan,
+                           np.array([0x7F800001, 0x7F801FFF, 0x7F800000, 0x477FEFFF, 0x477FF000], np.uint32)])
+    with np.errstate(all="ignore"):
+        want = bits.view(np.float32).astype(np.float16).view(np.uint16)
+    assert np.array_equal(fused.f16_bits(bits), want)
+
+
+def test_numpy_path_updates_in_place_like_a_copy():
+    rng = np.random.default_rng(3)
+    cfg = OptimizerConfig()
+    src = hard_records(rng, 4)
+    sums = rng.integers(-(1 << 30), 1 << 30, size=(4, K))
+    a, pa, pb = src.copy(), np.empty((4, K), np.float16), np.empty((4, K), np.float16)
+    b = np.empty_like(src)
+    with np.errstate(all="ignore"):
+        fused.update_numpy(cfg, a, a, sums, 3, 0, pa)
+        fused.update_numpy(cfg, src, b, sums, 3, 0, pb)
+    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.array_equal(pa, pb)
