@@ -26,6 +26,7 @@ from mindp.topology import Topology, TopologyError
 from . import fused, optim, rawsock, state
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError
+from .worker import RtoConfig
 
 
 class NodeCore:
@@ -258,7 +259,7 @@ class OptimizerNode:
         self._stall_resends += 1
         self.stats["stall_resends"] += self._send(*self.core.recent_params())
 
-    def serve(self, steps: int | None = None, linger: float = 2.0, idle_timeout: float | None = None) -> None:
+    def serve(self, steps: int | None = None, linger: float = 5.0, idle_timeout: float | None = None) -> None:
         """Serve until `steps` steps are committed and no sum came for `linger` s (late resends
         are answered meanwhile), until stop(), or until idle for `idle_timeout` s."""
         self.core.store.prefetch_from(0)
@@ -277,6 +278,10 @@ class OptimizerNode:
 
 # --- CLI ------------------------------------------------------------------------
 
+#: Default linger: twice the workers' largest RTO plus a second, so that a worker whose last
+#: parameters were lost retransmits (and is answered) before the node exits.
+LINGER = 2 * RtoConfig.max + 1.0
+
 def parse_size(text: str) -> int:
     units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
@@ -284,8 +289,21 @@ def parse_size(text: str) -> int:
     try:
         value = float(t[: len(t) - len(unit)])
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 64M, 1G)") from None
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 64M, 1G)")
     return int(value * units[unit])
+
+
+def finite(text: str) -> float:
+    """A float argument that is a number (not nan or inf)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"want a finite number, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,20 +323,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layout", help="JSON layout [[name, [dims]], ...] (default: the arrays of --init FILE)")
     p.add_argument("--init", default="seed:0", help="seed:N or a .npz of initial parameters")
     p.add_argument("--optimizer", choices=optim.KINDS, default="adamw")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--lr", type=finite, default=1e-3)
+    p.add_argument("--weight-decay", type=finite, default=0.01)
+    p.add_argument("--momentum", type=finite, default=0.9)
+    p.add_argument("--eps", type=finite, default=OptimizerConfig.eps, help="AdamW epsilon")
     p.add_argument("--steps", type=int, help="exit after this many steps are committed (and late resends settle)")
-    p.add_argument("--linger", type=float, default=2.0, help="seconds of quiet after the last step before exiting")
-    p.add_argument("--idle-timeout", type=float, help="exit after this many seconds without a sum")
-    p.add_argument("--stall-resend", type=float, default=1.0,
+    p.add_argument("--linger", type=finite, default=LINGER,
+                   help="seconds of quiet after the last step before exiting (more than the workers' largest RTO, "
+                        "so a worker whose last parameters were lost is still answered)")
+    p.add_argument("--idle-timeout", type=finite, help="exit after this many seconds without a sum")
+    p.add_argument("--stall-resend", type=finite, default=1.0,
                    help="seconds without a sum before the recent parameters are sent again (0: never)")
     p.add_argument("--export", help="write the final master parameters to this .npz")
     p.add_argument("--stats", help="write counters as JSON here at exit")
-    p.add_argument("--drop-recv", type=float, default=0.0, help="test loss injection on received sums")
-    p.add_argument("--drop-send", type=float, default=0.0, help="test loss injection on sent parameters")
-    p.add_argument("--dup-send", type=float, default=0.0, help="test duplication of sent parameters")
-    p.add_argument("--reorder-send", type=float, default=0.0, help="test reordering of sent parameters")
+    p.add_argument("--drop-recv", type=finite, default=0.0, help="test loss injection on received sums")
+    p.add_argument("--drop-send", type=finite, default=0.0, help="test loss injection on sent parameters")
+    p.add_argument("--dup-send", type=finite, default=0.0, help="test duplication of sent parameters")
+    p.add_argument("--reorder-send", type=finite, default=0.0, help="test reordering of sent parameters")
     p.add_argument("--fault-seed", type=int, default=0)
     return p
 
@@ -339,7 +360,8 @@ def _job_from_args(args) -> tuple[int, int, NodeAddress]:
 
 
 def open_state(args) -> state.Store:
-    cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum)
+    cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
+                          eps=args.eps)
     if not state.exists(args.state_dir):
         init = None
         seed = 0
@@ -388,8 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         n_workers, slots, addr = _job_from_args(args)
-        if not (math.isfinite(args.stall_resend) and args.stall_resend >= 0):
-            raise ConfigError(f"--stall-resend must be a finite number of seconds >= 0, got {args.stall_resend}")
+        for name in ("linger", "idle_timeout", "stall_resend"):
+            if getattr(args, name) is not None and getattr(args, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 seconds")
         if not 1 <= args.max_workers <= MAX_WORKERS:
             raise ConfigError(f"--max-workers must be in 1..{MAX_WORKERS}")
         store = open_state(args)

@@ -48,6 +48,14 @@ EXPLICIT = ["--workers", "2", "--slots", "8", "--mac", "02:00:00:00:00:09", "--i
     (["--state-dir", "S", *EXPLICIT, "--init", "I", "--lr", "-1"], "learning rate"),
     (["--state-dir", "S", *EXPLICIT, "--init", "I", "--iface", "ha-nosuch0"], "ha-nosuch0"),
     (["--state-dir", "S", "--topology", "nosuch.json"], "cannot read topology"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--weight-decay", "nan"], "finite number"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--eps", "nan"], "finite number"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--lr", "inf"], "finite number"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--ram-budget", "infG"], "bad size"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--ram-budget", "nan"], "bad size"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--linger", "-1"], "--linger must be >= 0"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--stall-resend", "inf"], "finite number"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--max-workers", "33"], "--max-workers must be in 1..32"),
 ])
 def test_optimizer_cli_bad_input(files, args, needle):
     tmp, init, layout = files
@@ -93,6 +101,15 @@ def test_optimizer_refuses_a_state_dir_of_another_model(files):
     code, _, err = run("host_agent.node", "--state-dir", str(tmp / "state"), *EXPLICIT, "--init", "seed:0",
                        "--layout", str(layout))
     one_line_error(code, err, "mindp-optimizer", "another model")
+
+
+def test_node_lingers_past_the_workers_largest_rto():
+    """A worker whose last parameters were lost retransmits after at most its largest RTO: the
+    node must still be there (default linger), with room for one more backed-off attempt."""
+    from host_agent.node import LINGER, build_parser
+    from host_agent.worker import RtoConfig
+
+    assert build_parser().parse_args(["--state-dir", "S"]).linger == LINGER >= 2 * RtoConfig.max
 
 
 def test_npz_layout_reads_shapes_without_data(files):
