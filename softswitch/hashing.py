@@ -56,16 +56,11 @@ def _xor16(b: bytes) -> int:
 ALGOS = {"csum16": _csum16, "crc32": _crc32, "crc16": _crc16, "identity": _identity, "xor16": _xor16}
 
 
-def _hmod(h: int, size: int) -> int:
+def hmod(h: int, size: int) -> int:
+    """hash()'s result reduced to [0, size) as bmv2 does (size 0: unreduced)."""
     return h % size if size > 0 else h
 
 
 def check(algo: str, calc_name: str) -> None:
     if algo not in ALGOS:
-        raise compiler_errors.UnsupportedConstruct(f"hash algorithm {algo!r} (calculation {calc_name})")
-
-
-def namespace() -> dict:
-    ns = {f"_algo_{name}": fn for name, fn in ALGOS.items()}
-    ns["_hmod"] = _hmod
-    return ns
+        raise compiler_errors.UnsupportedConstruct(f"hash algorithm {algo!r} (calculation {calc_name!r})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from .compiler_errors import ProgramError
+from ..compiler_errors import ProgramError
 
 MAX_ID = (1 << 31) - 1
 MAX_WIDTH = 4096  # bits of one field, parameter, register cell or constant
