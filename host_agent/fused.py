@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from mindp.protocol import SCALE_BITS
+from mindp.protocol import K, SCALE_BITS
 
 from . import optim
 from .optim import OptimizerConfig
@@ -153,3 +153,12 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
     kernel = _kernels[(cfg.kind, len(src) >= PARALLEL_MIN)]
     nw = np.broadcast_to(np.asarray(nworkers, dtype=np.float64).reshape(-1), (len(src),))
     kernel(src, dst, dst.view(np.uint32), sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16))
+
+
+def warm(cfg: OptimizerConfig) -> None:
+    """Compile (or load from numba's cache) the kernels `cfg` uses, so the first step does not wait."""
+    if NUMPY_ONLY:
+        return
+    for n in (1, PARALLEL_MIN):
+        rec = np.zeros((n, 3, K), np.float32)
+        update_records(cfg, rec, rec, np.zeros((n, K), np.int64), 1, 0, np.empty((n, K), np.float16))

@@ -54,6 +54,7 @@ class NodeCore:
         self.max_workers = max_workers
         self.slots = slots
         self.on_nonfinite = on_nonfinite
+        fused.warm(self.cfg)  # compile the kernel now, not on the first sum
         self.n = store.n_chunks
         counts = np.full(self.n, K, dtype=np.int64)
         counts[-1] = store.layout.chunk_count(self.n - 1)
