@@ -4,9 +4,10 @@
 
 1. Worker send rate (packets/s, encode included) against a bare raw-socket send
    loop of the same frames on the same veth (ratio).
-2. Optimizer-node update rate in RAM (elements/s: sums in, state updated,
-   fp16 parameters out) against torch.optim.AdamW(foreach=True) on CPU when torch
-   is installed, else against whole-array numpy AdamW (ratio).
+2. Optimizer-node update rate in RAM (elements/s: int64 sums in, fp32 master/m/v
+   updated, fp16 parameters out) for AdamW and SGD with momentum, against
+   torch.optim.AdamW / SGD(foreach=True) on CPU when torch is installed, else
+   against the whole-array numpy reference (ratio; the best of 3 each, interleaved).
 3. Out-of-core update rate with a RAM budget of 1/10 of the state, as state
    bytes moved per second, against the disk's sequential read+write bandwidth
    measured in the same run (ratio).
@@ -26,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_agent import node, optim, rawsock, state  # noqa: E402
+from host_agent import fused, node, optim, rawsock, state  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
 from mindp import codec  # noqa: E402
@@ -84,11 +85,11 @@ def sums_for(layout: Layout, seed: int = 0) -> np.ndarray:
 
 
 def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int = 2, batch: int = 1024,
-              page_chunks: int = state.DEFAULT_PAGE_CHUNKS) -> float:
+              page_chunks: int = state.DEFAULT_PAGE_CHUNKS, kind: str = "adamw") -> float:
     """Elements/s of NodeCore.handle over whole steps (commits included), sums arriving in chunk
     order in batches of the node's receive batch size."""
     layout = Layout([TensorSpec("p", (elements,))])
-    cfg = OptimizerConfig()
+    cfg = OptimizerConfig(kind=kind)
     d = tmp / f"state-{budget}"
     state.create(d, layout, state.init_pieces(layout, seed=0), cfg, page_chunks)
     state_bytes = 2 * layout.n_chunks * state.RECORD.itemsize
@@ -114,29 +115,35 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     return steps * elements / elapsed
 
 
-def baseline_rate(elements: int, steps: int = 5) -> tuple[str, float]:
+def baseline_rate(elements: int, kind: str = "adamw", steps: int = 5) -> tuple[str, float]:
+    """torch's own update of the same element count (AdamW or SGD with momentum, foreach), else
+    the numpy reference on whole arrays."""
     try:
         import torch
     except ImportError:
         torch = None
     if torch is not None:
         p = torch.nn.Parameter(torch.randn(elements))
-        opt = torch.optim.AdamW([p], lr=1e-3, foreach=True)
+        if kind == "adamw":
+            name, opt = "torch.optim.AdamW(foreach=True)", torch.optim.AdamW([p], lr=1e-3, foreach=True)
+        else:
+            name, opt = "torch.optim.SGD(momentum, foreach=True)", torch.optim.SGD(
+                [p], lr=1e-3, momentum=0.9, weight_decay=0.01, foreach=True)
         p.grad = torch.randn(elements)
         opt.step()
         t = time.perf_counter()
         for _ in range(steps):
             opt.step()
-        return "torch.optim.AdamW(foreach=True)", steps * elements / (time.perf_counter() - t)
+        return name, steps * elements / (time.perf_counter() - t)
     rng = np.random.default_rng(0)
     master = rng.standard_normal(elements).astype(np.float32)
     m, v = np.zeros_like(master), np.zeros_like(master)
     g = rng.standard_normal(elements).astype(np.float32)
-    cfg = OptimizerConfig()
+    cfg = OptimizerConfig(kind=kind)
     t = time.perf_counter()
     for step in range(steps):
         optim.apply(cfg, master, m, v, g, step)
-    return "numpy AdamW (whole arrays)", steps * elements / (time.perf_counter() - t)
+    return f"numpy {kind} (whole arrays; torch not installed)", steps * elements / (time.perf_counter() - t)
 
 
 def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
@@ -163,6 +170,7 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=100_000, help="chunks per step for the send-rate figure")
     ap.add_argument("--elements", type=int, default=4_000_000, help="model size for the in-RAM figure")
     ap.add_argument("--ooc-elements", type=int, default=4_000_000, help="model size for the out-of-core figure")
+    ap.add_argument("--batch", type=int, default=1024, help="sums per NodeCore.handle call in RAM (the node's receive batch)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--page-chunks", type=int, default=2048, help="pager page size in chunks (out of core)")
     args = ap.parse_args()
@@ -175,13 +183,18 @@ def main() -> int:
         print(f"worker send      {worker:12,.0f} pkt/s   bare raw-socket loop {bare:12,.0f} pkt/s   "
               f"ratio {worker / bare:.2f}")
         shm = pathlib.Path("/dev/shm")
-        ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
-        try:
-            in_ram = node_rate(ram_dir, args.elements, None)  # state on tmpfs: durability costs nothing
-        finally:
-            shutil.rmtree(ram_dir, ignore_errors=True)
-        name, base = baseline_rate(args.elements)
-        print(f"node in RAM      {in_ram:12,.0f} elem/s  {name} {base:12,.0f} elem/s   ratio {in_ram / base:.3f}")
+        for kind in ("adamw", "sgd"):
+            ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
+            try:  # state on tmpfs: durability costs nothing; the best of 3 each, interleaved with torch's
+                ours, theirs = 0.0, 0.0
+                for _ in range(3):
+                    ours = max(ours, node_rate(ram_dir, args.elements, None, batch=args.batch, kind=kind))
+                    name, base = baseline_rate(args.elements, kind)
+                    theirs = max(theirs, base)
+            finally:
+                shutil.rmtree(ram_dir, ignore_errors=True)
+            print(f"node in RAM {kind:5} {ours:12,.0f} elem/s  {name} {theirs:12,.0f} elem/s   "
+                  f"ratio {ours / theirs:.3f}  (fused kernel: {'numpy fallback' if fused.NUMPY_ONLY else 'numba'})")
         state_bytes = 2 * (-(-args.ooc_elements // K)) * state.RECORD.itemsize
         budget = state_bytes // 10
         ooc = node_rate(tmp, args.ooc_elements, budget, page_chunks=args.page_chunks)

@@ -141,8 +141,10 @@ class NodeCore:
         hdr["worker"] = 0
         hdr["kind"] = Kind.PARAM
         if len(uniq):
-            for h in hdr[: len(uniq)].copy():
-                self.recent[int(h["slot"])] = h
+            applied = hdr[: len(uniq)]
+            _, last = np.unique(applied["slot"][::-1], return_index=True)  # each slot's last row, at most `slots`
+            for i in len(applied) - 1 - last:
+                self.recent[int(applied["slot"][i])] = applied[i].copy()
             self.store.prefetch_from(0 if self.store.current != cur else int(uniq[-1]) + 1)
         return hdr, np.concatenate(out_vals)
 

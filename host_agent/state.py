@@ -144,6 +144,7 @@ class Store:
         self.n_chunks = n = self.layout.n_chunks
         self.page_chunks = page_chunks
         padded = _padded_records(n, page_chunks)
+        self.n_pages = padded // page_chunks
         files = [MappedFile(d / f"state{i}.bin", RECORD, padded) for i in (0, 1)]
         self.pager = Pager(files, page_chunks * RECORD.itemsize, budget_bytes, drop_cache=drop_cache,
                            prefetch=prefetch)
@@ -202,6 +203,8 @@ class Store:
 
     def prefetch_from(self, chunk: int) -> None:
         """Tell the pager the current step will touch chunks from `chunk` on, in order."""
+        if self.pager.max_pages >= 2 * self.n_pages:
+            return  # everything fits: pages stay resident after their first touch
         step = self.current
         src, dst = self.copy_after(step - 1), self.copy_after(step)
         first = chunk // self.page_chunks
