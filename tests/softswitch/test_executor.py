@@ -139,6 +139,17 @@ def test_parser(src_low, etype, rest, err, valid, mval, la, tail):
     assert after == tail
 
 
+def test_lookahead_error_code_belongs_to_its_program():
+    """Loading another program with other error codes leaves this one's PacketTooShort alone
+    (the code was once module state, set by whichever program loaded last)."""
+    eng = engine("parser")
+    j = json.loads(compiled.json_path("parser").read_text())
+    j["errors"] = [[name, 9 if name == "PacketTooShort" else code] for name, code in j["errors"]]
+    other = Engine(compiler.load(json.dumps(j)))
+    assert parse_case(other, 0x00, 0x88B6, b"\xca")[0]["err"] == 3, "code 9 is none the program names"
+    assert parse_case(eng, 0x00, 0x88B6, b"\xca")[0]["err"] == ERR_SHORT
+
+
 def test_truncated_ethernet_is_a_parser_error_not_a_crash():
     eng = engine("parser")
     out = eng.process(b"\x02\x00\x00", 1)
