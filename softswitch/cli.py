@@ -118,23 +118,33 @@ def thrift_host(grpc_addr: str) -> str:
     return host.strip("[]") or "0.0.0.0"
 
 
+def _same_file(stream, path: str) -> bool:
+    try:
+        a, b = os.fstat(stream.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def setup_logging(args) -> None:
     level = LEVELS[args.log_level]
     root = logging.getLogger("softswitch")
     root.propagate = False
     fmt = logging.Formatter("%(asctime)s softswitch %(levelname)s: %(message)s")
-    if args.log_file and level is not None:
+    to_file = bool(args.log_file and level is not None)
+    if to_file:
         h = logging.FileHandler(args.log_file)
         h.setFormatter(fmt)
         root.addHandler(h)
         root.setLevel(level)
     else:
         root.setLevel(level if args.log_console and level is not None else logging.WARNING)
-    # errors always reach stderr, whatever the log file says
-    err = logging.StreamHandler(sys.stderr)
-    err.setLevel(logging.WARNING if not args.log_console else (level or logging.WARNING))
-    err.setFormatter(logging.Formatter("softswitch: %(message)s"))
-    root.addHandler(err)
+    # errors always reach stderr, whatever the log file says (unless stderr is that file: once is enough)
+    if not (to_file and _same_file(sys.stderr, args.log_file)):
+        err = logging.StreamHandler(sys.stderr)
+        err.setLevel(logging.WARNING if not args.log_console else (level or logging.WARNING))
+        err.setFormatter(logging.Formatter("softswitch: %(message)s"))
+        root.addHandler(err)
     if root.level > logging.WARNING:
         root.setLevel(logging.WARNING)
 
@@ -168,7 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mindp-softswitch: cannot read {args.json}: no such file", file=sys.stderr)
         return 1
     if args.pcap:
-        os.makedirs(args.pcap, exist_ok=True)
+        try:
+            os.makedirs(args.pcap, exist_ok=True)
+        except OSError as exc:
+            print(f"mindp-softswitch: --pcap {args.pcap}: cannot create the directory: {exc.strerror}",
+                  file=sys.stderr)
+            return 1
     ports = {}
     for num, iface in sorted(args.ports.items()):
         try:
@@ -221,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
             thrift.stop()
         s = engine.stats
         # The program consumes frames too (mindp absorbs gradients into sums): not all of these are drops.
-        log.info("stopped: rx %d tx %d not forwarded %d errors %d faults %s", s.rx, s.tx, s.dropped, s.errors,
-                 faults.stats)
+        log.info("stopped: rx %d tx %d not forwarded %d errors %d faults %s%s", s.rx, s.tx, s.dropped, s.errors,
+                 faults.stats, "".join(f", pcap errors on port {n}: {p.pcap_errors}"
+                                       for n, p in ports.items() if p.pcap_errors))
         dp.close()
     return 0

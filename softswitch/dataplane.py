@@ -115,9 +115,7 @@ class DataPlane:
 
     def flush(self) -> None:
         for p in self.ports.values():
-            for pc in (p.pcap_in, p.pcap_out):
-                if pc:
-                    pc.flush()
+            p.flush_pcaps()
 
     def close(self) -> None:
         for p in self.ports.values():

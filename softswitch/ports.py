@@ -7,6 +7,7 @@ pcap) see the bytes that were on the wire, as BMv2 does.
 from __future__ import annotations
 
 import errno
+import logging
 import socket
 import struct
 import time
@@ -22,6 +23,7 @@ ETH_P_8021Q = 0x8100
 AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
 AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
 MAX_FRAME = 65535
+log = logging.getLogger("softswitch")
 
 
 def restore_vlan(frame: bytes, ancillary: list) -> bytes:
@@ -46,6 +48,7 @@ class Port:
         self.number = number
         self.iface = iface
         self.rx = self.tx = self.tx_errors = 0
+        self.pcap_errors = 0  # failed capture writes; the first one ends this port's capture
         try:
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         except PermissionError:
@@ -65,8 +68,13 @@ class Port:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         s.setblocking(False)
         self.sock = s
-        self.pcap_in = Pcap(f"{pcap_dir}/{iface}_in.pcap") if pcap_dir else None
-        self.pcap_out = Pcap(f"{pcap_dir}/{iface}_out.pcap") if pcap_dir else None
+        self.pcap_in = self.pcap_out = None
+        if pcap_dir:
+            try:
+                self.pcap_in = Pcap(f"{pcap_dir}/{iface}_in.pcap")
+                self.pcap_out = Pcap(f"{pcap_dir}/{iface}_out.pcap")
+            except OSError as exc:  # the port works without its capture
+                self._capture_failed(exc)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -87,8 +95,11 @@ class Port:
                 raise
         self.rx += len(frames)
         if self.pcap_in:
-            for fr in frames:
-                self.pcap_in.write(fr)
+            try:
+                for fr in frames:
+                    self.pcap_in.write(fr)
+            except OSError as exc:
+                self._capture_failed(exc)
         return frames
 
     def send(self, frame: bytes) -> bool:
@@ -99,14 +110,39 @@ class Port:
             return False
         self.tx += 1
         if self.pcap_out:
-            self.pcap_out.write(frame)
+            try:
+                self.pcap_out.write(frame)
+            except OSError as exc:
+                self._capture_failed(exc)
         return True
+
+    def flush_pcaps(self) -> None:
+        try:
+            for p in (self.pcap_in, self.pcap_out):
+                if p:
+                    p.flush()
+        except OSError as exc:
+            self._capture_failed(exc)
+
+    def _capture_failed(self, exc: OSError) -> None:
+        """A full disk or an I/O error ends this port's capture, not the packet loop."""
+        self.pcap_errors += 1
+        log.error("port %d (%s): pcap: %s; capture of this port stopped", self.number, self.iface,
+                  exc.strerror or exc)
+        self._close_pcaps()
+
+    def _close_pcaps(self) -> None:
+        for p in (self.pcap_in, self.pcap_out):
+            if p:
+                try:
+                    p.close()
+                except OSError:
+                    self.pcap_errors += 1
+        self.pcap_in = self.pcap_out = None
 
     def close(self) -> None:
         self.sock.close()
-        for p in (self.pcap_in, self.pcap_out):
-            if p:
-                p.close()
+        self._close_pcaps()
 
 
 class Pcap:
@@ -116,8 +152,12 @@ class Pcap:
 
     def __init__(self, path: str):
         self.f = open(path, "wb")
-        self.f.write(self.HEADER)
-        self.f.flush()
+        try:
+            self.f.write(self.HEADER)
+            self.f.flush()
+        except OSError:
+            self.f.close()
+            raise
 
     def write(self, frame: bytes) -> None:
         t = time.time()

@@ -187,3 +187,50 @@ def test_log_flags_give_the_per_packet_trace_as_bmv2s_do(veths, tmp_path, flags,
     else:
         assert packet_lines == [], "no per-packet lines at the default level"
     assert "Traceback" not in text
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 64 KiB tmpfs: the disk fills up after a few dozen frames."""
+    d = tmp_path / "small"
+    d.mkdir()
+    sh("mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(d))
+    yield d
+    sh("umount", "-l", str(d), check=False)
+
+
+def test_a_full_disk_ends_the_capture_not_the_switch(veths, tmp_path, small_fs):
+    cfg = targets.SwitchConfig(ports={n: f"ss-p{n}" for n in PORTS}, grpc_addr=f"127.0.0.1:{targets.free_port()}",
+                               thrift_port=targets.free_port(), json_path=str(compiled.json_path("exprs")),
+                               log_file=str(tmp_path / "switch.log"), pcap_dir=str(small_fs))
+    sw = targets.SwitchProcess("embedded", cfg).start(timeout=10)
+    got = []
+    try:
+        for i in range(300):
+            veths[1].send(frame(i) + bytes(1000))
+            if i % 50 == 49:
+                got += recv_all(veths[1], 0.3)
+        got += recv_all(veths[1], 0.5)
+        assert len(got) == 300, "every frame forwarded while and after the capture failed"
+    finally:
+        sw.proc.send_signal(signal.SIGTERM)
+        assert sw.proc.wait(10) == 0
+    log = (tmp_path / "switch.log").read_text()
+    errors = [x for x in log.splitlines() if "pcap" in x and "capture of this port stopped" in x]
+    assert len(errors) == 1 and "port 1 (ss-p1)" in errors[0] and "No space left on device" in errors[0], log
+    assert "pcap errors on port 1" in log and "Traceback" not in log
+
+
+def test_pcap_into_a_directory_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    cmd = targets.command("embedded", targets.SwitchConfig(ports={}, grpc_addr=f"127.0.0.1:{targets.free_port()}",
+                                                           pcap_dir=str(tmp_path / "afile" / "pcaps")))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"mindp-softswitch: --pcap {tmp_path}/afile/pcaps: cannot create the directory: Not a directory"
+    missing = tmp_path / "new" / "pcaps"
+    sw = targets.SwitchProcess("embedded", targets.SwitchConfig(
+        ports={}, grpc_addr=f"127.0.0.1:{targets.free_port()}", thrift_port=targets.free_port(),
+        pcap_dir=str(missing))).start(timeout=10)
+    sw.stop()
+    assert missing.is_dir(), "a missing directory is created, as for a run's logs"
