@@ -25,7 +25,7 @@ from mindp.topology import Topology, TopologyError
 
 from . import fused, optim, rawsock, state
 from .optim import ConfigError, OptimizerConfig
-from .pager import PagerError
+from .pager import PagerError, StorageError
 from .worker import RtoConfig
 
 
@@ -440,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         node.serve(args.steps, args.linger, args.idle_timeout)
     except KeyboardInterrupt:
         pass
+    except StorageError as exc:  # disk full / EIO: nothing after the last commit is trusted; restart resumes
+        print(f"mindp-optimizer: {exc}", file=sys.stderr, flush=True)
+        return 3
     stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pager.stats.peak_pages,
                  page_bytes=store.pager.page_bytes, rss_start_kb=rss_start, vm_hwm_kb=proc_status_kb("VmHWM"))
     if args.export:

@@ -27,13 +27,31 @@ _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 MADV_RANDOM, MADV_WILLNEED, MADV_DONTNEED, MADV_POPULATE_READ, MADV_POPULATE_WRITE = 1, 3, 4, 22, 23
 MS_SYNC = 4
-FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 0x01, 0x02
+FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE = 0x01, 0x10
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 OS_PAGE = mmap.PAGESIZE
 
 
 class PagerError(RuntimeError):
     pass
+
+
+class StorageError(PagerError):
+    """A write or flush of the state failed (ENOSPC, EIO, ...): the last commit is still intact."""
+
+
+def _check(rc: int, what: str, path: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise StorageError(f"{what} of {path} failed: {os.strerror(err)} (errno {err}); the last committed step is intact")
+
+
+def _fsync(fd: int, path: str) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise StorageError(f"fsync of {path} failed: {exc.strerror} (errno {exc.errno}); "
+                           "the last committed step is intact") from None
 
 
 class MappedFile:
@@ -103,6 +121,7 @@ class Pager:
         self._cv = threading.Condition(self.lock)
         self._stop = False
         self._reserved = 0
+        self.error: StorageError | None = None
         self._thread = None
         if prefetch:
             self._thread = threading.Thread(target=self._prefetcher, name="pager-prefetch", daemon=True)
@@ -143,12 +162,14 @@ class Pager:
 
     def discard(self, f: int, page: int) -> bool:
         """Forget a page's contents (it reads as zeros, with no disk read) unless it is resident;
-        for pages about to be overwritten. False if not done (resident, or unsupported)."""
+        for pages about to be overwritten. The blocks stay allocated (FALLOC_FL_ZERO_RANGE, not a
+        punched hole), so writing the page later cannot run out of space. False if not done
+        (resident, or the file system has no ZERO_RANGE, e.g. tmpfs)."""
         with self.lock:
             if (f, page) in self.lru:
                 return False
             mf, off, length = self._range((f, page))
-            return length > 0 and _libc.fallocate(mf.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, length) == 0
+            return length > 0 and _libc.fallocate(mf.fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, off, length) == 0
 
     def hint(self, wants: list[tuple[int, int, bool]]) -> None:
         """Pages (f, page, write) needed soon, in order; replaces the previous hint."""
@@ -169,7 +190,13 @@ class Pager:
                         return
                     key, dirty = self.lru.popitem(last=False)
                     self._unused.discard(key)
-                self._evict(key, dirty)
+                try:
+                    self._evict(key, dirty)
+                except StorageError:
+                    with self.lock:  # keep the page (still dirty) so nothing written is forgotten
+                        self.lru[key] = dirty
+                        self.lru.move_to_end(key, last=False)
+                    raise
 
     def _range(self, key: tuple[int, int]) -> tuple[MappedFile, int, int]:
         mf = self.files[key[0]]
@@ -181,7 +208,7 @@ class Pager:
         if length <= 0:
             return
         if dirty:
-            _libc.msync(mf.addr + off, length, MS_SYNC)
+            _check(_libc.msync(mf.addr + off, length, MS_SYNC), "write-back (msync)", mf.path)
             self.stats.writebacks += 1
         _libc.madvise(mf.addr + off, length, MADV_DONTNEED)
         if self.drop_cache:
@@ -209,7 +236,11 @@ class Pager:
                 f, page, write = self._want.pop(0)
                 if (f, page) in self.lru:
                     continue
-            self._make_room(1)
+            try:
+                self._make_room(1)
+            except StorageError as exc:
+                self.error = exc  # reported by the caller's next flush
+                return
             self._populate((f, page), write)
             with self.lock:
                 self._reserved -= 1
@@ -224,16 +255,27 @@ class Pager:
     # --- durability ------------------------------------------------------------
     def flush(self) -> None:
         """Make every write so far durable (dirty resident pages stay resident, now clean)."""
+        if self.error:
+            raise self.error
         with self.io:
             with self.lock:
                 dirty = [k for k, d in self.lru.items() if d]
                 for k in dirty:
                     self.lru[k] = False
-            for k in dirty:
-                mf, off, length = self._range(k)
-                _libc.msync(mf.addr + off, length, MS_SYNC)
-            for mf in self.files:
-                os.fsync(mf.fd)
+            try:
+                for k in dirty:
+                    mf, off, length = self._range(k)
+                    if length <= 0:
+                        continue  # a hinted page past the end of the file
+                    _check(_libc.msync(mf.addr + off, length, MS_SYNC), "write-back (msync)", mf.path)
+                for mf in self.files:
+                    _fsync(mf.fd, mf.path)
+            except StorageError:
+                with self.lock:  # still dirty: a later flush must not report them durable
+                    for k in dirty:
+                        if k in self.lru:
+                            self.lru[k] = True
+                raise
 
     def resident_pages(self) -> int:
         with self.lock:

@@ -35,7 +35,7 @@ from mindp.protocol import K
 
 from . import optim
 from .optim import ConfigError, OptimizerConfig
-from .pager import MappedFile, Pager
+from .pager import MappedFile, Pager, StorageError
 
 RECORD = np.dtype((np.float32, (3, K)))  # master, m, v of one chunk
 MASTER, M, V = 0, 1, 2
@@ -54,17 +54,34 @@ def boot_id() -> bytes:
 
 
 def _write_atomic(path: pathlib.Path, data: bytes) -> None:
+    """Replace `path` with `data` durably, or raise StorageError leaving the old file in place."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
     try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise StorageError(f"writing {path} failed: {exc.strerror} (errno {exc.errno}); "
+                           "the last committed step is intact") from None
+
+
+def _preallocate(f, nbytes: int) -> None:
+    """Reserve every block of the file now, so no later write through the mapping can find the disk
+    full (a write fault into an unallocated block on a full disk is SIGBUS, not an error)."""
+    f.flush()
+    f.truncate(nbytes)
+    try:
+        os.posix_fallocate(f.fileno(), 0, nbytes)
+    except OSError as exc:
+        raise StorageError(f"cannot reserve {nbytes} bytes for {f.name}: {exc.strerror} (errno {exc.errno})") from None
 
 
 def _padded_records(n_chunks: int, page_chunks: int) -> int:
@@ -111,10 +128,10 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
             pad = np.zeros(-(-len(pending) // K) * K, dtype=np.float32)
             pad[: len(pending)] = pending
             flush_block(pad)
-        f0.truncate(nbytes)
+        _preallocate(f0, nbytes)
         os.fsync(f0.fileno())
     with open(d / "state1.bin", "wb") as f1:
-        f1.truncate(nbytes)
+        _preallocate(f1, nbytes)
         os.fsync(f1.fileno())
     meta = {"format": FORMAT, "layout": optim.layout_to_json(layout), "optimizer": cfg.to_dict(),
             "page_chunks": page_chunks}
@@ -159,7 +176,7 @@ class Store:
         fresh = not path.exists() or path.stat().st_size != size
         if fresh:
             with open(path, "wb") as f:
-                f.truncate(size)
+                _preallocate(f, size)
         self._pfd = os.open(path, os.O_RDWR)
         self._pmm = mmap.mmap(self._pfd, size)
         hdr = bytes(self._pmm[:PROGRESS_HEADER])
