@@ -118,7 +118,9 @@ class NodeCore:
         self.stats["future"] += int((steps > cur).sum())
         out_rows: list[int] = []
         out_vals: list[np.ndarray] = []
+        prev_skipped = self.store.last_skipped
         if len(uniq):  # uniq is sorted: runs of consecutive chunks are applied together
+            self._learn_nonfinite(cur, uniq, headers[apply_rows])
             out_vals.append(self._apply(cur, uniq, headers[apply_rows], sums[apply_rows]))
             out_rows += apply_rows.tolist()
             if self.store.step_complete:
@@ -137,6 +139,10 @@ class NodeCore:
         hdr["flags"] &= np.uint8(Flag.NONFINITE | Flag.RETRANSMIT)
         if resend:
             hdr["flags"][-len(resend):] |= np.uint8(Flag.RETRANSMIT)
+        # Every answer sent after the node learned that a step is non-finite says so.
+        cur_nf = self.store.step_nonfinite if self.store.current == cur else self.store.last_skipped
+        skipped = ((hdr["step"] == cur) & cur_nf) | ((hdr["step"] == cur - 1) & prev_skipped)
+        hdr["flags"][skipped] |= np.uint8(Flag.NONFINITE)
         hdr["nworkers"] = 0
         hdr["worker"] = 0
         hdr["kind"] = Kind.PARAM
@@ -161,33 +167,38 @@ class NodeCore:
         hdr["flags"] |= np.uint8(Flag.RETRANSMIT)
         return hdr, np.stack([self._params_of(int(h["step"]), int(h["chunk"])) for h in hdr])
 
+    def _learn_nonfinite(self, step: int, chunks: np.ndarray, headers: np.ndarray) -> None:
+        """A NONFINITE sum makes the whole step a no-op (dynamic loss scaling): the step commits as
+        skipped with the state before it. Chunks already applied need no revert: their source copy
+        is untouched and the skipped step's commit keeps pointing at it."""
+        flagged = chunks[(headers["flags"] & Flag.NONFINITE) != 0]
+        if not len(flagged):
+            return
+        if not self.store.step_nonfinite:
+            self.store.mark_nonfinite()
+            self.stats["nonfinite_steps"] += 1
+        for c in flagged.tolist():
+            self.nonfinite.append((step, c))
+            self.stats["nonfinite_chunks"] += 1
+            if self.on_nonfinite:
+                self.on_nonfinite(step, c)
+
     def _apply(self, step: int, chunks: np.ndarray, headers: np.ndarray, sums: np.ndarray) -> np.ndarray:
         store = self.store
         src, dst = store.copy_after(step - 1), store.copy_after(step)
-        nonfinite = (headers["flags"] & Flag.NONFINITE) != 0
-        nworkers = headers["nworkers"].astype(np.int64)[:, None]
+        nworkers = headers["nworkers"].astype(np.int64)
         out = np.empty((len(chunks), K), dtype=np.float16)
         pos = 0
         for lo, hi in store.page_runs(chunks):
             n = hi - lo
-            new = store.records(dst, lo, hi, write=True)
-            old = store.records(src, lo, hi)
-            nf = nonfinite[pos : pos + n]
-            if not nf.any():  # one fused pass: old record in, new record and fp16 parameters out
-                fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n, 0], step, out[pos : pos + n])
-            else:
-                new[...] = old
-                g = optim.mean_gradient(sums[pos : pos + n], nworkers[pos : pos + n])
-                keep = ~nf
-                sel = new[keep]
-                optim.apply(self.cfg, sel[:, state.MASTER], sel[:, state.M], sel[:, state.V], g[keep], step)
-                new[keep] = sel
-                for c in np.flatnonzero(nf) + lo:
-                    self.nonfinite.append((step, int(c)))
-                    self.stats["nonfinite_skipped"] += 1
-                    if self.on_nonfinite:
-                        self.on_nonfinite(step, int(c))
-                out[pos : pos + n] = new[:, state.MASTER].astype(np.float16)
+            if store.step_nonfinite:  # answered with the parameters before the step
+                out[pos : pos + n] = store.records(src, lo, hi)[:, state.MASTER].astype(np.float16)
+            else:  # one fused pass: old record in, new record and fp16 parameters out
+                new = store.records(dst, lo, hi, write=True)
+                old = store.records(src, lo, hi)
+                # Adam's bias correction counts updates, not steps: a skipped step is none.
+                fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
+                                     out[pos : pos + n])
             store.mark_applied(lo, hi)
             pos += n
         self.stats["applied"] += len(chunks)

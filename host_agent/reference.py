@@ -1,9 +1,10 @@
 """Single-process reference trainer: no network, the same math as the system.
 
 Each worker's gradient is rounded to fp16, the workers' gradients are summed
-exactly (mindp.fixedpoint, as the switch does), a chunk with an Inf/NaN anywhere
-is skipped for that step (as the node does on the switch's NONFINITE flag), and
-every other chunk goes through `host_agent.optim.apply`, the node's code path.
+exactly (mindp.fixedpoint, as the switch does), a step with an Inf/NaN in any
+chunk changes nothing and does not count as an optimizer update (as the node does
+on the switch's NONFINITE flag), and every other step goes through
+`host_agent.optim.apply`, the node's code path.
 A run through the network must end bit-identical to this (docs/DESIGN.md invariant 2).
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ GradFn = Callable[[int, int, dict], dict]
 class Result:
     params: dict[str, np.ndarray]  # final fp16 parameters, as the workers hold them
     master: dict[str, np.ndarray]  # final fp32 master parameters, as the node holds them
-    nonfinite: list[tuple[int, int]] = field(default_factory=list)  # skipped (step, chunk)
+    nonfinite: list[tuple[int, int]] = field(default_factory=list)  # the non-finite (step, chunk)s; those steps were skipped
 
 
 def to_fp16(x) -> np.ndarray:
@@ -79,24 +80,20 @@ def train(
     m = np.zeros_like(master)
     v = np.zeros_like(master)
     skipped: list[tuple[int, int]] = []
+    updates = 0  # Adam's bias correction counts updates: a skipped step is none
     for step in range(steps):
         params = layout.unflatten(master[: layout.total].astype(np.float16))
         ids = list(range(n_workers)) if members is None else list(members(step))
         flats = [flat_fp16(layout, grad_fn(w, step, params)) for w in ids]
         sums, nonfinite = chunk_sums(flats)
-        ok = ~nonfinite
-        rows = (master.reshape(n, K), m.reshape(n, K), v.reshape(n, K))
-        if ok.all():
-            optim.apply(opt, master, m, v, optim.mean_gradient(sums.reshape(-1), len(ids)), step)
-        else:
-            sel = [r[ok] for r in rows]
-            optim.apply(opt, *sel, optim.mean_gradient(sums[ok], len(ids)), step)
-            for r, s in zip(rows, sel):
-                r[ok] = s
+        if nonfinite.any():  # the whole step is a no-op, as at the node
             for c in np.flatnonzero(nonfinite):
                 skipped.append((step, int(c)))
                 if on_nonfinite:
                     on_nonfinite(step, int(c))
+            continue
+        optim.apply(opt, master, m, v, optim.mean_gradient(sums.reshape(-1), len(ids)), updates)
+        updates += 1
     flat = master[: layout.total]
     return Result(layout.unflatten(flat.astype(np.float16)), unflatten_f32(layout, flat), skipped)
 

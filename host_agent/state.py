@@ -40,7 +40,8 @@ from .pager import MappedFile, Pager, StorageError
 RECORD = np.dtype((np.float32, (3, K)))  # master, m, v of one chunk
 MASTER, M, V = 0, 1, 2
 PROGRESS_MAGIC = b"MINDPRG1"
-PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, pad
+PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, non-finite flag 1, pad
+NONFINITE_AT = 52
 DEFAULT_PAGE_CHUNKS = 512  # 192 KiB pages (a multiple of the 4 KiB OS page)
 FORMAT = 1
 PREFETCH_PAGES = 8  # how far ahead of the current page (per file) the pager prefetches, at most
@@ -136,7 +137,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
     meta = {"format": FORMAT, "layout": optim.layout_to_json(layout), "optimizer": cfg.to_dict(),
             "page_chunks": page_chunks}
     _write_atomic(d / "meta.json", json.dumps(meta, indent=1).encode())
-    _write_atomic(d / "commit.json", b'{"step": -1}\n')
+    _write_atomic(d / "commit.json", b'{"step": -1, "updates": 0, "skipped": false}\n')
 
 
 def exists(state_dir: str | pathlib.Path) -> bool:
@@ -152,7 +153,12 @@ class Store:
         d = self.dir = pathlib.Path(state_dir)
         try:
             meta = json.loads((d / "meta.json").read_text())
-            self.committed = int(json.loads((d / "commit.json").read_text())["step"])
+            commit = json.loads((d / "commit.json").read_text())
+            self.committed = int(commit["step"])
+            # Optimizer updates through the committed step (a skipped, non-finite step is none);
+            # the state after the committed step is in copy updates % 2.
+            self.updates = int(commit.get("updates", self.committed + 1))
+            self.last_skipped = bool(commit.get("skipped", False))
             self.layout = optim.layout_from_json(meta["layout"])
             self.cfg = OptimizerConfig.from_dict(meta["optimizer"])
             page_chunks = int(meta["page_chunks"])
@@ -184,11 +190,13 @@ class Store:
         self.applied = np.frombuffer(self._pmm, dtype=np.bool_, offset=PROGRESS_HEADER, count=n)
         trusted = hdr[:8] == PROGRESS_MAGIC and step == self.current and hdr[16:52] == boot_id()
         self.resumed_chunks = int(self.applied.sum()) if trusted else 0
+        self.step_nonfinite = trusted and hdr[NONFINITE_AT] == 1
         self.n_applied = self.resumed_chunks
         if not trusted:
             self._reset_progress()
 
     def _reset_progress(self) -> None:
+        self.step_nonfinite = False
         self.applied[:] = False
         self.n_applied = 0
         self._pmm[:PROGRESS_HEADER] = (PROGRESS_MAGIC + self.current.to_bytes(8, "little", signed=True)
@@ -199,10 +207,20 @@ class Store:
         """The step being applied now."""
         return self.committed + 1
 
-    @staticmethod
-    def copy_after(step: int) -> int:
-        """Which file holds the state after `step` (-1: the initial state)."""
-        return (step + 1) % 2
+    def copy_after(self, step: int) -> int:
+        """Which file holds the state after `step`: the committed step (-1: the initial state) or
+        the current one (its applied chunks; for a non-finite step, the state before it)."""
+        if step == self.committed:
+            return self.updates % 2
+        if step == self.current:
+            return self.updates % 2 if self.step_nonfinite else (self.updates + 1) % 2
+        raise ValueError(f"step {step}: only the committed ({self.committed}) and current steps are held")
+
+    def mark_nonfinite(self) -> None:
+        """The current step had a non-finite gradient: it will commit as skipped (no update), and
+        every answer comes from the state before it. Recorded before any such answer leaves."""
+        self.step_nonfinite = True
+        self._pmm[NONFINITE_AT] = 1
 
     # --- records ---------------------------------------------------------------
     def records(self, copy: int, lo: int, hi: int, write: bool = False) -> np.ndarray:
@@ -252,8 +270,13 @@ class Store:
     def commit(self) -> None:
         """The current step is fully applied: make it durable, then advance."""
         self.pager.flush()
-        _write_atomic(self.dir / "commit.json", json.dumps({"step": self.current}).encode() + b"\n")
+        skipped = self.step_nonfinite
+        updates = self.updates + (not skipped)
+        _write_atomic(self.dir / "commit.json",
+                      json.dumps({"step": self.current, "updates": updates, "skipped": skipped}).encode() + b"\n")
         self.committed += 1
+        self.updates = updates
+        self.last_skipped = skipped
         self._discarded.clear()
         self._reset_progress()
 

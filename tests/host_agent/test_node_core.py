@@ -1,5 +1,6 @@
 """The optimizer node's state machine against the reference, without a network:
 sums as the switch makes them, in random order, with duplicates and a crash."""
+import json
 import random
 
 import numpy as np
@@ -131,23 +132,62 @@ def test_recent_params_are_each_slots_last_answer(tmp_path):
         assert np.array_equal(v.view(np.uint16), first.view(np.uint16))
 
 
-def test_nonfinite_chunk_is_skipped_reported_and_still_answered(tmp_path):
+def as_worker(lay, sent, previous):
+    """What a worker keeps after a step: the answers, or its parameters before the step when any
+    answer said NONFINITE (common rule of issue 13.2)."""
+    if any(f & Flag.NONFINITE for answers in sent.values() for f, _ in answers):
+        return previous
+    return assemble(lay, sent, previous)
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_nonfinite_chunk_makes_the_whole_step_a_no_op(tmp_path, crash):
+    """Chunks applied before the node learns of the non-finite chunk are reverted (the step commits
+    as skipped, with no optimizer update counted); every later answer carries NONFINITE and the
+    parameters before the step; the run ends on the reference's bits, also across a crash."""
     init = small_model()
     lay = optim.layout_of(init)
     cfg = OptimizerConfig()
+    bad_chunk = (lay.offsets["w"] + 40) // K
     gf = with_nonfinite(reference.synthetic_grads(5), 2, 1, "w", 40)
     hook = []
     core = open_core(tmp_path, init, cfg, on_nonfinite=lambda s, c: hook.append((s, c)))
     rng = random.Random(1)
     params = initial_fp16(init)
-    for step in range(3):
-        sent = run_step(core, lay, gf, step, params, rng, dup=0)
-        params = assemble(lay, sent, params)
-    bad_chunk = (lay.offsets["w"] + 40) // K
-    assert hook == [(1, bad_chunk)] and core.stats["nonfinite_skipped"] == 1
+    params = as_worker(lay, run_step(core, lay, gf, 0, params, rng, dup=0), params)
+    early = [c for c in range(lay.n_chunks) if c != bad_chunk][:bad_chunk // 2 + 1]
+    late = [c for c in range(lay.n_chunks) if c not in early and c != bad_chunk]
+    sent = run_step(core, lay, gf, 1, params, rng, dup=0, only=early)
+    before = lay.flatten(params, dtype=np.float16)
+    assert all(not f & Flag.NONFINITE for a in sent.values() for f, _ in a)
+    assert any(not np.array_equal(a[0][1], before[c * K : (c + 1) * K]) for c, a in sent.items() if c * K < lay.total)
+    sent.update(run_step(core, lay, gf, 1, params, rng, dup=0, only=[bad_chunk]))
+    assert sent[bad_chunk][0][0] & Flag.NONFINITE
+    if crash:  # killed after learning of it: the restarted node still knows the step is skipped
+        core.store.close()
+        core = open_core(tmp_path, init, cfg, create=False, on_nonfinite=lambda s, c: hook.append((s, c)))
+        assert core.store.step_nonfinite
+    late_sent = run_step(core, lay, gf, 1, params, rng, dup=0, only=late)
+    padded = np.concatenate([before, np.zeros(lay.n_chunks * K - lay.total, np.float16)])
+    for c, answers in late_sent.items():
+        assert all(f & Flag.NONFINITE for f, _ in answers)
+        assert np.array_equal(answers[0][1].view(np.uint16), padded[c * K : (c + 1) * K].view(np.uint16))
+    sent.update(late_sent)
+    params = as_worker(lay, sent, params)
+    assert core.committed == 1 and core.store.last_skipped and core.store.updates == 1
+    assert json.loads((tmp_path / "commit.json").read_text()) == {"step": 1, "updates": 1, "skipped": True}
+    assert hook == [(1, bad_chunk)]
+    assert core.stats["nonfinite_steps"] == 1 - crash  # counted by the process that learned it
+    # Duplicates of the skipped step's sums are answered with NONFINITE too.
+    again = run_step(core, lay, gf, 1, params, rng, dup=0, only=[0])
+    assert again[0][0][0] & Flag.NONFINITE
+    params = as_worker(lay, run_step(core, lay, gf, 2, params, rng, dup=0), params)
     ref = reference.train(init, gf, N, 3, cfg)
     assert ref.nonfinite == [(1, bad_chunk)]
     assert same_bits(params, ref.params)
+    core.store.export(tmp_path / "out.npz")
+    with np.load(tmp_path / "out.npz") as z:
+        assert same_bits({k: z[k] for k in z.files}, ref.master)
 
 
 def test_sums_of_old_steps_resend_or_drop_and_bad_sums_are_counted(tmp_path):
