@@ -6,7 +6,9 @@ Everything the run starts is recorded in build/run-state.json before the next
 thing starts, so `python -m mininet_topos.stop` (make stop) can remove it after
 a crash. Each run writes runs/<timestamp>/: summary.json, curve.png,
 topology.json, logs/ (every process), pcaps/ (PCAP=1), and per job the
-workload, initial parameters and final parameters.
+workload, initial parameters and final parameters. The agent processes are
+started and watched by mininet_topos.agents; what the run prints (and keeps in
+logs/run.log) goes through mininet_topos.console.
 """
 from __future__ import annotations
 
@@ -29,7 +31,6 @@ import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
 
 import numpy as np  # noqa: E402
 
@@ -39,17 +40,14 @@ from mindp import targets, topology, workload  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
 from . import clean, config, results  # noqa: E402
-from .progress import LogTail, Progress  # noqa: E402
+from .agents import Agents, JobFiles  # noqa: E402
+from .console import Console, RunError, one_line  # noqa: E402
+from .progress import Progress  # noqa: E402
 from .runstate import DEFAULT_PATH, RunState  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
 TOOLS = {"mnexec": "mininet", "ip": "iproute2", "ethtool": "ethtool"}
 WEIGHT_DECAY = 0.01
 STALL_SECONDS = 60.0  # no step anywhere for this long: the run is stuck
-
-
-class RunError(RuntimeError):
-    """Why the run cannot go on, in one line that names the log to read."""
 
 
 class Stopped(Exception):
@@ -58,22 +56,6 @@ class Stopped(Exception):
 
 def _raise_stopped(signum, frame):
     raise Stopped(signal.Signals(signum).name)
-
-
-def one_line(text: str) -> str:
-    """The last non-empty line of a message (a tool's traceback ends with its cause)."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else text
-
-
-RUN_LOG: pathlib.Path | None = None  # the orchestrator's own lines, also kept in the run's logs/run.log
-
-
-def say(msg: str = "") -> None:
-    print(msg, flush=True)
-    if RUN_LOG is not None:
-        with contextlib.suppress(OSError), open(RUN_LOG, "a") as f:
-            f.write(msg.lstrip("\r") + "\n")
 
 
 def if_prefix(text: str) -> str:
@@ -165,7 +147,7 @@ def new_run_dir(base: str) -> pathlib.Path:
     raise RunError(f"cannot make a run directory under {root}")
 
 
-def claim_state(path: pathlib.Path) -> RunState:
+def claim_state(path: pathlib.Path, console: Console) -> RunState:
     """The state file of this run; refuses while an earlier run is alive, clears a crashed one."""
     old = RunState.load(path)
     if old is not None:
@@ -175,7 +157,7 @@ def claim_state(path: pathlib.Path) -> RunState:
             raise RunError(f"a run is already active (PIDs {pids}; {old.run_dir or path}): make stop ends it")
         procs, ifaces = old.teardown()
         if ifaces:
-            say(f"removed {len(ifaces)} interface(s) left by an earlier run that crashed")
+            console.say(f"removed {len(ifaces)} interface(s) left by an earlier run that crashed")
     state = RunState(path)
     state.add_proc(os.getpid(), "orchestrator", False)
     return state
@@ -183,68 +165,23 @@ def claim_state(path: pathlib.Path) -> RunState:
 
 # --- the run --------------------------------------------------------------------
 
-@dataclass
-class HostProc:
-    name: str
-    proc: subprocess.Popen
-    log: pathlib.Path
-    tail: LogTail = field(init=False)
-
-    def __post_init__(self):
-        self.tail = LogTail(self.log)
-
-    def last_error(self) -> str:
-        """The last line of its log that is not a progress record."""
-        try:
-            lines = self.log.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        for line in reversed(lines):
-            if line.strip() and not line.startswith("{"):
-                return line.strip()
-        return ""
-
-
-@dataclass
-class JobFiles:
-    job: topology.JobSpec
-    dir: pathlib.Path
-    wl: workload.WorkloadConfig
-    init: dict[str, np.ndarray]
-
-    @property
-    def init_path(self) -> pathlib.Path:
-        return self.dir / "init.npz"
-
-    @property
-    def master_path(self) -> pathlib.Path:
-        return self.dir / "optimizer-master.npz"
-
-    @property
-    def opt_stats_path(self) -> pathlib.Path:
-        return self.dir / "optimizer-stats.json"
-
-    def worker_out(self, w: int) -> pathlib.Path:
-        return self.dir / f"worker{w}-params.npz"
-
-
 class Run:
     def __init__(self, cfg: config.RunConfig, target: str, run_dir: pathlib.Path, state: RunState, p4_mode: str,
-                 if_prefix: str = "mnr-"):
+                 console: Console, if_prefix: str = "mnr-"):
         self.cfg = cfg
         self.if_prefix = if_prefix
         self.target = target
         self.dir = run_dir
         self.logs = run_dir / "logs"
         self.logs.mkdir()
-        global RUN_LOG
-        RUN_LOG = self.logs / "run.log"
+        self.console = console
+        console.log = self.logs / "run.log"
         self.state = state
         self.p4_mode = p4_mode
         self.net = None
         self.switch = None
         self.ctl = None
-        self.procs: list[HostProc] = []
+        self.agents: Agents | None = None
         self.opt = OptimizerConfig(kind="adamw", lr=cfg.lr, weight_decay=WEIGHT_DECAY)
         self.topo = topology.star([cfg.workers] * cfg.jobs, cfg.slots, f"127.0.0.1:{cfg.grpc_port}")
         self.topo_path = run_dir / "topology.json"
@@ -323,55 +260,6 @@ class Run:
             ctl_log.error("%s: %s", type(exc).__name__, exc)
             raise RunError(f"controller: {one_line(str(exc))}; see {log}") from None
 
-    def _popen(self, host_name: str, name: str, args: list[str]) -> HostProc:
-        host = self.net.get(host_name)
-        log = self.logs / f"{name}.log"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with open(log, "wb") as f:
-            proc = host.popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                              cwd=str(REPO), env=env)
-        self.state.add_proc(proc.pid, f"{name} in {host_name}", True)
-        hp = HostProc(name, proc, log)
-        self.procs.append(hp)
-        return hp
-
-    def _faults(self, port: int) -> list[str]:
-        if not self.cfg.loss:
-            return []
-        return ["--drop-send", str(self.cfg.loss), "--drop-recv", str(self.cfg.loss),
-                "--fault-seed", str(self.cfg.seed * 1000 + port)]
-
-    def start_agents(self) -> None:
-        optimizers = []
-        for jf in self.jobs:
-            job = jf.job
-            opt_host = self.topo.host(job.optimizer)
-            optimizers.append(self._popen(job.optimizer, f"optimizer-job{job.job_id}", [
-                "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path),
-                "--job", str(job.job_id), "--state-dir", str(jf.dir / "optimizer-state"),
-                "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
-                "--weight-decay", str(self.opt.weight_decay),
-                "--export", str(jf.master_path), "--stats", str(jf.opt_stats_path),
-                *self._faults(opt_host.port)]))
-        self.optimizers = optimizers
-        deadline = time.monotonic() + 30
-        for hp in optimizers:
-            while "mindp-optimizer: job" not in hp.log.read_text(errors="replace"):
-                if hp.proc.poll() is not None:
-                    raise RunError(f"{hp.name} exited with code {hp.proc.returncode}: {hp.last_error()}; see {hp.log}")
-                if time.monotonic() > deadline:
-                    raise RunError(f"{hp.name} did not start within 30 s; see {hp.log}")
-                time.sleep(0.05)
-        self.workers = []
-        for jf in self.jobs:
-            for w, host_name in sorted(jf.job.workers.items()):
-                port = self.topo.host(host_name).port
-                self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [
-                    "-m", "mininet_topos.worker", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
-                    "--worker", str(w), "--workload", str(jf.dir / "workload.json"), "--init", str(jf.init_path),
-                    "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
-                    *(["--eval"] if w == 0 else []), *self._faults(port)]))
-
     # -- training --
 
     def check_alive(self) -> None:
@@ -379,10 +267,11 @@ class Run:
             rc = self.switch.process.proc.returncode
             raise RunError(f"the {self.target} switch exited (code {rc}) during the run; "
                            f"see {self.logs / 'switch.log'}")
-        for hp in [*self.workers, *self.optimizers]:
-            rc = hp.proc.poll()
-            if rc not in (None, 0) or (rc == 0 and hp in self.optimizers):  # a node serves until told to stop
-                raise RunError(f"{hp.name} failed (exit {rc}): {hp.last_error() or 'no message'}; see {hp.log}")
+        self.agents.check_alive()
+
+    def start_agents(self) -> None:
+        self.agents = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt)
+        self.agents.start(self.jobs)
 
     def train(self) -> tuple[Progress, float]:
         progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps)
@@ -390,40 +279,31 @@ class Run:
         t0 = time.monotonic()
         last_step, last_change, last_print, shown = -1, t0, 0.0, -1
         while True:
-            for hp in self.workers:
+            for hp in self.agents.workers:
                 for line in hp.tail.lines():
                     progress.feed(line)
             self.check_alive()
             now = time.monotonic()
             if progress.step != last_step:
                 last_step, last_change = progress.step, now
-            if progress.all_done() and all(hp.proc.poll() is not None for hp in self.workers):
+            if progress.all_done() and self.agents.workers_exited():
                 break
             if now - last_change > STALL_SECONDS:
                 raise RunError(f"no training step completed for {STALL_SECONDS:.0f} s; see {self.logs}/")
             if tty:
                 print("\r" + progress.bar() + "\x1b[K", end="", flush=True)
             elif now - last_print >= 5.0 and progress.step != shown:
-                say(progress.bar())
+                self.console.say(progress.bar())
                 last_print, shown = now, progress.step
             time.sleep(0.2)
         wall = progress.training_seconds() or (time.monotonic() - t0)
         if tty:
-            say("\r" + progress.bar() + "\x1b[K")
+            self.console.say("\r" + progress.bar() + "\x1b[K")
         elif progress.step != shown:
-            say(progress.bar())
+            self.console.say(progress.bar())
         # The nodes serve until every worker has every parameter (a late PARAM loss is answered
         # by resending): only now are they told to stop; they export their state on SIGTERM.
-        for hp in self.optimizers:
-            if hp.proc.poll() is None:
-                hp.proc.send_signal(signal.SIGTERM)
-        for hp in self.optimizers:
-            try:
-                hp.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                raise RunError(f"{hp.name} did not stop after the last step; see {hp.log}") from None
-            if hp.proc.returncode != 0:
-                raise RunError(f"{hp.name} failed (exit {hp.proc.returncode}): {hp.last_error()}; see {hp.log}")
+        self.agents.stop_optimizers()
         return progress, wall
 
     # -- results --
@@ -433,7 +313,7 @@ class Run:
         try:
             snap = self.ctl.stats()
         except Exception as exc:  # counters are informative: a failed read is reported, not fatal
-            say(f"  (switch counters not read: {one_line(str(exc))})")
+            self.console.say(f"  (switch counters not read: {one_line(str(exc))})")
             return {}
         (self.dir / "switch-counters.json").write_text(json.dumps(snap.to_dict(), indent=1) + "\n")
         with contextlib.suppress(OSError), open(self.logs / "switch.log", "a") as f:
@@ -484,7 +364,7 @@ class Run:
         ctl = shutil.which("mindp-ctl") or str(pathlib.Path(sys.executable).parent / "mindp-ctl")
         hosts = sorted(self.topo.hosts)
         setLogLevel("output")  # the CLI's own replies (pingall, ...) are at this level
-        say(f"Mininet CLI: the network stays up. Try: pingall | {hosts[-1]} ping -c1 {hosts[0]} | "
+        self.console.say(f"Mininet CLI: the network stays up. Try: pingall | {hosts[-1]} ping -c1 {hosts[0]} | "
             f"sh {ctl} --topology {self.topo_path} --p4info {p4info} stats\n"
             f"  (the same mindp-ctl command works from another shell). 'exit' or make stop ends the run "
             f"and cleans up.")
@@ -493,17 +373,8 @@ class Run:
     # -- teardown --
 
     def close(self) -> None:
-        for hp in self.procs:
-            if hp.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(hp.proc.pid, signal.SIGTERM)
-        for hp in self.procs:
-            try:
-                hp.proc.wait(3)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(hp.proc.pid, signal.SIGKILL)
-                hp.proc.wait(3)
+        if self.agents is not None:
+            self.agents.close()
         if self.ctl is not None:
             with contextlib.suppress(Exception):
                 self.ctl.close()
@@ -512,11 +383,11 @@ class Run:
                 self.net.stop()
 
 
-def execute(cfg: config.RunConfig, args) -> int:
+def execute(cfg: config.RunConfig, args, console: Console) -> int:
     t_start = time.monotonic()
     if os.geteuid() != 0:
         raise RunError("must run as root (Mininet needs network namespaces): sudo make run")
-    state = claim_state(pathlib.Path(args.state_file))  # first: a live run explains a busy port
+    state = claim_state(pathlib.Path(args.state_file), console)  # first: a live run explains a busy port
     run = None
     try:
         target = preflight(cfg)
@@ -524,20 +395,20 @@ def execute(cfg: config.RunConfig, args) -> int:
         clean.point_latest(run_dir.parent, run_dir)
         state.run_dir = str(run_dir)
         state.save()
-        run = Run(cfg, target, run_dir, state, args.p4, args.if_prefix)
+        run = Run(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
-        say(f"mindp run {run_dir}: {target} switch, {jobs} x {cfg.workers} workers, {cfg.steps} steps, "
+        console.say(f"mindp run {run_dir}: {target} switch, {jobs} x {cfg.workers} workers, {cfg.steps} steps, "
             f"loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir)
-        say(f"  P4 program: {how}")
+        console.say(f"  P4 program: {how}")
         run.prepare_files()
         run.start_network(json_path)
-        say(f"  Mininet up: switch {run.topo.switch.name} ({target}, gRPC {run.topo.switch.grpc_addr}), "
+        console.say(f"  Mininet up: switch {run.topo.switch.name} ({target}, gRPC {run.topo.switch.grpc_addr}), "
             f"{len(run.topo.hosts)} hosts")
         run.configure(json_path, p4info)
-        say(f"  controller: pipeline pushed, forwarding and {jobs} installed")
+        console.say(f"  controller: pipeline pushed, forwarding and {jobs} installed")
         run.start_agents()
-        say(f"  optimizer node(s) and {cfg.jobs * cfg.workers} workers started; logs in {run.logs}/")
+        console.say(f"  optimizer node(s) and {cfg.jobs * cfg.workers} workers started; logs in {run.logs}/")
         setup = time.monotonic() - t_start
         progress, wall = run.train()
         jobs_res = run.results(progress)
@@ -545,10 +416,10 @@ def execute(cfg: config.RunConfig, args) -> int:
         results.write_summary(run_dir / "summary.json", summ)
         results.plot(run_dir / "curve.png", progress.curves,
                      results.curve_title(target, cfg.jobs, cfg.workers, cfg.loss))
-        say("\nsummary (" + str(run_dir / "summary.json") + "):")
-        say(results.table(summ))
+        console.say("\nsummary (" + str(run_dir / "summary.json") + "):")
+        console.say(results.table(summ))
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0
-        say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
+        console.say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
             f"curve: {run_dir / 'curve.png'}")
         if cfg.cli == "1" or (cfg.cli == "auto" and sys.stdin.isatty() and sys.stdout.isatty()):
             run.cli(p4info)
@@ -561,36 +432,29 @@ def execute(cfg: config.RunConfig, args) -> int:
         state.teardown()
 
 
-def fail(msg: str) -> None:
-    """The one line that says why the run ended, on stderr and in the run's log."""
-    print(f"\nmake run: {msg}", file=sys.stderr, flush=True)
-    if RUN_LOG is not None:
-        with contextlib.suppress(OSError), open(RUN_LOG, "a") as f:
-            f.write(f"make run: {msg}\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_stopped)
     signal.signal(signal.SIGHUP, _raise_stopped)
+    console = Console()
     try:
         cfg = config.parse(target=args.target, workers=args.workers, steps=args.steps, loss=args.loss, jobs=args.jobs,
                            seed=args.seed, pcap=args.pcap, hidden=args.hidden, batch=args.batch, lr=args.lr,
                            slots=args.slots, grpc_port=args.grpc_port, thrift_port=args.thrift_port,
                            cli=args.cli, log=args.log)
-        return execute(cfg, args)
+        return execute(cfg, args, console)
     except (config.ConfigError, RunError) as exc:
-        fail(str(exc))
+        console.fail(str(exc))
         return 2 if isinstance(exc, config.ConfigError) else 1
     except (KeyboardInterrupt, Stopped) as exc:
-        fail(f"stopped ({exc or 'interrupted'}); everything it started is cleaned up")
+        console.fail(f"stopped ({exc or 'interrupted'}); everything it started is cleaned up")
         return 130
     except Exception as exc:  # a bug: cleaned up already (finally); the traceback goes to a file, not the screen
         log = pathlib.Path(args.state_file).parent / "make-run-error.log"
         with contextlib.suppress(OSError):
             log.parent.mkdir(parents=True, exist_ok=True)
             log.write_text(traceback.format_exc())
-        fail(f"internal error {type(exc).__name__}: {one_line(str(exc))}; traceback in {log}")
+        console.fail(f"internal error {type(exc).__name__}: {one_line(str(exc))}; traceback in {log}")
         return 1
 
 

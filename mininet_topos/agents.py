@@ -1,0 +1,169 @@
+"""The agents of a run, each a process inside its Mininet host: an optimizer node per job, then
+the workers. Every process is recorded in the run state before the next one starts."""
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from host_agent.optim import OptimizerConfig
+from mindp import topology, workload
+
+from .config import RunConfig
+from .console import RunError
+from .progress import LogTail
+from .runstate import RunState
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class HostProc:
+    name: str
+    proc: subprocess.Popen
+    log: pathlib.Path
+    tail: LogTail = field(init=False)
+
+    def __post_init__(self):
+        self.tail = LogTail(self.log)
+
+    def last_error(self) -> str:
+        """The last line of its log that is not a progress record."""
+        try:
+            lines = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        for line in reversed(lines):
+            if line.strip() and not line.startswith("{"):
+                return line.strip()
+        return ""
+
+
+@dataclass
+class JobFiles:
+    job: topology.JobSpec
+    dir: pathlib.Path
+    wl: workload.WorkloadConfig
+    init: dict[str, np.ndarray]
+
+    @property
+    def init_path(self) -> pathlib.Path:
+        return self.dir / "init.npz"
+
+    @property
+    def master_path(self) -> pathlib.Path:
+        return self.dir / "optimizer-master.npz"
+
+    @property
+    def opt_stats_path(self) -> pathlib.Path:
+        return self.dir / "optimizer-stats.json"
+
+    def worker_out(self, w: int) -> pathlib.Path:
+        return self.dir / f"worker{w}-params.npz"
+
+
+class Agents:
+    """Starts, watches and stops the run's agent processes."""
+
+    def __init__(self, net, state: RunState, logs: pathlib.Path, topo: topology.Topology,
+                 topo_path: pathlib.Path, cfg: RunConfig, opt: OptimizerConfig):
+        self.net = net
+        self.state = state
+        self.logs = logs
+        self.topo = topo
+        self.topo_path = topo_path
+        self.cfg = cfg
+        self.opt = opt
+        self.procs: list[HostProc] = []
+        self.optimizers: list[HostProc] = []
+        self.workers: list[HostProc] = []
+
+    def _popen(self, host_name: str, name: str, args: list[str]) -> HostProc:
+        host = self.net.get(host_name)
+        log = self.logs / f"{name}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(log, "wb") as f:
+            proc = host.popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                              cwd=str(REPO), env=env)
+        self.state.add_proc(proc.pid, f"{name} in {host_name}", True)
+        hp = HostProc(name, proc, log)
+        self.procs.append(hp)
+        return hp
+
+    def _faults(self, port: int) -> list[str]:
+        if not self.cfg.loss:
+            return []
+        return ["--drop-send", str(self.cfg.loss), "--drop-recv", str(self.cfg.loss),
+                "--fault-seed", str(self.cfg.seed * 1000 + port)]
+
+    def start(self, jobs: list[JobFiles]) -> None:
+        optimizers = []
+        for jf in jobs:
+            job = jf.job
+            opt_host = self.topo.host(job.optimizer)
+            optimizers.append(self._popen(job.optimizer, f"optimizer-job{job.job_id}", [
+                "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path),
+                "--job", str(job.job_id), "--state-dir", str(jf.dir / "optimizer-state"),
+                "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
+                "--weight-decay", str(self.opt.weight_decay),
+                "--export", str(jf.master_path), "--stats", str(jf.opt_stats_path),
+                *self._faults(opt_host.port)]))
+        self.optimizers = optimizers
+        deadline = time.monotonic() + 30
+        for hp in optimizers:
+            while "mindp-optimizer: job" not in hp.log.read_text(errors="replace"):
+                if hp.proc.poll() is not None:
+                    raise RunError(f"{hp.name} exited with code {hp.proc.returncode}: {hp.last_error()}; see {hp.log}")
+                if time.monotonic() > deadline:
+                    raise RunError(f"{hp.name} did not start within 30 s; see {hp.log}")
+                time.sleep(0.05)
+        for jf in jobs:
+            for w, host_name in sorted(jf.job.workers.items()):
+                port = self.topo.host(host_name).port
+                self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [
+                    "-m", "mininet_topos.worker", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
+                    "--worker", str(w), "--workload", str(jf.dir / "workload.json"), "--init", str(jf.init_path),
+                    "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
+                    *(["--eval"] if w == 0 else []), *self._faults(port)]))
+
+    def check_alive(self) -> None:
+        for hp in [*self.workers, *self.optimizers]:
+            rc = hp.proc.poll()
+            if rc not in (None, 0) or (rc == 0 and hp in self.optimizers):  # a node serves until told to stop
+                raise RunError(f"{hp.name} failed (exit {rc}): {hp.last_error() or 'no message'}; see {hp.log}")
+
+    def workers_exited(self) -> bool:
+        return all(hp.proc.poll() is not None for hp in self.workers)
+
+    def stop_optimizers(self) -> None:
+        """SIGTERM: each node exports its state and exits 0."""
+        for hp in self.optimizers:
+            if hp.proc.poll() is None:
+                hp.proc.send_signal(signal.SIGTERM)
+        for hp in self.optimizers:
+            try:
+                hp.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                raise RunError(f"{hp.name} did not stop after the last step; see {hp.log}") from None
+            if hp.proc.returncode != 0:
+                raise RunError(f"{hp.name} failed (exit {hp.proc.returncode}): {hp.last_error()}; see {hp.log}")
+
+    def close(self) -> None:
+        for hp in self.procs:
+            if hp.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(hp.proc.pid, signal.SIGTERM)
+        for hp in self.procs:
+            try:
+                hp.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(hp.proc.pid, signal.SIGKILL)
+                hp.proc.wait(3)

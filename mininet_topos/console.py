@@ -1,0 +1,38 @@
+"""What the orchestrator tells the user: its lines, also kept in the run's logs/run.log, and the
+one line that says why a run ended."""
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import sys
+
+
+class RunError(RuntimeError):
+    """Why the run cannot go on, in one line that names the log to read."""
+
+
+def one_line(text: str) -> str:
+    """The last non-empty line of a message (a tool's traceback ends with its cause)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+class Console:
+    """stdout for the user; once the run has a directory, every line is also appended to its run.log."""
+
+    def __init__(self) -> None:
+        self.log: pathlib.Path | None = None
+
+    def _keep(self, line: str) -> None:
+        if self.log is not None:
+            with contextlib.suppress(OSError), open(self.log, "a") as f:
+                f.write(line + "\n")
+
+    def say(self, msg: str = "") -> None:
+        print(msg, flush=True)
+        self._keep(msg.lstrip("\r"))
+
+    def fail(self, msg: str) -> None:
+        """The one line that says why the run ended, on stderr and in the run's log."""
+        print(f"\nmake run: {msg}", file=sys.stderr, flush=True)
+        self._keep(f"make run: {msg}")
