@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from p4.v1 import p4runtime_pb2
 
 from mindp import bmthrift, targets
 from mindp.bmthrift import ThriftClient, ThriftError
@@ -15,7 +16,7 @@ from softswitch.engine import Engine
 from softswitch.p4runtime_server import Server, SwitchService
 from softswitch.thrift_server import ThriftServer
 
-from .test_p4runtime import Client, ids, l2_update, p4info
+from .test_p4runtime import Client, l2_update, p4info
 
 PROGRAM = json.loads(artifacts.BMV2_JSON.read_text())
 REG64 = next(r for r in PROGRAM["register_arrays"] if r["bitwidth"] == 64)
@@ -24,7 +25,6 @@ L2 = "MindpIngress.forwarding.l2_forward"
 
 
 def mcast_update(gid: int, replicas):
-    from p4.v1 import p4runtime_pb2
     u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.INSERT)
     g = u.entity.packet_replication_engine_entry.multicast_group_entry
     g.multicast_group_id = gid
