@@ -1,10 +1,10 @@
-# mindp: make test | make run | make stop | make clean | make p4 | make bench
+# mindp: make test | make run | make stop | make clean | make p4 | make bench | make wireshark
 # Run as root on Debian 12. Every target sets up what it needs, once.
 
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := mininet bridge-utils iproute2 iputils-ping tcpdump ethtool python3-venv python3-pip
+APT_PACKAGES := mininet bridge-utils iproute2 iputils-ping tcpdump ethtool python3-venv python3-pip tshark
 STAMP_APT := $(VENV)/.apt-done
 STAMP_PIP := $(VENV)/.pip-done
 
@@ -21,7 +21,7 @@ LOG ?= off
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 
-.PHONY: setup test run stop clean p4 bench
+.PHONY: setup test run stop clean p4 bench wireshark
 
 setup: $(STAMP_PIP)
 
@@ -29,6 +29,7 @@ $(STAMP_APT):
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages: $$missing"; \
+	  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -o DPkg::Lock::Timeout=600 $$missing >/dev/null; \
 	fi
 	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
@@ -59,6 +60,12 @@ stop:
 # Without p4c the committed program is kept only while it matches p4src/; otherwise one line and exit 1.
 p4: setup
 	@$(PY) -m p4src.artifacts compile
+
+# The mindp dissector (tools/mindp.lua, generated from mindp/protocol.py) as a Wireshark/tshark plugin.
+WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
+wireshark:
+	@mkdir -p $(WIRESHARK_PLUGINS) && cp tools/mindp.lua $(WIRESHARK_PLUGINS)/mindp.lua
+	@echo "installed $(WIRESHARK_PLUGINS)/mindp.lua: Wireshark and tshark decode UDP port 49374 as mindp (filter: mindp)"
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -24,6 +24,7 @@ import pytest
 from host_agent import optim
 from mindp import targets, topology, workload
 from mininet_topos.runstate import RunState
+from tests.tools import test_dissector as dissector
 
 pytestmark = pytest.mark.net
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -134,6 +135,7 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
     s = run.summary()
     check_summary(s, "embedded", 2, 4)
     d = run.run_dir
+    n_chunks = optim.layout_of(workload.init_params(workload.WorkloadConfig(n_workers=2))).n_chunks
     assert (d / "curve.png").read_bytes()[:4] == b"\x89PNG"
     topo = topology.Topology.load(d / "topology.json")
     assert sorted(topo.hosts) == ["opt1", "w1_0", "w1_1"] and topo.jobs[0].n_workers == 2
@@ -143,7 +145,6 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
     assert "job created" in (d / "logs" / "controller.log").read_text()
     assert "bit-exact" in (d / "logs" / "run.log").read_text()
     counters = [line for line in (d / "logs" / "switch.log").read_text().splitlines() if "P4 counters" in line]
-    n_chunks = optim.layout_of(workload.init_params(workload.WorkloadConfig(n_workers=2))).n_chunks
     assert len(counters) == 1 and f"{4 * n_chunks} sums sent" in counters[0], counters
     # Absorbed gradients are not drops: only spurious retransmissions may be (busy machine).
     dropped, reasons = counters[0].split("; dropped ")[1].split(" ", 1)
@@ -153,6 +154,13 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
     assert opt_stats.get("rejected_length", 0) == 0, opt_stats  # no ICMP unreachable from the hosts' kernels
     pcaps = list((d / "pcaps").iterdir())
     assert len(pcaps) >= 3 and all(p.stat().st_size > 24 for p in pcaps)
+    if dissector.TSHARK:  # the run's pcaps open decoded (tools/mindp.lua)
+        grads = dissector.tshark(d / "pcaps" / f"{PREFIX}p1_in.pcap", "mindp.kind", "mindp.job", "mindp.worker",
+                                 "mindp.step", "mindp.value")
+        assert {(k, j, w) for k, j, w, *_ in grads} == {("1", "1", "0")}
+        assert {int(r[3]) for r in grads} == {0, 1, 2, 3} and all(r[4] for r in grads)
+        sums = dissector.tshark(d / "pcaps" / f"{PREFIX}p3_out.pcap", "mindp.kind", "mindp.nworkers", "mindp.chunk")
+        assert {(k, n) for k, n, _ in sums} == {("2", "2")} and len({c for *_, c in sums}) == n_chunks
     assert "max_abs_param_diff_vs_reference  0.0" in run.out and "bit-exact" in run.out
     assert_clean(run)
 
