@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", default="0.01", help="AdamW learning rate")
     p.add_argument("--slots", default="64", help="aggregation slots per job")
     p.add_argument("--grpc-port", default="9559")
-    p.add_argument("--thrift-port", default="9090", help="BMv2 runtime CLI port")
+    p.add_argument("--thrift-port", default="9090", help="the switch's Thrift runtime port (simple_switch_CLI)")
     p.add_argument("--p4", choices=("auto", "compile", "committed"), default="auto",
                    help="auto: compile p4src/ when p4c is installed, else use p4src/compiled/")
     p.add_argument("--runs-dir", default="runs")
@@ -105,8 +105,8 @@ def preflight(cfg: config.RunConfig) -> str:
     if targets.grpc_port_open(f"127.0.0.1:{cfg.grpc_port}"):
         raise RunError(f"port {cfg.grpc_port} (gRPC) is already in use: another switch is running "
                        f"(make stop ends ours), or choose --grpc-port")
-    if target == "bmv2" and targets.grpc_port_open(f"127.0.0.1:{cfg.thrift_port}"):
-        raise RunError(f"port {cfg.thrift_port} (BMv2 thrift) is already in use: choose --thrift-port")
+    if targets.grpc_port_open(f"127.0.0.1:{cfg.thrift_port}"):  # both targets serve Thrift
+        raise RunError(f"port {cfg.thrift_port} (Thrift) is already in use: choose --thrift-port")
     return target
 
 
@@ -218,7 +218,7 @@ class Run:
                       json_path=str(json_path), log_file=str(self.logs / "switch.log"),
                       log_level=None if self.cfg.log == "off" else self.cfg.log,
                       pcap_dir=str(pcaps) if pcaps else None,
-                      thrift_port=self.cfg.thrift_port if self.target == "bmv2" else None)
+                      thrift_port=self.cfg.thrift_port)
         self.net = mnet.make_net(self.topo, params, record=self.state.add_proc, prefix=self.if_prefix)
         self.switch = self.net.switches[0]
         for intf in self.switch.port_ifaces().values():

@@ -376,3 +376,15 @@ def test_cli_after_training_pings_runs_mindp_ctl_and_cleans_up(tmp_path, how):
             run.proc.wait()
         term.close()
     assert_clean(run, recorded)
+
+
+@needs_root
+def test_log_debug_traces_every_packet_into_the_runs_switch_log(tmp_path):
+    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "1", "--p4", "committed",
+              "--log", "debug")
+    assert run.run() == 0, run.err
+    trace = (run.run_dir / "logs" / "switch.log").read_text()
+    for what in ("in on port 1", "parser state", "table 'MindpIngress.admission.workers': hit"):
+        assert what in trace, what
+    assert "Thrift off" not in trace  # the run gives the embedded switch its own Thrift port
+    assert_clean(run)
