@@ -152,8 +152,9 @@ class Workers:
         self.errors: dict[int, BaseException] = {}
         self.agents: dict[int, WorkerAgent] = {}
         self.progress: dict[int, int] = {}
+        self.params: dict[int, dict] = {}  # each worker's parameters after its last completed step
         self.first_step = first_step
-        self.stop = threading.Event()
+        self.stopping: set[int] = set()
         job = topo.jobs[0]
         rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
         for w in (job.workers if ids is None else ids):
@@ -175,7 +176,7 @@ class Workers:
     def _run(self, w, params, grad_fn, steps):
         try:
             for step in range(self.first_step, steps):
-                if self.stop.is_set():  # stopped between steps (a worker "killed" by the test)
+                if w in self.stopping:  # killed between steps by the test
                     return
                 grads = grad_fn(w, step, params)
                 if self.overlap:  # as a backward pass produces them: last layer first, sending meanwhile
@@ -186,10 +187,19 @@ class Workers:
                     params = h.wait()
                 else:
                     params = self.agents[w].push(grads)
+                self.params[w] = params
                 self.progress[w] = step + 1
             self.results[w] = params
         except BaseException as exc:  # reported by join()
             self.errors[w] = exc
+
+    def kill(self, w: int) -> tuple[int, dict]:
+        """Stop worker w at its next step boundary (as a process killed between steps) and close
+        its socket; returns the step it was at and the parameters it had, to restart it from."""
+        self.stopping.add(w)
+        self.threads.pop(list(self.agents).index(w)).join(60)
+        self.agents.pop(w).sock.close()
+        return self.progress.pop(w), self.params.get(w)
 
     def start(self) -> Workers:
         for t in self.threads:

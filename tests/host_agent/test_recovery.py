@@ -88,3 +88,54 @@ def test_switch_killed_and_restarted_mid_step(bed, tmp_path, target):
             node.stop()
     stats = check_against(ref, workers, tmp_path)
     assert stats["stall_resends"] > 0
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, target):
+    """One training run; in turn the switch is killed (SIGKILL) and restored by the controller,
+    the optimizer node is killed (SIGKILL) and restarted on its state, one worker is killed
+    between steps while the others go on and restarted at the step it was at, and the controller is replaced by a new one that
+    learns the job from the switch (and then changes it: worker 3 leaves). Every survivor, the
+    restarted worker and the node's master end bit-identical to the reference."""
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(33)
+    steps = 10
+    members = lambda s: [0, 1, 2, 3] if s < 8 else [0, 1, 2]  # noqa: E731
+    ref = reference.train(init, gf, 4, steps, OptimizerConfig(), members=members)
+    args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
+    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
+    with Fabric(target, bed, tmp_path) as fab:
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            workers = Workers(b, topo, init, gf, 8, rto=rto).start()
+            workers.wait_step(1)
+            time.sleep(0.03)
+            assert "pushed the pipeline" in fab.restart()  # 1. the switch
+            workers.wait_step(3)
+            time.sleep(0.03)
+            node.kill()  # 2. the optimizer node
+            time.sleep(0.3)
+            node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+            workers.wait_step(5)
+            time.sleep(0.03)
+            at, params = workers.kill(2)  # 3. a worker, while the others start the next step
+            assert 5 <= at < 8
+            time.sleep(0.3)
+            again = Workers(b, topo, init, gf, 8, rto=rto, ids=[2], first_step=at, params=params).start()
+            ctl = fab.restart_controller()  # 4. the controller
+            assert sorted(ctl.job(1).workers) == [0, 1, 2, 3]
+            workers.join(120)
+            again.join(120)
+            ctl.remove_worker(1, 3)  # the new controller can still manage the job
+            last = Workers(b, topo, init, gf, steps, rto=rto, ids=[0, 1, 2], first_step=8,
+                           params=workers.results[0]).start()
+            last.join(120)
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+    assert sorted(workers.results) == [0, 1, 3] and sorted(again.results) == [2]
+    at8 = reference.train(init, gf, 4, 8, OptimizerConfig())
+    check_against(at8, workers, tmp_path, master=False)
+    check_against(at8, again, tmp_path, master=False)
+    check_against(ref, last, tmp_path)
