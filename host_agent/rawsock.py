@@ -106,6 +106,29 @@ def recv_batch_untagged(s: socket.socket, limit: int = 1024) -> tuple[list[bytes
     return frames, tagged
 
 
+def recv_rows_untagged(s: socket.socket, buf: np.ndarray) -> tuple[int, int, int]:
+    """Receive frames of exactly buf.shape[1] bytes straight into the rows of `buf` (no bytes
+    object per frame), as recv_batch_untagged does; returns (rows filled, tagged frames dropped,
+    frames of another length dropped)."""
+    width = buf.shape[1]
+    mv = memoryview(buf).cast("B")
+    recvmsg_into = s.recvmsg_into
+    rows = tagged = other = 0
+    limit = len(buf)
+    while rows < limit:
+        try:
+            n, anc, flags, _ = recvmsg_into([mv[rows * width : (rows + 1) * width]], AUX_SPACE)
+        except (BlockingIOError, InterruptedError):
+            break
+        if anc and was_tagged(anc):
+            tagged += 1
+        elif n != width or flags & socket.MSG_TRUNC:
+            other += 1
+        else:
+            rows += 1
+    return rows, tagged, other
+
+
 class Faults:
     """Seeded fault injection on an agent's own paths (tests): drop on send and receive;
     duplicate and reorder on send (a reordered frame goes out after the next batch)."""
@@ -146,8 +169,32 @@ class Faults:
         return kept
 
 
+def _send_plain(send, frames: np.ndarray, rows) -> tuple[int, int]:
+    """send_rows without fault injection: slices of one flat memoryview (no numpy row objects),
+    one try block for the whole batch (re-entered only after a failed send)."""
+    width = frames.shape[1]
+    mv = memoryview(frames).cast("B")
+    rows = list(rows)
+    failed = 0
+    i = 0
+    while i < len(rows):
+        try:
+            for i in range(i, len(rows)):
+                o = rows[i] * width
+                send(mv[o : o + width])
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN):
+                raise
+            failed += 1
+            i += 1
+    return len(rows), failed
+
+
 def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None = None) -> tuple[int, int]:
     """Send frames[rows]; returns (sent, failed). A full queue counts as a loss (retransmission covers it)."""
+    if faults is None and frames.flags.c_contiguous:
+        return _send_plain(s.send, frames, rows)
     sent = failed = 0
     send = s.send
     held = []

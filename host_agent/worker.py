@@ -107,6 +107,7 @@ class Window:
         self.attempts = np.zeros(n_chunks, dtype=np.int32)
         self.first_sent = np.zeros(n_chunks, dtype=np.float64)
         self.outstanding: dict[int, float] = {}  # chunk -> expiry
+        self._earliest = float("inf")  # no outstanding chunk expires before this (a lower bound)
         # Per slot, the next chunk to send in it: slot uses go strictly in chunk order.
         self.next_in_slot = np.arange(min(slots, n_chunks), dtype=np.int64)
         self.n_sent = 0
@@ -145,8 +146,13 @@ class Window:
                 self.next_in_slot[ok] += self.slots
                 self.n_sent += len(sel)
                 new = sel.tolist()
-                self.outstanding.update(dict.fromkeys(new, now + self.rtt.backoff(1)))
-        expired = [c for c, exp in self.outstanding.items() if exp <= now]
+                exp = now + self.rtt.backoff(1)
+                self.outstanding.update(dict.fromkeys(new, exp))
+                self._earliest = min(self._earliest, exp)
+        expired = []
+        if now >= self._earliest:  # expiries only grow or leave, so the bound stays valid
+            expired = [c for c, exp in self.outstanding.items() if exp <= now]
+            self._earliest = min(self.outstanding.values(), default=float("inf"))
         if expired:
             self.rtt.on_timeout(now)
         fast = [c for c in self.fast_due if c in self.outstanding and c not in expired]
@@ -154,7 +160,8 @@ class Window:
         again = expired + fast
         for c in again:
             self.attempts[c] += 1
-            self.outstanding[c] = now + self.rtt.backoff(int(self.attempts[c]))
+            self.outstanding[c] = exp = now + self.rtt.backoff(int(self.attempts[c]))
+            self._earliest = min(self._earliest, exp)
         self.timeouts += len(expired)
         self.fast_retransmits += len(fast)
         return new, again
@@ -162,30 +169,44 @@ class Window:
     def on_param(self, chunk: int, now: float, sample: bool = True) -> bool:
         """Parameters for `chunk` arrived; False if already had them. `sample`: False when a
         retransmission (any worker's) completed the chunk, so its round trip includes a timeout."""
-        if self.done[chunk]:
-            return False
-        self.done[chunk] = True
-        self.n_done += 1
+        return bool(self.on_params(np.array([chunk]), now, np.array([sample]))[0])
+
+    def on_params(self, chunks: np.ndarray, now: float, sample: np.ndarray) -> np.ndarray:
+        """A batch of arrived parameter chunks: which entries are fresh (not had before, first in
+        the batch). One round-trip sample per batch, from the freshest eligible chunk."""
+        chunks = np.asarray(chunks, dtype=np.int64)
+        fresh = np.zeros(len(chunks), dtype=bool)
+        uniq, first = np.unique(chunks, return_index=True)
+        fresh[first[~self.done[uniq]]] = True
+        fc = chunks[fresh]
+        if not len(fc):
+            return fresh
+        self.done[fc] = True
+        self.n_done += len(fc)
         self.last_progress = now
         self._changed = True
         gap = self.rtt.cfg.fast_after
-        if gap and chunk - gap >= self._fast_checked:
-            # Chunks below `chunk` sent no later than it are overdue; each is checked once.
-            lo, hi = self._fast_checked, chunk - gap + 1
+        top = int(fc.max())
+        if gap and top - gap >= self._fast_checked:
+            # Chunks below `top` sent no later than it are overdue; each is checked once.
+            lo, hi = self._fast_checked, top - gap + 1
             overdue = lo + np.flatnonzero(~self.done[lo:hi] & (self.attempts[lo:hi] == 1)
-                                          & (self.first_sent[lo:hi] <= self.first_sent[chunk]))
+                                          & (self.first_sent[lo:hi] <= self.first_sent[top]))
             self.fast_due += overdue.tolist()
             self._fast_checked = hi
-        if self.outstanding.pop(chunk, None) is not None and self.attempts[chunk] == 1 and sample:
-            self.rtt.sample(now - self.first_sent[chunk])  # Karn: never from a retransmitted chunk
-        return True
+        eligible = fc[np.asarray(sample, dtype=bool)[fresh] & (self.attempts[fc] == 1)]  # Karn
+        pop = self.outstanding.pop
+        for c in fc.tolist():
+            pop(c, None)
+        if len(eligible):
+            self.rtt.sample(now - float(self.first_sent[eligible].max()))
+        return fresh
 
     def wake_at(self) -> float:
         """When something is next due: now for a fast retransmit, the earliest expiry, or the deadline."""
         if self.fast_due:
             return self.last_progress
-        t = self.last_progress + self.rtt.cfg.deadline
-        return min(t, min(self.outstanding.values())) if self.outstanding else t
+        return min(self.last_progress + self.rtt.cfg.deadline, self._earliest)
 
     def stalled(self, now: float) -> bool:
         return now - self.last_progress > self.rtt.cfg.deadline
@@ -249,6 +270,9 @@ class WorkerAgent:
         self.param_src_mac = bytes.fromhex(cfg.optimizer_mac.replace(":", ""))
         self.param_src_ip = ipaddress.IPv4Address(cfg.optimizer_ip).packed
         self.param_len = codec.frame_len(Kind.PARAM)
+        self.param_src_mac_arr = np.frombuffer(self.param_src_mac, dtype=np.uint8)
+        self.param_src_ip_arr = np.frombuffer(self.param_src_ip, dtype=np.uint8)
+        self.rx = np.zeros((1024, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row
         self.auxdata = rawsock.enable_auxdata(sock)
         n = layout.n_chunks
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
@@ -273,6 +297,11 @@ class WorkerAgent:
     def start_step(self) -> StepHandle:
         """Overlap form: put() tensors as they are produced (sending starts at once), then wait()."""
         return StepHandle(self)
+
+
+def _count(stats: collections.Counter, key: str, n: int) -> None:
+    if n:
+        stats[key] += n
 
 
 class StepHandle:
@@ -343,10 +372,16 @@ class StepHandle:
             ready, _, _ = select.select([a.sock], [], [], timeout)
             if not ready:
                 return
+        if a.auxdata and not a.faults:
+            n, tagged, other = rawsock.recv_rows_untagged(a.sock, a.rx)
+            _count(a.stats, "rejected_tagged", tagged)
+            _count(a.stats, "rejected_length", other)
+            if n:
+                self._receive(a.rx[:n])
+            return
         if a.auxdata:
             frames, tagged = rawsock.recv_batch_untagged(a.sock)
-            if tagged:
-                a.stats["rejected_tagged"] += tagged
+            _count(a.stats, "rejected_tagged", tagged)
         else:
             frames = rawsock.recv_batch(a.sock)
         if frames:
@@ -357,39 +392,48 @@ class StepHandle:
         if a.faults:
             frames = a.faults.filter_recv(frames)
         n_in = len(frames)
-        mac, ip, length = a.param_src_mac, a.param_src_ip, a.param_len
-        frames = [f for f in frames if len(f) != length or (f[6:12] == mac and f[26:30] == ip)]
-        if len(frames) != n_in:
-            a.stats["rejected_source"] += n_in - len(frames)
+        if isinstance(frames, np.ndarray):  # rows of PARAM length, received in place
+            frames = frames[(frames[:, 6:12] == a.param_src_mac_arr).all(axis=1)
+                            & (frames[:, 26:30] == a.param_src_ip_arr).all(axis=1)]
+        else:
+            mac, ip, length = a.param_src_mac, a.param_src_ip, a.param_len
+            frames = [f for f in frames if len(f) != length or (f[6:12] == mac and f[26:30] == ip)]
+        _count(a.stats, "rejected_source", n_in - len(frames))
         dec = codec.decode(frames, Kind.PARAM)
         for reason, n in dec.rejects.items():
             a.stats[f"rejected_{reason}"] += n
         h = dec.headers
-        now = time.monotonic()
         w = self.window
-        for i in range(len(h)):
-            if h["job"][i] != a.cfg.job_id:
-                a.stats["rejected_job"] += 1
-                continue
-            step, c = int(h["step"][i]), int(h["chunk"][i])
-            if step != w.step:
-                a.stats["stale" if step < w.step else "future"] += 1
-                continue
-            if c >= w.n or h["count"][i] != a.counts[c]:
-                a.stats["rejected_chunk"] += 1
-                continue
-            if not w.sent(c):
-                # Parameters for a gradient we have not sent: taking them would mean never sending
-                # it, and the chunk could then never complete for the other workers.
-                a.stats["unsent"] += 1
-                continue
-            if w.on_param(c, now, sample=not h["flags"][i] & Flag.RETRANSMIT):
-                self.params[c * K : (c + 1) * K] = dec.elements[i]
-                a.stats["params_received"] += 1
-                if h["flags"][i] & Flag.NONFINITE:
-                    self.nonfinite.add(c)
-            else:
-                a.stats["duplicates"] += 1
+        if not len(h) or not w.n:
+            return
+        st = a.stats
+        ok = h["job"] == a.cfg.job_id
+        _count(st, "rejected_job", int((~ok).sum()))
+        step = h["step"].astype(np.int64)
+        _count(st, "stale", int((ok & (step < w.step)).sum()))
+        _count(st, "future", int((ok & (step > w.step)).sum()))
+        ok &= step == w.step
+        c = h["chunk"].astype(np.int64)
+        cc = np.where(c < w.n, c, 0)
+        good = (c < w.n) & (h["count"] == a.counts[cc])
+        _count(st, "rejected_chunk", int((ok & ~good).sum()))
+        ok &= good
+        # Parameters for a gradient we have not sent: taking them would mean never sending it,
+        # and the chunk could then never complete for the other workers.
+        unsent = ok & (w.attempts[cc] == 0)
+        _count(st, "unsent", int(unsent.sum()))
+        idx = np.flatnonzero(ok & ~unsent)
+        if not len(idx):
+            return
+        flags = h["flags"][idx]
+        fresh = w.on_params(c[idx], time.monotonic(), (flags & Flag.RETRANSMIT) == 0)
+        take = idx[fresh]
+        self.params.reshape(-1, K)[c[take]] = dec.elements[take]
+        st["params_received"] += len(take)
+        st["duplicates"] += len(idx) - len(take)
+        nonfinite = take[(h["flags"][take] & Flag.NONFINITE) != 0]
+        if len(nonfinite):
+            self.nonfinite.update(c[nonfinite].tolist())
 
     def wait(self) -> dict[str, np.ndarray]:
         """Block until every parameter chunk of the step is in; raises StepTimeout past the deadline."""
