@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import errno
 import json
 import math
 import pathlib
@@ -209,6 +210,12 @@ class NodeCore:
         return rec[0, state.MASTER].astype(np.float16)
 
 
+#: Errors of a socket whose link went down or away: retried, never fatal.
+LINK_ERRNOS = (errno.ENETDOWN, errno.ENXIO, errno.ENODEV)
+#: Retry interval while the link is down: first, most (doubling in between).
+LINK_BACKOFF = (0.05, 2.0)
+
+
 @dataclass
 class NodeAddress:
     mac: str
@@ -232,12 +239,39 @@ class OptimizerNode:
         self._stop = False
         self._last_sum = time.monotonic()
         self._stall_resends = 0
+        self._down_since: float | None = None
+        self._backoff = LINK_BACKOFF[0]
 
     def stop(self) -> None:
         self._stop = True
 
     def poll(self, timeout: float) -> int:
-        """Wait up to `timeout` for frames, handle one batch; returns frames received."""
+        """Wait up to `timeout` for frames, handle one batch; returns frames received. A link that
+        went down (ENETDOWN/ENXIO/ENODEV) is reported in one line and retried with backoff;
+        frames lost meanwhile are recovered by the workers' retransmissions and the stall resend."""
+        try:
+            n = self._poll(timeout)
+        except OSError as exc:
+            if exc.errno not in LINK_ERRNOS:
+                raise
+            self._link_down(exc)
+            return 0
+        if n and self._down_since is not None:
+            print(f"mindp-optimizer: link back after {time.monotonic() - self._down_since:.1f} s", file=sys.stderr,
+                  flush=True)
+            self._down_since, self._backoff = None, LINK_BACKOFF[0]
+        return n
+
+    def _link_down(self, exc: OSError) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            self.stats["link_down"] += 1
+            print(f"mindp-optimizer: link down ({exc.strerror}); retrying every {LINK_BACKOFF[0]}-{LINK_BACKOFF[1]} s",
+                  file=sys.stderr, flush=True)
+        time.sleep(self._backoff)
+        self._backoff = min(self._backoff * 2, LINK_BACKOFF[1])
+
+    def _poll(self, timeout: float) -> int:
         ready, _, _ = select.select([self.sock], [], [], timeout)
         if not ready:
             return 0

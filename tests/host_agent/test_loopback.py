@@ -136,3 +136,31 @@ def test_console_scripts_train_to_reference_bits(bed, tmp_path):
         assert same_bits(load_npz(tmp_path / f"w{w}.npz"), ref.params)
         assert load_stats(tmp_path / f"w{w}.json")["steps"] == STEPS
     assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
+
+
+def test_node_link_down_and_up_mid_run(bed, tmp_path):
+    """The node's link goes down for a second mid-run (`ip link set down`, then up): the node
+    says so in one line, retries, says when it is back, and training ends at reference bits."""
+    import threading
+
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(14)
+    ref = reference.train(init, gf, N, 6, OptimizerConfig())
+    args = run_files(tmp_path, topo, init, 6)
+    opt = b.hosts["opt1"]
+
+    def flap():
+        time.sleep(0.15)
+        opt.exec("ip", "link", "set", "dev", "eth0", "down")
+        time.sleep(1.0)
+        opt.exec("ip", "link", "set", "dev", "eth0", "up")
+
+    flapper = threading.Thread(target=flap)
+    with aggregator(bed):
+        workers = train(bed, args, tmp_path, init, gf, 6, before_workers=flapper.start)
+    flapper.join()
+    stats = check_against(ref, workers, tmp_path)
+    log = (tmp_path / "node.log").read_text()
+    assert stats["link_down"] >= 1 and "Traceback" not in log
+    assert "mindp-optimizer: link down (" in log and "mindp-optimizer: link back after" in log
