@@ -13,6 +13,7 @@ import math
 import pathlib
 import select
 import signal
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -229,13 +230,18 @@ class OptimizerNode:
     STALL_RESENDS = 6
 
     def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None,
-                 stall_resend: float = 1.0):
+                 stall_resend: float = 1.0, sources: list[tuple[str, str]] | None = None):
         self.core = core
         self.sock = sock
         self.addrs = codec.Addresses(addr.mac, "ff:ff:ff:ff:ff:ff", addr.ip, "255.255.255.255")
         self.faults = faults
         self.stats = core.stats
         self.stall_resend = stall_resend
+        self.mac = bytes.fromhex(addr.mac.replace(":", ""))
+        self.ip = socket.inet_aton(addr.ip)
+        self.sources = None if sources is None else {(bytes.fromhex(m.replace(":", "")), socket.inet_aton(i))
+                                                      for m, i in sources}
+        self.auxdata = rawsock.enable_auxdata(sock)
         self._stop = False
         self._last_sum = time.monotonic()
         self._stall_resends = 0
@@ -275,7 +281,13 @@ class OptimizerNode:
         ready, _, _ = select.select([self.sock], [], [], timeout)
         if not ready:
             return 0
-        frames = rawsock.recv_batch(self.sock)
+        if self.auxdata:
+            frames, tagged = rawsock.recv_batch_untagged(self.sock)
+            if tagged:
+                self.stats["rejected_tagged"] += tagged
+        else:
+            frames = rawsock.recv_batch(self.sock)
+        frames = self._from_switch(frames)
         if self.faults:
             frames = self.faults.filter_recv(frames)
         dec = codec.decode(frames, Kind.SUM)
@@ -286,6 +298,19 @@ class OptimizerNode:
             self._stall_resends = 0
             self._send(*self.core.handle(dec.headers, dec.elements))
         return len(frames)
+
+    def _from_switch(self, frames: list) -> list:
+        """SUM-sized frames are sums only if addressed to us (MAC and IP, as the switch rewrites
+        them) from a host the job may have as a worker (`sources`, if known); others are counted."""
+        size = codec.frame_len(Kind.SUM)
+        keep = []
+        for f in frames:
+            if len(f) == size and (f[0:6] != self.mac or f[30:34] != self.ip
+                                   or (self.sources is not None and (bytes(f[6:12]), bytes(f[26:30])) not in self.sources)):
+                self.stats["rejected_source"] += 1
+            else:
+                keep.append(f)
+        return keep
 
     def _send(self, hdr: np.ndarray, vals: np.ndarray) -> int:
         if not len(hdr):
@@ -407,6 +432,16 @@ def _job_from_args(args) -> tuple[int, int, NodeAddress]:
     return args.workers, args.slots, NodeAddress(args.mac, args.ip)
 
 
+def sum_sources(args) -> list[tuple[str, str]] | None:
+    """(MAC, IP) a sum may come from: the last contributor's, so any topology host but the
+    optimizers (a worker may be added to the job later); None (unchecked) without a topology."""
+    if not args.topology:
+        return None
+    topo = Topology.load(args.topology)
+    optimizers = {j.optimizer for j in topo.jobs}
+    return [(h.mac, h.ip) for h in topo.hosts.values() if h.name not in optimizers]
+
+
 def open_state(args) -> state.Store:
     cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
                           eps=args.eps)
@@ -475,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     faults = None
     if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:
         faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed, args.dup_send, args.reorder_send)
-    node = OptimizerNode(core, sock, addr, faults, args.stall_resend)
+    node = OptimizerNode(core, sock, addr, faults, args.stall_resend, sum_sources(args))
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     rss_start = proc_status_kb("VmRSS")
     print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {store.n_chunks} chunks, "

@@ -164,3 +164,38 @@ def test_node_link_down_and_up_mid_run(bed, tmp_path):
     log = (tmp_path / "node.log").read_text()
     assert stats["link_down"] >= 1 and "Traceback" not in log
     assert "mindp-optimizer: link down (" in log and "mindp-optimizer: link back after" in log
+
+
+def test_node_refuses_tagged_and_foreign_sums(bed, tmp_path):
+    """Real frames on the node's veth: a valid sum that carried an 802.1Q tag (the kernel strips
+    it; PACKET_AUXDATA tells) and sums from an address no job host has, or not addressed to the
+    node, are counted and never applied; then an honest round still trains to reference bits."""
+    import struct
+
+    from mindp import testbed
+
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(15)
+    ref = reference.train(init, gf, N, 1, OptimizerConfig())
+    args = run_files(tmp_path, topo, init, 1)
+    opt, w = topo.host("opt1"), topo.host("w1_0")
+
+    def a_sum(src_mac=w.mac, src_ip=w.ip, dst_mac=opt.mac):
+        addrs = codec.Addresses(src_mac, dst_mac, src_ip, opt.ip)
+        hdr = codec.header_array(1, kind=Kind.SUM, job=1, nworkers=N, slot=0, ver=0, count=K)
+        return codec.encode(Kind.SUM, hdr, np.full((1, K), 1 << 30), addrs)[0].tobytes()
+
+    good = a_sum()
+    tagged = good[:12] + struct.pack("!HH", 0x8100, 5) + good[12:]
+    outer = testbed.raw_socket(b.ports()[opt.port])
+    with aggregator(bed):
+        def forge():
+            for f in (tagged, a_sum(src_mac="02:66:66:66:66:66"), a_sum(src_ip="10.66.0.1"),
+                      a_sum(dst_mac="ff:ff:ff:ff:ff:ff")):
+                outer.send(f)
+            time.sleep(0.3)
+        workers = train(bed, args, tmp_path, init, gf, 1, before_workers=forge)
+    outer.close()
+    stats = check_against(ref, workers, tmp_path)
+    assert stats["rejected_tagged"] == 1 and stats["rejected_source"] == 3
