@@ -176,7 +176,9 @@ class RuntimeAPI:
         spec = table.actions.get(action_id)
         if spec is None:
             return [(1, T_I32, ACTION_NONE)]
-        data = [_bytes(v, w) for v, w in zip(params, spec.param_widths)]
+        # BMv2 returns action data without leading zero bytes (Data::get_string), keys at full width
+        data = [(v & ((1 << w) - 1)).to_bytes(max(1, (v.bit_length() + 7) // 8), "big")
+                for v, w in zip(params, spec.param_widths)]
         return [(1, T_I32, ACTION_DATA), (2, T_STRING, spec.name), (3, T_LIST, (T_STRING, data))]
 
     # --- multicast --------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The embedded switch's Thrift server and mindp.bmthrift over real TCP: simple_switch_CLI's
 inspection commands (register_read, counter_read, table_dump, mc_dump) answer as on BMv2."""
 import json
+import re
 import socket
 import struct
 import subprocess
@@ -91,7 +92,7 @@ def test_table_dump_and_mc_dump(switch):
         assert cl.table_dump("l2_forward") == dump
         lines = dump.splitlines()
         assert "* ethernet.dstAddr " in dump and "EXACT     020000000005" in dump, dump
-        assert "Action entry: MindpIngress.forwarding.forward - 0003" in lines, dump
+        assert "Action entry: MindpIngress.forwarding.forward - 03" in lines, dump
         assert lines[-3:-1] == ["Dumping default entry", lines[-2]] and lines[-2].startswith("Action entry: ")
         with pytest.raises(ThriftError, match="INVALID_TABLE_NAME"):
             cl.table_dump("no_such_table")
@@ -153,8 +154,9 @@ def test_the_same_client_on_each_target(target, tmp_path):
             assert json.loads(cl.get_config())["register_arrays"] == PROGRAM["register_arrays"]
             assert cl.register_read_all(REG64["name"]) == [0] * REG64["size"]
             assert cl.counter_read(COUNTER["name"], 0) == (0, 0)
-            assert "Action entry: MindpIngress.forwarding.forward - 0003" in cl.table_dump(L2)
-            assert "  -> (L1h=1, rid=1) -> (ports=[4], lags=[])" in cl.mc_dump().splitlines()
+            assert "Action entry: MindpIngress.forwarding.forward - 03" in cl.table_dump(L2)
+            nodes = {re.sub(r"L1h=\d+, ", "", x) for x in cl.mc_dump().splitlines()}  # handles differ by target
+            assert {"  -> (rid=0) -> (ports=[1, 2], lags=[])", "  -> (rid=1) -> (ports=[4], lags=[])"} <= nodes
     finally:
         sw.stop()
 
@@ -179,7 +181,7 @@ def test_simple_switch_cli_against_the_embedded_switch(tmp_path):
         sw.stop()
     assert f"{REG64['name']}[3]= 0" in out, out
     assert f"{COUNTER['name']}[1]= (0 bytes, 0 packets)" in out, out
-    assert "Action entry: MindpIngress.forwarding.forward - 0003" in out, out
+    assert "Action entry: MindpIngress.forwarding.forward - 03" in out, out
     assert "mgrp(7)" in out and "Traceback" not in out, out
 
 
