@@ -190,6 +190,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=worker_map, metavar="ID=HOST,...", help="e.g. 0=w1_0,1=w1_1")
     s.add_argument("--optimizer", metavar="HOST")
     s.add_argument("--slots", type=positive_int, help="slot count (default 64)")
+    s.add_argument("--chunks", type=int, help="the job's chunks per step: the switch drops gradients beyond "
+                   "(default: the topology's or file's, else not known)")
     s = command(jobs, "delete", help="remove a job's entries and group; its slots are free at once")
     s.add_argument("job_id", type=int)
 
@@ -216,6 +218,16 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--count", type=positive_int, help="with --watch: stop after this many updates")
     s = command(sub, "tables", help="raw dump of table entries and multicast groups")
     s.add_argument("--table", help="one table (full or short name)")
+    s = command(sub, "cells", help="a job's aggregation cells, decoded (over the switch's Thrift port)",
+                description="Decoded aggregation cells of a job: the use each holds (epoch, step, chunk), the "
+                "workers counted, the count, the non-finite bit and the partial sums as values. Read over the "
+                "switch's Thrift runtime port (BMv2's --thrift-port, or the embedded switch's), as simple_switch_CLI does.")
+    s.add_argument("job_id", type=int)
+    s.add_argument("slot", type=int, nargs="?", help="one slot of the job (both versions); default: all its cells")
+    s.add_argument("--thrift-addr", default="127.0.0.1:9090", metavar="HOST:PORT",
+                   help="the switch's Thrift runtime address (default 127.0.0.1:9090)")
+    s.add_argument("--all", action="store_true", help="also cells that hold no use of the job's current epoch")
+    s.add_argument("--elements", type=positive_int, default=4, help="sums shown per cell in text (default 4)")
     command(sub, "shell", help="p4runtime-shell on the switch, with our P4Info (read-only while another "
             "controller is primary)")
     return p
@@ -239,7 +251,7 @@ def connect(args, topo: Topology | None) -> Controller:
 def read_only(args) -> bool:
     """Commands that only read need no P4Runtime session, so they never disturb the primary
     (e.g. `stats --watch` next to the controller of `make run`)."""
-    return args.cmd in ("slots", "stats", "tables") or (args.cmd == "jobs" and args.sub in ("list", "show"))
+    return args.cmd in ("slots", "stats", "tables", "cells") or (args.cmd == "jobs" and args.sub in ("list", "show"))
 
 
 def cmd_push(args, ctl: Controller, topo) -> None:
@@ -295,18 +307,24 @@ def job_spec(args, topo: Topology | None) -> JobSpec:
             data["job_id"] = args.job_id
         if args.slots is not None:
             data["slots"] = args.slots
+        if args.chunks is not None:
+            data["chunks"] = args.chunks
         return JobSpec.from_dict(data)
     if args.job_id is None:
         raise UsageError("jobs create needs --file JOB.json or --job-id")
     if args.workers is None and args.optimizer is None:
-        found = [j for j in (topo.jobs if topo else []) if j.job_id == args.job_id]
-        if not found:
-            raise UsageError(f"job {args.job_id} is not in the topology: give --workers and --optimizer")
-        spec = found[0]
-        return JobSpec(spec.job_id, spec.workers, spec.optimizer, args.slots or spec.slots)
+        try:
+            spec = topo.job(args.job_id)
+        except TopologyError as exc:
+            raise UsageError(f"{exc}: give --workers and --optimizer") from None
+        spec = JobSpec(spec.job_id, spec.workers, spec.optimizer, args.slots or spec.slots,
+                       spec.chunks if args.chunks is None else args.chunks)
+        spec.check()
+        return spec
     if args.workers is None or args.optimizer is None:
         raise UsageError("jobs create needs both --workers and --optimizer")
-    spec = JobSpec(args.job_id, args.workers, args.optimizer, args.slots if args.slots is not None else 64)
+    spec = JobSpec(args.job_id, args.workers, args.optimizer, args.slots if args.slots is not None else 64,
+                   args.chunks or 0)
     spec.check()
     return spec
 
@@ -510,8 +528,37 @@ def shell_session(args, addr: str, dev: int, tls) -> tuple[tuple[int, int], bool
     return wanted, False, None
 
 
+def cmd_cells(args, ctl: Controller, topo) -> None:
+    from . import cells
+
+    try:
+        from mindp.bmthrift import ThriftClient, ThriftError
+    except ImportError:
+        raise UsageError("cells needs mindp.bmthrift (the Thrift client), which this installation lacks") from None
+    job = ctl.job(args.job_id)
+    if args.slot is not None and not 0 <= args.slot < job.slot_count:
+        raise UsageError(f"slot {args.slot} outside job {job.job_id}'s slots 0..{job.slot_count - 1}")
+    host, _, port = args.thrift_addr.rpartition(":")
+    try:
+        client = ThriftClient(host or "127.0.0.1", int(port), timeout=args.timeout)
+    except ValueError:
+        raise UsageError(f"bad --thrift-addr {args.thrift_addr!r}: expected HOST:PORT") from None
+    except ThriftError as exc:
+        raise ControllerError(f"Thrift at {args.thrift_addr}: {exc}") from None
+    try:
+        decoded, prog = cells.read_job_cells(client, job, args.slot)
+    except ThriftError as exc:
+        raise ControllerError(f"Thrift at {args.thrift_addr}: {exc}") from None
+    finally:
+        client.close()
+    shown = decoded if args.all or args.slot is not None else [c for c in decoded if c.mine]
+    emit(args, {"job_id": job.job_id, "epoch": job.epoch, "workers": sorted(job.workers),
+                "newest_step": prog.newest_step, "cells": [c.to_dict() for c in shown]},
+         cells.text(job, decoded, prog, args.all or args.slot is not None, args.elements))
+
+
 COMMANDS = {"push": cmd_push, "jobs": cmd_jobs, "workers": cmd_workers, "slots": cmd_slots,
-            "stats": cmd_stats, "tables": cmd_tables}
+            "stats": cmd_stats, "tables": cmd_tables, "cells": cmd_cells}
 
 
 def main(argv: list[str] | None = None) -> int:

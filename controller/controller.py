@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import pathlib
 from dataclasses import dataclass
-import random
 import time
 
 from mindp.topology import JobSpec, Topology, TopologyError
@@ -57,7 +56,7 @@ class Controller:
                  election_id: tuple[int, int] = (0, 1), *, topology: Topology | None = None,
                  p4info_path: str | pathlib.Path | None = None, bmv2_json_path: str | pathlib.Path | None = None,
                  tls: TLS | None = None, timeout: float = 3.0, reconnect_timeout: float = 20.0,
-                 rng: random.Random | None = None, read_only: bool = False):
+                 read_only: bool = False):
         from p4src import artifacts
 
         self.grpc_addr = grpc_addr
@@ -70,10 +69,8 @@ class Controller:
         self.timeout = timeout
         self.reconnect_timeout = reconnect_timeout
         self.topology = topology
-        self.rng = rng or random.SystemRandom()
         self.pool = SlotPool()
         self.jobs: dict[int, JobState] = {}
-        self.retired_epochs: set[int] = set()
         self.forwarding: list[Entry] = []
         self.flood: Group | None = None
         self.last_rebuild: Rebuilt | None = None
@@ -280,15 +277,20 @@ class Controller:
         return topology
 
     def create_job(self, spec: JobSpec, topology: Topology | None = None) -> JobState:
-        """Allocate slots and a fresh epoch, install the job; all or nothing."""
+        """Allocate slots and a never-reused epoch (the one after the switch's record of the
+        last one handed out), install the job; all or nothing."""
         self._sync()
         topology = self._topology(topology)
         leftovers = jobmodel.orphan_plan(spec.job_id, self.last_rebuild) if self.last_rebuild else []
         try:
-            job = jobmodel.new_job(spec, topology, self.jobs, self.pool, self.retired_epochs, self.rng)
+            last_epoch = self.conn.read_counter(n.EPOCH_GENERATION, 0)[0][0]
+            job = jobmodel.new_job(spec, topology, self.jobs, self.pool, last_epoch)
         except (JobError, ValueError) as exc:
             raise ControllerError(str(exc)) from None
         try:
+            # Recorded on the switch before anything of the job is: a later create, by this
+            # controller or another, never hands out this epoch again while the cells live.
+            self.conn.write_counter(n.EPOCH_GENERATION, 0, job.epoch)
             self._apply(leftovers, f"cleanup of job {spec.job_id}'s leftovers")
             for name in n.JOB_COUNTERS:
                 self.conn.reset_counter(name, job.job_id)
@@ -319,7 +321,6 @@ class Controller:
             self.last_rebuild.orphan_groups = [g for g in self.last_rebuild.orphan_groups if g not in gone]
         del self.jobs[job_id]
         self.pool.release(job_id)
-        self.retired_epochs.add(job.epoch)
         return Deletion(job, missing)
 
     def _endpoint(self, where: str | Endpoint | object, topology: Topology | None) -> Endpoint:

@@ -6,7 +6,6 @@ Pure logic, no I/O.
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field, replace
 
 from mindp.topology import Host, JobSpec, Topology, TopologyError, valid_ipv4, valid_mac
@@ -46,6 +45,7 @@ class JobState:
     epoch: int
     workers: dict[int, Endpoint]
     optimizer: Endpoint
+    chunks: int = 0  # chunks per step, 0: not known (the switch then does not bound the chunk index)
 
     @property
     def group(self) -> int:
@@ -77,7 +77,7 @@ class JobState:
         return Entry(n.JOBS, {n.MF_JOB: self.job_id}, n.SET_JOB, {
             "slot_base": self.slots.base, "slot_count": self.slots.count, "workers": len(self.workers),
             "optimizer_port": opt.port, "optimizer_mac": opt.mac, "optimizer_ip": opt.ip,
-            "mcast_group": self.group, "epoch": self.epoch,
+            "mcast_group": self.group, "epoch": self.epoch, "chunks": self.chunks,
         })
 
     def member_entries(self) -> list[Entry]:
@@ -98,7 +98,7 @@ class JobState:
     def to_dict(self) -> dict:
         return {
             "job_id": self.job_id, "slot_base": self.slots.base, "slots": self.slots.count, "epoch": self.epoch,
-            "mcast_group": self.group, "optimizer": self.optimizer.to_dict(),
+            "chunks": self.chunks, "mcast_group": self.group, "optimizer": self.optimizer.to_dict(),
             "workers": {str(w): {**e.to_dict(), "rid": self.rid(w)} for w, e in sorted(self.workers.items())},
         }
 
@@ -117,15 +117,19 @@ def plan(old: JobState | None, new: JobState | None) -> list[Op]:
     return [*member_up, *group_up, *job_up, *job_down, *group_down, *member_down]
 
 
-def new_epoch(used: set[int], rng: random.Random | None = None) -> int:
-    """A random nonzero 16-bit epoch not in `used` (live jobs' and recently retired ones)."""
-    rng = rng or random.SystemRandom()
-    if len(used - {0}) >= 0xFFFF:
+def next_epoch(last: int, live: set[int]) -> int:
+    """The epoch after `last` (1..65535, cycling, never 0) that no live job uses.
+
+    `last` is the switch's own record of the last epoch handed out (read back from it,
+    docs/CONTROLLER.md), so an epoch comes round again only after 65535 creations.
+    """
+    if len(live - {0}) >= 0xFFFF:
         raise JobError("no free epoch left")
+    epoch = last & 0xFFFF
     while True:
-        e = rng.randint(1, 0xFFFF)
-        if e not in used:
-            return e
+        epoch = epoch % 0xFFFF + 1
+        if epoch not in live:
+            return epoch
 
 
 def endpoints_for(spec: JobSpec, topology: Topology) -> tuple[dict[int, Endpoint], Endpoint]:
@@ -163,7 +167,7 @@ def check_ports(job_id: int, workers: dict[int, Endpoint], optimizer: Endpoint, 
 
 
 def new_job(spec: JobSpec, topology: Topology, jobs: dict[int, JobState], pool: SlotPool,
-            used_epochs: set[int], rng: random.Random | None = None) -> JobState:
+            last_epoch: int) -> JobState:
     """Validate a job request and allocate its slots and epoch (recorded in `pool`)."""
     if not 0 <= spec.job_id < n.MAX_JOBS:
         raise JobError(f"job id {spec.job_id} outside 0..{n.MAX_JOBS - 1}")
@@ -171,9 +175,9 @@ def new_job(spec: JobSpec, topology: Topology, jobs: dict[int, JobState], pool: 
         raise JobError(f"job {spec.job_id} already exists")
     workers, optimizer = endpoints_for(spec, topology)
     check_ports(spec.job_id, workers, optimizer, jobs)
-    epoch = new_epoch(used_epochs | {j.epoch for j in jobs.values()}, rng)
+    epoch = next_epoch(last_epoch, {j.epoch for j in jobs.values()})
     slots = pool.allocate(spec.job_id, spec.slots)
-    return JobState(spec.job_id, slots, epoch, workers, optimizer)
+    return JobState(spec.job_id, slots, epoch, workers, optimizer, spec.chunks)
 
 
 def changed_workers(job: JobState, workers: dict[int, Endpoint], jobs: dict[int, JobState]) -> JobState:
@@ -232,7 +236,8 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
             workers[w] = Endpoint(int(me.match[n.MF_INGRESS_PORT]), mac, str(rw.params["ip"]), by_mac.get(mac))
         opt_mac = str(p["optimizer_mac"])
         optimizer = Endpoint(int(p["optimizer_port"]), opt_mac, str(p["optimizer_ip"]), by_mac.get(opt_mac))
-        job = JobState(job_id, SlotRange(int(p["slot_base"]), int(p["slot_count"])), int(p["epoch"]), workers, optimizer)
+        job = JobState(job_id, SlotRange(int(p["slot_base"]), int(p["slot_count"])), int(p["epoch"]), workers, optimizer,
+                       int(p.get("chunks", 0)))
         oe = optimizers.pop(job_id, None)
         if oe is None or int(oe.match[n.MF_INGRESS_PORT]) != optimizer.port:
             out.problems.append(f"job {job_id}: optimizer admission does not match port {optimizer.port}")

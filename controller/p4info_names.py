@@ -1,36 +1,17 @@
 """The switch program's control-plane names, sizes and codes, in one place.
 
-Mirrors p4src/constants.p4 and the compiled P4Info; tests/controller/test_p4info_names.py
-checks both, so a renamed table or a resized pool fails a test, not a run.
+The sizes and drop reasons come from mindp.switch_constants (which also generates
+the P4's); tests/controller/test_p4info_names.py checks the names against the compiled
+P4Info, so a renamed table or a resized pool fails a test, not a run.
 The multicast group and replication id numbering is the controller's own choice
 (docs/CONTROLLER.md).
 """
 from __future__ import annotations
 
-import enum
-
-# Sizes (p4src/constants.p4).
-POOL_SLOTS = 1024
-MAX_JOBS = 64
-MAX_WORKERS = 32
-DROP_REASONS = 16
-NO_JOB_ROW = MAX_JOBS  # drops row for packets without a valid job id
-DROP_CELLS = (MAX_JOBS + 1) * DROP_REASONS
-MAX_PORT = 510  # 9-bit port; 511 is BMv2's drop port
-
-
-class DropReason(enum.IntEnum):
-    MALFORMED = 0
-    BAD_VERSION = 1
-    BAD_KIND = 2
-    BAD_LENGTH = 3
-    UNKNOWN_JOB = 4
-    NOT_MEMBER = 5
-    BAD_SLOT = 6
-    STALE = 7
-    DUPLICATE = 8
-    NO_REWRITE = 9
-    NO_ROUTE = 10
+# Re-exported for the controller's modules: the sizes and codes live in mindp.switch_constants.
+from mindp.protocol import MAX_WORKERS  # noqa: F401
+from mindp.switch_constants import (DROP_CELLS, DROP_REASONS, MAX_JOBS, MAX_PORT, NO_JOB_ROW,  # noqa: F401
+                                    POOL_CELLS, POOL_SLOTS, DropReason, drop_cell)
 
 
 # Tables.
@@ -53,7 +34,7 @@ FORWARD = "MindpIngress.forwarding.forward"  # (port)
 FLOOD = "MindpIngress.forwarding.flood"  # (group)
 SET_JOB = "MindpIngress.admission.set_job"
 SET_JOB_PARAMS = ("slot_base", "slot_count", "workers", "optimizer_port", "optimizer_mac",
-                  "optimizer_ip", "mcast_group", "epoch")
+                  "optimizer_ip", "mcast_group", "epoch", "chunks")
 ADMIT = "MindpIngress.admission.admit"
 SET_WORKER_ADDRESS = "MindpEgress.rewrite.set_worker_address"  # (mac, ip)
 
@@ -70,6 +51,19 @@ PARAM_PACKETS = "MindpIngress.multicast.param_packets"
 DROPS = "MindpIngress.drops"
 REWRITE_MISSES = "MindpEgress.rewrite.rewrite_misses"
 JOB_COUNTERS = (GRAD_PACKETS, COMPLETIONS, DUPLICATES, RESENT_SUMS, PARAM_PACKETS, REWRITE_MISSES)
+# Cell 0: the last job epoch handed out; written and read by the controller only.
+EPOCH_GENERATION = "MindpIngress.epoch_generation"
+
+# Registers of the aggregation cells (index: cell = (slot_base + slot) * 2 + ver; acc_i: one per
+# element) and of each job's progress (index: job id).
+CELL_TAG_EPOCH = "MindpIngress.aggregation.tag_epoch"
+CELL_TAG_STEP_CHUNK = "MindpIngress.aggregation.tag_step_chunk"
+CELL_BITMAP = "MindpIngress.aggregation.bitmap"
+CELL_COUNT = "MindpIngress.aggregation.count"
+CELL_NONFINITE = "MindpIngress.aggregation.nonfinite"
+CELL_ACC = "MindpIngress.aggregation.acc_{}"
+JOB_PROGRESS_EPOCH = "MindpIngress.aggregation.progress_epoch"
+JOB_NEWEST_STEP = "MindpIngress.aggregation.newest_step"
 
 # Multicast numbering (the controller's choice).
 FLOOD_GROUP = 1
@@ -98,6 +92,3 @@ def rid_worker(rid: int) -> tuple[int, int] | None:
         return None
     return divmod(rid - 1, MAX_WORKERS)
 
-
-def drop_cell(row: int, reason: int) -> int:
-    return row * DROP_REASONS + reason

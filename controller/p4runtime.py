@@ -436,11 +436,17 @@ class SwitchConnection:
 
     def reset_counter(self, name: str, index: int) -> None:
         """Zero one counter cell (a new job starts its statistics afresh)."""
+        self.write_counter(name, index, 0)
+
+    def write_counter(self, name: str, index: int, packets: int, byte_count: int = 0) -> None:
+        """Set one counter cell."""
         ent = p4runtime_pb2.Entity()
         ent.counter_entry.counter_id = self._id(P4Type.counter, name)
         ent.counter_entry.index.index = index
         ent.counter_entry.data.SetInParent()
-        self._write(OpKind.MODIFY, ent, f"reset of counter {name}[{index}]")
+        ent.counter_entry.data.packet_count = packets
+        ent.counter_entry.data.byte_count = byte_count
+        self._write(OpKind.MODIFY, ent, f"write of counter {name}[{index}]")
 
     # --- reads --------------------------------------------------------------
     def _read(self, entity: p4runtime_pb2.Entity, what: str) -> list[p4runtime_pb2.Entity]:

@@ -5,6 +5,7 @@ in order), so every second gradient frame completes a sum at the sink.
 """
 from __future__ import annotations
 
+import ipaddress
 import select
 import time
 
@@ -28,9 +29,14 @@ def gradient_frames(sender: Host, sink: Host, uses: int, k: int = K) -> list[byt
 
 
 def forward_frames(sender: Host, sink: Host, n: int, k: int = K) -> list[bytes]:
-    """Plain frames to the sink as long as a gradient frame (not our protocol: L2 forwarded)."""
+    """Plain IPv4 frames to the sink as long as a gradient frame (IP protocol 253, not our
+    protocol: L2 forwarded; the switch drops EtherTypes other than ARP and IPv4)."""
     length = frame_len(Kind.GRAD, k)
-    head = bytes.fromhex(sink.mac.replace(":", "") + sender.mac.replace(":", "")) + b"\x88\xb5"
+    eth = bytes.fromhex(sink.mac.replace(":", "") + sender.mac.replace(":", "")) + b"\x08\x00"
+    ip = bytearray(bytes([0x45, 0]) + (length - 14).to_bytes(2, "big") + bytes(4) + bytes([64, 253, 0, 0])
+                   + ipaddress.IPv4Address(sender.ip).packed + ipaddress.IPv4Address(sink.ip).packed)
+    ip[10:12] = codec.ipv4_checksum(bytes(ip)).to_bytes(2, "big")
+    head = eth + bytes(ip)
     return [head + i.to_bytes(4, "big") + bytes(length - len(head) - 4) for i in range(n)]
 
 
@@ -44,7 +50,8 @@ def aggregation_entries(sender: Host, sink: Host) -> list:
         Entry(N.L2_FORWARD, {N.MF_DST_MAC: sink.mac}, N.FORWARD, {"port": sink.port}),
         Entry(N.JOBS, {N.MF_JOB: 1}, N.SET_JOB, {
             "slot_base": 0, "slot_count": 1024, "workers": 2, "optimizer_port": sink.port,
-            "optimizer_mac": sink.mac, "optimizer_ip": sink.ip, "mcast_group": N.job_group(1), "epoch": 1}),
+            "optimizer_mac": sink.mac, "optimizer_ip": sink.ip, "mcast_group": N.job_group(1), "epoch": 1,
+            "chunks": 0}),
         *(Entry(N.WORKERS, {N.MF_INGRESS_PORT: sender.port, N.MF_JOB: 1, N.MF_WORKER: w}, N.ADMIT) for w in (0, 1)),
     ]
 

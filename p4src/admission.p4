@@ -16,10 +16,11 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
 
     /* A job's configuration. Slot ranges [slot_base, slot_base + slot_count) of
      * different jobs are disjoint (the controller allocates them); epoch is new
-     * on every creation of a job, so slots left by an earlier job start afresh. */
+     * on every creation of a job, so slots left by an earlier job start afresh.
+     * chunks bounds the chunk index of gradients (0: not known). */
     action set_job(bit<32> slot_base, bit<16> slot_count, bit<16> workers,
                    port_t optimizer_port, mac_t optimizer_mac, ip4_t optimizer_ip,
-                   bit<16> mcast_group, bit<16> epoch) {
+                   bit<16> mcast_group, bit<16> epoch, bit<32> chunks) {
         meta.slot_base = slot_base;
         meta.slot_count = slot_count;
         meta.workers = workers;
@@ -28,6 +29,7 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         meta.optimizer_ip = optimizer_ip;
         meta.mcast_group = mcast_group;
         meta.epoch = epoch;
+        meta.chunks = chunks;
     }
 
     table jobs {
@@ -65,10 +67,12 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
             reject(DROP_BAD_VERSION);
         } else if (hdr.mindp.kind != KIND_GRAD && hdr.mindp.kind != KIND_PARAM) {
             reject(DROP_BAD_KIND);
-        } else if (hdr.udp.length != UDP_LEN_FP16 || hdr.mindp.count == 0
-                   || hdr.mindp.count > MINDP_K) {
+        } else if (standard_metadata.packet_length != FRAME_LEN_FP16
+                   || hdr.ipv4.totalLen != IPV4_LEN_FP16 || hdr.udp.length != UDP_LEN_FP16
+                   || hdr.mindp.count == 0 || hdr.mindp.count > MINDP_K) {
+            /* The frame length too: trailing bytes would otherwise ride along into the sum. */
             reject(DROP_BAD_LENGTH);
-        } else if (hdr.mindp.job >= MAX_JOBS_16) {
+        } else if (hdr.mindp.job >= MAX_JOBS) {
             reject(DROP_UNKNOWN_JOB);
         } else {
             jobs.apply();
@@ -80,6 +84,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
                             || meta.slot_base + (bit<32>) hdr.mindp.slot >= POOL_SLOTS
                             || hdr.mindp.ver > 1)) {
                         reject(DROP_BAD_SLOT);
+                    } else if (meta.dropped == 0 && meta.chunks != 0 && hdr.mindp.chunk >= meta.chunks) {
+                        reject(DROP_BAD_CHUNK);
                     }
                 } else {
                     optimizers.apply();

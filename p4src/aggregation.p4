@@ -38,6 +38,14 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
 
 #include "generated/agg_registers.p4"
 
+    /* Per job: the newest step it completed on this switch, valid while
+     * progress_epoch holds the job's epoch (a new job, or a restarted switch,
+     * starts unknown). A gradient more than STEP_WINDOW steps beyond it is
+     * dropped, so no admitted gradient can claim a cell for a far-future use
+     * that would make every honest contribution after it stale. */
+    register<bit<16>>(MAX_JOBS) progress_epoch;
+    register<bit<32>>(MAX_JOBS) newest_step;
+
     counter(MAX_JOBS, CounterType.packets_and_bytes) grad_packets;
     counter(MAX_JOBS, CounterType.packets) completions;
     counter(MAX_JOBS, CounterType.packets) duplicates;
@@ -46,78 +54,93 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
 #include "generated/agg_actions.p4"
 
     apply {
-        grad_packets.count((bit<32>) hdr.mindp.job);
-        meta.cell = (meta.slot_base + (bit<32>) hdr.mindp.slot) * 2 + (bit<32>) hdr.mindp.ver;
-        meta.worker_bit = (bit<32>) 1 << (bit<8>) hdr.mindp.worker;
-        bit<16> epoch;
-        bit<64> held;
-        bit<32> bits = 0;
-        bit<16> n = 0;
-        bit<1> nf = 0;
-        tag_epoch.read(epoch, meta.cell);
-        tag_step_chunk.read(held, meta.cell);
-        bit<64> use = hdr.mindp.step ++ hdr.mindp.chunk;
-        hdr.sums.setValid();
-        meta.pkt_nonfinite = 0;
-        if (epoch != meta.epoch || use > held) {
-            agg_first();
-            tag_epoch.write(meta.cell, meta.epoch);
-            tag_step_chunk.write(meta.cell, use);
-            bits = meta.worker_bit;
-            n = 1;
-            nf = meta.pkt_nonfinite;
-            meta.complete = (n == meta.workers) ? 1w1 : 1w0;
-        } else if (use < held) {
+        bit<32> job = (bit<32>) hdr.mindp.job;
+        bit<16> known_epoch;
+        bit<32> newest;
+        progress_epoch.read(known_epoch, job);
+        newest_step.read(newest, job);
+        bool known = known_epoch == meta.epoch;
+        if (known && (bit<33>) hdr.mindp.step > (bit<33>) newest + STEP_WINDOW) {
             meta.dropped = 1;
-            meta.drop_reason = DROP_STALE;
+            meta.drop_reason = DROP_FUTURE_STEP;
         } else {
-            bitmap.read(bits, meta.cell);
-            count.read(n, meta.cell);
-            nonfinite.read(nf, meta.cell);
-            if (bits & meta.worker_bit != 0) {
-                duplicates.count((bit<32>) hdr.mindp.job);
-                if (n == meta.workers) {
-                    agg_read();
-                    meta.resend = 1;
-                    resent_sums.count((bit<32>) hdr.mindp.job);
-                } else {
-                    meta.dropped = 1;
-                    meta.drop_reason = DROP_DUPLICATE;
-                }
-            } else {
-                agg_add();
-                bits = bits | meta.worker_bit;
-                n = n + 1;
-                nf = nf | meta.pkt_nonfinite;
+            grad_packets.count(job);
+            meta.cell = (meta.slot_base + (bit<32>) hdr.mindp.slot) * 2 + (bit<32>) hdr.mindp.ver;
+            meta.worker_bit = (bit<32>) 1 << (bit<8>) hdr.mindp.worker;
+            bit<16> epoch;
+            bit<64> held;
+            bit<32> bits = 0;
+            bit<16> n = 0;
+            bit<1> nf = 0;
+            tag_epoch.read(epoch, meta.cell);
+            tag_step_chunk.read(held, meta.cell);
+            bit<64> use = hdr.mindp.step ++ hdr.mindp.chunk;
+            hdr.sums.setValid();
+            meta.pkt_nonfinite = 0;
+            if (epoch != meta.epoch || use > held) {
+                agg_first();
+                tag_epoch.write(meta.cell, meta.epoch);
+                tag_step_chunk.write(meta.cell, use);
+                bits = meta.worker_bit;
+                n = 1;
+                nf = meta.pkt_nonfinite;
                 meta.complete = (n == meta.workers) ? 1w1 : 1w0;
+            } else if (use < held) {
+                meta.dropped = 1;
+                meta.drop_reason = DROP_STALE;
+            } else {
+                bitmap.read(bits, meta.cell);
+                count.read(n, meta.cell);
+                nonfinite.read(nf, meta.cell);
+                if (bits & meta.worker_bit != 0) {
+                    duplicates.count(job);
+                    if (n == meta.workers) {
+                        agg_read();
+                        meta.resend = 1;
+                        resent_sums.count(job);
+                    } else {
+                        meta.dropped = 1;
+                        meta.drop_reason = DROP_DUPLICATE;
+                    }
+                } else {
+                    agg_add();
+                    bits = bits | meta.worker_bit;
+                    n = n + 1;
+                    nf = nf | meta.pkt_nonfinite;
+                    meta.complete = (n == meta.workers) ? 1w1 : 1w0;
+                }
             }
-        }
-        if (meta.dropped == 0 && meta.resend == 0) {
-            bitmap.write(meta.cell, bits);
-            count.write(meta.cell, n);
-            nonfinite.write(meta.cell, nf);
-        }
-        if (meta.complete == 1 || meta.resend == 1) {
-            if (meta.complete == 1) {
-                completions.count((bit<32>) hdr.mindp.job);
+            if (meta.dropped == 0 && meta.resend == 0) {
+                bitmap.write(meta.cell, bits);
+                count.write(meta.cell, n);
+                nonfinite.write(meta.cell, nf);
             }
-            /* The packet becomes the sum for the job's optimizer node. RETRANSMIT marks a
-             * resent sum and a sum completed by a retransmitted gradient: either way the
-             * round trip it ends is not one workers may sample (Karn's rule, docs/AGENTS.md). */
-            hdr.fp16.setInvalid();
-            hdr.mindp.kind = KIND_SUM;
-            hdr.mindp.nworkers = n;
-            hdr.mindp.flags = (nf == 1 ? FLAG_NONFINITE : 8w0)
-                              | (meta.resend == 1 ? FLAG_RETRANSMIT : 8w0)
-                              | (hdr.mindp.flags & FLAG_RETRANSMIT);
-            hdr.ethernet.dstAddr = meta.optimizer_mac;
-            hdr.ipv4.dstAddr = meta.optimizer_ip;
-            hdr.ipv4.totalLen = IPV4_LEN_SUM;
-            hdr.udp.length = UDP_LEN_SUM;
-            hdr.udp.checksum = 0;
-            standard_metadata.egress_spec = meta.optimizer_port;
-        } else if (meta.dropped == 0) {
-            meta.absorbed = 1;  /* counted in; the sum leaves with the last worker's packet */
+            if (meta.complete == 1 || meta.resend == 1) {
+                if (meta.complete == 1) {
+                    completions.count(job);
+                }
+                /* The packet becomes the sum for the job's optimizer node. RETRANSMIT marks a
+                 * resent sum and a sum completed by a retransmitted gradient: either way the
+                 * round trip it ends is not one workers may sample (Karn's rule, docs/AGENTS.md). */
+                hdr.fp16.setInvalid();
+                hdr.mindp.kind = KIND_SUM;
+                hdr.mindp.nworkers = n;
+                hdr.mindp.flags = (nf == 1 ? FLAG_NONFINITE : 8w0)
+                                  | (meta.resend == 1 ? FLAG_RETRANSMIT : 8w0)
+                                  | (hdr.mindp.flags & FLAG_RETRANSMIT);
+                hdr.ethernet.dstAddr = meta.optimizer_mac;
+                hdr.ipv4.dstAddr = meta.optimizer_ip;
+                hdr.ipv4.totalLen = IPV4_LEN_SUM;
+                hdr.udp.length = UDP_LEN_SUM;
+                hdr.udp.checksum = 0;
+                standard_metadata.egress_spec = meta.optimizer_port;
+            } else if (meta.dropped == 0) {
+                meta.absorbed = 1;  /* counted in; the sum leaves with the last worker's packet */
+            }
+            if (meta.complete == 1 && (!known || hdr.mindp.step > newest)) {
+                progress_epoch.write(job, meta.epoch);
+                newest_step.write(job, hdr.mindp.step);
+            }
         }
     }
 }

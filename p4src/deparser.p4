@@ -18,6 +18,8 @@ control MindpComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
 control MindpDeparser(packet_out pkt, in headers_t hdr) {
     apply {
         pkt.emit(hdr.ethernet);
+        pkt.emit(hdr.outer_tag);
+        pkt.emit(hdr.inner_tag);
         pkt.emit(hdr.arp);
         pkt.emit(hdr.ipv4);
         pkt.emit(hdr.udp);

@@ -12,6 +12,14 @@ header ethernet_t {
     bit<16> etherType;
 }
 
+/* An 802.1Q / 802.1ad tag; only parsed so that tagged frames are recognised and dropped. */
+header vlan_tag_t {
+    bit<3> pcp;
+    bit<1> dei;
+    bit<12> vid;
+    bit<16> etherType;
+}
+
 header arp_t {
     bit<16> htype;
     bit<16> ptype;
@@ -48,6 +56,8 @@ header udp_t {
 
 struct headers_t {
     ethernet_t ethernet;
+    vlan_tag_t outer_tag;
+    vlan_tag_t inner_tag;
     arp_t arp;
     ipv4_t ipv4;
     udp_t udp;
@@ -61,7 +71,6 @@ struct metadata_t {
     bit<8> drop_reason;
     bit<1> dropped;            /* dropped for drop_reason, and counted */
     bit<1> absorbed;           /* consumed by aggregation: dropped, not counted */
-    bit<32> drop_cell;         /* row * DROP_REASONS + reason */
     /* From the job table. */
     bit<32> slot_base;
     bit<16> slot_count;
@@ -71,6 +80,7 @@ struct metadata_t {
     ip4_t optimizer_ip;
     bit<16> mcast_group;
     bit<16> epoch;
+    bit<32> chunks;            /* the job's chunk count; 0: unknown */
     /* Aggregation. */
     bit<32> cell;              /* (slot_base + slot) * 2 + ver */
     bit<32> worker_bit;

@@ -1,6 +1,7 @@
 /* mindp: in-network aggregation with an attached optimizer node (v1model).
  *
- * Ingress: ordinary frames are forwarded by destination MAC; mindp gradients
+ * Ingress: ordinary frames (untagged ARP and IPv4) are forwarded by
+ * destination MAC, tagged frames and other EtherTypes dropped; mindp gradients
  * are admitted (job, membership), aggregated, and the completed sum sent to the
  * job's optimizer node; mindp parameter chunks from the optimizer node are
  * multicast to the job's workers. Egress addresses each parameter replica to
@@ -25,14 +26,25 @@ control MindpIngress(inout headers_t hdr, inout metadata_t meta,
     ParamMulticast() multicast;
 
     /* drops[row * DROP_REASONS + reason]: mindp packets dropped, by job row and
-     * reason (row MAX_JOBS: no valid job id); plus ordinary frames (NO_ROUTE). */
+     * reason (row MAX_JOBS: no valid job id, and every frame that is not mindp). */
     counter(DROP_CELLS, CounterType.packets) drops;
+
+    /* epoch_generation[0]: the last job epoch the controller handed out. The data plane
+     * never counts it; the controller reads it and writes the next epoch before a job is
+     * installed, so epochs are not reused while the cells that hold them live (a switch
+     * restart clears both). */
+    counter(1, CounterType.packets) epoch_generation;
 
     apply {
         if (standard_metadata.parser_error != error.NoError) {
             /* Cut short (e.g. a truncated mindp header or elements): never forwarded. */
             meta.dropped = 1;
             meta.drop_reason = DROP_MALFORMED;
+        } else if (hdr.outer_tag.isValid()) {
+            /* Hosts are untagged: a tagged frame would reach a host whose kernel strips the
+             * tag, past admission (a forged sum or parameters). Never forwarded. */
+            meta.dropped = 1;
+            meta.drop_reason = DROP_TAGGED;
         } else if (hdr.mindp.isValid()) {
             admission.apply(hdr, meta, standard_metadata);
             if (meta.dropped == 0) {
@@ -42,11 +54,14 @@ control MindpIngress(inout headers_t hdr, inout metadata_t meta,
                     multicast.apply(hdr, meta, standard_metadata);
                 }
             }
-        } else {
+        } else if (hdr.ipv4.isValid() || hdr.arp.isValid()) {
             forwarding.apply(hdr, meta, standard_metadata);
+        } else {
+            meta.dropped = 1;
+            meta.drop_reason = DROP_UNKNOWN_ETHERTYPE;
         }
         if (meta.dropped == 1) {
-            bit<32> row = (hdr.mindp.isValid() && hdr.mindp.job < MAX_JOBS_16)
+            bit<32> row = (hdr.mindp.isValid() && hdr.mindp.job < MAX_JOBS)
                           ? (bit<32>) hdr.mindp.job : (bit<32>) MAX_JOBS;
             drops.count(row * DROP_REASONS + (bit<32>) meta.drop_reason);
             mark_to_drop(standard_metadata);

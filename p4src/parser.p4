@@ -1,5 +1,7 @@
-/* Parser: Ethernet, ARP, IPv4 (no options), UDP, mindp, elements. A mindp
- * frame cut short ends in error.PacketTooShort; ingress drops and counts it. */
+/* Parser: Ethernet, up to two VLAN tags, ARP, IPv4 (no options), UDP, mindp,
+ * elements. A frame cut short ends in error.PacketTooShort; ingress drops and
+ * counts it. Tags are parsed only to drop tagged frames (with their job, if
+ * they carry mindp) instead of forwarding them by MAC. */
 #ifndef MINDP_PARSER_P4
 #define MINDP_PARSER_P4
 
@@ -10,6 +12,30 @@ parser MindpParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
     state start {
         pkt.extract(hdr.ethernet);
         transition select(hdr.ethernet.etherType) {
+            ETHERTYPE_VLAN: parse_outer_tag;
+            ETHERTYPE_QINQ: parse_outer_tag;
+            ETHERTYPE_QINQ_OLD: parse_outer_tag;
+            ETHERTYPE_ARP: parse_arp;
+            ETHERTYPE_IPV4: parse_ipv4;
+            default: accept;
+        }
+    }
+
+    state parse_outer_tag {
+        pkt.extract(hdr.outer_tag);
+        transition select(hdr.outer_tag.etherType) {
+            ETHERTYPE_VLAN: parse_inner_tag;
+            ETHERTYPE_QINQ: parse_inner_tag;
+            ETHERTYPE_QINQ_OLD: parse_inner_tag;
+            ETHERTYPE_ARP: parse_arp;
+            ETHERTYPE_IPV4: parse_ipv4;
+            default: accept;
+        }
+    }
+
+    state parse_inner_tag {
+        pkt.extract(hdr.inner_tag);
+        transition select(hdr.inner_tag.etherType) {
             ETHERTYPE_ARP: parse_arp;
             ETHERTYPE_IPV4: parse_ipv4;
             default: accept;

@@ -13,7 +13,9 @@ const bit<8> FLAG_NONFINITE = 1;
 const bit<8> FLAG_RETRANSMIT = 2;
 const bit<16> MAX_WORKERS = 32;
 
-/* UDP and IPv4 lengths of fp16 chunks (gradients, parameters) and of sums. */
+/* Frame, IPv4 and UDP lengths of fp16 chunks (gradients, parameters); lengths of sums. */
+const bit<32> FRAME_LEN_FP16 = 130;
+const bit<16> IPV4_LEN_FP16 = 116;
 const bit<16> UDP_LEN_FP16 = 96;
 const bit<16> UDP_LEN_SUM = 288;
 const bit<16> IPV4_LEN_SUM = 308;

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from controller import p4info_names as n
-from controller.jobs import Endpoint, JobError, changed_workers, new_epoch, new_job, orphan_plan, plan, rebuild
+from controller.jobs import Endpoint, JobError, changed_workers, new_job, next_epoch, orphan_plan, plan, rebuild
 from controller.model import Group, OpKind
 from controller.slots import PoolExhausted, SlotPool, SlotRange
 from mindp.topology import Host, JobSpec, star
@@ -15,11 +15,11 @@ def topo():
     return star([3, 2], slots=16)
 
 
-def make(topo, pool=None, jobs=None, spec=None, seed=0):
+def make(topo, pool=None, jobs=None, spec=None, last_epoch=0):
     pool = pool or SlotPool()
     jobs = {} if jobs is None else jobs
     spec = spec or topo.jobs[0]
-    job = new_job(spec, topo, jobs, pool, set(), random.Random(seed))
+    job = new_job(spec, topo, jobs, pool, last_epoch)
     jobs[job.job_id] = job
     return job
 
@@ -30,7 +30,10 @@ def test_job_entries_and_group(topo):
     je = job.job_entry()
     assert je.match == {n.MF_JOB: 1}
     assert je.params == {"slot_base": 0, "slot_count": 16, "workers": 3, "optimizer_port": opt.port,
-                         "optimizer_mac": opt.mac, "optimizer_ip": opt.ip, "mcast_group": 257, "epoch": job.epoch}
+                         "optimizer_mac": opt.mac, "optimizer_ip": opt.ip, "mcast_group": 257, "epoch": job.epoch,
+                         "chunks": 0}
+    bounded = make(topo, spec=JobSpec(2, {0: "w2_0"}, "opt2", slots=8, chunks=100))
+    assert bounded.job_entry().params["chunks"] == 100 and bounded.to_dict()["chunks"] == 100
     tables = [e.table for e in job.entries()]
     assert tables.count(n.WORKERS) == 3 and tables.count(n.PARAM_REWRITE) == 3 and tables.count(n.OPTIMIZERS) == 1
     assert tables[-1] == n.JOBS
@@ -102,12 +105,15 @@ def test_jobs_get_disjoint_slots_and_distinct_epochs(topo):
     assert a.epoch != b.epoch and 0 not in (a.epoch, b.epoch)
 
 
-def test_new_epoch_avoids_used_values():
-    rng = random.Random(1)
-    used = set(range(1, 0xFFFF))  # only 65535 left
-    assert new_epoch(used, rng) == 0xFFFF
-    with pytest.raises(JobError):
-        new_epoch(used | {0xFFFF}, rng)
+def test_next_epoch_follows_the_last_one_skipping_live_ones_and_zero():
+    assert next_epoch(0, set()) == 1
+    assert next_epoch(41, {42, 43}) == 44
+    assert next_epoch(0xFFFF, set()) == 1 and next_epoch(0xFFFE, {0xFFFF}) == 1  # cycles, never 0
+    assert next_epoch(0x1_0005, set()) == 6  # a counter cell wider than 16 bits
+    live = set(range(1, 0xFFFF))  # only 65535 left
+    assert next_epoch(7, live) == 0xFFFF
+    with pytest.raises(JobError, match="no free epoch"):
+        next_epoch(7, live | {0xFFFF})
 
 
 def test_bad_requests_fail_without_allocating(topo):
@@ -124,9 +130,9 @@ def test_bad_requests_fail_without_allocating(topo):
     ]
     for spec, msg in cases:
         with pytest.raises(JobError, match=msg):
-            new_job(spec, topo, jobs, pool, set())
+            new_job(spec, topo, jobs, pool, 0)
     with pytest.raises(PoolExhausted):
-        new_job(JobSpec(2, {0: "w2_0"}, "opt2", slots=17), topo, jobs, pool, set())
+        new_job(JobSpec(2, {0: "w2_0"}, "opt2", slots=17), topo, jobs, pool, 0)
     assert pool.allocations == {1: SlotRange(0, 16)}
 
 

@@ -173,7 +173,7 @@ def test_leftovers_of_a_crashed_create_are_reported_and_cleaned(ctl, topo):
     from controller.jobs import new_job
     from controller.slots import SlotPool
 
-    crashed = new_job(topo.jobs[1], topo, {}, SlotPool(), set())
+    crashed = new_job(topo.jobs[1], topo, {}, SlotPool(), 0)
     for e in crashed.member_entries()[:3]:  # a controller died half way through a create
         ctl.conn.insert(e)
     ctl.conn.insert_group(crashed.mcast_group())
@@ -253,3 +253,21 @@ def test_delete_tolerates_and_reports_missing_pieces(ctl, topo):
     assert job_entries_on_switch(ctl.conn, 1) == [] and job.group not in groups(ctl.conn)
     assert ctl.create_job(topo.jobs[0]).job_id == 1  # not "already exists"
     assert ctl.delete_job(1).missing == []
+
+
+def test_epochs_are_never_reused_across_controllers(switch, topo):
+    """Each controller process learns the last epoch from the switch, so a recreated job never
+    gets an epoch its cells may still hold (issue 11.8: it was only remembered in-process)."""
+    seen = []
+    for i in range(3):
+        with Controller(switch.addr, topology=topo) as c:  # a fresh controller each time
+            if i == 0:
+                c.push()
+                c.install_forwarding()
+            job = c.create_job(topo.jobs[0])
+            other = c.create_job(JobSpec(2, {0: "w2_0"}, "opt2", slots=16))  # e.g. on the freed slots
+            assert c.conn.read_counter(n.EPOCH_GENERATION, 0)[0][0] == other.epoch
+            seen += [job.epoch, other.epoch]
+            c.delete_job(1)
+            c.delete_job(2)
+    assert len(set(seen)) == len(seen) and seen == sorted(seen)

@@ -57,13 +57,14 @@ class Fabric:
         self.entry(N.L2_FORWARD, N.FLOOD, {N.MF_DST_MAC: "ff:ff:ff:ff:ff:ff"}, {"group": N.FLOOD_GROUP})
         self.sw.insert_group(Group(N.FLOOD_GROUP, [(h.port, 0) for h in self.hosts.values()]))
 
-    def install_job(self, job_id, workers, optimizer, slot_base, slots, epoch=1) -> Job:
+    def install_job(self, job_id, workers, optimizer, slot_base, slots, epoch=1, chunks=0) -> Job:
         opt = self.hosts[optimizer]
         job = Job(job_id, list(workers), optimizer, slot_base, slots, epoch, N.job_group(job_id))
         job.entries.append(self.entry(
             N.JOBS, N.SET_JOB, {N.MF_JOB: job_id},
             {"slot_base": slot_base, "slot_count": slots, "workers": len(workers), "optimizer_port": opt.port,
-             "optimizer_mac": opt.mac, "optimizer_ip": opt.ip, "mcast_group": job.group, "epoch": epoch}))
+             "optimizer_mac": opt.mac, "optimizer_ip": opt.ip, "mcast_group": job.group, "epoch": epoch,
+             "chunks": chunks}))
         job.entries.append(self.entry(N.OPTIMIZERS, N.ADMIT, {N.MF_INGRESS_PORT: opt.port, N.MF_JOB: job_id}, {}))
         replicas = []
         for w, name in enumerate(workers):
@@ -126,6 +127,8 @@ def fabric(request, tmp_path_factory):
         with targets.SwitchProcess(request.param, cfg), SwitchConnection(cfg.grpc_addr) as sw:
             sw.push_pipeline(artifacts.P4INFO, artifacts.BMV2_JSON)
             fab = Fabric(bed, hosts, sw)
+            fab.grpc_addr, fab.thrift_addr = cfg.grpc_addr, f"127.0.0.1:{cfg.thrift_port}"
+            fab.target = request.param
             try:
                 fab.install_forwarding()
                 fab.drain()

@@ -36,7 +36,8 @@ def check_ip(frame: bytes) -> None:
 
 def test_flooded_frame_reaches_every_other_host_once(fabric):
     src = fabric.hosts["w1_1"]
-    frame = bytes(Ether(src=src.mac, dst="ff:ff:ff:ff:ff:ff", type=0x88B5) / (b"hello" * 10))
+    frame = bytes(Ether(src=src.mac, dst="ff:ff:ff:ff:ff:ff") / IP(src=src.ip, dst="255.255.255.255")
+                  / UDP(sport=9, dport=9) / (b"hello" * 10))
     fabric.send("w1_1", frame)
     got = fabric.collect(len(fabric.hosts) - 1)
     assert not got["w1_1"]
@@ -46,7 +47,8 @@ def test_flooded_frame_reaches_every_other_host_once(fabric):
 def test_unknown_destination_is_dropped_and_counted(fabric):
     before = fabric.drops("NO_ROUTE")
     src = fabric.hosts["x"]
-    fabric.send("x", bytes(Ether(src=src.mac, dst="02:aa:00:00:00:01", type=0x88B5) / (b"z" * 50)))
+    fabric.send("x", bytes(Ether(src=src.mac, dst="02:aa:00:00:00:01") / IP(src=src.ip, dst="10.0.9.9")
+                           / UDP(sport=9, dport=9) / (b"z" * 50)))
     assert not any(fabric.collect(0).values())
     assert fabric.drops("NO_ROUTE") == before + 1
 

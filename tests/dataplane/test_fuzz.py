@@ -1,0 +1,244 @@
+"""Fuzz (issue 11, "Proof"): 10,000 malformed and hostile frames per target, each with the drop
+reason (and counter row) it must be counted under; then the switch is alive and a valid round
+still sums exactly. Nothing but the probes reaches any host, and the drop counters account for
+every fuzz frame, reason by reason."""
+from __future__ import annotations
+
+import struct
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from controller import p4info_names as N
+from mindp import codec
+from mindp.protocol import K, Kind
+from mindp.switch_constants import STEP_WINDOW
+
+from .conftest import random_fp16
+from .test_hardening import complete_round, stripped_by_kernel, tagged
+
+pytestmark = pytest.mark.net
+
+FRAMES = 10_000
+WINDOW = 48  # fuzz frames between probes: under BMv2's 64-packet queues
+NO_JOB = N.NO_JOB_ROW
+STEP = 10  # the job's newest completed step before the fuzz
+
+# Field offsets in a mindp frame (Ethernet 14 + IPv4 20 + UDP 8 = 42, then the header).
+IP_LEN, UDP_LEN_AT = 16, 38
+FIELD = {"version": (42, 1), "kind": (43, 1), "ver": (45, 1), "job": (46, 2), "worker": (48, 2), "slot": (50, 2),
+         "count": (52, 2), "step": (54, 4), "chunk": (58, 4)}
+
+
+def patch(frame: bytes, **fields) -> bytes:
+    b = bytearray(frame)
+    for name, value in fields.items():
+        off, width = (IP_LEN, 2) if name == "ip_len" else (UDP_LEN_AT, 2) if name == "udp_len" else FIELD[name]
+        b[off:off + width] = int(value).to_bytes(width, "big")
+    return bytes(b)
+
+
+class Fuzzer:
+    """Frames with the (row, reason) each must be dropped under."""
+
+    def __init__(self, fabric, job1, job2, tags_restored: bool):
+        self.f, self.j1, self.j2 = fabric, job1, job2
+        self.rng = np.random.default_rng(2024)
+        self.macs = {h.mac for h in fabric.hosts.values()} | {"ff:ff:ff:ff:ff:ff"}
+        # Without tags restored, a kernel strips an outer 802.1Q/802.1ad tag before the embedded
+        # switch sees the frame: then only stacks whose verdict survives that are sent.
+        self.tag_stacks = [(0x88A8, 0x8100), (0x9100, 0x8100), (0x9100,), (0x9100, 0x8100, 0x8100)]
+        if tags_restored:
+            self.tag_stacks += [(0x8100,), (0x8100, 0x8100), (0x88A8, 0x8100, 0x8100)]
+
+    def r(self, lo, hi):
+        return int(self.rng.integers(lo, hi))
+
+    def grad(self, job=None, worker=0, **kw):
+        job = job or self.j1
+        kw.setdefault("step", STEP + 1)
+        kw.setdefault("chunk", self.r(0, 60))
+        return self.f.grad(job, worker, random_fp16(self.rng), **kw)
+
+    def unknown_mac(self) -> str:
+        while True:
+            b = self.rng.integers(0, 256, 6)
+            b[0] &= 0xFE  # unicast
+            mac = ":".join(f"{x:02x}" for x in b)
+            if mac not in self.macs:
+                return mac
+
+    def random_frame(self):
+        dst = bytes.fromhex(self.unknown_mac().replace(":", ""))
+        body = self.rng.integers(0, 256, self.r(0, 180), dtype=np.uint8).tobytes()
+        choice = self.r(0, 10)
+        if choice < 7:  # any EtherType the switch does not know
+            while (etype := self.r(0, 0x10000)) in (0x0800, 0x0806, 0x8100, 0x88A8, 0x9100):
+                pass
+            return dst + body[:6].ljust(6, b"\0") + struct.pack("!H", etype) + body[6:], NO_JOB, "UNKNOWN_ETHERTYPE"
+        if choice < 9:  # IPv4, not UDP: an ordinary frame to an unknown MAC, or cut short
+            ip = bytearray(body[:20].ljust(20, b"\0"))
+            ip[0], ip[9] = 0x45, 6
+            if self.r(0, 4) == 0:  # the IPv4 header cut short
+                return dst + bytes(6) + b"\x08\x00" + bytes(ip)[: self.r(0, 20)], NO_JOB, "MALFORMED"
+            return dst + bytes(6) + b"\x08\x00" + bytes(ip) + body[20:], NO_JOB, "NO_ROUTE"
+        frame = dst + bytes(6) + b"\x08\x06" + body  # ARP with random contents
+        return frame, NO_JOB, "NO_ROUTE" if len(frame) >= 42 else "MALFORMED"
+
+    def out_of_range(self):
+        case = self.r(0, 14)
+        g = self.grad()
+        if case == 0:
+            return patch(g, version=self.pick(0, 256, avoid={1})), 1, "BAD_VERSION"
+        if case == 1:
+            return patch(g, kind=self.pick(0, 256, avoid={1, 3})), 1, "BAD_KIND"
+        if case == 2:
+            return patch(g, kind=int(Kind.PARAM)), 1, "NOT_MEMBER"  # parameters from a worker port
+        if case == 3:
+            return patch(g, count=self.pick(0, 1 << 16, avoid=set(range(1, K + 1)))), 1, "BAD_LENGTH"
+        if case == 4:
+            return patch(g, udp_len=self.pick(0, 1 << 16, avoid={8 + 24 + 2 * K})), 1, "BAD_LENGTH"
+        if case == 5:
+            return patch(g, ip_len=self.pick(0, 1 << 16, avoid={20 + 8 + 24 + 2 * K})), 1, "BAD_LENGTH"
+        if case == 6:
+            job = self.pick(3, N.MAX_JOBS, avoid=set())
+            return patch(g, job=job), job, "UNKNOWN_JOB"
+        if case == 7:
+            return patch(g, job=self.r(N.MAX_JOBS, 1 << 16)), NO_JOB, "UNKNOWN_JOB"
+        if case == 8:
+            return patch(g, worker=self.r(1, 1 << 16)), 1, "NOT_MEMBER"  # sent from worker 0's port
+        if case == 9:
+            return patch(g, slot=self.r(self.j1.slots, 1 << 16)), 1, "BAD_SLOT"
+        if case == 10:
+            return patch(g, ver=self.r(2, 256)), 1, "BAD_SLOT"
+        if case == 11:
+            chunk = self.pick(64, 1 << 32, avoid=set())
+            return patch(g, chunk=chunk, slot=chunk % self.j1.slots), 1, "BAD_CHUNK"
+        if case == 12:
+            return patch(g, step=self.r(STEP + STEP_WINDOW + 1, 1 << 32)), 1, "FUTURE_STEP"
+        return patch(g, job=0), 0, "UNKNOWN_JOB"  # job 0 is not installed either
+
+    def pick(self, lo, hi, avoid):
+        while (v := self.r(lo, hi)) in avoid:
+            pass
+        return v
+
+    def cut_or_padded(self):
+        g = self.grad()
+        if self.r(0, 2):
+            n = self.r(14 + 20, len(g))  # cut inside IPv4 .. elements
+            return g[:n], (1 if n >= 42 + 24 else NO_JOB), "MALFORMED"
+        extra = self.rng.integers(0, 256, self.r(1, 300), dtype=np.uint8).tobytes()
+        return g + extra, 1, "BAD_LENGTH"
+
+    def tagged_frame(self):
+        tags = self.tag_stacks[self.r(0, len(self.tag_stacks))]
+        return tagged(self.grad(), *tags), (1 if len(tags) <= 2 else NO_JOB), "TAGGED"
+
+    def spoofed(self):
+        case = self.r(0, 4)
+        if case == 0:
+            return "w1_0", self.grad(worker=1), 1, "NOT_MEMBER"  # another worker's id from w1_0's port
+        if case == 1:
+            return "x", self.grad(worker=0, src="x"), 1, "NOT_MEMBER"  # a host in no job
+        if case == 2:
+            return "w1_0", self.grad(self.j2, 0, src="w1_0"), 2, "NOT_MEMBER"  # job 2 from job 1's port
+        opt = self.f.hosts["opt1"]
+        params = codec.encode_tensor(Kind.PARAM, random_fp16(self.rng), codec.Addresses(
+            opt.mac, "ff:ff:ff:ff:ff:ff", opt.ip, "255.255.255.255"), job=2, step=STEP)[0].tobytes()
+        return "opt1", params, 2, "NOT_MEMBER"  # job 1's optimizer node sending job 2's parameters
+
+    def forged(self):
+        src, opt = self.f.hosts["w1_1"], self.f.hosts["opt1"]
+        if self.r(0, 2):
+            sums = self.rng.integers(-(1 << 40), 1 << 40, K)
+            frame = codec.encode_tensor(Kind.SUM, sums, codec.Addresses(src.mac, opt.mac, src.ip, opt.ip), job=1,
+                                        worker=1, step=STEP, nworkers=3)[0].tobytes()
+            return frame, 1, "BAD_KIND"  # a sum is never accepted from anyone
+        frame = codec.encode_tensor(Kind.PARAM, random_fp16(self.rng), codec.Addresses(
+            src.mac, "ff:ff:ff:ff:ff:ff", src.ip, "255.255.255.255"), job=1, step=STEP)[0].tobytes()
+        return frame, 1, "NOT_MEMBER"
+
+    def frame(self):
+        """(sending host, frame, row, reason)."""
+        kind = self.r(0, 8)
+        if kind == 0:
+            frame, row, reason = self.random_frame()
+            return ["w1_0", "x", "w2_1", "opt2"][self.r(0, 4)], frame, row, reason
+        if kind in (1, 2):
+            return ("w1_0", *self.out_of_range())
+        if kind == 3:
+            return ("w1_0", *self.cut_or_padded())
+        if kind == 4:
+            return ("w1_0", *self.tagged_frame())
+        if kind == 5:
+            return self.spoofed()
+        return ("w1_1", *self.forged())
+
+
+def probe(fabric, src: str, dst: str, seq: int) -> bytes:
+    """An ordinary IPv4 frame (protocol 253) that the switch forwards: it left after every earlier frame of `src`."""
+    s, d = fabric.hosts[src], fabric.hosts[dst]
+    ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + 8, seq & 0xFFFF, 0, 64, 253, 0,
+                               bytes(map(int, s.ip.split("."))), bytes(map(int, d.ip.split(".")))))
+    ip[10:12] = codec.ipv4_checksum(bytes(ip)).to_bytes(2, "big")
+    return bytes.fromhex(d.mac.replace(":", "") + s.mac.replace(":", "")) + b"\x08\x00" + bytes(ip) + seq.to_bytes(8, "big")
+
+
+def drops_now(fabric) -> dict[int, int]:
+    return {i: pkts for i, (pkts, _) in fabric.sw.read_counter(N.DROPS).items()}
+
+
+def test_fuzz_frames_are_all_dropped_and_counted_then_a_round_sums_exactly(fabric, request):
+    job1 = fabric.install_job(1, ["w1_0", "w1_1", "w1_2"], "opt1", slot_base=300, slots=4, epoch=0xF001, chunks=64)
+    job2 = fabric.install_job(2, ["w2_0", "w2_1"], "opt2", slot_base=400, slots=4, epoch=0xF002)
+    try:
+        rng = np.random.default_rng(7)
+        complete_round(fabric, job1, STEP, 0, rng)  # the job's newest completed step
+        tags_restored = not stripped_by_kernel(fabric, (0x8100,))
+        fz = Fuzzer(fabric, job1, job2, tags_restored)
+        expected: Counter = Counter()
+        before = drops_now(fabric)
+        sent = 0
+        dst_of = {"w1_0": "w2_0", "w1_1": "w2_0", "x": "w2_0", "w2_1": "w1_2", "opt1": "w2_0", "opt2": "w1_2"}
+        while sent < FRAMES:
+            senders = set()
+            for _ in range(min(WINDOW, FRAMES - sent)):
+                src, frame, row, reason = fz.frame()
+                fabric.send(src, frame)
+                expected[(row, N.DropReason[reason])] += 1
+                senders.add(src)
+                sent += 1
+            probes = {src: probe(fabric, src, dst_of[src], sent) for src in senders}
+            for src, p in probes.items():
+                fabric.send(src, p)
+            arrived = []
+            for _ in range(20):  # until every probe is back (kernel frames count towards collect's n)
+                got = fabric.collect(len(probes), timeout=5, grace=0.02)
+                arrived += [f for frames in got.values() for f in frames]
+                if set(probes.values()) <= set(arrived):
+                    break
+            # Besides the probes only the hosts' own kernels speak (ARP, ICMP unreachable for a probe).
+            others = [f for f in arrived if f not in probes.values() and f[12:14] != b"\x08\x06"
+                      and not (f[12:14] == b"\x08\x00" and f[23] == 1)]
+            assert set(probes.values()) <= set(arrived) and not others, f"after {sent} frames: a fuzz frame " \
+                f"was forwarded or a probe was lost ({len(others)} foreign frames)"
+        counted = Counter()
+        for i, v in drops_now(fabric).items():
+            if v - before.get(i, 0):
+                counted[divmod(i, N.DROP_REASONS)] = v - before.get(i, 0)
+        by_reason = Counter()
+        for (row, reason), v in counted.items():
+            by_reason[N.DropReason(reason).name] += v
+        print(f"\nfuzz on {request.node.callspec.params.get('fabric')}: sent {sent}, counted {sum(counted.values())} "
+              f"drops: " + ", ".join(f"{r} {v}" for r, v in sorted(by_reason.items())))
+        assert sum(counted.values()) == sent
+        assert {(r, int(c)): v for (r, c), v in expected.items()} == dict(counted)
+        for chunk in range(4):  # alive, and aggregation is intact
+            complete_round(fabric, job1, STEP + 1, chunk, rng, ver=1)
+        complete_round(fabric, job2, 0, 2, rng)
+    finally:
+        fabric.remove_job(job1)
+        fabric.remove_job(job2)
+        fabric.drain()
