@@ -35,10 +35,10 @@ $(STAMP_APT):
 	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
 	@touch $@
 
-# torch first, pinned, with PyTorch's CPU index as an extra source: its +cpu wheel outranks PyPI's
-# CUDA build of the same version, so a fresh machine fetches ~200 MB, not several GB.
+# torch first, pinned: this machine kind keeps the 2.13.0 CPU build on disk; a looser spec pulls a
+# multi-GB CUDA build.
 $(STAMP_PIP): $(STAMP_APT) pyproject.toml
-	$(PY) -m pip install -q --disable-pip-version-check --extra-index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,torch]'
 	@touch $@
 

@@ -96,7 +96,7 @@ def test_tagged_ordinary_frames_are_dropped(fabric):
     skip_if_stripped(fabric, (0x8100,))
     src, dst = fabric.hosts["w1_0"], fabric.hosts["w1_1"]
     before = fabric.drops("TAGGED")
-    ip = bytes(Ether(src=src.mac, dst=dst.mac) / IP(src=src.ip, dst=dst.ip) / UDP(sport=5, dport=5) / b"x" * 20)
+    ip = bytes(Ether(src=src.mac, dst=dst.mac) / IP(src=src.ip, dst=dst.ip) / UDP(sport=5, dport=5) / (b"x" * 20))
     arp = bytes(Ether(src=src.mac, dst="ff:ff:ff:ff:ff:ff") / ARP(hwsrc=src.mac, psrc=src.ip, pdst=dst.ip))
     fabric.send("w1_0", tagged(ip, 0x8100))
     fabric.send("w1_0", tagged(arp, 0x88A8, 0x8100))
