@@ -82,7 +82,7 @@ def raw_loop_run(bed: Testbed, frames, window: int) -> float:
 def executor_alone(frames) -> float:
     from softswitch import compiler
     from softswitch.engine import Engine
-    from softswitch.tables import Entry as TEntry
+    from softswitch.tables import InstalledEntry as TEntry
     eng = Engine(compiler.load(artifacts.BMV2_JSON.read_bytes()))
     t = eng.program.tables
 

@@ -23,7 +23,7 @@ from mindp.topology import JobSpec, Topology, TopologyError
 from . import p4info_names as n
 from . import stats as statsmodel
 from .controller import Controller, ControllerError
-from .jobs import Endpoint, JobError, JobState
+from .jobs import AttachedHost, JobError, JobState
 from .p4runtime import DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection, SwitchError
 from .slots import SlotError
 
@@ -365,7 +365,7 @@ def cmd_workers(args, ctl: Controller, topo) -> None:
             raise UsageError("a host name needs --topology")
         where = args.host
     elif args.port is not None and args.mac and args.ip:
-        where = Endpoint(args.port, args.mac.lower(), args.ip)
+        where = AttachedHost(args.port, args.mac.lower(), args.ip)
     else:
         raise UsageError(f"workers {args.sub} needs a host name or all of --port, --mac and --ip")
     fn = ctl.add_worker if args.sub == "add" else ctl.replace_worker

@@ -18,7 +18,7 @@ from mindp.topology import JobSpec, Topology, TopologyError
 from . import jobs as jobmodel
 from . import p4info_names as n
 from . import stats as statsmodel
-from .jobs import Endpoint, JobError, JobState, Rebuilt
+from .jobs import AttachedHost, JobError, JobState, Rebuilt
 from .model import Entry, Group, Op, OpKind, diff_entries, diff_group
 from .p4runtime import (TLS, DEFAULT_GRPC_ADDR, EntryExists, EntryMissing, NoPipeline, SwitchConnection, SwitchError,
                         SwitchUnreachable, p4info_signature, pipeline_cookie)
@@ -323,17 +323,17 @@ class Controller:
         self.pool.release(job_id)
         return Deletion(job, missing)
 
-    def _endpoint(self, where: str | Endpoint | object, topology: Topology | None) -> Endpoint:
-        if isinstance(where, Endpoint):
+    def _endpoint(self, where: str | AttachedHost | object, topology: Topology | None) -> AttachedHost:
+        if isinstance(where, AttachedHost):
             return where
         if hasattr(where, "mac") and hasattr(where, "port"):  # a mindp.topology.Host
-            return Endpoint.of(where)
+            return AttachedHost.of(where)
         try:
-            return Endpoint.of(self._topology(topology).host(str(where)))
+            return AttachedHost.of(self._topology(topology).host(str(where)))
         except TopologyError as exc:
             raise ControllerError(str(exc)) from None
 
-    def _change_workers(self, job: JobState, workers: dict[int, Endpoint], what: str) -> JobState:
+    def _change_workers(self, job: JobState, workers: dict[int, AttachedHost], what: str) -> JobState:
         try:
             new = jobmodel.changed_workers(job, workers, self.jobs)
         except JobError as exc:

@@ -20,7 +20,7 @@ class JobError(ValueError):
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class AttachedHost:
     """Where a worker or optimizer node is: its switch port and addresses."""
     port: int
     mac: str
@@ -28,7 +28,7 @@ class Endpoint:
     host: str | None = None  # host name when known (not stored on the switch)
 
     @classmethod
-    def of(cls, host: Host) -> Endpoint:
+    def of(cls, host: Host) -> AttachedHost:
         return cls(host.port, host.mac, host.ip, host.name)
 
     def label(self) -> str:
@@ -43,8 +43,8 @@ class JobState:
     job_id: int
     slots: SlotRange
     epoch: int
-    workers: dict[int, Endpoint]
-    optimizer: Endpoint
+    workers: dict[int, AttachedHost]
+    optimizer: AttachedHost
     chunks: int = 0  # chunks per step, 0: not known (the switch then does not bound the chunk index)
 
     @property
@@ -69,7 +69,7 @@ class JobState:
     def ports(self) -> set[int]:
         return {e.port for e in self.workers.values()} | {self.optimizer.port}
 
-    def with_workers(self, workers: dict[int, Endpoint]) -> JobState:
+    def with_workers(self, workers: dict[int, AttachedHost]) -> JobState:
         return replace(self, workers=dict(sorted(workers.items())))
 
     def job_entry(self) -> Entry:
@@ -132,17 +132,17 @@ def next_epoch(last: int, live: set[int]) -> int:
             return epoch
 
 
-def endpoints_for(spec: JobSpec, topology: Topology) -> tuple[dict[int, Endpoint], Endpoint]:
+def endpoints_for(spec: JobSpec, topology: Topology) -> tuple[dict[int, AttachedHost], AttachedHost]:
     try:
         spec.check()
-        workers = {w: Endpoint.of(topology.host(h)) for w, h in sorted(spec.workers.items())}
-        optimizer = Endpoint.of(topology.host(spec.optimizer))
+        workers = {w: AttachedHost.of(topology.host(h)) for w, h in sorted(spec.workers.items())}
+        optimizer = AttachedHost.of(topology.host(spec.optimizer))
     except TopologyError as exc:
         raise JobError(str(exc)) from None
     return workers, optimizer
 
 
-def check_ports(job_id: int, workers: dict[int, Endpoint], optimizer: Endpoint, others: dict[int, JobState]) -> None:
+def check_ports(job_id: int, workers: dict[int, AttachedHost], optimizer: AttachedHost, others: dict[int, JobState]) -> None:
     """Within a job every member has its own port; across jobs no port is shared (isolation)."""
     seen: dict[int, str] = {}
     for label, e in [*((f"worker {w}", e) for w, e in sorted(workers.items())), ("optimizer", optimizer)]:
@@ -180,7 +180,7 @@ def new_job(spec: JobSpec, topology: Topology, jobs: dict[int, JobState], pool: 
     return JobState(spec.job_id, slots, epoch, workers, optimizer, spec.chunks)
 
 
-def changed_workers(job: JobState, workers: dict[int, Endpoint], jobs: dict[int, JobState]) -> JobState:
+def changed_workers(job: JobState, workers: dict[int, AttachedHost], jobs: dict[int, JobState]) -> JobState:
     """The job with a new worker set, checked like a new job (ports, ids)."""
     if not workers:
         raise JobError(f"job {job.job_id} would have no workers")
@@ -233,9 +233,9 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
                 continue
             used_rewrites.add(rid)
             mac = str(rw.params["mac"])
-            workers[w] = Endpoint(int(me.match[n.MF_INGRESS_PORT]), mac, str(rw.params["ip"]), by_mac.get(mac))
+            workers[w] = AttachedHost(int(me.match[n.MF_INGRESS_PORT]), mac, str(rw.params["ip"]), by_mac.get(mac))
         opt_mac = str(p["optimizer_mac"])
-        optimizer = Endpoint(int(p["optimizer_port"]), opt_mac, str(p["optimizer_ip"]), by_mac.get(opt_mac))
+        optimizer = AttachedHost(int(p["optimizer_port"]), opt_mac, str(p["optimizer_ip"]), by_mac.get(opt_mac))
         job = JobState(job_id, SlotRange(int(p["slot_base"]), int(p["slot_count"])), int(p["epoch"]), workers, optimizer,
                        int(p.get("chunks", 0)))
         oe = optimizers.pop(job_id, None)

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from mindp import codec
+from mindp import codec, schedule
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
@@ -61,7 +61,6 @@ class NodeCore:
         counts = np.full(self.n, K, dtype=np.int64)
         counts[-1] = store.layout.chunk_count(self.n - 1)
         self.counts = counts
-        self.uses = -(-(self.n - np.arange(min(slots, self.n))) // slots)  # uses of each slot per step
         self.stats = collections.Counter()
         self.nonfinite: list[tuple[int, int]] = []
         # Per slot, the header of the last fresh answer: a worker lacking the parameters of chunk c
@@ -88,8 +87,7 @@ class NodeCore:
             self._count_bad(reason, ok & ~passed)
             ok &= passed
         c = np.where(ok, chunk, 0)
-        slot = c % self.slots
-        ver = (step * self.uses[slot] + c // self.slots) & 1
+        slot, ver = schedule.slots_and_versions(step, c, self.n, self.slots)
         for reason, passed in (("count", h["count"] == self.counts[c]),
                                ("slot", (h["slot"] == slot) & (h["ver"] == ver))):
             self._count_bad(reason, ok & ~passed)

@@ -128,7 +128,7 @@ class Agents:
             for w, host_name in sorted(jf.job.workers.items()):
                 port = self.topo.host(host_name).port
                 self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [
-                    "-m", "mininet_topos.worker", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
+                    "-m", "mininet_topos.trainer", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
                     "--worker", str(w), "--workload", str(jf.dir / "workload.json"), "--init", str(jf.init_path),
                     "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
                     *(["--eval"] if w == 0 else []), *self._faults(port)]))

@@ -13,7 +13,7 @@ CLI_MODES = ("auto", "0", "1")  # auto: the Mininet CLI when stdin and stdout ar
 LOG_LEVELS = ("off", "info", "debug", "trace")  # the switch's log level; debug and trace log every packet
 
 
-class ConfigError(ValueError):
+class RunConfigError(ValueError):
     """A bad variable; the message names it (as the Makefile spells it) and says what is allowed."""
 
 
@@ -43,9 +43,9 @@ def _int(name: str, text: str, lo: int, hi: int) -> int:
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {text!r}") from None
+        raise RunConfigError(f"{name} must be an integer in {lo}..{hi}, got {text!r}") from None
     if not lo <= value <= hi:
-        raise ConfigError(f"{name} must be an integer in {lo}..{hi}, got {value}")
+        raise RunConfigError(f"{name} must be an integer in {lo}..{hi}, got {value}")
     return value
 
 
@@ -53,9 +53,9 @@ def _float(name: str, text: str, lo: float, hi: float) -> float:
     try:
         value = float(str(text).strip())
     except ValueError:
-        raise ConfigError(f"{name} must be a number in [{lo}, {hi}], got {text!r}") from None
+        raise RunConfigError(f"{name} must be a number in [{lo}, {hi}], got {text!r}") from None
     if not (math.isfinite(value) and lo <= value <= hi):
-        raise ConfigError(f"{name} must be a number in [{lo}, {hi}], got {text!r}")
+        raise RunConfigError(f"{name} must be a number in [{lo}, {hi}], got {text!r}")
     return value
 
 
@@ -66,16 +66,16 @@ def parse(*, target: str = "auto", workers: str = "4", steps: str = "60", loss: 
     """Strings as given on the command line (make variables) -> a checked RunConfig."""
     target = str(target).strip()
     if target not in TARGETS:
-        raise ConfigError(f"TARGET must be one of {'|'.join(TARGETS)}, got {target!r}")
+        raise RunConfigError(f"TARGET must be one of {'|'.join(TARGETS)}, got {target!r}")
     pcap_text = str(pcap).strip()
     if pcap_text not in ("0", "1"):
-        raise ConfigError(f"PCAP must be 0 or 1, got {pcap!r}")
+        raise RunConfigError(f"PCAP must be 0 or 1, got {pcap!r}")
     jobs_n = _int("JOBS", jobs, 1, 2)
     cli_text, log_text = str(cli).strip(), str(log).strip().lower()
     if cli_text not in CLI_MODES:
-        raise ConfigError(f"CLI must be 0, 1 or auto, got {cli!r}")
+        raise RunConfigError(f"CLI must be 0, 1 or auto, got {cli!r}")
     if log_text not in LOG_LEVELS:
-        raise ConfigError(f"LOG must be one of {'|'.join(LOG_LEVELS)}, got {log!r}")
+        raise RunConfigError(f"LOG must be one of {'|'.join(LOG_LEVELS)}, got {log!r}")
     cfg = RunConfig(
         target=target,
         workers=_int("WORKERS", workers, 1, MAX_WORKERS),
@@ -94,5 +94,5 @@ def parse(*, target: str = "auto", workers: str = "4", steps: str = "60", loss: 
         log=log_text,
     )
     if cfg.grpc_port == cfg.thrift_port:
-        raise ConfigError("--grpc-port and --thrift-port must differ")
+        raise RunConfigError("--grpc-port and --thrift-port must differ")
     return cfg

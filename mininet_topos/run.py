@@ -443,9 +443,9 @@ def main(argv: list[str] | None = None) -> int:
                            slots=args.slots, grpc_port=args.grpc_port, thrift_port=args.thrift_port,
                            cli=args.cli, log=args.log)
         return execute(cfg, args, console)
-    except (config.ConfigError, RunError) as exc:
+    except (config.RunConfigError, RunError) as exc:
         console.fail(str(exc))
-        return 2 if isinstance(exc, config.ConfigError) else 1
+        return 2 if isinstance(exc, config.RunConfigError) else 1
     except (KeyboardInterrupt, Stopped) as exc:
         console.fail(f"stopped ({exc or 'interrupted'}); everything it started is cleaned up")
         return 130

@@ -1,4 +1,4 @@
-/* Jobs and membership (DESIGN.md invariant 5): a gradient is admitted only from
+/* Jobs and membership (docs/DESIGN.md invariant 5): a gradient is admitted only from
  * the port registered for its (job, worker), a parameter chunk only from the
  * job's optimizer-node port. Everything else of our protocol is dropped, and
  * the reason counted by the ingress. */

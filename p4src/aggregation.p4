@@ -1,4 +1,4 @@
-/* Exact in-network aggregation in self-cleaning slots (DESIGN.md invariants
+/* Exact in-network aggregation in self-cleaning slots (docs/DESIGN.md invariants
  * 1, 3 and 4).
  *
  * A cell is one version of one slot: cell = (slot_base + slot) * 2 + ver. A

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     from .compiler_errors import ProgramError
     from .dataplane import DataPlane
     from .engine import Engine
-    from .faults import FaultConfig, Faults
+    from .faults import FaultConfig, LinkFaults
     from .p4runtime_server import Server, SwitchService, server_credentials
     from .ports import Port, PortError
     from .thrift_server import ThriftServer
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             ports[num] = Port(num, iface, args.pcap)
         except PortError as exc:
             log.error("%s; port not added (frames to it are counted as dropped)", exc)
-    faults = Faults(FaultConfig(args.drop_prob, args.dup_prob, args.reorder_prob, args.seed))
+    faults = LinkFaults(FaultConfig(args.drop_prob, args.dup_prob, args.reorder_prob, args.seed))
     service = SwitchService(engine, args.device_id, args.drop_port, args.cpu_port)
     dp = DataPlane(engine, ports, faults, args.cpu_port, service.packet_in)
     service.inject = dp.inject

@@ -10,7 +10,7 @@ import select
 import time
 
 from .engine import Engine
-from .faults import Faults
+from .faults import LinkFaults
 from .ports import Port
 
 log = logging.getLogger("softswitch")
@@ -18,7 +18,7 @@ BATCH = 64
 
 
 class DataPlane:
-    def __init__(self, engine: Engine, ports: dict[int, Port], faults: Faults | None = None,
+    def __init__(self, engine: Engine, ports: dict[int, Port], faults: LinkFaults | None = None,
                  cpu_port: int | None = None, packet_in=None):
         self.engine = engine
         self.ports = ports

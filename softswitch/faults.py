@@ -37,7 +37,7 @@ class FaultStats:
     reordered: int = 0
 
 
-class Faults:
+class LinkFaults:
     def __init__(self, cfg: FaultConfig, hold_s: float = 0.002):
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)

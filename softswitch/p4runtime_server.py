@@ -28,7 +28,7 @@ from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 from . import compiler
 from .compiler_errors import ProgramError
 from .engine import Engine
-from .tables import Entry, Table, TableError
+from .tables import InstalledEntry, Table, TableError
 
 log = logging.getLogger("softswitch")
 API_VERSION = "1.4.1"
@@ -618,7 +618,7 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
         meta.CopyFrom(te)
         meta.ClearField("counter_data")
         canonical_entry(meta)
-        e = Entry(match, te.priority, jid, args, (), meta=meta)
+        e = InstalledEntry(match, te.priority, jid, args, (), meta=meta)
         if utype == U.INSERT:
             table.insert(e)
             if te.HasField("counter_data"):

@@ -37,7 +37,7 @@ class ActionSpec:
 
 
 @dataclass
-class Entry:
+class InstalledEntry:
     """One installed entry. `match` holds, per key field: exact -> value; lpm -> (value, prefix);
     ternary/optional -> (value, mask); range -> (lo, hi)."""
 
@@ -61,7 +61,7 @@ class Table:
         self.with_counters = with_counters
         self.exact = all(k.kind in ("exact", "valid") for k in keys)
         self.d: dict = {}  # exact tables: key -> result
-        self.entries: dict = {}  # canonical match (+ priority) -> Entry
+        self.entries: dict = {}  # canonical match (+ priority) -> InstalledEntry
         self._scan: list = []
         self.default_action_id = -1
         self.default_args: tuple = ()
@@ -89,7 +89,7 @@ class Table:
         self.default_args = tuple(args)
         self.miss = (False, action_id, act.fn, self.default_args, None)
 
-    def _result(self, e: Entry) -> Result:
+    def _result(self, e: InstalledEntry) -> Result:
         act = self.actions[e.action_id]
         return (True, e.action_id, act.fn, e.args, e.counter if self.with_counters else None)
 
@@ -110,10 +110,10 @@ class Table:
         elif priority != 0:
             raise TableError("INVALID_ARGUMENT", f"{self.name}: priority must be 0 for exact/lpm tables")
 
-    def get(self, match: tuple, priority: int) -> Entry | None:
+    def get(self, match: tuple, priority: int) -> InstalledEntry | None:
         return self.entries.get(self._canonical(match, priority))
 
-    def insert(self, e: Entry) -> None:
+    def insert(self, e: InstalledEntry) -> None:
         self.check_match(e.match, e.priority)
         ck = self._canonical(e.match, e.priority)
         if ck in self.entries:
@@ -124,7 +124,7 @@ class Table:
         self.entries[ck] = e
         self._publish(ck, e)
 
-    def modify(self, e: Entry) -> Entry:
+    def modify(self, e: InstalledEntry) -> InstalledEntry:
         self.check_match(e.match, e.priority)
         ck = self._canonical(e.match, e.priority)
         old = self.entries.get(ck)
@@ -136,7 +136,7 @@ class Table:
         self._publish(ck, e)
         return old
 
-    def delete(self, match: tuple, priority: int) -> Entry:
+    def delete(self, match: tuple, priority: int) -> InstalledEntry:
         self.check_match(match, priority)
         ck = self._canonical(match, priority)
         old = self.entries.pop(ck, None)
@@ -153,7 +153,7 @@ class Table:
         self.d = {}
         self._scan = []
 
-    def _publish(self, ck, e: Entry) -> None:
+    def _publish(self, ck, e: InstalledEntry) -> None:
         if self.exact:
             self.d[ck] = e.result
         else:

@@ -7,7 +7,7 @@ processes and hands out ranks, over TCP on the hosts' own network).
         --iface eth0 --topology topo.json --job 1 --workload workload.json --init init.npz \\
         --steps 60 --out 'final-{rank}.npz'
 
-Every other argument is mininet_topos.worker's; `{rank}` in --out is replaced. On one machine
+Every other argument is mininet_topos.trainer's; `{rank}` in --out is replaced. On one machine
 whose worker hosts are network namespaces, `--netns-prefix P` runs rank r inside namespace
 P + (the topology's host of worker r).
 """
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     rest = [a.replace("{rank}", str(rank)) for a in rest] + ["--worker", str(rank)]
     if rank == 0 and "--eval" not in rest:
         rest.append("--eval")
-    cmd = [sys.executable, "-m", "mininet_topos.worker", *rest]
+    cmd = [sys.executable, "-m", "mininet_topos.trainer", *rest]
     if args.netns_prefix:
         try:
             topo = Topology.load(rest[rest.index("--topology") + 1])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..compiler_errors import ProgramError, UnsupportedConstruct
 from . import shape
-from .layout import Layout, hex_value
+from .layout import FieldLayout, hex_value
 from .runtime import SHIFT_CAP
 
 
@@ -29,7 +29,7 @@ BOOL_OPS = {"==", "!=", "<", ">", "<=", ">=", "and", "or", "not", "valid", "d2b"
 
 
 class ExpressionCompiler:
-    def __init__(self, layout: Layout, registers: dict[str, int], reg_widths: dict[str, int], too_short: int):
+    def __init__(self, layout: FieldLayout, registers: dict[str, int], reg_widths: dict[str, int], too_short: int):
         self.layout = layout
         self.too_short = too_short  # the PacketTooShort error code, for lookahead past the end
         self.registers = registers

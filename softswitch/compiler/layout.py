@@ -43,7 +43,7 @@ class HeaderLayout:
 
 
 @dataclass
-class Layout:
+class FieldLayout:
     headers: dict[str, HeaderLayout]
     widths: list[int]  # per slot (validity: 1)
     signed: list[bool]
@@ -79,7 +79,7 @@ class Layout:
         return None
 
 
-def build_layout(j: dict) -> Layout:
+def build_layout(j: dict) -> FieldLayout:
     types = {}
     for header_type in j.get("header_types", []):
         fields = []
@@ -119,7 +119,7 @@ def build_layout(j: dict) -> Layout:
         widths.append(32)
         signed.append(False)
     aliases = {a[0]: tuple(a[1]) for a in j.get("field_aliases", [])}
-    return Layout(headers, widths, signed, len(widths), ilen, plen, aliases, stacks)
+    return FieldLayout(headers, widths, signed, len(widths), ilen, plen, aliases, stacks)
 
 
 _UNSIGNED = {8: "B", 16: "H", 32: "I", 64: "Q"}

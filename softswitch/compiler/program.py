@@ -13,7 +13,7 @@ from . import runtime, shape
 from .calculations import generate_calculation
 from .deparser import generate_deparser
 from .expressions import ExpressionCompiler
-from .layout import Layout, build_layout, header_struct
+from .layout import FieldLayout, build_layout, header_struct
 from .parser import generate_parser
 from .pipeline import ControlFlow, make_table
 from .primitives import generate_action
@@ -38,7 +38,7 @@ REJECT_IF_PRESENT = [
 class CompiledProgram:
     source: str
     ns: dict
-    layout: Layout
+    layout: FieldLayout
     tables: dict[str, Table]
     tables_by_id: dict[int, Table]
     registers: dict[str, list]

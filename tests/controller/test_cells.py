@@ -4,14 +4,14 @@ import numpy as np
 
 from controller import cells
 from controller import p4info_names as n
-from controller.jobs import Endpoint, JobState
+from controller.jobs import AttachedHost, JobState
 from controller.slots import SlotRange
 from mindp.fixedpoint import exact_sum
 from mindp.protocol import K
 
 
 def job():
-    ep = Endpoint(9, "02:00:00:00:00:09", "10.0.0.9")
+    ep = AttachedHost(9, "02:00:00:00:00:09", "10.0.0.9")
     return JobState(1, SlotRange(100, 4), 77, {0: ep, 3: ep, 5: ep}, ep)
 
 

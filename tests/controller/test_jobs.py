@@ -4,7 +4,7 @@ import random
 import pytest
 
 from controller import p4info_names as n
-from controller.jobs import Endpoint, JobError, changed_workers, new_job, next_epoch, orphan_plan, plan, rebuild
+from controller.jobs import AttachedHost, JobError, changed_workers, new_job, next_epoch, orphan_plan, plan, rebuild
 from controller.model import Group, OpKind
 from controller.slots import PoolExhausted, SlotPool, SlotRange
 from mindp.topology import Host, JobSpec, star
@@ -57,7 +57,7 @@ def test_create_plan_puts_job_entry_after_its_members_and_delete_before(topo):
 
 def test_inverse_of_a_plan_undoes_it(topo):
     job = make(topo)
-    moved = job.with_workers({**job.workers, 0: Endpoint(40, "02:00:00:00:00:40", "10.0.0.40")})
+    moved = job.with_workers({**job.workers, 0: AttachedHost(40, "02:00:00:00:00:40", "10.0.0.40")})
     ops = plan(job, moved)
     undo = [op.inverse() for op in reversed(ops)]
     for op, inv in zip(reversed(ops), undo):
@@ -70,7 +70,7 @@ def test_inverse_of_a_plan_undoes_it(topo):
 def test_replace_worker_moves_membership_rewrites_address_and_group(topo):
     jobs = {}
     job = make(topo, jobs=jobs)
-    spare = Endpoint(40, "02:00:00:00:00:40", "10.0.0.40", "spare")
+    spare = AttachedHost(40, "02:00:00:00:00:40", "10.0.0.40", "spare")
     moved = changed_workers(job, {**job.workers, 1: spare}, jobs)
     ops = plan(job, moved)
     got = {(op.kind, op.item.table if not isinstance(op.item, Group) else "group") for op in ops}
@@ -83,7 +83,7 @@ def test_replace_worker_moves_membership_rewrites_address_and_group(topo):
 def test_add_and_remove_worker_update_count_and_group(topo):
     jobs = {}
     job = make(topo, jobs=jobs)
-    bigger = changed_workers(job, {**job.workers, 5: Endpoint(40, "02:00:00:00:00:40", "10.0.0.40")}, jobs)
+    bigger = changed_workers(job, {**job.workers, 5: AttachedHost(40, "02:00:00:00:00:40", "10.0.0.40")}, jobs)
     assert bigger.job_entry().params["workers"] == 4
     assert (40, n.worker_rid(1, 5)) in bigger.mcast_group().replicas
     ops = plan(job, bigger)
@@ -147,7 +147,7 @@ def test_rebuild_recovers_jobs_from_entries_and_groups(topo):
     assert got.problems == [] and got.orphans == []
     assert got.jobs == {1: a, 2: b}
     anonymous = rebuild(entries, None)  # without a topology, hosts are unnamed
-    assert anonymous.jobs[1].workers[0] == Endpoint(a.workers[0].port, a.workers[0].mac, a.workers[0].ip)
+    assert anonymous.jobs[1].workers[0] == AttachedHost(a.workers[0].port, a.workers[0].mac, a.workers[0].ip)
 
 
 def test_rebuild_reports_leftovers_of_a_half_written_job(topo):
@@ -175,4 +175,4 @@ def test_rebuild_flags_inconsistent_count_and_group(topo):
 
 def test_endpoint_from_host():
     h = Host("a", "02:00:00:00:00:09", "10.0.0.9", 9)
-    assert Endpoint.of(h) == Endpoint(9, h.mac, h.ip, "a")
+    assert AttachedHost.of(h) == AttachedHost(9, h.mac, h.ip, "a")

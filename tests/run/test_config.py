@@ -33,7 +33,7 @@ def test_defaults_and_make_style_values():
     ({"log": "verbose"}, "LOG"),
 ])
 def test_bad_values_name_the_variable(kw, name):
-    with pytest.raises(config.ConfigError) as err:
+    with pytest.raises(config.RunConfigError) as err:
         config.parse(**kw)
     msg = str(err.value)
     assert msg.startswith(name) and "\n" not in msg

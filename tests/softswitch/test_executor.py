@@ -15,7 +15,7 @@ from p4src import artifacts
 from softswitch import compiler, hashing
 from softswitch.compiler_errors import ProgramError, UnsupportedConstruct
 from softswitch.engine import Engine
-from softswitch.tables import Entry, TableError
+from softswitch.tables import InstalledEntry, TableError
 
 from . import compiled
 
@@ -223,7 +223,7 @@ def feat_frame(src=0x0A000001, dst=0x0A010203, **kw):
 
 def entry(table, match, action, args=(), priority=0):
     aid = next(a for a, spec in table.actions.items() if spec.name == action)
-    table.insert(Entry(tuple(match), priority, aid, tuple(args), ()))
+    table.insert(InstalledEntry(tuple(match), priority, aid, tuple(args), ()))
 
 
 @pytest.fixture

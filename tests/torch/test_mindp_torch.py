@@ -35,7 +35,7 @@ def start_worker(bed, topo, tmp_path, w: int, steps: int, drop: float):
     nh = bed.hosts[topo.jobs[0].workers[w]]
     faults = ["--drop-send", str(drop), "--drop-recv", str(drop), "--fault-seed", str(200 + w)] if drop else []
     log = open(tmp_path / f"w{w}.log", "w")
-    return nh.popen(sys.executable, "-m", "mininet_topos.worker", "--topology", str(tmp_path / "topo.json"),
+    return nh.popen(sys.executable, "-m", "mininet_topos.trainer", "--topology", str(tmp_path / "topo.json"),
                     "--job", "1", "--worker", str(w), "--workload", str(tmp_path / "workload.json"),
                     "--init", str(tmp_path / "init.npz"), "--steps", str(steps), "--out", str(tmp_path / f"w{w}.npz"),
                     "--rto-min", "0.01", "--rto-max", "0.5", "--deadline", "30", *faults,

@@ -7,7 +7,7 @@ its gradients leave from backward hooks while the backward pass still runs. It w
 orchestrator reads for the progress bar; worker 0 also evaluates the model
 (loss on the training set, accuracy on the test set) after every step.
 
-    python -m mininet_topos.worker --topology T.json --job 1 --worker 0 \
+    python -m mininet_topos.trainer --topology T.json --job 1 --worker 0 \
         --workload W.json --init init.npz --steps N --out final.npz
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def emit(**fields) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mininet_topos.worker", description="mindp training worker (mlp, cnn or gpt)")
+    p = argparse.ArgumentParser(prog="mininet_topos.trainer", description="mindp training worker (mlp, cnn or gpt)")
     p.add_argument("--iface", default="eth0")
     p.add_argument("--topology", required=True)
     p.add_argument("--job", type=int, required=True)
