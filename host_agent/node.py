@@ -25,7 +25,8 @@ from mindp import codec, schedule
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import fused, optim, rawsock, state
+from . import agent_args, fused, optim, rawsock, state
+from .agent_args import finite
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError, StorageError
 from .worker import RtoConfig
@@ -366,17 +367,6 @@ def parse_size(text: str) -> int:
     return int(value * units[unit])
 
 
-def finite(text: str) -> float:
-    """A float argument that is a number (not nan or inf)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"want a finite number, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mindp-optimizer", description="mindp optimizer node (out-of-core AdamW/SGD)")
     p.add_argument("--iface", default="eth0", help="interface facing the switch")
@@ -391,8 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", required=True, help="directory of the out-of-core state (resumed if present)")
     p.add_argument("--ram-budget", type=parse_size, default=parse_size("256M"), help="resident state budget")
     p.add_argument("--page-chunks", type=int, default=state.DEFAULT_PAGE_CHUNKS, help="chunks per page")
-    p.add_argument("--layout", help="JSON layout [[name, [dims]], ...] (default: the arrays of --init FILE)")
-    p.add_argument("--init", default="seed:0", help="seed:N or a .npz of initial parameters")
+    agent_args.add_model_args(p)
     p.add_argument("--optimizer", choices=optim.KINDS, default="adamw")
     p.add_argument("--lr", type=finite, default=1e-3)
     p.add_argument("--weight-decay", type=finite, default=0.01)
@@ -407,11 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a sum before the recent parameters are sent again (0: never)")
     p.add_argument("--export", help="write the final master parameters to this .npz")
     p.add_argument("--stats", help="write counters as JSON here at exit")
-    p.add_argument("--drop-recv", type=finite, default=0.0, help="test loss injection on received sums")
-    p.add_argument("--drop-send", type=finite, default=0.0, help="test loss injection on sent parameters")
-    p.add_argument("--dup-send", type=finite, default=0.0, help="test duplication of sent parameters")
-    p.add_argument("--reorder-send", type=finite, default=0.0, help="test reordering of sent parameters")
-    p.add_argument("--fault-seed", type=int, default=0)
+    agent_args.add_fault_args(p, send_reorder=True)
     return p
 
 
@@ -444,39 +429,19 @@ def open_state(args) -> state.Store:
     cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
                           eps=args.eps)
     if not state.exists(args.state_dir):
-        init = None
-        seed = 0
-        if args.init.startswith("seed:"):
-            try:
-                seed = int(args.init[5:])
-            except ValueError:
-                raise ConfigError(f"bad --init {args.init!r}: want seed:N or a file.npz") from None
-            if not args.layout:
-                raise ConfigError("--init seed:N needs --layout")
-        else:
-            init = optim.load_npz(args.init)
-        layout = _requested_layout(args) if args.layout else optim.layout_of(init)
-        state.create(args.state_dir, layout, state.init_pieces(layout, init, seed), cfg, args.page_chunks)
+        seed = agent_args.init_seed(args.init, args.layout)
+        init = optim.load_npz(args.init) if seed is None else None
+        layout = agent_args.read_layout(args.layout) if args.layout else optim.layout_of(init)
+        state.create(args.state_dir, layout, state.init_pieces(layout, init, seed or 0), cfg, args.page_chunks)
     store = state.Store(args.state_dir, args.ram_budget)
     if store.cfg != cfg:
         store.close()
         raise ConfigError(f"{args.state_dir} was created with {store.cfg}, not {cfg}")
-    wanted = _requested_layout(args)
+    wanted = agent_args.requested_layout(args.layout, args.init)
     if wanted is not None and optim.layout_to_json(wanted) != optim.layout_to_json(store.layout):
         store.close()
         raise ConfigError(f"{args.state_dir} holds another model than --init/--layout describe")
     return store
-
-
-def _requested_layout(args):
-    if args.layout:
-        try:
-            return optim.layout_from_json(json.loads(pathlib.Path(args.layout).read_text()))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read layout {args.layout}: {exc}") from None
-    if not args.init.startswith("seed:"):
-        return optim.npz_layout(args.init)
-    return None
 
 
 def proc_status_kb(field: str) -> int:
@@ -507,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
                     max_workers=args.max_workers)
     faults = None
     if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:
-        faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed, args.dup_send, args.reorder_send)
+        faults = agent_args.faults_from_args(args)
     node = OptimizerNode(core, sock, addr, faults, args.stall_resend, sum_sources(args))
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     rss_start = proc_status_kb("VmRSS")

@@ -23,7 +23,7 @@ from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import optim, rawsock, reference
+from . import agent_args, rawsock, reference
 from .optim import ConfigError
 
 FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
@@ -478,41 +478,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ip", help="our IPv4 address (without --topology)")
     p.add_argument("--opt-mac", help="optimizer node MAC (without --topology)")
     p.add_argument("--opt-ip", help="optimizer node IPv4 (without --topology)")
-    p.add_argument("--layout", help="JSON layout [[name, [dims]], ...] (default: the arrays of --init FILE)")
-    p.add_argument("--init", default="seed:0", help="seed:N or a .npz of initial parameters")
+    agent_args.add_model_args(p)
     p.add_argument("--grad-seed", type=int, default=0, help="seed of the synthetic gradients")
     p.add_argument("--steps", type=int, default=1)
     p.add_argument("--deadline", type=float, default=RtoConfig.deadline, help="seconds without progress before failing")
     p.add_argument("--out", help="write the final fp16 parameters to this .npz")
     p.add_argument("--stats", help="write counters as JSON here at exit")
-    p.add_argument("--drop-send", type=float, default=0.0)
-    p.add_argument("--drop-recv", type=float, default=0.0)
-    p.add_argument("--fault-seed", type=int, default=0)
+    agent_args.add_fault_args(p)
     return p
-
-
-def load_model(layout_path: str | None, init: str) -> tuple[Layout, dict[str, np.ndarray]]:
-    """(layout, float32 initial parameters) from --layout / --init, as the optimizer node reads them."""
-    if init.startswith("seed:"):
-        try:
-            seed = int(init[5:])
-        except ValueError:
-            raise ConfigError(f"bad --init {init!r}: want seed:N or a file.npz") from None
-        if not layout_path:
-            raise ConfigError("--init seed:N needs --layout")
-        try:
-            layout = optim.layout_from_json(json.loads(pathlib.Path(layout_path).read_text()))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"cannot read layout {layout_path}: {exc}") from None
-        return layout, optim.seed_params(layout, seed)
-    arrays = optim.load_npz(init)
-    return optim.layout_of(arrays), arrays
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        layout, init = load_model(args.layout, args.init)
+        layout, init = agent_args.load_model(args.layout, args.init)
         rto = RtoConfig(deadline=args.deadline)
         if args.topology:
             cfg = WorkerConfig.from_topology(Topology.load(args.topology), args.job, args.worker, rto=rto)
@@ -522,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 raise ConfigError(f"without --topology, give {' '.join(missing)}")
             cfg = WorkerConfig(args.job, args.worker, args.slots, args.mac, args.ip, args.opt_mac, args.opt_ip, rto=rto)
-        faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) if (args.drop_send or args.drop_recv) else None
+        faults = agent_args.faults_from_args(args)
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
                             initial={n: a.astype(np.float16) for n, a in init.items()})
         guard = rawsock.udp_guard()

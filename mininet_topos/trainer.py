@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from host_agent import optim, rawsock
+from host_agent import agent_args, optim, rawsock
 from host_agent.optim import ConfigError
 from host_agent.worker import RtoConfig, StepTimeout, WorkerAgent, WorkerConfig
 from mindp import workload
@@ -47,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rto-min", type=float, default=0.1, help="retransmission timeout floor (s)")
     p.add_argument("--rto-max", type=float, default=0.25, help="retransmission timeout cap (s)")
     p.add_argument("--out", required=True, help="final fp16 parameters (.npz)")
-    p.add_argument("--drop-send", type=float, default=0.0)
-    p.add_argument("--drop-recv", type=float, default=0.0)
-    p.add_argument("--fault-seed", type=int, default=0)
+    agent_args.add_fault_args(p)
     return p
 
 
@@ -82,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         layout = optim.layout_of(init)
         cfg = WorkerConfig.from_topology(Topology.load(args.topology), args.job, args.worker,
                                          rto=RtoConfig(min=args.rto_min, max=args.rto_max, deadline=args.deadline))
-        faults = rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed) \
-            if (args.drop_send or args.drop_recv) else None
+        faults = agent_args.faults_from_args(args)
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
                             initial={n: a.astype(np.float16) for n, a in init.items()})
         step_fn = _torch_step(wl, agent, init) if wl.model != "mlp" else _numpy_step(wl, agent)
