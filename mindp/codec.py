@@ -20,6 +20,7 @@ from .protocol import (
     ETHERTYPE_IPV4,
     HEADER_DTYPE,
     HEADER_LEN,
+    INT64_KINDS,
     IPPROTO_UDP,
     IPV4_LEN,
     PROTOCOL_VERSION,
@@ -154,7 +155,7 @@ def encode_tensor(
 
     `fields` set the other header fields (scalars or per-chunk arrays, e.g. slot and ver).
     """
-    dtype = np.int64 if Kind(kind) == Kind.SUM else np.float16
+    dtype = np.int64 if Kind(kind) in INT64_KINDS else np.float16
     chunks, counts = chunk_tensor(flat, dtype)
     n = len(chunks)
     hdr = header_array(n, chunk=np.arange(first_chunk, first_chunk + n, dtype=np.uint32), count=counts, **fields)

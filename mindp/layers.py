@@ -21,7 +21,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, bind_layers
 
-from .protocol import HEADER_FIELDS, K, UDP_PORT, Header, Kind
+from .protocol import HEADER_FIELDS, INT64_KINDS, K, UDP_PORT, Header, Kind
 
 _FIELD_BY_WIDTH = {8: ByteField, 16: ShortField, 32: IntField, 64: LongField}
 
@@ -40,7 +40,7 @@ class Mindp(Packet):
     def guess_payload_class(self, payload):
         if self.kind in (Kind.GRAD, Kind.PARAM):
             return Fp16Chunk
-        if self.kind == Kind.SUM:
+        if self.kind in INT64_KINDS:
             return Int64Chunk
         return Packet.guess_payload_class(self, payload)
 
@@ -53,7 +53,7 @@ class Fp16Chunk(Packet):
 
 
 class Int64Chunk(Packet):
-    """K int64 elements: exact sums at scale 2**24."""
+    """K int64 elements: exact sums (or a leaf's partial sums) at scale 2**24."""
 
     name = "mindp int64 chunk"
     fields_desc = [FieldListField("elements", [0] * K, SignedLongField("e", 0), count_from=lambda pkt: K)]
@@ -65,7 +65,7 @@ bind_layers(UDP, Mindp, sport=UDP_PORT)
 
 def elements_layer(kind: int, elements: np.ndarray) -> Packet:
     """The element layer for `kind` holding `elements` padded with zeros to K."""
-    if Kind(kind) == Kind.SUM:
+    if Kind(kind) in INT64_KINDS:
         vals = np.zeros(K, dtype=np.int64)
         vals[: len(elements)] = elements
         return Int64Chunk(elements=[int(v) for v in vals])

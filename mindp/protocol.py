@@ -32,6 +32,7 @@ class Kind(enum.IntEnum):
     GRAD = 1  # worker -> switch: K fp16 gradient elements
     SUM = 2  # switch -> optimizer node: K int64 exact sums
     PARAM = 3  # optimizer node -> switch -> workers: K fp16 parameters
+    PARTIAL = 4  # leaf switch -> parent switch: K int64 exact partial sums (docs/PROTOCOL.md, tree)
 
 
 class Flag(enum.IntFlag):
@@ -47,12 +48,12 @@ HEADER_FIELDS: tuple[tuple[str, int], ...] = (
     ("flags", 8),
     ("ver", 8),  # slot version (0 or 1) of this use of the slot
     ("job", 16),
-    ("worker", 16),  # sender's worker id (GRAD); last contributor (SUM)
+    ("worker", 16),  # sender's worker id (GRAD); child index at the parent (PARTIAL); last contributor (SUM)
     ("slot", 16),  # slot index relative to the job's slot range
     ("count", 16),  # valid elements in this chunk (<= K); the rest is padding
     ("step", 32),
     ("chunk", 32),
-    ("nworkers", 16),  # SUM: contributions in the sum; else 0
+    ("nworkers", 16),  # SUM, PARTIAL: contributions (workers' gradients) in the sum; else 0
     ("reserved", 16),
 )
 
@@ -63,7 +64,11 @@ HEADER_DTYPE = np.dtype([(name, f">u{w // 8}") for name, w in HEADER_FIELDS])
 assert HEADER_DTYPE.itemsize == HEADER_LEN
 
 #: Element encoding per kind: big-endian fp16 bits or big-endian int64.
-ELEMENT_DTYPE = {Kind.GRAD: np.dtype(">f2"), Kind.PARAM: np.dtype(">f2"), Kind.SUM: np.dtype(">i8")}
+ELEMENT_DTYPE = {Kind.GRAD: np.dtype(">f2"), Kind.PARAM: np.dtype(">f2"), Kind.SUM: np.dtype(">i8"),
+                 Kind.PARTIAL: np.dtype(">i8")}
+
+#: Kinds whose elements are exact int64 sums (the rest carry fp16).
+INT64_KINDS = frozenset(k for k, dt in ELEMENT_DTYPE.items() if dt.kind == "i")
 
 ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
 ETHERTYPE_IPV4 = 0x0800

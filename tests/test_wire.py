@@ -4,7 +4,7 @@ import pytest
 from scapy.layers.l2 import Ether
 
 from mindp import codec, layers
-from mindp.protocol import HEADER_FIELDS, K, Flag, Header, Kind, frame_len
+from mindp.protocol import HEADER_FIELDS, INT64_KINDS, K, Flag, Header, Kind, frame_len
 
 ADDRS = codec.Addresses("02:00:00:00:00:01", "02:00:00:00:00:09", "10.0.0.1", "10.0.0.9", ip_id=0x1234)
 
@@ -32,7 +32,7 @@ def test_codec_bytes_equal_scapy_over_random_headers(kind):
     rng = np.random.default_rng(int(kind))
     n = 25
     hdr = random_headers(rng, n)
-    if kind == Kind.SUM:
+    if kind in INT64_KINDS:
         elements = rng.integers(-(2**62), 2**62, size=(n, K), dtype=np.int64)
     else:
         elements = rng.integers(0, 2**16, size=(n, K), dtype=np.uint64).astype(np.uint16).view(np.float16)

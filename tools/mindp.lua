@@ -7,8 +7,8 @@ local UDP_PORT = 49374
 local HEADER_LEN = 24
 local K = 32
 local SCALE = 2.0 ^ -24  -- a SUM element is value * 2^24
-local KINDS = {[1] = "GRAD", [2] = "SUM", [3] = "PARAM"}
-local ELEMENT = {[1] = {size = 2, fixed = false}, [2] = {size = 8, fixed = true}, [3] = {size = 2, fixed = false}}
+local KINDS = {[1] = "GRAD", [2] = "SUM", [3] = "PARAM", [4] = "PARTIAL"}
+local ELEMENT = {[1] = {size = 2, fixed = false}, [2] = {size = 8, fixed = true}, [3] = {size = 2, fixed = false}, [4] = {size = 8, fixed = true}}
 
 local f = mindp.fields
 f.version = ProtoField.uint8("mindp.version", "Protocol version", base.DEC)
