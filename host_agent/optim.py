@@ -37,9 +37,18 @@ class OptimizerConfig:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ConfigError(f"unknown optimizer {self.kind!r}: choose one of {', '.join(KINDS)}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
+        try:
+            b1, b2 = self.betas
+        except (TypeError, ValueError):
+            raise ConfigError(f"betas must be two numbers, got {self.betas!r}") from None
+        # Every hyper-parameter a finite real number: NaN passes any `<`/`>` test, so check it first.
+        for name, value in (("lr", self.lr), ("betas[0]", b1), ("betas[1]", b2), ("eps", self.eps),
+                            ("weight_decay", self.weight_decay), ("momentum", self.momentum)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
+                    or not math.isfinite(value):
+                raise ConfigError(f"{name} must be a finite number, got {value!r}")
+        if not self.lr > 0:
             raise ConfigError(f"learning rate must be positive, got {self.lr}")
-        b1, b2 = self.betas
         if not (0 <= b1 < 1 and 0 <= b2 < 1):
             raise ConfigError(f"betas must be in [0, 1), got {self.betas}")
         if self.eps <= 0 or self.weight_decay < 0 or not 0 <= self.momentum < 1:

@@ -115,3 +115,18 @@ def test_node_lingers_past_the_workers_largest_rto():
 def test_npz_layout_reads_shapes_without_data(files):
     _, init, _ = files
     assert optim.layout_to_json(optim.npz_layout(init)) == optim.layout_to_json(optim.layout_of(small_model()))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("lr", float("nan")), ("lr", float("inf")), ("eps", float("nan")), ("eps", float("inf")),
+    ("weight_decay", float("nan")), ("weight_decay", float("inf")), ("momentum", float("nan")),
+    ("betas", (float("nan"), 0.999)), ("betas", (0.9, float("inf"))), ("lr", "0.1"), ("betas", 0.9),
+])
+def test_optimizer_config_built_from_python_refuses_non_finite_hyper_parameters(field, value):
+    """Not only the CLI: a config built in Python (or read back from a state directory) with a NaN
+    or infinite hyper-parameter is one ConfigError line naming it, never a NaN master later."""
+    with pytest.raises(optim.ConfigError) as err:
+        OptimizerConfig(**{field: value})
+    assert field.split("[")[0] in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(optim.ConfigError):
+        OptimizerConfig.from_dict({**OptimizerConfig().to_dict(), field: value})
