@@ -39,13 +39,50 @@ class AttachedHost:
 
 
 @dataclass(frozen=True)
+class Shard:
+    """One optimizer node of a sharded job: it owns chunks lo..hi (inclusive).
+
+    On the switch that attaches the nodes (a single switch, or the spine), a completed
+    sum for a chunk in [lo, hi] goes to `node`, and a parameter chunk in [lo, hi] is
+    admitted only from `node`'s port.
+    """
+    lo: int
+    hi: int
+    node: AttachedHost
+
+    def to_dict(self) -> dict:
+        return {"lo": self.lo, "hi": self.hi, "node": self.node.to_dict()}
+
+
+@dataclass(frozen=True)
 class JobState:
+    """A job as ONE switch holds it, whatever that switch's role in the tree.
+
+    - Single switch (the default): `workers` are worker hosts, `optimizer` the node,
+      `uplink` None, `shards` () or the nodes owning chunk ranges.
+    - Leaf (`uplink` set): `workers` are this leaf's worker hosts; completed cells go
+      up as PARTIAL frames (worker field = `child_id`, this leaf's index at its parent)
+      out of `uplink.port`, addressed to `uplink.mac`/`uplink.ip` (the node's addresses);
+      PARAM frames are admitted from `uplink.port` and multicast to the workers.
+      `optimizer` is informational here (the switch stores only the uplink; `rebuild`
+      returns optimizer == uplink), and a leaf has no shards.
+    - Parent/spine: `workers` maps each child switch's child_id to the port towards
+      it (mac/ip: any valid address; PARAM replicas to it are rewritten to them), so
+      the job's worker count is the number of children; `optimizer`/`shards` as for a
+      single switch. Its SUMs carry nworkers = the gradients they contain.
+
+    `entries()` and `mcast_group()` are everything the switch needs for the job;
+    `plan(old, new)` orders the writes.
+    """
     job_id: int
     slots: SlotRange
     epoch: int
     workers: dict[int, AttachedHost]
     optimizer: AttachedHost
     chunks: int = 0  # chunks per step, 0: not known (the switch then does not bound the chunk index)
+    uplink: AttachedHost | None = None  # a leaf's port to its parent, with the node's mac/ip
+    child_id: int = 0  # a leaf's index at its parent (PARTIAL worker field), 0..MAX_WORKERS-1
+    shards: tuple[Shard, ...] = ()  # contiguous chunk ranges -> node, sorted by lo
 
     @property
     def group(self) -> int:
@@ -59,6 +96,11 @@ class JobState:
     def slot_count(self) -> int:
         return self.slots.count
 
+    @property
+    def endpoint(self) -> AttachedHost:
+        """Where completed cells go: the uplink at a leaf, else the (default) optimizer node."""
+        return self.uplink or self.optimizer
+
     def rid(self, worker: int) -> int:
         return n.worker_rid(self.job_id, worker)
 
@@ -66,23 +108,34 @@ class JobState:
     def rids(self) -> dict[int, int]:
         return {w: self.rid(w) for w in sorted(self.workers)}
 
+    def node_ports(self) -> list[int]:
+        """Ports a PARAM of the job may come from (admission): the endpoint's and every shard node's."""
+        return sorted({self.endpoint.port} | {s.node.port for s in self.shards})
+
     def ports(self) -> set[int]:
-        return {e.port for e in self.workers.values()} | {self.optimizer.port}
+        return {e.port for e in self.workers.values()} | set(self.node_ports())
 
     def with_workers(self, workers: dict[int, AttachedHost]) -> JobState:
         return replace(self, workers=dict(sorted(workers.items())))
 
     def job_entry(self) -> Entry:
-        opt = self.optimizer
+        end = self.endpoint
         return Entry(n.JOBS, {n.MF_JOB: self.job_id}, n.SET_JOB, {
             "slot_base": self.slots.base, "slot_count": self.slots.count, "workers": len(self.workers),
-            "optimizer_port": opt.port, "optimizer_mac": opt.mac, "optimizer_ip": opt.ip,
+            "optimizer_port": end.port, "optimizer_mac": end.mac, "optimizer_ip": end.ip,
             "mcast_group": self.group, "epoch": self.epoch, "chunks": self.chunks,
+            "uplink": int(self.uplink is not None), "child_id": self.child_id,
         })
 
+    def shard_entries(self) -> list[Entry]:
+        return [Entry(n.SHARDS, {n.MF_JOB: self.job_id, n.MF_CHUNK: (s.lo, s.hi)}, n.TO_SHARD,
+                      {"port": s.node.port, "mac": s.node.mac, "ip": s.node.ip}, n.SHARD_PRIORITY)
+                for s in self.shards]
+
     def member_entries(self) -> list[Entry]:
-        """Everything but the job entry: membership, optimizer admission, egress rewrite."""
-        out = [Entry(n.OPTIMIZERS, {n.MF_INGRESS_PORT: self.optimizer.port, n.MF_JOB: self.job_id}, n.ADMIT)]
+        """Everything but the job entry: membership, node admission, shard routes, egress rewrite."""
+        out = [Entry(n.OPTIMIZERS, {n.MF_INGRESS_PORT: p, n.MF_JOB: self.job_id}, n.ADMIT) for p in self.node_ports()]
+        out += self.shard_entries()
         for w, e in sorted(self.workers.items()):
             out.append(Entry(n.WORKERS, {n.MF_INGRESS_PORT: e.port, n.MF_JOB: self.job_id, n.MF_WORKER: w}, n.ADMIT))
             out.append(Entry(n.PARAM_REWRITE, {n.MF_EGRESS_RID: self.rid(w)}, n.SET_WORKER_ADDRESS,
@@ -96,11 +149,42 @@ class JobState:
         return Group(self.group, [(e.port, self.rid(w)) for w, e in self.workers.items()])
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "job_id": self.job_id, "slot_base": self.slots.base, "slots": self.slots.count, "epoch": self.epoch,
             "chunks": self.chunks, "mcast_group": self.group, "optimizer": self.optimizer.to_dict(),
             "workers": {str(w): {**e.to_dict(), "rid": self.rid(w)} for w, e in sorted(self.workers.items())},
         }
+        if self.uplink is not None:
+            out["uplink"] = self.uplink.to_dict()
+            out["child_id"] = self.child_id
+        if self.shards:
+            out["shards"] = [s.to_dict() for s in self.shards]
+        return out
+
+
+def check_tree(job: JobState) -> None:
+    """A job's tree role is consistent: child id in range, shards contiguous and disjoint, none at a leaf."""
+    if not 0 <= job.child_id < n.MAX_WORKERS:
+        raise JobError(f"job {job.job_id}: child id {job.child_id} outside 0..{n.MAX_WORKERS - 1}")
+    if job.uplink is None and job.child_id:
+        raise JobError(f"job {job.job_id}: a child id without an uplink")
+    if not job.shards:
+        return
+    if job.uplink is not None:
+        raise JobError(f"job {job.job_id}: a leaf (with an uplink) routes no shards; its parent does")
+    if len(job.shards) > n.MAX_SHARDS:
+        raise JobError(f"job {job.job_id}: {len(job.shards)} shards, at most {n.MAX_SHARDS}")
+    prev = -1
+    for s in job.shards:
+        if not prev < s.lo <= s.hi < 1 << 32:
+            raise JobError(f"job {job.job_id}: shard chunks {s.lo}..{s.hi} not ascending, disjoint and 32-bit")
+        prev = s.hi
+    if job.chunks and job.shards[-1].hi != job.chunks - 1 or job.shards[0].lo != 0:
+        raise JobError(f"job {job.job_id}: shards cover {job.shards[0].lo}..{job.shards[-1].hi}, "
+                       f"not every chunk 0..{job.chunks - 1 if job.chunks else 'N'}")
+    for a, b in zip(job.shards, job.shards[1:]):
+        if a.hi + 1 != b.lo:
+            raise JobError(f"job {job.job_id}: shards leave chunks {a.hi + 1}..{b.lo - 1} without a node")
 
 
 def plan(old: JobState | None, new: JobState | None) -> list[Op]:
@@ -142,28 +226,42 @@ def endpoints_for(spec: JobSpec, topology: Topology) -> tuple[dict[int, Attached
     return workers, optimizer
 
 
-def check_ports(job_id: int, workers: dict[int, AttachedHost], optimizer: AttachedHost, others: dict[int, JobState]) -> None:
-    """Within a job every member has its own port; across jobs no port is shared (isolation)."""
+def check_ports(job_id: int, workers: dict[int, AttachedHost], optimizer: AttachedHost, others: dict[int, JobState],
+                link_ports: frozenset[int] = frozenset(), extra: tuple[tuple[str, AttachedHost], ...] = ()) -> None:
+    """Within a job every member has its own port; across jobs no port is shared (isolation),
+    except `link_ports`: ports to other switches, which every job of a tree uses. `extra` are
+    further (label, host) pairs of the job (shard nodes)."""
     seen: dict[int, str] = {}
-    for label, e in [*((f"worker {w}", e) for w, e in sorted(workers.items())), ("optimizer", optimizer)]:
+    for label, e in [*((f"worker {w}", e) for w, e in sorted(workers.items())), ("optimizer", optimizer), *extra]:
         if not 1 <= e.port <= n.MAX_PORT:
             raise JobError(f"job {job_id}: {label} port {e.port} outside 1..{n.MAX_PORT}")
         if not valid_mac(e.mac):
             raise JobError(f"job {job_id}: {label} has a bad MAC {e.mac!r} (expected 02:00:00:00:00:01 form)")
         if not valid_ipv4(e.ip):
             raise JobError(f"job {job_id}: {label} has a bad IPv4 address {e.ip!r}")
-        if e.port in seen:
+        if e.port in seen and not (label.startswith("shard") and seen[e.port].startswith(("optimizer", "shard"))):
             raise JobError(f"job {job_id}: {label} and {seen[e.port]} share port {e.port}")
-        seen[e.port] = label
+        seen.setdefault(e.port, label)
     for other in others.values():
         if other.job_id == job_id:
             continue
-        shared = sorted(set(seen) & other.ports())
+        shared = sorted((set(seen) & other.ports()) - link_ports)
         if shared:
             raise JobError(f"port {shared[0]} is already owned by job {other.job_id}")
     bad = [w for w in workers if not 0 <= w < n.MAX_WORKERS]
     if bad:
         raise JobError(f"job {job_id}: worker ids {bad} outside 0..{n.MAX_WORKERS - 1}")
+
+
+def check_job(job: JobState, others: dict[int, JobState], link_ports: frozenset[int] = frozenset()) -> None:
+    """Validate a job as one switch of a tree holds it (built by the caller, e.g. from a leaf-spine
+    topology): ports and addresses as `check_ports` (the uplink and child-switch ports belong in
+    `link_ports`), child id, shard ranges. Raises JobError."""
+    if not job.workers:
+        raise JobError(f"job {job.job_id} would have no members")
+    extra = tuple((f"shard {s.lo}..{s.hi}", s.node) for s in job.shards)
+    check_ports(job.job_id, job.workers, job.endpoint, others, link_ports, extra)
+    check_tree(job)
 
 
 def new_job(spec: JobSpec, topology: Topology, jobs: dict[int, JobState], pool: SlotPool,
@@ -180,12 +278,14 @@ def new_job(spec: JobSpec, topology: Topology, jobs: dict[int, JobState], pool: 
     return JobState(spec.job_id, slots, epoch, workers, optimizer, spec.chunks)
 
 
-def changed_workers(job: JobState, workers: dict[int, AttachedHost], jobs: dict[int, JobState]) -> JobState:
-    """The job with a new worker set, checked like a new job (ports, ids)."""
+def changed_workers(job: JobState, workers: dict[int, AttachedHost], jobs: dict[int, JobState],
+                    link_ports: frozenset[int] = frozenset()) -> JobState:
+    """The job with a new worker set (or child switches, at a parent), checked like a new job (ports, ids)."""
     if not workers:
         raise JobError(f"job {job.job_id} would have no workers")
-    check_ports(job.job_id, workers, job.optimizer, jobs)
-    return job.with_workers(workers)
+    new = job.with_workers(workers)
+    check_job(new, jobs, link_ports)
+    return new
 
 
 # --- reconcile: jobs back from the switch's entries ------------------------------
@@ -203,8 +303,9 @@ class Rebuilt:
 def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology | None = None) -> Rebuilt:
     """Jobs from the switch's table entries (and groups, when the target can read them).
 
-    The tables alone determine a job: slots, epoch and optimizer from the job
-    entry, worker ports from membership, worker addresses from the rewrites.
+    The tables alone determine a job: slots, epoch, optimizer (or uplink and child id,
+    at a leaf) from the job entry, worker (or child switch) ports from membership, their
+    addresses from the rewrites, shards from the shards table.
     Anything left over or inconsistent is reported, never guessed at.
     """
     out = Rebuilt()
@@ -212,14 +313,17 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
     job_entries = {int(e.match[n.MF_JOB]): e for e in entries if e.table == n.JOBS}
     members: dict[int, dict[int, Entry]] = {}
     rewrites: dict[int, Entry] = {}
-    optimizers: dict[int, Entry] = {}
+    optimizers: dict[int, dict[int, Entry]] = {}
+    shards: dict[int, list[Entry]] = {}
     for e in entries:
         if e.table == n.WORKERS:
             members.setdefault(int(e.match[n.MF_JOB]), {})[int(e.match[n.MF_WORKER])] = e
         elif e.table == n.PARAM_REWRITE:
             rewrites[int(e.match[n.MF_EGRESS_RID])] = e
         elif e.table == n.OPTIMIZERS:
-            optimizers[int(e.match[n.MF_JOB])] = e
+            optimizers.setdefault(int(e.match[n.MF_JOB]), {})[int(e.match[n.MF_INGRESS_PORT])] = e
+        elif e.table == n.SHARDS:
+            shards.setdefault(int(e.match[n.MF_JOB]), []).append(e)
     used_rewrites: set[int] = set()
     for job_id, je in sorted(job_entries.items()):
         p = je.params
@@ -236,13 +340,19 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
             workers[w] = AttachedHost(int(me.match[n.MF_INGRESS_PORT]), mac, str(rw.params["ip"]), by_mac.get(mac))
         opt_mac = str(p["optimizer_mac"])
         optimizer = AttachedHost(int(p["optimizer_port"]), opt_mac, str(p["optimizer_ip"]), by_mac.get(opt_mac))
+        job_shards = []
+        for se in sorted(shards.pop(job_id, []), key=lambda e: e.match[n.MF_CHUNK]):
+            lo, hi = se.match[n.MF_CHUNK]
+            mac = str(se.params["mac"])
+            job_shards.append(Shard(int(lo), int(hi), AttachedHost(int(se.params["port"]), mac, str(se.params["ip"]),
+                                                                  by_mac.get(mac))))
+        uplink = optimizer if int(p.get("uplink", 0)) else None
         job = JobState(job_id, SlotRange(int(p["slot_base"]), int(p["slot_count"])), int(p["epoch"]), workers, optimizer,
-                       int(p.get("chunks", 0)))
-        oe = optimizers.pop(job_id, None)
-        if oe is None or int(oe.match[n.MF_INGRESS_PORT]) != optimizer.port:
-            out.problems.append(f"job {job_id}: optimizer admission does not match port {optimizer.port}")
-            if oe is not None:
-                out.orphans.append(oe)
+                       int(p.get("chunks", 0)), uplink, int(p.get("child_id", 0)), tuple(job_shards))
+        admitted = optimizers.pop(job_id, {})
+        if sorted(admitted) != job.node_ports():
+            out.problems.append(f"job {job_id}: node admission on ports {sorted(admitted)}, expected {job.node_ports()}")
+            out.orphans.extend(oe for port, oe in sorted(admitted.items()) if port not in job.node_ports())
         if int(p["workers"]) != len(workers):
             out.problems.append(f"job {job_id}: job entry counts {p['workers']} workers, membership has {len(workers)}")
         if int(p["mcast_group"]) != job.group:
@@ -251,9 +361,12 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
     for job_id, ms in members.items():
         out.orphans.extend(ms.values())
         out.problems.append(f"membership for job {job_id}, which has no job entry")
-    for job_id, oe in optimizers.items():
-        out.orphans.append(oe)
+    for job_id, oes in optimizers.items():
+        out.orphans.extend(oes.values())
         out.problems.append(f"optimizer admission for job {job_id}, which has no job entry")
+    for job_id, ses in shards.items():
+        out.orphans.extend(ses)
+        out.problems.append(f"shard routes for job {job_id}, which has no job entry")
     for rid, rw in rewrites.items():
         if rid not in used_rewrites:
             out.orphans.append(rw)

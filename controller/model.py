@@ -12,20 +12,30 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Entry:
-    """One table entry: exact match fields -> action(params)."""
+    """One table entry: match fields -> action(params).
+
+    A match value is an int or address string for an exact field and an inclusive
+    (lo, hi) tuple for a range field; tables with a range field need priority > 0
+    (P4Runtime), exact-only tables priority 0.
+    """
     table: str
-    match: dict[str, int | str]
+    match: dict[str, int | str | tuple[int, int]]
     action: str
     params: dict[str, int | str] = field(default_factory=dict)
+    priority: int = 0
 
     def key(self) -> tuple:
-        return (self.table, tuple(sorted(self.match.items())))
+        return (self.table, tuple(sorted(self.match.items())), self.priority)
 
     def same_action(self, other: Entry) -> bool:
         return self.action == other.action and self.params == other.params
 
     def to_dict(self) -> dict:
-        return {"table": self.table, "match": dict(self.match), "action": self.action, "params": dict(self.params)}
+        out = {"table": self.table, "match": {k: list(v) if isinstance(v, tuple) else v for k, v in self.match.items()},
+               "action": self.action, "params": dict(self.params)}
+        if self.priority:
+            out["priority"] = self.priority
+        return out
 
 
 @dataclass

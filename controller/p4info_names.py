@@ -10,7 +10,7 @@ from __future__ import annotations
 
 # Re-exported for the controller's modules: the sizes and codes live in mindp.switch_constants.
 from mindp.protocol import MAX_WORKERS  # noqa: F401
-from mindp.switch_constants import (DROP_CELLS, DROP_REASONS, MAX_JOBS, MAX_PORT, NO_JOB_ROW,  # noqa: F401
+from mindp.switch_constants import (DROP_CELLS, DROP_REASONS, MAX_JOBS, MAX_PORT, MAX_SHARDS, NO_JOB_ROW,  # noqa: F401
                                     POOL_CELLS, POOL_SLOTS, DropReason, drop_cell)
 
 
@@ -20,12 +20,14 @@ JOBS = "MindpIngress.admission.jobs"
 WORKERS = "MindpIngress.admission.workers"
 OPTIMIZERS = "MindpIngress.admission.optimizers"
 PARAM_REWRITE = "MindpEgress.rewrite.param_rewrite"
-TABLES = (L2_FORWARD, JOBS, WORKERS, OPTIMIZERS, PARAM_REWRITE)
+SHARDS = "MindpIngress.shards.shards"  # (job exact, chunk range) -> to_shard; entries need a priority
+TABLES = (L2_FORWARD, JOBS, WORKERS, OPTIMIZERS, SHARDS, PARAM_REWRITE)
 
 # Match fields.
 MF_DST_MAC = "hdr.ethernet.dstAddr"
 MF_JOB = "hdr.mindp.job"
 MF_WORKER = "hdr.mindp.worker"
+MF_CHUNK = "hdr.mindp.chunk"  # range match: (lo, hi) inclusive
 MF_INGRESS_PORT = "standard_metadata.ingress_port"
 MF_EGRESS_RID = "standard_metadata.egress_rid"
 
@@ -34,9 +36,12 @@ FORWARD = "MindpIngress.forwarding.forward"  # (port)
 FLOOD = "MindpIngress.forwarding.flood"  # (group)
 SET_JOB = "MindpIngress.admission.set_job"
 SET_JOB_PARAMS = ("slot_base", "slot_count", "workers", "optimizer_port", "optimizer_mac",
-                  "optimizer_ip", "mcast_group", "epoch", "chunks")
+                  "optimizer_ip", "mcast_group", "epoch", "chunks", "uplink", "child_id")
 ADMIT = "MindpIngress.admission.admit"
 SET_WORKER_ADDRESS = "MindpEgress.rewrite.set_worker_address"  # (mac, ip)
+TO_SHARD = "MindpIngress.shards.to_shard"  # (port, mac, ip)
+#: Priority of every shards entry: a job's chunk ranges are disjoint, so one level suffices.
+SHARD_PRIORITY = 1
 
 # Action parameters that are addresses: shown and compared as strings, not integers.
 MAC_PARAMS = frozenset({"optimizer_mac", "mac"})
@@ -46,7 +51,7 @@ IP_PARAMS = frozenset({"optimizer_ip", "ip"})
 GRAD_PACKETS = "MindpIngress.aggregation.grad_packets"
 COMPLETIONS = "MindpIngress.aggregation.completions"
 DUPLICATES = "MindpIngress.aggregation.duplicates"
-RESENT_SUMS = "MindpIngress.aggregation.resent_sums"
+RESENT_SUMS = "MindpIngress.aggregation.resent_sums"  # sums or partials resent
 PARAM_PACKETS = "MindpIngress.multicast.param_packets"
 DROPS = "MindpIngress.drops"
 REWRITE_MISSES = "MindpEgress.rewrite.rewrite_misses"
@@ -61,6 +66,7 @@ CELL_TAG_STEP_CHUNK = "MindpIngress.aggregation.tag_step_chunk"
 CELL_BITMAP = "MindpIngress.aggregation.bitmap"
 CELL_COUNT = "MindpIngress.aggregation.count"
 CELL_NONFINITE = "MindpIngress.aggregation.nonfinite"
+CELL_CONTRIBUTIONS = "MindpIngress.aggregation.contributions"
 CELL_ACC = "MindpIngress.aggregation.acc_{}"
 JOB_PROGRESS_EPOCH = "MindpIngress.aggregation.progress_epoch"
 JOB_NEWEST_STEP = "MindpIngress.aggregation.newest_step"

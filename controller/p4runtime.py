@@ -341,11 +341,22 @@ class SwitchConnection:
         for mf in self.ctx.get_table(e.table).match_fields:
             if mf.name not in given:
                 raise SwitchError(f"{e.table}: match field {mf.name} missing")
+            value = given.pop(mf.name)
+            if mf.match_type == p4info_pb2.MatchField.RANGE:
+                lo, hi = value
+                if (lo, hi) == (0, (1 << mf.bitwidth) - 1):
+                    continue  # P4Runtime: a don't-care range is omitted
+                fm = te.match.add()
+                fm.field_id = mf.id
+                fm.range.low = self._encode(lo, mf.bitwidth, f"{e.table} {mf.name}")
+                fm.range.high = self._encode(hi, mf.bitwidth, f"{e.table} {mf.name}")
+                continue
             fm = te.match.add()
             fm.field_id = mf.id
-            fm.exact.value = self._encode(given.pop(mf.name), mf.bitwidth, f"{e.table} {mf.name}")
+            fm.exact.value = self._encode(value, mf.bitwidth, f"{e.table} {mf.name}")
         if given:
             raise SwitchError(f"{e.table}: unknown match fields {sorted(given)}")
+        te.priority = e.priority
         if with_action:
             self._action(te.action.action, e.action, e.params)
         return te
@@ -365,15 +376,21 @@ class SwitchConnection:
     def _entry_of(self, te: p4runtime_pb2.TableEntry) -> Entry:
         table = self.ctx.get_name_from_id(te.table_id)
         match = {}
+        for mf in self.ctx.get_table(table).match_fields:  # an omitted range is the full range
+            if mf.match_type == p4info_pb2.MatchField.RANGE:
+                match[mf.name] = (0, (1 << mf.bitwidth) - 1)
         for fm in te.match:
             name = self.ctx.get_mf_name(table, fm.field_id)
-            match[name] = self._decode(fm.exact.value, name)
+            if fm.WhichOneof("field_match_type") == "range":
+                match[name] = (int.from_bytes(fm.range.low, "big"), int.from_bytes(fm.range.high, "big"))
+            else:
+                match[name] = self._decode(fm.exact.value, name)
         action = self.ctx.get_name_from_id(te.action.action.action_id)
         params = {}
         for p in te.action.action.params:
             name = self.ctx.get_param_name(action, p.param_id)
             params[name] = self._decode(p.value, name)
-        return Entry(table, match, action, params)
+        return Entry(table, match, action, params, te.priority)
 
     def _group_msg(self, g: Group) -> p4runtime_pb2.Entity:
         ent = p4runtime_pb2.Entity()

@@ -20,6 +20,9 @@ POOL_CELLS = 2 * POOL_SLOTS
 MAX_JOBS = 64
 MAX_JOB_ID = MAX_JOBS - 1
 
+#: Most shards (optimizer nodes with contiguous chunk ranges) one job may have on a switch.
+MAX_SHARDS = 8
+
 #: Highest switch port a host may use: ports are 9 bits and 511 is BMv2's drop port.
 MAX_PORT = 510
 
@@ -50,6 +53,7 @@ class DropReason(enum.IntEnum):
     UNKNOWN_ETHERTYPE = 11
     FUTURE_STEP = 12
     BAD_CHUNK = 13
+    NOT_OWNER = 14
 
 
 #: What each drop reason means (also the comments of the generated P4 constants).
@@ -68,6 +72,7 @@ DROP_MEANING: dict[DropReason, str] = {
     DropReason.UNKNOWN_ETHERTYPE: "neither ARP nor IPv4",
     DropReason.FUTURE_STEP: "gradient step beyond the job's newest completed step + STEP_WINDOW",
     DropReason.BAD_CHUNK: "chunk beyond the job's chunk count",
+    DropReason.NOT_OWNER: "parameter chunk from a port other than its shard's node (or the job's optimizer)",
 }
 
 

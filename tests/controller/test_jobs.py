@@ -1,10 +1,12 @@
 """Job model: entries and group of a job, ordered changes, validation, reconcile from entries."""
 import random
+from dataclasses import replace
 
 import pytest
 
 from controller import p4info_names as n
-from controller.jobs import AttachedHost, JobError, changed_workers, new_job, next_epoch, orphan_plan, plan, rebuild
+from controller.jobs import (AttachedHost, JobError, JobState, Shard, changed_workers, check_job, new_job, next_epoch,
+                             orphan_plan, plan, rebuild)
 from controller.model import Group, OpKind
 from controller.slots import PoolExhausted, SlotPool, SlotRange
 from mindp.topology import Host, JobSpec, star
@@ -31,7 +33,7 @@ def test_job_entries_and_group(topo):
     assert je.match == {n.MF_JOB: 1}
     assert je.params == {"slot_base": 0, "slot_count": 16, "workers": 3, "optimizer_port": opt.port,
                          "optimizer_mac": opt.mac, "optimizer_ip": opt.ip, "mcast_group": 257, "epoch": job.epoch,
-                         "chunks": 0}
+                         "chunks": 0, "uplink": 0, "child_id": 0}
     bounded = make(topo, spec=JobSpec(2, {0: "w2_0"}, "opt2", slots=8, chunks=100))
     assert bounded.job_entry().params["chunks"] == 100 and bounded.to_dict()["chunks"] == 100
     tables = [e.table for e in job.entries()]
@@ -176,3 +178,80 @@ def test_rebuild_flags_inconsistent_count_and_group(topo):
 def test_endpoint_from_host():
     h = Host("a", "02:00:00:00:00:09", "10.0.0.9", 9)
     assert AttachedHost.of(h) == AttachedHost(9, h.mac, h.ip, "a")
+
+
+NODE = AttachedHost(9, "02:00:00:00:00:09", "10.0.0.9", "opt")
+NODE2 = AttachedHost(10, "02:00:00:00:00:0a", "10.0.0.10", "opt2")
+HOSTS = {w: AttachedHost(1 + w, f"02:00:00:00:00:0{1 + w}", f"10.0.0.{1 + w}", f"w{w}") for w in range(2)}
+
+
+def leaf_job(child_id=1) -> JobState:
+    """Job 3 on a leaf: two workers, the uplink on port 7 with the node's addresses."""
+    uplink = AttachedHost(7, NODE.mac, NODE.ip, NODE.host)
+    return JobState(3, SlotRange(0, 8), 5, dict(HOSTS), uplink, chunks=40, uplink=uplink, child_id=child_id)
+
+
+def spine_job() -> JobState:
+    """Job 3 on a spine: two child switches (ports 1, 2; child ids 0, 1), two shard nodes."""
+    children = {c: AttachedHost(1 + c, NODE.mac, NODE.ip, f"leaf{c}") for c in range(2)}
+    return JobState(3, SlotRange(0, 8), 5, children, NODE, chunks=40, shards=(Shard(0, 19, NODE), Shard(20, 39, NODE2)))
+
+
+def test_leaf_job_sends_partials_up_its_uplink_and_admits_params_from_it():
+    job = leaf_job()
+    check_job(job, {})
+    p = job.job_entry().params
+    assert (p["uplink"], p["child_id"], p["optimizer_port"], p["optimizer_mac"], p["workers"]) == (1, 1, 7, NODE.mac, 2)
+    admits = [e for e in job.entries() if e.table == n.OPTIMIZERS]
+    assert [e.match[n.MF_INGRESS_PORT] for e in admits] == [7]
+    assert not [e for e in job.entries() if e.table == n.SHARDS]
+    assert job.mcast_group() == Group(job.group, [(1, job.rid(0)), (2, job.rid(1))])
+    assert job.to_dict()["uplink"]["port"] == 7 and job.to_dict()["child_id"] == 1
+
+
+def test_spine_job_routes_shards_and_admits_each_node():
+    job = spine_job()
+    check_job(job, {}, link_ports=frozenset({1, 2}))
+    shards = [e for e in job.entries() if e.table == n.SHARDS]
+    assert [(e.match[n.MF_CHUNK], e.params["port"], e.priority) for e in shards] == [((0, 19), 9, 1), ((20, 39), 10, 1)]
+    assert [e.match[n.MF_INGRESS_PORT] for e in job.entries() if e.table == n.OPTIMIZERS] == [9, 10]
+    assert job.job_entry().params["uplink"] == 0 and job.job_entry().params["workers"] == 2
+    assert job.to_dict()["shards"][1] == {"lo": 20, "hi": 39, "node": NODE2.to_dict()}
+
+
+def test_rebuild_recovers_leaf_and_sharded_spine_roles():
+    for job in (leaf_job(), spine_job()):
+        entries = job.entries()
+        random.Random(1).shuffle(entries)
+        got = rebuild(entries, [job.mcast_group()])
+        assert got.problems == [] and got.orphans == []
+        back = got.jobs[3]
+        assert (back.uplink is None) == (job.uplink is None) and back.child_id == job.child_id
+        assert [(s.lo, s.hi, s.node.port, s.node.mac) for s in back.shards] == \
+               [(s.lo, s.hi, s.node.port, s.node.mac) for s in job.shards]
+        assert plan(back, job) == []  # nothing to write: the switch already holds the job
+    half = [e for e in spine_job().entries() if e.table == n.SHARDS]
+    got = rebuild(half, [])
+    assert len(got.orphans) == 2 and any("shard routes for job 3" in p for p in got.problems)
+    assert len(orphan_plan(3, got)) == 2
+
+
+def test_tree_roles_are_checked():
+    leaf = leaf_job()
+    bad = [
+        (replace(leaf, child_id=32), "child id 32 outside 0..31"),
+        (replace(leaf, uplink=None), "a child id without an uplink"),
+        (replace(leaf, shards=(Shard(0, 39, NODE),)), "a leaf"),
+        (replace(spine_job(), shards=(Shard(0, 9, NODE), Shard(20, 39, NODE2))), "without a node"),
+        (replace(spine_job(), shards=(Shard(0, 19, NODE), Shard(20, 38, NODE2))), "not every chunk"),
+        (replace(spine_job(), shards=(Shard(20, 39, NODE2), Shard(0, 19, NODE))), "not ascending"),
+        (replace(spine_job(), shards=tuple(Shard(i * 5, i * 5 + 4, NODE) for i in range(9)), chunks=45), "at most 8"),
+    ]
+    for job, msg in bad:
+        with pytest.raises(JobError, match=msg):
+            check_job(job, {}, link_ports=frozenset({1, 2}))
+    other = replace(spine_job(), job_id=4)
+    with pytest.raises(JobError, match="already owned by job 4"):
+        check_job(spine_job(), {4: other})  # child ports shared with another job: only as link ports
+    check_job(spine_job(), {4: replace(other, optimizer=AttachedHost(11, NODE.mac, NODE.ip), shards=())},
+              link_ports=frozenset({1, 2}))
