@@ -26,6 +26,9 @@ def int_literal(v) -> str:
 
 
 BOOL_OPS = {"==", "!=", "<", ">", "<=", ">=", "and", "or", "not", "valid", "d2b", "b"}
+#: Generated source of the operators that are not Python's own, by BMv2 JSON op name.
+UNARY = {"not": "(not {0})", "~": "(~{0})", "d2b": "({0} != 0)", "b2d": "(1 if {0} else 0)"}
+BINARY = {"and": "({0} and {1})", "or": "({0} or {1})", "/": "_div({0}, {1})", "%": "_mod({0}, {1})"}
 
 
 class ExpressionCompiler:
@@ -248,14 +251,8 @@ class ExpressionEmitter:
             return f"(R_{self.compiler.register_index[name]}[{idx}] if {idx} < {size} else 0)"
         if k == "?":
             return f"({sub(n[2])} if {sub(n[1])} else {sub(n[3])})"
-        if k == "not":
-            return f"(not {sub(n[2])})"
-        if k == "~":
-            return f"(~{sub(n[2])})"
-        if k == "d2b":
-            return f"({sub(n[2])} != 0)"
-        if k == "b2d":
-            return f"(1 if {sub(n[2])} else 0)"
+        if k in UNARY:
+            return UNARY[k].format(sub(n[2]))
         if k == "two_comp_mod":
             w = n[2][1]
             h = 1 << (w - 1)
@@ -267,14 +264,8 @@ class ExpressionEmitter:
             w = n[2][1]
             return f"min(max({sub(n[1])}, {-(1 << (w - 1))}), {(1 << (w - 1)) - 1})"
         op, l, r = n
-        if op == "and":
-            return f"({sub(l)} and {sub(r)})"
-        if op == "or":
-            return f"({sub(l)} or {sub(r)})"
-        if op == "/":
-            return f"_div({sub(l)}, {sub(r)})"
-        if op == "%":
-            return f"_mod({sub(l)}, {sub(r)})"
+        if op in BINARY:
+            return BINARY[op].format(sub(l), sub(r))
         if op == "<<" and (r[0] != "c" or not 0 <= r[1] < SHIFT_CAP):
             return f"_shl({sub(l)}, {sub(r)})"
         if op == ">>" and (r[0] != "c" or not 0 <= r[1] < SHIFT_CAP):

@@ -175,6 +175,14 @@ def count(builder, params, widths, emitter):
     return out
 
 
+def _set_masked(builder, emitter, slot: int, value: str) -> list[str]:
+    """`f[slot] = value` cut to the field's width, after the statements `value` needs."""
+    out = emitter.take_pre()
+    out.append(f"f[{slot}] = {value} & {(1 << builder.layout.widths[slot]) - 1}")
+    emitter.invalidate([slot])
+    return out
+
+
 def hash_based_offset(builder, params, widths, emitter):
     slot = builder.lvalue(params[0])
     base = _value(builder, emitter, params[1], widths)
@@ -182,21 +190,13 @@ def hash_based_offset(builder, params, widths, emitter):
     if calculation not in builder.calcs:
         raise ProgramError(f"unknown calculation {calculation!r}")
     size = _value(builder, emitter, params[3], widths)
-    width = builder.layout.widths[slot]
-    out = emitter.take_pre()
-    out.append(f"f[{slot}] = ({base} + _hmod(K_{builder.calc_index[calculation]}(f), {size})) & {(1 << width) - 1}")
-    emitter.invalidate([slot])
-    return out
+    return _set_masked(builder, emitter, slot, f"({base} + _hmod(K_{builder.calc_index[calculation]}(f), {size}))")
 
 
 def random_uniform(builder, params, widths, emitter):
     slot = builder.lvalue(params[0])
     lo, hi = _value(builder, emitter, params[1], widths), _value(builder, emitter, params[2], widths)
-    width = builder.layout.widths[slot]
-    out = emitter.take_pre()
-    out.append(f"f[{slot}] = _rng.randint({lo}, max({lo}, {hi})) & {(1 << width) - 1}")
-    emitter.invalidate([slot])
-    return out
+    return _set_masked(builder, emitter, slot, f"_rng.randint({lo}, max({lo}, {hi}))")
 
 
 def exit_pipeline(builder, params, widths, emitter):
