@@ -14,7 +14,7 @@ import pathlib
 import select
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from mindp.topology import Topology, TopologyError
 
 from . import agent_args, rawsock, reference
 from .optim import ConfigError
+from .resume import ResumeFile
 
 FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
 
@@ -121,6 +122,22 @@ class Window:
 
     def set_ready(self, chunks) -> None:
         self.ready[chunks] = True
+        self._changed = True
+
+    def resume(self, answered: np.ndarray) -> None:
+        """Chunks answered before a restart (host_agent.resume) count as sent and done. In a slot they
+        are a prefix of its uses (c + S leaves only after c's parameters), so each slot goes on at
+        its first unanswered chunk, the one whose cell the switch still holds."""
+        answered = np.asarray(answered, dtype=bool)
+        self.done |= answered
+        self.attempts[answered] = 1
+        self.n_done = int(np.count_nonzero(self.done))
+        for j in range(len(self.next_in_slot)):
+            c = j
+            while c < self.n and self.done[c]:
+                c += self.slots
+            self.n_sent += (c - j) // self.slots
+            self.next_in_slot[j] = c
         self._changed = True
 
     @property
@@ -243,11 +260,13 @@ class WorkerAgent:
     """A worker's network agent for one job: one step at a time, in order."""
 
     def __init__(self, cfg: WorkerConfig, layout: Layout, sock, faults: rawsock.Faults | None = None,
-                 on_nonfinite=None, initial: dict | None = None):
+                 on_nonfinite=None, initial: dict | None = None, resume: ResumeFile | None = None):
         """on_nonfinite(step, chunks): called after a step whose parameters came back flagged
         NONFINITE (the node skipped the whole step): the hook for dynamic loss scaling.
         initial: the fp16 parameters held before the first step; a non-finite step returns the
-        parameters held before it (without them, a first step's answers are taken as they came)."""
+        parameters held before it (without them, a first step's answers are taken as they came).
+        resume: the worker's resume file (host_agent.resume): the step, the parameters before it and
+        the chunks of it already answered come from there, and it is kept current."""
         if cfg.slots < 1:
             raise ConfigError("slots must be >= 1")
         self.cfg = cfg
@@ -262,6 +281,11 @@ class WorkerAgent:
         if initial is not None:
             self.current = np.zeros(layout.n_chunks * K, dtype=np.float16)
             self.current[: layout.total] = layout.flatten(initial, dtype=np.float16)
+        self.resume = resume
+        self.resume_aux = None  # (step, skipped) -> values kept with the next step in the resume file
+        if resume is not None:
+            self.step = resume.step
+            self.current = resume.before(self.step)
         self.rtt = RttEstimator(cfg.rto)
         self.stats = collections.Counter()
         self.step_times: list[float] = []
@@ -315,6 +339,13 @@ class StepHandle:
         self.nonfinite: set[int] = set()
         self.t0 = time.monotonic()
         self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0)
+        if agent.resume is not None:  # received straight into the resume file
+            self.params = agent.resume.answers(agent.step)
+            answered, nonfinite = agent.resume.answered_in(agent.step)
+            if answered.any():
+                self.window.resume(answered)
+                self.nonfinite.update(np.flatnonzero(nonfinite).tolist())
+                agent.stats["resumed_chunks"] += int(np.count_nonzero(answered))
 
     def put(self, name: str, grad) -> None:
         """One named gradient (numpy or torch); its chunks leave as soon as the window allows."""
@@ -429,6 +460,8 @@ class StepHandle:
         fresh = w.on_params(c[idx], time.monotonic(), (flags & Flag.RETRANSMIT) == 0)
         take = idx[fresh]
         self.params.reshape(-1, K)[c[take]] = dec.elements[take]
+        if a.resume is not None:  # after the parameters: a kill in between only loses the mark
+            a.resume.record(w.step, c[take], (h["flags"][take] & Flag.NONFINITE) != 0)
         st["params_received"] += len(take)
         st["duplicates"] += len(idx) - len(take)
         nonfinite = take[(h["flags"][take] & Flag.NONFINITE) != 0]
@@ -460,6 +493,10 @@ class StepHandle:
                 self.params = a.current
             if a.on_nonfinite:
                 a.on_nonfinite(w.step, a.nonfinite_chunks)
+        if a.resume is not None:
+            skipped = bool(self.nonfinite)
+            a.resume.complete(w.step, skipped, a.resume_aux(w.step, skipped) if a.resume_aux else None)
+            self.params = a.resume.answers(w.step)
         a.current = self.params
         a.step += 1
         return a.layout.unflatten(self.params[: a.layout.total])
@@ -480,12 +517,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opt-ip", help="optimizer node IPv4 (without --topology)")
     agent_args.add_model_args(p)
     p.add_argument("--grad-seed", type=int, default=0, help="seed of the synthetic gradients")
-    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--steps", type=int, default=1, help="the job's step count: run until this step is done")
+    p.add_argument("--first-step", type=int, default=0,
+                   help="rejoin a live job at this step, --init being the parameters held before it")
+    p.add_argument("--resume", metavar="FILE",
+                   help="resume file, kept current at every received chunk: if it exists the worker goes on "
+                        "where it was (step, parameters, chunks answered), whatever --first-step says")
     p.add_argument("--deadline", type=float, default=RtoConfig.deadline, help="seconds without progress before failing")
     p.add_argument("--out", help="write the final fp16 parameters to this .npz")
     p.add_argument("--stats", help="write counters as JSON here at exit")
     agent_args.add_fault_args(p)
     return p
+
+
+def open_resume(path: str | None, cfg: WorkerConfig, layout: Layout, init: dict) -> tuple[ResumeFile | None, bool]:
+    """The worker's resume file (None without a path), created at cfg.first_step holding `init`."""
+    if not path:
+        return None, False
+    before = layout.flatten(init, dtype=np.float32).astype(np.float16)
+    return ResumeFile.open(path, cfg.job_id, cfg.worker_id, layout, before, cfg.first_step)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -501,18 +551,25 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 raise ConfigError(f"without --topology, give {' '.join(missing)}")
             cfg = WorkerConfig(args.job, args.worker, args.slots, args.mac, args.ip, args.opt_mac, args.opt_ip, rto=rto)
+        if args.first_step < 0:
+            raise ConfigError("--first-step must be >= 0")
+        cfg = replace(cfg, first_step=args.first_step)
         faults = agent_args.faults_from_args(args)
+        resume, resumed = open_resume(args.resume, cfg, layout, init)
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
-                            initial={n: a.astype(np.float16) for n, a in init.items()})
+                            initial={n: a.astype(np.float16) for n, a in init.items()}, resume=resume)
         guard = rawsock.udp_guard()
     except (ConfigError, TopologyError, rawsock.SocketError, ValueError, OSError) as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)
         return 2
+    if resumed:
+        print(f"mindp-worker {args.worker}: resuming at step {agent.step} "
+              f"({int(np.count_nonzero(resume.answered_in(agent.step)[0]))} chunk(s) of it answered)", flush=True)
     grad_fn = reference.synthetic_grads(args.grad_seed)
-    params = layout.unflatten(layout.flatten(init, dtype=np.float32).astype(np.float16))
+    params = layout.unflatten(agent.current[: layout.total])
     code = 0
     try:
-        for step in range(args.steps):
+        while agent.step < args.steps:
             params = agent.push(grad_fn(args.worker, agent.step, params))
     except StepTimeout as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)

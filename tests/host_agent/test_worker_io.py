@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from host_agent import optim
+from host_agent.optim import ConfigError
+from host_agent.resume import ResumeFile
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version
 from mindp import codec
 from mindp.protocol import K, Flag, Kind
@@ -167,3 +169,79 @@ def test_parameters_for_unsent_chunks_and_from_a_foreign_source_are_ignored():
     assert agent.stats["params_received"] == n
     a.close()
     b.close()
+
+
+def drain(sock) -> None:
+    sock.setblocking(False)
+    while True:
+        try:
+            sock.recv(4096)
+        except BlockingIOError:
+            return
+
+
+def test_a_worker_killed_mid_step_goes_on_from_its_resume_file(tmp_path):
+    """The agent is abandoned halfway through step 1 (as if killed; frames in flight are lost) and a
+    new one maps the same resume file: it is at step 1, holds step 0's parameters, sends none of the
+    chunks already answered, and ends every step with the bits of an uninterrupted run, including a
+    non-finite step 2 answered with the parameters from before it."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    n = lay.n_chunks
+    rng = np.random.default_rng(2)
+    steps = [{k: rng.standard_normal(v.shape).astype(np.float32) for k, v in init.items()} for _ in range(3)]
+    steps[2]["w"][1, 1] = np.inf
+    _, _, expect = run_steps(steps, lay)
+    path = tmp_path / "w1.resume"
+    before = lay.flatten(init, dtype=np.float32).astype(np.float16)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    echo = Echo(b)
+    echo.start()
+    try:
+        resume, existed = ResumeFile.open(path, CFG.job_id, CFG.worker_id, lay, before)
+        assert not existed and resume.step == 0
+        agent = WorkerAgent(CFG, lay, a, resume=resume)
+        agent.push(steps[0])
+        h = agent.start_step()
+        for k, g in steps[1].items():
+            h.put(k, g)
+        while h.window.n_done < n // 2:
+            h.pump(0.01)
+        answered = h.window.done.copy()
+        assert 0 < answered.sum() < n
+        del agent, h, resume  # killed mid-step
+        drain(a)
+        sent_before = len(echo.headers)
+        resume, existed = ResumeFile.open(path, CFG.job_id, CFG.worker_id, lay, before, first_step=7)
+        assert existed and resume.step == 1
+        assert np.array_equal(resume.answered_in(1)[0], answered)
+        again = WorkerAgent(CFG, lay, a, resume=resume)
+        assert all(np.array_equal(v, expect[0][k]) for k, v in lay.unflatten(again.current[: lay.total]).items())
+        out = [again.push(steps[1]), again.push(steps[2])]
+        assert again.stats["resumed_chunks"] == answered.sum()
+    finally:
+        echo.stop = True
+        echo.join()
+    resent = {int(h["chunk"]) for h in echo.headers[sent_before:] if h["step"] == 1}
+    assert resent == set(range(n)) - set(np.flatnonzero(answered).tolist())
+    for got, want in zip(out, expect[1:]):
+        assert all(np.array_equal(got[k].view(np.uint16), want[k].view(np.uint16)) for k in init)
+    done = ResumeFile(path, CFG.job_id, CFG.worker_id, lay)
+    assert done.step == 3 and np.array_equal(done.before(3)[: lay.total], lay.flatten(out[1], dtype=np.float16))
+    a.close()
+    b.close()
+
+
+def test_a_resume_file_of_another_worker_or_model_is_refused(tmp_path):
+    init = small_model()
+    lay = optim.layout_of(init)
+    before = lay.flatten(init, dtype=np.float32).astype(np.float16)
+    ResumeFile.open(tmp_path / "r", 3, 1, lay, before)
+    with pytest.raises(ConfigError, match="belongs to job 3 worker 1"):
+        ResumeFile.open(tmp_path / "r", 3, 2, lay, before)
+    other = optim.layout_of({"x": np.zeros(len(before), np.float32)})
+    with pytest.raises(ConfigError, match="another model"):
+        ResumeFile.open(tmp_path / "r", 3, 1, other, before)
+    (tmp_path / "junk").write_bytes(b"x" * 10)
+    with pytest.raises(ConfigError, match="size differs"):
+        ResumeFile.open(tmp_path / "junk", 3, 1, lay, before)
