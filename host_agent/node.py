@@ -25,7 +25,7 @@ from mindp import codec, schedule
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, fused, optim, rawsock, state
+from . import agent_args, fused, optim, rawsock, shards, state
 from .agent_args import finite
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError, StorageError
@@ -58,9 +58,13 @@ class NodeCore:
         self.slots = slots
         self.on_nonfinite = on_nonfinite
         fused.warm(self.cfg)  # compile the kernel now, not on the first sum
+        # A shard owns chunks lo..hi of the job's chunk space: headers carry job-wide chunk
+        # numbers (slots and versions follow the whole model), the store holds records 0..hi-lo.
+        self.lo, self.hi = store.chunks
         self.n = store.n_chunks
+        self.n_total = store.layout.n_chunks
         counts = np.full(self.n, K, dtype=np.int64)
-        counts[-1] = store.layout.chunk_count(self.n - 1)
+        counts[-1] = store.layout.chunk_count(self.hi)
         self.counts = counts
         self.stats = collections.Counter()
         self.nonfinite: list[tuple[int, int]] = []
@@ -83,13 +87,13 @@ class NodeCore:
         ok = np.ones(len(h), dtype=bool)
         nw = h["nworkers"]
         checks = [("job", h["job"] == self.job_id), ("nworkers", (nw >= 1) & (nw <= self.max_workers)),
-                  ("chunk", chunk < self.n)]
+                  ("chunk", (chunk >= self.lo) & (chunk <= self.hi))]
         for reason, passed in checks:
             self._count_bad(reason, ok & ~passed)
             ok &= passed
-        c = np.where(ok, chunk, 0)
-        slot, ver = schedule.slots_and_versions(step, c, self.n, self.slots)
-        for reason, passed in (("count", h["count"] == self.counts[c]),
+        c = np.where(ok, chunk, self.lo)
+        slot, ver = schedule.slots_and_versions(step, c, self.n_total, self.slots)
+        for reason, passed in (("count", h["count"] == self.counts[c - self.lo]),
                                ("slot", (h["slot"] == slot) & (h["ver"] == ver))):
             self._count_bad(reason, ok & ~passed)
             ok &= passed
@@ -106,7 +110,7 @@ class NodeCore:
         cur = self.store.current
         idx = np.flatnonzero(ok)
         steps = headers["step"][idx].astype(np.int64)
-        chunks = headers["chunk"][idx].astype(np.int64)
+        chunks = headers["chunk"][idx].astype(np.int64) - self.lo  # the store's record numbers
         fresh = (steps == cur) & ~self.store.applied[chunks]
         # The first sum of each fresh chunk is applied; any other sum of this or the last step is
         # a duplicate, answered from the stored parameters.
@@ -166,7 +170,25 @@ class NodeCore:
             return np.zeros(0, dtype=codec.HEADER_DTYPE), np.zeros((0, K), dtype=np.float16)
         hdr = np.array(rows, dtype=rows[0].dtype)
         hdr["flags"] |= np.uint8(Flag.RETRANSMIT)
+        skipped = ((hdr["step"] == cur) & self.store.step_nonfinite) | ((hdr["step"] == cur - 1) & self.store.last_skipped)
+        hdr["flags"][skipped] |= np.uint8(Flag.NONFINITE)
         return hdr, np.stack([self._params_of(int(h["step"]), int(h["chunk"])) for h in hdr])
+
+    def skip_step(self, step: int) -> bool:
+        """Another shard of the job saw a non-finite chunk in `step`: the whole step is a no-op here
+        too. The current step is marked (as by a NONFINITE sum); the committed one is committed again
+        as skipped (no chunk of the next step can be applied yet: workers send none before every
+        shard acknowledged). False for a step this node has not reached (not acknowledged)."""
+        if step == self.store.current:
+            if not self.store.step_nonfinite:
+                self.store.mark_nonfinite()
+                self.stats["nonfinite_steps"] += 1
+        elif step == self.store.committed:
+            if self.store.skip_committed():
+                self.stats["nonfinite_steps"] += 1
+        elif step > self.store.current:
+            return False
+        return True
 
     def _learn_nonfinite(self, step: int, chunks: np.ndarray, headers: np.ndarray) -> None:
         """A NONFINITE sum makes the whole step a no-op (dynamic loss scaling): the step commits as
@@ -178,7 +200,7 @@ class NodeCore:
         if not self.store.step_nonfinite:
             self.store.mark_nonfinite()
             self.stats["nonfinite_steps"] += 1
-        for c in flagged.tolist():
+        for c in (flagged + self.lo).tolist():
             self.nonfinite.append((step, c))
             self.stats["nonfinite_chunks"] += 1
             if self.on_nonfinite:
@@ -206,6 +228,8 @@ class NodeCore:
         return out
 
     def _params_of(self, step: int, chunk: int) -> np.ndarray:
+        """The parameters of job-wide `chunk` after `step`."""
+        chunk -= self.lo
         rec = self.store.records(self.store.copy_after(step), chunk, chunk + 1)
         return rec[0, state.MASTER].astype(np.float16)
 
@@ -229,8 +253,11 @@ class OptimizerNode:
     STALL_RESENDS = 6
 
     def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None,
-                 stall_resend: float = 1.0, sources: list[tuple[str, str]] | None = None):
+                 stall_resend: float = 1.0, sources: list[tuple[str, str]] | None = None,
+                 agreement: shards.NonfiniteAgreement | None = None):
+        """agreement: a shard's non-finite agreement with the job's other shards (host_agent.shards)."""
         self.core = core
+        self.agreement = agreement
         self.sock = sock
         self.addrs = codec.Addresses(addr.mac, "ff:ff:ff:ff:ff:ff", addr.ip, "255.255.255.255")
         self.faults = faults
@@ -277,8 +304,12 @@ class OptimizerNode:
         self._backoff = min(self._backoff * 2, LINK_BACKOFF[1])
 
     def _poll(self, timeout: float) -> int:
-        ready, _, _ = select.select([self.sock], [], [], timeout)
-        if not ready:
+        peers = [self.agreement.sock] if self.agreement else []
+        ready, _, _ = select.select([self.sock, *peers], [], [], timeout)
+        if self.agreement:  # notices, acknowledgements, resends; answers the peers released
+            for hdr, vals in self.agreement.poll():
+                self._send(hdr, vals, held=False)
+        if self.sock not in ready:
             return 0
         if self.auxdata:
             frames, tagged = rawsock.recv_batch_untagged(self.sock)
@@ -311,7 +342,9 @@ class OptimizerNode:
                 keep.append(f)
         return keep
 
-    def _send(self, hdr: np.ndarray, vals: np.ndarray) -> int:
+    def _send(self, hdr: np.ndarray, vals: np.ndarray, held: bool = True) -> int:
+        if self.agreement and held:  # a shard holds NONFINITE answers until every shard knows
+            hdr, vals = self.agreement.outgoing(hdr, vals)
         if not len(hdr):
             return 0
         out = codec.encode(Kind.PARAM, hdr, vals, self.addrs)
@@ -378,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest worker count a sum may carry (the job's membership may change between steps)")
     p.add_argument("--mac", help="our MAC (without --topology)")
     p.add_argument("--ip", help="our IPv4 address (without --topology)")
+    p.add_argument("--shard", type=int, help="with --topology: which of the job's optimizer shards this node is (0..M-1)")
+    p.add_argument("--chunks", help="without --topology: the chunk range LO:HI (inclusive) this shard owns")
+    p.add_argument("--peers", help="without --topology: the other shards' IPv4 addresses, comma-separated")
     p.add_argument("--state-dir", required=True, help="directory of the out-of-core state (resumed if present)")
     p.add_argument("--ram-budget", type=parse_size, default=parse_size("256M"), help="resident state budget")
     p.add_argument("--page-chunks", type=int, default=state.DEFAULT_PAGE_CHUNKS, help="chunks per page")
@@ -407,12 +443,37 @@ def _job_from_args(args) -> tuple[int, int, NodeAddress]:
         if args.job not in jobs:
             raise TopologyError(f"job {args.job} is not in {args.topology}")
         job = jobs[args.job]
-        host = topo.host(job.optimizer)
+        host = topo.host(job.optimizers[args.shard or 0])
         return job.n_workers, job.slots, NodeAddress(host.mac, host.ip)
     missing = [f"--{n}" for n in ("workers", "slots", "mac", "ip") if getattr(args, n) is None]
     if missing:
         raise ConfigError(f"without --topology, give {' '.join(missing)}")
     return args.workers, args.slots, NodeAddress(args.mac, args.ip)
+
+
+def shard_from_args(args) -> tuple[tuple[int, int] | None, list[str]]:
+    """This node's chunk range (None: the whole model) and the IPv4 addresses of the job's other
+    shards: from the topology's optimizer list with --shard I, or --chunks LO:HI and --peers."""
+    if args.topology:
+        topo = Topology.load(args.topology)
+        job = topo.job(args.job)
+        if args.chunks or args.peers:
+            raise ConfigError("with --topology the shards come from the job's optimizer list: give --shard I")
+        if not job.sharded:
+            if args.shard not in (None, 0):
+                raise ConfigError(f"job {args.job} has one optimizer node: no --shard {args.shard}")
+            return None, []
+        ranges = topo.shard_ranges(job)
+        if args.shard is None or not 0 <= args.shard < len(ranges):
+            raise ConfigError(f"job {args.job} has {len(ranges)} optimizer shards: give --shard 0..{len(ranges) - 1}")
+        lo, hi, _ = ranges[args.shard]
+        return (lo, hi), [topo.host(h).ip for i, (_, _, h) in enumerate(ranges) if i != args.shard]
+    if args.shard is not None:
+        raise ConfigError("--shard needs --topology (or give --chunks LO:HI)")
+    peers = [p for p in (args.peers or "").split(",") if p]
+    if peers and not args.chunks:
+        raise ConfigError("--peers needs --chunks")
+    return (shards.parse_chunks(args.chunks) if args.chunks else None), peers
 
 
 def sum_sources(args) -> list[tuple[str, str]] | None:
@@ -421,19 +482,27 @@ def sum_sources(args) -> list[tuple[str, str]] | None:
     if not args.topology:
         return None
     topo = Topology.load(args.topology)
-    optimizers = {j.optimizer for j in topo.jobs}
+    optimizers = {o for j in topo.jobs for o in j.optimizers}
     return [(h.mac, h.ip) for h in topo.hosts.values() if h.name not in optimizers]
 
 
-def open_state(args) -> state.Store:
+def open_state(args, chunks: tuple[int, int] | None = None) -> state.Store:
+    """The state directory (created if absent); `chunks`: a shard's range, checked against the
+    directory's."""
     cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
                           eps=args.eps)
     if not state.exists(args.state_dir):
         seed = agent_args.init_seed(args.init, args.layout)
         init = optim.load_npz(args.init) if seed is None else None
         layout = agent_args.read_layout(args.layout) if args.layout else optim.layout_of(init)
-        state.create(args.state_dir, layout, state.init_pieces(layout, init, seed or 0), cfg, args.page_chunks)
+        state.create(args.state_dir, layout, state.init_pieces(layout, init, seed or 0), cfg, args.page_chunks,
+                     chunks)
     store = state.Store(args.state_dir, args.ram_budget)
+    if (store.chunks if store.sharded else None) != chunks:
+        held = "all chunks" if not store.sharded else "chunks {}:{}".format(*store.chunks)
+        want = "all chunks" if chunks is None else "chunks {}:{}".format(*chunks)
+        store.close()
+        raise ConfigError(f"{args.state_dir} holds {held}, not {want}")
     if store.cfg != cfg:
         store.close()
         raise ConfigError(f"{args.state_dir} was created with {store.cfg}, not {cfg}")
@@ -455,15 +524,21 @@ def proc_status_kb(field: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        chunks, peers = shard_from_args(args)
         n_workers, slots, addr = _job_from_args(args)
         for name in ("linger", "idle_timeout", "stall_resend"):
             if getattr(args, name) is not None and getattr(args, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 seconds")
         if not 1 <= args.max_workers <= MAX_WORKERS:
             raise ConfigError(f"--max-workers must be in 1..{MAX_WORKERS}")
-        store = open_state(args)
+        store = open_state(args, chunks)
+        if chunks and args.topology and Topology.load(args.topology).job(args.job).chunks != store.layout.n_chunks:
+            store.close()
+            raise ConfigError(f"job {args.job}'s topology says {Topology.load(args.topology).job(args.job).chunks} "
+                              f"chunks, the model has {store.layout.n_chunks}: the shards' ranges would not match")
         sock = rawsock.open_raw(args.iface)
         guard = rawsock.udp_guard()
+        agreement = shards.NonfiniteAgreement(args.job, peers, None) if peers else None
     except (ConfigError, TopologyError, rawsock.SocketError, PagerError, ValueError, OSError) as exc:
         print(f"mindp-optimizer: {exc}", file=sys.stderr)
         return 2
@@ -473,10 +548,14 @@ def main(argv: list[str] | None = None) -> int:
     faults = None
     if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:
         faults = agent_args.faults_from_args(args)
-    node = OptimizerNode(core, sock, addr, faults, args.stall_resend, sum_sources(args))
+    if agreement:
+        agreement.skip = core.skip_step
+    node = OptimizerNode(core, sock, addr, faults, args.stall_resend, sum_sources(args), agreement)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     rss_start = proc_status_kb("VmRSS")
-    print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {store.n_chunks} chunks, "
+    owned = f"chunks {store.chunks[0]}..{store.chunks[1]} of {store.layout.n_chunks}" if store.sharded else \
+        f"{store.n_chunks} chunks"
+    print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {owned}, "
           f"resuming after step {store.committed} ({store.resumed_chunks} chunks of the next step applied)",
           flush=True)
     try:
@@ -493,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     store.close()
     if guard:
         guard.close()
+    if agreement:
+        stats.update(agreement.stats)
+        agreement.close()
     if args.stats:
         pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
     print(f"mindp-optimizer: stopped after step {stats['committed']}", flush=True)

@@ -89,20 +89,42 @@ def _padded_records(n_chunks: int, page_chunks: int) -> int:
     return -(-n_chunks // page_chunks) * page_chunks
 
 
+def shard_pieces(pieces: Iterable[np.ndarray], total: int, lo: int, hi: int):
+    """The flat stream of `pieces` (the whole model, `total` elements in layout order) cut to the
+    elements of chunks [lo, hi] only; the whole stream is read, so a short or long one is refused."""
+    start, stop = lo * K, min((hi + 1) * K, total)
+    pos = 0
+    for piece in pieces:
+        flat = np.asarray(piece, dtype=np.float32).reshape(-1)
+        a, b = max(start, pos), min(stop, pos + len(flat))
+        if a < b:
+            yield flat[a - pos : b - pos]
+        pos += len(flat)
+    if pos != total:
+        raise ConfigError(f"initial parameters have {pos} elements, layout has {total}")
+
+
 def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndarray], cfg: OptimizerConfig,
-           page_chunks: int = DEFAULT_PAGE_CHUNKS) -> None:
+           page_chunks: int = DEFAULT_PAGE_CHUNKS, chunks: tuple[int, int] | None = None) -> None:
     """Write a fresh state directory; `init` yields the flat float32 master in layout order, in pieces.
 
     Pieces are written as they come, so a model larger than memory can be created
-    tensor by tensor.
+    tensor by tensor. `chunks` = (lo, hi): a shard's state, chunks lo..hi (inclusive) of the
+    layout's chunk space only, initialised with exactly those elements of `init`.
     """
     if page_chunks <= 0 or (page_chunks * RECORD.itemsize) % mmap.PAGESIZE:
         raise ConfigError(f"page_chunks must be a positive multiple of {mmap.PAGESIZE // np.gcd(mmap.PAGESIZE, RECORD.itemsize)}")
+    if chunks is not None:
+        lo, hi = chunks
+        if not 0 <= lo <= hi < layout.n_chunks:
+            raise ConfigError(f"chunk range {lo}:{hi} is not within the model's chunks 0:{layout.n_chunks - 1}")
+        init = shard_pieces(init, layout.total, lo, hi)
     d = pathlib.Path(state_dir)
     d.mkdir(parents=True, exist_ok=True)
     for name in ("commit.json", "progress.bin"):
         (d / name).unlink(missing_ok=True)
-    n = layout.n_chunks
+    n = layout.n_chunks if chunks is None else chunks[1] - chunks[0] + 1
+    elements = layout.total if chunks is None else min((chunks[1] + 1) * K, layout.total) - chunks[0] * K
     nbytes = _padded_records(n, page_chunks) * RECORD.itemsize
     block_chunks = 1024
     with open(d / "state0.bin", "wb") as f0:
@@ -123,8 +145,8 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
                 flush_block(pending[: block_chunks * K])
                 pending = pending[block_chunks * K :]
         total = written * K + len(pending)
-        if total != layout.total:
-            raise ConfigError(f"initial parameters have {total} elements, layout has {layout.total}")
+        if total != elements:
+            raise ConfigError(f"initial parameters have {total} elements, layout has {elements}")
         if len(pending):
             pad = np.zeros(-(-len(pending) // K) * K, dtype=np.float32)
             pad[: len(pending)] = pending
@@ -136,6 +158,8 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
         os.fsync(f1.fileno())
     meta = {"format": FORMAT, "layout": optim.layout_to_json(layout), "optimizer": cfg.to_dict(),
             "page_chunks": page_chunks}
+    if chunks is not None:
+        meta["chunks"] = [int(chunks[0]), int(chunks[1])]
     _write_atomic(d / "meta.json", json.dumps(meta, indent=1).encode())
     _write_atomic(d / "commit.json", b'{"step": -1, "updates": 0, "skipped": false}\n')
 
@@ -162,9 +186,13 @@ class Store:
             self.layout = optim.layout_from_json(meta["layout"])
             self.cfg = OptimizerConfig.from_dict(meta["optimizer"])
             page_chunks = int(meta["page_chunks"])
+            # A shard holds chunks lo..hi of the layout's chunk space (records 0..hi-lo); else all.
+            self.chunks = tuple(int(c) for c in meta.get("chunks", (0, self.layout.n_chunks - 1)))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"state directory {d} is not usable: {exc}") from None
-        self.n_chunks = n = self.layout.n_chunks
+        self.chunk_lo = self.chunks[0]
+        self.sharded = "chunks" in meta
+        self.n_chunks = n = self.chunks[1] - self.chunks[0] + 1
         self.page_chunks = page_chunks
         padded = _padded_records(n, page_chunks)
         self.n_pages = padded // page_chunks
@@ -252,7 +280,10 @@ class Store:
             # The destination page holds a state two steps old: if none of its chunks is applied
             # yet, drop its contents so populating it costs no disk read.
             lo = page * self.page_chunks
-            if (step, page) not in self._discarded and not self.applied[lo : lo + self.page_chunks].any():
+            # Not in a shard: its last commit may still be undone (skip_committed), so the copy
+            # that will be written may have to stay the state before the committed step.
+            if (not self.sharded and (step, page) not in self._discarded
+                    and not self.applied[lo : lo + self.page_chunks].any()):
                 if self.pager.discard(dst, page):
                     self._discarded.add((step, page))
             wants += [(src, page, False), (dst, page, True)]
@@ -280,6 +311,23 @@ class Store:
         self._discarded.clear()
         self._reset_progress()
 
+    def skip_committed(self) -> bool:
+        """Another shard found the committed step non-finite: commit it again as skipped, the state
+        before it (its source copy, untouched) becoming the state after it. Only before any chunk of
+        the next step is applied (workers send none before every shard knows). False if it was
+        already skipped."""
+        if self.last_skipped:
+            return False
+        if self.n_applied or self.updates == 0:
+            raise StorageError(f"cannot skip step {self.committed}: "
+                               f"{self.n_applied} chunks of step {self.current} are applied already")
+        _write_atomic(self.dir / "commit.json",
+                      json.dumps({"step": self.committed, "updates": self.updates - 1, "skipped": True}).encode()
+                      + b"\n")
+        self.updates -= 1
+        self.last_skipped = True
+        return True
+
     # --- whole-model access (export) ---------------------------------------------
     def tensor(self, name: str, step: int | None = None) -> np.ndarray:
         """One named float32 master tensor after `step` (default: the last committed), read page by page."""
@@ -299,7 +347,16 @@ class Store:
         return out.reshape(spec.shape)
 
     def export(self, path: str | pathlib.Path) -> None:
-        """Write the committed master parameters to an .npz (float32), one tensor in memory at a time."""
+        """Write the committed master parameters to an .npz (float32), one tensor in memory at a time.
+        A shard writes its elements flat (`master`) with its chunk range (`chunks`): see join_exports."""
+        if self.sharded:
+            lo, hi = self.chunks
+            copy = self.copy_after(self.committed)
+            flat = np.concatenate([self.records(copy, a, min(a + self.page_chunks, self.n_chunks))[:, MASTER, :].reshape(-1)
+                                   for a in range(0, self.n_chunks, self.page_chunks)])
+            np.savez(path, chunks=np.array([lo, hi], dtype=np.int64),
+                     master=flat[: min((hi + 1) * K, self.layout.total) - lo * K])
+            return
         with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for spec in self.layout.specs:
                 with zf.open(f"{spec.name}.npy", "w", force_zip64=True) as f:
@@ -313,6 +370,25 @@ class Store:
         except BufferError:
             pass
         os.close(self._pfd)
+
+
+def join_exports(paths: Iterable[str | pathlib.Path], layout: Layout) -> dict[str, np.ndarray]:
+    """The shards' exports (Store.export of each) -> the whole model's named float32 master;
+    refuses ranges that overlap or leave a chunk out."""
+    flat = np.zeros(layout.total, dtype=np.float32)
+    have = np.zeros(layout.n_chunks, dtype=bool)
+    for p in paths:
+        with np.load(p) as z:
+            lo, hi = (int(c) for c in z["chunks"])
+            master = z["master"]
+        if have[lo : hi + 1].any() or len(master) != min((hi + 1) * K, layout.total) - lo * K:
+            raise ConfigError(f"{p}: chunks {lo}:{hi} overlap another export or do not fit the model")
+        flat[lo * K : lo * K + len(master)] = master
+        have[lo : hi + 1] = True
+    if not have.all():
+        raise ConfigError(f"the exports leave chunks {np.flatnonzero(~have)[:8].tolist()}... out")
+    return {s.name: flat[layout.offsets[s.name] : layout.offsets[s.name] + s.size].reshape(s.shape).copy()
+            for s in layout.specs}
 
 
 def init_pieces(layout: Layout, init: dict[str, np.ndarray] | None = None, seed: int = 0):

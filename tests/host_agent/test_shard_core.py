@@ -1,0 +1,188 @@
+"""Sharded optimizer nodes without a network switch: each NodeCore owns a chunk range, sums are fed
+as the switch routes them, and the joined result equals the reference bit for bit (also across a
+crash of one shard and with a non-finite step, agreed between the shards over real UDP)."""
+import random
+
+import numpy as np
+import pytest
+
+from host_agent import node, optim, reference, shards, state
+from host_agent.optim import ConfigError, OptimizerConfig
+from mindp.protocol import K, Flag
+
+from .helpers import initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
+
+N, S, JOB = 3, 8, 1
+
+
+def split(n_chunks: int, m: int) -> list[tuple[int, int]]:
+    return [(i * n_chunks // m, (i + 1) * n_chunks // m - 1) for i in range(m)]
+
+
+def open_shards(tmp_path, init, cfg, m, create=True, budget=1 << 20):
+    lay = optim.layout_of(init)
+    cores = []
+    for i, rng in enumerate(split(lay.n_chunks, m)):
+        d = tmp_path / f"shard{i}"
+        if create:
+            state.create(d, lay, state.init_pieces(lay, init), cfg, page_chunks=32, chunks=rng)
+        cores.append(node.NodeCore(state.Store(d, budget), JOB, N, S))
+    return cores
+
+
+def feed(core, lay, step, chunks, sums, nf):
+    """Sums of `chunks` to one shard in batches of 5; {chunk: (flags, params)} of its first answers."""
+    got = {}
+    for i in range(0, len(chunks), 5):
+        part = np.array(chunks[i : i + 5])
+        hdr, vals = core.handle(sum_headers(JOB, step, part, lay, S, N, nf), sums[part])
+        for h, v in zip(hdr, vals):
+            got.setdefault(int(h["chunk"]), (int(h["flags"]), v.copy()))
+    return got
+
+
+def as_worker(lay, got, before):
+    """A worker's parameters after the step: the answers, or those before it if any said NONFINITE."""
+    if any(f & Flag.NONFINITE for f, _ in got.values()):
+        return before
+    flat = np.zeros(lay.n_chunks * K, np.float16)
+    for c, (_, v) in got.items():
+        flat[c * K : (c + 1) * K] = v
+    return lay.unflatten(flat[: lay.total])
+
+
+def exports(tmp_path, cores, lay):
+    paths = []
+    for i, core in enumerate(cores):
+        core.store.export(tmp_path / f"out{i}.npz")
+        paths.append(tmp_path / f"out{i}.npz")
+    return state.join_exports(paths, lay)
+
+
+def test_shard_state_holds_exactly_its_range_of_the_full_model(tmp_path):
+    init = small_model()
+    lay = optim.layout_of(init)
+    full = np.zeros(lay.n_chunks * K, np.float32)
+    full[: lay.total] = lay.flatten(init, dtype=np.float32)
+    cores = open_shards(tmp_path, init, OptimizerConfig(), 3)
+    for core in cores:
+        lo, hi = core.store.chunks
+        assert core.store.n_chunks == hi - lo + 1 and core.store.sharded
+        rec = core.store.records(0, 0, core.store.n_chunks)
+        assert np.array_equal(rec[:, state.MASTER].reshape(-1).view(np.uint32),
+                              full[lo * K : (hi + 1) * K].view(np.uint32))
+    assert [c.store.chunks for c in cores] == split(lay.n_chunks, 3)
+    assert same_bits(exports(tmp_path, cores, lay), {k: v.astype(np.float32) for k, v in init.items()})
+    with pytest.raises(ConfigError, match="overlap"):
+        state.join_exports([tmp_path / "out0.npz", tmp_path / "out0.npz"], lay)
+    with pytest.raises(ConfigError, match="out"):
+        state.join_exports([tmp_path / "out0.npz"], lay)
+    with pytest.raises(ConfigError, match="not within"):
+        state.create(tmp_path / "bad", lay, state.init_pieces(lay, init), OptimizerConfig(),
+                     chunks=(0, lay.n_chunks))
+
+
+@pytest.mark.parametrize("m", [2, 3])
+def test_sharded_training_equals_the_reference_and_a_crash_touches_one_range(tmp_path, m):
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig()
+    gf = reference.synthetic_grads(11)
+    cores = open_shards(tmp_path, init, cfg, m)
+    rng = random.Random(m)
+    params = initial_fp16(init)
+    steps = 4
+    for step in range(steps):
+        sums, nf = step_sums(lay, gf, N, step, params)
+        got = {}
+        for i, core in enumerate(cores):
+            lo, hi = core.store.chunks
+            mine = list(range(lo, hi + 1))
+            rng.shuffle(mine)
+            if step == 2 and i == m - 1:  # the last shard is killed half way through its range
+                got.update(feed(core, lay, step, mine[: len(mine) // 2], sums, nf))
+                other = [c.store.dir.joinpath("commit.json").read_bytes() for c in cores[:-1]]
+                del core, cores[-1]  # no close: as if killed
+                cores.append(node.NodeCore(state.Store(tmp_path / f"shard{i}", 1 << 20), JOB, N, S))
+                core = cores[-1]
+                assert core.stats["resumed_chunks"] == len(mine) // 2
+                assert [c.store.dir.joinpath("commit.json").read_bytes() for c in cores[:-1]] == other
+                mine = mine[len(mine) // 2 :] + mine[:2]  # the workers' retransmissions
+            got.update(feed(core, lay, step, mine, sums, nf))
+            assert core.committed == step  # its step commits when its own range is applied
+        assert sorted(got) == list(range(lay.n_chunks))
+        params = as_worker(lay, got, params)
+    ref = reference.train(init, gf, N, steps, cfg)
+    assert same_bits(params, ref.params)
+    assert same_bits(exports(tmp_path, cores, lay), ref.master)
+    # A sum outside a shard's range is refused and counted, and changes nothing.
+    before = cores[0].stats["applied"]
+    hdr, _ = cores[0].handle(sum_headers(JOB, steps, [lay.n_chunks - 1], lay, S, N), np.zeros((1, K), np.int64))
+    assert len(hdr) == 0 and cores[0].stats["rejected_chunk"] == 1 and cores[0].stats["applied"] == before
+
+
+def pump(agreements, rounds=50):
+    """Let the shards' notices and acknowledgements flow; returns what each released."""
+    released = [[] for _ in agreements]
+    for _ in range(rounds):
+        for i, a in enumerate(agreements):
+            released[i] += a.poll()
+        if not any(a.waiting for a in agreements):
+            for i, a in enumerate(agreements):
+                released[i] += a.poll()
+            break
+        __import__("time").sleep(0.005)
+    return released
+
+
+@pytest.mark.parametrize("bad_step", [1, 2], ids=["middle", "last"])
+def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step):
+    """The non-finite chunk is in shard 1's range, and shard 0 has already committed the step: shard 1
+    holds its NONFINITE answers until shard 0 acknowledged the notice; shard 0 commits the step again
+    as skipped. Both end on the reference's bits, also when the non-finite step is the last."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig()
+    bad_chunk = lay.n_chunks - 3
+    offset = bad_chunk * K - lay.offsets["w"] + 1
+    gf = with_nonfinite(reference.synthetic_grads(12), 1, bad_step, "w", offset)
+    cores = open_shards(tmp_path, init, cfg, 2)
+    port = 40000 + random.Random().randrange(20000)
+    agree = [shards.NonfiniteAgreement(JOB, ["127.0.0.2"], cores[0].skip_step, bind="127.0.0.1", port=port),
+             shards.NonfiniteAgreement(JOB, ["127.0.0.1"], cores[1].skip_step, bind="127.0.0.2", port=port)]
+    try:
+        params = initial_fp16(init)
+        for step in range(bad_step + 1):
+            sums, nf = step_sums(lay, gf, N, step, params)
+            got = {}
+            for core, a in zip(cores, agree):  # shard 0 finishes (and commits) before shard 1 starts
+                lo, hi = core.store.chunks
+                for i in range(lo, hi + 1, 5):
+                    part = np.arange(i, min(i + 5, hi + 1))
+                    hdr, vals = a.outgoing(*core.handle(sum_headers(JOB, step, part, lay, S, N, nf), sums[part]))
+                    for h, v in zip(hdr, vals):
+                        got.setdefault(int(h["chunk"]), (int(h["flags"]), v.copy()))
+            if step == bad_step:
+                assert len(got) < lay.n_chunks  # the workers cannot finish the step yet
+                assert cores[0].committed == step and not cores[0].store.last_skipped
+                held = agree[1].held[step]
+                assert held and all(h["flags"] & Flag.NONFINITE for hdr, _ in held for h in hdr)
+                assert not any(f & Flag.NONFINITE for c, (f, _) in got.items() if c < cores[1].lo)
+                released = pump(agree)
+                assert released[1] and not agree[1].held and step in agree[1].agreed
+                assert cores[0].store.last_skipped and cores[0].store.updates == step
+                for hdr, vals in released[1]:
+                    for h, v in zip(hdr, vals):
+                        got[int(h["chunk"])] = (int(h["flags"]), v)
+                # Shard 0's answers of the step now say NONFINITE and carry the state before it.
+                hdr, _ = cores[0].handle(sum_headers(JOB, step, [0], lay, S, N), sums[[0]])
+                assert hdr["flags"][0] & Flag.NONFINITE
+            params = as_worker(lay, got, params)
+    finally:
+        for a in agree:
+            a.close()
+    ref = reference.train(init, gf, N, bad_step + 1, cfg)
+    assert ref.nonfinite == [(bad_step, bad_chunk)]
+    assert same_bits(params, ref.params)
+    assert same_bits(exports(tmp_path, cores, lay), ref.master)
+    assert [c.store.updates for c in cores] == [bad_step, bad_step]
