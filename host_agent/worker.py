@@ -23,11 +23,12 @@ from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, rawsock, reference
+from . import agent_args, rawsock, reference, shards
 from .optim import ConfigError
 from .resume import ResumeFile
 
 FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
+CHUNK_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["chunk"][1]
 
 
 slot_and_version = schedule.slots_and_versions  # the slot schedule lives in mindp.schedule only
@@ -243,6 +244,9 @@ class WorkerConfig:
     optimizer_ip: str
     rto: RtoConfig = field(default_factory=RtoConfig)
     first_step: int = 0
+    # A sharded job's optimizer nodes: (lo, hi, mac, ip) per chunk range; the PARAM of chunk c is
+    # taken only from the node owning c. Empty: every PARAM from optimizer_mac/ip.
+    shards: tuple[tuple[int, int, str, str], ...] = ()
 
     @classmethod
     def from_topology(cls, topo: Topology, job_id: int, worker_id: int, **kw) -> WorkerConfig:
@@ -252,7 +256,9 @@ class WorkerConfig:
         job = jobs[job_id]
         if worker_id not in job.workers:
             raise TopologyError(f"job {job_id} has no worker {worker_id}")
-        me, opt = topo.host(job.workers[worker_id]), topo.host(job.optimizer)
+        me, opt = topo.host(job.workers[worker_id]), topo.host(job.optimizers[0])
+        if job.sharded:
+            kw.setdefault("shards", tuple(shards.ranges_of(topo, job_id)))
         return cls(job_id, worker_id, job.slots, me.mac, me.ip, opt.mac, opt.ip, **kw)
 
 
@@ -296,6 +302,7 @@ class WorkerAgent:
         self.param_len = codec.frame_len(Kind.PARAM)
         self.param_src_mac_arr = np.frombuffer(self.param_src_mac, dtype=np.uint8)
         self.param_src_ip_arr = np.frombuffer(self.param_src_ip, dtype=np.uint8)
+        self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
         self.rx = np.zeros((1024, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row
         self.auxdata = rawsock.enable_auxdata(sock)
         n = layout.n_chunks
@@ -423,7 +430,9 @@ class StepHandle:
         if a.faults:
             frames = a.faults.filter_recv(frames)
         n_in = len(frames)
-        if isinstance(frames, np.ndarray):  # rows of PARAM length, received in place
+        if a.param_sources is not None:  # sharded: each chunk from the node owning it
+            frames = self._from_owners(frames)
+        elif isinstance(frames, np.ndarray):  # rows of PARAM length, received in place
             frames = frames[(frames[:, 6:12] == a.param_src_mac_arr).all(axis=1)
                             & (frames[:, 26:30] == a.param_src_ip_arr).all(axis=1)]
         else:
@@ -467,6 +476,23 @@ class StepHandle:
         nonfinite = take[(h["flags"][take] & Flag.NONFINITE) != 0]
         if len(nonfinite):
             self.nonfinite.update(c[nonfinite].tolist())
+
+    def _from_owners(self, frames):
+        """PARAM-sized frames whose source (MAC, IP) is the node owning their chunk; others kept
+        for decode to count."""
+        a = self.agent
+        rows = frames if isinstance(frames, np.ndarray) else None
+        if rows is None:
+            sized = [f for f in frames if len(f) == a.param_len]
+            if not sized:
+                return frames
+            rows = np.frombuffer(b"".join(sized), dtype=np.uint8).reshape(len(sized), a.param_len)
+        chunk = np.ascontiguousarray(rows[:, CHUNK_OFFSET : CHUNK_OFFSET + 4]).view(">u4").ravel()
+        ok = a.param_sources.match(chunk, rows[:, 6:12], rows[:, 26:30])
+        if isinstance(frames, np.ndarray):
+            return frames[ok]
+        keep = iter(ok.tolist())
+        return [f for f in frames if len(f) != a.param_len or next(keep)]
 
     def wait(self) -> dict[str, np.ndarray]:
         """Block until every parameter chunk of the step is in; raises StepTimeout past the deadline."""
