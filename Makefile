@@ -10,6 +10,12 @@ STAMP_PIP := $(VENV)/.pip-done
 
 # Training run (see README: make run).
 TARGET ?= auto
+MODEL ?= mlp
+# gpt (1.3M parameters: 41,550 frames per worker and step) takes ~20 s a step here: fewer by default.
+ifeq ($(MODEL),gpt)
+WORKERS ?= 2
+STEPS ?= 6
+endif
 WORKERS ?= 4
 STEPS ?= 60
 LOSS ?= 0
@@ -49,7 +55,7 @@ test: setup
 run:
 	@[ "$$(id -u)" = 0 ] || { echo "make run: must run as root (Mininet needs network namespaces): sudo make run" >&2; exit 1; }
 	@$(MAKE) -s --no-print-directory setup
-	@$(PY) -m mininet_topos.run --target $(TARGET) --workers $(WORKERS) --steps $(STEPS) \
+	@$(PY) -m mininet_topos.run --target $(TARGET) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG)
 
 stop:

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 
 from mindp.protocol import MAX_WORKERS
 from mindp.targets import TARGETS
+from mindp.workload import MODELS
 
 MAX_STEPS = 100_000
 MAX_LOSS = 0.5  # beyond this a run spends its time retransmitting
@@ -20,6 +21,7 @@ class RunConfigError(ValueError):
 @dataclass(frozen=True)
 class RunConfig:
     target: str = "auto"
+    model: str = "mlp"
     workers: int = 4
     steps: int = 60
     loss: float = 0.0
@@ -59,8 +61,21 @@ def _float(name: str, text: str, lo: float, hi: float) -> float:
     return value
 
 
-def parse(*, target: str = "auto", workers: str = "4", steps: str = "60", loss: str = "0", jobs: str = "1",
-          seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "0.01",
+def _model(text: str) -> str:
+    name = str(text).strip().lower()
+    if name not in MODELS:
+        raise RunConfigError(f"MODEL must be one of {'|'.join(MODELS)}, got {text!r}")
+    if name != "mlp":
+        try:
+            import torch  # noqa: F401  (the torch models need the optional extra)
+        except ImportError:
+            raise RunConfigError(f"MODEL={name} needs PyTorch: pip install -e '.[torch]' "
+                                 f"(make setup installs it)") from None
+    return name
+
+
+def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps: str = "60", loss: str = "0",
+          jobs: str = "1", seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "0.01",
           slots: str = "64", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig."""
@@ -78,6 +93,7 @@ def parse(*, target: str = "auto", workers: str = "4", steps: str = "60", loss: 
         raise RunConfigError(f"LOG must be one of {'|'.join(LOG_LEVELS)}, got {log!r}")
     cfg = RunConfig(
         target=target,
+        model=_model(model),
         workers=_int("WORKERS", workers, 1, MAX_WORKERS),
         steps=_int("STEPS", steps, 1, MAX_STEPS),
         loss=_float("LOSS", loss, 0.0, MAX_LOSS),

@@ -7,13 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from host_agent import optim, reference
-from host_agent.optim import OptimizerConfig
-from mindp import workload
+from host_agent import reference
 
 from .progress import Curve
 
-TABLE_FIELDS = ("target", "workers", "steps", "jobs", "initial_loss", "final_loss", "final_accuracy",
+TABLE_FIELDS = ("model", "target", "workers", "steps", "jobs", "initial_loss", "final_loss", "final_accuracy",
                 "max_abs_param_diff_vs_reference", "packets_sent", "retransmissions", "wall_seconds",
                 "steps_per_second")
 
@@ -46,9 +44,8 @@ def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     return worst
 
 
-def reference_run(wl: workload.WorkloadConfig, init: dict[str, np.ndarray], steps: int,
-                  opt: OptimizerConfig) -> reference.Result:
-    return reference.train(init, workload.grad_fn(wl), wl.n_workers, steps, opt, optim.layout_of(init))
+def n_params(params: dict[str, np.ndarray]) -> int:
+    return sum(int(a.size) for a in params.values())
 
 
 def compare(ref: reference.Result, workers_fp16: list[dict[str, np.ndarray]], master: dict[str, np.ndarray]) -> float:
@@ -56,11 +53,15 @@ def compare(ref: reference.Result, workers_fp16: list[dict[str, np.ndarray]], ma
     return max(diffs)
 
 
-def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds: float) -> dict:
-    """The run's summary.json: the figures of the run as a whole, then each job's."""
+def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds: float, model: str,
+            parameters: int) -> dict:
+    """The run's summary.json: the figures of the run as a whole, then each job's.
+    model: mindp.workload.describe (name and parameter count); parameters: the exact count."""
     n = len(jobs)
     steps = int(cfg["steps"])
     return {
+        "model": model,
+        "parameters": int(parameters),
         "target": cfg["target"],
         "workers": int(cfg["workers"]),
         "steps": steps,
@@ -97,8 +98,10 @@ def write_summary(path: pathlib.Path, s: dict) -> None:
     path.write_text(json.dumps(s, indent=1, default=float) + "\n")
 
 
-def curve_title(target: str, jobs: int, workers: int, loss_rate: float) -> str:
-    return f"mindp: MLP on digits, {target}, {jobs} job(s) x {workers} workers, packet loss {loss_rate:g}"
+def curve_title(model: str, target: str, jobs: int, workers: int, loss_rate: float) -> str:
+    """model: mindp.workload.describe's text; packet loss is named only when there is some."""
+    loss = f", packet loss {loss_rate:g}" if loss_rate else ""
+    return f"mindp: {model}, {target}, {jobs} job(s) x {workers} workers{loss}"
 
 
 def plot(path: pathlib.Path, curves: dict[int, Curve], title: str) -> None:

@@ -1,6 +1,6 @@
-"""`make run`: Mininet + P4 switch + controller + optimizer node + workers train an MLP.
+"""`make run`: Mininet + P4 switch + controller + optimizer node + workers train a model.
 
-    python -m mininet_topos.run --target auto --workers 4 --steps 60 --loss 0 --jobs 1 --seed 0 --pcap 0
+    python -m mininet_topos.run --target auto --model mlp --workers 4 --steps 60 --loss 0 --jobs 1 --seed 0
 
 Everything the run starts is recorded in build/run-state.json before the next
 thing starts, so `python -m mininet_topos.stop` (make stop) can remove it after
@@ -67,6 +67,7 @@ def if_prefix(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mininet_topos.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="auto", help="auto|bmv2|embedded (auto: BMv2 when installed)")
+    p.add_argument("--model", default="mlp", help="mlp|cnn|gpt (cnn, gpt: PyTorch, the torch extra)")
     p.add_argument("--workers", default="4", help="workers per job")
     p.add_argument("--steps", default="60")
     p.add_argument("--loss", default="0", help="loss rate injected on every host's send and receive paths")
@@ -196,7 +197,7 @@ class Run:
             d = self.dir / f"job{job.job_id}"
             d.mkdir()
             wl = workload.WorkloadConfig(n_workers=job.n_workers, seed=self.cfg.seed + job.job_id - 1,
-                                         hidden=self.cfg.hidden, batch=self.cfg.batch)
+                                         hidden=self.cfg.hidden, batch=self.cfg.batch, model=self.cfg.model)
             wl.dump(d / "workload.json")
             jf = JobFiles(job, d, wl, workload.init_params(wl))
             np.savez(jf.init_path, **jf.init)
@@ -327,7 +328,7 @@ class Run:
         out = []
         for jf in self.jobs:
             j = jf.job.job_id
-            ref = results.reference_run(jf.wl, jf.init, self.cfg.steps, self.opt)
+            ref = workload.reference_train(jf.wl, jf.init, self.cfg.steps, self.opt)
             try:
                 master = optim.load_npz(jf.master_path)
                 worker_params = []
@@ -339,11 +340,10 @@ class Run:
                 raise RunError(f"job {j}: cannot read final parameters: {exc}") from None
             diff = results.compare(ref, worker_params, master)
             curve = progress.curves[j]
-            data = workload.load_dataset(jf.wl.seed, jf.wl.test_fraction)
             ws = [progress.workers[(j, w)] for w in sorted(jf.job.workers)]
             out.append(results.JobResult(
                 job_id=j, initial_loss=curve.loss[0], final_loss=curve.loss[-1], final_accuracy=curve.acc[-1],
-                reference_final_loss=workload.evaluate(ref.params, data.x_train, data.y_train)[0],
+                reference_final_loss=workload.model_eval(jf.wl)(ref.params)[0],
                 max_abs_param_diff_vs_reference=diff,
                 packets_sent=sum(w.sent + w.retx for w in ws) + int(opt_stats.get("params_sent", 0)),
                 retransmissions=sum(w.retx for w in ws) + int(opt_stats.get("resent", 0)),
@@ -397,11 +397,13 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         state.save()
         run = Run(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
-        console.say(f"mindp run {run_dir}: {target} switch, {jobs} x {cfg.workers} workers, {cfg.steps} steps, "
-            f"loss {cfg.loss:g}, seed {cfg.seed}")
+        console.say(f"mindp run {run_dir}: {cfg.model} on the {target} switch, {jobs} x {cfg.workers} workers, "
+            f"{cfg.steps} steps, loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir)
         console.say(f"  P4 program: {how}")
         run.prepare_files()
+        model = workload.describe(run.jobs[0].wl, run.jobs[0].init)
+        console.say(f"  model: {model}")
         run.start_network(json_path)
         console.say(f"  Mininet up: switch {run.topo.switch.name} ({target}, gRPC {run.topo.switch.grpc_addr}), "
             f"{len(run.topo.hosts)} hosts")
@@ -412,10 +414,11 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         setup = time.monotonic() - t_start
         progress, wall = run.train()
         jobs_res = run.results(progress)
-        summ = results.summary({**cfg.to_dict(), "target": target}, jobs_res, wall, setup)
+        summ = results.summary({**cfg.to_dict(), "target": target}, jobs_res, wall, setup, model,
+                               results.n_params(run.jobs[0].init))
         results.write_summary(run_dir / "summary.json", summ)
         results.plot(run_dir / "curve.png", progress.curves,
-                     results.curve_title(target, cfg.jobs, cfg.workers, cfg.loss))
+                     results.curve_title(model, target, cfg.jobs, cfg.workers, cfg.loss))
         console.say("\nsummary (" + str(run_dir / "summary.json") + "):")
         console.say(results.table(summ))
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0
@@ -438,10 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _raise_stopped)
     console = Console()
     try:
-        cfg = config.parse(target=args.target, workers=args.workers, steps=args.steps, loss=args.loss, jobs=args.jobs,
-                           seed=args.seed, pcap=args.pcap, hidden=args.hidden, batch=args.batch, lr=args.lr,
-                           slots=args.slots, grpc_port=args.grpc_port, thrift_port=args.thrift_port,
-                           cli=args.cli, log=args.log)
+        cfg = config.parse(target=args.target, model=args.model, workers=args.workers, steps=args.steps,
+                           loss=args.loss, jobs=args.jobs, seed=args.seed, pcap=args.pcap, hidden=args.hidden,
+                           batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
+                           thrift_port=args.thrift_port, cli=args.cli, log=args.log)
         return execute(cfg, args, console)
     except (config.RunConfigError, RunError) as exc:
         console.fail(str(exc))

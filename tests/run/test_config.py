@@ -1,4 +1,6 @@
 """make run's variables: defaults accepted, every bad value refused with a line naming it."""
+import sys
+
 import pytest
 
 from mininet_topos import config
@@ -10,7 +12,8 @@ def test_defaults_and_make_style_values():
     cfg = config.parse(target="embedded", workers=" 2 ", steps="5", loss="0.05", jobs="2", seed="7", pcap="1")
     assert (cfg.target, cfg.workers, cfg.steps, cfg.loss, cfg.jobs, cfg.seed, cfg.pcap) == \
         ("embedded", 2, 5, 0.05, 2, 7, True)
-    assert (cfg.cli, cfg.log) == ("auto", "off")
+    assert (cfg.cli, cfg.log, cfg.model) == ("auto", "off", "mlp")
+    assert [config.parse(model=m).model for m in (" cnn", "GPT", "mlp")] == ["cnn", "gpt", "mlp"]
     assert (config.parse(cli="1", log="DEBUG").cli, config.parse(log="DEBUG").log) == ("1", "debug")
 
 
@@ -31,6 +34,7 @@ def test_defaults_and_make_style_values():
     ({"slots": "0"}, "--slots"),
     ({"cli": "yes"}, "CLI"),
     ({"log": "verbose"}, "LOG"),
+    ({"model": "resnet"}, "MODEL"),
 ])
 def test_bad_values_name_the_variable(kw, name):
     with pytest.raises(config.RunConfigError) as err:
@@ -52,3 +56,11 @@ def test_log_level_reaches_both_targets_command_lines():
         bmv2 = targets.command("bmv2", cfg)
         assert bmv2.count("--log-level") == 1 and bmv2[bmv2.index("--log-level") + 1] == "debug"
         assert targets.command("bmv2", quiet)[1:3] == ["--log-level", "off"]
+
+
+def test_a_torch_model_without_torch_is_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # seam: torch not installed
+    with pytest.raises(config.RunConfigError) as err:
+        config.parse(model="gpt")
+    assert str(err.value) == "MODEL=gpt needs PyTorch: pip install -e '.[torch]' (make setup installs it)"
+    assert config.parse(model="mlp").model == "mlp"  # the numpy model needs no torch

@@ -25,16 +25,18 @@ def job(j, diff=0.0, loss=(2.0, 0.5)):
 
 def test_summary_has_the_required_fields_and_aggregates_jobs(tmp_path):
     cfg = {"target": "embedded", "workers": 2, "steps": 10, "loss": 0.0, "seed": 0}
-    s = results.summary(cfg, [job(1), job(2, diff=0.25, loss=(3.0, 1.0))], wall_seconds=4.0, setup_seconds=1.0)
+    s = results.summary(cfg, [job(1), job(2, diff=0.25, loss=(3.0, 1.0))], wall_seconds=4.0, setup_seconds=1.0,
+                        model="cnn (3.8k parameters)", parameters=3818)
     for k in results.TABLE_FIELDS:
         assert k in s
+    assert (s["model"], s["parameters"]) == ("cnn (3.8k parameters)", 3818)
     assert s["jobs"] == 2 and s["initial_loss"] == 2.5 and s["final_loss"] == 0.75
     assert s["max_abs_param_diff_vs_reference"] == 0.25
     assert s["packets_sent"] == 200 and s["retransmissions"] == 6 and s["steps_per_second"] == 2.5
     results.write_summary(tmp_path / "s.json", s)
     assert json.loads((tmp_path / "s.json").read_text())["per_job"][1]["job_id"] == 2
     t = results.table(s)
-    assert all(k in t for k in results.TABLE_FIELDS) and "0.25" in t
+    assert all(k in t for k in results.TABLE_FIELDS) and "0.25" in t and "cnn (3.8k parameters)" in t
 
 
 def test_curve_png(tmp_path):
@@ -43,6 +45,13 @@ def test_curve_png(tmp_path):
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_curve_title_says_packet_loss_not_training_loss():
-    title = results.curve_title("bmv2", 2, 4, 0.02)
+def test_curve_title_names_the_model_and_says_packet_loss_only_with_loss():
+    title = results.curve_title("gpt (1.3M parameters)", "bmv2", 2, 4, 0.02)
     assert "packet loss 0.02" in title and "2 job(s) x 4 workers" in title and "bmv2" in title
+    assert "gpt (1.3M parameters)" in title
+    clean = results.curve_title("mlp (4874 parameters)", "embedded", 1, 4, 0.0)
+    assert "loss" not in clean and "mlp (4874 parameters)" in clean
+
+
+def test_n_params_counts_every_element():
+    assert results.n_params({"a": np.zeros((3, 4)), "b": np.zeros(5)}) == 17
