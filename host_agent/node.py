@@ -71,7 +71,8 @@ class NodeCore:
         # Per slot, the header of the last fresh answer: a worker lacking the parameters of chunk c
         # never sends c + slots (its window), so no later chunk of c's slot is applied, and a chunk
         # some worker still waits for is the last applied of its slot (see recent_params).
-        self.recent: dict[int, np.void] = {}
+        self.recent = np.zeros(slots, dtype=codec.HEADER_DTYPE)
+        self.recent_set = np.zeros(slots, dtype=bool)
         if store.resumed_chunks:
             self.stats["resumed_chunks"] = store.resumed_chunks
         if store.step_complete:
@@ -111,38 +112,41 @@ class NodeCore:
         idx = np.flatnonzero(ok)
         steps = headers["step"][idx].astype(np.int64)
         chunks = headers["chunk"][idx].astype(np.int64) - self.lo  # the store's record numbers
-        fresh = (steps == cur) & ~self.store.applied[chunks]
+        is_cur = steps == cur
+        fresh = np.flatnonzero(is_cur & ~self.store.applied[chunks])
         # The first sum of each fresh chunk is applied; any other sum of this or the last step is
         # a duplicate, answered from the stored parameters.
         uniq, first = np.unique(chunks[fresh], return_index=True)
-        apply_rows = idx[fresh][first]
-        answer = (steps == cur) | (steps == cur - 1)
-        answer[np.flatnonzero(fresh)[first]] = False
-        resend = idx[answer].tolist()
-        self.stats["stale"] += int((steps < cur - 1).sum())
-        self.stats["future"] += int((steps > cur).sum())
-        out_rows: list[int] = []
+        apply_rows = idx[fresh[first]]
+        answer = is_cur | (steps == cur - 1)
+        answer[fresh[first]] = False
+        resend = idx[answer]
+        if len(idx) > np.count_nonzero(is_cur):
+            self.stats["stale"] += int((steps < cur - 1).sum())
+            self.stats["future"] += int((steps > cur).sum())
+        if not len(uniq) and not len(resend):
+            return np.zeros(0, dtype=headers.dtype), np.zeros((0, K), dtype=np.float16)
+        # The answers' headers: the applied rows', then the resent rows'.
+        hdr = take_rows(headers, np.concatenate((apply_rows, resend)) if len(resend) else apply_rows)
         out_vals: list[np.ndarray] = []
         prev_skipped = self.store.last_skipped
         if len(uniq):  # uniq is sorted: runs of consecutive chunks are applied together
-            self._learn_nonfinite(cur, uniq, headers[apply_rows])
-            out_vals.append(self._apply(cur, uniq, headers[apply_rows], sums[apply_rows]))
-            out_rows += apply_rows.tolist()
+            applied_hdr = hdr[: len(uniq)]
+            self._learn_nonfinite(cur, uniq, applied_hdr)
+            # Sums that arrived in chunk order (the usual case) go to the kernel without a copy.
+            in_order = len(apply_rows) == len(sums) and bool((apply_rows == np.arange(len(sums))).all())
+            out_vals.append(self._apply(cur, uniq, applied_hdr, sums if in_order else sums[apply_rows]))
             if self.store.step_complete:
                 self.store.commit()
                 self.stats["steps"] += 1
-        if resend:
+        if len(resend):
             self.stats["resent"] += len(resend)
-            out_rows += resend
             out_vals.append(np.stack([self._params_of(int(headers["step"][i]), int(headers["chunk"][i]))
                                       for i in resend]))
-        if not out_rows:
-            return np.zeros(0, dtype=headers.dtype), np.zeros((0, K), dtype=np.float16)
-        hdr = headers[np.array(out_rows)].copy()
         # A sum's RETRANSMIT (completed by a retransmitted gradient) stays on its parameters so
         # that workers take no round-trip sample from them; resent parameters carry it always.
         hdr["flags"] &= np.uint8(Flag.NONFINITE | Flag.RETRANSMIT)
-        if resend:
+        if len(resend):
             hdr["flags"][-len(resend):] |= np.uint8(Flag.RETRANSMIT)
         # Every answer sent after the node learned that a step is non-finite says so.
         cur_nf = self.store.step_nonfinite if self.store.current == cur else self.store.last_skipped
@@ -153,11 +157,16 @@ class NodeCore:
         hdr["kind"] = Kind.PARAM
         if len(uniq):
             applied = hdr[: len(uniq)]
-            _, last = np.unique(applied["slot"][::-1], return_index=True)  # each slot's last row, at most `slots`
-            for i in len(applied) - 1 - last:
-                self.recent[int(applied["slot"][i])] = applied[i].copy()
+            slot = applied["slot"].astype(np.intp)
+            if uniq[-1] - uniq[0] == len(uniq) - 1:  # consecutive chunks: the last `slots` rows, one per slot
+                last = np.arange(max(0, len(uniq) - self.slots), len(uniq))
+            else:
+                _, last = np.unique(slot[::-1], return_index=True)  # each slot's last row, at most `slots`
+                last = len(applied) - 1 - last
+            as_void(self.recent)[slot[last]] = take_rows(applied, last).view(as_void(self.recent).dtype)
+            self.recent_set[slot[last]] = True
             self.store.prefetch_from(0 if self.store.current != cur else int(uniq[-1]) + 1)
-        return hdr, np.concatenate(out_vals)
+        return hdr, out_vals[0] if len(out_vals) == 1 else np.concatenate(out_vals)
 
     def recent_params(self) -> tuple[np.ndarray, np.ndarray]:
         """The parameters of each slot's last applied chunk (of the current or the last committed
@@ -165,10 +174,10 @@ class NodeCore:
         switch restart the workers that got a chunk's parameters will not resend its gradient, so
         the ones that missed them can only learn them from the node."""
         cur = self.store.current
-        rows = [h for h in self.recent.values() if cur - 1 <= int(h["step"]) <= cur]
-        if not rows:
+        hdr = self.recent[self.recent_set]
+        hdr = hdr[(hdr["step"].astype(np.int64) >= cur - 1) & (hdr["step"].astype(np.int64) <= cur)]
+        if not len(hdr):
             return np.zeros(0, dtype=codec.HEADER_DTYPE), np.zeros((0, K), dtype=np.float16)
-        hdr = np.array(rows, dtype=rows[0].dtype)
         hdr["flags"] |= np.uint8(Flag.RETRANSMIT)
         skipped = ((hdr["step"] == cur) & self.store.step_nonfinite) | ((hdr["step"] == cur - 1) & self.store.last_skipped)
         hdr["flags"][skipped] |= np.uint8(Flag.NONFINITE)
@@ -212,7 +221,7 @@ class NodeCore:
         nworkers = headers["nworkers"].astype(np.int64)
         out = np.empty((len(chunks), K), dtype=np.float16)
         pos = 0
-        for lo, hi in store.page_runs(chunks):
+        for lo, hi in page_runs(chunks, store.page_chunks):
             n = hi - lo
             if store.step_nonfinite:  # answered with the parameters before the step
                 out[pos : pos + n] = store.records(src, lo, hi)[:, state.MASTER].astype(np.float16)
@@ -232,6 +241,25 @@ class NodeCore:
         chunk -= self.lo
         rec = self.store.records(self.store.copy_after(step), chunk, chunk + 1)
         return rec[0, state.MASTER].astype(np.float16)
+
+
+def as_void(a: np.ndarray) -> np.ndarray:
+    """Structured rows seen as opaque bytes: numpy copies these with memcpy, not field by field."""
+    return a.view(np.dtype((np.void, a.dtype.itemsize)))
+
+
+def take_rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """a[rows] (a copy) for a structured array, ten times faster than numpy's field-wise take."""
+    return as_void(a)[rows].view(a.dtype)
+
+
+def page_runs(chunks: np.ndarray, page_chunks: int):
+    """Sorted unique chunks -> [lo, hi) runs of consecutive chunks within one page, without a
+    Python object per chunk."""
+    brk = np.flatnonzero((np.diff(chunks) != 1) | (np.diff(chunks // page_chunks) != 0)) + 1
+    starts = np.concatenate(([0], brk))
+    ends = np.concatenate((brk, [len(chunks)]))
+    return zip(chunks[starts].tolist(), (chunks[ends - 1] + 1).tolist())
 
 
 #: Errors of a socket whose link went down or away: retried, never fatal.
@@ -565,8 +593,8 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as exc:  # disk full / EIO: nothing after the last commit is trusted; restart resumes
         print(f"mindp-optimizer: {exc}", file=sys.stderr, flush=True)
         return 3
-    stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pager.stats.peak_pages,
-                 page_bytes=store.pager.page_bytes, rss_start_kb=rss_start, vm_hwm_kb=proc_status_kb("VmHWM"))
+    stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pages.peak_pages,
+                 page_bytes=store.pages.page_bytes, rss_start_kb=rss_start, vm_hwm_kb=proc_status_kb("VmHWM"))
     if args.export:
         store.export(args.export)
     store.close()
