@@ -1,0 +1,171 @@
+"""Sharded optimizer nodes as real processes (mindp-optimizer --shard I) on veths in namespaces, with
+the job's workers: bit-identical to the reference, also when one shard is killed and restarted mid-run
+and with a non-finite step (the shards agree over real UDP). The fabric is the in-test aggregator
+taught the switch's shard routing (sum of chunk c to c's owner, PARAM admitted only from c's owner,
+plain frames bridged between the nodes)."""
+import random
+import select
+import time
+
+import numpy as np
+import pytest
+
+from host_agent import optim, rawsock, reference, state
+from host_agent.optim import OptimizerConfig
+from mindp import codec, testbed
+from mindp.protocol import Kind
+from mindp.topology import Host, JobSpec, SwitchSpec, Topology, host_addresses
+
+from .aggregator import Aggregator
+from .harness import NodeProcess, Workers, load_stats, node_args
+from .helpers import same_bits, small_model, with_nonfinite
+
+pytestmark = pytest.mark.net
+N, M, STEPS = 2, 2, 4
+CHUNKS = optim.layout_of(small_model()).n_chunks
+
+
+def sharded_topology(n_workers: int, m: int, chunks: int, slots: int = 8) -> Topology:
+    """One switch: workers w1_0.. on ports 1..n, shards opt1_0.. on the next m ports."""
+    hosts = {}
+    for port in range(1, n_workers + m + 1):
+        name = f"w1_{port - 1}" if port <= n_workers else f"opt1_{port - n_workers - 1}"
+        hosts[name] = Host(name, *host_addresses(port), port)
+    job = JobSpec(1, {i: f"w1_{i}" for i in range(n_workers)}, tuple(f"opt1_{i}" for i in range(m)), slots, chunks)
+    topo = Topology((SwitchSpec(),), hosts, [job])
+    topo.check()
+    return topo
+
+
+class ShardAggregator(Aggregator):
+    """The aggregator with the switch's shard routing; ARP and the shards' notices are bridged
+    between the nodes' ports like ordinary L2 traffic."""
+
+    def __init__(self, topo: Topology, ports, **faults):
+        job = topo.jobs[0]
+        self.shards = [(lo, hi, topo.host(h)) for lo, hi, h in topo.shard_ranges(job)]
+        workers = {w: topo.host(n) for w, n in job.workers.items()}
+        super().__init__(job.job_id, workers, self.shards[0][2], ports, **faults)
+        self.node_ports = {h.port: h for _, _, h in self.shards}
+        self.stats.update(params_refused=0, bridged=0)
+
+    def _owner(self, chunk: int) -> Host:
+        return next(h for lo, hi, h in self.shards if lo <= chunk <= hi)
+
+    def _grad(self, h, g) -> None:
+        self.optimizer = self._owner(int(h["chunk"]))  # the shards table: this chunk's node
+        super()._grad(h, g)
+
+    def _from_node(self, port: int, frame: bytes) -> None:
+        dec = codec.decode([frame], Kind.PARAM)
+        if len(dec.headers):
+            if self._owner(int(dec.headers[0]["chunk"])).port == port:
+                self._param(frame)
+            else:
+                self.stats["params_refused"] += 1
+            return
+        for p, h in self.node_ports.items():  # L2: broadcast or the node it is addressed to
+            if p != port and (frame[0:6] == b"\xff" * 6 or frame[0:6] == bytes.fromhex(h.mac.replace(":", ""))):
+                self.stats["bridged"] += 1
+                self._send(p, frame)
+
+    def _run(self):
+        by_fd = {s.fileno(): port for port, s in self.socks.items()}
+        while not self._stop.is_set():
+            ready, _, _ = select.select(list(self.socks.values()), [], [], 0.02)
+            for s in ready:
+                port = by_fd[s.fileno()]
+                frames = rawsock.recv_batch(s)
+                if port in self.node_ports:
+                    for frame in frames:
+                        self._from_node(port, frame)
+                else:
+                    self._grads(frames)
+            if self.held and (not ready or len(self.held) > 8):
+                self.rng.shuffle(self.held)
+                held, self.held = self.held, []
+                for port, frame in held:
+                    self._send(port, frame)
+
+
+@pytest.fixture(scope="module")
+def bed():
+    topo = sharded_topology(N, M, CHUNKS)
+    with testbed.Testbed("hsh-") as b:
+        for h in topo.hosts.values():
+            b.add(h)
+        yield b, topo
+
+
+def run_sharded(bed, tmp_path, init, gf, steps, kill=None, seed=0, **worker_kw):
+    """All shards (CLI processes) and workers to the last step; kill=(shard, step): that shard is
+    killed (SIGKILL) a random moment after the workers finished `step`, and restarted. Returns the
+    workers, each shard's stats and the shards' joined export."""
+    b, topo = bed
+    topo.dump(tmp_path / "topo.json")
+    np.savez(tmp_path / "init.npz", **init)
+    args = [node_args(tmp_path / "topo.json", tmp_path / f"state{i}", tmp_path / "init.npz", steps,
+                      tmp_path / f"final{i}.npz", tmp_path / f"stats{i}.json") + ["--shard", str(i)]
+            for i in range(M)]
+    names = topo.jobs[0].optimizers
+    nodes = [NodeProcess(b.hosts[names[i]], args[i], tmp_path / f"node{i}.log").start() for i in range(M)]
+    try:
+        workers = Workers(b, topo, init, gf, steps, **worker_kw).start()
+        if kill:
+            i, step = kill
+            workers.wait_step(step)
+            time.sleep(random.Random(seed).uniform(0, 0.06))
+            nodes[i].kill()
+            time.sleep(0.3)
+            nodes[i] = NodeProcess(b.hosts[names[i]], args[i], tmp_path / f"node{i}.log").start()
+            assert "resuming after step" in nodes[i].banner
+        workers.join(240)
+        for node in nodes:
+            assert node.wait(60) == 0
+    finally:
+        for node in nodes:
+            node.stop()
+    stats = [load_stats(tmp_path / f"stats{i}.json") for i in range(M)]
+    master = state.join_exports([tmp_path / f"final{i}.npz" for i in range(M)], optim.layout_of(init))
+    return workers, stats, master
+
+
+@pytest.mark.parametrize("kill", [None, (1, 2)], ids=["clean", "shard-killed"])
+def test_sharded_nodes_train_to_reference_bits(bed, tmp_path, kill):
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(31)
+    ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
+    with ShardAggregator(topo, b.ports(), drop=0.03, dup=0.03, reorder=0.03, seed=4) as agg:
+        workers, stats, master = run_sharded(bed, tmp_path, init, gf, STEPS, kill=kill, seed=7)
+    for w, params in workers.results.items():
+        assert same_bits(params, ref.params), f"worker {w} differs from the reference"
+    assert same_bits(master, ref.master)
+    ranges = topo.shard_ranges(topo.jobs[0])
+    for (lo, hi, _), st in zip(ranges, stats):
+        assert st["committed"] == STEPS - 1
+        if kill is None:  # each shard applied exactly its own range, once per step
+            assert st["applied"] == STEPS * (hi - lo + 1)
+    if kill:
+        assert stats[0]["applied"] == STEPS * (ranges[0][1] + 1)  # the other shard never noticed
+    assert agg.stats["params_refused"] == 0
+
+
+def test_nonfinite_step_is_skipped_by_every_shard_through_processes(bed, tmp_path):
+    b, topo = bed
+    init = small_model()
+    lay = optim.layout_of(init)
+    lo1 = topo.shard_ranges(topo.jobs[0])[1][0]
+    index = (lo1 + 2) * 32 - lay.offsets["w"]  # an element of shard 1's range, in tensor "w"
+    gf = with_nonfinite(reference.synthetic_grads(32), 1, 2, "w", index)
+    ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
+    assert [c for _, c in ref.nonfinite] == [lo1 + 2]
+    with ShardAggregator(topo, b.ports()) as agg:
+        workers, stats, master = run_sharded(bed, tmp_path, init, gf, STEPS)
+    for w, params in workers.results.items():
+        assert same_bits(params, ref.params), f"worker {w} differs from the reference"
+        assert [s for s, _ in workers.agents[w].nonfinite_log] == [2]
+    assert same_bits(master, ref.master)
+    assert [st["nonfinite_steps"] for st in stats] == [1, 1]
+    assert stats[1]["notices"] == 1 and stats[0]["notices_acked"] >= 1
+    assert agg.stats["bridged"] > 0
