@@ -1,15 +1,19 @@
-"""A pager over memory-mapped files of fixed-size records, within a RAM budget.
+"""State I/O of the optimizer node: a streaming page pipeline (out of core) and whole-file mappings (in RAM).
 
-The files are mapped whole (MAP_SHARED), but at most `budget_bytes` of them is
-kept resident in this process: pages are registered in an LRU on access, and the
-least recently used page is evicted when room is needed (a dirty page is written
-back with msync first, then unmapped with MADV_DONTNEED and, with `drop_cache`,
-dropped from the page cache so the budget is also honest about the machine's
-memory). A background thread prefetches the pages the caller says it will need
-next (in chunk order), so the caller rarely waits for the disk.
+Out of core, `Pager` moves whole pages between the state files and a fixed pool of page-aligned
+buffers (the RAM budget) with pread/pwrite, by one reader thread and one writer thread that live as
+long as the state is open (reused by every step): while the caller updates page p, the reader
+fills the buffers of the pages hinted next (p+1, ...) and the writer writes back the pages the
+caller retired (p-1, ...). Reads are O_DIRECT where the file system allows it (one large I/O into
+the buffer, no page-cache copy to drop). Writes are buffered pwrites of the caller's records (so a
+killed process loses nothing it wrote); a retired page is written back with sync_file_range and
+then dropped from the page cache, and counts against the budget until then.
 
-madvise/msync go through ctypes, which releases the GIL during the system call:
-the prefetch thread's disk waits do not stall the main thread.
+In RAM (the budget holds both copies), `MappedFile` maps a file whole and the caller updates it in
+place: no copy at all.
+
+Disk errors never pass silently: every pwrite, write-back and fsync is checked and a failure raises
+`StorageError` (one line, errno named); the caller then must not commit.
 """
 from __future__ import annotations
 
@@ -23,13 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-MADV_RANDOM, MADV_WILLNEED, MADV_DONTNEED, MADV_POPULATE_READ, MADV_POPULATE_WRITE = 1, 3, 4, 22, 23
+_libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 MS_SYNC = 4
-FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE = 0x01, 0x10
-_libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
 OS_PAGE = mmap.PAGESIZE
+MIN_PAGES = 4  # one page being updated (its buffer and its written records), one read ahead, one written back
 
 
 class PagerError(RuntimeError):
@@ -40,22 +43,19 @@ class StorageError(PagerError):
     """A write or flush of the state failed (ENOSPC, EIO, ...): the last commit is still intact."""
 
 
-def _check(rc: int, what: str, path: str) -> None:
-    if rc != 0:
-        err = ctypes.get_errno()
-        raise StorageError(f"{what} of {path} failed: {os.strerror(err)} (errno {err}); the last committed step is intact")
+def _fail(what: str, path: str, err: int) -> StorageError:
+    return StorageError(f"{what} of {path} failed: {os.strerror(err)} (errno {err}); the last committed step is intact")
 
 
 def _fsync(fd: int, path: str) -> None:
     try:
         os.fsync(fd)
     except OSError as exc:
-        raise StorageError(f"fsync of {path} failed: {exc.strerror} (errno {exc.errno}); "
-                           "the last committed step is intact") from None
+        raise _fail("fsync", path, exc.errno) from None
 
 
 class MappedFile:
-    """One file mapped read-write as an array of records."""
+    """One file mapped whole, read-write, as an array of records (the in-RAM mode)."""
 
     def __init__(self, path: str, record_dtype: np.dtype, n_records: int):
         """record_dtype: a subarray dtype such as np.dtype((np.float32, (3, 32)))."""
@@ -70,10 +70,14 @@ class MappedFile:
         self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
         self.addr = self.bytes.ctypes.data
-        # No kernel read-ahead or fault-around: only the pages the pager asks for become resident.
-        _libc.madvise(self.addr, size, MADV_RANDOM)
         base, shape = (record_dtype.subdtype or (record_dtype, ()))
         self.records = self.bytes[: n_records * self.record_bytes].view(base).reshape(n_records, *shape)
+
+    def flush(self) -> None:
+        """Make every write through the mapping durable."""
+        if _libc.msync(self.addr, self.size, MS_SYNC):
+            raise _fail("write-back (msync)", self.path, ctypes.get_errno())
+        _fsync(self.fd, self.path)
 
     def close(self) -> None:
         self.records = self.bytes = None
@@ -86,207 +90,322 @@ class MappedFile:
 
 @dataclass
 class PagerStats:
-    faults: int = 0  # pages registered by the caller's own access (prefetch missed)
+    faults: int = 0  # pages the caller had to wait to read (not prefetched in time)
     prefetched: int = 0
-    evictions: int = 0
+    evictions: int = 0  # resident pages dropped to make room (not retired)
     writebacks: int = 0
-    peak_pages: int = 0
+    peak_pages: int = 0  # most budget units in use: resident buffers + pages in the page cache
+    read_bytes: int = 0
+    written_bytes: int = 0
+
+
+class _File:
+    def __init__(self, path: str):
+        self.path = str(path)
+        self.fd = os.open(self.path, os.O_RDWR)
+        try:  # large reads straight into our buffers; tmpfs and some others refuse O_DIRECT
+            self.dfd = os.open(self.path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            self.dfd = None
+        self.size = os.fstat(self.fd).st_size
+
+    def close(self) -> None:
+        os.close(self.fd)
+        if self.dfd is not None:
+            os.close(self.dfd)
 
 
 class Pager:
-    """LRU residency over several MappedFiles sharing one page geometry."""
+    """Page buffers of one page index space over several equally sized files, within a budget.
 
-    def __init__(self, files: list[MappedFile], page_bytes: int, budget_bytes: int, *, drop_cache: bool = True,
-                 prefetch: bool = True):
+    A resident page has one buffer; which file it was read from is the caller's business (a
+    buffer may be updated in place and written to another file). Budget units: one per resident
+    buffer, one per page with records written to the page cache and not yet written back.
+    """
+
+    def __init__(self, paths: list[str], page_bytes: int, budget_bytes: int, *, drop_cache: bool = True,
+                 prefetch: bool = True, ahead: int | None = None):
         if page_bytes % OS_PAGE:
             raise PagerError(f"page size {page_bytes} is not a multiple of {OS_PAGE}")
-        self.files = files
         self.page_bytes = page_bytes
         self.max_pages = budget_bytes // page_bytes
-        if self.max_pages < 4:
-            raise PagerError(f"RAM budget {budget_bytes} B holds {self.max_pages} pages of {page_bytes} B; need >= 4")
+        if self.max_pages < MIN_PAGES:
+            raise PagerError(f"RAM budget {budget_bytes} B holds {self.max_pages} pages of {page_bytes} B; "
+                             f"need >= {MIN_PAGES}")
+        self.files = [_File(p) for p in paths]
         self.drop_cache = drop_cache
-        if drop_cache:
-            # Start cold: cached large folios (e.g. from the writes that created the file) would be
-            # mapped whole on first touch, beyond any page the pager registered.
-            for mf in files:
-                os.fsync(mf.fd)
-                os.posix_fadvise(mf.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        self.lru: collections.OrderedDict[tuple[int, int], bool] = collections.OrderedDict()  # -> dirty
-        self.lock = threading.Lock()
-        self.io = threading.Lock()  # held while a page is written back, and by flush()
+        if drop_cache:  # start cold, so the budget is honest about the machine's memory too
+            for f in self.files:
+                os.fsync(f.fd)
+                os.posix_fadvise(f.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        # The pool: page-aligned (O_DIRECT), touched only as slots are used (so RSS follows use).
+        self._pool_mm = mmap.mmap(-1, self.max_pages * page_bytes)
+        self._pool = np.frombuffer(self._pool_mm, dtype=np.uint8).reshape(self.max_pages, page_bytes)
+        self._free = list(range(self.max_pages - 1, -1, -1))  # LIFO: reuse the slots already touched
+        self.slot: collections.OrderedDict[int, int] = collections.OrderedDict()  # page -> slot, LRU first
+        self.token: dict[int, int] = {}  # page -> load id (changes when a page is read in again)
+        self._tokens = 0
+        self._loading: dict[int, int] = {}  # page -> slot, being read by the reader thread
+        self._unused: set[int] = set()  # prefetched, not yet used by the caller
+        self._cached: set[tuple[int, int]] = set()  # (file, page) with records in the page cache
+        self._wb: collections.deque[tuple[int, int]] = collections.deque()  # retired, to write back
+        self.ahead = max(1, self.max_pages // 2 if ahead is None else ahead)
+        self._want: list[tuple[int, int]] = []  # (file, page) to read next, in order
         self.stats = PagerStats()
-        self._want: list[tuple[int, int, bool]] = []
-        self._unused: set[tuple[int, int]] = set()  # prefetched, not yet touched by the caller
-        self._cv = threading.Condition(self.lock)
-        self._stop = False
-        self._reserved = 0
         self.error: StorageError | None = None
-        self._thread = None
+        self._cv = threading.Condition()
+        self._stop = False
+        self._threads = [threading.Thread(target=self._writer, name="pager-write", daemon=True)]
         if prefetch:
-            self._thread = threading.Thread(target=self._prefetcher, name="pager-prefetch", daemon=True)
-            self._thread.start()
+            self._threads.append(threading.Thread(target=self._reader, name="pager-read", daemon=True))
+        for t in self._threads:
+            t.start()
 
-    # --- access ------------------------------------------------------------
-    def page_of(self, f: int, record: int) -> int:
-        return record * self.files[f].record_bytes // self.page_bytes
+    # --- budget ------------------------------------------------------------------
+    def _used(self) -> int:
+        return len(self.slot) + len(self._loading) + len(self._cached)
 
-    def touch(self, f: int, page: int, write: bool) -> None:
-        """Register (f, page) as resident and most recently used; evict to stay in budget."""
-        key = (f, page)
-        with self.lock:
-            if key in self.lru:
-                self.lru.move_to_end(key)
-                if write:
-                    self.lru[key] = True
-                if key in self._unused:
-                    self._unused.discard(key)
-                    self._cv.notify()
-                return
-        self._make_room(1)
-        self._populate(key, write)
-        with self.lock:
-            self._reserved -= 1
-            self.stats.faults += key not in self.lru
-            self.lru[key] = self.lru.get(key, False) or write
-            self.lru.move_to_end(key)
-            self.stats.peak_pages = max(self.stats.peak_pages, len(self.lru))
+    def _note_peak(self) -> None:
+        self.stats.peak_pages = max(self.stats.peak_pages, self._used())
 
-    def records(self, f: int, lo: int, hi: int, write: bool = False) -> np.ndarray:
-        """Records [lo, hi) of file f (a view); registers their pages."""
-        recs = self.files[f].records
-        size = self.files[f].record_bytes
-        for page in range(lo * size // self.page_bytes, ((hi * size) - 1) // self.page_bytes + 1):
-            self.touch(f, page, write)
-        return recs[lo:hi]
+    def _room(self, keep: int | None) -> None:
+        """Make one budget unit free (cv held): wait for write-back, else evict the least recently
+        used resident page (never `keep`)."""
+        while self._used() >= self.max_pages:
+            if self.error:
+                raise self.error
+            if self._wb:  # write-back frees budget soon
+                self._cv.wait(0.05)
+                continue
+            victim = next((p for p in self.slot if p != keep), None)
+            if victim is None:
+                if self._loading:
+                    self._cv.wait(0.05)
+                    continue
+                raise PagerError("RAM budget exhausted by pages in use")
+            self._release(victim)
+            self.stats.evictions += 1
 
-    def discard(self, f: int, page: int) -> bool:
-        """Forget a page's contents (it reads as zeros, with no disk read) unless it is resident;
-        for pages about to be overwritten. The blocks stay allocated (FALLOC_FL_ZERO_RANGE, not a
-        punched hole), so writing the page later cannot run out of space. False if not done
-        (resident, or the file system has no ZERO_RANGE, e.g. tmpfs)."""
-        with self.lock:
-            if (f, page) in self.lru:
-                return False
-            mf, off, length = self._range((f, page))
-            return length > 0 and _libc.fallocate(mf.fd, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, off, length) == 0
+    def _take_slot(self, keep: int | None) -> int:
+        self._room(keep)
+        return self._free.pop()
 
-    def hint(self, wants: list[tuple[int, int, bool]]) -> None:
-        """Pages (f, page, write) needed soon, in order; replaces the previous hint."""
-        if self._thread is None:
-            return
+    def _release(self, page: int) -> None:
+        self._free.append(self.slot.pop(page))
+        self.token.pop(page, None)
+        self._unused.discard(page)
+
+    # --- the caller's side ---------------------------------------------------------
+    def buffer(self, page: int) -> np.ndarray | None:
+        """The resident buffer of `page` (uint8, page_bytes), or None."""
         with self._cv:
-            self._want = [w for w in wants if (w[0], w[1]) not in self.lru]
-            self._cv.notify()
+            s = self.slot.get(page)
+            return None if s is None else self._pool[s]
 
-    # --- residency -----------------------------------------------------------
-    def _make_room(self, n: int) -> None:
-        """Evict until n more pages fit, and reserve them (the caller registers them, then unreserves)."""
-        while True:
-            with self.io:
-                with self.lock:
-                    if len(self.lru) + self._reserved + n <= self.max_pages:
-                        self._reserved += n
-                        return
-                    key, dirty = self.lru.popitem(last=False)
-                    self._unused.discard(key)
-                try:
-                    self._evict(key, dirty)
-                except StorageError:
-                    with self.lock:  # keep the page (still dirty) so nothing written is forgotten
-                        self.lru[key] = dirty
-                        self.lru.move_to_end(key, last=False)
-                    raise
+    def load(self, f: int, page: int) -> np.ndarray:
+        """The buffer of `page`, read from file `f` if not resident (waiting for the reader if it is
+        reading it); it becomes the most recently used."""
+        with self._cv:
+            while page in self._loading:
+                self._cv.wait()
+            if page in self.slot:
+                self.slot.move_to_end(page)
+                if page in self._unused:
+                    self._unused.discard(page)
+                    self._cv.notify_all()
+                return self._pool[self.slot[page]]
+            s = self._take_slot(page)
+            self._loading[page] = s
+            self.stats.faults += 1
+        try:
+            self._read_page(f, page, self._pool[s])
+        except BaseException:
+            with self._cv:
+                del self._loading[page]
+                self._free.append(s)
+                self._cv.notify_all()
+            raise
+        with self._cv:
+            del self._loading[page]
+            self._install(page, s)
+            self._cv.notify_all()
+            return self._pool[s]
 
-    def _range(self, key: tuple[int, int]) -> tuple[MappedFile, int, int]:
-        mf = self.files[key[0]]
-        off = key[1] * self.page_bytes
-        return mf, off, min(self.page_bytes, mf.size - off)
+    def _install(self, page: int, s: int) -> None:
+        self.slot[page] = s
+        self._tokens += 1
+        self.token[page] = self._tokens
+        self._note_peak()
 
-    def _evict(self, key: tuple[int, int], dirty: bool) -> None:
-        mf, off, length = self._range(key)
-        if length <= 0:
-            return
-        if dirty:
-            _check(_libc.msync(mf.addr + off, length, MS_SYNC), "write-back (msync)", mf.path)
-            self.stats.writebacks += 1
-        _libc.madvise(mf.addr + off, length, MADV_DONTNEED)
-        if self.drop_cache:
-            os.posix_fadvise(mf.fd, off, length, os.POSIX_FADV_DONTNEED)
-        self.stats.evictions += 1
+    def hint(self, wants: list[tuple[int, int]]) -> None:
+        """Pages (file, page) to read ahead, in the order they will be needed; replaces the last hint."""
+        with self._cv:
+            self._want = [w for w in wants if w[1] not in self.slot and w[1] not in self._loading]
+            self._cv.notify_all()
 
-    def _populate(self, key: tuple[int, int], write: bool) -> None:
-        """Read the page in with one large I/O, then map it (the mapping itself reads 4 KiB at a time)."""
-        mf, off, length = self._range(key)
-        if length <= 0:
-            return
-        os.posix_fadvise(mf.fd, off, length, os.POSIX_FADV_WILLNEED)
-        if _libc.madvise(mf.addr + off, length, MADV_POPULATE_WRITE if write else MADV_POPULATE_READ):
-            _libc.madvise(mf.addr + off, length, MADV_WILLNEED)  # older kernels: read ahead at least
+    def write(self, f: int, offset: int, data: np.ndarray, page: int) -> None:
+        """Write `data` (contiguous) at `offset` of file f, into the page cache: a killed process
+        loses none of it. Its page counts against the budget until retired and written back."""
+        fl = self.files[f]
+        mv = memoryview(data).cast("B")
+        with self._cv:
+            if (f, page) not in self._cached:
+                self._room(page)
+                self._cached.add((f, page))
+                self._note_peak()
+        done = 0
+        while done < len(mv):
+            try:
+                done += os.pwrite(fl.fd, mv[done:], offset + done)
+            except OSError as exc:
+                raise _fail("write", fl.path, exc.errno) from None
+        self.stats.written_bytes += done
 
-    def _prefetcher(self) -> None:
-        # Prefetch at most half the budget ahead, so prefetching never evicts its own pages.
-        ahead = max(1, self.max_pages // 2)
+    def retire(self, f: int | None, page: int, keep: bool) -> None:
+        """The caller is done with `page` for now: its writes to file f (if any) are written back
+        in the background; its buffer stays resident only if `keep`."""
+        with self._cv:
+            if not keep and page in self.slot:
+                self._release(page)
+            if f is not None and (f, page) in self._cached:
+                self._wb.append((f, page))
+            self._cv.notify_all()
+
+    def drop(self, page: int) -> None:
+        """Forget the buffer of `page` (its contents are no longer what the caller needs)."""
+        with self._cv:
+            if page in self.slot:
+                self._release(page)
+                self._cv.notify_all()
+
+    def resident(self) -> list[int]:
+        with self._cv:
+            return list(self.slot)
+
+    def read(self, f: int, offset: int, nbytes: int) -> np.ndarray:
+        """A small read outside the pool (resends, export): uint8 array of nbytes."""
+        fl = self.files[f]
+        out = np.empty(nbytes, dtype=np.uint8)
+        mv = memoryview(out)
+        done = 0
+        while done < nbytes:
+            n = os.preadv(fl.fd, [mv[done:]], offset + done)
+            if n <= 0:
+                raise PagerError(f"{fl.path}: short read at {offset + done}")
+            done += n
+        return out
+
+    def flush(self) -> None:
+        """Write back every page written so far and make the files durable (fsync)."""
+        with self._cv:
+            self._wb.extend(k for k in self._cached if k not in self._wb)
+            self._cv.notify_all()
+            while self._wb and not self.error:
+                self._cv.wait()
+            if self.error:
+                raise self.error
+        for fl in self.files:
+            _fsync(fl.fd, fl.path)
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            with self._cv:
+                self._stop = True
+                self._cv.notify_all()
+            for t in self._threads:
+                t.join()
+            for fl in self.files:
+                fl.close()
+            self._pool = None
+            try:
+                self._pool_mm.close()
+            except BufferError:
+                pass
+
+    # --- threads ---------------------------------------------------------------------
+    def _read_page(self, f: int, page: int, buf: np.ndarray) -> None:
+        fl = self.files[f]
+        off = page * self.page_bytes
+        n = min(self.page_bytes, fl.size - off)
+        mv = memoryview(buf)[:n]
+        done = 0
+        while done < n:
+            fd = fl.dfd if fl.dfd is not None and done == 0 else fl.fd
+            try:
+                got = os.preadv(fd, [mv[done:]], off + done)
+            except OSError as exc:
+                if fd == fl.dfd and exc.errno == 22:  # EINVAL: O_DIRECT refused here after all
+                    fl.dfd = None
+                    continue
+                raise _fail("read", fl.path, exc.errno) from None
+            if got <= 0:
+                raise PagerError(f"{fl.path}: short read at {off + done}")
+            done += got
+        self.stats.read_bytes += n
+
+    def _reader(self) -> None:
         while True:
             with self._cv:
-                while not self._stop and (not self._want or len(self._unused) >= ahead):
+                # One unit stays free for the caller: the records it writes next.
+                while not self._stop and not (self._want and len(self._unused) < self.ahead and self._free
+                                              and self._used() + 1 < self.max_pages and not self.error):
                     self._cv.wait()
                 if self._stop:
                     return
-                f, page, write = self._want.pop(0)
-                if (f, page) in self.lru:
+                f, page = self._want.pop(0)
+                if page in self.slot or page in self._loading:
                     continue
+                s = self._free.pop()
+                self._loading[page] = s
+                self._note_peak()
             try:
-                self._make_room(1)
-            except StorageError as exc:
-                self.error = exc  # reported by the caller's next flush
-                return
-            self._populate((f, page), write)
-            with self.lock:
-                self._reserved -= 1
-                if (f, page) not in self.lru:
-                    self.lru[(f, page)] = write
-                    self._unused.add((f, page))
+                self._read_page(f, page, self._pool[s])
+                ok = True
+            except (StorageError, PagerError):
+                ok = False  # the caller reads it again itself and sees the error
+            with self._cv:
+                del self._loading[page]
+                if ok:
+                    self._install(page, s)
+                    self._unused.add(page)
                     self.stats.prefetched += 1
-                    self.stats.peak_pages = max(self.stats.peak_pages, len(self.lru))
-                elif write:
-                    self.lru[(f, page)] = True
+                else:
+                    self._free.append(s)
+                self._cv.notify_all()
 
-    # --- durability ------------------------------------------------------------
-    def flush(self) -> None:
-        """Make every write so far durable (dirty resident pages stay resident, now clean)."""
-        if self.error:
-            raise self.error
-        with self.io:
-            with self.lock:
-                dirty = [k for k, d in self.lru.items() if d]
-                for k in dirty:
-                    self.lru[k] = False
-            try:
-                for k in dirty:
-                    mf, off, length = self._range(k)
-                    if length <= 0:
-                        continue  # a hinted page past the end of the file
-                    _check(_libc.msync(mf.addr + off, length, MS_SYNC), "write-back (msync)", mf.path)
-                for mf in self.files:
-                    _fsync(mf.fd, mf.path)
-            except StorageError:
-                with self.lock:  # still dirty: a later flush must not report them durable
-                    for k in dirty:
-                        if k in self.lru:
-                            self.lru[k] = True
-                raise
-
-    def resident_pages(self) -> int:
-        with self.lock:
-            return len(self.lru)
-
-    def close(self) -> None:
-        with self._cv:
-            self._stop = True
-            self._cv.notify()
-        if self._thread:
-            self._thread.join()
-        self.flush()
-        for mf in self.files:
-            mf.close()
+    def _writer(self) -> None:
+        # Write-back of every retired page is started at once (several writes in flight), then
+        # waited for in order; a page leaves the page cache (and the budget) when it is on disk.
+        wait = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+        started = 0  # of the queue's head items
+        while True:
+            with self._cv:
+                while not self._stop and not self._wb:
+                    self._cv.wait()
+                if self._stop and not self._wb:
+                    return
+                queue = list(self._wb)
+            err = 0
+            for f, page in queue[started:]:
+                if _libc.sync_file_range(self.files[f].fd, page * self.page_bytes, self.page_bytes,
+                                         SYNC_FILE_RANGE_WRITE):
+                    err = err or ctypes.get_errno()
+            started = len(queue)
+            f, page = queue[0]
+            fl = self.files[f]
+            off = page * self.page_bytes
+            if _libc.sync_file_range(fl.fd, off, self.page_bytes, wait):
+                err = err or ctypes.get_errno()
+            elif self.drop_cache:
+                os.posix_fadvise(fl.fd, off, self.page_bytes, os.POSIX_FADV_DONTNEED)
+            started -= 1
+            with self._cv:
+                self._wb.popleft()
+                if err and err != 38:  # ENOSYS: no sync_file_range here; fsync at commit covers it
+                    self.error = self.error or _fail("write-back (sync_file_range)", fl.path, err)
+                else:
+                    self._cached.discard((f, page))
+                    self.stats.writebacks += 1
+                self._cv.notify_all()

@@ -35,7 +35,8 @@ from mindp.protocol import K
 
 from . import optim
 from .optim import ConfigError, OptimizerConfig
-from .pager import MappedFile, Pager, StorageError
+from .pager import StorageError
+from .pipeline import PagedState
 
 RECORD = np.dtype((np.float32, (3, K)))  # master, m, v of one chunk
 MASTER, M, V = 0, 1, 2
@@ -44,7 +45,6 @@ PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, non-finite flag 1, pa
 NONFINITE_AT = 52
 DEFAULT_PAGE_CHUNKS = 512  # 192 KiB pages (a multiple of the 4 KiB OS page)
 FORMAT = 1
-PREFETCH_PAGES = 8  # how far ahead of the current page (per file) the pager prefetches, at most
 
 
 def boot_id() -> bytes:
@@ -173,7 +173,10 @@ class Store:
     """An open state directory: pager-backed records, the commit and the step's progress."""
 
     def __init__(self, state_dir: str | pathlib.Path, budget_bytes: int, *, prefetch: bool = True,
-                 drop_cache: bool = True):
+                 drop_cache: bool = True, window: int = 64, map_whole: bool = True):
+        """budget_bytes: RAM for state pages (see residency.decide); window: how many chunks out
+        of order sums may arrive (the job's slot count), which sets how far ahead pages are read;
+        map_whole=False streams the state through the pipeline even if it fits (tests)."""
         d = self.dir = pathlib.Path(state_dir)
         try:
             meta = json.loads((d / "meta.json").read_text())
@@ -196,12 +199,11 @@ class Store:
         self.page_chunks = page_chunks
         padded = _padded_records(n, page_chunks)
         self.n_pages = padded // page_chunks
-        files = [MappedFile(d / f"state{i}.bin", RECORD, padded) for i in (0, 1)]
-        self.pager = Pager(files, page_chunks * RECORD.itemsize, budget_bytes, drop_cache=drop_cache,
-                           prefetch=prefetch)
-        self._hinted = (None, None)
-        self._discarded: set[tuple[int, int]] = set()
+        self.pages = PagedState([d / f"state{i}.bin" for i in (0, 1)], n, page_chunks, budget_bytes,
+                                prefetch=prefetch, drop_cache=drop_cache, window=window, map_whole=map_whole)
+        self.pager = self.pages.pager  # None when the state is mapped whole (in RAM)
         self._open_progress(n)
+        self.pages.start_step(self.applied)
 
     # --- progress of the current step ------------------------------------------
     def _open_progress(self, n: int) -> None:
@@ -249,10 +251,17 @@ class Store:
         every answer comes from the state before it. Recorded before any such answer leaves."""
         self.step_nonfinite = True
         self._pmm[NONFINITE_AT] = 1
+        self.pages.forget_updated()
 
     # --- records ---------------------------------------------------------------
     def records(self, copy: int, lo: int, hi: int, write: bool = False) -> np.ndarray:
-        return self.pager.records(copy, lo, hi, write)
+        """Records [lo, hi) of one page of copy `copy` (use them at once; do not keep them).
+        write=True: the current step's records of chunks not yet applied, to be updated in place
+        (they hold the source state until then) and then passed to mark_applied."""
+        src = self.copy_after(self.committed)
+        if write:
+            return self.pages.working(src, self.copy_after(self.current), lo, hi)
+        return self.pages.read(copy, lo, hi, copy == src and (self.step_nonfinite or not self.applied[lo:hi].any()))
 
     def page_runs(self, chunks: np.ndarray) -> list[tuple[int, int]]:
         """Sorted unique chunks -> [lo, hi) runs of consecutive chunks within one page."""
@@ -265,32 +274,14 @@ class Store:
         return runs
 
     def prefetch_from(self, chunk: int) -> None:
-        """Tell the pager the current step will touch chunks from `chunk` on, in order."""
-        if self.pager.max_pages >= 2 * self.n_pages:
-            return  # everything fits: pages stay resident after their first touch
-        step = self.current
-        src, dst = self.copy_after(step - 1), self.copy_after(step)
-        first = chunk // self.page_chunks
-        if (step, first) == self._hinted:
-            return
-        self._hinted = (step, first)
-        last = (self.n_chunks - 1) // self.page_chunks
-        wants = []
-        for page in range(first, min(last, first + min(PREFETCH_PAGES, self.pager.max_pages // 4)) + 1):
-            # The destination page holds a state two steps old: if none of its chunks is applied
-            # yet, drop its contents so populating it costs no disk read.
-            lo = page * self.page_chunks
-            # Not in a shard: its last commit may still be undone (skip_committed), so the copy
-            # that will be written may have to stay the state before the committed step.
-            if (not self.sharded and (step, page) not in self._discarded
-                    and not self.applied[lo : lo + self.page_chunks].any()):
-                if self.pager.discard(dst, page):
-                    self._discarded.add((step, page))
-            wants += [(src, page, False), (dst, page, True)]
-        self.pager.hint(wants)
+        """The current step will touch chunks from `chunk` on, in order: read its pages ahead."""
+        self.pages.prefetch(self.copy_after(self.committed), chunk, self.current)
 
     def mark_applied(self, lo: int, hi: int) -> None:
-        """Chunks [lo, hi), none applied before in this step, are now applied."""
+        """Chunks [lo, hi) of one page, none applied before in this step, are now applied: their
+        records (updated in place, or answered unchanged in a non-finite step) are written to the
+        destination copy first, so a killed node never loses an applied chunk."""
+        self.pages.applied(None if self.step_nonfinite else self.copy_after(self.current), lo, hi)
         self.applied[lo:hi] = True
         self.n_applied += hi - lo
 
@@ -300,7 +291,7 @@ class Store:
 
     def commit(self) -> None:
         """The current step is fully applied: make it durable, then advance."""
-        self.pager.flush()
+        self.pages.flush()
         skipped = self.step_nonfinite
         updates = self.updates + (not skipped)
         _write_atomic(self.dir / "commit.json",
@@ -308,8 +299,8 @@ class Store:
         self.committed += 1
         self.updates = updates
         self.last_skipped = skipped
-        self._discarded.clear()
         self._reset_progress()
+        self.pages.next_step(skipped)
 
     def skip_committed(self) -> bool:
         """Another shard found the committed step non-finite: commit it again as skipped, the state
@@ -326,6 +317,7 @@ class Store:
                       + b"\n")
         self.updates -= 1
         self.last_skipped = True
+        self.pages.forget_all()  # kept buffers hold the undone step's state
         return True
 
     # --- whole-model access (export) ---------------------------------------------
@@ -363,7 +355,7 @@ class Store:
                     np.lib.format.write_array(f, self.tensor(spec.name), allow_pickle=False)
 
     def close(self) -> None:
-        self.pager.close()
+        self.pages.close()
         self.applied = None
         try:
             self._pmm.close()

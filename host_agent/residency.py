@@ -1,0 +1,135 @@
+"""Which state pages stay resident and how far ahead to read, and the step time that follows.
+
+Pure logic (no I/O), after Deep Optimizer States (arXiv 2410.21316), which places each subgroup's
+update where its cost model says it is cheapest. Here the choice is per page of the state: a page
+kept resident across steps costs RAM and saves its read every step; a page streamed costs one read
+(page p+1 read while page p is updated) and, like every page, one write (p-1 written back). The
+RAM budget is shared by
+
+  - 2 units for the page being updated (its buffer, and its records written to the page cache),
+  - `ahead` pages read ahead: enough to cover the arrival window (sums arrive up to the job's slot
+    count of chunks out of order) plus one, so the disk always has the next read queued,
+  - `behind` pages being written back, and one spare unit for the reader's hand-off,
+  - the rest: resident pages, the first ones in arrival order (they also hide the first read of
+    each step, which nothing else can overlap).
+
+A budget that holds both copies maps the files whole (no copies at all).
+
+Step time: the disk moves the streamed reads and all writes in sequence (one device), the CPU
+updates every page, the network delivers the sums; the slowest of the three sets the pace, plus
+what cannot overlap: the first read (unless resident pages cover it), the last write-back, fsync.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from mindp.protocol import K
+
+from .optim import ConfigError
+
+RECORD_BYTES = 3 * K * 4  # (master, m, v) x K float32 per chunk
+ACTIVE_UNITS = 2
+SPARE_UNITS = 1
+MIN_PAGES = 4
+
+
+class PlanError(ConfigError):
+    pass
+
+
+@dataclass(frozen=True)
+class Workload:
+    n_chunks: int
+    page_chunks: int
+    window: int = 64  # how many chunks out of order sums may arrive (the job's slot count)
+    order: Sequence[int] | None = None  # pages in the order their sums arrive (None: 0, 1, 2, ...)
+    arrival: float | None = None  # chunks/s the network delivers (None: as fast as the node takes them)
+
+    @property
+    def page_bytes(self) -> int:
+        return self.page_chunks * RECORD_BYTES
+
+    @property
+    def n_pages(self) -> int:
+        return -(-self.n_chunks // self.page_chunks)
+
+    @property
+    def copy_bytes(self) -> int:
+        return self.n_pages * self.page_bytes
+
+
+@dataclass(frozen=True)
+class Machine:
+    disk_read: float  # bytes/s, sequential, page-sized requests
+    disk_write: float  # bytes/s, sequential, written back page by page
+    memory: float  # bytes/s of a large memcpy
+    update: float  # elements/s of the node's update in RAM (kernel and per-batch work)
+    sync: float = 0.0  # s of a commit's fsync and commit record
+
+
+@dataclass(frozen=True)
+class Residency:
+    mode: str  # "mapped" (both copies fit) or "stream"
+    budget_pages: int
+    ahead: int = 0
+    behind: int = 0
+    resident: frozenset[int] = field(default_factory=frozenset)  # pages kept across steps
+
+
+@dataclass(frozen=True)
+class Prediction:
+    step_time: float  # s
+    read_bytes: int  # per step
+    write_bytes: int
+    disk_time: float
+    compute_time: float
+    arrival_time: float
+    bound: str  # "disk", "compute" or "arrival"
+
+
+def decide(budget_bytes: int, w: Workload, map_whole: bool = True) -> Residency:
+    """The residency and prefetch depth for a RAM budget (bytes of state buffers); map_whole=False
+    streams even a state that fits (tests of the pipeline)."""
+    pages = budget_bytes // w.page_bytes
+    if map_whole and budget_bytes >= 2 * w.copy_bytes:
+        return Residency("mapped", pages, resident=frozenset(range(w.n_pages)))
+    if pages < MIN_PAGES:
+        raise PlanError(f"RAM budget {budget_bytes} B holds {pages} pages of {w.page_bytes} B; need >= {MIN_PAGES}")
+    free = pages - ACTIVE_UNITS - SPARE_UNITS  # >= 1
+    ahead = min(free, math.ceil(w.window / w.page_chunks) + 1)
+    behind = max(1, min(2, free - ahead)) if free > 1 else 0
+    keep = max(0, min(w.n_pages, free - ahead - behind))
+    order = list(range(w.n_pages)) if w.order is None else list(dict.fromkeys(w.order))
+    return Residency("stream", pages, max(1, ahead), behind, frozenset(order[:keep]))
+
+
+def predict(r: Residency, w: Workload, m: Machine) -> Prediction:
+    """The steady-state step time of residency `r` (every step after the first)."""
+    elements = w.n_chunks * K
+    compute = elements / m.update
+    arrival = 0.0 if w.arrival is None else w.n_chunks / w.arrival
+    if r.mode == "mapped":  # updated in place in the page cache, all written back at commit
+        disk = w.copy_bytes / m.disk_write
+        t = max(compute, arrival) + disk + m.sync
+        return Prediction(t, 0, w.copy_bytes, disk, compute, arrival, "disk" if disk > compute else "compute")
+    streamed = w.n_pages - len(r.resident)
+    reads, writes = streamed * w.page_bytes, w.copy_bytes
+    t_read = w.page_bytes / m.disk_read
+    t_write = w.page_bytes / m.disk_write
+    # Each written record is copied once into the page cache.
+    compute += writes / m.memory
+    disk = reads / m.disk_read + writes / m.disk_write
+    pace = max(disk, compute, arrival)
+    bound = "disk" if pace == disk else "compute" if pace == compute else "arrival"
+    # Not overlapped: the first streamed read when no resident page comes before it in arrival order
+    # (or too few to hide it), the write-back of the last page, the commit's sync.
+    order = list(range(w.n_pages)) if w.order is None else list(dict.fromkeys(w.order))
+    lead = 0
+    for p in order:
+        if p not in r.resident:
+            break
+        lead += 1
+    fill = max(0.0, t_read - lead * (compute / w.n_pages))
+    return Prediction(pace + fill + t_write + m.sync, reads, writes, disk, compute, arrival, bound)
