@@ -92,7 +92,7 @@ def executor_alone(frames) -> float:
         tab.insert(TEntry(match, 0, aid, tuple(args), ()))
     mac = int(SINK.mac.replace(":", ""), 16)
     ip = int.from_bytes(bytes(map(int, SINK.ip.split("."))), "big")
-    ins("MindpIngress.admission.jobs", (1,), "MindpIngress.admission.set_job", [0, 1024, 2, 2, mac, ip, 257, 1, 0])
+    ins("MindpIngress.admission.jobs", (1,), "MindpIngress.admission.set_job", [0, 1024, 2, 2, mac, ip, 257, 1, 0, 0, 0])
     for w in (0, 1):
         ins("MindpIngress.admission.workers", (1, 1, w), "MindpIngress.admission.admit")
     t0 = time.perf_counter()

@@ -51,7 +51,7 @@ def aggregation_entries(sender: Host, sink: Host) -> list:
         Entry(N.JOBS, {N.MF_JOB: 1}, N.SET_JOB, {
             "slot_base": 0, "slot_count": 1024, "workers": 2, "optimizer_port": sink.port,
             "optimizer_mac": sink.mac, "optimizer_ip": sink.ip, "mcast_group": N.job_group(1), "epoch": 1,
-            "chunks": 0}),
+            "chunks": 0, "uplink": 0, "child_id": 0}),
         *(Entry(N.WORKERS, {N.MF_INGRESS_PORT: sender.port, N.MF_JOB: 1, N.MF_WORKER: w}, N.ADMIT) for w in (0, 1)),
     ]
 

@@ -1,6 +1,8 @@
 /* Jobs and membership (docs/DESIGN.md invariant 5): a gradient is admitted only from
- * the port registered for its (job, worker), a parameter chunk only from the
- * job's optimizer-node port. Everything else of our protocol is dropped, and
+ * the port registered for its (job, worker), a partial sum only from the port of
+ * its child switch (registered like a worker, worker = child id), a parameter
+ * chunk only from a port of the job's optimizer nodes (shards.p4 then checks the
+ * node owns the chunk). Everything else of our protocol is dropped, and
  * the reason counted by the ingress. */
 #ifndef MINDP_ADMISSION_P4
 #define MINDP_ADMISSION_P4
@@ -17,10 +19,15 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
     /* A job's configuration. Slot ranges [slot_base, slot_base + slot_count) of
      * different jobs are disjoint (the controller allocates them); epoch is new
      * on every creation of a job, so slots left by an earlier job start afresh.
-     * chunks bounds the chunk index of gradients (0: not known). */
+     * chunks bounds the chunk index of gradients (0: not known). workers counts
+     * the members: workers, or child switches at a parent. uplink = 1 makes this
+     * switch a leaf of a tree: its completed cells go up as PARTIAL (worker =
+     * child_id) to the optimizer endpoint, which is then the uplink port (with
+     * the node's addresses). */
     action set_job(bit<32> slot_base, bit<16> slot_count, bit<16> workers,
                    port_t optimizer_port, mac_t optimizer_mac, ip4_t optimizer_ip,
-                   bit<16> mcast_group, bit<16> epoch, bit<32> chunks) {
+                   bit<16> mcast_group, bit<16> epoch, bit<32> chunks,
+                   bit<1> uplink, bit<16> child_id) {
         meta.slot_base = slot_base;
         meta.slot_count = slot_count;
         meta.workers = workers;
@@ -30,6 +37,8 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         meta.mcast_group = mcast_group;
         meta.epoch = epoch;
         meta.chunks = chunks;
+        meta.uplink = uplink;
+        meta.child_id = child_id;
     }
 
     table jobs {
@@ -65,10 +74,13 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
     apply {
         if (hdr.mindp.version != MINDP_VERSION) {
             reject(DROP_BAD_VERSION);
-        } else if (hdr.mindp.kind != KIND_GRAD && hdr.mindp.kind != KIND_PARAM) {
+        } else if (hdr.mindp.kind != KIND_GRAD && hdr.mindp.kind != KIND_PARAM
+                   && hdr.mindp.kind != KIND_PARTIAL) {
             reject(DROP_BAD_KIND);
-        } else if (standard_metadata.packet_length != FRAME_LEN_FP16
-                   || hdr.ipv4.totalLen != IPV4_LEN_FP16 || hdr.udp.length != UDP_LEN_FP16
+        } else if ((hdr.mindp.kind != KIND_PARTIAL && (standard_metadata.packet_length != FRAME_LEN_FP16
+                       || hdr.ipv4.totalLen != IPV4_LEN_FP16 || hdr.udp.length != UDP_LEN_FP16))
+                   || (hdr.mindp.kind == KIND_PARTIAL && (standard_metadata.packet_length != FRAME_LEN_SUM
+                       || hdr.ipv4.totalLen != IPV4_LEN_SUM || hdr.udp.length != UDP_LEN_SUM))
                    || hdr.mindp.count == 0 || hdr.mindp.count > MINDP_K) {
             /* The frame length too: trailing bytes would otherwise ride along into the sum. */
             reject(DROP_BAD_LENGTH);
@@ -77,7 +89,7 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
         } else {
             jobs.apply();
             if (meta.dropped == 0) {
-                if (hdr.mindp.kind == KIND_GRAD) {
+                if (hdr.mindp.kind != KIND_PARAM) {
                     workers.apply();
                     if (meta.dropped == 0 && (hdr.mindp.worker >= MAX_WORKERS
                             || (bit<32>) hdr.mindp.slot >= (bit<32>) meta.slot_count

@@ -2,11 +2,14 @@
  * 1, 3 and 4).
  *
  * A cell is one version of one slot: cell = (slot_base + slot) * 2 + ver. A
- * use of a cell is named by (epoch, step, chunk). The first gradient of a use
- * newer than the one the cell holds overwrites it; later ones of the same use
- * add; gradients of an older use are stale and dropped. When the last worker's
- * gradient arrives the packet becomes the sum and goes to the optimizer node; a
- * gradient for a complete cell is a retransmission and gets the sum again. */
+ * use of a cell is named by (epoch, step, chunk). The first contribution of a
+ * use newer than the one the cell holds overwrites it; later ones of the same
+ * use add; contributions of an older use are stale and dropped. A contribution
+ * is a worker's gradient (fp16, converted exactly) or, at a parent switch, a
+ * child switch's partial sum (int64, added as it is). When the last member's
+ * contribution arrives the packet becomes the sum and goes to the optimizer
+ * node (at a leaf: the partial sum, up the uplink); a contribution for a
+ * complete cell is a retransmission and gets the sum (partial) again. */
 #ifndef MINDP_AGGREGATION_P4
 #define MINDP_AGGREGATION_P4
 
@@ -35,6 +38,10 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     register<bit<16>>(POOL_CELLS) count;
     /* nonfinite[cell] = 1 iff some contribution to this use had an Inf/NaN. */
     register<bit<1>>(POOL_CELLS) nonfinite;
+    /* contributions[cell] = the gradients in acc_*[cell]: the sum over the members
+     * in bitmap[cell] of 1 (a worker) or the partial sum's nworkers (a child
+     * switch); the sum's (partial's) nworkers. Equals count[cell] without a tree. */
+    register<bit<16>>(POOL_CELLS) contributions;
 
 #include "generated/agg_registers.p4"
 
@@ -71,18 +78,26 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             bit<64> held;
             bit<32> bits = 0;
             bit<16> n = 0;
+            bit<16> c = 0;
             bit<1> nf = 0;
+            bool partial = hdr.mindp.kind == KIND_PARTIAL;
+            meta.contribution = partial ? hdr.mindp.nworkers : 16w1;
             tag_epoch.read(epoch, meta.cell);
             tag_step_chunk.read(held, meta.cell);
             bit<64> use = hdr.mindp.step ++ hdr.mindp.chunk;
             hdr.sums.setValid();
-            meta.pkt_nonfinite = 0;
+            meta.pkt_nonfinite = (partial && (hdr.mindp.flags & FLAG_NONFINITE) != 0) ? 1w1 : 1w0;
             if (epoch != meta.epoch || use > held) {
-                agg_first();
+                if (partial) {
+                    agg_first_partial();
+                } else {
+                    agg_first();
+                }
                 tag_epoch.write(meta.cell, meta.epoch);
                 tag_step_chunk.write(meta.cell, use);
                 bits = meta.worker_bit;
                 n = 1;
+                c = meta.contribution;
                 nf = meta.pkt_nonfinite;
                 meta.complete = (n == meta.workers) ? 1w1 : 1w0;
             } else if (use < held) {
@@ -91,6 +106,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             } else {
                 bitmap.read(bits, meta.cell);
                 count.read(n, meta.cell);
+                contributions.read(c, meta.cell);
                 nonfinite.read(nf, meta.cell);
                 if (bits & meta.worker_bit != 0) {
                     duplicates.count(job);
@@ -103,9 +119,14 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                         meta.drop_reason = DROP_DUPLICATE;
                     }
                 } else {
-                    agg_add();
+                    if (partial) {
+                        agg_add_partial();
+                    } else {
+                        agg_add();
+                    }
                     bits = bits | meta.worker_bit;
                     n = n + 1;
+                    c = c + meta.contribution;
                     nf = nf | meta.pkt_nonfinite;
                     meta.complete = (n == meta.workers) ? 1w1 : 1w0;
                 }
@@ -113,18 +134,26 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             if (meta.dropped == 0 && meta.resend == 0) {
                 bitmap.write(meta.cell, bits);
                 count.write(meta.cell, n);
+                contributions.write(meta.cell, c);
                 nonfinite.write(meta.cell, nf);
             }
             if (meta.complete == 1 || meta.resend == 1) {
                 if (meta.complete == 1) {
                     completions.count(job);
                 }
-                /* The packet becomes the sum for the job's optimizer node. RETRANSMIT marks a
-                 * resent sum and a sum completed by a retransmitted gradient: either way the
-                 * round trip it ends is not one workers may sample (Karn's rule, docs/AGENTS.md). */
+                /* The packet becomes the sum for the job's optimizer node (shards.p4 chose
+                 * it), or at a leaf the partial sum for its parent, out of the uplink.
+                 * RETRANSMIT marks a resent sum and a sum completed by a retransmission:
+                 * either way the round trip it ends is not one workers may sample (Karn's
+                 * rule, docs/AGENTS.md). */
                 hdr.fp16.setInvalid();
-                hdr.mindp.kind = KIND_SUM;
-                hdr.mindp.nworkers = n;
+                if (meta.uplink == 1) {
+                    hdr.mindp.kind = KIND_PARTIAL;
+                    hdr.mindp.worker = meta.child_id;
+                } else {
+                    hdr.mindp.kind = KIND_SUM;
+                }
+                hdr.mindp.nworkers = c;
                 hdr.mindp.flags = (nf == 1 ? FLAG_NONFINITE : 8w0)
                                   | (meta.resend == 1 ? FLAG_RETRANSMIT : 8w0)
                                   | (hdr.mindp.flags & FLAG_RETRANSMIT);

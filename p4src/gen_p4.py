@@ -36,14 +36,17 @@ const bit<16> MINDP_K = {k};
 const bit<8> KIND_GRAD = {int(P.Kind.GRAD)};
 const bit<8> KIND_SUM = {int(P.Kind.SUM)};
 const bit<8> KIND_PARAM = {int(P.Kind.PARAM)};
+const bit<8> KIND_PARTIAL = {int(P.Kind.PARTIAL)};
 const bit<8> FLAG_NONFINITE = {int(P.Flag.NONFINITE)};
 const bit<8> FLAG_RETRANSMIT = {int(P.Flag.RETRANSMIT)};
 const bit<16> MAX_WORKERS = {P.MAX_WORKERS};
 
-/* Frame, IPv4 and UDP lengths of fp16 chunks (gradients, parameters); lengths of sums. */
+/* Frame, IPv4 and UDP lengths of fp16 chunks (gradients, parameters) and of int64 chunks
+ * (sums, partial sums). */
 const bit<32> FRAME_LEN_FP16 = {P.ETH_LEN + P.IPV4_LEN + P.UDP_LEN + fp16_len};
 const bit<16> IPV4_LEN_FP16 = {P.IPV4_LEN + P.UDP_LEN + fp16_len};
 const bit<16> UDP_LEN_FP16 = {P.UDP_LEN + fp16_len};
+const bit<32> FRAME_LEN_SUM = {P.ETH_LEN + P.IPV4_LEN + P.UDP_LEN + sum_len};
 const bit<16> UDP_LEN_SUM = {P.UDP_LEN + sum_len};
 const bit<16> IPV4_LEN_SUM = {P.IPV4_LEN + P.UDP_LEN + sum_len};
 
@@ -72,6 +75,10 @@ def switch_p4(k: int) -> str:
 /* A gradient's step may be at most STEP_WINDOW beyond the job's newest completed step. */
 #define STEP_WINDOW {S.STEP_WINDOW}
 
+/* Shard routes: at most MAX_SHARDS chunk ranges a job. */
+#define MAX_SHARDS {S.MAX_SHARDS}
+#define SHARD_ENTRIES {S.MAX_JOBS * S.MAX_SHARDS}
+
 /* Drop counter: cell (row * DROP_REASONS + reason); row = job, or MAX_JOBS when
  * the packet names no valid job id. */
 #define DROP_REASONS {S.DROP_REASONS}
@@ -91,7 +98,7 @@ header fp16_chunk_t {{
 {fp16}
 }}
 
-/* K exact sums, int64 at scale 2^24, two's complement. */
+/* K exact sums (or a leaf's partial sums), int64 at scale 2^24, two's complement. */
 header sum_chunk_t {{
 {sums}
 }}
@@ -101,8 +108,9 @@ header sum_chunk_t {{
 def agg_registers_p4(k: int) -> str:
     regs = "\n".join(f"    register<bit<64>>(POOL_CELLS) acc_{i};" for i in range(k))
     return f"""{BANNER}
-    /* acc_i[cell] = exact sum (fp16 * 2^24) of element i over the workers in
-     * bitmap[cell], for the use of the slot version that tag[cell] names. */
+    /* acc_i[cell] = exact sum (fp16 * 2^24) of element i over the gradients of the
+     * members in bitmap[cell] (a child switch's partial sum counts as its gradients),
+     * for the use of the slot version that tag[cell] names. */
 {regs}
 """
 
@@ -128,12 +136,25 @@ def agg_actions_p4(k: int) -> str:
         f"        hdr.sums.s{i} = hdr.sums.s{i} + fp16_to_fixed(hdr.fp16.e{i});\n"
         f"        acc_{i}.write(meta.cell, hdr.sums.s{i});\n" + nonfinite(i),
     )
+    first_partial = block(
+        "agg_first_partial",
+        "First contribution to a new use, a child switch's partial sum: store it as it is.",
+        lambda i: f"        acc_{i}.write(meta.cell, hdr.sums.s{i});",
+    )
+    add_partial = (
+        "    /* A further contribution, a child switch's partial sum: add exactly. */\n"
+        "    action agg_add_partial() {\n        bit<64> held;\n"
+        + "\n".join(f"        acc_{i}.read(held, meta.cell);\n"
+                    f"        hdr.sums.s{i} = hdr.sums.s{i} + held;\n"
+                    f"        acc_{i}.write(meta.cell, hdr.sums.s{i});" for i in range(k))
+        + "\n    }\n"
+    )
     read = block(
         "agg_read",
         "A completed cell asked for again: copy the stored sums out.",
         lambda i: f"        acc_{i}.read(hdr.sums.s{i}, meta.cell);",
     )
-    return BANNER + "\n" + new + "\n" + add + "\n" + read
+    return BANNER + "\n" + new + "\n" + add + "\n" + first_partial + "\n" + add_partial + "\n" + read
 
 
 FILES = {

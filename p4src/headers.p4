@@ -81,9 +81,17 @@ struct metadata_t {
     bit<16> mcast_group;
     bit<16> epoch;
     bit<32> chunks;            /* the job's chunk count; 0: unknown */
+    bit<1> uplink;             /* 1: a leaf; completed cells go up as PARTIAL to the optimizer endpoint */
+    bit<16> child_id;          /* a leaf's index at its parent: the PARTIAL's worker field */
+    /* From the shards table (shards.p4). */
+    bit<1> shard_hit;
+    port_t shard_port;
+    mac_t shard_mac;
+    ip4_t shard_ip;
     /* Aggregation. */
     bit<32> cell;              /* (slot_base + slot) * 2 + ver */
     bit<32> worker_bit;
+    bit<16> contribution;      /* gradients this packet carries: 1, or a PARTIAL's nworkers */
     bit<1> pkt_nonfinite;
     bit<1> complete;
     bit<1> resend;

@@ -2,9 +2,10 @@
  *
  * Ingress: ordinary frames (untagged ARP and IPv4) are forwarded by
  * destination MAC, tagged frames and other EtherTypes dropped; mindp gradients
- * are admitted (job, membership), aggregated, and the completed sum sent to the
- * job's optimizer node; mindp parameter chunks from the optimizer node are
- * multicast to the job's workers. Egress addresses each parameter replica to
+ * (and child switches' partial sums) are admitted (job, membership), aggregated,
+ * and the completed sum sent to the job's optimizer node (its shard's node), or
+ * at a leaf the partial sum up to the parent; mindp parameter chunks from the
+ * node owning the chunk are multicast to the job's workers (child switches). Egress addresses each parameter replica to
  * its worker and keeps flooded frames off their ingress port. */
 #include <core.p4>
 #include <v1model.p4>
@@ -14,6 +15,7 @@
 #include "parser.p4"
 #include "forwarding.p4"
 #include "admission.p4"
+#include "shards.p4"
 #include "aggregation.p4"
 #include "multicast.p4"
 #include "deparser.p4"
@@ -22,6 +24,7 @@ control MindpIngress(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t standard_metadata) {
     Forwarding() forwarding;
     Admission() admission;
+    ShardRouting() shards;
     Aggregation() aggregation;
     ParamMulticast() multicast;
 
@@ -48,7 +51,10 @@ control MindpIngress(inout headers_t hdr, inout metadata_t meta,
         } else if (hdr.mindp.isValid()) {
             admission.apply(hdr, meta, standard_metadata);
             if (meta.dropped == 0) {
-                if (hdr.mindp.kind == KIND_GRAD) {
+                shards.apply(hdr, meta, standard_metadata);
+            }
+            if (meta.dropped == 0) {
+                if (hdr.mindp.kind != KIND_PARAM) {
                     aggregation.apply(hdr, meta, standard_metadata);
                 } else {
                     multicast.apply(hdr, meta, standard_metadata);

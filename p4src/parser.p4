@@ -1,5 +1,5 @@
 /* Parser: Ethernet, up to two VLAN tags, ARP, IPv4 (no options), UDP, mindp,
- * elements. A frame cut short ends in error.PacketTooShort; ingress drops and
+ * elements (fp16 for gradients and parameters, int64 for partial sums). A frame cut short ends in error.PacketTooShort; ingress drops and
  * counts it. Tags are parsed only to drop tagged frames (with their job, if
  * they carry mindp) instead of forwarding them by MAC. */
 #ifndef MINDP_PARSER_P4
@@ -68,8 +68,14 @@ parser MindpParser(packet_in pkt, out headers_t hdr, inout metadata_t meta,
         transition select(hdr.mindp.kind) {
             KIND_GRAD: parse_fp16;
             KIND_PARAM: parse_fp16;
+            KIND_PARTIAL: parse_sums;
             default: accept;
         }
+    }
+
+    state parse_sums {
+        pkt.extract(hdr.sums);
+        transition accept;
     }
 
     state parse_fp16 {

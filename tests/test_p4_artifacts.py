@@ -47,7 +47,7 @@ def test_compiled_parser_uses_the_protocol_port_and_kinds():
     udp_values = {int(t["value"], 16) for t in states["parse_udp"]["transitions"] if t["type"] != "default"}
     assert udp_values == {P.UDP_PORT}
     kinds = {int(t["value"], 16) for t in states["parse_mindp"]["transitions"] if t["type"] != "default"}
-    assert kinds == {P.Kind.GRAD, P.Kind.PARAM}
+    assert kinds == {P.Kind.GRAD, P.Kind.PARAM, P.Kind.PARTIAL}
 
 
 def test_one_accumulator_register_per_element():

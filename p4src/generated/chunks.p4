@@ -36,7 +36,7 @@ header fp16_chunk_t {
     bit<16> e31;
 }
 
-/* K exact sums, int64 at scale 2^24, two's complement. */
+/* K exact sums (or a leaf's partial sums), int64 at scale 2^24, two's complement. */
 header sum_chunk_t {
     bit<64> s0;
     bit<64> s1;

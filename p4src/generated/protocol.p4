@@ -9,14 +9,17 @@ const bit<16> MINDP_K = 32;
 const bit<8> KIND_GRAD = 1;
 const bit<8> KIND_SUM = 2;
 const bit<8> KIND_PARAM = 3;
+const bit<8> KIND_PARTIAL = 4;
 const bit<8> FLAG_NONFINITE = 1;
 const bit<8> FLAG_RETRANSMIT = 2;
 const bit<16> MAX_WORKERS = 32;
 
-/* Frame, IPv4 and UDP lengths of fp16 chunks (gradients, parameters); lengths of sums. */
+/* Frame, IPv4 and UDP lengths of fp16 chunks (gradients, parameters) and of int64 chunks
+ * (sums, partial sums). */
 const bit<32> FRAME_LEN_FP16 = 130;
 const bit<16> IPV4_LEN_FP16 = 116;
 const bit<16> UDP_LEN_FP16 = 96;
+const bit<32> FRAME_LEN_SUM = 322;
 const bit<16> UDP_LEN_SUM = 288;
 const bit<16> IPV4_LEN_SUM = 308;
 

@@ -14,6 +14,10 @@
 /* A gradient's step may be at most STEP_WINDOW beyond the job's newest completed step. */
 #define STEP_WINDOW 4
 
+/* Shard routes: at most MAX_SHARDS chunk ranges a job. */
+#define MAX_SHARDS 8
+#define SHARD_ENTRIES 512
+
 /* Drop counter: cell (row * DROP_REASONS + reason); row = job, or MAX_JOBS when
  * the packet names no valid job id. */
 #define DROP_REASONS 16
@@ -32,5 +36,6 @@ const bit<8> DROP_NO_ROUTE = 10;  /* ordinary frame to an unknown destination MA
 const bit<8> DROP_UNKNOWN_ETHERTYPE = 11;  /* neither ARP nor IPv4 */
 const bit<8> DROP_FUTURE_STEP = 12;  /* gradient step beyond the job's newest completed step + STEP_WINDOW */
 const bit<8> DROP_BAD_CHUNK = 13;  /* chunk beyond the job's chunk count */
+const bit<8> DROP_NOT_OWNER = 14;  /* parameter chunk from a port other than its shard's node (or the job's optimizer) */
 
 #endif

@@ -64,7 +64,7 @@ class Fabric:
             N.JOBS, N.SET_JOB, {N.MF_JOB: job_id},
             {"slot_base": slot_base, "slot_count": slots, "workers": len(workers), "optimizer_port": opt.port,
              "optimizer_mac": opt.mac, "optimizer_ip": opt.ip, "mcast_group": job.group, "epoch": epoch,
-             "chunks": chunks}))
+             "chunks": chunks, "uplink": 0, "child_id": 0}))
         job.entries.append(self.entry(N.OPTIMIZERS, N.ADMIT, {N.MF_INGRESS_PORT: opt.port, N.MF_JOB: job_id}, {}))
         replicas = []
         for w, name in enumerate(workers):

@@ -341,7 +341,7 @@ def test_mindp_aggregation_offline():
     eng = Engine(compiler.load(artifacts.BMV2_JSON.read_bytes()))
     t = eng.program.tables
     entry(t["MindpIngress.admission.jobs"], [1], "MindpIngress.admission.set_job",
-          [100, 4, 3, 7, 0x020000000007, 0x0A000007, 257, 1, 0])
+          [100, 4, 3, 7, 0x020000000007, 0x0A000007, 257, 1, 0, 0, 0])
     for w in range(3):
         entry(t["MindpIngress.admission.workers"], [w + 1, 1, w], "MindpIngress.admission.admit")
     rng = np.random.default_rng(3)
