@@ -79,12 +79,9 @@ def test_killed_and_restarted_node_through_the_switch(bed, tmp_path, target):
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
-def test_ram_budget_holds_through_the_switch(bed, tmp_path, target, monkeypatch):
+def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
     """State ten times the budget, one step through the switch: the node's state mappings never
     hold more than the budget, and the process never grows by the state's size."""
-    # The numpy kernel path: with numba the node still grows ~7 MB after its warm-up (open, see
-    # docs/AGENTS.md), more than this small state's half, which would hide a paging regression.
-    monkeypatch.setenv("MINDP_NO_NUMBA", "1")
     b, topo = bed
     budget = 512 << 10
     init = {"big": np.random.default_rng(3).standard_normal(230_000).astype(np.float32) * 0.1}
