@@ -71,3 +71,23 @@ def test_numpy_path_updates_in_place_like_a_copy():
         fused.update_numpy(cfg, a, a, sums, 3, 0, pa)
         fused.update_numpy(cfg, src, b, sums, 3, 0, pb)
     assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.array_equal(pa, pb)
+
+
+@needs_numba
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(kind):
+    """Any other argument type would compile a new specialisation mid-run (time and memory)."""
+    cfg = OptimizerConfig(kind=kind)
+    fused.warm(cfg)
+    before = {par: len(fused._kernels[(kind, par)].signatures) for par in (False, True)}
+    rng = np.random.default_rng(4)
+    for n in (3, fused.PARALLEL_MIN + 1):
+        src = hard_records(rng, n)
+        dst = np.empty_like(src)
+        sums = rng.integers(-(1 << 30), 1 << 30, size=(n, K))
+        out = np.empty((n, K), np.float16)
+        for nworkers in (2, rng.integers(1, 4, size=n), rng.integers(1, 4, size=n).astype(np.uint16)):
+            fused.update_records(cfg, src, dst, sums, nworkers, 1, out)
+            fused.update_records(cfg, dst, dst, sums, nworkers, 1, out)
+    assert {par: len(fused._kernels[(kind, par)].signatures) for par in (False, True)} == before
+    assert all(before.values())
