@@ -1,20 +1,26 @@
 """The job survives what operators and failures do to it mid-run, through the real switch (the
 embedded switch always, BMv2 where installed) configured by the real controller: workers added
-and removed between steps, a switch restarted mid-step; training ends bit-identical to the
-reference run that does the same."""
+and removed between steps, a switch restarted mid-step, a worker killed mid-step and restarted;
+training ends bit-identical to the reference run that does the same."""
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 
-from host_agent import reference
+from host_agent import optim, reference
 from host_agent.optim import OptimizerConfig
+from host_agent.resume import ResumeFile
 from host_agent.worker import RtoConfig
 
 from tests.conftest import TARGET_PARAMS
 
-from .harness import Fabric, NodeProcess, Workers, check_against, job_bed, run_files
-from .helpers import small_model
+from .harness import Fabric, NodeProcess, Workers, check_against, job_bed, load_npz, run_files
+from .helpers import same_bits, small_model
 
 pytestmark = pytest.mark.net
 
@@ -22,6 +28,64 @@ pytestmark = pytest.mark.net
 @pytest.fixture(scope="module")
 def bed():
     yield from job_bed("hrc-", 4)
+
+
+class WorkerProcess:
+    """One mindp-worker process in its namespace with a resume file: killed (SIGKILL) at any moment
+    and started again with the same command line, it goes on where it was."""
+
+    def __init__(self, bed, topo, w: int, tmp_path, init: dict, grad_seed: int):
+        self.host = bed.hosts[topo.jobs[0].workers[w]]
+        self.w = w
+        self.layout = optim.layout_of(init)
+        self.path = tmp_path / f"w{w}.resume"
+        self.out = tmp_path / f"w{w}.npz"
+        self.log = tmp_path / f"w{w}.log"
+        self.argv = [sys.executable, "-m", "host_agent.worker", "--topology", str(tmp_path / "topo.json"),
+                     "--job", "1", "--worker", str(w), "--init", str(tmp_path / "init.npz"), "--grad-seed",
+                     str(grad_seed), "--resume", str(self.path), "--out", str(self.out), "--deadline", "30"]
+        self.proc = None
+        self.file: ResumeFile | None = None
+        self.banners: list[str] = []
+
+    def start(self, steps: int) -> "WorkerProcess":
+        self.steps = steps
+        with open(self.log, "a") as log:
+            self.proc = self.host.popen(*self.argv, "--steps", str(steps), stdout=subprocess.PIPE, stderr=log,
+                                        text=True)
+        return self
+
+    def progress(self) -> tuple[int, int]:
+        """(the step it is at, chunks of it answered), from its resume file."""
+        if self.file is None:
+            while not self.path.exists():
+                assert self.proc.poll() is None, self.log.read_text()
+                time.sleep(0.005)
+            self.file = ResumeFile(self.path, 1, self.w, self.layout)
+        step = self.file.step
+        return step, int(np.count_nonzero(self.file.answered_in(step)[0]))
+
+    def kill_mid_step(self, at_least: int, timeout: float = 60.0) -> tuple[int, int]:
+        """SIGKILL once it is at step >= at_least with part of the step answered; returns (step,
+        answered) as the killed process left them in its file."""
+        deadline = time.monotonic() + timeout
+        while True:
+            step, done = self.progress()
+            if step >= at_least and 0 < done < self.layout.n_chunks:
+                break
+            assert time.monotonic() < deadline and self.proc.poll() is None, self.log.read_text()
+            time.sleep(0.001)
+        os.kill(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs the worker: the same PID
+        self._collect(10)
+        return self.progress()
+
+    def _collect(self, timeout: float) -> None:
+        out, _ = self.proc.communicate(timeout=timeout)
+        self.banners += [line for line in out.splitlines() if "resuming at step" in line]
+
+    def wait(self, timeout: float = 120.0) -> None:
+        self._collect(timeout)
+        assert self.proc.returncode == 0, self.log.read_text()
 
 
 def first_three(topo):
@@ -91,12 +155,50 @@ def test_switch_killed_and_restarted_mid_step(bed, tmp_path, target):
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_path, target):
+    """Worker 2 is a mindp-worker process killed (SIGKILL) twice in the middle of a step, each time
+    with part of the step's parameters received, and started again with the same command line: it
+    finds the step, the parameters before it and the chunks already answered in its resume file,
+    sends only the rest (the switch still holds those cells), and every worker and the node end at
+    reference bits."""
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(34)
+    steps = 6
+    ref = reference.train(init, gf, 4, steps, OptimizerConfig())
+    args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
+    with Fabric(target, bed, tmp_path):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        w2 = WorkerProcess(b, topo, 2, tmp_path, init, 34)
+        try:
+            workers = Workers(b, topo, init, gf, steps, ids=[0, 1, 3]).start()
+            w2.start(steps)
+            kills = []
+            for at in (1, 3):
+                kills.append(w2.kill_mid_step(at))
+                w2.start(steps)
+            workers.join(120)
+            w2.wait()
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+            if w2.proc and w2.proc.poll() is None:
+                w2.proc.kill()
+    assert all(0 < done < w2.layout.n_chunks for _, done in kills), kills
+    assert w2.banners == [f"mindp-worker 2: resuming at step {s} ({d} chunk(s) of it answered)" for s, d in kills]
+    assert same_bits(load_npz(w2.out), ref.params)
+    check_against(ref, workers, tmp_path)
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
 def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, target):
     """One training run; in turn the switch is killed (SIGKILL) and restored by the controller,
-    the optimizer node is killed (SIGKILL) and restarted on its state, one worker is killed
-    between steps while the others go on and restarted at the step it was at, and the controller is replaced by a new one that
-    learns the job from the switch (and then changes it: worker 3 leaves). Every survivor, the
-    restarted worker and the node's master end bit-identical to the reference."""
+    the optimizer node is killed (SIGKILL) and restarted on its state, worker 2 (a mindp-worker
+    process) is killed (SIGKILL) in the middle of a step and started again with the same command
+    line (its resume file), worker 1 is stopped between steps and restarted at its step
+    (`first_step`), and the controller is replaced by a new one that learns the job from the switch
+    (and then changes it: worker 3 leaves; worker 2 goes on from its resume file). Every survivor,
+    the restarted workers and the node's master end bit-identical to the reference."""
     b, topo = bed
     init = small_model()
     gf = reference.synthetic_grads(33)
@@ -105,10 +207,12 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
     ref = reference.train(init, gf, 4, steps, OptimizerConfig(), members=members)
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
     rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
+    w2 = WorkerProcess(b, topo, 2, tmp_path, init, 33)
     with Fabric(target, bed, tmp_path) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
-            workers = Workers(b, topo, init, gf, 8, rto=rto).start()
+            workers = Workers(b, topo, init, gf, 8, rto=rto, ids=[0, 1, 3]).start()
+            w2.start(8)
             workers.wait_step(1)
             time.sleep(0.03)
             assert "pushed the pipeline" in fab.restart()  # 1. the switch
@@ -117,25 +221,35 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
             node.kill()  # 2. the optimizer node
             time.sleep(0.3)
             node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+            kill_at, answered = w2.kill_mid_step(4)  # 3. a worker, mid-step
+            w2.start(8)
             workers.wait_step(5)
-            time.sleep(0.03)
-            at, params = workers.kill(2)  # 3. a worker, while the others start the next step
+            at, params = workers.kill(1)  # 3b. another, between steps, while the others go on
             assert 5 <= at < 8
             time.sleep(0.3)
-            again = Workers(b, topo, init, gf, 8, rto=rto, ids=[2], first_step=at, params=params).start()
+            again = Workers(b, topo, init, gf, 8, rto=rto, ids=[1], first_step=at, params=params).start()
             ctl = fab.restart_controller()  # 4. the controller
             assert sorted(ctl.job(1).workers) == [0, 1, 2, 3]
             workers.join(120)
             again.join(120)
+            w2.wait()
             ctl.remove_worker(1, 3)  # the new controller can still manage the job
-            last = Workers(b, topo, init, gf, steps, rto=rto, ids=[0, 1, 2], first_step=8,
+            last = Workers(b, topo, init, gf, steps, rto=rto, ids=[0, 1], first_step=8,
                            params=workers.results[0]).start()
+            w2.start(steps)  # the same command line with the job's new step count
             last.join(120)
+            w2.wait()
             assert node.wait(60) == 0
         finally:
             node.stop()
-    assert sorted(workers.results) == [0, 1, 3] and sorted(again.results) == [2]
+            if w2.proc and w2.proc.poll() is None:
+                w2.proc.kill()
+    assert 0 < answered < w2.layout.n_chunks
+    assert w2.banners == [f"mindp-worker 2: resuming at step {kill_at} ({answered} chunk(s) of it answered)",
+                          "mindp-worker 2: resuming at step 8 (0 chunk(s) of it answered)"]
+    assert sorted(workers.results) == [0, 3] and sorted(again.results) == [1]
     at8 = reference.train(init, gf, 4, 8, OptimizerConfig())
     check_against(at8, workers, tmp_path, master=False)
     check_against(at8, again, tmp_path, master=False)
     check_against(ref, last, tmp_path)
+    assert same_bits(load_npz(w2.out), ref.params)
