@@ -25,7 +25,7 @@ from mindp import codec, schedule
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, fused, optim, rawsock, shards, state
+from . import agent_args, fused, optim, probe, rawsock, shards, state
 from .agent_args import finite
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError, StorageError
@@ -63,9 +63,7 @@ class NodeCore:
         self.lo, self.hi = store.chunks
         self.n = store.n_chunks
         self.n_total = store.layout.n_chunks
-        counts = np.full(self.n, K, dtype=np.int64)
-        counts[-1] = store.layout.chunk_count(self.hi)
-        self.counts = counts
+        self.last_count = store.layout.chunk_count(self.hi)  # every other chunk holds K elements
         self.stats = collections.Counter()
         self.nonfinite: list[tuple[int, int]] = []
         # Per slot, the header of the last fresh answer: a worker lacking the parameters of chunk c
@@ -94,7 +92,7 @@ class NodeCore:
             ok &= passed
         c = np.where(ok, chunk, self.lo)
         slot, ver = schedule.slots_and_versions(step, c, self.n_total, self.slots)
-        for reason, passed in (("count", h["count"] == self.counts[c - self.lo]),
+        for reason, passed in (("count", h["count"] == np.where(c == self.hi, self.last_count, K)),
                                ("slot", (h["slot"] == slot) & (h["ver"] == ver))):
             self._count_bad(reason, ok & ~passed)
             ok &= passed
@@ -460,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a sum before the recent parameters are sent again (0: never)")
     p.add_argument("--export", help="write the final master parameters to this .npz")
     p.add_argument("--stats", help="write counters as JSON here at exit")
+    p.add_argument("--plan", action="store_true",
+                   help="print the residency plan for this state and --ram-budget and the step time it predicts "
+                        "(measures the disk, memory and update rate: a few seconds), then exit")
     agent_args.add_fault_args(p, send_reorder=True)
     return p
 
@@ -549,8 +550,30 @@ def proc_status_kb(field: str) -> int:
     return 0
 
 
+def print_plan(args) -> int:
+    """--plan: the state's residency within --ram-budget and the predicted step time (docs/AGENTS.md)."""
+    try:
+        if state.exists(args.state_dir):
+            meta = json.loads((pathlib.Path(args.state_dir) / "meta.json").read_text())
+            layout, page_chunks = optim.layout_from_json(meta["layout"]), int(meta["page_chunks"])
+            lo, hi = meta.get("chunks", (0, layout.n_chunks - 1))
+        else:
+            layout = agent_args.requested_layout(args.layout, args.init)
+            if layout is None:
+                raise ConfigError("--plan for a state not yet created needs --layout or --init FILE.npz")
+            page_chunks, lo, hi = args.page_chunks, 0, layout.n_chunks - 1
+        slots = args.slots or (Topology.load(args.topology).job(args.job).slots if args.topology else 64)
+        print(probe.report(args.state_dir, args.ram_budget, hi - lo + 1, page_chunks, slots), flush=True)
+    except (ConfigError, TopologyError, OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"mindp-optimizer: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.plan:
+        return print_plan(args)
     try:
         chunks, peers = shard_from_args(args)
         n_workers, slots, addr = _job_from_args(args)

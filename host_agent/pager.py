@@ -265,11 +265,20 @@ class Pager:
         """The caller is done with `page` for now: its writes to file f (if any) are written back
         in the background; its buffer stays resident only if `keep`."""
         with self._cv:
+            self._want = [w for w in self._want if w[1] != page]
             if not keep and page in self.slot:
                 self._release(page)
             if f is not None and (f, page) in self._cached:
                 self._wb.append((f, page))
             self._cv.notify_all()
+
+    def settle(self) -> None:
+        """Cancel the read-ahead and wait for reads in flight: afterwards no buffer changes or
+        appears behind the caller's back (before the source copy changes, at a commit)."""
+        with self._cv:
+            self._want = []
+            while self._loading:
+                self._cv.wait()
 
     def drop(self, page: int) -> None:
         """Forget the buffer of `page` (its contents are no longer what the caller needs)."""

@@ -139,6 +139,7 @@ class PagedState:
         from the state before it): drop them; the records are in the destination copy."""
         if self.mapped:
             return
+        self.pager.settle()
         for page in list(self.updated):
             self.pager.drop(page)
         self.updated.clear()
@@ -147,6 +148,7 @@ class PagedState:
         """The source copy changed under the buffers (a committed step undone): drop them all."""
         if self.mapped:
             return
+        self.pager.settle()
         for page in self.pager.resident():
             self.pager.drop(page)
         self.updated.clear()
@@ -162,6 +164,7 @@ class PagedState:
         """The step committed: keep the resident pages whose buffer is the next step's source (every
         chunk updated in it; after a skipped step, none), drop the rest."""
         if not self.mapped:
+            self.pager.settle()  # read-ahead hinted for this step must not land in the next
             for page in self.pager.resident():
                 token, n = self.updated.get(page, (None, 0))
                 whole = token == self.pager.token.get(page) and n == self.chunks_in(page)

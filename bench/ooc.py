@@ -1,0 +1,116 @@
+"""Out-of-core optimizer node: the pipeline against the disk, the residency model against the
+pipeline, and (with --scale) a 1-billion-parameter state killed mid-step and resumed.
+
+    python bench/ooc.py [--elements N] [--dir D] [--page-chunks C]
+    python bench/ooc.py --scale [--params 1000000000] [--budget 1G]     # minutes; 2 x 12 GB on disk
+    MINDP_BENCH_SCALE=1 make bench                                      # the same inside make bench
+
+1. The machine as the model sees it (host_agent/probe.py): disk sequential read and write, memory
+   bandwidth, the node's update rate in RAM; the disk's sequential read+write bandwidth is the
+   baseline (bytes read + written over the time to write then read them).
+2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
+   model predicts (host_agent/residency.py) against the measured one (mean of steps 2 and 3,
+   NodeCore.handle fed sums in chunk order in batches of 1024), and the state moved per second
+   (each element's record read from one copy and written to the other) against the baseline.
+3. --scale: host_agent/synthetic.py at --params (default 1e9: fp32 master, m, v = 12 GB per copy)
+   with --budget (default 1 GiB): a run of 3 steps killed mid-step 2 and resumed, against an
+   uninterrupted run (one after the other; checksums of every answer and of the final state, so
+   only one state is on disk at a time); elements/s and peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from host_agent import node, probe, residency, state, synthetic  # noqa: E402
+from host_agent.optim import OptimizerConfig  # noqa: E402
+from mindp.layout import Layout, TensorSpec  # noqa: E402
+from mindp.protocol import K  # noqa: E402
+
+BUDGETS = (2, 10, 50)
+SLOTS = 64
+
+
+def measure(tmp: pathlib.Path, elements: int, budget: int, page_chunks: int, steps: int = 3,
+            batch: int = 1024) -> tuple[list[float], state.Store]:
+    """Per-step wall times of NodeCore.handle over whole steps, commits included."""
+    layout = Layout([TensorSpec("p", (elements,))])
+    cfg = OptimizerConfig()
+    d = tmp / f"state-{budget}"
+    state.create(d, layout, state.init_pieces(layout, seed=0), cfg, page_chunks)
+    store = state.Store(d, budget, window=SLOTS)
+    core = node.NodeCore(store, 1, 2, SLOTS)
+    n = layout.n_chunks
+    sums = synthetic.sums(0, 0, n)
+    chunks = np.arange(n)
+    times = []
+    store.prefetch_from(0)
+    for step in range(steps):
+        hdr = synthetic.headers(step, chunks, layout.chunk_count(n - 1), n, SLOTS)
+        t = time.perf_counter()
+        for lo in range(0, n, batch):
+            core.handle(hdr[lo : lo + batch], sums[lo : lo + batch])
+        times.append(time.perf_counter() - t)
+    assert core.committed == steps - 1
+    return times, store
+
+
+def budgets(tmp: pathlib.Path, elements: int, page_chunks: int) -> None:
+    m = probe.machine(tmp)
+    seq = 2 / (1 / m.disk_read + 1 / m.disk_write)
+    print(f"machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s "
+          f"(sequential read+write {seq / 2**20:,.0f} MiB/s); memory {m.memory / 2**30:,.1f} GiB/s; "
+          f"node update in RAM {m.update / 1e6:,.1f} M elem/s")
+    n_chunks = -(-elements // K)
+    w = residency.Workload(n_chunks, page_chunks, window=SLOTS)
+    state_bytes = 2 * w.copy_bytes
+    print(f"state: {elements:,} elements, {state_bytes / 2**20:,.0f} MiB (two copies), pages of "
+          f"{w.page_bytes // 1024} KiB")
+    for div in BUDGETS:
+        budget = state_bytes // div
+        times, store = measure(tmp, elements, budget, page_chunks)
+        plan = store.pages.plan
+        pred = residency.predict(plan, w, m)
+        measured = sum(times[1:]) / len(times[1:])
+        moved = 2 * w.copy_bytes / measured
+        err = (pred.step_time - measured) / measured
+        print(f"budget 1/{div:<3} {budget / 2**20:7.1f} MiB: {plan.mode}, {len(plan.resident)} of {w.n_pages} pages "
+              f"resident, {plan.ahead} ahead | step predicted {pred.step_time:.3f} s ({pred.bound}-bound) measured "
+              f"{measured:.3f} s, error {err:+.0%} | {elements / measured / 1e6:,.1f} M elem/s, "
+              f"{moved / 2**20:,.0f} MiB/s of state = {moved / seq:.2f}x disk seq read+write "
+              f"(peak {store.pages.peak_pages} pages)")
+        store.close()
+        shutil.rmtree(tmp / f"state-{budget}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--elements", type=int, default=16_000_000, help="model size for the budget figures")
+    ap.add_argument("--page-chunks", type=int, default=2048, help="chunks per page (768 KiB)")
+    ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
+    ap.add_argument("--scale", action="store_true", default=os.environ.get("MINDP_BENCH_SCALE") == "1",
+                    help="also the 1-billion-parameter run (minutes; needs 2 x 12 GB free)")
+    ap.add_argument("--params", type=int, default=1_000_000_000, help="parameters of the --scale run")
+    ap.add_argument("--budget", type=node.parse_size, default=node.parse_size("1G"), help="RAM budget of the --scale run")
+    args = ap.parse_args()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-ooc-", dir=args.dir or "/var/tmp"))
+    try:
+        budgets(tmp, args.elements, args.page_chunks)
+        if args.scale:
+            synthetic.bench(tmp, args.params, args.budget)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Measure what the residency model needs (`residency.Machine`): the disk's sequential read and
+write bandwidth as the pipeline uses it (O_DIRECT page reads; buffered writes written back with
+sync_file_range), memory bandwidth, and the node's update rate in RAM (NodeCore.handle, batches
+of sums in chunk order, on a state mapped whole in a temporary directory)."""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import pathlib
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+from mindp.layout import Layout, TensorSpec
+from mindp.protocol import K
+
+from . import residency, synthetic
+from .optim import OptimizerConfig
+from .pager import SYNC_FILE_RANGE_WAIT_AFTER, SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, _libc
+
+BLOCK = 1 << 20
+
+
+def disk(directory: str | pathlib.Path, nbytes: int = 256 << 20, block: int = BLOCK) -> tuple[float, float]:
+    """(read, write) bytes/s of a scratch file in `directory`: written block by block (each written
+    back as the pipeline does), then read back with O_DIRECT (buffered where refused)."""
+    fd, path = tempfile.mkstemp(prefix=".mindp-probe-", dir=directory)
+    n = max(1, nbytes // block)
+    buf_mm = mmap.mmap(-1, block)
+    buf = np.frombuffer(buf_mm, np.uint8)
+    buf[:] = np.random.default_rng(0).integers(0, 255, block, dtype=np.uint8)
+    try:
+        os.posix_fallocate(fd, 0, n * block)
+        os.fsync(fd)
+        t = time.perf_counter()
+        for i in range(n):
+            os.pwrite(fd, buf, i * block)
+            _libc.sync_file_range(fd, i * block, block, SYNC_FILE_RANGE_WRITE)
+            if i:
+                _libc.sync_file_range(fd, (i - 1) * block, block, SYNC_FILE_RANGE_WAIT_BEFORE
+                                      | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
+        os.fsync(fd)
+        write = n * block / (time.perf_counter() - t)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        try:
+            rfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        except OSError:
+            rfd = os.open(path, os.O_RDONLY)
+        try:
+            t = time.perf_counter()
+            for i in range(n):
+                os.preadv(rfd, [buf], i * block)
+            read = n * block / (time.perf_counter() - t)
+        finally:
+            os.close(rfd)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+        del buf
+        buf_mm.close()
+    return read, write
+
+
+def memory(nbytes: int = 64 << 20) -> float:
+    """Bytes/s of a large copy (the pwrite of records into the page cache is one)."""
+    a = np.ones(nbytes, np.uint8)
+    b = np.empty_like(a)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return nbytes / best
+
+
+def node_update(cfg: OptimizerConfig | None = None, elements: int = 2_000_000, batch: int = 1024,
+                directory: str | None = None) -> float:
+    """Elements/s of NodeCore.handle in RAM (whole steps, sums in chunk order in batches)."""
+    from . import node, state  # the node imports this module for --plan
+
+    cfg = cfg or OptimizerConfig()
+    shm = "/dev/shm" if directory is None and os.path.isdir("/dev/shm") else directory
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-probe-", dir=shm))
+    try:
+        layout = Layout([TensorSpec("p", (elements,))])
+        state.create(tmp, layout, state.init_pieces(layout, seed=0), cfg, page_chunks=2048)
+        store = state.Store(tmp, 4 * elements * state.RECORD.itemsize // K + (64 << 20), drop_cache=False)
+        n = layout.n_chunks
+        core = node.NodeCore(store, 1, 2, 64)
+        sums = synthetic.sums(0, 0, n)
+        best = float("inf")
+        for step in range(3):
+            chunks = np.arange(n)
+            hdr = synthetic.headers(step, chunks, layout.chunk_count(n - 1), n)
+            t = time.perf_counter()
+            for lo in range(0, n, batch):
+                core.handle(hdr[lo : lo + batch], sums[lo : lo + batch])
+            best = min(best, time.perf_counter() - t)
+        store.close()
+        return elements / best
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, disk_bytes: int = 256 << 20,
+            block: int = BLOCK) -> residency.Machine:
+    read, write = disk(directory, disk_bytes, block)
+    return residency.Machine(disk_read=read, disk_write=write, memory=memory(), update=node_update(cfg))
+
+
+def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunks: int, window: int,
+           cfg: OptimizerConfig | None = None) -> str:
+    """`mindp-optimizer --plan`: this machine's figures (measured on the state's disk), the
+    residency the budget gets, and the predicted step time."""
+    where = pathlib.Path(state_dir).resolve()
+    while not where.is_dir():
+        where = where.parent
+    w = residency.Workload(n_chunks, page_chunks, window=window)
+    r = residency.decide(budget, w)
+    m = machine(where, cfg)
+    p = residency.predict(r, w, m)
+    elements = n_chunks * K
+    return "\n".join([
+        f"state: {n_chunks:,} chunks ({elements:,} elements), {2 * w.copy_bytes / 2**20:,.1f} MiB in two copies, "
+        f"pages of {w.page_bytes // 1024} KiB; RAM budget {budget / 2**20:,.1f} MiB = {r.budget_pages} pages",
+        f"machine ({where}): disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s; "
+        f"memory {m.memory / 2**30:,.1f} GiB/s; node update in RAM {m.update / 1e6:,.1f} M elem/s",
+        f"plan: {r.mode}" + ("" if r.mode == "mapped" else
+                             f", {len(r.resident)} of {w.n_pages} pages resident across steps, {r.ahead} read ahead, "
+                             f"{r.behind} written behind"),
+        f"per step: read {p.read_bytes / 2**20:,.0f} MiB, write {p.write_bytes / 2**20:,.0f} MiB; disk "
+        f"{p.disk_time:.3f} s, compute {p.compute_time:.3f} s",
+        f"predicted step time: {p.step_time:.3f} s ({elements / p.step_time / 1e6:,.1f} M elem/s, {p.bound}-bound)",
+    ])
