@@ -76,6 +76,10 @@ def run(d: pathlib.Path, steps: int, budget: int, batch: int = 8192, seed: int =
     from . import node  # the node's CLI imports this module's users; keep the import light
 
     fused.warm(OptimizerConfig())
+    try:  # peak RSS from here on (a test runs this inside a process that may have peaked before)
+        pathlib.Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
     rss_base = status_kb("VmRSS")
     store = state.Store(d, budget, window=SLOTS)
     core = node.NodeCore(store, JOB, NWORKERS, SLOTS)

@@ -1,0 +1,71 @@
+"""The residency model's decisions (pure): mapped or streamed, which pages stay resident, how far
+ahead to read, and the step time it predicts from the machine's figures."""
+import pytest
+
+from host_agent.optim import ConfigError
+from host_agent.residency import Machine, PlanError, Workload, decide, predict
+
+W = Workload(n_chunks=100 * 2048, page_chunks=2048, window=64)  # 100 pages of 768 KiB per copy
+PAGE = W.page_bytes
+DISK = Machine(disk_read=500e6, disk_write=300e6, memory=5e9, update=1e9)  # the disk is the bottleneck
+CPU = Machine(disk_read=5e9, disk_write=5e9, memory=5e9, update=10e6)  # the update is
+
+
+def test_a_budget_holding_both_copies_maps_them_unless_told_to_stream():
+    r = decide(2 * W.copy_bytes, W)
+    assert r.mode == "mapped" and r.resident == frozenset(range(100))
+    s = decide(2 * W.copy_bytes, W, map_whole=False)
+    assert s.mode == "stream" and s.resident == frozenset(range(100))
+
+
+def test_smallest_budget_streams_everything_one_page_ahead_and_less_is_refused():
+    r = decide(4 * PAGE, W)
+    assert (r.mode, r.ahead, r.behind, r.resident) == ("stream", 1, 0, frozenset())
+    with pytest.raises(PlanError, match="need >= 4") as err:
+        decide(4 * PAGE - 1, W)
+    assert isinstance(err.value, ConfigError)  # the node's one-line configuration error
+
+
+def test_more_budget_keeps_more_pages_the_first_in_arrival_order():
+    small, big = decide(20 * PAGE, W), decide(60 * PAGE, W)
+    assert small.resident == frozenset(range(len(small.resident)))
+    assert len(big.resident) - len(small.resident) == 40  # every extra page is kept
+    rev = Workload(W.n_chunks, W.page_chunks, order=list(range(99, -1, -1)))
+    assert decide(20 * PAGE, rev).resident == frozenset(range(100 - len(small.resident), 100))
+
+
+def test_sums_arriving_far_out_of_order_read_further_ahead():
+    assert decide(40 * PAGE, W).ahead == 2  # a window of 64 chunks stays within a page or two
+    wide = Workload(W.n_chunks, W.page_chunks, window=5 * 2048)
+    assert decide(40 * PAGE, wide).ahead == 6
+    assert len(decide(40 * PAGE, wide).resident) == len(decide(40 * PAGE, W).resident) - 4
+
+
+def test_predicted_step_follows_the_bottleneck():
+    r = decide(10 * PAGE, W)
+    p = predict(r, W, DISK)
+    streamed = 100 - len(r.resident)
+    assert p.bound == "disk" and p.read_bytes == streamed * PAGE and p.write_bytes == W.copy_bytes
+    assert p.disk_time == pytest.approx(streamed * PAGE / 500e6 + W.copy_bytes / 300e6)
+    # The resident pages' update hides part of the first read (fast CPU: only a little of it).
+    per_page = p.compute_time / 100
+    assert p.step_time == pytest.approx(p.disk_time + PAGE / 500e6 - len(r.resident) * per_page + PAGE / 300e6)
+    slow = Machine(DISK.disk_read, DISK.disk_write, DISK.memory, update=50e6)
+    assert predict(r, W, slow).step_time == pytest.approx(predict(r, W, slow).disk_time + PAGE / 300e6)
+    c = predict(r, W, CPU)
+    assert c.bound == "compute" and c.compute_time == pytest.approx(W.n_chunks * 32 / 10e6 + W.copy_bytes / 5e9)
+    slow_net = Workload(W.n_chunks, W.page_chunks, arrival=W.n_chunks / 60.0)
+    assert predict(decide(10 * PAGE, slow_net), slow_net, DISK).bound == "arrival"
+
+
+def test_budget_buys_time_only_while_the_disk_is_the_bottleneck():
+    times = [predict(decide(b * PAGE, W), W, DISK).step_time for b in (4, 10, 50, 150)]
+    assert times == sorted(times, reverse=True) and times[0] > times[-1]
+    cpu = [predict(decide(b * PAGE, W), W, CPU).step_time for b in (10, 50, 150)]
+    assert max(cpu) - min(cpu) < 0.01 * min(cpu)
+
+
+def test_without_resident_pages_the_first_read_is_not_hidden():
+    r0 = decide(4 * PAGE, W)  # nothing resident
+    p = predict(r0, W, DISK)
+    assert p.step_time == pytest.approx(p.disk_time + PAGE / 500e6 + PAGE / 300e6)
