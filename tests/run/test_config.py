@@ -14,6 +14,8 @@ def test_defaults_and_make_style_values():
         ("embedded", 2, 5, 0.05, 2, 7, True)
     assert (cfg.cli, cfg.log, cfg.model) == ("auto", "off", "mlp")
     assert [config.parse(model=m).model for m in (" cnn", "GPT", "mlp")] == ["cnn", "gpt", "mlp"]
+    assert [config.parse(model=m).lr for m in ("mlp", "cnn", "gpt")] == [0.01, 0.01, 0.003]
+    assert config.parse(model="gpt", lr="0.02").lr == 0.02
     assert (config.parse(cli="1", log="DEBUG").cli, config.parse(log="DEBUG").log) == ("1", "debug")
 
 
@@ -35,6 +37,7 @@ def test_defaults_and_make_style_values():
     ({"cli": "yes"}, "CLI"),
     ({"log": "verbose"}, "LOG"),
     ({"model": "resnet"}, "MODEL"),
+    ({"lr": "fast"}, "--lr"),
 ])
 def test_bad_values_name_the_variable(kw, name):
     with pytest.raises(config.RunConfigError) as err:
