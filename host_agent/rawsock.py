@@ -1,7 +1,14 @@
-"""Raw AF_PACKET sockets for the agents: open, batch receive, send with counted errors."""
+"""Raw AF_PACKET sockets for the agents: open, batch receive, send with counted errors.
+
+Bursts go through sendmmsg/recvmmsg (ctypes, one system call for up to 1024 frames, the
+message vectors built with numpy over the rows of one buffer) where libc has them and
+pointers are 64-bit; elsewhere the same functions loop over send/recvmsg_into.
+"""
 from __future__ import annotations
 
+import ctypes
 import errno
+import os
 import random
 import socket
 import struct
@@ -19,6 +26,34 @@ MAX_FRAME = 2048
 AUXDATA = struct.Struct("=IIIHHHH")
 TP_STATUS_VLAN_VALID = 1 << 4
 AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
+SEND_ERRNOS = (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN)  # a frame lost, counted; not fatal
+MMSG_MAX = 1024  # UIO_MAXIOV: messages per sendmmsg/recvmmsg call
+
+# struct mmsghdr on 64-bit Linux: struct msghdr (56 bytes) then msg_len, padded to 64.
+MMSGHDR = np.dtype({"names": ["name", "namelen", "iov", "iovlen", "control", "controllen", "flags", "len"],
+                    "formats": ["u8", "u4", "u8", "u8", "u8", "u8", "i4", "u4"],
+                    "offsets": [0, 8, 16, 24, 32, 40, 48, 56], "itemsize": 64})
+IOVEC = np.dtype({"names": ["base", "len"], "formats": ["u8", "u8"], "itemsize": 16})
+# struct cmsghdr (len, level, type) then struct tpacket_auxdata, as recvmmsg leaves it per message.
+CMSG_AUX = np.dtype({"names": ["len", "level", "type", "status", "tci"], "formats": ["u8", "i4", "i4", "u4", "u2"],
+                     "offsets": [0, 8, 12, 16, 32], "itemsize": AUX_SPACE})
+
+
+def _libc_mmsg():
+    if ctypes.sizeof(ctypes.c_void_p) != 8 or os.environ.get("MINDP_NO_MMSG") == "1":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        send, recv = libc.sendmmsg, libc.recvmmsg
+    except (OSError, AttributeError):
+        return None
+    send.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+    recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+    return send, recv
+
+
+_MMSG = _libc_mmsg()
+MMSG = _MMSG is not None  # sendmmsg/recvmmsg in use
 
 
 class SocketError(RuntimeError):
@@ -106,10 +141,69 @@ def recv_batch_untagged(s: socket.socket, limit: int = 1024) -> tuple[list[bytes
     return frames, tagged
 
 
-def recv_rows_untagged(s: socket.socket, buf: np.ndarray) -> tuple[int, int, int]:
+class RowReceiver:
+    """recvmmsg into the rows of a preallocated (n, width) uint8 buffer: the message vector, its
+    iovecs and one control buffer per row are built once; a receive is one system call per up
+    to 1024 frames and a few vectorised checks (length, truncation, VLAN tag)."""
+
+    def __init__(self, buf: np.ndarray, auxdata: bool):
+        self.buf = buf
+        n, self.width = buf.shape
+        self.auxdata = auxdata
+        self.iov = np.zeros(n, IOVEC)
+        self.iov["base"] = buf.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(self.width)
+        self.iov["len"] = self.width
+        self.control = np.zeros(n, CMSG_AUX)
+        self.msgs = np.zeros(n, MMSGHDR)
+        self.msgs["iov"] = self.iov.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
+        self.msgs["iovlen"] = 1
+        if auxdata:
+            self.msgs["control"] = self.control.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(AUX_SPACE)
+
+    def receive(self, fd: int) -> tuple[int, int, int]:
+        """Frames waiting on `fd` into buf's rows, the good ones first; (rows filled, tagged
+        frames dropped, frames of another length dropped)."""
+        recvmmsg = _MMSG[1]
+        msgs, n = self.msgs, len(self.buf)
+        rows = tagged = other = 0
+        while rows < n:
+            want = min(n - rows, MMSG_MAX)
+            part = msgs[rows : rows + want]
+            part["controllen"] = AUX_SPACE if self.auxdata else 0
+            part["flags"] = 0
+            got = recvmmsg(fd, msgs.ctypes.data + rows * MMSGHDR.itemsize, want, socket.MSG_DONTWAIT, None)
+            if got < 0:
+                err = ctypes.get_errno()
+                if err in (errno.EAGAIN, errno.EINTR):
+                    break
+                raise OSError(err, os.strerror(err))
+            part = part[:got]
+            good = (part["len"] == self.width) & ((part["flags"] & socket.MSG_TRUNC) == 0)
+            n_vlan = 0
+            if self.auxdata:
+                aux = self.control[rows : rows + got]
+                vlan = ((part["controllen"] >= socket.CMSG_LEN(AUXDATA.size)) & (aux["level"] == SOL_PACKET)
+                        & (aux["type"] == PACKET_AUXDATA) & (((aux["status"] & TP_STATUS_VLAN_VALID) != 0)
+                                                             | (aux["tci"] != 0)))
+                n_vlan = int(np.count_nonzero(vlan))
+                good &= ~vlan
+            keep = int(np.count_nonzero(good))
+            tagged += n_vlan
+            other += got - keep - n_vlan
+            if keep < got:  # close the gaps: good rows stay contiguous
+                self.buf[rows : rows + keep] = self.buf[rows : rows + got][good]
+            rows += keep
+            if got < want:
+                break
+        return rows, tagged, other
+
+
+def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver | None = None) -> tuple[int, int, int]:
     """Receive frames of exactly buf.shape[1] bytes straight into the rows of `buf` (no bytes
     object per frame), as recv_batch_untagged does; returns (rows filled, tagged frames dropped,
-    frames of another length dropped)."""
+    frames of another length dropped). With `receiver` (over the same buffer): by recvmmsg."""
+    if receiver is not None and _MMSG:
+        return receiver.receive(s.fileno())
     width = buf.shape[1]
     mv = memoryview(buf).cast("B")
     recvmsg_into = s.recvmsg_into
@@ -169,6 +263,38 @@ class Faults:
         return kept
 
 
+def _send_mmsg(fd: int, frames: np.ndarray, rows) -> tuple[int, int]:
+    """_send_plain by sendmmsg: the message vector over frames' rows built with numpy, then one
+    system call per up to 1024 frames; a frame the kernel refuses (full queue, link down) is
+    counted and skipped, as by _send_plain."""
+    rows = np.asarray(rows, dtype=np.uint64).reshape(-1)
+    n = len(rows)
+    if not n:
+        return 0, 0
+    width = frames.shape[1]
+    iov = np.empty(n, IOVEC)
+    iov["base"] = frames.ctypes.data + rows * np.uint64(width)
+    iov["len"] = width
+    msgs = np.zeros(n, MMSGHDR)
+    msgs["iov"] = iov.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
+    msgs["iovlen"] = 1
+    sendmmsg = _MMSG[0]
+    base = msgs.ctypes.data
+    failed = i = 0
+    while i < n:
+        r = sendmmsg(fd, base + i * MMSGHDR.itemsize, min(n - i, MMSG_MAX), 0)
+        if r < 0:
+            err = ctypes.get_errno()
+            if err == errno.EINTR:
+                continue
+            if err not in SEND_ERRNOS:
+                raise OSError(err, os.strerror(err))
+            failed += 1
+            r = 1
+        i += r
+    return n, failed
+
+
 def _send_plain(send, frames: np.ndarray, rows) -> tuple[int, int]:
     """send_rows without fault injection: slices of one flat memoryview (no numpy row objects),
     one try block for the whole batch (re-entered only after a failed send)."""
@@ -184,7 +310,7 @@ def _send_plain(send, frames: np.ndarray, rows) -> tuple[int, int]:
                 send(mv[o : o + width])
             break
         except OSError as exc:
-            if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN):
+            if exc.errno not in SEND_ERRNOS:
                 raise
             failed += 1
             i += 1
@@ -194,6 +320,8 @@ def _send_plain(send, frames: np.ndarray, rows) -> tuple[int, int]:
 def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None = None) -> tuple[int, int]:
     """Send frames[rows]; returns (sent, failed). A full queue counts as a loss (retransmission covers it)."""
     if faults is None and frames.flags.c_contiguous:
+        if _MMSG:
+            return _send_mmsg(s.fileno(), frames, rows)
         return _send_plain(s.send, frames, rows)
     sent = failed = 0
     send = s.send

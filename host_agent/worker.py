@@ -29,6 +29,9 @@ from .resume import ResumeFile
 
 FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
 CHUNK_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["chunk"][1]
+STEP_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["step"][1]
+VER_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["ver"][1]
+BODY_OFFSET = codec.PREFIX_LEN + codec.HEADER_LEN
 
 
 slot_and_version = schedule.slots_and_versions  # the slot schedule lives in mindp.schedule only
@@ -305,9 +308,14 @@ class WorkerAgent:
         self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
         self.rx = np.zeros((1024, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row
         self.auxdata = rawsock.enable_auxdata(sock)
+        self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
         n = layout.n_chunks
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
-        self.frames = np.zeros((n, codec.frame_len(Kind.GRAD)), dtype=np.uint8)
+        # Every chunk's GRAD frame, built once: a step rewrites only its step, ver, flags and body.
+        chunks = np.arange(n)
+        self.frames = codec.encode(Kind.GRAD, codec.header_array(
+            n, job=cfg.job_id, worker=cfg.worker_id, chunk=chunks, slot=slot_and_version(0, chunks, n, cfg.slots)[0],
+            count=self.counts), np.zeros((n, K), np.float16), self.addrs)
         # Chunks each tensor touches, to know when a chunk is fully produced.
         self.tensor_chunks = {}
         self.pending0 = np.zeros(n, dtype=np.int32)
@@ -378,15 +386,18 @@ class StepHandle:
         self.pump(0.0)
 
     def _encode(self, chunks: np.ndarray) -> None:
+        """This step's fields and gradients into the chunks' prebuilt frames, in place (a run of
+        consecutive chunks, the usual case, as one slice)."""
         a = self.agent
         w = self.window
-        body = self.flat.reshape(-1, K)[chunks]
-        nonfinite = ~np.isfinite(body).all(axis=1)
-        slot, ver = slot_and_version(w.step, chunks, w.n, a.cfg.slots)
-        hdr = codec.header_array(len(chunks), job=a.cfg.job_id, worker=a.cfg.worker_id, step=w.step, chunk=chunks,
-                                 slot=slot, ver=ver, count=a.counts[chunks],
-                                 flags=np.where(nonfinite, int(Flag.NONFINITE), 0))
-        a.frames[chunks] = codec.encode(Kind.GRAD, hdr, body, a.addrs)
+        _, ver = slot_and_version(w.step, chunks, w.n, a.cfg.slots)
+        rows = slice(int(chunks[0]), int(chunks[-1]) + 1) if chunks[-1] - chunks[0] == len(chunks) - 1 else chunks
+        body = self.flat.reshape(-1, K)[rows]
+        f = a.frames
+        f[rows, STEP_OFFSET : STEP_OFFSET + 4] = np.array([w.step], dtype=">u4").view(np.uint8)
+        f[rows, VER_OFFSET] = ver
+        f[rows, FLAGS_OFFSET] = np.where(np.isfinite(body).all(axis=1), 0, int(Flag.NONFINITE))
+        f[rows, BODY_OFFSET:] = body.astype(codec.ELEMENT_DTYPE[Kind.GRAD]).view(np.uint8)
 
     def pump(self, timeout: float) -> None:
         """Send what is due, wait up to `timeout` for frames, take the parameters that came."""
@@ -410,8 +421,8 @@ class StepHandle:
             ready, _, _ = select.select([a.sock], [], [], timeout)
             if not ready:
                 return
-        if a.auxdata and not a.faults:
-            n, tagged, other = rawsock.recv_rows_untagged(a.sock, a.rx)
+        if not a.faults and (a.auxdata or a.receiver):
+            n, tagged, other = rawsock.recv_rows_untagged(a.sock, a.rx, a.receiver)
             _count(a.stats, "rejected_tagged", tagged)
             _count(a.stats, "rejected_length", other)
             if n:

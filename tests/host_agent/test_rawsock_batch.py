@@ -1,0 +1,84 @@
+"""Batched send (sendmmsg) and receive (recvmmsg into buffer rows) against the per-frame loops, on a
+datagram socket pair: the same frames, in order, with wrong-sized frames counted and left out."""
+import socket
+
+import numpy as np
+import pytest
+
+from host_agent import rawsock
+
+needs_mmsg = pytest.mark.skipif(not rawsock.MMSG, reason="no sendmmsg/recvmmsg on this platform")
+WIDTH = 96
+
+
+@pytest.fixture
+def pair():
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for s in (a, b):
+        s.setblocking(False)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def frames(n):
+    return np.random.default_rng(n).integers(0, 256, size=(n, WIDTH), dtype=np.uint8)
+
+
+def drain(s):
+    out = []
+    while True:
+        try:
+            out.append(s.recv(4096))
+        except BlockingIOError:
+            return out
+
+
+@needs_mmsg
+def test_sendmmsg_sends_exactly_the_rows_asked_in_their_order(pair):
+    a, b = pair
+    f = frames(2500)  # more than one sendmmsg call (1024 messages each)
+    rows = [7, 3, 3, 2499] + list(range(100, 2300))
+    assert rawsock.send_rows(a, f, rows) == (len(rows), 0)
+    assert drain(b) == [f[r].tobytes() for r in rows]
+    assert rawsock.send_rows(a, f, []) == (0, 0)
+
+
+@needs_mmsg
+def test_recvmmsg_fills_rows_in_order_and_drops_other_lengths(pair):
+    a, b = pair
+    f = frames(1500)
+    sent = []
+    for i, row in enumerate(f):
+        a.send(row.tobytes())
+        sent.append(row.tobytes())
+        if i % 300 == 5:
+            a.send(row.tobytes()[:40])  # short
+            a.send(row.tobytes() + b"xx")  # long: truncated into its row, must not count
+    buf = np.zeros((1024, WIDTH), np.uint8)
+    recv = rawsock.RowReceiver(buf, auxdata=False)
+    got = []
+    other = 0
+    while True:
+        n, tagged, bad = rawsock.recv_rows_untagged(b, buf, recv)
+        assert tagged == 0
+        other += bad
+        if not n and not bad:
+            break
+        got += [bytes(r) for r in buf[:n]]
+    assert got == sent and other == 10
+
+
+@needs_mmsg
+def test_batched_and_plain_paths_agree(pair, monkeypatch):
+    a, b = pair
+    f = frames(600)
+    for mmsg in (rawsock._MMSG, None):
+        monkeypatch.setattr(rawsock, "_MMSG", mmsg)
+        assert rawsock.send_rows(a, f, range(0, 600, 2)) == (300, 0)
+        buf = np.zeros((1024, WIDTH), np.uint8)
+        n, tagged, other = rawsock.recv_rows_untagged(b, buf, rawsock.RowReceiver(buf, auxdata=False))
+        assert (n, tagged, other) == (300, 0, 0)
+        assert np.array_equal(buf[:n], f[::2])
