@@ -9,13 +9,14 @@ pipeline, and (with --scale) a 1-billion-parameter state killed mid-step and res
    bandwidth, the node's update rate in RAM; the disk's sequential read+write bandwidth is the
    baseline (bytes read + written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
-   model predicts (host_agent/residency.py) against the measured one (mean of steps 2 and 3,
-   NodeCore.handle fed sums in chunk order in batches of 1024), and the state moved per second
-   (each element's record read from one copy and written to the other) against the baseline.
+   model predicts (host_agent/residency.py) from the machine measured just before, against the
+   measured one (median of steps 2 to 4; NodeCore.handle fed sums in chunk order in batches of
+   1024), and the state moved per second (each element's record read from one copy and written
+   to the other) against the baseline.
 3. --scale: host_agent/synthetic.py at --params (default 1e9: fp32 master, m, v = 12 GB per copy)
-   with --budget (default 1 GiB): a run of 3 steps killed mid-step 2 and resumed, against an
-   uninterrupted run (one after the other; checksums of every answer and of the final state, so
-   only one state is on disk at a time); elements/s and peak RSS.
+   with --budget (default 1 GiB): 3 steps uninterrupted, then 3 steps with the node killed
+   (SIGKILL) half-way through the second and restarted, one after the other (one state on disk at
+   a time), compared by a checksum of the final state; elements/s and peak RSS.
 """
 from __future__ import annotations
 
@@ -64,30 +65,30 @@ def measure(tmp: pathlib.Path, elements: int, budget: int, page_chunks: int, ste
     return times, store
 
 
-def budgets(tmp: pathlib.Path, elements: int, page_chunks: int) -> None:
-    m = probe.machine(tmp)
-    seq = 2 / (1 / m.disk_read + 1 / m.disk_write)
-    print(f"machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s "
-          f"(sequential read+write {seq / 2**20:,.0f} MiB/s); memory {m.memory / 2**30:,.1f} GiB/s; "
-          f"node update in RAM {m.update / 1e6:,.1f} M elem/s")
+def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4) -> None:
     n_chunks = -(-elements // K)
     w = residency.Workload(n_chunks, page_chunks, window=SLOTS)
     state_bytes = 2 * w.copy_bytes
     print(f"state: {elements:,} elements, {state_bytes / 2**20:,.0f} MiB (two copies), pages of "
-          f"{w.page_bytes // 1024} KiB")
+          f"{w.page_bytes // 1024} KiB; each budget: the machine measured, then {steps} steps (the first not counted)")
     for div in BUDGETS:
+        m = probe.machine(tmp)  # right before, on a machine shared with others
+        seq = 2 / (1 / m.disk_read + 1 / m.disk_write)
         budget = state_bytes // div
-        times, store = measure(tmp, elements, budget, page_chunks)
+        times, store = measure(tmp, elements, budget, page_chunks, steps)
         plan = store.pages.plan
         pred = residency.predict(plan, w, m)
-        measured = sum(times[1:]) / len(times[1:])
+        measured = float(np.median(times[1:]))
         moved = 2 * w.copy_bytes / measured
         err = (pred.step_time - measured) / measured
+        print(f"  machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s "
+              f"(sequential read+write {seq / 2**20:,.0f} MiB/s); memory {m.memory / 2**30:,.1f} GiB/s; "
+              f"node update in RAM {m.update / 1e6:,.1f} M elem/s; commit sync {m.sync * 1e3:.1f} ms")
         print(f"budget 1/{div:<3} {budget / 2**20:7.1f} MiB: {plan.mode}, {len(plan.resident)} of {w.n_pages} pages "
               f"resident, {plan.ahead} ahead | step predicted {pred.step_time:.3f} s ({pred.bound}-bound) measured "
-              f"{measured:.3f} s, error {err:+.0%} | {elements / measured / 1e6:,.1f} M elem/s, "
-              f"{moved / 2**20:,.0f} MiB/s of state = {moved / seq:.2f}x disk seq read+write "
-              f"(peak {store.pages.peak_pages} pages)")
+              f"{measured:.3f} s (steps {', '.join(f'{t:.3f}' for t in times)}), error {err:+.0%} | "
+              f"{elements / measured / 1e6:,.1f} M elem/s, {moved / 2**20:,.0f} MiB/s of state = "
+              f"{moved / seq:.2f}x disk seq read+write (peak {store.pages.peak_pages} pages)", flush=True)
         store.close()
         shutil.rmtree(tmp / f"state-{budget}")
 

@@ -105,10 +105,38 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 2_000_000, b
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def commit_sync(directory: str | pathlib.Path, tries: int = 5) -> float:
+    """Seconds of a commit's fixed work: fsync of two clean files, then a small file written,
+    fsynced, renamed and the directory fsynced (state._write_atomic)."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix=".mindp-probe-", dir=directory))
+    try:
+        files = [os.open(d / f"f{i}", os.O_RDWR | os.O_CREAT) for i in (0, 1)]
+        best = float("inf")
+        for _ in range(tries):
+            t = time.perf_counter()
+            for fd in files:
+                os.fsync(fd)
+            with open(d / "c.tmp", "wb") as f:
+                f.write(b'{"step": 0}\n')
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(d / "c.tmp", d / "c.json")
+            dfd = os.open(d, os.O_RDONLY)
+            os.fsync(dfd)
+            os.close(dfd)
+            best = min(best, time.perf_counter() - t)
+        for fd in files:
+            os.close(fd)
+        return best
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, disk_bytes: int = 256 << 20,
             block: int = BLOCK) -> residency.Machine:
     read, write = disk(directory, disk_bytes, block)
-    return residency.Machine(disk_read=read, disk_write=write, memory=memory(), update=node_update(cfg))
+    return residency.Machine(disk_read=read, disk_write=write, memory=memory(), update=node_update(cfg),
+                             sync=commit_sync(directory))
 
 
 def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunks: int, window: int,
