@@ -69,3 +69,18 @@ def test_without_resident_pages_the_first_read_is_not_hidden():
     r0 = decide(4 * PAGE, W)  # nothing resident
     p = predict(r0, W, DISK)
     assert p.step_time == pytest.approx(p.disk_time + PAGE / 500e6 + PAGE / 300e6)
+
+
+def test_plan_cli_prints_the_residency_and_predicted_step_time(tmp_path, capsys):
+    from host_agent import node
+
+    layout = tmp_path / "layout.json"
+    layout.write_text('[["w", [8000000]]]')
+    args = ["--state-dir", str(tmp_path / "s"), "--layout", str(layout), "--page-chunks", "2048", "--plan"]
+    assert node.main(args + ["--ram-budget", "20M"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: stream, 19 of 123 pages resident across steps, 2 read ahead, 2 written behind" in out
+    assert "predicted step time: " in out and not (tmp_path / "s").exists()  # nothing created
+    assert node.main(args + ["--ram-budget", "1M"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "need >= 4" in err
