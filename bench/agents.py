@@ -7,7 +7,8 @@
 2. Optimizer-node update rate in RAM (elements/s: int64 sums in, fp32 master/m/v
    updated, fp16 parameters out) for AdamW and SGD with momentum, against
    torch.optim.AdamW / SGD(foreach=True) on CPU when torch is installed, else
-   against the whole-array numpy reference (ratio; the best of 3 each, interleaved).
+   against the whole-array numpy reference (ratio; the best of 3 each, interleaved);
+   beside it the fused kernel alone on the whole state in one call (no per-batch work).
 3. Out-of-core update rate with a RAM budget of 1/10 of the state, as state
    bytes moved per second, against the disk's sequential read+write bandwidth
    measured in the same run (ratio).
@@ -115,6 +116,25 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     return steps * elements / elapsed
 
 
+def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float:
+    """Elements/s of fused.update_records over the whole state in one call per step (the two
+    copies alternating, as the node's steps do): the node's ceiling without per-batch work."""
+    n = -(-elements // K)
+    rng = np.random.default_rng(0)
+    a = np.zeros((n, 3, K), np.float32)
+    a[:, state.MASTER] = rng.standard_normal((n, K), dtype=np.float32) * np.float32(0.02)
+    b = np.empty_like(a)
+    sums = rng.integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)
+    out = np.empty((n, K), np.float16)
+    cfg = OptimizerConfig(kind=kind)
+    fused.update_records(cfg, a, b, sums, 2, 0, out)
+    t = time.perf_counter()
+    for step in range(1, steps + 1):
+        src, dst = (b, a) if step % 2 else (a, b)
+        fused.update_records(cfg, src, dst, sums, 2, step, out)
+    return steps * elements / (time.perf_counter() - t)
+
+
 def baseline_rate(elements: int, kind: str = "adamw", steps: int = 5) -> tuple[str, float]:
     """torch's own update of the same element count (AdamW or SGD with momentum, foreach), else
     the numpy reference on whole arrays."""
@@ -173,28 +193,36 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1024, help="sums per NodeCore.handle call in RAM (the node's receive batch)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--page-chunks", type=int, default=2048, help="pager page size in chunks (out of core)")
+    ap.add_argument("--only", choices=("send", "ram", "ooc"), action="append",
+                    help="run only these figures (repeatable; default all); 'ram' needs neither root nor veths")
     args = ap.parse_args()
-    if os.geteuid() != 0:
+    only = set(args.only or ("send", "ram", "ooc"))
+    if os.geteuid() != 0 and only & {"send", "ooc"}:
         print("bench/agents.py: needs root (raw sockets, veths)", file=sys.stderr)
         return 2
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=args.dir or "/var/tmp"))
     try:
-        worker, bare = send_rates(args.chunks)
-        print(f"worker send      {worker:12,.0f} pkt/s   bare raw-socket loop {bare:12,.0f} pkt/s   "
-              f"ratio {worker / bare:.2f}")
+        if "send" in only:
+            worker, bare = send_rates(args.chunks)
+            print(f"worker send      {worker:12,.0f} pkt/s   bare raw-socket loop {bare:12,.0f} pkt/s   "
+                  f"ratio {worker / bare:.2f}")
         shm = pathlib.Path("/dev/shm")
-        for kind in ("adamw", "sgd"):
+        for kind in ("adamw", "sgd") if "ram" in only else ():
             ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
             try:  # state on tmpfs: durability costs nothing; the best of 3 each, interleaved with torch's
-                ours, theirs = 0.0, 0.0
+                ours, kernel, theirs = 0.0, 0.0, 0.0
                 for _ in range(3):
                     ours = max(ours, node_rate(ram_dir, args.elements, None, batch=args.batch, kind=kind))
+                    kernel = max(kernel, kernel_rate(args.elements, kind))
                     name, base = baseline_rate(args.elements, kind)
                     theirs = max(theirs, base)
             finally:
                 shutil.rmtree(ram_dir, ignore_errors=True)
             print(f"node in RAM {kind:5} {ours:12,.0f} elem/s  {name} {theirs:12,.0f} elem/s   "
-                  f"ratio {ours / theirs:.3f}  (fused kernel: {'numpy fallback' if fused.NUMPY_ONLY else 'numba'})")
+                  f"ratio {ours / theirs:.3f}  (fused kernel {'numpy fallback' if fused.NUMPY_ONLY else 'numba'} "
+                  f"alone {kernel:,.0f} elem/s, ratio {kernel / theirs:.3f})")
+        if "ooc" not in only:
+            return 0
         state_bytes = 2 * (-(-args.ooc_elements // K)) * state.RECORD.itemsize
         budget = state_bytes // 10
         ooc = node_rate(tmp, args.ooc_elements, budget, page_chunks=args.page_chunks)

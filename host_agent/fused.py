@@ -22,6 +22,7 @@ import os
 
 import numpy as np
 
+from mindp import codec, schedule
 from mindp.protocol import K, SCALE_BITS
 
 from . import optim
@@ -49,6 +50,49 @@ def scalars(cfg: OptimizerConfig, step: int) -> np.ndarray:
         return np.array([1.0 - lr * cfg.weight_decay, b1, 1.0 - b1, b2, 1.0 - b2, math.sqrt(1.0 - b2**t),
                          cfg.eps, lr / (1.0 - b1**t)], dtype=F32)
     return np.array([cfg.weight_decay, cfg.momentum, lr], dtype=F32)
+
+
+#: The node's checks of a SUM header, in order: a row is counted under the first it fails.
+CHECKS = ("job", "nworkers", "chunk", "count", "slot")
+_F = codec.HEADER_DTYPE.fields  # byte offsets of the big-endian header fields the checks read
+_O_VER, _O_JOB, _O_SLOT, _O_COUNT = _F["ver"][1], _F["job"][1], _F["slot"][1], _F["count"][1]
+_O_STEP, _O_CHUNK, _O_NWORKERS = _F["step"][1], _F["chunk"][1], _F["nworkers"][1]
+
+
+def check_sums_numpy(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, n_total: int, slots: int,
+                     last_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """check_sums by numpy."""
+    chunk = h["chunk"].astype(np.int64)
+    step = h["step"].astype(np.int64)
+    ok = np.ones(len(h), dtype=bool)
+    bad = np.zeros(len(CHECKS), dtype=np.int64)
+    nw = h["nworkers"]
+    passes = [h["job"] == job, (nw >= 1) & (nw <= max_workers), (chunk >= lo) & (chunk <= hi)]
+    for i, passed in enumerate(passes):
+        bad[i] = np.count_nonzero(ok & ~passed)
+        ok &= passed
+    c = np.where(ok, chunk, lo)
+    slot, ver = schedule.slots_and_versions(step, c, n_total, slots)
+    for i, passed in enumerate((h["count"] == np.where(c == hi, last_count, K),
+                                (h["slot"] == slot) & (h["ver"] == ver)), start=3):
+        bad[i] = np.count_nonzero(ok & ~passed)
+        ok &= passed
+    return ok, bad
+
+
+def check_sums(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, n_total: int, slots: int,
+               last_count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The node's checks of SUM headers (codec.HEADER_DTYPE) in one pass: the job, 1 <= nworkers
+    <= max_workers, the chunk within lo..hi (inclusive, job-wide), its element count (K, or
+    last_count for chunk hi), its slot and version (mindp.schedule over n_total chunks and
+    `slots`). Returns (row passed all, rows failed per CHECKS, each row under its first failure)."""
+    if NUMPY_ONLY:
+        return check_sums_numpy(h, job, max_workers, lo, hi, n_total, slots, last_count)
+    ok = np.empty(len(h), dtype=np.bool_)
+    bad = np.zeros(len(CHECKS), dtype=np.int64)
+    _check(h.view(np.uint8).reshape(len(h), h.dtype.itemsize), job, max_workers, lo, hi, n_total, slots, last_count,
+           ok, bad)
+    return ok, bad
 
 
 def update_numpy(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
@@ -134,6 +178,40 @@ if not NUMPY_ONLY:
         ("sgd", True): numba.njit(parallel=True, **_opts)(_sgd),
     }
 
+    @numba.njit(inline="always")
+    def _be(row, off, size):
+        v = np.int64(0)
+        for b in range(size):
+            v = (v << 8) | np.int64(row[off + b])
+        return v
+
+    @numba.njit(nogil=True, cache=True)
+    def _check(hb, job, max_workers, lo, hi, n_total, slots, last_count, ok, bad):
+        for i in range(hb.shape[0]):
+            row = hb[i]
+            ok[i] = False
+            if _be(row, _O_JOB, 2) != job:
+                bad[0] += 1
+                continue
+            nw = _be(row, _O_NWORKERS, 2)
+            if nw < 1 or nw > max_workers:
+                bad[1] += 1
+                continue
+            c = _be(row, _O_CHUNK, 4)
+            if c < lo or c > hi:
+                bad[2] += 1
+                continue
+            if _be(row, _O_COUNT, 2) != (last_count if c == hi else K):
+                bad[3] += 1
+                continue
+            slot = c % slots
+            uses = (n_total - slot + slots - 1) // slots
+            ver = (_be(row, _O_STEP, 4) * uses + c // slots) & 1
+            if _be(row, _O_SLOT, 2) != slot or np.int64(row[_O_VER]) != ver:
+                bad[4] += 1
+                continue
+            ok[i] = True
+
     @numba.njit(cache=True)
     def f16_bits(f):
         """Vectorised _f16_bits, for tests: uint32 array -> uint16 array."""
@@ -165,3 +243,4 @@ def warm(cfg: OptimizerConfig) -> None:
     for n in (1, PARALLEL_MIN):
         rec = np.zeros((n, 3, K), np.float32)
         update_records(cfg, rec, rec, np.zeros((n, K), np.int64), 1, 0, np.empty((n, K), np.float16))
+    check_sums(codec.header_array(1), 1, 1, 0, 0, 1, 1, K)

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from mindp import codec, schedule
+from mindp import codec
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
@@ -81,26 +81,12 @@ class NodeCore:
         return self.store.committed
 
     def _valid(self, h: np.ndarray) -> np.ndarray:
-        chunk = h["chunk"].astype(np.int64)
-        step = h["step"].astype(np.int64)
-        ok = np.ones(len(h), dtype=bool)
-        nw = h["nworkers"]
-        checks = [("job", h["job"] == self.job_id), ("nworkers", (nw >= 1) & (nw <= self.max_workers)),
-                  ("chunk", (chunk >= self.lo) & (chunk <= self.hi))]
-        for reason, passed in checks:
-            self._count_bad(reason, ok & ~passed)
-            ok &= passed
-        c = np.where(ok, chunk, self.lo)
-        slot, ver = schedule.slots_and_versions(step, c, self.n_total, self.slots)
-        for reason, passed in (("count", h["count"] == np.where(c == self.hi, self.last_count, K)),
-                               ("slot", (h["slot"] == slot) & (h["ver"] == ver))):
-            self._count_bad(reason, ok & ~passed)
-            ok &= passed
+        ok, bad = fused.check_sums(h, self.job_id, self.max_workers, self.lo, self.hi, self.n_total, self.slots,
+                                   self.last_count)
+        for reason, n in zip(fused.CHECKS, bad.tolist()):
+            if n:
+                self.stats[f"rejected_{reason}"] += n
         return ok
-
-    def _count_bad(self, reason: str, bad: np.ndarray) -> None:
-        if bad.any():
-            self.stats[f"rejected_{reason}"] += int(bad.sum())
 
     def handle(self, headers: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A batch of SUM headers and (n, K) int64 sums -> PARAM headers and (m, K) fp16 to send."""
@@ -114,7 +100,11 @@ class NodeCore:
         fresh = np.flatnonzero(is_cur & ~self.store.applied[chunks])
         # The first sum of each fresh chunk is applied; any other sum of this or the last step is
         # a duplicate, answered from the stored parameters.
-        uniq, first = np.unique(chunks[fresh], return_index=True)
+        uniq = chunks[fresh]
+        if len(uniq) > 1 and not (uniq[1:] > uniq[:-1]).all():  # else: in chunk order, each once (usual)
+            uniq, first = np.unique(uniq, return_index=True)
+        else:
+            first = np.arange(len(uniq))
         apply_rows = idx[fresh[first]]
         answer = is_cur | (steps == cur - 1)
         answer[fresh[first]] = False

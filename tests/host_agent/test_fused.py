@@ -91,3 +91,28 @@ def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(kind):
             fused.update_records(cfg, dst, dst, sums, nworkers, 1, out)
     assert {par: len(fused._kernels[(kind, par)].signatures) for par in (False, True)} == before
     assert all(before.values())
+
+
+@needs_numba
+@pytest.mark.parametrize("lo,hi,n_total", [(0, 999, 1000), (300, 612, 1000)])
+def test_sum_checks_one_pass_equal_the_numpy_checks(lo, hi, n_total):
+    """Rows broken in one or several fields: the same rows pass, and each failed row is counted
+    under its first failed check, by both implementations."""
+    from mindp import codec, schedule
+
+    rng = np.random.default_rng(lo)
+    n, slots = 4000, 64
+    chunk = rng.integers(lo, hi + 1, n)
+    step = rng.integers(0, 1 << 31, n)
+    slot, ver = schedule.slots_and_versions(step, chunk, n_total, slots)
+    h = codec.header_array(n, job=7, chunk=chunk, step=step, slot=slot, ver=ver, nworkers=rng.integers(1, 5, n),
+                           count=np.where(chunk == hi, 5, K))
+    for field, values in (("job", [6, 8, 0xFFFF]), ("nworkers", [0, 5, 40000]), ("chunk", [lo - 1, hi + 1, 2**32 - 1]),
+                          ("count", [0, 5, K + 1]), ("slot", [1, 63, 64]), ("ver", [0, 1]), ("step", [0, 2**32 - 1])):
+        rows = rng.choice(n, 300, replace=False)
+        h[field][rows] = rng.choice(values, 300)
+    args = (7, 4, lo, hi, n_total, slots, 5)
+    ok, bad = fused.check_sums(h, *args)
+    want_ok, want_bad = fused.check_sums_numpy(h, *args)
+    assert np.array_equal(ok, want_ok) and np.array_equal(bad, want_bad)
+    assert 0 < ok.sum() < n and (bad > 0).all() and bad.sum() == n - ok.sum()
