@@ -244,6 +244,10 @@ def take_rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def page_runs(chunks: np.ndarray, page_chunks: int):
     """Sorted unique chunks -> [lo, hi) runs of consecutive chunks within one page, without a
     Python object per chunk."""
+    lo, hi = int(chunks[0]), int(chunks[-1]) + 1
+    if hi - lo == len(chunks):  # consecutive (the usual case): cut at page boundaries only
+        cuts = list(range((lo // page_chunks + 1) * page_chunks, hi, page_chunks))
+        return zip([lo, *cuts], [*cuts, hi])
     brk = np.flatnonzero((np.diff(chunks) != 1) | (np.diff(chunks // page_chunks) != 0)) + 1
     starts = np.concatenate(([0], brk))
     ends = np.concatenate((brk, [len(chunks)]))
