@@ -209,7 +209,10 @@ class NodeCore:
         nworkers = headers["nworkers"].astype(np.int64)
         out = np.empty((len(chunks), K), dtype=np.float16)
         pos = 0
-        for lo, hi in page_runs(chunks, store.page_chunks):
+        # State mapped whole (in RAM): a run of consecutive chunks is one kernel call across pages,
+        # marked applied page by page; streamed, each page's records are one call.
+        span = store.n_chunks if store.pages.mapped else store.page_chunks
+        for lo, hi in page_runs(chunks, span):
             n = hi - lo
             if store.step_nonfinite:  # answered with the parameters before the step
                 out[pos : pos + n] = store.records(src, lo, hi)[:, state.MASTER].astype(np.float16)
@@ -219,7 +222,8 @@ class NodeCore:
                 # Adam's bias correction counts updates, not steps: a skipped step is none.
                 fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
                                      out[pos : pos + n])
-            store.mark_applied(lo, hi)
+            for a, b in page_cuts(lo, hi, store.page_chunks):
+                store.mark_applied(a, b)
             pos += n
         self.stats["applied"] += len(chunks)
         return out
@@ -241,13 +245,18 @@ def take_rows(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return as_void(a)[rows].view(a.dtype)
 
 
+def page_cuts(lo: int, hi: int, page_chunks: int):
+    """Chunks [lo, hi) cut at page boundaries: [lo, hi) runs within one page each."""
+    cuts = list(range((lo // page_chunks + 1) * page_chunks, hi, page_chunks))
+    return zip([lo, *cuts], [*cuts, hi])
+
+
 def page_runs(chunks: np.ndarray, page_chunks: int):
     """Sorted unique chunks -> [lo, hi) runs of consecutive chunks within one page, without a
     Python object per chunk."""
     lo, hi = int(chunks[0]), int(chunks[-1]) + 1
     if hi - lo == len(chunks):  # consecutive (the usual case): cut at page boundaries only
-        cuts = list(range((lo // page_chunks + 1) * page_chunks, hi, page_chunks))
-        return zip([lo, *cuts], [*cuts, hi])
+        return page_cuts(lo, hi, page_chunks)
     brk = np.flatnonzero((np.diff(chunks) != 1) | (np.diff(chunks // page_chunks) != 0)) + 1
     starts = np.concatenate(([0], brk))
     ends = np.concatenate((brk, [len(chunks)]))
