@@ -9,9 +9,9 @@ pipeline, and (with --scale) a 1-billion-parameter state killed mid-step and res
    bandwidth, the node's update rate in RAM; the disk's sequential read+write bandwidth is the
    baseline (bytes read + written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
-   model predicts (host_agent/residency.py) from the machine measured just before, against the
-   measured one (median of steps 2 to 4; NodeCore.handle fed sums in chunk order in batches of
-   1024), and the state moved per second (each element's record read from one copy and written
+   model predicts (host_agent/residency.py) from the machine's figures against the measured one
+   (NodeCore.handle fed sums in chunk order in batches of 1024), both at their best over two rounds
+   of (probe, 4 steps) so that others' load on a shared machine disturbs them alike, and the state moved per second (each element's record read from one copy and written
    to the other) against the baseline.
 3. --scale: host_agent/synthetic.py at --params (default 1e9: fp32 master, m, v = 12 GB per copy)
    with --budget (default 1 GiB): 3 steps uninterrupted, then 3 steps with the node killed
@@ -65,32 +65,46 @@ def measure(tmp: pathlib.Path, elements: int, budget: int, page_chunks: int, ste
     return times, store
 
 
-def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4) -> None:
+def best_machine(a: residency.Machine | None, b: residency.Machine) -> residency.Machine:
+    """Each figure at its best of two probes (the least disturbed by others on a shared machine)."""
+    if a is None:
+        return b
+    return residency.Machine(disk_read=max(a.disk_read, b.disk_read), disk_write=max(a.disk_write, b.disk_write),
+                             memory=max(a.memory, b.memory), update=max(a.update, b.update),
+                             sync=min(a.sync, b.sync), disk_mixed=max(a.disk_mixed, b.disk_mixed))
+
+
+def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4, rounds: int = 2) -> None:
     n_chunks = -(-elements // K)
     w = residency.Workload(n_chunks, page_chunks, window=SLOTS)
     state_bytes = 2 * w.copy_bytes
     print(f"state: {elements:,} elements, {state_bytes / 2**20:,.0f} MiB (two copies), pages of "
-          f"{w.page_bytes // 1024} KiB; each budget: the machine measured, then {steps} steps (the first not counted)")
+          f"{w.page_bytes // 1024} KiB; per budget {rounds} rounds of (machine probe, {steps} steps); figures are "
+          "each at their best over the rounds (probe: highest rate; steps: fastest after the first)")
     for div in BUDGETS:
-        m = probe.machine(tmp)  # right before, on a machine shared with others
-        seq = 2 / (1 / m.disk_read + 1 / m.disk_write)
         budget = state_bytes // div
-        times, store = measure(tmp, elements, budget, page_chunks, steps)
-        plan = store.pages.plan
+        m, best, all_times = None, float("inf"), []
+        for _ in range(rounds):
+            m = best_machine(m, probe.machine(tmp))
+            times, store = measure(tmp, elements, budget, page_chunks, steps)
+            best = min(best, min(times[1:]))
+            all_times += times
+            plan, peak = store.pages.plan, store.pages.peak_pages
+            store.close()
+            shutil.rmtree(tmp / f"state-{budget}")
+        seq = 2 / (1 / m.disk_read + 1 / m.disk_write)
         pred = residency.predict(plan, w, m)
-        measured = float(np.median(times[1:]))
-        moved = 2 * w.copy_bytes / measured
-        err = (pred.step_time - measured) / measured
+        moved = 2 * w.copy_bytes / best
+        err = (pred.step_time - best) / best
         print(f"  machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s "
-              f"(sequential read+write {seq / 2**20:,.0f} MiB/s); memory {m.memory / 2**30:,.1f} GiB/s; "
-              f"node update in RAM {m.update / 1e6:,.1f} M elem/s; commit sync {m.sync * 1e3:.1f} ms")
+              f"(sequential read+write {seq / 2**20:,.0f} MiB/s; both at once {m.disk_mixed / 2**20:,.0f} MiB/s); "
+              f"memory {m.memory / 2**30:,.1f} GiB/s; node update in RAM {m.update / 1e6:,.1f} M elem/s; "
+              f"commit sync {m.sync * 1e3:.1f} ms")
         print(f"budget 1/{div:<3} {budget / 2**20:7.1f} MiB: {plan.mode}, {len(plan.resident)} of {w.n_pages} pages "
               f"resident, {plan.ahead} ahead | step predicted {pred.step_time:.3f} s ({pred.bound}-bound) measured "
-              f"{measured:.3f} s (steps {', '.join(f'{t:.3f}' for t in times)}), error {err:+.0%} | "
-              f"{elements / measured / 1e6:,.1f} M elem/s, {moved / 2**20:,.0f} MiB/s of state = "
-              f"{moved / seq:.2f}x disk seq read+write (peak {store.pages.peak_pages} pages)", flush=True)
-        store.close()
-        shutil.rmtree(tmp / f"state-{budget}")
+              f"{best:.3f} s (all steps {', '.join(f'{t:.2f}' for t in all_times)}), error {err:+.0%} | "
+              f"{elements / best / 1e6:,.1f} M elem/s, {moved / 2**20:,.0f} MiB/s of state = "
+              f"{moved / seq:.2f}x disk seq read+write (peak {peak} pages)", flush=True)
 
 
 def main() -> int:

@@ -10,6 +10,7 @@ import os
 import pathlib
 import shutil
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -24,44 +25,68 @@ from .pager import SYNC_FILE_RANGE_WAIT_AFTER, SYNC_FILE_RANGE_WAIT_BEFORE, SYNC
 BLOCK = 1 << 20
 
 
-def disk(directory: str | pathlib.Path, nbytes: int = 256 << 20, block: int = BLOCK) -> tuple[float, float]:
-    """(read, write) bytes/s of a scratch file in `directory`: written block by block (each written
-    back as the pipeline does), then read back with O_DIRECT (buffered where refused)."""
-    fd, path = tempfile.mkstemp(prefix=".mindp-probe-", dir=directory)
-    n = max(1, nbytes // block)
-    buf_mm = mmap.mmap(-1, block)
-    buf = np.frombuffer(buf_mm, np.uint8)
-    buf[:] = np.random.default_rng(0).integers(0, 255, block, dtype=np.uint8)
+def _write(fd: int, buf: np.ndarray, n: int, block: int) -> None:
+    """n blocks written as the pipeline writes: pwrite, write-back started, the previous waited for."""
+    for i in range(n):
+        os.pwrite(fd, buf, i * block)
+        _libc.sync_file_range(fd, i * block, block, SYNC_FILE_RANGE_WRITE)
+        if i:
+            _libc.sync_file_range(fd, (i - 1) * block, block, SYNC_FILE_RANGE_WAIT_BEFORE
+                                  | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
+    os.fsync(fd)
+
+
+def _read(path: str, buf: np.ndarray, n: int, block: int) -> None:
     try:
-        os.posix_fallocate(fd, 0, n * block)
-        os.fsync(fd)
-        t = time.perf_counter()
+        rfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        rfd = os.open(path, os.O_RDONLY)
+    try:
         for i in range(n):
-            os.pwrite(fd, buf, i * block)
-            _libc.sync_file_range(fd, i * block, block, SYNC_FILE_RANGE_WRITE)
-            if i:
-                _libc.sync_file_range(fd, (i - 1) * block, block, SYNC_FILE_RANGE_WAIT_BEFORE
-                                      | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
-        os.fsync(fd)
-        write = n * block / (time.perf_counter() - t)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        try:
-            rfd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-        except OSError:
-            rfd = os.open(path, os.O_RDONLY)
-        try:
-            t = time.perf_counter()
-            for i in range(n):
-                os.preadv(rfd, [buf], i * block)
-            read = n * block / (time.perf_counter() - t)
-        finally:
-            os.close(rfd)
+            os.preadv(rfd, [buf], i * block)
     finally:
-        os.close(fd)
-        os.unlink(path)
-        del buf
-        buf_mm.close()
-    return read, write
+        os.close(rfd)
+
+
+def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20, block: int = BLOCK) -> tuple[float, float, float]:
+    """(read, write, mixed) bytes/s of scratch files in `directory`: a file written block by block
+    (each written back as the pipeline does); read back with O_DIRECT (buffered where refused); then
+    read again while a second file is written, as the pipeline's reader and writer threads do
+    (mixed: bytes read + written per second)."""
+    n = max(1, nbytes // block)
+    bufs_mm = [mmap.mmap(-1, block) for _ in range(2)]
+    bufs = [np.frombuffer(mm, np.uint8) for mm in bufs_mm]
+    bufs[1][:] = np.random.default_rng(0).integers(0, 255, block, dtype=np.uint8)
+    paths, fds = [], []
+    try:
+        for _ in range(2):
+            fd, path = tempfile.mkstemp(prefix=".mindp-probe-", dir=directory)
+            paths.append(path)
+            fds.append(fd)
+            os.posix_fallocate(fd, 0, n * block)
+            os.fsync(fd)
+        t = time.perf_counter()
+        _write(fds[0], bufs[1], n, block)
+        write = n * block / (time.perf_counter() - t)
+        os.posix_fadvise(fds[0], 0, 0, os.POSIX_FADV_DONTNEED)
+        t = time.perf_counter()
+        _read(paths[0], bufs[0], n, block)
+        read = n * block / (time.perf_counter() - t)
+        os.posix_fadvise(fds[0], 0, 0, os.POSIX_FADV_DONTNEED)
+        reader = threading.Thread(target=_read, args=(paths[0], bufs[0], n, block))
+        t = time.perf_counter()
+        reader.start()
+        _write(fds[1], bufs[1], n, block)
+        reader.join()
+        mixed = 2 * n * block / (time.perf_counter() - t)
+    finally:
+        for fd, path in zip(fds, paths):
+            os.close(fd)
+            os.unlink(path)
+        del bufs
+        for mm in bufs_mm:
+            mm.close()
+    return read, write, mixed
 
 
 def memory(nbytes: int = 64 << 20) -> float:
@@ -132,11 +157,11 @@ def commit_sync(directory: str | pathlib.Path, tries: int = 5) -> float:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, disk_bytes: int = 256 << 20,
+def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, disk_bytes: int = 128 << 20,
             block: int = BLOCK) -> residency.Machine:
-    read, write = disk(directory, disk_bytes, block)
+    read, write, mixed = disk(directory, disk_bytes, block)
     return residency.Machine(disk_read=read, disk_write=write, memory=memory(), update=node_update(cfg),
-                             sync=commit_sync(directory))
+                             sync=commit_sync(directory), disk_mixed=mixed)
 
 
 def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunks: int, window: int,

@@ -15,7 +15,8 @@ RAM budget is shared by
 
 A budget that holds both copies maps the files whole (no copies at all).
 
-Step time: the disk moves the streamed reads and all writes in sequence (one device), the CPU
+Step time: the disk moves the streamed reads and all writes (at its measured mixed rate while
+both run, the reader and writer threads being concurrent, then alone), the CPU
 updates every page, the network delivers the sums; the slowest of the three sets the pace, plus
 what cannot overlap: the first read (unless resident pages cover it), the last write-back, fsync.
 """
@@ -67,6 +68,14 @@ class Machine:
     memory: float  # bytes/s of a large memcpy
     update: float  # elements/s of the node's update in RAM (kernel and per-batch work)
     sync: float = 0.0  # s of a commit's fsync and commit record
+    disk_mixed: float | None = None  # bytes/s read + written while reads and writes run at once
+
+    def disk_time(self, reads: int, writes: int) -> float:
+        """Seconds to read `reads` and write `writes` bytes, both streams running at once as long
+        as both have bytes left (at disk_mixed), then the rest alone."""
+        both = min(reads, writes)
+        mixed = self.disk_mixed or 2 / (1 / self.disk_read + 1 / self.disk_write)  # unknown: in turn
+        return 2 * both / mixed + (reads - both) / self.disk_read + (writes - both) / self.disk_write
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,7 @@ def predict(r: Residency, w: Workload, m: Machine) -> Prediction:
     t_write = w.page_bytes / m.disk_write
     # Each written record is copied once into the page cache.
     compute += writes / m.memory
-    disk = reads / m.disk_read + writes / m.disk_write
+    disk = m.disk_time(reads, writes)
     pace = max(disk, compute, arrival)
     bound = "disk" if pace == disk else "compute" if pace == compute else "arrival"
     # Not overlapped: the first streamed read when no resident page comes before it in arrival order
