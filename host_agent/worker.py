@@ -111,7 +111,7 @@ class Window:
         self.done = np.zeros(n_chunks, dtype=bool)
         self.attempts = np.zeros(n_chunks, dtype=np.int32)
         self.first_sent = np.zeros(n_chunks, dtype=np.float64)
-        self.outstanding: dict[int, float] = {}  # chunk -> expiry
+        self.expiry = np.full(n_chunks, np.inf)  # per chunk sent and unanswered, when it expires; else inf
         self._earliest = float("inf")  # no outstanding chunk expires before this (a lower bound)
         # Per slot, the next chunk to send in it: slot uses go strictly in chunk order.
         self.next_in_slot = np.arange(min(slots, n_chunks), dtype=np.int64)
@@ -168,20 +168,21 @@ class Window:
                 self.n_sent += len(sel)
                 new = sel.tolist()
                 exp = now + self.rtt.backoff(1)
-                self.outstanding.update(dict.fromkeys(new, exp))
+                self.expiry[sel] = exp
                 self._earliest = min(self._earliest, exp)
         expired = []
         if now >= self._earliest:  # expiries only grow or leave, so the bound stays valid
-            expired = [c for c, exp in self.outstanding.items() if exp <= now]
-            self._earliest = min(self.outstanding.values(), default=float("inf"))
+            expired = np.flatnonzero(self.expiry <= now).tolist()
+            self._earliest = float(self.expiry.min()) if self.n else float("inf")
         if expired:
             self.rtt.on_timeout(now)
-        fast = [c for c in self.fast_due if c in self.outstanding and c not in expired]
+        gone = set(expired)
+        fast = [c for c in self.fast_due if self.expiry[c] != np.inf and c not in gone]
         self.fast_due = []
         again = expired + fast
         for c in again:
             self.attempts[c] += 1
-            self.outstanding[c] = exp = now + self.rtt.backoff(int(self.attempts[c]))
+            self.expiry[c] = exp = now + self.rtt.backoff(int(self.attempts[c]))
             self._earliest = min(self._earliest, exp)
         self.timeouts += len(expired)
         self.fast_retransmits += len(fast)
@@ -216,9 +217,7 @@ class Window:
             self.fast_due += overdue.tolist()
             self._fast_checked = hi
         eligible = fc[np.asarray(sample, dtype=bool)[fresh] & (self.attempts[fc] == 1)]  # Karn
-        pop = self.outstanding.pop
-        for c in fc.tolist():
-            pop(c, None)
+        self.expiry[fc] = np.inf
         if len(eligible):
             self.rtt.sample(now - float(self.first_sent[eligible].max()))
         return fresh
@@ -303,8 +302,10 @@ class WorkerAgent:
         self.param_src_mac = bytes.fromhex(cfg.optimizer_mac.replace(":", ""))
         self.param_src_ip = ipaddress.IPv4Address(cfg.optimizer_ip).packed
         self.param_len = codec.frame_len(Kind.PARAM)
-        self.param_src_mac_arr = np.frombuffer(self.param_src_mac, dtype=np.uint8)
-        self.param_src_ip_arr = np.frombuffer(self.param_src_ip, dtype=np.uint8)
+        # The source MAC and IP as integers (bytes 6-9 and 10-11 of the frame, 26-29), compared per
+        # row far faster than byte by byte.
+        self.param_src = [(lo, hi, np.frombuffer(b, dtype=f">u{hi - lo}")[0]) for lo, hi, b in
+                          ((6, 10, self.param_src_mac[:4]), (10, 12, self.param_src_mac[4:]), (26, 30, self.param_src_ip))]
         self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
         self.rx = np.zeros((1024, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row
         self.auxdata = rawsock.enable_auxdata(sock)
@@ -444,8 +445,10 @@ class StepHandle:
         if a.param_sources is not None:  # sharded: each chunk from the node owning it
             frames = self._from_owners(frames)
         elif isinstance(frames, np.ndarray):  # rows of PARAM length, received in place
-            frames = frames[(frames[:, 6:12] == a.param_src_mac_arr).all(axis=1)
-                            & (frames[:, 26:30] == a.param_src_ip_arr).all(axis=1)]
+            ok = np.ones(len(frames), dtype=bool)
+            for lo, hi, want in a.param_src:
+                ok &= np.ascontiguousarray(frames[:, lo:hi]).view(f">u{hi - lo}").ravel() == want
+            frames = frames[ok]
         else:
             mac, ip, length = a.param_src_mac, a.param_src_ip, a.param_len
             frames = [f for f in frames if len(f) != length or (f[6:12] == mac and f[26:30] == ip)]
