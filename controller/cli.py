@@ -145,6 +145,8 @@ def add_global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
 
     p.add_argument("--grpc-addr", default=d(None),
                    help=f"switch P4Runtime address (default: the topology's switch, else {DEFAULT_GRPC_ADDR})")
+    p.add_argument("--switch", "-s", metavar="NAME", default=d(None),
+                   help="one switch of a tree topology (push, jobs create/delete and topo work on all of them)")
     p.add_argument("--device-id", type=int, default=d(None), help="P4Runtime device id (default: the topology's, else 0)")
     p.add_argument("--election-id", type=election_id, default=d(None), metavar="HIGH,LOW",
                    help="election id of this controller (default 0,1; the shell picks a read-only session "
@@ -188,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--file", "-f", metavar="JOB.json", help="JobSpec JSON")
     s.add_argument("--job-id", type=int)
     s.add_argument("--workers", type=worker_map, metavar="ID=HOST,...", help="e.g. 0=w1_0,1=w1_1")
-    s.add_argument("--optimizer", metavar="HOST")
+    s.add_argument("--optimizer", metavar="HOST[,HOST...]", help="the optimizer node, or its shards in chunk order")
     s.add_argument("--slots", type=positive_int, help="slot count (default 64)")
     s.add_argument("--chunks", type=int, help="the job's chunks per step: the switch drops gradients beyond "
                    "(default: the topology's or file's, else not known)")
@@ -228,6 +230,11 @@ def parser() -> argparse.ArgumentParser:
                    help="the switch's Thrift runtime address (default 127.0.0.1:9090)")
     s.add_argument("--all", action="store_true", help="also cells that hold no use of the job's current epoch")
     s.add_argument("--elements", type=positive_int, default=4, help="sums shown per cell in text (default 4)")
+    command(sub, "topo", help="the tree: switches, ports, links, each switch's jobs and counters, per level",
+            description="The topology's switches as a tree (each under its parent), their host ports, the "
+            "jobs each switch holds with its role (root: sums to the optimizer node or shards; leaf: partial "
+            "sums up its uplink as child N) and members, each switch's counters for the job, and the counters "
+            "summed per level. Needs --topology; reads only (no arbitration).")
     command(sub, "shell", help="p4runtime-shell on the switch, with our P4Info (read-only while another "
             "controller is primary)")
     return p
@@ -240,18 +247,55 @@ def load_topology(args) -> Topology | None:
     return Topology.load(args.topology) if args.topology else None
 
 
+def tls_of(args) -> TLS | None:
+    return TLS(args.cacert, args.cert, args.key) if (args.cacert or args.cert or args.key) else None
+
+
+def one_switch(args, topo: Topology | None):
+    """The topology's switch this command talks to: --switch, or its only one (None: no topology)."""
+    if topo is None:
+        if args.switch:
+            raise UsageError("--switch needs --topology")
+        return None
+    if args.switch:
+        return topo.switch_spec(args.switch)
+    if topo.is_tree:
+        names = ", ".join(s.name for s in topo.switches)
+        raise UsageError(f"the topology has {len(topo.switches)} switches ({names}): give --switch NAME "
+                         "(push, jobs create/delete and topo act on all of them)")
+    return topo.switch
+
+
 def connect(args, topo: Topology | None) -> Controller:
-    tls = TLS(args.cacert, args.cert, args.key) if (args.cacert or args.cert or args.key) else None
-    addr = args.grpc_addr or (topo.switch.grpc_addr if topo else DEFAULT_GRPC_ADDR)
-    dev = args.device_id if args.device_id is not None else (topo.switch.device_id if topo else 0)
+    spec = one_switch(args, topo)
+    addr = args.grpc_addr or (spec.grpc_addr if spec else DEFAULT_GRPC_ADDR)
+    dev = args.device_id if args.device_id is not None else (spec.device_id if spec else 0)
     return Controller(addr, dev, args.election_id or DEFAULT_ELECTION_ID, topology=topo, p4info_path=args.p4info,
-                      bmv2_json_path=args.bmv2_json, tls=tls, timeout=args.timeout, read_only=read_only(args))
+                      bmv2_json_path=args.bmv2_json, tls=tls_of(args), timeout=args.timeout, read_only=read_only(args),
+                      switch=spec.name if spec else None)
+
+
+def tree_command(args, topo: Topology | None) -> bool:
+    """Commands that act on every switch of a tree topology when no --switch picks one."""
+    if topo is None or not topo.is_tree or args.switch:
+        return False
+    return args.cmd in ("push", "topo") or (args.cmd == "jobs" and args.sub in ("create", "delete"))
+
+
+def connect_tree(args, topo: Topology, skip_unreachable: bool = False):
+    from .treectl import TreeController
+
+    if args.grpc_addr or args.device_id is not None:
+        raise UsageError("--grpc-addr/--device-id name one switch: the tree's come from --topology")
+    return TreeController(topo, skip_unreachable, election_id=args.election_id or DEFAULT_ELECTION_ID,
+                          p4info_path=args.p4info, bmv2_json_path=args.bmv2_json, tls=tls_of(args),
+                          timeout=args.timeout, read_only=read_only(args))
 
 
 def read_only(args) -> bool:
     """Commands that only read need no P4Runtime session, so they never disturb the primary
     (e.g. `stats --watch` next to the controller of `make run`)."""
-    return args.cmd in ("slots", "stats", "tables", "cells") or (args.cmd == "jobs" and args.sub in ("list", "show"))
+    return args.cmd in ("slots", "stats", "tables", "cells", "topo") or (args.cmd == "jobs" and args.sub in ("list", "show"))
 
 
 def cmd_push(args, ctl: Controller, topo) -> None:
@@ -323,8 +367,9 @@ def job_spec(args, topo: Topology | None) -> JobSpec:
         return spec
     if args.workers is None or args.optimizer is None:
         raise UsageError("jobs create needs both --workers and --optimizer")
-    spec = JobSpec(args.job_id, args.workers, args.optimizer, args.slots if args.slots is not None else 64,
-                   args.chunks or 0)
+    opts = tuple(h.strip() for h in args.optimizer.split(","))
+    spec = JobSpec(args.job_id, args.workers, opts if len(opts) > 1 else opts[0],
+                   args.slots if args.slots is not None else 64, args.chunks or 0)
     spec.check()
     return spec
 
@@ -471,9 +516,10 @@ def cmd_shell(args, topo) -> None:
     one of `make run`) it is a read-only session, unless --election-id names a
     backup id below the primary's.
     """
-    tls = TLS(args.cacert, args.cert, args.key) if (args.cacert or args.cert or args.key) else None
-    addr = args.grpc_addr or (topo.switch.grpc_addr if topo else DEFAULT_GRPC_ADDR)
-    dev = args.device_id if args.device_id is not None else (topo.switch.device_id if topo else 0)
+    tls = tls_of(args)
+    spec = one_switch(args, topo)
+    addr = args.grpc_addr or (spec.grpc_addr if spec else DEFAULT_GRPC_ADDR)
+    dev = args.device_id if args.device_id is not None else (spec.device_id if spec else 0)
     eid, read_only, note = shell_session(args, addr, dev, tls)
     if note:
         print(f"mindp-ctl: {note}", file=sys.stderr)
@@ -557,8 +603,49 @@ def cmd_cells(args, ctl: Controller, topo) -> None:
          cells.text(job, decoded, prog, args.all or args.slot is not None, args.elements))
 
 
+def cmd_tree(args, tctl, topo: Topology) -> None:
+    """push, jobs create/delete and topo over every switch of a tree topology."""
+    from . import tree
+
+    if args.cmd == "topo":
+        data = tctl.view()
+        emit(args, data, tree.text(data))
+    elif args.cmd == "push":
+        pushed = tctl.push(force=args.force)
+        writes = tctl.install_forwarding()
+        text = "\n".join(f"{name}: {'pushed the pipeline' if pushed[name] else 'pipeline already installed'}; "
+                         f"forwarding for {len(topo.hosts)} hosts ({writes[name]} writes)" for name in pushed)
+        emit(args, {"switches": {n_: {"pushed": pushed[n_], "forwarding_writes": writes[n_]} for n_ in pushed}}, text)
+    elif args.sub == "create":
+        parts = tctl.create_job(job_spec(args, topo))
+        text = "\n".join(f"{name}: created {job_detail(job)}" for name, job in parts.items())
+        emit(args, {name: job.to_dict() for name, job in parts.items()}, text)
+    else:
+        gone = tctl.delete_job(args.job_id)
+        text = "\n".join(f"{name}: deleted job {d.job.job_id}, slots {d.job.slot_base}..{d.job.slots.end - 1} free"
+                         + (f"; already missing: {', '.join(d.missing)}" if d.missing else "")
+                         for name, d in gone.items())
+        emit(args, {name: {"deleted": d.job.to_dict(), "missing": d.missing} for name, d in gone.items()}, text)
+
+
+def cmd_topo_single(args, ctl: Controller, topo: Topology | None) -> None:
+    """topo on a single switch: the same view, one switch."""
+    from . import tree
+
+    if topo is None:
+        raise UsageError("topo needs --topology (the switches, hosts and links to show)")
+    rebuilt = ctl.reconcile()
+    snap = ctl.stats()
+    data = tree.view(topo, {ctl.switch: dict(ctl.jobs)}, {ctl.switch: {j: c.values() for j, c in snap.jobs.items()}},
+                     {ctl.switch: list(rebuilt.problems)})
+    if topo.is_tree:  # --switch picked one: show only it
+        data["switches"] = [s for s in data["switches"] if s["name"] == ctl.switch]
+    emit(args, data, tree.text(data))
+
+
 COMMANDS = {"push": cmd_push, "jobs": cmd_jobs, "workers": cmd_workers, "slots": cmd_slots,
-            "stats": cmd_stats, "tables": cmd_tables, "cells": cmd_cells}
+            "stats": cmd_stats, "tables": cmd_tables, "cells": cmd_cells,
+            "topo": cmd_topo_single}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -570,6 +657,10 @@ def main(argv: list[str] | None = None) -> int:
         topo = load_topology(args)
         if args.cmd == "shell":
             cmd_shell(args, topo)
+            return 0
+        if tree_command(args, topo):
+            ctl = connect_tree(args, topo, skip_unreachable=args.cmd == "topo")
+            cmd_tree(args, ctl, topo)
             return 0
         ctl = connect(args, topo)
         COMMANDS[args.cmd](args, ctl, topo)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import pathlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import time
 
 from mindp.topology import JobSpec, Topology, TopologyError
@@ -18,6 +18,8 @@ from mindp.topology import JobSpec, Topology, TopologyError
 from . import jobs as jobmodel
 from . import p4info_names as n
 from . import stats as statsmodel
+from . import tree
+from .tree import flood_group, forwarding_entries  # noqa: F401 (the controller's API)
 from .jobs import AttachedHost, JobError, JobState, Rebuilt
 from .model import Entry, Group, Op, OpKind, diff_entries, diff_group
 from .p4runtime import (TLS, DEFAULT_GRPC_ADDR, EntryExists, EntryMissing, NoPipeline, SwitchConnection, SwitchError,
@@ -38,25 +40,12 @@ class Deletion:
     missing: list[str]
 
 
-def forwarding_entries(topology: Topology) -> list[Entry]:
-    """One l2_forward entry per host, and broadcast to the flood group."""
-    out = [Entry(n.L2_FORWARD, {n.MF_DST_MAC: h.mac}, n.FORWARD, {"port": h.port})
-           for h in sorted(topology.hosts.values(), key=lambda h: h.port)]
-    out.append(Entry(n.L2_FORWARD, {n.MF_DST_MAC: "ff:ff:ff:ff:ff:ff"}, n.FLOOD, {"group": n.FLOOD_GROUP}))
-    return out
-
-
-def flood_group(topology: Topology) -> Group:
-    """Every host port with rid 0; egress drops the copy to the ingress port."""
-    return Group(n.FLOOD_GROUP, [(h.port, 0) for h in topology.hosts.values()])
-
-
 class Controller:
     def __init__(self, grpc_addr: str = DEFAULT_GRPC_ADDR, device_id: int = 0,
                  election_id: tuple[int, int] = (0, 1), *, topology: Topology | None = None,
                  p4info_path: str | pathlib.Path | None = None, bmv2_json_path: str | pathlib.Path | None = None,
                  tls: TLS | None = None, timeout: float = 3.0, reconnect_timeout: float = 20.0,
-                 read_only: bool = False):
+                 read_only: bool = False, switch: str | None = None):
         from p4src import artifacts
 
         self.grpc_addr = grpc_addr
@@ -69,6 +58,8 @@ class Controller:
         self.timeout = timeout
         self.reconnect_timeout = reconnect_timeout
         self.topology = topology
+        # Which switch of the topology this is (its first, the only one in the single-switch form).
+        self.switch = switch or (topology.switches[0].name if topology else None)
         self.pool = SlotPool()
         self.jobs: dict[int, JobState] = {}
         self.forwarding: list[Entry] = []
@@ -78,11 +69,16 @@ class Controller:
         self.conn = self._connect()
 
     @classmethod
-    def for_topology(cls, topology: Topology, **kw) -> Controller:
-        """Connect to the switch the topology names (gRPC address, device id)."""
-        kw.setdefault("grpc_addr", topology.switch.grpc_addr)
-        kw.setdefault("device_id", topology.switch.device_id)
-        return cls(topology=topology, **kw)
+    def for_topology(cls, topology: Topology, switch: str | None = None, **kw) -> Controller:
+        """Connect to the switch the topology names (gRPC address, device id): its only one, or `switch`."""
+        spec = topology.switch_spec(switch) if switch else topology.switch
+        kw.setdefault("grpc_addr", spec.grpc_addr)
+        kw.setdefault("device_id", spec.device_id)
+        return cls(topology=topology, switch=spec.name, **kw)
+
+    def link_ports(self) -> frozenset[int]:
+        """Ports to other switches of the tree (shared by every job); none on a single switch."""
+        return tree.link_ports(self.topology, self.switch) if self.topology and self.topology.is_tree else frozenset()
 
     def _connect(self) -> SwitchConnection:
         return SwitchConnection(self.grpc_addr, self.device_id, self.election_id, p4info_path=self.p4info_path,
@@ -179,7 +175,9 @@ class Controller:
         if topology is None:
             raise ControllerError("install_forwarding needs a topology")
         self.topology = topology
-        want, flood = forwarding_entries(topology), flood_group(topology)
+        if self.switch is None or not any(sw.name == self.switch for sw in topology.switches):
+            self.switch = topology.switches[0].name
+        want, flood = tree.forwarding_entries(topology, self.switch), tree.flood_group(topology, self.switch)
         upserts, deletes = diff_entries(self.conn.read_entries(n.L2_FORWARD), want)
         groups = self._read_groups()
         if groups is None:  # a target that cannot read groups: write it, as a modify if it exists
@@ -278,13 +276,18 @@ class Controller:
 
     def create_job(self, spec: JobSpec, topology: Topology | None = None) -> JobState:
         """Allocate slots and a never-reused epoch (the one after the switch's record of the
-        last one handed out), install the job; all or nothing."""
+        last one handed out), install the job; all or nothing. In a tree (or with optimizer
+        shards) the job is this switch's part of it (controller.tree.branch_job)."""
         self._sync()
         topology = self._topology(topology)
+        self.switch = self.switch or topology.switches[0].name
         leftovers = jobmodel.orphan_plan(spec.job_id, self.last_rebuild) if self.last_rebuild else []
         try:
             last_epoch = self.conn.read_counter(n.EPOCH_GENERATION, 0)[0][0]
-            job = jobmodel.new_job(spec, topology, self.jobs, self.pool, last_epoch)
+            if topology.is_tree or spec.sharded:
+                job = self._new_branch(spec, topology, last_epoch)
+            else:
+                job = jobmodel.new_job(spec, topology, self.jobs, self.pool, last_epoch)
         except (JobError, ValueError) as exc:
             raise ControllerError(str(exc)) from None
         try:
@@ -306,6 +309,17 @@ class Controller:
                                                if n.group_job(g.group_id) != spec.job_id]
         self.jobs[job.job_id] = job
         return job
+
+    def _new_branch(self, spec: JobSpec, topology: Topology, last_epoch: int) -> JobState:
+        """This switch's part of a tree job, checked, with its slots (recorded in the pool) and epoch."""
+        if not 0 <= spec.job_id < n.MAX_JOBS:
+            raise JobError(f"job id {spec.job_id} outside 0..{n.MAX_JOBS - 1}")
+        if spec.job_id in self.jobs:
+            raise JobError(f"job {spec.job_id} already exists")
+        job = tree.branch_job(topology, spec, self.switch)
+        jobmodel.check_job(job, self.jobs, self.link_ports())
+        epoch = jobmodel.next_epoch(last_epoch, {j.epoch for j in self.jobs.values()})
+        return replace(job, slots=self.pool.allocate(spec.job_id, spec.slots), epoch=epoch)
 
     def delete_job(self, job_id: int) -> Deletion:
         """Remove every entry and the group of a job; its slots are free at once. Pieces already
@@ -335,7 +349,7 @@ class Controller:
 
     def _change_workers(self, job: JobState, workers: dict[int, AttachedHost], what: str) -> JobState:
         try:
-            new = jobmodel.changed_workers(job, workers, self.jobs)
+            new = jobmodel.changed_workers(job, workers, self.jobs, self.link_ports())
         except JobError as exc:
             raise ControllerError(str(exc)) from None
         self._apply(jobmodel.plan(job, new), what)

@@ -35,13 +35,10 @@ import re
 from dataclasses import dataclass, field
 
 from .protocol import MAX_WORKERS
-from .switch_constants import MAX_JOB_ID, MAX_PORT
+from .switch_constants import MAX_JOB_ID, MAX_PORT, MAX_SHARDS
 
 _MAC = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,7}$")  # short: Mininet interface names carry it
-
-#: Optimizer shards per job: the switch's `shards` table holds up to this many ranges a job.
-MAX_SHARDS = 8
 
 
 class TopologyError(ValueError):
