@@ -92,7 +92,7 @@ class Fuzzer:
         if case == 0:
             return patch(g, version=self.pick(0, 256, avoid={1})), 1, "BAD_VERSION"
         if case == 1:
-            return patch(g, kind=self.pick(0, 256, avoid={1, 3})), 1, "BAD_KIND"
+            return patch(g, kind=self.pick(0, 256, avoid={1, 3, 4})), 1, "BAD_KIND"
         if case == 2:
             return patch(g, kind=int(Kind.PARAM)), 1, "NOT_MEMBER"  # parameters from a worker port
         if case == 3:
@@ -160,9 +160,32 @@ class Fuzzer:
             src.mac, "ff:ff:ff:ff:ff:ff", src.ip, "255.255.255.255"), job=1, step=STEP)[0].tobytes()
         return frame, 1, "NOT_MEMBER"
 
+    def partial(self):
+        """Partial sums (a child switch's kind): from no member, cut, padded, too far ahead, fp16-sized."""
+        case = self.r(0, 5)
+        src = "x" if case == 0 else "w1_0"
+        h, opt = self.f.hosts[src], self.f.hosts["opt1"]
+        step = self.r(STEP + STEP_WINDOW + 1, 1 << 32) if case == 3 else STEP + 1
+        chunk = self.r(0, 60)
+        sums = self.rng.integers(-(1 << 40), 1 << 40, K)
+        p = codec.encode_tensor(Kind.PARTIAL, sums, codec.Addresses(h.mac, opt.mac, h.ip, opt.ip), first_chunk=chunk,
+                                job=1, worker=0, step=step, slot=chunk % self.j1.slots, nworkers=2)[0].tobytes()
+        if case == 0:
+            return src, p, 1, "NOT_MEMBER"
+        if case == 1:
+            n = self.r(14 + 20, len(p))
+            return src, p[:n], (1 if n >= 42 + 24 else NO_JOB), "MALFORMED"
+        if case == 2:
+            return src, p + bytes(self.r(1, 64)), 1, "BAD_LENGTH"
+        if case == 3:
+            return src, p, 1, "FUTURE_STEP"
+        return src, patch(self.grad(), kind=int(Kind.PARTIAL)), 1, "MALFORMED"  # too short for int64 elements
+
     def frame(self):
         """(sending host, frame, row, reason)."""
-        kind = self.r(0, 8)
+        kind = self.r(0, 9)
+        if kind == 8:
+            return self.partial()
         if kind == 0:
             frame, row, reason = self.random_frame()
             return ["w1_0", "x", "w2_1", "opt2"][self.r(0, 4)], frame, row, reason
