@@ -68,6 +68,16 @@ class JobFiles:
     def worker_out(self, w: int) -> pathlib.Path:
         return self.dir / f"worker{w}-params.npz"
 
+    def shard_suffix(self, i: int) -> str:
+        """'' for a job's one node; '-shard<i>' for each of a sharded job's nodes (state, export, stats)."""
+        return f"-shard{i}" if self.job.sharded else ""
+
+    def shard_master_path(self, i: int) -> pathlib.Path:
+        return self.dir / f"optimizer-master{self.shard_suffix(i)}.npz"
+
+    def shard_stats_path(self, i: int) -> pathlib.Path:
+        return self.dir / f"optimizer-stats{self.shard_suffix(i)}.json"
+
 
 class Agents:
     """Starts, watches and stops the run's agent processes."""
@@ -97,24 +107,27 @@ class Agents:
         self.procs.append(hp)
         return hp
 
-    def _faults(self, port: int) -> list[str]:
+    def _faults(self, host_name: str) -> list[str]:
+        """Loss injection, seeded per host (by its place in the topology: its port on a single switch)."""
         if not self.cfg.loss:
             return []
+        index = list(self.topo.hosts).index(host_name) + 1
         return ["--drop-send", str(self.cfg.loss), "--drop-recv", str(self.cfg.loss),
-                "--fault-seed", str(self.cfg.seed * 1000 + port)]
+                "--fault-seed", str(self.cfg.seed * 1000 + index)]
 
     def start(self, jobs: list[JobFiles]) -> None:
         optimizers = []
         for jf in jobs:
             job = jf.job
-            opt_host = self.topo.host(job.optimizer)
-            optimizers.append(self._popen(job.optimizer, f"optimizer-job{job.job_id}", [
-                "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path),
-                "--job", str(job.job_id), "--state-dir", str(jf.dir / "optimizer-state"),
-                "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
-                "--weight-decay", str(self.opt.weight_decay),
-                "--export", str(jf.master_path), "--stats", str(jf.opt_stats_path),
-                *self._faults(opt_host.port)]))
+            for i, opt_name in enumerate(job.optimizers):  # a sharded job: one node per chunk range
+                sfx = jf.shard_suffix(i)
+                optimizers.append(self._popen(opt_name, f"optimizer-job{job.job_id}{sfx}", [
+                    "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path),
+                    "--job", str(job.job_id), "--state-dir", str(jf.dir / f"optimizer-state{sfx}"),
+                    "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
+                    "--weight-decay", str(self.opt.weight_decay),
+                    "--export", str(jf.shard_master_path(i)), "--stats", str(jf.shard_stats_path(i)),
+                    *(["--shard", str(i)] if job.sharded else []), *self._faults(opt_name)]))
         self.optimizers = optimizers
         deadline = time.monotonic() + 30
         for hp in optimizers:
@@ -126,12 +139,11 @@ class Agents:
                 time.sleep(0.05)
         for jf in jobs:
             for w, host_name in sorted(jf.job.workers.items()):
-                port = self.topo.host(host_name).port
                 self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [
                     "-m", "mininet_topos.trainer", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
                     "--worker", str(w), "--workload", str(jf.dir / "workload.json"), "--init", str(jf.init_path),
                     "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
-                    *(["--eval"] if w == 0 else []), *self._faults(port)]))
+                    *(["--eval"] if w == 0 else []), *self._faults(host_name)]))
 
     def check_alive(self) -> None:
         for hp in [*self.workers, *self.optimizers]:

@@ -3,7 +3,9 @@ built from a `mindp.topology.Topology` (the same data the controller and agents 
 
 Root-namespace interfaces are named `<prefix>p<port>` (default `mnr-p1`, ...), so
 the switch port number is in the name and nothing clashes with other Mininets;
-each host's side is `eth0` inside its own namespace.
+each host's side is `eth0` inside its own namespace. In a tree (several switches)
+they are `<prefix><switch>p<port>` (`mnr-leaf1p3`), both ends of a switch-to-switch
+link included, and every switch is its own process (one MindpSwitch each).
 """
 from __future__ import annotations
 
@@ -26,8 +28,13 @@ OFFLOADS = ("rx", "tx", "sg", "tso", "ufo", "gso", "gro", "lro", "rxvlan", "txvl
 Recorder = Callable[[int, str, bool], None]
 
 
-def switch_iface(port: int, prefix: str = PREFIX) -> str:
-    return f"{prefix}p{port}"
+def switch_iface(port: int, prefix: str = PREFIX, switch: str = "") -> str:
+    """The root-namespace interface of a switch port; `switch` names the switch in a tree."""
+    return f"{prefix}{switch}p{port}"
+
+
+def port_iface(topology: Topology, switch: str, port: int, prefix: str = PREFIX) -> str:
+    return switch_iface(port, prefix, switch if topology.is_tree else "")
 
 
 class MindpSwitch(Switch):
@@ -90,14 +97,21 @@ class RecordingHost(Host):
 
 
 class DataTopo(Topo):
-    """The Mininet topology of a `Topology`: its hosts (MAC, IP, port) on its one switch."""
+    """The Mininet topology of a `Topology`: its switches, its hosts (MAC, IP, port) each on its
+    switch, and the links between switch ports."""
 
     def build(self, topology: Topology, prefix: str = PREFIX, prefix_len: int = 16):
-        sw = self.addSwitch(topology.switch.name)
+        for spec in topology.switches:
+            self.addSwitch(spec.name)
         for host in topology.hosts.values():
+            sw = topology.switch_of(host)
             self.addHost(host.name, ip=f"{host.ip}/{prefix_len}", mac=host.mac)
             self.addLink(host.name, sw, port1=0, port2=host.port,
-                         intfName1="eth0", intfName2=switch_iface(host.port, prefix))
+                         intfName1="eth0", intfName2=port_iface(topology, sw, host.port, prefix))
+        for link in topology.links:
+            self.addLink(link.a, link.b, port1=link.a_port, port2=link.b_port,
+                         intfName1=port_iface(topology, link.a, link.a_port, prefix),
+                         intfName2=port_iface(topology, link.b, link.b_port, prefix))
 
 
 def quiet_host(host: Host, iface: str = "eth0") -> None:
@@ -121,8 +135,9 @@ def quiet_root_iface(iface: str) -> None:
 
 
 def make_net(topology: Topology, switch_params: dict, record: Recorder | None = None,
-             prefix: str = PREFIX) -> Mininet:
-    """A built (not started) Mininet of `topology` with MindpSwitch, no OpenFlow controller."""
+             prefix: str = PREFIX, per_switch: dict[str, dict] | None = None) -> Mininet:
+    """A built (not started) Mininet of `topology` with MindpSwitch, no OpenFlow controller.
+    `per_switch`: parameters of one switch by name over `switch_params` (gRPC address, logs...)."""
 
     class Rec(RecordingHost):
         pass
@@ -130,7 +145,7 @@ def make_net(topology: Topology, switch_params: dict, record: Recorder | None = 
     Rec.record = staticmethod(record) if record else None
 
     def switch(name, **kw):
-        return MindpSwitch(name, record=record, **{**switch_params, **kw})
+        return MindpSwitch(name, record=record, **{**switch_params, **(per_switch or {}).get(name, {}), **kw})
 
     return Mininet(topo=DataTopo(topology, prefix=prefix), switch=switch, host=Rec, link=Link, controller=None,
                    autoSetMacs=False, autoStaticArp=False, build=True, waitConnected=False)
@@ -138,4 +153,7 @@ def make_net(topology: Topology, switch_params: dict, record: Recorder | None = 
 
 def interfaces(topology: Topology, prefix: str = PREFIX) -> list[str]:
     """The root-namespace interface names a network of `topology` makes."""
-    return [switch_iface(h.port, prefix) for h in topology.hosts.values()]
+    out = [port_iface(topology, topology.switch_of(h), h.port, prefix) for h in topology.hosts.values()]
+    for link in topology.links:
+        out += [port_iface(topology, link.a, link.a_port, prefix), port_iface(topology, link.b, link.b_port, prefix)]
+    return out
