@@ -9,7 +9,8 @@ RAM budget is shared by
   - 2 units for the page being updated (its buffer, and its records written to the page cache),
   - `ahead` pages read ahead: enough to cover the arrival window (sums arrive up to the job's slot
     count of chunks out of order) plus one, so the disk always has the next read queued,
-  - `behind` pages being written back, and one spare unit for the reader's hand-off,
+  - up to BEHIND pages being written back (so the disk's write queue stays full while the CPU
+    updates the next pages), and one spare unit for the reader's hand-off,
   - the rest: resident pages, the first ones in arrival order (they also hide the first read of
     each step, which nothing else can overlap).
 
@@ -34,6 +35,7 @@ RECORD_BYTES = 3 * K * 4  # (master, m, v) x K float32 per chunk
 ACTIVE_UNITS = 2
 SPARE_UNITS = 1
 MIN_PAGES = 4
+BEHIND = 8  # pages written behind before any is kept: the disk's write queue stays full while the CPU updates
 
 
 class PlanError(ConfigError):
@@ -108,7 +110,7 @@ def decide(budget_bytes: int, w: Workload, map_whole: bool = True) -> Residency:
         raise PlanError(f"RAM budget {budget_bytes} B holds {pages} pages of {w.page_bytes} B; need >= {MIN_PAGES}")
     free = pages - ACTIVE_UNITS - SPARE_UNITS  # >= 1
     ahead = min(free, math.ceil(w.window / w.page_chunks) + 1)
-    behind = max(1, min(2, free - ahead)) if free > 1 else 0
+    behind = max(0, min(BEHIND, free - ahead))
     keep = max(0, min(w.n_pages, free - ahead - behind))
     order = list(range(w.n_pages)) if w.order is None else list(dict.fromkeys(w.order))
     return Residency("stream", pages, max(1, ahead), behind, frozenset(order[:keep]))

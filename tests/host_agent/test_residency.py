@@ -42,7 +42,8 @@ def test_sums_arriving_far_out_of_order_read_further_ahead():
 
 
 def test_predicted_step_follows_the_bottleneck():
-    r = decide(10 * PAGE, W)
+    r = decide(20 * PAGE, W)
+    assert len(r.resident) == 7  # 20 - 3 (update, spare) - 2 ahead - 8 behind
     p = predict(r, W, DISK)
     streamed = 100 - len(r.resident)
     assert p.bound == "disk" and p.read_bytes == streamed * PAGE and p.write_bytes == W.copy_bytes
@@ -79,7 +80,7 @@ def test_plan_cli_prints_the_residency_and_predicted_step_time(tmp_path, capsys)
     args = ["--state-dir", str(tmp_path / "s"), "--layout", str(layout), "--page-chunks", "2048", "--plan"]
     assert node.main(args + ["--ram-budget", "20M"]) == 0
     out = capsys.readouterr().out
-    assert "plan: stream, 19 of 123 pages resident across steps, 2 read ahead, 2 written behind" in out
+    assert "plan: stream, 13 of 123 pages resident across steps, 2 read ahead, 8 written behind" in out
     assert "predicted step time: " in out and not (tmp_path / "s").exists()  # nothing created
     assert node.main(args + ["--ram-budget", "1M"]) == 2
     err = capsys.readouterr().err
