@@ -104,7 +104,12 @@ def curve_title(model: str, target: str, jobs: int, workers: int, loss_rate: flo
     return f"mindp: {model}, {target}, {jobs} job(s) x {workers} workers{loss}"
 
 
-def plot(path: pathlib.Path, curves: dict[int, Curve], title: str) -> None:
+def accuracy_label(model: str) -> str:
+    """What the accuracy axis measures: a digit's class, or the gpt's next byte."""
+    return "test accuracy, next byte (%)" if model == "gpt" else "test accuracy (%)"
+
+
+def plot(path: pathlib.Path, curves: dict[int, Curve], title: str, accuracy: str = "test accuracy (%)") -> None:
     """Training loss and test accuracy per step, one line per job, as a PNG."""
     import matplotlib
 
@@ -118,7 +123,7 @@ def plot(path: pathlib.Path, curves: dict[int, Curve], title: str) -> None:
         ax_l.plot(x, c.loss, label=f"job {job}")
         ax_a.plot(x, [a * 100 for a in c.acc], label=f"job {job}")
     ax_l.set(xlabel="step", ylabel="training loss (cross-entropy)", ylim=(0, None))
-    ax_a.set(xlabel="step", ylabel="test accuracy (%)", ylim=(0, 100))
+    ax_a.set(xlabel="step", ylabel=accuracy, ylim=(0, 100))
     for ax in (ax_l, ax_a):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)

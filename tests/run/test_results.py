@@ -53,5 +53,12 @@ def test_curve_title_names_the_model_and_says_packet_loss_only_with_loss():
     assert "loss" not in clean and "mlp (4874 parameters)" in clean
 
 
+def test_the_gpt_accuracy_axis_says_next_byte(tmp_path):
+    assert "next byte" in results.accuracy_label("gpt") and "next byte" not in results.accuracy_label("cnn")
+    c = Curve([-1, 0], [5.6, 4.7], [0.0, 0.2])
+    results.plot(tmp_path / "g.png", {1: c}, "gpt", results.accuracy_label("gpt"))
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_n_params_counts_every_element():
     assert results.n_params({"a": np.zeros((3, 4)), "b": np.zeros(5)}) == 17
