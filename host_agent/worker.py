@@ -307,7 +307,7 @@ class WorkerAgent:
         self.param_src = [(lo, hi, np.frombuffer(b, dtype=f">u{hi - lo}")[0]) for lo, hi, b in
                           ((6, 10, self.param_src_mac[:4]), (10, 12, self.param_src_mac[4:]), (26, 30, self.param_src_ip))]
         self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
-        self.rx = np.zeros((1024, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row
+        self.rx = np.zeros((4096, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row (a burst)
         self.auxdata = rawsock.enable_auxdata(sock)
         self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
         n = layout.n_chunks
