@@ -5,8 +5,8 @@ pipeline, and (with --scale) a 1-billion-parameter state killed mid-step and res
     python bench/ooc.py --scale [--params 1000000000] [--budget 1G]     # minutes; 2 x 12 GB on disk
     MINDP_BENCH_SCALE=1 make bench                                      # the same inside make bench
 
-1. The machine as the model sees it (host_agent/probe.py): disk sequential read and write, memory
-   bandwidth, the node's update rate in RAM; the disk's sequential read+write bandwidth is the
+1. The machine as the model sees it (host_agent/probe.py): disk sequential read and write (and
+   both at once), the CPU they cost, the node's update rate per CPU second, the cores we get; the disk's sequential read+write bandwidth is the
    baseline (bytes read + written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
    model predicts (host_agent/residency.py) from the machine's figures against the measured one
@@ -70,8 +70,9 @@ def best_machine(a: residency.Machine | None, b: residency.Machine) -> residency
     if a is None:
         return b
     return residency.Machine(disk_read=max(a.disk_read, b.disk_read), disk_write=max(a.disk_write, b.disk_write),
-                             memory=max(a.memory, b.memory), update=max(a.update, b.update),
-                             sync=min(a.sync, b.sync), disk_mixed=max(a.disk_mixed, b.disk_mixed))
+                             update=max(a.update, b.update),
+                             sync=min(a.sync, b.sync), disk_mixed=max(a.disk_mixed, b.disk_mixed),
+                             io_cpu=min(a.io_cpu, b.io_cpu), cores=max(a.cores, b.cores))
 
 
 def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4, rounds: int = 2) -> None:
@@ -98,8 +99,8 @@ def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4, 
         err = (pred.step_time - best) / best
         print(f"  machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s "
               f"(sequential read+write {seq / 2**20:,.0f} MiB/s; both at once {m.disk_mixed / 2**20:,.0f} MiB/s); "
-              f"memory {m.memory / 2**30:,.1f} GiB/s; node update in RAM {m.update / 1e6:,.1f} M elem/s; "
-              f"commit sync {m.sync * 1e3:.1f} ms")
+              f"node update {m.update / 1e6:,.1f} M elem per CPU s (streamed); "
+              f"I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; {m.cores:.1f} cores free; commit sync {m.sync * 1e3:.1f} ms")
         print(f"budget 1/{div:<3} {budget / 2**20:7.1f} MiB: {plan.mode}, {len(plan.resident)} of {w.n_pages} pages "
               f"resident, {plan.ahead} ahead | step predicted {pred.step_time:.3f} s ({pred.bound}-bound) measured "
               f"{best:.3f} s (all steps {', '.join(f'{t:.2f}' for t in all_times)}), error {err:+.0%} | "

@@ -1,7 +1,7 @@
 """Measure what the residency model needs (`residency.Machine`): the disk's sequential read and
 write bandwidth as the pipeline uses it (O_DIRECT page reads; buffered writes written back with
-sync_file_range), memory bandwidth, and the node's update rate in RAM (NodeCore.handle, batches
-of sums in chunk order, on a state mapped whole in a temporary directory)."""
+sync_file_range; reads and writes at once), the CPU they cost, the node's update rate per CPU
+second (NodeCore.handle, batches of sums in chunk order) and the CPU cores the process gets."""
 from __future__ import annotations
 
 import ctypes
@@ -48,11 +48,12 @@ def _read(path: str, buf: np.ndarray, n: int, block: int) -> None:
         os.close(rfd)
 
 
-def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20, block: int = BLOCK) -> tuple[float, float, float]:
+def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20,
+         block: int = BLOCK) -> tuple[float, float, float, float]:
     """(read, write, mixed) bytes/s of scratch files in `directory`: a file written block by block
     (each written back as the pipeline does); read back with O_DIRECT (buffered where refused); then
     read again while a second file is written, as the pipeline's reader and writer threads do
-    (mixed: bytes read + written per second)."""
+    (mixed: bytes read + written per second); and the CPU seconds the process spent per byte moved."""
     n = max(1, nbytes // block)
     bufs_mm = [mmap.mmap(-1, block) for _ in range(2)]
     bufs = [np.frombuffer(mm, np.uint8) for mm in bufs_mm]
@@ -65,6 +66,7 @@ def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20, block: int = BL
             fds.append(fd)
             os.posix_fallocate(fd, 0, n * block)
             os.fsync(fd)
+        cpu = time.process_time()
         t = time.perf_counter()
         _write(fds[0], bufs[1], n, block)
         write = n * block / (time.perf_counter() - t)
@@ -79,6 +81,7 @@ def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20, block: int = BL
         _write(fds[1], bufs[1], n, block)
         reader.join()
         mixed = 2 * n * block / (time.perf_counter() - t)
+        io_cpu = (time.process_time() - cpu) / (4 * n * block)
     finally:
         for fd, path in zip(fds, paths):
             os.close(fd)
@@ -86,33 +89,48 @@ def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20, block: int = BL
         del bufs
         for mm in bufs_mm:
             mm.close()
-    return read, write, mixed
+    return read, write, mixed, io_cpu
 
 
-def memory(nbytes: int = 64 << 20) -> float:
-    """Bytes/s of a large copy (the pwrite of records into the page cache is one)."""
-    a = np.ones(nbytes, np.uint8)
-    b = np.empty_like(a)
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        np.copyto(b, a)
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
+def cores(seconds: float = 0.3) -> float:
+    """CPU cores this process gets now: one busy thread per core (numpy, GIL released) for
+    `seconds`; their CPU time over the wall time."""
+    n = os.cpu_count() or 1
+    used = [0.0] * n
+
+    def burn(i: int) -> None:
+        a = np.random.default_rng(i).standard_normal(1 << 16)
+        c = time.thread_time()
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            np.sqrt(np.abs(a), out=a)
+        used[i] = time.thread_time() - c
+
+    threads = [threading.Thread(target=burn, args=(i,)) for i in range(n)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return sum(used) / (time.perf_counter() - t)
 
 
 def node_update(cfg: OptimizerConfig | None = None, elements: int = 2_000_000, batch: int = 1024,
                 directory: str | None = None) -> float:
-    """Elements/s of NodeCore.handle in RAM (whole steps, sums in chunk order in batches)."""
+    """Elements per CPU second of NodeCore.handle (whole steps, sums in chunk order in batches; CPU
+    time of this thread, so others' load on the machine does not count). In RAM (a state mapped
+    whole on /dev/shm) by default; with `directory`, a state there streamed through the pipeline
+    with a budget of 1/10 (the updating thread's own work: kernel, per-batch bookkeeping, pwrite)."""
     from . import node, state  # the node imports this module for --plan
 
     cfg = cfg or OptimizerConfig()
-    shm = "/dev/shm" if directory is None and os.path.isdir("/dev/shm") else directory
+    shm = "/dev/shm" if directory is None and os.path.isdir("/dev/shm") else str(directory)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-probe-", dir=shm))
     try:
         layout = Layout([TensorSpec("p", (elements,))])
         state.create(tmp, layout, state.init_pieces(layout, seed=0), cfg, page_chunks=2048)
-        store = state.Store(tmp, 4 * elements * state.RECORD.itemsize // K + (64 << 20), drop_cache=False)
+        whole = 4 * elements * state.RECORD.itemsize // K + (64 << 20)
+        store = state.Store(tmp, whole if directory is None else whole // 40, drop_cache=directory is not None)
         n = layout.n_chunks
         core = node.NodeCore(store, 1, 2, 64)
         sums = synthetic.sums(0, 0, n)
@@ -120,10 +138,10 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 2_000_000, b
         for step in range(3):
             chunks = np.arange(n)
             hdr = synthetic.headers(step, chunks, layout.chunk_count(n - 1), n)
-            t = time.perf_counter()
+            t = time.thread_time()
             for lo in range(0, n, batch):
                 core.handle(hdr[lo : lo + batch], sums[lo : lo + batch])
-            best = min(best, time.perf_counter() - t)
+            best = min(best, time.thread_time() - t)
         store.close()
         return elements / best
     finally:
@@ -159,9 +177,9 @@ def commit_sync(directory: str | pathlib.Path, tries: int = 5) -> float:
 
 def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, disk_bytes: int = 128 << 20,
             block: int = BLOCK) -> residency.Machine:
-    read, write, mixed = disk(directory, disk_bytes, block)
-    return residency.Machine(disk_read=read, disk_write=write, memory=memory(), update=node_update(cfg),
-                             sync=commit_sync(directory), disk_mixed=mixed)
+    read, write, mixed, io_cpu = disk(directory, disk_bytes, block)
+    return residency.Machine(disk_read=read, disk_write=write, update=node_update(cfg, directory=directory),
+                             sync=commit_sync(directory), disk_mixed=mixed, io_cpu=io_cpu, cores=cores())
 
 
 def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunks: int, window: int,
@@ -180,7 +198,8 @@ def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunk
         f"state: {n_chunks:,} chunks ({elements:,} elements), {2 * w.copy_bytes / 2**20:,.1f} MiB in two copies, "
         f"pages of {w.page_bytes // 1024} KiB; RAM budget {budget / 2**20:,.1f} MiB = {r.budget_pages} pages",
         f"machine ({where}): disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s; "
-        f"memory {m.memory / 2**30:,.1f} GiB/s; node update in RAM {m.update / 1e6:,.1f} M elem/s",
+        f"node update {m.update / 1e6:,.1f} M elem per CPU s; I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; "
+        f"{m.cores:.1f} cores free",
         f"plan: {r.mode}" + ("" if r.mode == "mapped" else
                              f", {len(r.resident)} of {w.n_pages} pages resident across steps, {r.ahead} read ahead, "
                              f"{r.behind} written behind"),

@@ -67,10 +67,17 @@ class Workload:
 class Machine:
     disk_read: float  # bytes/s, sequential, page-sized requests
     disk_write: float  # bytes/s, sequential, written back page by page
-    memory: float  # bytes/s of a large memcpy
-    update: float  # elements/s of the node's update in RAM (kernel and per-batch work)
+    update: float  # elements per CPU second of the updating thread (kernel, per-batch work, pwrite)
     sync: float = 0.0  # s of a commit's fsync and commit record
     disk_mixed: float | None = None  # bytes/s read + written while reads and writes run at once
+    io_cpu: float = 0.0  # CPU seconds per byte read or written (I/O threads and the kernel's share)
+    cores: float | None = None  # CPU cores this process gets on a shared machine (None: as many as it wants)
+
+    def cpu_time(self, main: float, io: float) -> float:
+        """Wall seconds for `main` CPU seconds on one thread and `io` on others, at the cores we get."""
+        if self.cores is None:
+            return main
+        return max(main / min(1.0, self.cores), (main + io) / self.cores)
 
     def disk_time(self, reads: int, writes: int) -> float:
         """Seconds to read `reads` and write `writes` bytes, both streams running at once as long
@@ -119,18 +126,20 @@ def decide(budget_bytes: int, w: Workload, map_whole: bool = True) -> Residency:
 def predict(r: Residency, w: Workload, m: Machine) -> Prediction:
     """The steady-state step time of residency `r` (every step after the first)."""
     elements = w.n_chunks * K
-    compute = elements / m.update
+    compute = m.cpu_time(elements / m.update, 0.0)
     arrival = 0.0 if w.arrival is None else w.n_chunks / w.arrival
     if r.mode == "mapped":  # updated in place in the page cache, all written back at commit
         disk = w.copy_bytes / m.disk_write
+        compute = m.cpu_time(elements / m.update, m.io_cpu * w.copy_bytes)
         t = max(compute, arrival) + disk + m.sync
         return Prediction(t, 0, w.copy_bytes, disk, compute, arrival, "disk" if disk > compute else "compute")
     streamed = w.n_pages - len(r.resident)
     reads, writes = streamed * w.page_bytes, w.copy_bytes
     t_read = w.page_bytes / m.disk_read
     t_write = w.page_bytes / m.disk_write
-    # Each written record is copied once into the page cache.
-    compute += writes / m.memory
+    # The updating thread's work (its pwrite copies included in `update`), then the reader's and
+    # writer's work (and the kernel's) on top, on the cores we get.
+    compute = m.cpu_time(elements / m.update, m.io_cpu * (reads + writes))
     disk = m.disk_time(reads, writes)
     pace = max(disk, compute, arrival)
     bound = "disk" if pace == disk else "compute" if pace == compute else "arrival"

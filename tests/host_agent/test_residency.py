@@ -7,8 +7,8 @@ from host_agent.residency import Machine, PlanError, Workload, decide, predict
 
 W = Workload(n_chunks=100 * 2048, page_chunks=2048, window=64)  # 100 pages of 768 KiB per copy
 PAGE = W.page_bytes
-DISK = Machine(disk_read=500e6, disk_write=300e6, memory=5e9, update=1e9)  # the disk is the bottleneck
-CPU = Machine(disk_read=5e9, disk_write=5e9, memory=5e9, update=10e6)  # the update is
+DISK = Machine(disk_read=500e6, disk_write=300e6, update=1e9)  # the disk is the bottleneck
+CPU = Machine(disk_read=5e9, disk_write=5e9, update=10e6)  # the update is
 
 
 def test_a_budget_holding_both_copies_maps_them_unless_told_to_stream():
@@ -51,10 +51,10 @@ def test_predicted_step_follows_the_bottleneck():
     # The resident pages' update hides part of the first read (fast CPU: only a little of it).
     per_page = p.compute_time / 100
     assert p.step_time == pytest.approx(p.disk_time + PAGE / 500e6 - len(r.resident) * per_page + PAGE / 300e6)
-    slow = Machine(DISK.disk_read, DISK.disk_write, DISK.memory, update=50e6)
+    slow = Machine(DISK.disk_read, DISK.disk_write, update=50e6)
     assert predict(r, W, slow).step_time == pytest.approx(predict(r, W, slow).disk_time + PAGE / 300e6)
     c = predict(r, W, CPU)
-    assert c.bound == "compute" and c.compute_time == pytest.approx(W.n_chunks * 32 / 10e6 + W.copy_bytes / 5e9)
+    assert c.bound == "compute" and c.compute_time == pytest.approx(W.n_chunks * 32 / 10e6)
     slow_net = Workload(W.n_chunks, W.page_chunks, arrival=W.n_chunks / 60.0)
     assert predict(decide(10 * PAGE, slow_net), slow_net, DISK).bound == "arrival"
 
@@ -85,3 +85,17 @@ def test_plan_cli_prints_the_residency_and_predicted_step_time(tmp_path, capsys)
     assert node.main(args + ["--ram-budget", "1M"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "need >= 4" in err
+
+
+def test_a_shared_machine_stretches_the_cpu_part():
+    """With half a core free the update takes twice as long; the I/O threads' CPU counts on top
+    once the cores are the limit."""
+    r = decide(20 * PAGE, W)
+    alone = predict(r, W, CPU)
+    half = predict(r, W, Machine(CPU.disk_read, CPU.disk_write, update=CPU.update, cores=0.5))
+    assert half.compute_time == pytest.approx(2 * alone.compute_time)
+    io = Machine(CPU.disk_read, CPU.disk_write, update=CPU.update, cores=1.0, io_cpu=1e-9)
+    moved = predict(r, W, io)
+    assert moved.compute_time == pytest.approx(alone.compute_time + 1e-9 * (moved.read_bytes + moved.write_bytes))
+    two = Machine(CPU.disk_read, CPU.disk_write, update=CPU.update, cores=2.0, io_cpu=1e-9)
+    assert predict(r, W, two).compute_time == pytest.approx(alone.compute_time)  # I/O on the other core
