@@ -13,6 +13,7 @@ orchestrator reads for the progress bar; worker 0 also evaluates the model
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -21,6 +22,7 @@ import numpy as np
 
 from host_agent import agent_args, optim, rawsock
 from host_agent.optim import ConfigError
+from host_agent.resume import ResumeFile
 from host_agent.worker import RtoConfig, StepTimeout, WorkerAgent, WorkerConfig
 from mindp import workload
 from mindp.topology import Topology, TopologyError
@@ -38,7 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", type=int, required=True)
     p.add_argument("--workload", required=True, help="workload JSON (mindp.workload.WorkloadConfig)")
     p.add_argument("--init", required=True, help=".npz of initial float32 parameters")
-    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True, help="the job's step count: run until this step is done")
+    p.add_argument("--first-step", type=int, default=0,
+                   help="rejoin a live job at this step, --init being the parameters held before it")
+    p.add_argument("--resume", metavar="FILE",
+                   help="resume file, kept current at every received chunk: if it exists the worker goes on "
+                        "where it was (step, parameters, chunks answered, loss scale), whatever --first-step says")
     p.add_argument("--eval", action="store_true", help="evaluate after every step (worker 0)")
     p.add_argument("--deadline", type=float, default=RtoConfig.deadline)
     # A slot completes only when every worker's chunk is in, so one worker's round trip includes the
@@ -56,13 +63,29 @@ def _numpy_step(wl: workload.WorkloadConfig, agent: WorkerAgent):
     return lambda worker, step, params: agent.push(grad(worker, step, params))
 
 
-def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, init: dict):
+def _scaler_state(scaler) -> list[float]:
+    """The loss scaler as kept in the resume file (aux): scale, growth tracker, 1 = set."""
+    return [scaler.scale, float(scaler.growth_tracker), 1.0, 0.0]
+
+
+def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, resumed: bool):
     from mindp.lossscale import LossScaler
     from mindp.torch import DataParallel, models, tasks
 
     net = tasks.model(wl)
-    models.load_params(net, {n: a.astype(np.float16) for n, a in init.items()})
+    models.load_params(net, start)
     scaler = LossScaler(wl.loss_scale, growth_interval=wl.scale_growth_interval) if wl.loss_scale else None
+    if scaler and agent.resume is not None:
+        aux = agent.resume.aux(agent.step)
+        if resumed and aux[2] == 1.0:  # the scale every worker holds at this step
+            scaler.scale, scaler.growth_tracker = float(aux[0]), int(aux[1])
+
+        def after(step: int, skipped: bool) -> list[float]:  # kept with the next step, before it begins
+            nxt = dataclasses.replace(scaler)
+            nxt.update(skipped)
+            return _scaler_state(nxt)
+
+        agent.resume_aux = after
     dp = DataParallel(net, agent, scaler)
 
     def step_fn(worker: int, step: int, params: dict) -> dict:
@@ -78,17 +101,31 @@ def main(argv: list[str] | None = None) -> int:
         wl = workload.WorkloadConfig.load(args.workload)
         init = optim.load_npz(args.init)
         layout = optim.layout_of(init)
+        if args.first_step < 0:
+            raise ConfigError("--first-step must be >= 0")
         cfg = WorkerConfig.from_topology(Topology.load(args.topology), args.job, args.worker,
-                                         rto=RtoConfig(min=args.rto_min, max=args.rto_max, deadline=args.deadline))
+                                         rto=RtoConfig(min=args.rto_min, max=args.rto_max, deadline=args.deadline),
+                                         first_step=args.first_step)
         faults = agent_args.faults_from_args(args)
+        resume, resumed = None, False
+        if args.resume:
+            scale = [wl.loss_scale, 0.0, 1.0, 0.0] if wl.loss_scale else None
+            resume, resumed = ResumeFile.open(args.resume, cfg.job_id, cfg.worker_id, layout,
+                                              layout.flatten(init, dtype=np.float32).astype(np.float16),
+                                              cfg.first_step, scale)
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
-                            initial={n: a.astype(np.float16) for n, a in init.items()})
-        step_fn = _torch_step(wl, agent, init) if wl.model != "mlp" else _numpy_step(wl, agent)
+                            initial={n: a.astype(np.float16) for n, a in init.items()}, resume=resume)
+        start = layout.unflatten(agent.current[: layout.total])  # fp16: --init's, or the resume file's
+        step_fn = _torch_step(wl, agent, start, resumed) if wl.model != "mlp" else _numpy_step(wl, agent)
         evaluate = workload.model_eval(wl) if args.eval else None
     except (ConfigError, TopologyError, workload.WorkloadError, rawsock.SocketError, ValueError, ImportError) as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
         return 2
-    params = layout.unflatten(layout.flatten(init, dtype=np.float32).astype(np.float16))
+    params = start
+    if resumed:
+        print(f"worker {args.job}/{args.worker}: resuming at step {agent.step} "
+              f"({int(np.count_nonzero(resume.answered_in(agent.step)[0]))} chunk(s) of it answered)",
+              file=sys.stderr, flush=True)
 
     def status(step: int, **extra) -> None:
         fields = dict(ev="step", job=args.job, worker=args.worker, step=step, t=time.time(),
@@ -98,10 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             fields.update(loss=loss, acc=acc)
         emit(**fields)
 
-    status(-1)  # the initial model, before any step
+    status(agent.step - 1)  # the model before the first step this process runs
     code = 0
     try:
-        for step in range(args.steps):
+        while agent.step < args.steps:
+            step = agent.step
             params = step_fn(args.worker, step, params)
             status(step)
     except StepTimeout as exc:

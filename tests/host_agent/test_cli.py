@@ -84,10 +84,15 @@ def test_optimizer_refuses_a_state_dir_made_for_another_optimizer(files):
       "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--iface", "ha-nosuch0"], "ha-nosuch0"),
     (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
       "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--drop-send", "1.5"], "probability"),
+    (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
+      "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--first-step", "-1"], "--first-step must be >= 0"),
+    (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
+      "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--resume", "J"], "not one of this model"),
 ])
 def test_worker_cli_bad_input(files, args, needle):
     tmp, init, layout = files
-    subst = {"I": str(init)}
+    (tmp / "junk.resume").write_bytes(b"not a resume file")
+    subst = {"I": str(init), "J": str(tmp / "junk.resume")}
     code, _, err = run("host_agent.worker", "--worker", "0", "--layout", str(layout),
                        *[subst.get(a, a) for a in args])
     one_line_error(code, err, "mindp-worker", needle)

@@ -31,25 +31,29 @@ def bed():
 
 
 class WorkerProcess:
-    """One mindp-worker process in its namespace with a resume file: killed (SIGKILL) at any moment
-    and started again with the same command line, it goes on where it was."""
+    """One worker process in its namespace with a resume file (mindp-worker with synthetic gradients,
+    or the training worker with `workload`): killed (SIGKILL) at any moment and started again with
+    the same command line, it goes on where it was."""
 
-    def __init__(self, bed, topo, w: int, tmp_path, init: dict, grad_seed: int):
+    def __init__(self, bed, topo, w: int, tmp_path, init: dict, grad_seed: int = 0, workload=None):
         self.host = bed.hosts[topo.jobs[0].workers[w]]
         self.w = w
         self.layout = optim.layout_of(init)
         self.path = tmp_path / f"w{w}.resume"
         self.out = tmp_path / f"w{w}.npz"
         self.log = tmp_path / f"w{w}.log"
-        self.argv = [sys.executable, "-m", "host_agent.worker", "--topology", str(tmp_path / "topo.json"),
-                     "--job", "1", "--worker", str(w), "--init", str(tmp_path / "init.npz"), "--grad-seed",
-                     str(grad_seed), "--resume", str(self.path), "--out", str(self.out), "--deadline", "30"]
+        common = ["--topology", str(tmp_path / "topo.json"), "--job", "1", "--worker", str(w), "--init",
+                  str(tmp_path / "init.npz"), "--resume", str(self.path), "--out", str(self.out), "--deadline", "30"]
+        if workload is None:
+            self.argv = [sys.executable, "-m", "host_agent.worker", *common, "--grad-seed", str(grad_seed)]
+        else:
+            self.argv = [sys.executable, "-m", "mininet_topos.trainer", *common, "--workload", str(workload),
+                         "--rto-min", "0.01", "--rto-max", "0.5"]
         self.proc = None
         self.file: ResumeFile | None = None
         self.banners: list[str] = []
 
     def start(self, steps: int) -> "WorkerProcess":
-        self.steps = steps
         with open(self.log, "a") as log:
             self.proc = self.host.popen(*self.argv, "--steps", str(steps), stdout=subprocess.PIPE, stderr=log,
                                         text=True)
@@ -82,10 +86,64 @@ class WorkerProcess:
     def _collect(self, timeout: float) -> None:
         out, _ = self.proc.communicate(timeout=timeout)
         self.banners += [line for line in out.splitlines() if "resuming at step" in line]
+        self.output = out
 
     def wait(self, timeout: float = 120.0) -> None:
         self._collect(timeout)
         assert self.proc.returncode == 0, self.log.read_text()
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+@pytest.mark.parametrize("model", ["mlp", "cnn-loss-scaling"])
+def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_path, target, model):
+    """The training worker of `make run` (mininet_topos.trainer) with --resume: worker 1 is killed
+    (SIGKILL) mid-step twice and started again with the same command line; with a torch model and
+    dynamic loss scaling its scale comes back from the file too. All end at the workload
+    reference's bits."""
+    from mindp import workload
+
+    b, topo = bed
+    steps = 5
+    if model == "mlp":
+        cfg = workload.WorkloadConfig(n_workers=4, seed=3, batch=8, hidden=16)
+    else:
+        pytest.importorskip("torch")
+        cfg = workload.WorkloadConfig(n_workers=4, seed=3, batch=8, model="cnn", loss_scale=2.0**12,
+                                      scale_growth_interval=2)
+    init = workload.init_params(cfg)
+    ref = workload.reference_train(cfg, init, steps, OptimizerConfig())
+    cfg.dump(tmp_path / "workload.json")
+    args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
+    procs = [WorkerProcess(b, topo, w, tmp_path, init, workload=tmp_path / "workload.json") for w in range(4)]
+    with Fabric(target, bed, tmp_path):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            for p in procs:
+                p.start(steps)
+            kills = []
+            for at in (1, 3):
+                kills.append(procs[1].kill_mid_step(at))
+                procs[1].start(steps)
+            for p in procs:
+                p.wait(240)
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+            for p in procs:
+                if p.proc and p.proc.poll() is None:
+                    p.proc.kill()
+    assert all(0 < done < procs[1].layout.n_chunks for _, done in kills), kills
+    log = procs[1].log.read_text()
+    assert all(f"worker 1/1: resuming at step {s} ({d} chunk(s) of it answered)" in log for s, d in kills), log
+    for p in procs:
+        assert same_bits(load_npz(p.out), ref.params), f"worker {p.w} differs from the reference"
+    assert same_bits(load_npz(tmp_path / "final.npz"), ref.master)
+    # The loss scale (2^12, doubled every 2 finite steps) the killed worker holds: as the others'.
+    scales = [p.file.aux(steps).tolist() if p.file else ResumeFile(p.path, 1, p.w, p.layout).aux(steps).tolist()
+              for p in procs]
+    assert scales == [scales[0]] * 4
+    if cfg.loss_scale:
+        assert scales[0][:3] == [2.0**14, 1.0, 1.0]
 
 
 def first_three(topo):
