@@ -26,13 +26,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .residency import MIN_PAGES
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 MS_SYNC = 4
 SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
 OS_PAGE = mmap.PAGESIZE
-MIN_PAGES = 4  # one page being updated (its buffer and its written records), one read ahead, one written back
 
 
 class PagerError(RuntimeError):
@@ -206,15 +207,19 @@ class Pager:
         """The buffer of `page`, read from file `f` if not resident (waiting for the reader if it is
         reading it); it becomes the most recently used."""
         with self._cv:
-            while page in self._loading:
-                self._cv.wait()
-            if page in self.slot:
-                self.slot.move_to_end(page)
-                if page in self._unused:
-                    self._unused.discard(page)
-                    self._cv.notify_all()
-                return self._pool[self.slot[page]]
-            s = self._take_slot(page)
+            while True:
+                while page in self._loading:
+                    self._cv.wait()
+                if page in self.slot:
+                    self.slot.move_to_end(page)
+                    if page in self._unused:
+                        self._unused.discard(page)
+                        self._cv.notify_all()
+                    return self._pool[self.slot[page]]
+                s = self._take_slot(page)  # may wait, letting the reader start on this very page
+                if page not in self._loading and page not in self.slot:
+                    break
+                self._free.append(s)
             self._loading[page] = s
             self.stats.faults += 1
         try:

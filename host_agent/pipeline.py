@@ -22,7 +22,7 @@ from mindp.protocol import K
 from . import residency
 from .pager import MappedFile, Pager
 
-RECORD = np.dtype((np.float32, (3, K)))
+RECORD = np.dtype((np.float32, (3, K)))  # master, m, v of one chunk (state.RECORD)
 
 
 class PagedState:

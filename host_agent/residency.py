@@ -34,7 +34,7 @@ from .optim import ConfigError
 RECORD_BYTES = 3 * K * 4  # (master, m, v) x K float32 per chunk
 ACTIVE_UNITS = 2
 SPARE_UNITS = 1
-MIN_PAGES = 4
+MIN_PAGES = 4  # one page being updated (its buffer and its written records), one read ahead, one spare
 BEHIND = 8  # pages written behind before any is kept: the disk's write queue stays full while the CPU updates
 
 

@@ -36,9 +36,8 @@ from mindp.protocol import K
 from . import optim
 from .optim import ConfigError, OptimizerConfig
 from .pager import StorageError
-from .pipeline import PagedState
+from .pipeline import RECORD, PagedState  # RECORD: (master, m, v) x K float32, one chunk
 
-RECORD = np.dtype((np.float32, (3, K)))  # master, m, v of one chunk
 MASTER, M, V = 0, 1, 2
 PROGRESS_MAGIC = b"MINDPRG1"
 PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, non-finite flag 1, pad

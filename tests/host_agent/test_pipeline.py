@@ -54,8 +54,10 @@ def test_buffers_kept_across_steps_are_not_read_again(tmp_path, streamed):
     if streamed == "resident":
         assert reads == [copy, 0, 0]
     else:
-        # every page once; sums up to 16 chunks out of order may cost a page read again
-        assert all(copy <= r <= copy + 2 * PAGE for r in reads), reads
+        # Every page once a step (the next step's first page is read ahead while the last commits,
+        # so a step's figure may hold a page of the next); out-of-order sums may cost a page again.
+        assert all(copy - PAGE <= r <= copy + 2 * PAGE for r in reads), reads
+        assert 3 * copy <= sum(reads) <= 3 * copy + 2 * PAGE, reads
     assert store.pager.stats.written_bytes == 3 * copy
     assert same_bits(params, reference.train(init, gf, N, 3, OptimizerConfig()).params)
     store.close()
