@@ -5,6 +5,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from mindp.protocol import MAX_WORKERS
+from mindp.switch_constants import MAX_SHARDS
 from mindp.targets import TARGETS
 from mindp.workload import MODELS
 
@@ -38,6 +39,14 @@ class RunConfig:
     thrift_port: int = 9090
     cli: str = "auto"
     log: str = "off"
+    topo: str = "star"  # star: one switch; leafspine: `leaves` leaf switches of `workers` each under a spine
+    leaves: int = 1
+    optimizers: int = 1  # optimizer nodes (shards) of the job, on the spine
+
+    @property
+    def total_workers(self) -> int:
+        """Workers per job: WORKERS on one switch, WORKERS per leaf in a leaf-spine."""
+        return self.workers * (self.leaves if self.topo == "leafspine" else 1)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,7 +88,7 @@ def _model(text: str) -> str:
 def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps: str = "60", loss: str = "0",
           jobs: str = "1", seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "auto",
           slots: str = "64", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
-          log: str = "off") -> RunConfig:
+          log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig."""
     target = str(target).strip()
     if target not in TARGETS:
@@ -111,7 +120,32 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         thrift_port=_int("--thrift-port", thrift_port, 1, 65535),
         cli=cli_text,
         log=log_text,
+        **_tree(topo, leaves, optimizers),
     )
+    if cfg.topo == "leafspine":
+        if cfg.jobs != 1:
+            raise RunConfigError("TOPO=leafspine runs one job: JOBS must be 1")
+        if cfg.total_workers > MAX_WORKERS:
+            raise RunConfigError(f"LEAVES x WORKERS must be at most {MAX_WORKERS} (worker ids), "
+                                 f"got {cfg.leaves} x {cfg.workers}")
+        switches = cfg.leaves + 1  # each takes the next gRPC and Thrift port
+        if abs(cfg.grpc_port - cfg.thrift_port) < switches or max(cfg.grpc_port, cfg.thrift_port) + switches > 65536:
+            raise RunConfigError(f"--grpc-port and --thrift-port need {switches} free ports each, apart")
     if cfg.grpc_port == cfg.thrift_port:
         raise RunConfigError("--grpc-port and --thrift-port must differ")
     return cfg
+
+
+TOPOS = ("star", "leafspine")
+
+
+def _tree(topo: str, leaves: str, optimizers: str) -> dict:
+    """TOPO, LEAVES, OPTIMIZERS: LEAVES and OPTIMIZERS only mean something in a leaf-spine."""
+    topo = str(topo).strip()
+    if topo not in TOPOS:
+        raise RunConfigError(f"TOPO must be one of {'|'.join(TOPOS)}, got {topo!r}")
+    out = {"topo": topo, "leaves": _int("LEAVES", leaves, 1, MAX_WORKERS),
+           "optimizers": _int("OPTIMIZERS", optimizers, 1, MAX_SHARDS)}
+    if topo == "star" and (out["leaves"], out["optimizers"]) != (1, 1):
+        raise RunConfigError("LEAVES and OPTIMIZERS need TOPO=leafspine")
+    return out

@@ -144,7 +144,10 @@ def make_net(topology: Topology, switch_params: dict, record: Recorder | None = 
 
     Rec.record = staticmethod(record) if record else None
 
+    dpids = {s.name: f"{i + 1:016x}" for i, s in enumerate(topology.switches)}  # names need no digits
+
     def switch(name, **kw):
+        kw.setdefault("dpid", dpids.get(name))
         return MindpSwitch(name, record=record, **{**switch_params, **(per_switch or {}).get(name, {}), **kw})
 
     return Mininet(topo=DataTopo(topology, prefix=prefix), switch=switch, host=Rec, link=Link, controller=None,

@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cli", default="auto",
                    help="1: the Mininet CLI after training; 0: never; auto: when stdin and stdout are a terminal")
     p.add_argument("--log", default="off", help="switch log level off|info|debug|trace (debug, trace: every packet)")
+    p.add_argument("--topo", default="star", help="star: one switch; leafspine: LEAVES leaves under a spine")
+    p.add_argument("--leaves", default="1", help="leafspine: leaf switches, each with --workers workers")
+    p.add_argument("--optimizers", default="1", help="leafspine: optimizer nodes (shards) on the spine")
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
@@ -103,11 +106,13 @@ def preflight(cfg: config.RunConfig) -> str:
         target = targets.resolve(cfg.target)
     except targets.TargetError as exc:
         raise RunError(str(exc)) from None
-    if targets.grpc_port_open(f"127.0.0.1:{cfg.grpc_port}"):
-        raise RunError(f"port {cfg.grpc_port} (gRPC) is already in use: another switch is running "
-                       f"(make stop ends ours), or choose --grpc-port")
-    if targets.grpc_port_open(f"127.0.0.1:{cfg.thrift_port}"):  # both targets serve Thrift
-        raise RunError(f"port {cfg.thrift_port} (Thrift) is already in use: choose --thrift-port")
+    switches = cfg.leaves + 1 if cfg.topo == "leafspine" else 1  # each switch: the next gRPC and Thrift port
+    for i in range(switches):
+        if targets.grpc_port_open(f"127.0.0.1:{cfg.grpc_port + i}"):
+            raise RunError(f"port {cfg.grpc_port + i} (gRPC) is already in use: another switch is running "
+                           f"(make stop ends ours), or choose --grpc-port")
+        if targets.grpc_port_open(f"127.0.0.1:{cfg.thrift_port + i}"):  # both targets serve Thrift
+            raise RunError(f"port {cfg.thrift_port + i} (Thrift) is already in use: choose --thrift-port")
     return target
 
 
@@ -187,6 +192,9 @@ class Run:
         self.topo = topology.star([cfg.workers] * cfg.jobs, cfg.slots, f"127.0.0.1:{cfg.grpc_port}")
         self.topo_path = run_dir / "topology.json"
         self.jobs: list[JobFiles] = []
+
+    def network_text(self) -> str:
+        return f"switch {self.topo.switch.name} ({self.target}, gRPC {self.topo.switch.grpc_addr})"
 
     # -- setup --
 
@@ -395,9 +403,15 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         clean.point_latest(run_dir.parent, run_dir)
         state.run_dir = str(run_dir)
         state.save()
-        run = Run(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
+        if cfg.topo == "leafspine":
+            from .leafspine import TreeRun
+            run = TreeRun(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
+            shape = f"{cfg.leaves} leaves x {cfg.workers} workers, {cfg.optimizers} optimizer node(s)"
+        else:
+            run = Run(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
+            shape = f"{cfg.workers} workers"
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
-        console.say(f"mindp run {run_dir}: {cfg.model} on the {target} switch, {jobs} x {cfg.workers} workers, "
+        console.say(f"mindp run {run_dir}: {cfg.model} on the {target} switch, {jobs} x {shape}, "
             f"{cfg.steps} steps, loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir)
         console.say(f"  P4 program: {how}")
@@ -405,12 +419,11 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         model = workload.describe(run.jobs[0].wl, run.jobs[0].init)
         console.say(f"  model: {model}")
         run.start_network(json_path)
-        console.say(f"  Mininet up: switch {run.topo.switch.name} ({target}, gRPC {run.topo.switch.grpc_addr}), "
-            f"{len(run.topo.hosts)} hosts")
+        console.say(f"  Mininet up: {run.network_text()}, {len(run.topo.hosts)} hosts")
         run.configure(json_path, p4info)
         console.say(f"  controller: pipeline pushed, forwarding and {jobs} installed")
         run.start_agents()
-        console.say(f"  optimizer node(s) and {cfg.jobs * cfg.workers} workers started; logs in {run.logs}/")
+        console.say(f"  optimizer node(s) and {cfg.jobs * cfg.total_workers} workers started; logs in {run.logs}/")
         setup = time.monotonic() - t_start
         progress, wall = run.train()
         jobs_res = run.results(progress)
@@ -445,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config.parse(target=args.target, model=args.model, workers=args.workers, steps=args.steps,
                            loss=args.loss, jobs=args.jobs, seed=args.seed, pcap=args.pcap, hidden=args.hidden,
                            batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
-                           thrift_port=args.thrift_port, cli=args.cli, log=args.log)
+                           thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
+                           leaves=args.leaves, optimizers=args.optimizers)
         return execute(cfg, args, console)
     except (config.RunConfigError, RunError) as exc:
         console.fail(str(exc))

@@ -1,0 +1,186 @@
+"""`make run TOPO=leafspine`: the run of mininet_topos.run on a tree of switches.
+
+`LEAVES` leaf switches with `WORKERS` workers each under one spine, which attaches the job's
+`OPTIMIZERS` optimizer node(s) (shards, each owning a contiguous chunk range). Every switch is
+its own process (BMv2 or the embedded switch, as TARGET says) with its own gRPC and Thrift port
+(the run's ports and the next ones, spine first); one TreeController configures them all.
+A leaf sums its workers' gradients and sends each completed chunk up as one partial sum; the
+spine completes the sum for the node owning the chunk; parameters come down by multicast at
+each level (docs/SCALE.md). Everything else (files, agents, results, cleanup) is the star run's.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+
+from host_agent import optim, state
+from mindp import targets, topology, workload
+
+from .console import RunError, one_line
+from .run import Run
+
+
+def tree_topology(cfg) -> topology.Topology:
+    """The run's leaf-spine; a sharded job needs its chunk count, from the model's layout."""
+    wl = workload.WorkloadConfig(n_workers=cfg.total_workers, seed=cfg.seed, hidden=cfg.hidden, batch=cfg.batch,
+                                 model=cfg.model)
+    chunks = optim.layout_of(workload.init_params(wl)).n_chunks
+    return topology.leafspine(cfg.leaves, cfg.workers, cfg.optimizers, chunks=chunks, slots=cfg.slots,
+                              grpc_port=cfg.grpc_port, thrift_port=cfg.thrift_port)
+
+
+def switch_ports(cfg) -> list[tuple[int, int]]:
+    """(gRPC, Thrift) port of every switch of the run, spine first."""
+    return [(cfg.grpc_port + i, cfg.thrift_port + i) for i in range(cfg.leaves + 1)]
+
+
+class TreeRun(Run):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.topo = tree_topology(self.cfg)
+        self.switches = []
+
+    def network_text(self) -> str:
+        first, last = self.topo.switches[0].grpc_addr, self.topo.switches[-1].grpc_addr.rsplit(":", 1)[1]
+        return (f"leaf-spine {', '.join(s.name for s in self.topo.switches)} ({self.target}, gRPC {first}..{last}), "
+                f"{len(self.topo.links)} links")
+
+    def start_network(self, json_path: pathlib.Path) -> None:
+        from mininet.log import setLogLevel
+
+        from . import net as mnet
+
+        setLogLevel("error")
+        logging.getLogger("mininet").propagate = False
+        ifaces = mnet.interfaces(self.topo, self.if_prefix)
+        too_long = [i for i in ifaces if len(i) > 15]
+        if too_long:
+            raise RunError(f"interface name {too_long[0]} is longer than Linux's 15 characters: a shorter --if-prefix")
+        self.state.add_interfaces(ifaces)
+        pcaps = None
+        if self.cfg.pcap:
+            pcaps = self.dir / "pcaps"
+            pcaps.mkdir()
+        params = dict(target=self.target, json_path=str(json_path),
+                      log_level=None if self.cfg.log == "off" else self.cfg.log)
+        per_switch = {s.name: dict(grpc_addr=s.grpc_addr, device_id=s.device_id, thrift_port=s.thrift_port,
+                                   log_file=str(self.logs / f"switch-{s.name}.log"),
+                                   pcap_dir=str(pcaps / s.name) if pcaps else None)
+                      for s in self.topo.switches}
+        for p in per_switch.values():
+            if p["pcap_dir"]:
+                pathlib.Path(p["pcap_dir"]).mkdir()
+        self.net = mnet.make_net(self.topo, params, record=self.state.add_proc, prefix=self.if_prefix,
+                                 per_switch=per_switch)
+        self.switches = [self.net.get(s.name) for s in self.topo.switches]
+        self.switch = self.switches[0]
+        for sw in self.switches:
+            for intf in sw.port_ifaces().values():
+                mnet.quiet_root_iface(intf)
+        for host in self.net.hosts:
+            mnet.quiet_host(host)
+        self.net.staticArp()
+        try:
+            self.net.start()
+        except targets.TargetError as exc:
+            raise RunError(one_line(str(exc))) from None
+        if self.target == "bmv2":
+            for sw in self.switches:
+                try:
+                    sw.process.set_queue_depth(1024)
+                except (targets.TargetError, subprocess.TimeoutExpired) as exc:
+                    raise RunError(f"BMv2 {sw.name} queue depth: {one_line(str(exc))}; "
+                                   f"see {self.logs / f'switch-{sw.name}.log'}") from None
+
+    def configure(self, json_path: pathlib.Path, p4info: pathlib.Path) -> None:
+        """The same pipeline on every switch, forwarding on each, and each switch's part of the job."""
+        from controller.treectl import TreeController
+
+        log = self.logs / "controller.log"
+        handler = logging.FileHandler(log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        ctl_log = logging.getLogger("mindp.controller")
+        ctl_log.addHandler(handler)
+        ctl_log.setLevel(logging.INFO)
+        ctl_log.propagate = False
+        try:
+            self.ctl = TreeController(self.topo, p4info_path=p4info, bmv2_json_path=json_path)
+            self.ctl.push()
+            ctl_log.info("pipeline pushed to %s: %s, %s", ", ".join(self.ctl.switches), p4info, json_path)
+            writes = self.ctl.install_forwarding()
+            ctl_log.info("forwarding installed: %s", writes)
+            for spec in self.topo.jobs:
+                for name, job in self.ctl.create_job(spec).items():
+                    ctl_log.info("job created on %s: %s", name, json.dumps(job.to_dict()))
+        except Exception as exc:
+            ctl_log.error("%s: %s", type(exc).__name__, exc)
+            raise RunError(f"controller: {one_line(str(exc))}; see {log}") from None
+
+    def check_alive(self) -> None:
+        for sw in self.switches:
+            if not sw.alive():
+                raise RunError(f"the {self.target} switch {sw.name} exited (code {sw.process.proc.returncode}) "
+                               f"during the run; see {self.logs / f'switch-{sw.name}.log'}")
+        self.agents.check_alive()
+
+    def train(self):
+        progress, wall = super().train()
+        for jf in self.jobs:
+            if jf.job.sharded:
+                self.join_shards(jf)
+        return progress, wall
+
+    def join_shards(self, jf) -> None:
+        """The shards' exports as the job's one master, their stats summed (what results() reads)."""
+        n = len(jf.job.optimizers)
+        try:
+            master = state.join_exports([jf.shard_master_path(i) for i in range(n)], optim.layout_of(jf.init))
+            stats = [json.loads(jf.shard_stats_path(i).read_text()) for i in range(n)]
+        except (OSError, ValueError, optim.ConfigError) as exc:
+            raise RunError(f"job {jf.job.job_id}: cannot join the shards' exports: {one_line(str(exc))}") from None
+        np.savez(jf.master_path, **master)
+        total = {k: sum(s.get(k, 0) for s in stats) for k in ("params_sent", "resent")}
+        jf.opt_stats_path.write_text(json.dumps({**total, "shards": stats}, indent=1) + "\n")
+
+    def switch_counters(self) -> dict[int, dict]:
+        """Every switch's P4 counters (switch-counters.json, a line in each switch's log); the
+        spine's per job for the summary (it completes each chunk once, as a single switch does)."""
+        try:
+            snaps = self.ctl.stats()
+        except Exception as exc:
+            self.console.say(f"  (switch counters not read: {one_line(str(exc))})")
+            return {}
+        (self.dir / "switch-counters.json").write_text(
+            json.dumps({name: s.to_dict() for name, s in snaps.items()}, indent=1) + "\n")
+        for name, snap in snaps.items():
+            with contextlib.suppress(OSError), open(self.logs / f"switch-{name}.log", "a") as f:
+                for j, c in sorted(snap.jobs.items()):
+                    f.write(f"mindp run: P4 counters of job {j} on {name}: {c.grad_packets} gradient or partial "
+                            f"frames admitted, {c.completions} completed, {c.resent_sums} resent; "
+                            f"dropped {c.dropped} {dict(c.drops)}\n")
+        spine = snaps[self.topo.switches[0].name]
+        return {j: {**c.to_dict(), "per_switch": {name: s.jobs[j].to_dict() for name, s in snaps.items()
+                                                  if j in s.jobs}}
+                for j, c in spine.jobs.items()}
+
+    def cli(self, p4info: pathlib.Path) -> None:
+        from mininet.cli import CLI
+        from mininet.log import setLogLevel
+
+        if self.ctl is not None:
+            with contextlib.suppress(Exception):
+                self.ctl.close()
+            self.ctl = None
+        ctl = shutil.which("mindp-ctl") or str(pathlib.Path(sys.executable).parent / "mindp-ctl")
+        setLogLevel("output")
+        self.console.say(f"Mininet CLI: the network stays up. Try: pingall | "
+                         f"sh {ctl} --topology {self.topo_path} --p4info {p4info} topo\n"
+                         f"  (--switch leaf1 stats: one switch). 'exit' or make stop ends the run and cleans up.")
+        CLI(self.net)
