@@ -24,6 +24,10 @@ SEED ?= 0
 PCAP ?= 0
 CLI ?= auto
 LOG ?= off
+# A tree: TOPO=leafspine, LEAVES leaf switches of WORKERS workers each, OPTIMIZERS node shards on the spine.
+TOPO ?= star
+LEAVES ?= 2
+OPTIMIZERS ?= 1
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 
@@ -56,7 +60,8 @@ run:
 	@[ "$$(id -u)" = 0 ] || { echo "make run: must run as root (Mininet needs network namespaces): sudo make run" >&2; exit 1; }
 	@$(MAKE) -s --no-print-directory setup
 	@$(PY) -m mininet_topos.run --target $(TARGET) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
-	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG)
+	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
+	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES))
 
 stop:
 	@[ "$$(id -u)" = 0 ] || { echo "make stop: must run as root (the run's processes and interfaces are root's)" >&2; exit 1; }
