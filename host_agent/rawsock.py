@@ -12,6 +12,8 @@ import os
 import random
 import socket
 import struct
+import sys
+import time
 
 import numpy as np
 
@@ -27,6 +29,10 @@ AUXDATA = struct.Struct("=IIIHHHH")
 TP_STATUS_VLAN_VALID = 1 << 4
 AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
 SEND_ERRNOS = (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN)  # a frame lost, counted; not fatal
+#: Errors of a socket whose link went down or away: retried, never fatal.
+LINK_ERRNOS = (errno.ENETDOWN, errno.ENXIO, errno.ENODEV)
+#: Retry interval while the link is down: first, most (doubling in between).
+LINK_BACKOFF = (0.05, 2.0)
 MMSG_MAX = 1024  # UIO_MAXIOV: messages per sendmmsg/recvmmsg call
 
 # struct mmsghdr on 64-bit Linux: struct msghdr (56 bytes) then msg_len, padded to 64.
@@ -221,6 +227,43 @@ def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver 
         else:
             rows += 1
     return rows, tagged, other
+
+
+class LinkWatch:
+    """An agent's link (`ip link set down`, a pulled cable, a vanished interface): the first
+    ENETDOWN/ENXIO/ENODEV of a send or receive is one line and each one a wait that doubles while
+    the link stays down; the first frame through again is one line more. Other errors re-raise."""
+
+    def __init__(self, prog: str, log=None, clock=time.monotonic, sleep=time.sleep):
+        self.prog = prog
+        self.log = log
+        self.clock = clock
+        self.sleep = sleep
+        self.down_since: float | None = None
+        self.backoff = LINK_BACKOFF[0]
+        self.downs = 0  # times the link went down
+
+    @property
+    def down(self) -> bool:
+        return self.down_since is not None
+
+    def failed(self, exc: OSError) -> None:
+        if exc.errno not in LINK_ERRNOS:
+            raise exc
+        if self.down_since is None:
+            self.down_since = self.clock()
+            self.downs += 1
+            print(f"{self.prog}: link down ({exc.strerror}); retrying every {LINK_BACKOFF[0]}-{LINK_BACKOFF[1]} s",
+                  file=self.log or sys.stderr, flush=True)
+        self.sleep(self.backoff)
+        self.backoff = min(self.backoff * 2, LINK_BACKOFF[1])
+
+    def alive(self) -> None:
+        """A frame went through: the link is back, if it was down."""
+        if self.down_since is not None:
+            print(f"{self.prog}: link back after {self.clock() - self.down_since:.1f} s", file=self.log or sys.stderr,
+                  flush=True)
+            self.down_since, self.backoff = None, LINK_BACKOFF[0]
 
 
 class Faults:

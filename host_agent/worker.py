@@ -295,6 +295,7 @@ class WorkerAgent:
             self.step = resume.step
             self.current = resume.before(self.step)
         self.rtt = RttEstimator(cfg.rto)
+        self.link = rawsock.LinkWatch(f"mindp-worker {cfg.job_id}/{cfg.worker_id}")
         self.stats = collections.Counter()
         self.step_times: list[float] = []
         self.addrs = codec.Addresses(cfg.mac, cfg.optimizer_mac, cfg.ip, cfg.optimizer_ip)
@@ -401,6 +402,23 @@ class StepHandle:
         f[rows, BODY_OFFSET:] = body.astype(codec.ELEMENT_DTYPE[Kind.GRAD]).view(np.uint8)
 
     def pump(self, timeout: float) -> None:
+        """_pump, riding out a link that went down (ENETDOWN/ENXIO/ENODEV): one line, retried with
+        backoff, one line when a frame goes through again; the step's deadline restarts then."""
+        a = self.agent
+        st = a.stats
+        out, errors, got = st["sent"] + st["retransmitted"], st["send_errors"], st["params_received"] + st["duplicates"]
+        try:
+            self._pump(timeout)
+        except OSError as exc:
+            a.link.failed(exc)
+            st["link_down"] = a.link.downs
+            return
+        if a.link.down and (st["sent"] + st["retransmitted"] - out > st["send_errors"] - errors
+                            or st["params_received"] + st["duplicates"] > got):
+            a.link.alive()
+            self.window.last_progress = time.monotonic()
+
+    def _pump(self, timeout: float) -> None:
         """Send what is due, wait up to `timeout` for frames, take the parameters that came."""
         a = self.agent
         now = time.monotonic()
@@ -517,7 +535,7 @@ class StepHandle:
             raise ValueError(f"step {w.step}: no gradient given for {missing_grads}")
         while not w.complete:
             now = time.monotonic()
-            if w.stalled(now):
+            if w.stalled(now) and not a.link.down:  # a link that is down is waited for
                 a.stats["failed_steps"] += 1
                 raise StepTimeout(a.cfg.job_id, a.cfg.worker_id, w.step, w.missing(), now - w.last_progress)
             self.pump(max(0.0, min(w.wake_at() - now, 0.05)))

@@ -94,6 +94,46 @@ class WorkerProcess:
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_worker_link_down_and_up_mid_step(bed, tmp_path, target):
+    """Worker 2's link goes down mid-step for longer than its step deadline (`ip link set down` in
+    its namespace, then up): it says so in one line, retries with backoff instead of failing the
+    step, says when the link is back, and every worker and the node end at reference bits."""
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(35)
+    steps = 6
+    ref = reference.train(init, gf, 4, steps, OptimizerConfig())
+    args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
+    w2 = WorkerProcess(b, topo, 2, tmp_path, init, 35)
+    w2.argv[w2.argv.index("--deadline") + 1] = "1.5"
+    with Fabric(target, bed, tmp_path):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            workers = Workers(b, topo, init, gf, steps, ids=[0, 1, 3]).start()
+            w2.start(steps)
+            while not 0 < w2.progress()[1] or w2.progress()[0] < 2:
+                time.sleep(0.001)
+            w2.host.exec("ip", "link", "set", "dev", "eth0", "down", check=True)
+            time.sleep(2.5)
+            w2.host.exec("ip", "link", "set", "dev", "eth0", "up", check=True)
+            workers.join(120)
+            w2.wait()
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+            if w2.proc and w2.proc.poll() is None:
+                w2.proc.kill()
+            w2.host.exec("ip", "link", "set", "dev", "eth0", "up")
+    log = w2.log.read_text()
+    assert "Traceback" not in log
+    down = [line for line in log.splitlines() if "link down" in line]
+    assert down == ["mindp-worker 1/2: link down (Network is down); retrying every 0.05-2.0 s"], log
+    assert len([line for line in log.splitlines() if "link back after" in line]) == 1, log
+    assert same_bits(load_npz(w2.out), ref.params)
+    check_against(ref, workers, tmp_path)
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
 @pytest.mark.parametrize("model", ["mlp", "cnn-loss-scaling"])
 def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_path, target, model):
     """The training worker of `make run` (mininet_topos.trainer) with --resume: worker 1 is killed

@@ -245,3 +245,34 @@ def test_a_resume_file_of_another_worker_or_model_is_refused(tmp_path):
     (tmp_path / "junk").write_bytes(b"x" * 10)
     with pytest.raises(ConfigError, match="size differs"):
         ResumeFile.open(tmp_path / "junk", 3, 1, lay, before)
+
+
+def test_link_watch_says_down_once_backs_off_and_says_back():
+    import errno
+    import io
+
+    from host_agent.rawsock import LINK_BACKOFF, LinkWatch
+
+    now = [0.0]
+    slept = []
+    log = io.StringIO()
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+
+    link = LinkWatch("mindp-worker 1/2", log, clock=lambda: now[0], sleep=sleep)
+    for err in (errno.ENETDOWN, errno.ENXIO, errno.ENODEV, errno.ENETDOWN, errno.ENETDOWN, errno.ENETDOWN,
+                errno.ENETDOWN, errno.ENETDOWN):
+        link.failed(OSError(err, "down"))
+    assert link.down and link.downs == 1
+    assert slept == [min(LINK_BACKOFF[0] * 2 ** i, LINK_BACKOFF[1]) for i in range(8)]
+    link.alive()
+    link.alive()
+    assert not link.down
+    assert log.getvalue().splitlines() == ["mindp-worker 1/2: link down (down); retrying every 0.05-2.0 s",
+                                           f"mindp-worker 1/2: link back after {sum(slept):.1f} s"]
+    with pytest.raises(OSError, match="other"):
+        link.failed(OSError(errno.EPERM, "other"))
+    link.failed(OSError(errno.ENETDOWN, "down"))
+    assert link.downs == 2 and slept[-1] == LINK_BACKOFF[0]
