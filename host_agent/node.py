@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import errno
 import json
 import math
 import pathlib
@@ -29,6 +28,7 @@ from . import agent_args, fused, optim, probe, rawsock, shards, state
 from .agent_args import finite
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError, StorageError
+from .rawsock import LINK_BACKOFF, LINK_ERRNOS
 from .worker import RtoConfig
 
 
@@ -263,10 +263,6 @@ def page_runs(chunks: np.ndarray, page_chunks: int):
     return zip(chunks[starts].tolist(), (chunks[ends - 1] + 1).tolist())
 
 
-#: Errors of a socket whose link went down or away: retried, never fatal.
-LINK_ERRNOS = (errno.ENETDOWN, errno.ENXIO, errno.ENODEV)
-#: Retry interval while the link is down: first, most (doubling in between).
-LINK_BACKOFF = (0.05, 2.0)
 
 
 @dataclass
