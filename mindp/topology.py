@@ -417,13 +417,24 @@ class Topology:
     @classmethod
     def load(cls, path: str | pathlib.Path) -> Topology:
         try:
-            data = json.loads(pathlib.Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            data = json.loads(pathlib.Path(path).read_text(), object_pairs_hook=_unique_keys)
+        except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
             raise TopologyError(f"cannot read topology {path}: {exc}") from None
         return cls.from_dict(data)
 
     def dump(self, path: str | pathlib.Path) -> None:
         pathlib.Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object in which a key repeats (e.g. worker id "0" twice) is refused: json keeps only
+    the last, so a job would silently lose a worker."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} given twice in one object")
+        out[key] = value
+    return out
 
 
 def host_addresses(index: int) -> tuple[str, str]:

@@ -135,3 +135,17 @@ def test_optimizer_config_built_from_python_refuses_non_finite_hyper_parameters(
     assert field.split("[")[0] in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(optim.ConfigError):
         OptimizerConfig.from_dict({**OptimizerConfig().to_dict(), field: value})
+
+
+def test_a_topology_naming_a_worker_id_twice_is_one_line(files, tmp_path):
+    """`"workers": {"0": "a", "0": "b"}` in a topology file would keep one worker silently."""
+    from mindp.topology import star
+
+    star([2], slots=8).dump(tmp_path / "topo.json")
+    text = (tmp_path / "topo.json").read_text()
+    assert '"1": "w1_1"' in text
+    (tmp_path / "topo.json").write_text(text.replace('"1": "w1_1"', '"0": "w1_1"'))
+    _, init, _ = files
+    code, _, err = run("host_agent.worker", "--worker", "0", "--topology", str(tmp_path / "topo.json"), "--init",
+                       str(init))
+    one_line_error(code, err, "mindp-worker", "key '0' given twice")
