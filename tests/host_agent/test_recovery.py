@@ -186,6 +186,28 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
         assert scales[0][:3] == [2.0**14, 1.0, 1.0]
 
 
+def test_training_worker_writes_no_out_after_a_failed_step(bed, tmp_path):
+    """No switch, no node: the training worker's step times out; it exits 1 with the StepTimeout
+    line, and its --out is not written (the parameters are not the run's result)."""
+    from mindp import workload
+
+    b, topo = bed
+    cfg = workload.WorkloadConfig(n_workers=4, seed=3, batch=8, hidden=16)
+    init = workload.init_params(cfg)
+    cfg.dump(tmp_path / "workload.json")
+    run_files(tmp_path, topo, init, 2)
+    p = WorkerProcess(b, topo, 0, tmp_path, init, workload=tmp_path / "workload.json")
+    p.argv[p.argv.index("--deadline") + 1] = "0.5"
+    p.start(2)
+    out, _ = p.proc.communicate(timeout=60)
+    err = p.log.read_text()
+    assert p.proc.returncode == 1 and "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("worker 1/0: job 1 worker 0 step 0: no parameters for"), err
+    assert not p.out.exists()
+    assert '"ev": "done"' in out
+
+
 def first_three(topo):
     """The topology's job with workers 0..2 only (worker 3's host stays free to be added)."""
     job = topo.jobs[0]
