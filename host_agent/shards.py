@@ -97,7 +97,9 @@ class NonfiniteAgreement:
         self.sock = sock
         self.agreed: set[int] = set()
         self.waiting: dict[int, set[str]] = {}  # step -> peers yet to acknowledge
-        self.held: dict[int, list[tuple[np.ndarray, np.ndarray]]] = collections.defaultdict(list)
+        # step -> chunk -> (header, parameters): the latest held answer of each chunk (answers
+        # repeat as workers retransmit; one per chunk is all a worker needs).
+        self.held: dict[int, dict[int, tuple[np.void, np.ndarray]]] = collections.defaultdict(dict)
         self.last_sent = 0.0
         self.stats = collections.Counter()
 
@@ -110,9 +112,10 @@ class NonfiniteAgreement:
         if not hold.any():
             return hdr, vals
         for step in np.unique(hdr["step"][hold]).tolist():
-            rows = hold & (hdr["step"] == step)
-            self.held[step].append((hdr[rows], vals[rows]))
-            self.stats["held_answers"] += int(rows.sum())
+            rows = np.flatnonzero(hold & (hdr["step"] == step))
+            for i in rows.tolist():
+                self.held[step][int(hdr["chunk"][i])] = (hdr[i].copy(), vals[i].copy())
+            self.stats["held_answers"] += len(rows)
             if step not in self.waiting:
                 self.waiting[step] = set(self.peers)
                 self.stats["notices"] += 1
@@ -156,7 +159,9 @@ class NonfiniteAgreement:
                 if not self.waiting[step]:
                     del self.waiting[step]
                     self.agreed.add(step)
-                    released += self.held.pop(step, [])
+                    answers = list(self.held.pop(step, {}).values())
+                    if answers:
+                        released.append((np.stack([h for h, _ in answers]), np.stack([v for _, v in answers])))
         if self.waiting and now - self.last_sent >= NOTICE_RESEND:
             for step in self.waiting:
                 self._notify(step)

@@ -139,7 +139,8 @@ def pump(agreements, rounds=50):
 def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step):
     """The non-finite chunk is in shard 1's range, and shard 0 has already committed the step: shard 1
     holds its NONFINITE answers until shard 0 acknowledged the notice; shard 0 commits the step again
-    as skipped. Both end on the reference's bits, also when the non-finite step is the last."""
+    as skipped (durably: killed then, it resumes so). Both end on the reference's bits, also when the
+    non-finite step is the last."""
     init = small_model()
     lay = optim.layout_of(init)
     cfg = OptimizerConfig()
@@ -166,10 +167,14 @@ def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step):
                 assert len(got) < lay.n_chunks  # the workers cannot finish the step yet
                 assert cores[0].committed == step and not cores[0].store.last_skipped
                 held = agree[1].held[step]
-                assert held and all(h["flags"] & Flag.NONFINITE for hdr, _ in held for h in hdr)
+                assert held and all(h["flags"] & Flag.NONFINITE for h, _ in held.values())
                 assert not any(f & Flag.NONFINITE for c, (f, _) in got.items() if c < cores[1].lo)
                 released = pump(agree)
                 assert released[1] and not agree[1].held and step in agree[1].agreed
+                assert cores[0].store.last_skipped and cores[0].store.updates == step
+                # Durable: shard 0 killed after acknowledging resumes with the step skipped.
+                cores[0] = node.NodeCore(state.Store(tmp_path / "shard0", 1 << 20), JOB, N, S)
+                agree[0].skip = cores[0].skip_step
                 assert cores[0].store.last_skipped and cores[0].store.updates == step
                 for hdr, vals in released[1]:
                     for h, v in zip(hdr, vals):
