@@ -48,9 +48,8 @@ def test_leafspine_run_is_bit_exact(tmp_path, target, loss):
     assert sum(x["applied"] for x in stats) == STEPS * n_chunks
     assert [x["applied"] for x in stats] == [STEPS * (hi - lo + 1) for lo, hi, _ in topo.shard_ranges(1)]
     logs = sorted(p.name for p in (d / "logs").iterdir())
-    assert [x for x in logs if x.startswith(("switch", "optimizer"))] == [
-        "optimizer-job1-shard0.log", "optimizer-job1-shard1.log", "switch-leaf1.log", "switch-leaf2.log",
-        "switch-spine.log"]
+    assert [x for x in logs if x.startswith("optimizer")] == ["optimizer-job1-shard0.log", "optimizer-job1-shard1.log"]
+    assert all(f"switch-{name}.log" in logs for name in ("spine", "leaf1", "leaf2"))  # BMv2 adds its own .log.txt
     if loss == "0":  # nothing dropped but spurious retransmissions (a busy machine), at any level
         assert {r for c in per_switch.values() for r in c["drops"]} <= {"DUPLICATE"}, per_switch
     assert_clean(run)
