@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ipaddress
+import math
 import json
 import pathlib
 import select
@@ -49,6 +50,13 @@ class RtoConfig:
     # many places later arrived (0: off). Chunks are sent, aggregated and answered in order, so
     # a later chunk's answer means this one's gradient, sum or parameters were lost.
     fast_after: int = 3
+
+    def __post_init__(self):
+        times = (self.initial, self.min, self.max, self.deadline)
+        if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
+            raise ConfigError(f"retransmission times and the deadline must be finite and > 0, got {times}")
+        if self.min > self.max or self.fast_after < 0:
+            raise ConfigError(f"need rto min <= max (got {self.min} > {self.max}) and fast_after >= 0")
 
 
 class RttEstimator:

@@ -87,6 +87,10 @@ def test_optimizer_refuses_a_state_dir_made_for_another_optimizer(files):
     (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
       "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--first-step", "-1"], "--first-step must be >= 0"),
     (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
+      "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--deadline", "nan"], "must be finite and > 0"),
+    (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
+      "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--deadline", "0"], "must be finite and > 0"),
+    (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
       "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--resume", "J"], "not one of this model"),
 ])
 def test_worker_cli_bad_input(files, args, needle):
