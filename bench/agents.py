@@ -85,7 +85,7 @@ def sums_for(layout: Layout, seed: int = 0) -> np.ndarray:
     return rng.integers(-(1 << 20), 1 << 20, size=(layout.n_chunks, K), dtype=np.int64)
 
 
-def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int = 2, batch: int = 1024,
+def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int = 2, batch: int = node.RECV_ROWS,
               page_chunks: int = state.DEFAULT_PAGE_CHUNKS, kind: str = "adamw") -> float:
     """Elements/s of NodeCore.handle over whole steps (commits included), sums arriving in chunk
     order in batches of the node's receive batch size."""
@@ -190,7 +190,8 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=100_000, help="chunks per step for the send-rate figure")
     ap.add_argument("--elements", type=int, default=4_000_000, help="model size for the in-RAM figure")
     ap.add_argument("--ooc-elements", type=int, default=4_000_000, help="model size for the out-of-core figure")
-    ap.add_argument("--batch", type=int, default=1024, help="sums per NodeCore.handle call in RAM (the node's receive batch)")
+    ap.add_argument("--batch", type=int, default=node.RECV_ROWS,
+                    help="sums per NodeCore.handle call in RAM (at most the node's receive batch, node.RECV_ROWS)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--page-chunks", type=int, default=2048, help="pager page size in chunks (out of core)")
     ap.add_argument("--only", choices=("send", "ram", "ooc"), action="append",
