@@ -19,7 +19,6 @@ Needs root (namespaces, veths). Prints tables; asserts nothing about speed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -34,15 +33,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from controller.treectl import TreeController  # noqa: E402
 from host_agent import node, optim, reference, state  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
-from mindp import codec, targets  # noqa: E402
+from mindp import codec  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
-from mindp.testbed import Testbed, quiet_link, sh  # noqa: E402
-from mindp.topology import Host, Topology, leafspine, star  # noqa: E402
+from mindp.topology import Topology, leafspine, star  # noqa: E402
+from mindp.treebed import TreeBed  # noqa: E402
 
 PREFIX = "bsc"
 
@@ -51,69 +49,12 @@ def rx_packets(iface: str) -> int:
     return int(pathlib.Path(f"/sys/class/net/{iface}/statistics/rx_packets").read_text())
 
 
-class Tree:
-    """The topology's switches as processes on veths: hosts in namespaces, switch-to-switch links as
-    veth pairs in the root namespace; the job installed by the tree controller."""
-
-    def __init__(self, topo: Topology, target: str, tmp: pathlib.Path):
-        self.tmp = tmp
-        self.bed = Testbed(PREFIX)
-        self.links: list[str] = []
-        self.switches: list[targets.SwitchProcess] = []
-        ports: dict[str, dict[int, str]] = {s.name: {} for s in topo.switches}
-        try:
-            for i, h in enumerate(topo.hosts.values(), start=1):  # unique names: ports repeat across switches
-                nh = self.bed.add(Host(h.name, h.mac, h.ip, i))
-                ports[topo.switch_of(h)][h.port] = nh.switch_iface
-            for i, link in enumerate(topo.links):
-                a, b = f"{PREFIX}l{i}a", f"{PREFIX}l{i}b"
-                sh("ip", "link", "del", a, check=False)
-                sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-                self.links.append(a)
-                quiet_link(a)
-                quiet_link(b)
-                ports[link.a][link.a_port], ports[link.b][link.b_port] = a, b
-            specs = []
-            for spec in topo.switches:
-                cfg = targets.SwitchConfig(ports=ports[spec.name], grpc_addr=f"127.0.0.1:{targets.free_port()}",
-                                           device_id=spec.device_id, thrift_port=targets.free_port(),
-                                           log_file=str(tmp / f"{spec.name}.log"))
-                sw = targets.SwitchProcess(target, cfg).start()
-                self.switches.append(sw)
-                sw.set_queue_depth(1024)
-                specs.append(dataclasses.replace(spec, grpc_addr=cfg.grpc_addr, thrift_port=cfg.thrift_port))
-            self.topo = Topology(tuple(specs), topo.hosts, topo.jobs, topo.links)
-            self.topo.check()
-            self.ports = ports
-            with TreeController(self.topo) as ctl:
-                ctl.push()
-                ctl.install_forwarding()
-                ctl.create_job(self.topo.jobs[0])
-        except BaseException:
-            self.close()
-            raise
-
-    def root_member_ifaces(self) -> list[str]:
-        """The root switch's ports facing its members (workers or child switches)."""
-        job = self.topo.jobs[0]
-        root = self.topo.job_root(job)
-        opt_ports = {self.topo.host(o).port for o in job.optimizers}
-        return [iface for port, iface in self.ports[root].items() if port not in opt_ports]
-
-    def close(self) -> None:
-        for sw in self.switches:
-            sw.stop()
-        for a in self.links:
-            sh("ip", "link", "del", a, check=False)
-        self.bed.close()
-
-
 def packets_per_step(topo: Topology, target: str, steps: int, chunks: int, tmp: pathlib.Path) -> dict:
     """One training run through the topology; frames counted per step."""
     layout = Layout([TensorSpec("p", (chunks * K,))])
     init = optim.seed_params(layout, 1)
     np.savez(tmp / "init.npz", **init)
-    tree = Tree(topo, target, tmp)
+    tree = TreeBed(topo, target, tmp, PREFIX)
     nodes = []
     try:
         topo = tree.topo
@@ -130,7 +71,7 @@ def packets_per_step(topo: Topology, target: str, steps: int, chunks: int, tmp: 
             nodes.append(proc)
             if "resuming" not in proc.stdout.readline():
                 raise RuntimeError(f"node {name} did not start; see {tmp}/node{i}.log")
-        members = tree.root_member_ifaces()
+        members = tree.root_member_ifaces(1)
         before = sum(rx_packets(i) for i in members)
         errors: list[BaseException] = []
 

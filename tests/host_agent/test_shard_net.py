@@ -3,7 +3,8 @@ the job's workers: bit-identical to the reference, also when one shard is killed
 and with a non-finite step (the shards agree over real UDP). The fabric is the real switch (the
 embedded one always, BMv2 where installed; its shards table filled by the controller), and the
 in-test aggregator taught the same routing (sum of chunk c to c's owner, PARAM admitted only from
-c's owner, plain frames bridged between the nodes) with loss, duplicates and reordering."""
+c's owner, plain frames bridged between the nodes) with loss, duplicates and reordering; and a
+leaf-spine of real switches with the shards on the spine."""
 import contextlib
 import random
 import select
@@ -16,7 +17,8 @@ from host_agent import optim, rawsock, reference, state
 from host_agent.optim import OptimizerConfig
 from mindp import codec, testbed
 from mindp.protocol import Kind
-from mindp.topology import Host, JobSpec, SwitchSpec, Topology, host_addresses
+from mindp.topology import Host, JobSpec, SwitchSpec, Topology, host_addresses, leafspine
+from mindp.treebed import TreeBed
 
 from tests.conftest import TARGET_PARAMS
 
@@ -192,3 +194,21 @@ def test_nonfinite_step_is_skipped_by_every_shard_through_processes(bed, tmp_pat
     assert stats[1]["notices"] == 1 and stats[0]["notices_acked"] >= 1
     if agg:
         assert agg.stats["bridged"] > 0
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_sharded_nodes_behind_a_leaf_spine_with_a_shard_killed(tmp_path, target):
+    """Two leaves (one worker each) under a spine with the two shards: the leaves' partial sums
+    are completed at the spine and routed to the shard owning each chunk; shard 1 is killed and
+    restarted mid-run; reference bits."""
+    topo = leafspine(2, 1, M, chunks=CHUNKS, slots=8)
+    init = small_model()
+    gf = reference.synthetic_grads(33)
+    ref = reference.train(init, gf, 2, STEPS, OptimizerConfig())
+    with TreeBed(topo, target, tmp_path, "hst") as tree:
+        workers, stats, master = run_sharded((tree.bed, tree.topo), tmp_path, init, gf, STEPS, kill=(1, 1), seed=3)
+    for w, params in workers.results.items():
+        assert same_bits(params, ref.params), f"worker {w} differs from the reference"
+    assert same_bits(master, ref.master)
+    lo1 = tree.topo.shard_ranges(tree.topo.jobs[0])[1][0]
+    assert stats[0]["applied"] == STEPS * lo1 and stats[0].get("rejected_chunk", 0) == 0
