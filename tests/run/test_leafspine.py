@@ -10,15 +10,16 @@ import pytest
 
 from host_agent import optim
 from mindp import topology, workload
+from mininet_topos import config, net
+from mininet_topos.leafspine import switch_ports
 from tests.conftest import TARGET_PARAMS
 
 from .test_make_run import Run, assert_clean, needs_root
 
-pytestmark = pytest.mark.net
-
 LEAVES, WORKERS, SHARDS, STEPS = 2, 2, 2, 4
 
 
+@pytest.mark.net
 @needs_root
 @pytest.mark.parametrize("target", TARGET_PARAMS)
 @pytest.mark.parametrize("loss", ["0", "0.02"])
@@ -53,3 +54,42 @@ def test_leafspine_run_is_bit_exact(tmp_path, target, loss):
     if loss == "0":  # nothing dropped but spurious retransmissions (a busy machine), at any level
         assert {r for c in per_switch.values() for r in c["drops"]} <= {"DUPLICATE"}, per_switch
     assert_clean(run)
+
+
+# --- without a network: the variables and the Mininet topology of a tree ----------------------
+
+@pytest.mark.parametrize("kw,message", [
+    (dict(topo="ring"), "TOPO must be one of star|leafspine"),
+    (dict(leaves="2"), "LEAVES and OPTIMIZERS need TOPO=leafspine"),
+    (dict(optimizers="2"), "LEAVES and OPTIMIZERS need TOPO=leafspine"),
+    (dict(topo="leafspine", optimizers="9"), "OPTIMIZERS must be an integer in 1..8"),
+    (dict(topo="leafspine", leaves="0"), "LEAVES must be an integer in 1..32"),
+    (dict(topo="leafspine", leaves="8", workers="5"), "LEAVES x WORKERS must be at most 32"),
+    (dict(topo="leafspine", jobs="2"), "JOBS must be 1"),
+    (dict(topo="leafspine", leaves="4", grpc_port="9000", thrift_port="9003"), "need 5 free ports each"),
+])
+def test_tree_variables_are_checked_in_one_line(kw, message):
+    with pytest.raises(config.RunConfigError, match=message):
+        config.parse(**kw)
+
+
+def test_tree_variables_and_ports():
+    cfg = config.parse(topo="leafspine", leaves="3", workers="2", optimizers="2")
+    assert (cfg.total_workers, cfg.leaves, cfg.optimizers) == (6, 3, 2)
+    assert switch_ports(cfg) == [(9559, 9090), (9560, 9091), (9561, 9092), (9562, 9093)]
+    assert config.parse(workers="3").total_workers == 3  # a star: WORKERS is the job's
+
+
+def test_mininet_topology_of_a_tree():
+    data = topology.leafspine(2, 2, 2, chunks=8)
+    topo = net.DataTopo(data, prefix="mnq-")
+    assert sorted(topo.switches()) == ["leaf1", "leaf2", "spine"] and sorted(topo.hosts()) == sorted(data.hosts)
+    links = {frozenset((a, b)): topo.linkInfo(a, b) for a, b in topo.links()}
+    up = links[frozenset(("leaf2", "spine"))]
+    ends = {(up["node1"], up["port1"], up["intfName1"]), (up["node2"], up["port2"], up["intfName2"])}
+    assert ends == {("leaf2", 3, "mnq-leaf2p3"), ("spine", 2, "mnq-spinep2")}
+    w = links[frozenset(("w1_2", "leaf2"))]
+    assert (w["port2"], w["intfName2"], w["intfName1"]) == (1, "mnq-leaf2p1", "eth0")
+    names = net.interfaces(data, "mnq-")
+    assert len(names) == len(set(names)) == 6 + 2 * 2 and "mnq-spinep4" in names
+    assert all(len(n) <= 15 for n in names)
