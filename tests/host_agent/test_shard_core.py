@@ -135,19 +135,26 @@ def pump(agreements, rounds=50):
     return released
 
 
+@pytest.mark.parametrize("out_of_core", [False, True], ids=["in-ram", "out-of-core"])
 @pytest.mark.parametrize("bad_step", [1, 2], ids=["middle", "last"])
-def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step):
+def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step, out_of_core):
     """The non-finite chunk is in shard 1's range, and shard 0 has already committed the step: shard 1
     holds its NONFINITE answers until shard 0 acknowledged the notice; shard 0 commits the step again
     as skipped (durably: killed then, it resumes so). Both end on the reference's bits, also when the
-    non-finite step is the last."""
+    non-finite step is the last. Out of core: each shard's state is several times its RAM budget."""
     init = small_model()
+    budget = 1 << 20
+    if out_of_core:
+        init["w"] = np.random.default_rng(2).standard_normal((400, 100)).astype(np.float32) * 0.1
+        budget = 4 * 32 * state.RECORD.itemsize  # the minimum: 4 pages of 32 chunks
     lay = optim.layout_of(init)
     cfg = OptimizerConfig()
     bad_chunk = lay.n_chunks - 3
     offset = bad_chunk * K - lay.offsets["w"] + 1
     gf = with_nonfinite(reference.synthetic_grads(12), 1, bad_step, "w", offset)
-    cores = open_shards(tmp_path, init, cfg, 2)
+    cores = open_shards(tmp_path, init, cfg, 2, budget=budget)
+    if out_of_core:
+        assert all(2 * c.store.n_chunks * state.RECORD.itemsize >= 8 * budget and c.store.pager for c in cores)
     port = 40000 + random.Random().randrange(20000)
     agree = [shards.NonfiniteAgreement(JOB, ["127.0.0.2"], cores[0].skip_step, bind="127.0.0.1", port=port),
              shards.NonfiniteAgreement(JOB, ["127.0.0.1"], cores[1].skip_step, bind="127.0.0.2", port=port)]
@@ -173,7 +180,7 @@ def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step):
                 assert released[1] and not agree[1].held and step in agree[1].agreed
                 assert cores[0].store.last_skipped and cores[0].store.updates == step
                 # Durable: shard 0 killed after acknowledging resumes with the step skipped.
-                cores[0] = node.NodeCore(state.Store(tmp_path / "shard0", 1 << 20), JOB, N, S)
+                cores[0] = node.NodeCore(state.Store(tmp_path / "shard0", budget), JOB, N, S)
                 agree[0].skip = cores[0].skip_step
                 assert cores[0].store.last_skipped and cores[0].store.updates == step
                 for hdr, vals in released[1]:
