@@ -24,28 +24,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mindp.protocol import UDP_PORT, Flag
+from mindp.protocol import SHARD_ACK, SHARD_NOTICE, SHARD_NOTICE_FORMAT, SHARD_NOTICE_PORT, Flag
 from mindp.topology import Host, Topology
 
-#: UDP port of the shards' non-finite notices (node to node, ordinary IPv4 through the switches).
-NOTICE_PORT = UDP_PORT + 1
-NOTICE, ACK = b"MINDPNF1", b"MINDPNA1"
-_MSG = struct.Struct("!8sHI")  # magic, job, step
+NOTICE_PORT, NOTICE, ACK = SHARD_NOTICE_PORT, SHARD_NOTICE, SHARD_ACK
+_MSG = struct.Struct(SHARD_NOTICE_FORMAT)
 #: Seconds between resends of an unacknowledged notice.
 NOTICE_RESEND = 0.05
 
 
 @dataclass(frozen=True)
-class Shard:
+class ShardHost:
     lo: int  # first chunk owned
     hi: int  # last chunk owned (inclusive)
     host: Host
 
 
-def job_shards(topo: Topology, job_id: int) -> list[Shard]:
+def job_shards(topo: Topology, job_id: int) -> list[ShardHost]:
     """The job's optimizer shards in chunk order (one shard owning every chunk if not sharded)."""
     job = topo.job(job_id)
-    return [Shard(int(lo), int(hi), host if isinstance(host, Host) else topo.host(host))
+    return [ShardHost(int(lo), int(hi), host if isinstance(host, Host) else topo.host(host))
             for lo, hi, host in topo.shard_ranges(job)]
 
 

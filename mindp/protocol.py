@@ -35,6 +35,13 @@ class Kind(enum.IntEnum):
     PARTIAL = 4  # leaf switch -> parent switch: K int64 exact partial sums (docs/PROTOCOL.md, tree)
 
 
+#: Shards of a sharded job agree that a step is non-finite node to node (host_agent/shards.py):
+#: a NOTICE (job, step), resent until the peer answers an ACK, as plain UDP/IPv4 on this port.
+SHARD_NOTICE_PORT = UDP_PORT + 1
+SHARD_NOTICE, SHARD_ACK = b"MINDPNF1", b"MINDPNA1"
+SHARD_NOTICE_FORMAT = "!8sHI"  # magic, job, step
+
+
 class Flag(enum.IntFlag):
     NONE = 0
     NONFINITE = 0x01  # an element was Inf/NaN (in any contribution, for SUM)
