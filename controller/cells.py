@@ -60,7 +60,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Progress:
+class JobProgress:
     """The job's newest completed step on the switch, when the switch knows it (docs/P4.md)."""
     newest_step: int | None
 
@@ -84,11 +84,11 @@ def decode(job: JobState, slots: list[int], raw: dict[str, dict[int, int]]) -> l
     return out
 
 
-def progress(job: JobState, epoch_cell: int, newest_cell: int) -> Progress:
-    return Progress(newest_cell if epoch_cell == job.epoch else None)
+def progress(job: JobState, epoch_cell: int, newest_cell: int) -> JobProgress:
+    return JobProgress(newest_cell if epoch_cell == job.epoch else None)
 
 
-def read_job_cells(thrift, job: JobState, slot: int | None = None) -> tuple[list[Cell], Progress]:
+def read_job_cells(thrift, job: JobState, slot: int | None = None) -> tuple[list[Cell], JobProgress]:
     """Read and decode over a `mindp.bmthrift.ThriftClient`: one slot (both versions) or all of the job's."""
     slots = list(range(job.slot_count)) if slot is None else [slot]
     if slot is None:
@@ -105,7 +105,7 @@ def read_job_cells(thrift, job: JobState, slot: int | None = None) -> tuple[list
     return decode(job, slots, raw), prog
 
 
-def text(job: JobState, cells: list[Cell], prog: Progress, show_all: bool, elements: int = 4) -> str:
+def text(job: JobState, cells: list[Cell], prog: JobProgress, show_all: bool, elements: int = 4) -> str:
     newest = "unknown (no completion in this epoch yet)" if prog.newest_step is None else str(prog.newest_step)
     mine = [c for c in cells if c.mine]
     head = (f"job {job.job_id} (epoch {job.epoch}, {len(job.workers)} workers): slots {job.slot_base}.."

@@ -44,7 +44,7 @@ class ThriftError(Exception):
     """A call failed: the switch said why, or the connection did. One line."""
 
 
-class WireError(ValueError):
+class ThriftWireError(ValueError):
     """Bytes that are not a Thrift message of the strict binary protocol."""
 
 
@@ -112,7 +112,7 @@ def read_value(read: Callable[[int], bytes], ttype: int) -> Any:
     if ttype == T_STRING:
         n = struct.unpack(">i", read(4))[0]
         if not 0 <= n <= MAX_STRING:
-            raise WireError(f"string of {n} bytes")
+            raise ThriftWireError(f"string of {n} bytes")
         return read(n)
     if ttype == T_STRUCT:
         out = {}
@@ -125,14 +125,14 @@ def read_value(read: Callable[[int], bytes], ttype: int) -> Any:
     if ttype in (T_LIST, T_SET):
         etype, n = struct.unpack(">bi", read(5))
         if not 0 <= n <= MAX_ITEMS:
-            raise WireError(f"list of {n} items")
+            raise ThriftWireError(f"list of {n} items")
         return [read_value(read, etype) for _ in range(n)]
     if ttype == T_MAP:
         ktype, vtype, n = struct.unpack(">bbi", read(6))
         if not 0 <= n <= MAX_ITEMS:
-            raise WireError(f"map of {n} items")
+            raise ThriftWireError(f"map of {n} items")
         return {_hashable(read_value(read, ktype)): read_value(read, vtype) for _ in range(n)}
-    raise WireError(f"unknown Thrift type {ttype}")
+    raise ThriftWireError(f"unknown Thrift type {ttype}")
 
 
 def _hashable(v):
@@ -143,7 +143,7 @@ def read_message(read: Callable[[int], bytes]) -> tuple[str, int, int, dict]:
     """(name, message type, seqid, struct fields) of the next message."""
     head = struct.unpack(">I", read(4))[0]
     if head & VERSION_MASK != VERSION_1:
-        raise WireError("not the strict binary protocol (TBinaryProtocol)")
+        raise ThriftWireError("not the strict binary protocol (TBinaryProtocol)")
     name = read_value(read, T_STRING).decode(errors="replace")
     seqid = struct.unpack(">i", read(4))[0]
     return name, head & 0xFF, seqid, read_value(read, T_STRUCT)
@@ -201,7 +201,7 @@ class ThriftClient:
             _, mtype, _, fields = read_message(self._read)
         except socket.timeout:
             raise ThriftError(f"{method}: no answer from the Thrift server at {self.where}") from None
-        except WireError as exc:
+        except ThriftWireError as exc:
             raise ThriftError(f"{method}: bad answer from the Thrift server at {self.where}: {exc}") from None
         except OSError as exc:
             raise ThriftError(f"{method}: Thrift server at {self.where}: {exc.strerror or exc}") from None

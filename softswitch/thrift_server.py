@@ -21,7 +21,7 @@ import threading
 from typing import Callable
 
 from mindp.bmthrift import (ACTION_DATA, ACTION_NONE, INTERNAL_ERROR, MATCH_EXACT, MATCH_LPM, MATCH_RANGE,
-                            MATCH_TERNARY, MATCH_VALID, REPLY, T_BOOL, T_I32, T_I64, T_LIST, T_STRING, T_STRUCT, UNKNOWN_METHOD, WireError, app_exception, int64, message,
+                            MATCH_TERNARY, MATCH_VALID, REPLY, T_BOOL, T_I32, T_I64, T_LIST, T_STRING, T_STRUCT, UNKNOWN_METHOD, ThriftWireError, app_exception, int64, message,
                             read_message)
 
 from .p4runtime_server import SwitchService
@@ -219,7 +219,7 @@ class _Handler(socketserver.StreamRequestHandler):
                 name, _, seqid, args = read_message(read)
             except (EOFError, OSError):
                 return
-            except WireError as exc:
+            except ThriftWireError as exc:
                 server.bad_requests += 1
                 log.warning("Thrift: closed a connection from %s: %s", self.client_address[0], exc)
                 return

@@ -36,7 +36,7 @@ class Job:
     entries: list = field(default_factory=list)
 
 
-class Fabric:
+class SwitchFabric:
     """The switch under test, its hosts, and P4Runtime access."""
 
     def __init__(self, bed: Testbed, hosts: dict[str, Host], sw: SwitchConnection):
@@ -126,7 +126,7 @@ def fabric(request, tmp_path_factory):
                                    log_file=str(logs / "switch.log"), thrift_port=targets.free_port())
         with targets.SwitchProcess(request.param, cfg), SwitchConnection(cfg.grpc_addr) as sw:
             sw.push_pipeline(artifacts.P4INFO, artifacts.BMV2_JSON)
-            fab = Fabric(bed, hosts, sw)
+            fab = SwitchFabric(bed, hosts, sw)
             fab.grpc_addr, fab.thrift_addr = cfg.grpc_addr, f"127.0.0.1:{cfg.thrift_port}"
             fab.target = request.param
             try:
