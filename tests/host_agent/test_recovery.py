@@ -54,6 +54,7 @@ class WorkerProcess:
         self.banners: list[str] = []
 
     def start(self, steps: int) -> "WorkerProcess":
+        self.started_at = self.progress() if self.file is not None else None
         with open(self.log, "a") as log:
             self.proc = self.host.popen(*self.argv, "--steps", str(steps), stdout=subprocess.PIPE, stderr=log,
                                         text=True)
@@ -75,8 +76,8 @@ class WorkerProcess:
         deadline = time.monotonic() + timeout
         while True:
             step, done = self.progress()
-            if step >= at_least and 0 < done < self.layout.n_chunks:
-                break
+            if step >= at_least and 0 < done < self.layout.n_chunks and (step, done) != self.started_at:
+                break  # mid-step, and this process got somewhere (not the state the last one left)
             assert time.monotonic() < deadline and self.proc.poll() is None, self.log.read_text()
             time.sleep(0.001)
         os.kill(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs the worker: the same PID
