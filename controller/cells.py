@@ -3,7 +3,7 @@
 Pure logic: `decode` turns raw register values (read over BMv2's Thrift API,
 `mindp.bmthrift`, by `read_job_cells`) into what a person debugging a run wants:
 the use each cell holds (epoch, step, chunk), the workers counted (as ids), the
-count, the non-finite bit and the partial sums as values. Cell layout and
+count, the gradients in the sums, the non-finite bit and the partial sums as values. Cell layout and
 meaning: docs/P4.md, "Aggregation".
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ from . import p4info_names as n
 from .jobs import JobState
 
 #: The per-cell registers, besides the K accumulators.
-CELL_REGISTERS = (n.CELL_TAG_EPOCH, n.CELL_TAG_STEP_CHUNK, n.CELL_BITMAP, n.CELL_COUNT, n.CELL_NONFINITE)
+CELL_REGISTERS = (n.CELL_TAG_EPOCH, n.CELL_TAG_STEP_CHUNK, n.CELL_BITMAP, n.CELL_COUNT, n.CELL_CONTRIBUTIONS,
+                  n.CELL_NONFINITE)
 ACC_REGISTERS = tuple(n.CELL_ACC.format(i) for i in range(K))
 
 
@@ -39,7 +40,8 @@ class Cell:
     step: int
     chunk: int
     workers: list[int]  # worker ids whose gradient is in the sums
-    count: int
+    count: int  # members counted (workers; child switches on a parent)
+    contributions: int  # gradients in the sums (a child's PARTIAL brings its own count)
     nonfinite: bool
     sums: list[int]  # exact sums, value * 2^24
     mine: bool  # held for the job's current epoch (else: left by an earlier job or incarnation)
@@ -79,6 +81,7 @@ def decode(job: JobState, slots: list[int], raw: dict[str, dict[int, int]]) -> l
             out.append(Cell(
                 slot=slot, ver=ver, index=i, epoch=epoch, step=use >> 32, chunk=use & 0xFFFFFFFF,
                 workers=[w for w in range(n.MAX_WORKERS) if bitmap >> w & 1], count=count,
+                contributions=raw[n.CELL_CONTRIBUTIONS][i],
                 nonfinite=bool(raw[n.CELL_NONFINITE][i]), sums=[signed64(raw[a][i]) for a in ACC_REGISTERS],
                 mine=mine, complete=mine and count == len(job.workers)))
     return out
@@ -115,10 +118,10 @@ def text(job: JobState, cells: list[Cell], prog: JobProgress, show_all: bool, el
     if not shown:
         return head
     rows = [[c.slot, c.ver, c.index, c.epoch, c.step, c.chunk, ",".join(map(str, c.workers)) or "-", c.count,
-             "yes" if c.nonfinite else "no", c.state,
+             c.contributions, "yes" if c.nonfinite else "no", c.state,
              ", ".join(f"{v:.6g}" for v in c.values[:elements]) + (", ..." if elements < K else "")]
             for c in shown]
-    header = ["slot", "ver", "cell", "epoch", "step", "chunk", "workers", "count", "nonfinite", "state",
+    header = ["slot", "ver", "cell", "epoch", "step", "chunk", "workers", "count", "grads", "nonfinite", "state",
               f"sums (first {elements} of {K})"]
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in [header, *rows]]

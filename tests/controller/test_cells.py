@@ -27,6 +27,7 @@ def raw_for(j, held):
             raw[n.CELL_TAG_STEP_CHUNK][i] = use - (1 << 64) if use >> 63 else use  # as BMv2's Thrift returns it
             raw[n.CELL_BITMAP][i] = sum(1 << w for w in workers)
             raw[n.CELL_COUNT][i] = len(workers)
+            raw[n.CELL_CONTRIBUTIONS][i] = 3 * len(workers)  # as on a parent whose children sum 3 each
             raw[n.CELL_NONFINITE][i] = nf
             total = exact_sum(grads)[0] if grads else np.zeros(K, np.int64)
             for e, name in enumerate(cells.ACC_REGISTERS):
@@ -44,6 +45,7 @@ def test_cells_decode_use_workers_count_and_signed_sums():
     got = {(c.slot, c.ver): c for c in cells.decode(j, list(range(4)), raw)}
     partial = got[(1, 0)]
     assert (partial.epoch, partial.step, partial.chunk, partial.workers, partial.count) == (77, 12, 5, [0, 5], 2)
+    assert partial.contributions == 6
     assert partial.state == "partial" and partial.index == (100 + 1) * 2
     assert partial.sums == list(exact_sum(grads)[0])
     assert partial.values == [float(v) for v in exact_sum(grads)[0] / 2**24]
@@ -64,7 +66,7 @@ def test_progress_and_text():
     out = cells.text(j, decoded, cells.progress(j, 77, 11), show_all=False)
     lines = out.splitlines()
     assert "1 of 4 cells hold a use of this epoch; newest completed step 11" in lines[0]
-    assert lines[3].split()[:10] == ["1", "0", "202", "77", "12", "5", "0,5", "2", "no", "partial"]
+    assert lines[3].split()[:11] == ["1", "0", "202", "77", "12", "5", "0,5", "2", "6", "no", "partial"]
     assert "0.5, 0.5, 0.5, 0.5, ..." in lines[3] and len(lines) == 4
     assert len(cells.text(j, decoded, cells.progress(j, 0, 0), show_all=True).splitlines()) == 3 + 4
     assert decoded[2].to_dict()["values"][:2] == [0.5, 0.5]

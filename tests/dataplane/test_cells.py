@@ -33,8 +33,8 @@ def test_cells_show_the_use_workers_and_partial_sums(fabric, job1):
     assert got["epoch"] == job1.epoch and got["newest_step"] is None
     v0, v1 = got["cells"]
     assert (v0["slot"], v0["ver"], v0["index"]) == (2, 0, (100 + 2) * 2)
-    assert (v0["epoch"], v0["step"], v0["chunk"], v0["workers"], v0["count"], v0["state"]) == \
-        (job1.epoch, 150, 2, [0, 2], 2, "partial")
+    assert (v0["epoch"], v0["step"], v0["chunk"], v0["workers"], v0["count"], v0["contributions"], v0["state"]) == \
+        (job1.epoch, 150, 2, [0, 2], 2, 2, "partial")
     partial = [int(s) for s in exact_sum([grads[0], grads[2]])[0]]
     if fabric.target == "bmv2":
         # BMv2's Thrift register_read saturates a bit<64> cell at or above 2**63 (a negative sum) to
@@ -47,7 +47,7 @@ def test_cells_show_the_use_workers_and_partial_sums(fabric, job1):
     text = cells(fabric, "1")
     lines = text.splitlines()
     assert "1 of 8 cells hold a use of this epoch; newest completed step 150" in lines[0]
-    assert lines[3].split()[:10] == ["2", "0", "204", str(job1.epoch), "150", "2", "0,1,2", "3", "no", "complete"]
+    assert lines[3].split()[:11] == ["2", "0", "204", str(job1.epoch), "150", "2", "0,1,2", "3", "3", "no", "complete"]
     first = int(exact_sum(grads)[0][0])
     first = (first if first >= 0 or fabric.target != "bmv2" else 2**63 - 1) / 2**24
     assert f"{first:.6g}" in lines[3]
