@@ -45,10 +45,12 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
 
 #include "generated/agg_registers.p4"
 
-    /* Per job: the newest step it completed on this switch, valid while
-     * progress_epoch holds the job's epoch (a new job, or a restarted switch,
-     * starts unknown). A gradient more than STEP_WINDOW steps beyond it is
-     * dropped, so no admitted gradient can claim a cell for a far-future use
+    /* Per job: the newest step it completed on this switch, or whose
+     * parameters passed through it, valid while progress_epoch holds the job's
+     * epoch (a new job, or a restarted switch, starts unknown until its first
+     * completion or its first PARAM: the node's stall resend re-arms it within
+     * a second of a restart). A gradient more than STEP_WINDOW steps beyond it
+     * is dropped, so no admitted gradient can claim a cell for a far-future use
      * that would make every honest contribution after it stale. */
     register<bit<16>>(MAX_JOBS) progress_epoch;
     register<bit<32>>(MAX_JOBS) newest_step;
@@ -67,7 +69,13 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
         progress_epoch.read(known_epoch, job);
         newest_step.read(newest, job);
         bool known = known_epoch == meta.epoch;
-        if (known && (bit<33>) hdr.mindp.step > (bit<33>) newest + STEP_WINDOW) {
+        if (hdr.mindp.kind == KIND_PARAM) {
+            /* Admitted only from the node owning its chunk: the job has reached this step. */
+            if (!known || hdr.mindp.step > newest) {
+                progress_epoch.write(job, meta.epoch);
+                newest_step.write(job, hdr.mindp.step);
+            }
+        } else if (known && (bit<33>) hdr.mindp.step > (bit<33>) newest + STEP_WINDOW) {
             meta.dropped = 1;
             meta.drop_reason = DROP_FUTURE_STEP;
         } else {

@@ -54,9 +54,9 @@ control MindpIngress(inout headers_t hdr, inout metadata_t meta,
                 shards.apply(hdr, meta, standard_metadata);
             }
             if (meta.dropped == 0) {
-                if (hdr.mindp.kind != KIND_PARAM) {
-                    aggregation.apply(hdr, meta, standard_metadata);
-                } else {
+                /* A PARAM only advances the job's step window there. */
+                aggregation.apply(hdr, meta, standard_metadata);
+                if (hdr.mindp.kind == KIND_PARAM) {
                     multicast.apply(hdr, meta, standard_metadata);
                 }
             }

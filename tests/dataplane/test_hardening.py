@@ -172,6 +172,26 @@ def test_far_future_step_cannot_claim_a_cell(fabric, job1):
     complete_round(fabric, job1, 121 + STEP_WINDOW, 3, rng)  # the edge of the window is inside
 
 
+def test_parameters_arm_the_step_window_before_any_completion(fabric, job1):
+    """A restarted switch (here: a recreated job, whose progress is unknown alike) bounds steps from
+    the first PARAM of the job's node on, not only from its first completion: the node's stall
+    resend re-arms the window before any far-future gradient can claim a cell."""
+    rng = np.random.default_rng(34)
+    fabric.remove_job(job1)
+    again = fabric.install_job(1, job1.workers, "opt1", slot_base=100, slots=4, epoch=job1.epoch + 4000)
+    job1.entries, job1.epoch = again.entries, again.epoch
+    opt = fabric.hosts["opt1"]
+    fabric.send("opt1", codec.encode_tensor(Kind.PARAM, np.ones(K, np.float16), codec.Addresses(
+        opt.mac, "ff:ff:ff:ff:ff:ff", opt.ip, "255.255.255.255"), job=1, step=150, slot=0, ver=0)[0].tobytes())
+    got = fabric.collect(len(job1.workers))
+    assert {h for h, f in got.items() if f} == set(job1.workers)  # multicast as before
+    before = fabric.drops("FUTURE_STEP", 1)
+    fabric.send("w1_0", fabric.grad(job1, 0, np.ones(K, np.float16), step=150 + STEP_WINDOW + 1, chunk=1))
+    assert not any(fabric.collect(0).values())
+    assert fabric.drops("FUTURE_STEP", 1) == before + 1
+    complete_round(fabric, job1, 150 + STEP_WINDOW, 1, rng)  # the cell was not claimed
+
+
 def test_chunk_beyond_the_jobs_chunk_count_is_dropped(fabric, job2):
     fabric.remove_job(job2)
     bounded = fabric.install_job(2, job2.workers, "opt2", slot_base=200, slots=4, epoch=job2.epoch + 2000, chunks=6)
