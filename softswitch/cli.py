@@ -23,19 +23,19 @@ LEVELS = {"off": None, "critical": logging.CRITICAL, "error": logging.ERROR, "wa
           "warning": logging.WARNING, "info": logging.INFO, "debug": logging.DEBUG, "trace": logging.DEBUG}
 
 
-class UsageError(Exception):
+class SwitchUsageError(Exception):
     pass
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise UsageError(message)
+        raise SwitchUsageError(message)
 
 
 def parse_port(spec: str) -> tuple[int, str]:
     num, sep, iface = spec.partition("@")
     if not sep or not num.isdigit() or not iface:
-        raise UsageError(f"bad interface {spec!r}: expected PORT@IFACE, e.g. 1@veth1")
+        raise SwitchUsageError(f"bad interface {spec!r}: expected PORT@IFACE, e.g. 1@veth1")
     return int(num), iface
 
 
@@ -76,37 +76,37 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.tls = None
     if targs.grpc_server_ssl:
         if not (targs.grpc_server_cert and targs.grpc_server_key):
-            raise UsageError("--grpc-server-ssl needs --grpc-server-cert and --grpc-server-key")
+            raise SwitchUsageError("--grpc-server-ssl needs --grpc-server-cert and --grpc-server-key")
         if targs.grpc_server_with_client_auth and not targs.grpc_server_cacert:
-            raise UsageError("--grpc-server-with-client-auth needs --grpc-server-cacert")
+            raise SwitchUsageError("--grpc-server-with-client-auth needs --grpc-server-cacert")
         args.tls = (targs.grpc_server_cert, targs.grpc_server_key, targs.grpc_server_cacert,
                     targs.grpc_server_with_client_auth)
     elif targs.grpc_server_cacert or targs.grpc_server_cert or targs.grpc_server_key \
             or targs.grpc_server_with_client_auth:
-        raise UsageError("TLS options need --grpc-server-ssl")
+        raise SwitchUsageError("TLS options need --grpc-server-ssl")
     args.grpc_server_addr = targs.grpc_server_addr
     if args.thrift_port is not None and not 0 < args.thrift_port < 65536:
-        raise UsageError(f"--thrift-port {args.thrift_port}: not a TCP port")
+        raise SwitchUsageError(f"--thrift-port {args.thrift_port}: not a TCP port")
     args.cpu_port = targs.cpu_port
     if targs.drop_port is not None:
         args.drop_port = targs.drop_port
     if args.json and args.no_p4:
-        raise UsageError("give a JSON program or --no-p4, not both")
+        raise SwitchUsageError("give a JSON program or --no-p4, not both")
     if not args.json and not args.no_p4:
-        raise UsageError("missing JSON program (or --no-p4)")
+        raise SwitchUsageError("missing JSON program (or --no-p4)")
     ports = {}
     for spec in args.interface:
         num, iface = parse_port(spec)
         if num in ports:
-            raise UsageError(f"port {num} given twice")
+            raise SwitchUsageError(f"port {num} given twice")
         if num == args.drop_port:
-            raise UsageError(f"port {num} is the drop port")
+            raise SwitchUsageError(f"port {num} is the drop port")
         ports[num] = iface
     args.ports = ports
     for name in ("drop_prob", "dup_prob", "reorder_prob"):
         v = getattr(args, name)
         if not 0.0 <= v <= 1.0:
-            raise UsageError(f"--{name.replace('_', '-')} must be within [0, 1]")
+            raise SwitchUsageError(f"--{name.replace('_', '-')} must be within [0, 1]")
     return args
 
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = parse_args(argv)
-    except UsageError as exc:
+    except SwitchUsageError as exc:
         print(f"mindp-softswitch: {exc}", file=sys.stderr)
         return 2
     try:

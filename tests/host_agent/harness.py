@@ -76,7 +76,7 @@ def run_files(tmp_path, topo, init, steps) -> list[str]:
     return node_args(topo_path, tmp_path / "state", init_path, steps, tmp_path / "final.npz", tmp_path / "stats.json")
 
 
-class Fabric:
+class AgentFabric:
     """A switch on the bed's ports with the job installed by the controller (the topology's job,
     or `job`, e.g. a subset of its workers). restart() kills the switch and starts it again on the
     same ports; the controller then gives it the pipeline, forwarding and job back."""

@@ -19,7 +19,7 @@ from host_agent.worker import RtoConfig
 
 from tests.conftest import TARGET_PARAMS
 
-from .harness import Fabric, NodeProcess, Workers, check_against, job_bed, load_npz, run_files
+from .harness import AgentFabric, NodeProcess, Workers, check_against, job_bed, load_npz, run_files
 from .helpers import same_bits, small_model
 
 pytestmark = pytest.mark.net
@@ -107,7 +107,7 @@ def test_worker_link_down_and_up_mid_step(bed, tmp_path, target):
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
     w2 = WorkerProcess(b, topo, 2, tmp_path, init, 35)
     w2.argv[w2.argv.index("--deadline") + 1] = "1.5"
-    with Fabric(target, bed, tmp_path):
+    with AgentFabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
             workers = Workers(b, topo, init, gf, steps, ids=[0, 1, 3]).start()
@@ -156,7 +156,7 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
     cfg.dump(tmp_path / "workload.json")
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
     procs = [WorkerProcess(b, topo, w, tmp_path, init, workload=tmp_path / "workload.json") for w in range(4)]
-    with Fabric(target, bed, tmp_path):
+    with AgentFabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
             for p in procs:
@@ -226,7 +226,7 @@ def test_workers_added_and_removed_between_steps(bed, tmp_path, target):
     members = {s: ids for ids, lo, hi in phases for s in range(lo, hi)}
     ref = reference.train(init, gf, 3, 5, OptimizerConfig(), members=members.__getitem__)
     args = run_files(tmp_path, topo, init, 5)
-    with Fabric(target, bed, tmp_path, job=first_three(topo)) as fab:
+    with AgentFabric(target, bed, tmp_path, job=first_three(topo)) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
             params = None
@@ -259,7 +259,7 @@ def test_switch_killed_and_restarted_mid_step(bed, tmp_path, target):
     ref = reference.train(init, gf, 4, steps, OptimizerConfig())
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
     rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=20.0)
-    with Fabric(target, bed, tmp_path) as fab:
+    with AgentFabric(target, bed, tmp_path) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
             workers = Workers(b, topo, init, gf, steps, rto=rto, recv_drop={0: 0.3}).start()
@@ -288,7 +288,7 @@ def test_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_path, targ
     steps = 6
     ref = reference.train(init, gf, 4, steps, OptimizerConfig())
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
-    with Fabric(target, bed, tmp_path):
+    with AgentFabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         w2 = WorkerProcess(b, topo, 2, tmp_path, init, 34)
         try:
@@ -329,7 +329,7 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
     rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
     w2 = WorkerProcess(b, topo, 2, tmp_path, init, 33)
-    with Fabric(target, bed, tmp_path) as fab:
+    with AgentFabric(target, bed, tmp_path) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
             workers = Workers(b, topo, init, gf, 8, rto=rto, ids=[0, 1, 3]).start()

@@ -23,7 +23,7 @@ from mindp.treebed import TreeBed
 from tests.conftest import TARGET_PARAMS
 
 from .aggregator import Aggregator
-from .harness import Fabric, NodeProcess, Workers, load_stats, node_args
+from .harness import AgentFabric, NodeProcess, Workers, load_stats, node_args
 from .helpers import same_bits, small_model, with_nonfinite
 
 pytestmark = pytest.mark.net
@@ -105,7 +105,7 @@ def fabric(kind, bed, tmp_path):
         with ShardAggregator(bed[1], bed[0].ports(), drop=0.03, dup=0.03, reorder=0.03, seed=4) as agg:
             yield agg
     else:
-        with Fabric(kind, bed, tmp_path):
+        with AgentFabric(kind, bed, tmp_path):
             yield None
 
 

@@ -12,7 +12,7 @@ from host_agent.optim import OptimizerConfig
 
 from tests.conftest import TARGET_PARAMS
 
-from .harness import Fabric, NodeProcess, Workers, check_against, job_bed, run_files, state_rss, train
+from .harness import AgentFabric, NodeProcess, Workers, check_against, job_bed, run_files, state_rss, train
 from .helpers import small_model, with_nonfinite
 
 pytestmark = pytest.mark.net
@@ -37,7 +37,7 @@ def test_training_through_the_switch_is_bit_identical(bed, tmp_path, target, los
     faults = dict(drop=0.05, dup=0.05, reorder=0.05) if lossy else {}
     if lossy and target == "bmv2":  # BMv2 has no fault injection: the node's own paths lose too
         args += ["--drop-recv", "0.05", "--drop-send", "0.05", "--dup-send", "0.05", "--reorder-send", "0.05"]
-    with Fabric(target, bed, tmp_path, FAULTS if lossy else ()):
+    with AgentFabric(target, bed, tmp_path, FAULTS if lossy else ()):
         workers = train(bed, args, tmp_path, init, gf, STEPS, **faults)
     stats = check_against(ref, workers, tmp_path)
     assert stats["applied"] == STEPS * optim.layout_of(init).n_chunks
@@ -55,7 +55,7 @@ def test_nonfinite_gradient_skips_its_step(bed, tmp_path, target):
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
     assert len(ref.nonfinite) == 1
     args = run_files(tmp_path, topo, init, STEPS)
-    with Fabric(target, bed, tmp_path):
+    with AgentFabric(target, bed, tmp_path):
         workers = train(bed, args, tmp_path, init, gf, STEPS)
     stats = check_against(ref, workers, tmp_path, master=False)
     assert [tuple(x) for x in stats["nonfinite"]] == ref.nonfinite  # the node's hook saw the switch's flag
@@ -73,7 +73,7 @@ def test_killed_and_restarted_node_through_the_switch(bed, tmp_path, target):
     gf = reference.synthetic_grads(22)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
     args = run_files(tmp_path, topo, init, STEPS)
-    with Fabric(target, bed, tmp_path):
+    with AgentFabric(target, bed, tmp_path):
         workers = train(bed, args, tmp_path, init, gf, STEPS, kill_after=(1, 2), seed=5)
     check_against(ref, workers, tmp_path)
 
@@ -95,7 +95,7 @@ def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
     args = run_files(tmp_path, topo, init, 1)
     args[args.index("--ram-budget") + 1] = str(budget)
     samples = []
-    with Fabric(target, bed, tmp_path):
+    with AgentFabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
             workers = Workers(b, topo, init, gf, 1).start()

@@ -14,7 +14,7 @@ from mininet_topos import config, net
 from mininet_topos.leafspine import switch_ports
 from tests.conftest import TARGET_PARAMS
 
-from .test_make_run import Run, assert_clean, needs_root
+from .test_make_run import MakeRun, assert_clean, needs_root
 
 LEAVES, WORKERS, SHARDS, STEPS = 2, 2, 2, 4
 
@@ -24,7 +24,7 @@ LEAVES, WORKERS, SHARDS, STEPS = 2, 2, 2, 4
 @pytest.mark.parametrize("target", TARGET_PARAMS)
 @pytest.mark.parametrize("loss", ["0", "0.02"])
 def test_leafspine_run_is_bit_exact(tmp_path, target, loss):
-    run = Run(tmp_path, "--target", target, "--topo", "leafspine", "--leaves", str(LEAVES), "--workers", str(WORKERS),
+    run = MakeRun(tmp_path, "--target", target, "--topo", "leafspine", "--leaves", str(LEAVES), "--workers", str(WORKERS),
               "--optimizers", str(SHARDS), "--steps", str(STEPS), "--loss", loss, "--p4", "committed")
     assert run.run() == 0, run.out + run.err
     s = run.summary()

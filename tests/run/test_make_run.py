@@ -33,7 +33,7 @@ PREFIX = "mnt-"  # not make run's own mnr-: a test never meets a user's run
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="make run needs root")
 
 
-class Run:
+class MakeRun:
     def __init__(self, tmp: pathlib.Path, *args: str):
         self.tmp = tmp
         self.state_file = tmp / "run-state.json"
@@ -45,7 +45,7 @@ class Run:
         self.proc: subprocess.Popen | None = None
         self.out = self.err = ""
 
-    def start(self) -> Run:
+    def start(self) -> MakeRun:
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         return self
@@ -100,7 +100,7 @@ def leftovers(state: RunState | None, recorded: RunState) -> tuple[list, list]:
     return recorded.live_procs(), recorded.existing_interfaces()
 
 
-def assert_clean(run: Run, recorded: RunState | None = None) -> None:
+def assert_clean(run: MakeRun, recorded: RunState | None = None) -> None:
     assert not run.state_file.exists(), "state file left behind"
     present = [i for i in os.listdir("/sys/class/net") if i.startswith(PREFIX)]
     assert present == [], f"interfaces left: {present}"
@@ -130,7 +130,7 @@ def check_summary(s: dict, target: str, workers: int, steps: int, jobs: int = 1)
 
 @needs_root
 def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
-    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "4", "--p4", "committed", "--pcap", "1")
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "4", "--p4", "committed", "--pcap", "1")
     assert run.run() == 0, run.err
     s = run.summary()
     check_summary(s, "embedded", 2, 4)
@@ -167,7 +167,7 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
 
 @needs_root
 def test_embedded_run_with_loss_is_still_bit_exact(tmp_path):
-    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "4", "--loss", "0.05",
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "4", "--loss", "0.05",
               "--p4", "committed", "--seed", "3")
     assert run.run() == 0, run.err
     s = run.summary()
@@ -178,7 +178,7 @@ def test_embedded_run_with_loss_is_still_bit_exact(tmp_path):
 
 @needs_root
 def test_two_jobs_share_the_switch_both_bit_exact(tmp_path):
-    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "3", "--jobs", "2", "--p4", "committed")
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "3", "--jobs", "2", "--p4", "committed")
     assert run.run() == 0, run.err
     s = run.summary()
     check_summary(s, "embedded", 2, 3, jobs=2)
@@ -191,7 +191,7 @@ def test_two_jobs_share_the_switch_both_bit_exact(tmp_path):
 @pytest.mark.bmv2
 @pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed")
 def test_bmv2_short_run_is_bit_exact_and_learns(tmp_path):
-    run = Run(tmp_path, "--target", "bmv2", "--workers", "2", "--steps", "4", "--loss", "0.02")
+    run = MakeRun(tmp_path, "--target", "bmv2", "--workers", "2", "--steps", "4", "--loss", "0.02")
     assert run.run() == 0, run.err
     check_summary(run.summary(), "bmv2", 2, 4)
     assert_clean(run)
@@ -199,7 +199,7 @@ def test_bmv2_short_run_is_bit_exact_and_learns(tmp_path):
 
 @needs_root
 def test_stop_after_a_crashed_run_removes_everything_and_is_safe_twice(tmp_path):
-    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
     recorded = run.wait_for(run.training)
     assert len(recorded.procs) >= 1 + 3 + 1 + 1 + 3  # orchestrator, host shells, switch shell, switch, agents
     run.proc.send_signal(signal.SIGKILL)  # a crash: no cleanup of its own
@@ -215,7 +215,7 @@ def test_stop_after_a_crashed_run_removes_everything_and_is_safe_twice(tmp_path)
 
 @needs_root
 def test_stop_during_a_run_makes_it_clean_up_and_exit(tmp_path):
-    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
     recorded = run.wait_for(run.training)
     stop = subprocess.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
@@ -228,7 +228,7 @@ def test_stop_during_a_run_makes_it_clean_up_and_exit(tmp_path):
 @needs_root
 @pytest.mark.parametrize("victim, log", [("embedded switch", "switch.log"), ("worker-job1-1", "worker-job1-1.log")])
 def test_a_crash_during_the_run_is_one_line_naming_the_log(tmp_path, victim, log):
-    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
     recorded = run.wait_for(run.training)
     (proc,) = [p for p in recorded.procs if p.name.startswith(victim)]
     os.killpg(proc.pid, signal.SIGKILL)
@@ -241,14 +241,14 @@ def test_a_crash_during_the_run_is_one_line_naming_the_log(tmp_path, victim, log
 
 @needs_root
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
-    run = Run(tmp_path, "--workers", "zero")
+    run = MakeRun(tmp_path, "--workers", "zero")
     assert run.run(60) == 2
     assert run.err.strip() == "make run: WORKERS must be an integer in 1..32, got 'zero'"
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        run = Run(tmp_path, "--target", "embedded", "--grpc-port", str(port))
+        run = MakeRun(tmp_path, "--target", "embedded", "--grpc-port", str(port))
         assert run.run(60) == 1
     assert "already in use" in run.err and len(run.err.strip().splitlines()) == 1
     assert not run.runs.exists()
@@ -258,7 +258,7 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
     try:
         st = RunState(tmp_path / "run-state.json")
         st.add_proc(other.pid, "orchestrator", False)
-        run = Run(tmp_path, "--target", "embedded")
+        run = MakeRun(tmp_path, "--target", "embedded")
         assert run.run(60) == 1
         assert "a run is already active" in run.err and "make stop" in run.err
         assert other.poll() is None and run.state_file.exists()
@@ -269,7 +269,7 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
 
 @needs_root
 def test_a_missing_tool_is_named(tmp_path):
-    run = Run(tmp_path, "--target", "embedded")
+    run = MakeRun(tmp_path, "--target", "embedded")
     run.cmd = ["env", "PATH=/nonexistent", *run.cmd]
     assert run.run(60) == 1
     assert run.err.strip() == "make run: mnexec not found: install the Debian package mininet (make setup does)"
@@ -296,7 +296,7 @@ def test_not_root_is_refused(tmp_path, monkeypatch, capsys):
 class Terminal:
     """The orchestrator on a pseudo-terminal, as a user's shell runs it (the Mininet CLI reads it)."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: MakeRun):
         self.master, slave = pty.openpty()
         run.proc = subprocess.Popen(run.cmd, cwd=REPO, stdin=slave, stdout=slave, stderr=slave,
                                     start_new_session=True)
@@ -343,7 +343,7 @@ class Terminal:
 @needs_root
 @pytest.mark.parametrize("how", ["exit", "make stop"])
 def test_cli_after_training_pings_runs_mindp_ctl_and_cleans_up(tmp_path, how):
-    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "3", "--p4", "committed")
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "3", "--p4", "committed")
     run.cmd[run.cmd.index("--cli") + 1] = "1"
     term = Terminal(run)
     try:
@@ -380,7 +380,7 @@ def test_cli_after_training_pings_runs_mindp_ctl_and_cleans_up(tmp_path, how):
 
 @needs_root
 def test_log_debug_traces_every_packet_into_the_runs_switch_log(tmp_path):
-    run = Run(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "1", "--p4", "committed",
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "1", "--p4", "committed",
               "--log", "debug")
     assert run.run() == 0, run.err
     trace = (run.run_dir / "logs" / "switch.log").read_text()

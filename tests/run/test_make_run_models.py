@@ -12,13 +12,13 @@ pytest.importorskip("torch")
 
 from host_agent import optim  # noqa: E402
 from mindp import targets, workload  # noqa: E402
-from tests.run.test_make_run import Run, assert_clean, needs_root  # noqa: E402
+from tests.run.test_make_run import MakeRun, assert_clean, needs_root  # noqa: E402
 
 pytestmark = pytest.mark.net
 needs_bmv2 = pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed")
 
 
-def check(run: Run, model: str, target: str, workers: int, steps: int, loss: float = 0.0) -> dict:
+def check(run: MakeRun, model: str, target: str, workers: int, steps: int, loss: float = 0.0) -> dict:
     s = run.summary()
     wl = workload.WorkloadConfig.load(run.run_dir / "job1" / "workload.json")
     init = workload.init_params(wl)
@@ -41,7 +41,7 @@ def check(run: Run, model: str, target: str, workers: int, steps: int, loss: flo
 
 @needs_root
 def test_cnn_on_the_embedded_switch_with_loss_is_bit_exact(tmp_path):
-    run = Run(tmp_path, "--target", "embedded", "--model", "cnn", "--workers", "2", "--steps", "12",
+    run = MakeRun(tmp_path, "--target", "embedded", "--model", "cnn", "--workers", "2", "--steps", "12",
               "--loss", "0.02", "--p4", "committed")
     assert run.run() == 0, run.err
     s = check(run, "cnn", "embedded", 2, 12, loss=0.02)
@@ -50,7 +50,7 @@ def test_cnn_on_the_embedded_switch_with_loss_is_bit_exact(tmp_path):
 
 @needs_root
 def test_gpt_on_the_embedded_switch_is_bit_exact(tmp_path):
-    run = Run(tmp_path, "--target", "embedded", "--model", "gpt", "--workers", "2", "--steps", "2",
+    run = MakeRun(tmp_path, "--target", "embedded", "--model", "gpt", "--workers", "2", "--steps", "2",
               "--p4", "committed")
     assert run.run(290) == 0, run.err
     s = check(run, "gpt", "embedded", 2, 2)
@@ -62,7 +62,7 @@ def test_gpt_on_the_embedded_switch_is_bit_exact(tmp_path):
 @needs_bmv2
 @pytest.mark.parametrize("model, steps", [("cnn", 12), ("gpt", 2)])
 def test_torch_models_on_bmv2_with_loss_are_bit_exact(tmp_path, model, steps):
-    run = Run(tmp_path, "--target", "bmv2", "--model", model, "--workers", "2", "--steps", str(steps),
+    run = MakeRun(tmp_path, "--target", "bmv2", "--model", model, "--workers", "2", "--steps", str(steps),
               "--loss", "0.02")
     assert run.run(290) == 0, run.err
     check(run, model, "bmv2", 2, steps, loss=0.02)

@@ -16,7 +16,7 @@ from mindp import workload  # noqa: E402
 from mindp.lossscale import LossScaler  # noqa: E402
 from mindp.torch import DataParallel, layout_of, models, tasks  # noqa: E402
 from tests.conftest import TARGET_PARAMS  # noqa: E402
-from tests.host_agent.harness import Fabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
+from tests.host_agent.harness import AgentFabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
 
 pytestmark = pytest.mark.net
 N = 2
@@ -59,7 +59,7 @@ def test_torch_models_through_the_switch_are_bit_identical(bed, tmp_path, target
     ref = workload.reference_train(cfg, init, STEPS, OptimizerConfig())
     cfg.dump(tmp_path / "workload.json")
     node_args = run_files(tmp_path, topo, init, STEPS)
-    with Fabric(target, bed, tmp_path, ["--drop-prob", str(drop), "--seed", "4"] if drop else ()):
+    with AgentFabric(target, bed, tmp_path, ["--drop-prob", str(drop), "--seed", "4"] if drop else ()):
         node = NodeProcess(b.hosts["opt1"], node_args, tmp_path / "node.log").start()
         try:
             procs = [start_worker(b, topo, tmp_path, w, STEPS, drop) for w in range(N)]

@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp import targets, workload  # noqa: E402
-from tests.host_agent.harness import Fabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
+from tests.host_agent.harness import AgentFabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
 
 pytestmark = pytest.mark.net
 N = 2
@@ -38,7 +38,7 @@ def train_with_torchrun(bed, tmp_path, agents: list[tuple[list[str], str]]) -> s
     worker_args = ["-m", "mindp.torch.launch", "--netns-prefix", PREFIX, "--topology", str(tmp_path / "topo.json"),
                    "--job", "1", "--workload", str(tmp_path / "workload.json"), "--init", str(tmp_path / "init.npz"),
                    "--steps", str(STEPS)]
-    with Fabric("embedded", bed, tmp_path):
+    with AgentFabric("embedded", bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         procs = []
         try:
