@@ -232,7 +232,7 @@ def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver 
 class LinkWatch:
     """An agent's link (`ip link set down`, a pulled cable, a vanished interface): the first
     ENETDOWN/ENXIO/ENODEV of a send or receive is one line and each one a wait that doubles while
-    the link stays down; the first frame through again is one line more. Other errors re-raise."""
+    the link stays down; `alive` (a frame through again: the caller decides what proves it) is one line more. Other errors re-raise."""
 
     def __init__(self, prog: str, log=None, clock=time.monotonic, sleep=time.sleep):
         self.prog = prog
