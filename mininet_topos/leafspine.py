@@ -103,13 +103,7 @@ class TreeRun(Run):
         """The same pipeline on every switch, forwarding on each, and each switch's part of the job."""
         from controller.treectl import TreeController
 
-        log = self.logs / "controller.log"
-        handler = logging.FileHandler(log)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        ctl_log = logging.getLogger("mindp.controller")
-        ctl_log.addHandler(handler)
-        ctl_log.setLevel(logging.INFO)
-        ctl_log.propagate = False
+        ctl_log, log = self.controller_log()
         try:
             self.ctl = TreeController(self.topo, p4info_path=p4info, bmv2_json_path=json_path)
             self.ctl.push()

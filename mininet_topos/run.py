@@ -245,10 +245,8 @@ class Run:
             except (targets.TargetError, subprocess.TimeoutExpired) as exc:
                 raise RunError(f"BMv2 queue depth: {one_line(str(exc))}; see {self.logs / 'switch.log'}") from None
 
-    def configure(self, json_path: pathlib.Path, p4info: pathlib.Path) -> None:
-        """Pipeline, forwarding and jobs, over P4Runtime, from the same topology data."""
-        from controller.controller import Controller
-
+    def controller_log(self) -> tuple[logging.Logger, pathlib.Path]:
+        """The controller's logger, writing to logs/controller.log only."""
         log = self.logs / "controller.log"
         handler = logging.FileHandler(log)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
@@ -256,6 +254,13 @@ class Run:
         ctl_log.addHandler(handler)
         ctl_log.setLevel(logging.INFO)
         ctl_log.propagate = False  # its warnings go to the log, not over the progress bar
+        return ctl_log, log
+
+    def configure(self, json_path: pathlib.Path, p4info: pathlib.Path) -> None:
+        """Pipeline, forwarding and jobs, over P4Runtime, from the same topology data."""
+        from controller.controller import Controller
+
+        ctl_log, log = self.controller_log()
         try:
             self.ctl = Controller.for_topology(self.topo, p4info_path=p4info, bmv2_json_path=json_path)
             self.ctl.push()
