@@ -15,13 +15,12 @@ import json
 import logging
 import pathlib
 import shutil
-import subprocess
 import sys
 
 import numpy as np
 
 from host_agent import optim, state
-from mindp import targets, topology, workload
+from mindp import topology, workload
 
 from .console import RunError, one_line
 from .run import Run
@@ -81,23 +80,7 @@ class TreeRun(Run):
                                  per_switch=per_switch)
         self.switches = [self.net.get(s.name) for s in self.topo.switches]
         self.switch = self.switches[0]
-        for sw in self.switches:
-            for intf in sw.port_ifaces().values():
-                mnet.quiet_root_iface(intf)
-        for host in self.net.hosts:
-            mnet.quiet_host(host)
-        self.net.staticArp()
-        try:
-            self.net.start()
-        except targets.TargetError as exc:
-            raise RunError(one_line(str(exc))) from None
-        if self.target == "bmv2":
-            for sw in self.switches:
-                try:
-                    sw.process.set_queue_depth(1024)
-                except (targets.TargetError, subprocess.TimeoutExpired) as exc:
-                    raise RunError(f"BMv2 {sw.name} queue depth: {one_line(str(exc))}; "
-                                   f"see {self.logs / f'switch-{sw.name}.log'}") from None
+        self.start_net({sw.name: sw for sw in self.switches}, lambda name: self.logs / f"switch-{name}.log")
 
     def configure(self, json_path: pathlib.Path, p4info: pathlib.Path) -> None:
         """The same pipeline on every switch, forwarding on each, and each switch's part of the job."""

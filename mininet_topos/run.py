@@ -230,8 +230,16 @@ class Run:
                       thrift_port=self.cfg.thrift_port)
         self.net = mnet.make_net(self.topo, params, record=self.state.add_proc, prefix=self.if_prefix)
         self.switch = self.net.switches[0]
-        for intf in self.switch.port_ifaces().values():
-            mnet.quiet_root_iface(intf)
+        self.start_net({"": self.switch}, lambda name: self.logs / "switch.log")
+
+    def start_net(self, switches: dict, log_of) -> None:
+        """Quiet the interfaces, start the network and, on BMv2, deepen each switch's egress queues
+        (64 packets by default, dropped silently when full); `switches`: name (as said in errors) -> switch."""
+        from . import net as mnet  # Mininet only where a run starts
+
+        for sw in switches.values():
+            for intf in sw.port_ifaces().values():
+                mnet.quiet_root_iface(intf)
         for host in self.net.hosts:
             mnet.quiet_host(host)
         self.net.staticArp()
@@ -240,10 +248,12 @@ class Run:
         except targets.TargetError as exc:
             raise RunError(one_line(str(exc))) from None
         if self.target == "bmv2":
-            try:
-                self.switch.process.set_queue_depth(1024)
-            except (targets.TargetError, subprocess.TimeoutExpired) as exc:
-                raise RunError(f"BMv2 queue depth: {one_line(str(exc))}; see {self.logs / 'switch.log'}") from None
+            for name, sw in switches.items():
+                try:
+                    sw.process.set_queue_depth(1024)
+                except (targets.TargetError, subprocess.TimeoutExpired) as exc:
+                    where = f"BMv2 {name} queue depth" if name else "BMv2 queue depth"
+                    raise RunError(f"{where}: {one_line(str(exc))}; see {log_of(name)}") from None
 
     def controller_log(self) -> tuple[logging.Logger, pathlib.Path]:
         """The controller's logger, writing to logs/controller.log only."""
