@@ -188,7 +188,9 @@ def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", type=int, default=100_000, help="chunks per step for the send-rate figure")
-    ap.add_argument("--elements", type=int, default=4_000_000, help="model size for the in-RAM figure")
+    ap.add_argument("--elements", type=int, nargs="+", default=[4_000_000, 32_000_000],
+                    help="model sizes for the in-RAM figures (default: one whose torch state half fits this "
+                         "machine's 32 MiB L3, one 16x larger)")
     ap.add_argument("--ooc-elements", type=int, default=4_000_000, help="model size for the out-of-core figure")
     ap.add_argument("--batch", type=int, default=node.RECV_ROWS,
                     help="sums per NodeCore.handle call in RAM (at most the node's receive batch, node.RECV_ROWS)")
@@ -208,20 +210,22 @@ def main() -> int:
             print(f"worker send      {worker:12,.0f} pkt/s   bare raw-socket loop {bare:12,.0f} pkt/s   "
                   f"ratio {worker / bare:.2f}")
         shm = pathlib.Path("/dev/shm")
-        for kind in ("adamw", "sgd") if "ram" in only else ():
-            ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
-            try:  # state on tmpfs: durability costs nothing; the best of 3 each, interleaved with torch's
-                ours, kernel, theirs = 0.0, 0.0, 0.0
-                for _ in range(3):
-                    ours = max(ours, node_rate(ram_dir, args.elements, None, batch=args.batch, kind=kind))
-                    kernel = max(kernel, kernel_rate(args.elements, kind))
-                    name, base = baseline_rate(args.elements, kind)
-                    theirs = max(theirs, base)
-            finally:
-                shutil.rmtree(ram_dir, ignore_errors=True)
-            print(f"node in RAM {kind:5} {ours:12,.0f} elem/s  {name} {theirs:12,.0f} elem/s   "
-                  f"ratio {ours / theirs:.3f}  (fused kernel {'numpy fallback' if fused.NUMPY_ONLY else 'numba'} "
-                  f"alone {kernel:,.0f} elem/s, ratio {kernel / theirs:.3f})")
+        for elements in args.elements if "ram" in only else ():
+            for kind in ("adamw", "sgd"):
+                ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
+                try:  # state on tmpfs: durability costs nothing; the best of 3 each, interleaved with torch's
+                    ours, kernel, theirs = 0.0, 0.0, 0.0
+                    for _ in range(3):
+                        ours = max(ours, node_rate(ram_dir, elements, None, batch=args.batch, kind=kind))
+                        kernel = max(kernel, kernel_rate(elements, kind))
+                        name, base = baseline_rate(elements, kind)
+                        theirs = max(theirs, base)
+                finally:
+                    shutil.rmtree(ram_dir, ignore_errors=True)
+                print(f"node in RAM {kind:5} {elements / 1e6:.0f}M elements {ours:12,.0f} elem/s  {name} "
+                      f"{theirs:12,.0f} elem/s   ratio {ours / theirs:.3f}  (fused kernel "
+                      f"{'numpy fallback' if fused.NUMPY_ONLY else 'numba'} alone {kernel:,.0f} elem/s, "
+                      f"ratio {kernel / theirs:.3f})")
         if "ooc" not in only:
             return 0
         state_bytes = 2 * (-(-args.ooc_elements // K)) * state.RECORD.itemsize

@@ -91,6 +91,10 @@ class NodeCore:
     def handle(self, headers: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A batch of SUM headers and (n, K) int64 sums -> PARAM headers and (m, K) fp16 to send."""
         self.stats["sums"] += len(headers)
+        if not self.store.step_nonfinite:
+            usual = self._handle_in_order(headers, sums)
+            if usual is not None:
+                return usual
         ok = self._valid(headers)
         cur = self.store.current
         idx = np.flatnonzero(ok)
@@ -123,10 +127,9 @@ class NodeCore:
             self._learn_nonfinite(cur, uniq, applied_hdr)
             # Sums that arrived in chunk order (the usual case) go to the kernel without a copy.
             in_order = len(apply_rows) == len(sums) and bool((apply_rows == np.arange(len(sums))).all())
-            out_vals.append(self._apply(cur, uniq, applied_hdr, sums if in_order else sums[apply_rows]))
-            if self.store.step_complete:
-                self.store.commit()
-                self.stats["steps"] += 1
+            out_vals.append(self._apply(cur, uniq, applied_hdr["nworkers"].astype(np.float64),
+                                        sums if in_order else sums[apply_rows]))
+            self._commit_if_complete()
         if len(resend):
             self.stats["resent"] += len(resend)
             out_vals.append(np.stack([self._params_of(int(headers["step"][i]), int(headers["chunk"][i]))
@@ -144,17 +147,43 @@ class NodeCore:
         hdr["worker"] = 0
         hdr["kind"] = Kind.PARAM
         if len(uniq):
-            applied = hdr[: len(uniq)]
-            slot = applied["slot"].astype(np.intp)
-            if uniq[-1] - uniq[0] == len(uniq) - 1:  # consecutive chunks: the last `slots` rows, one per slot
-                last = np.arange(max(0, len(uniq) - self.slots), len(uniq))
-            else:
-                _, last = np.unique(slot[::-1], return_index=True)  # each slot's last row, at most `slots`
-                last = len(applied) - 1 - last
-            as_void(self.recent)[slot[last]] = take_rows(applied, last).view(as_void(self.recent).dtype)
-            self.recent_set[slot[last]] = True
-            self.store.prefetch_from(0 if self.store.current != cur else int(uniq[-1]) + 1)
+            self._remember(cur, uniq, hdr[: len(uniq)])
         return hdr, out_vals[0] if len(out_vals) == 1 else np.concatenate(out_vals)
+
+    def _handle_in_order(self, headers: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The usual batch (valid sums of the current step for consecutive chunks not yet applied,
+        none NONFINITE) with its checks and answer headers in one compiled pass; None otherwise."""
+        cur = self.store.current
+        usual = fused.in_order_batch(headers, self.job_id, self.max_workers, self.lo, self.hi, self.n_total,
+                                     self.slots, self.last_count, cur, self.store.applied)
+        if usual is None:
+            return None
+        hdr, nworkers = usual
+        lo = int(headers["chunk"][0]) - self.lo
+        chunks = np.arange(lo, lo + len(hdr))
+        out = self._apply(cur, chunks, nworkers, sums)
+        self._commit_if_complete()
+        self._remember(cur, chunks, hdr)
+        return hdr, out
+
+    def _commit_if_complete(self) -> None:
+        if self.store.step_complete:
+            self.store.commit()
+            self.stats["steps"] += 1
+
+    def _remember(self, step: int, chunks: np.ndarray, applied: np.ndarray) -> None:
+        """After sorted `chunks` of `step` were applied (answer headers `applied`): each slot's last
+        answer (for recent_params), and the pages to read ahead."""
+        if chunks[-1] - chunks[0] == len(chunks) - 1:  # consecutive chunks: the last `slots` rows, one per slot
+            rows = applied[max(0, len(chunks) - self.slots):]
+        else:
+            slot = applied["slot"].astype(np.intp)
+            _, last = np.unique(slot[::-1], return_index=True)  # each slot's last row, at most `slots`
+            rows = take_rows(applied, len(applied) - 1 - last)
+        slot = rows["slot"].astype(np.intp)
+        as_void(self.recent)[slot] = as_void(rows)
+        self.recent_set[slot] = True
+        self.store.prefetch_from(0 if self.store.current != step else int(chunks[-1]) + 1)
 
     def recent_params(self) -> tuple[np.ndarray, np.ndarray]:
         """The parameters of each slot's last applied chunk (of the current or the last committed
@@ -203,10 +232,11 @@ class NodeCore:
             if self.on_nonfinite:
                 self.on_nonfinite(step, c)
 
-    def _apply(self, step: int, chunks: np.ndarray, headers: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    def _apply(self, step: int, chunks: np.ndarray, nworkers: np.ndarray, sums: np.ndarray) -> np.ndarray:
+        """Sorted unique `chunks` of `step` updated with `sums` averaged over `nworkers` (float64,
+        one per chunk) -> their fp16 parameters."""
         store = self.store
         src, dst = store.copy_after(step - 1), store.copy_after(step)
-        nworkers = headers["nworkers"].astype(np.int64)
         out = np.empty((len(chunks), K), dtype=np.float16)
         pos = 0
         # State mapped whole (in RAM): a run of consecutive chunks is one kernel call across pages,
@@ -222,7 +252,7 @@ class NodeCore:
                 # Adam's bias correction counts updates, not steps: a skipped step is none.
                 fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
                                      out[pos : pos + n])
-            for a, b in page_cuts(lo, hi, store.page_chunks):
+            for a, b in [(lo, hi)] if store.pages.mapped else page_cuts(lo, hi, store.page_chunks):
                 store.mark_applied(a, b)
             pos += n
         self.stats["applied"] += len(chunks)

@@ -97,11 +97,12 @@ class PagedState:
 
     def applied(self, dst: int | None, lo: int, hi: int) -> None:
         """Records [lo, hi) of one page were updated in the working buffer (dst: write them to that
-        copy now) or answered unchanged (dst None); called before they are marked applied."""
-        page = self._page(lo, hi)
-        self.done[page] += hi - lo
+        copy now) or answered unchanged (dst None); called before they are marked applied. Mapped
+        whole, the records are in place already and [lo, hi) may span pages."""
         if self.mapped:
             return
+        page = self._page(lo, hi)
+        self.done[page] += hi - lo
         if dst is not None:
             buf = self.pager.buffer(page)
             if buf is None:

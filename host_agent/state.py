@@ -277,7 +277,8 @@ class Store:
         self.pages.prefetch(self.copy_after(self.committed), chunk, self.current)
 
     def mark_applied(self, lo: int, hi: int) -> None:
-        """Chunks [lo, hi) of one page, none applied before in this step, are now applied: their
+        """Chunks [lo, hi) of one page (any range if mapped whole), none applied before in this
+        step, are now applied: their
         records (updated in place, or answered unchanged in a non-finite step) are written to the
         destination copy first, so a killed node never loses an applied chunk."""
         self.pages.applied(None if self.step_nonfinite else self.copy_after(self.current), lo, hi)
