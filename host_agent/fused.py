@@ -63,6 +63,12 @@ _O_KIND, _O_FLAGS, _O_WORKER = _F["kind"][1], _F["flags"][1], _F["worker"][1]
 _NONFINITE, _RETRANSMIT, _PARAM = int(Flag.NONFINITE), int(Flag.RETRANSMIT), int(Kind.PARAM)
 
 
+def wire_order(h: np.ndarray) -> np.ndarray:
+    """Headers as codec.HEADER_DTYPE (big-endian), which the compiled passes read as bytes: numpy
+    turns them native-endian in np.concatenate, for one."""
+    return h if h.dtype == codec.HEADER_DTYPE else h.astype(codec.HEADER_DTYPE)
+
+
 def check_sums_numpy(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, n_total: int, slots: int,
                      last_count: int) -> tuple[np.ndarray, np.ndarray]:
     """check_sums by numpy."""
@@ -92,6 +98,7 @@ def check_sums(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, n_to
     `slots`). Returns (row passed all, rows failed per CHECKS, each row under its first failure)."""
     if NUMPY_ONLY:
         return check_sums_numpy(h, job, max_workers, lo, hi, n_total, slots, last_count)
+    h = wire_order(h)
     ok = np.empty(len(h), dtype=np.bool_)
     bad = np.zeros(len(CHECKS), dtype=np.int64)
     _check(h.view(np.uint8).reshape(len(h), h.dtype.itemsize), job, max_workers, lo, hi, n_total, slots, last_count,
@@ -107,6 +114,7 @@ def in_order_batch(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, 
     general path; always, without numba)."""
     if NUMPY_ONLY or not len(h):
         return None
+    h = wire_order(h)
     hb = h.view(np.uint8).reshape(len(h), h.dtype.itemsize)
     ob = hb.copy()  # a byte copy: numpy copies structured rows field by field, 10x slower
     nw = np.empty(len(h), np.float64)

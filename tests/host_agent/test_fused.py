@@ -116,3 +116,40 @@ def test_sum_checks_one_pass_equal_the_numpy_checks(lo, hi, n_total):
     want_ok, want_bad = fused.check_sums_numpy(h, *args)
     assert np.array_equal(ok, want_ok) and np.array_equal(bad, want_bad)
     assert 0 < ok.sum() < n and (bad > 0).all() and bad.sum() == n - ok.sum()
+
+
+@needs_numba
+def test_in_order_batch_answers_a_clean_run_and_refuses_any_deviation():
+    """Each way one row can spoil a run sends the batch to the general path (None); a clean run is
+    answered with PARAM headers (RETRANSMIT kept, worker and nworkers cleared) and its counts."""
+    from mindp import codec, schedule
+    from mindp.protocol import Flag, Kind
+
+    n_total, slots, step, lo, hi = 100, 8, 5, 10, 99
+    chunks = np.arange(60, 100)
+    slot, ver = schedule.slots_and_versions(step, chunks, n_total, slots)
+    clean = codec.header_array(len(chunks), kind=Kind.SUM, job=3, step=step, chunk=chunks, slot=slot, ver=ver,
+                               count=np.where(chunks == hi, 7, K), nworkers=np.arange(len(chunks)) % 4 + 1, worker=9)
+    clean["flags"][::3] = Flag.RETRANSMIT
+    applied = np.zeros(hi - lo + 1, np.bool_)
+    args = (3, 4, lo, hi, n_total, slots, 7, step)
+    out, nw = fused.in_order_batch(clean, *args, applied)
+    assert (out["kind"] == Kind.PARAM).all() and not out["nworkers"].any() and not out["worker"].any()
+    assert np.array_equal(out["flags"], clean["flags"]) and np.array_equal(nw, clean["nworkers"])
+    for field in ("chunk", "step", "slot", "ver", "count", "job"):
+        assert np.array_equal(out[field], clean[field])
+    # Headers in native byte order (np.concatenate makes them) are read as the same fields.
+    assert fused.in_order_batch(np.concatenate([clean[:5], clean[5:]]), *args, applied) is not None
+    spoilers = [("job", 4), ("nworkers", 0), ("nworkers", 5), ("chunk", 61), ("step", step + 1),
+                ("flags", Flag.NONFINITE), ("count", K - 1), ("slot", 0), ("ver", 1 - ver[7])]
+    for field, value in spoilers:
+        bad = clean.copy()
+        bad[field][7] = value
+        assert fused.in_order_batch(bad, *args, applied) is None, field
+    done = applied.copy()
+    done[60 + 7 - lo] = True
+    assert fused.in_order_batch(clean, *args, done) is None
+    assert fused.in_order_batch(clean, 3, 4, 61, hi, n_total, slots, 7, step, applied) is None  # chunk 60 < lo
+    short = clean[-1:].copy()
+    short["count"] = K
+    assert fused.in_order_batch(short, *args, applied) is None  # the last chunk holds 7

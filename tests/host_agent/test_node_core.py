@@ -332,3 +332,56 @@ def test_crash_at_each_point_of_the_apply_and_commit_path(tmp_path, monkeypatch,
     core.store.export(tmp_path / "out.npz")
     with np.load(tmp_path / "out.npz") as z:
         assert same_bits({k: z[k] for k in z.files}, ref.master)
+
+
+def test_in_order_batches_take_the_compiled_path_and_answer_as_the_general_one(tmp_path, monkeypatch):
+    """The same sums (in order, each batch a run of consecutive chunks; some batches spoiled by a
+    hostile or repeated row) to two nodes, one with the compiled in-order path, one without: the
+    same answers, counters and state, and the in-order path taken by the clean batches."""
+    from host_agent import fused
+
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig()
+    gf = reference.synthetic_grads(7)
+    rng = np.random.default_rng(7)
+    steps = []
+    params = initial_fp16(init)
+    for step in range(3):
+        sums, nf = step_sums(lay, gf, N, step, params)
+        batches = []
+        for lo in range(0, lay.n_chunks, 6):
+            chunks = np.arange(lo, min(lo + 6, lay.n_chunks))
+            hdr, s = sum_headers(JOB, step, chunks, lay, S, N, nf), sums[chunks]
+            spoil = rng.integers(0, 5)
+            if spoil == 1:  # a hostile row: another job's sum
+                hdr = np.concatenate([hdr, sum_headers(JOB + 1, step, chunks[:1], lay, S, N)])
+                s = np.concatenate([s, s[:1]])
+            elif spoil == 2:  # a duplicate of the batch's first chunk
+                hdr, s = np.concatenate([hdr, hdr[:1]]), np.concatenate([s, s[:1]])
+            batches.append((hdr, s))
+        steps.append(batches)
+        params = reference.train(init, gf, N, step + 1, cfg).params
+
+    def run(directory):
+        core = open_core(directory, init, cfg)
+        answers = [core.handle(h, s) for batches in steps for h, s in batches]
+        return core, answers
+
+    taken = []
+    in_order = fused.in_order_batch
+    monkeypatch.setattr(fused, "in_order_batch", lambda *a: taken.append(in_order(*a)) or taken[-1])
+    fast, fast_answers = run(tmp_path / "fast")
+    monkeypatch.setattr(fused, "in_order_batch", lambda *a: None)
+    slow, slow_answers = run(tmp_path / "slow")
+    if not fused.NUMPY_ONLY:
+        assert sum(t is not None for t in taken) >= len(taken) // 2 > 0
+    for (fh, fv), (sh, sv) in zip(fast_answers, slow_answers):
+        assert fh.tobytes() == sh.tobytes() and np.array_equal(fv.view(np.uint16), sv.view(np.uint16))
+    assert fast.stats == slow.stats and fast.committed == slow.committed == 2
+    assert slow.stats["rejected_job"] > 0 and slow.stats["resent"] > 0
+    master = reference.train(init, gf, N, 3, cfg).master
+    for spec in lay.specs:
+        want = master[spec.name].reshape(-1).view(np.uint32)
+        assert np.array_equal(fast.store.tensor(spec.name).reshape(-1).view(np.uint32), want)
+        assert np.array_equal(slow.store.tensor(spec.name).reshape(-1).view(np.uint32), want)
