@@ -72,7 +72,7 @@ def best_machine(a: residency.Machine | None, b: residency.Machine) -> residency
     return residency.Machine(disk_read=max(a.disk_read, b.disk_read), disk_write=max(a.disk_write, b.disk_write),
                              update=max(a.update, b.update),
                              sync=min(a.sync, b.sync), disk_mixed=max(a.disk_mixed, b.disk_mixed),
-                             io_cpu=min(a.io_cpu, b.io_cpu), cores=max(a.cores, b.cores))
+                             io_cpu=min(a.io_cpu, b.io_cpu), cores=max(a.cores, b.cores), flush=min(a.flush, b.flush))
 
 
 def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4, rounds: int = 2) -> None:
@@ -93,11 +93,12 @@ def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4, 
             plan, peak = store.pages.plan, store.pages.peak_pages
             store.close()
             shutil.rmtree(tmp / f"state-{budget}")
-        seq = 2 / (1 / m.disk_read + 1 / m.disk_write)
+        seq = 2 / (1 / m.disk_read + 1 / m.durable_write)
         pred = residency.predict(plan, w, m)
         moved = 2 * w.copy_bytes / best
         err = (pred.step_time - best) / best
-        print(f"  machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s "
+        print(f"  machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.durable_write / 2**20:,.0f} MiB/s "
+              f"fsynced ({m.disk_write / 2**20:,.0f} MiB/s written back, then {m.flush * 2**30:.2f} s/GiB of fsync) "
               f"(sequential read+write {seq / 2**20:,.0f} MiB/s; both at once {m.disk_mixed / 2**20:,.0f} MiB/s); "
               f"node update {m.update / 1e6:,.1f} M elem per CPU s (streamed); "
               f"I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; {m.cores:.1f} cores free; commit sync {m.sync * 1e3:.1f} ms")

@@ -25,15 +25,18 @@ from .pager import SYNC_FILE_RANGE_WAIT_AFTER, SYNC_FILE_RANGE_WAIT_BEFORE, SYNC
 BLOCK = 1 << 20
 
 
-def _write(fd: int, buf: np.ndarray, n: int, block: int) -> None:
-    """n blocks written as the pipeline writes: pwrite, write-back started, the previous waited for."""
+def _write(fd: int, buf: np.ndarray, n: int, block: int) -> float:
+    """n blocks written as the pipeline writes: pwrite, write-back started, the previous waited for;
+    then fsync, as a commit does. Returns the seconds of that fsync."""
     for i in range(n):
         os.pwrite(fd, buf, i * block)
         _libc.sync_file_range(fd, i * block, block, SYNC_FILE_RANGE_WRITE)
         if i:
             _libc.sync_file_range(fd, (i - 1) * block, block, SYNC_FILE_RANGE_WAIT_BEFORE
                                   | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
+    t = time.perf_counter()
     os.fsync(fd)
+    return time.perf_counter() - t
 
 
 def _read(path: str, buf: np.ndarray, n: int, block: int) -> None:
@@ -49,11 +52,15 @@ def _read(path: str, buf: np.ndarray, n: int, block: int) -> None:
 
 
 def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20,
-         block: int = BLOCK) -> tuple[float, float, float, float]:
-    """(read, write, mixed) bytes/s of scratch files in `directory`: a file written block by block
-    (each written back as the pipeline does); read back with O_DIRECT (buffered where refused); then
-    read again while a second file is written, as the pipeline's reader and writer threads do
-    (mixed: bytes read + written per second); and the CPU seconds the process spent per byte moved."""
+         block: int = BLOCK) -> tuple[float, float, float, float, float]:
+    """(read, write, mixed, io_cpu, flush) of scratch files in `directory`, as the pipeline moves a
+    state that it overwrites every other step: each file written once first (untimed), then
+    overwritten block by block (each block written back as the pipeline does: `write` is that
+    stream's rate, bytes/s) and fsynced (`flush`: the seconds per byte written that the fsync still
+    took: a disk behind a write cache, as a VM's, acknowledges the write-back at once and persists
+    at the fsync); read back with O_DIRECT (buffered where refused); then read again while the
+    other file is overwritten, as the pipeline's reader and writer threads do (`mixed`: bytes read +
+    written per second, before the fsync); `io_cpu`: the CPU seconds per byte moved."""
     n = max(1, nbytes // block)
     bufs_mm = [mmap.mmap(-1, block) for _ in range(2)]
     bufs = [np.frombuffer(mm, np.uint8) for mm in bufs_mm]
@@ -65,11 +72,13 @@ def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20,
             paths.append(path)
             fds.append(fd)
             os.posix_fallocate(fd, 0, n * block)
-            os.fsync(fd)
+            _write(fd, bufs[1], n, block)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         cpu = time.process_time()
         t = time.perf_counter()
-        _write(fds[0], bufs[1], n, block)
-        write = n * block / (time.perf_counter() - t)
+        synced = _write(fds[0], bufs[1], n, block)
+        write = n * block / (time.perf_counter() - t - synced)
+        flushes = [synced]
         os.posix_fadvise(fds[0], 0, 0, os.POSIX_FADV_DONTNEED)
         t = time.perf_counter()
         _read(paths[0], bufs[0], n, block)
@@ -78,9 +87,10 @@ def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20,
         reader = threading.Thread(target=_read, args=(paths[0], bufs[0], n, block))
         t = time.perf_counter()
         reader.start()
-        _write(fds[1], bufs[1], n, block)
+        synced = _write(fds[1], bufs[1], n, block)
         reader.join()
-        mixed = 2 * n * block / (time.perf_counter() - t)
+        mixed = 2 * n * block / (time.perf_counter() - t - synced)
+        flushes.append(synced)
         io_cpu = (time.process_time() - cpu) / (4 * n * block)
     finally:
         for fd, path in zip(fds, paths):
@@ -89,7 +99,7 @@ def disk(directory: str | pathlib.Path, nbytes: int = 128 << 20,
         del bufs
         for mm in bufs_mm:
             mm.close()
-    return read, write, mixed, io_cpu
+    return read, write, mixed, io_cpu, min(flushes) / (n * block)
 
 
 def cores(seconds: float = 0.3) -> float:
@@ -177,9 +187,10 @@ def commit_sync(directory: str | pathlib.Path, tries: int = 5) -> float:
 
 def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, disk_bytes: int = 128 << 20,
             block: int = BLOCK) -> residency.Machine:
-    read, write, mixed, io_cpu = disk(directory, disk_bytes, block)
+    read, write, mixed, io_cpu, flush = disk(directory, disk_bytes, block)
     return residency.Machine(disk_read=read, disk_write=write, update=node_update(cfg, directory=directory),
-                             sync=commit_sync(directory), disk_mixed=mixed, io_cpu=io_cpu, cores=cores())
+                             sync=commit_sync(directory), disk_mixed=mixed, io_cpu=io_cpu, cores=cores(),
+                             flush=flush)
 
 
 def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunks: int, window: int,
@@ -197,8 +208,9 @@ def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunk
     return "\n".join([
         f"state: {n_chunks:,} chunks ({elements:,} elements), {2 * w.copy_bytes / 2**20:,.1f} MiB in two copies, "
         f"pages of {w.page_bytes // 1024} KiB; RAM budget {budget / 2**20:,.1f} MiB = {r.budget_pages} pages",
-        f"machine ({where}): disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.disk_write / 2**20:,.0f} MiB/s; "
-        f"node update {m.update / 1e6:,.1f} M elem per CPU s; I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; "
+        f"machine ({where}): disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.durable_write / 2**20:,.0f} MiB/s "
+        f"fsynced ({m.disk_write / 2**20:,.0f} MiB/s written back, then {m.flush * 2**30:.2f} s/GiB of fsync); node update {m.update / 1e6:,.1f} M elem per CPU s; "
+        f"I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; "
         f"{m.cores:.1f} cores free",
         f"plan: {r.mode}" + ("" if r.mode == "mapped" else
                              f", {len(r.resident)} of {w.n_pages} pages resident across steps, {r.ahead} read ahead, "

@@ -19,7 +19,9 @@ A budget that holds both copies maps the files whole (no copies at all).
 Step time: the disk moves the streamed reads and all writes (at its measured mixed rate while
 both run, the reader and writer threads being concurrent, then alone), the CPU
 updates every page, the network delivers the sums; the slowest of the three sets the pace, plus
-what cannot overlap: the first read (unless resident pages cover it), the last write-back, fsync.
+what cannot overlap: the first read (unless resident pages cover it), the last write-back, and
+the commit's fsync, which persists whatever a write cache acknowledged during the step (on this
+VM's disk nearly all of it: `Machine.flush`, seconds per byte written, measured by the probe).
 """
 from __future__ import annotations
 
@@ -72,6 +74,12 @@ class Machine:
     disk_mixed: float | None = None  # bytes/s read + written while reads and writes run at once
     io_cpu: float = 0.0  # CPU seconds per byte read or written (I/O threads and the kernel's share)
     cores: float | None = None  # CPU cores this process gets on a shared machine (None: as many as it wants)
+    flush: float = 0.0  # s per byte written that a commit's fsync still takes (a write cache persisting it)
+
+    @property
+    def durable_write(self) -> float:
+        """bytes/s written and fsynced: the disk's sequential write bandwidth."""
+        return 1 / (1 / self.disk_write + self.flush)
 
     def cpu_time(self, main: float, io: float) -> float:
         """Wall seconds for `main` CPU seconds on one thread and `io` on others, at the cores we get."""
@@ -120,7 +128,16 @@ def decide(budget_bytes: int, w: Workload, map_whole: bool = True) -> Residency:
     behind = max(0, min(BEHIND, free - ahead))
     keep = max(0, min(w.n_pages, free - ahead - behind))
     order = list(range(w.n_pages)) if w.order is None else list(dict.fromkeys(w.order))
-    return Residency("stream", pages, max(1, ahead), behind, frozenset(order[:keep]))
+    return Residency("stream", pages, max(1, ahead), behind, frozenset(spread(order, keep)))
+
+
+def spread(order: list[int], keep: int) -> list[int]:
+    """`keep` pages of `order`, evenly spaced along it and the first among them: the streamed pages'
+    reads then run beside the resident pages' writes all through the step (as the model's mixed
+    disk rate assumes), where keeping the first `keep` left every read to the end of the step,
+    queued behind the writes."""
+    n = len(order)
+    return [p for i, p in enumerate(order) if keep and -(-(i + 1) * keep // n) > -(-i * keep // n)]
 
 
 def predict(r: Residency, w: Workload, m: Machine) -> Prediction:
@@ -129,7 +146,7 @@ def predict(r: Residency, w: Workload, m: Machine) -> Prediction:
     compute = m.cpu_time(elements / m.update, 0.0)
     arrival = 0.0 if w.arrival is None else w.n_chunks / w.arrival
     if r.mode == "mapped":  # updated in place in the page cache, all written back at commit
-        disk = w.copy_bytes / m.disk_write
+        disk = w.copy_bytes * (1 / m.disk_write + m.flush)
         compute = m.cpu_time(elements / m.update, m.io_cpu * w.copy_bytes)
         t = max(compute, arrival) + disk + m.sync
         return Prediction(t, 0, w.copy_bytes, disk, compute, arrival, "disk" if disk > compute else "compute")
@@ -152,4 +169,6 @@ def predict(r: Residency, w: Workload, m: Machine) -> Prediction:
             break
         lead += 1
     fill = max(0.0, t_read - lead * (compute / w.n_pages))
-    return Prediction(pace + fill + t_write + m.sync, reads, writes, disk, compute, arrival, bound)
+    # The commit's fsync persists what a write cache acknowledged during the step.
+    tail = t_write + m.sync + writes * m.flush
+    return Prediction(pace + fill + tail, reads, writes, disk + writes * m.flush, compute, arrival, bound)

@@ -26,12 +26,17 @@ def test_smallest_budget_streams_everything_one_page_ahead_and_less_is_refused()
     assert isinstance(err.value, ConfigError)  # the node's one-line configuration error
 
 
-def test_more_budget_keeps_more_pages_the_first_in_arrival_order():
+def test_more_budget_keeps_more_pages_spread_along_the_arrival_order():
+    """The first page to arrive is kept (it hides the step's first read), the others evenly spaced
+    after it, so that the streamed pages' reads run beside the writes all through the step."""
     small, big = decide(20 * PAGE, W), decide(60 * PAGE, W)
-    assert small.resident == frozenset(range(len(small.resident)))
     assert len(big.resident) - len(small.resident) == 40  # every extra page is kept
+    for r in (small, big):
+        kept = sorted(r.resident)
+        gaps = {b - a for a, b in zip(kept, kept[1:])}
+        assert kept[0] == 0 and max(gaps) - min(gaps) <= 1 and max(gaps) == -(-100 // len(kept))
     rev = Workload(W.n_chunks, W.page_chunks, order=list(range(99, -1, -1)))
-    assert decide(20 * PAGE, rev).resident == frozenset(range(100 - len(small.resident), 100))
+    assert decide(20 * PAGE, rev).resident == frozenset(99 - p for p in small.resident)
 
 
 def test_sums_arriving_far_out_of_order_read_further_ahead():
@@ -48,11 +53,17 @@ def test_predicted_step_follows_the_bottleneck():
     streamed = 100 - len(r.resident)
     assert p.bound == "disk" and p.read_bytes == streamed * PAGE and p.write_bytes == W.copy_bytes
     assert p.disk_time == pytest.approx(streamed * PAGE / 500e6 + W.copy_bytes / 300e6)
-    # The resident pages' update hides part of the first read (fast CPU: only a little of it).
+    # The first page's update (resident) hides part of the first read (fast CPU: only a little of it).
     per_page = p.compute_time / 100
-    assert p.step_time == pytest.approx(p.disk_time + PAGE / 500e6 - len(r.resident) * per_page + PAGE / 300e6)
+    assert p.step_time == pytest.approx(p.disk_time + PAGE / 500e6 - per_page + PAGE / 300e6)
+    # Behind a write cache the commit's fsync persists the step's writes, after everything else.
+    cached = Machine(DISK.disk_read, DISK.disk_write, update=DISK.update, flush=2e-9)
+    assert predict(r, W, cached).step_time == pytest.approx(p.step_time + W.copy_bytes * 2e-9)
+    assert cached.durable_write == pytest.approx(1 / (1 / 300e6 + 2e-9))
     slow = Machine(DISK.disk_read, DISK.disk_write, update=50e6)
-    assert predict(r, W, slow).step_time == pytest.approx(predict(r, W, slow).disk_time + PAGE / 300e6)
+    ps = predict(r, W, slow)  # a slower update hides more of the first read
+    assert ps.step_time == pytest.approx(ps.disk_time + PAGE / 500e6 - ps.compute_time / 100 + PAGE / 300e6)
+    assert ps.step_time - ps.disk_time < p.step_time - p.disk_time
     c = predict(r, W, CPU)
     assert c.bound == "compute" and c.compute_time == pytest.approx(W.n_chunks * 32 / 10e6)
     slow_net = Workload(W.n_chunks, W.page_chunks, arrival=W.n_chunks / 60.0)
