@@ -6,7 +6,7 @@ pipeline, and (with --scale) a 1-billion-parameter state killed mid-step and res
     MINDP_BENCH_SCALE=1 make bench                                      # the same inside make bench
 
 1. The machine as the model sees it (host_agent/probe.py): disk sequential read and write (and
-   both at once), the CPU they cost, the node's update rate per CPU second, the cores we get; the disk's sequential read+write bandwidth is the
+   both at once), the CPU they cost, the node's update rate streamed with a free disk (tmpfs), the cores we get; the disk's sequential read+write bandwidth is the
    baseline (bytes read + written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
    model predicts (host_agent/residency.py) from the machine's figures against the measured one
@@ -100,7 +100,7 @@ def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4, 
         print(f"  machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.durable_write / 2**20:,.0f} MiB/s "
               f"fsynced ({m.disk_write / 2**20:,.0f} MiB/s written back, then {m.flush * 2**30:.2f} s/GiB of fsync) "
               f"(sequential read+write {seq / 2**20:,.0f} MiB/s; both at once {m.disk_mixed / 2**20:,.0f} MiB/s); "
-              f"node update {m.update / 1e6:,.1f} M elem per CPU s (streamed); "
+              f"node update {m.update / 1e6:,.1f} M elem/s (streamed on tmpfs); "
               f"I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; {m.cores:.1f} cores free; commit sync {m.sync * 1e3:.1f} ms")
         print(f"budget 1/{div:<3} {budget / 2**20:7.1f} MiB: {plan.mode}, {len(plan.resident)} of {w.n_pages} pages "
               f"resident, {plan.ahead} ahead | step predicted {pred.step_time:.3f} s ({pred.bound}-bound) measured "

@@ -69,7 +69,7 @@ class Workload:
 class Machine:
     disk_read: float  # bytes/s, sequential, page-sized requests
     disk_write: float  # bytes/s, sequential, written back page by page
-    update: float  # elements per CPU second of the updating thread (kernel, per-batch work, pwrite)
+    update: float  # elements/s of the node's update streamed with a free disk (kernel, per-batch work, copies)
     sync: float = 0.0  # s of a commit's fsync and commit record
     disk_mixed: float | None = None  # bytes/s read + written while reads and writes run at once
     io_cpu: float = 0.0  # CPU seconds per byte read or written (I/O threads and the kernel's share)
