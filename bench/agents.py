@@ -11,7 +11,7 @@
    beside it the fused kernel alone on the whole state in one call (no per-batch work).
 3. Out-of-core update rate with a RAM budget of 1/10 of the state, as state
    bytes moved per second, against the disk's sequential read+write bandwidth
-   measured in the same run (ratio).
+   measured in the same run (probe.disk: overwritten and fsynced, read back; ratio).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_agent import fused, node, optim, rawsock, state  # noqa: E402
+from host_agent import fused, node, optim, probe, rawsock, state  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
 from mindp import codec  # noqa: E402
@@ -167,22 +167,11 @@ def baseline_rate(elements: int, kind: str = "adamw", steps: int = 5) -> tuple[s
 
 
 def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
-    """Sequential write (fsynced) then read (cache dropped) of nbytes: total bytes per second."""
-    path = tmp / "disk.bin"
-    block = np.random.default_rng(0).integers(0, 255, 4 << 20, dtype=np.uint8).tobytes()
-    t = time.perf_counter()
-    with open(path, "wb") as f:
-        for _ in range(nbytes // len(block)):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-    with open(path, "rb", buffering=0) as f:
-        while f.read(4 << 20):
-            pass
-    elapsed = time.perf_counter() - t
-    path.unlink()
-    return 2 * (nbytes // len(block)) * len(block) / elapsed
+    """The disk's sequential read+write bandwidth as the state uses it (host_agent/probe.py: a file
+    overwritten page by page and fsynced, then read with O_DIRECT): bytes read + written per second
+    of the two in turn."""
+    read, write, _, _, flush = probe.disk(tmp, nbytes)
+    return 2 / (1 / read + 1 / write + flush)
 
 
 def main() -> int:
