@@ -34,6 +34,11 @@ F32 = np.float32
 MASTER, M, V = 0, 1, 2
 _INV_SCALE = 2.0**-SCALE_BITS
 
+# The kernel's OpenMP threads sleep between batches rather than spin: spinning, two shard processes
+# (or a node beside the workers and the switch) on 2 cores ran 20x slower. Read when numba's OpenMP
+# pool starts, at the first parallel call; a value set by the user stays.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 try:  # numba is a dependency; the numpy path stays for platforms without an llvmlite wheel
     import numba
 except ImportError:  # pragma: no cover - exercised by forcing NUMPY_ONLY
