@@ -8,7 +8,8 @@
    updated, fp16 parameters out) for AdamW and SGD with momentum, against
    torch.optim.AdamW / SGD(foreach=True) on CPU when torch is installed, else
    against the whole-array numpy reference (ratio; the best of 3 each, interleaved);
-   beside it the fused kernel alone on the whole state in one call (no per-batch work).
+   beside it the fused kernel alone on the whole state in one call (no per-batch work),
+   and the machine's memory bandwidth (threads copying 512 MiB).
 3. Out-of-core update rate with a RAM budget of 1/10 of the state, as state
    bytes moved per second, against the disk's sequential read+write bandwidth
    measured in the same run (probe.disk: overwritten and fsynced, read back; ratio).
@@ -22,6 +23,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -166,6 +168,25 @@ def baseline_rate(elements: int, kind: str = "adamw", steps: int = 5) -> tuple[s
     return f"numpy {kind} (whole arrays; torch not installed)", steps * elements / (time.perf_counter() - t)
 
 
+def memory_bandwidth(nbytes: int = 512 << 20, threads: int = os.cpu_count() or 1) -> float:
+    """Bytes read + written per second by `threads` threads each copying its share of nbytes
+    (numpy releases the GIL for a copy); the best of 3."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.zeros_like(src)
+    parts = np.array_split(np.arange(len(src)), threads)
+    best = float("inf")
+    for _ in range(3):
+        workers = [threading.Thread(target=np.copyto, args=(dst[p[0] : p[-1] + 1], src[p[0] : p[-1] + 1]))
+                   for p in parts]
+        t = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.nbytes / best
+
+
 def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
     """The disk's sequential read+write bandwidth as the state uses it (host_agent/probe.py: a file
     overwritten page by page and fsynced, then read with O_DIRECT): bytes read + written per second
@@ -199,6 +220,9 @@ def main() -> int:
             print(f"worker send      {worker:12,.0f} pkt/s   bare raw-socket loop {bare:12,.0f} pkt/s   "
                   f"ratio {worker / bare:.2f}")
         shm = pathlib.Path("/dev/shm")
+        if "ram" in only:
+            print(f"memory bandwidth {memory_bandwidth() / 1e9:.1f} GB/s read+written ({os.cpu_count()} threads "
+                  "copying 512 MiB)")
         for elements in args.elements if "ram" in only else ():
             for kind in ("adamw", "sgd"):
                 ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
