@@ -14,8 +14,8 @@ in the loop body branches. The mean gradients are computed first, a block of rec
 in a loop of their own (float64 lanes), so the update's loop runs 8 float32 lanes wide. numba
 compiles the prange loop (the parfor) to better vector code than the same loop without
 `parallel`, per thread: 2.5x here, so even a batch of one record takes it.
-Every call has one argument signature per kernel (nworkers always a fresh contiguous float64
-array), so the kernels `warm` compiles are the only ones the node ever runs.
+Every call has one argument signature per kernel (nworkers always a contiguous float64 array),
+so the kernels `warm` compiles are the only ones the node ever runs.
 """
 from __future__ import annotations
 
@@ -270,36 +270,29 @@ if not NUMPY_ONLY:
             if failed >= 0:
                 bad[failed] += 1
 
-    @numba.njit(inline="always")
-    def _be2(hb, i, off):
-        return (np.int64(hb[i, off]) << 8) | np.int64(hb[i, off + 1])
-
-    @numba.njit(inline="always")
-    def _be4(hb, i, off):
-        return (_be2(hb, i, off) << 16) | _be2(hb, i, off + 2)
-
     @numba.njit(nogil=True, cache=True)
     def _in_order(hb, ob, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
         """_first_failed's checks for consecutive chunks, the slot and version kept running
         instead of divided out per row (the usual batch: the node's hot path)."""
         n = hb.shape[0]
-        c0 = _be4(hb, 0, _O_CHUNK)
+        c0 = _be(hb[0], _O_CHUNK, 4)
         if c0 < lo or c0 + n - 1 > hi:
             return False
         q, r = c0 // slots, c0 % slots
         qt, rem = n_total // slots, n_total % slots  # slot r has qt + (r < rem) uses per step
         for i in range(n):
+            row, o = hb[i], ob[i]
             c = c0 + i
-            nwk = _be2(hb, i, _O_NWORKERS)
-            if (_be4(hb, i, _O_CHUNK) != c or _be4(hb, i, _O_STEP) != step or hb[i, _O_FLAGS] & _NONFINITE
-                    or _be2(hb, i, _O_JOB) != job or nwk < 1 or nwk > max_workers
-                    or _be2(hb, i, _O_COUNT) != (last_count if c == hi else K) or _be2(hb, i, _O_SLOT) != r
-                    or np.int64(hb[i, _O_VER]) != ((step * (qt + (r < rem)) + q) & 1) or applied[c - lo]):
+            nwk = _be(row, _O_NWORKERS, 2)
+            if (_be(row, _O_CHUNK, 4) != c or _be(row, _O_STEP, 4) != step or row[_O_FLAGS] & _NONFINITE
+                    or _be(row, _O_JOB, 2) != job or nwk < 1 or nwk > max_workers
+                    or _be(row, _O_COUNT, 2) != (last_count if c == hi else K) or _be(row, _O_SLOT, 2) != r
+                    or np.int64(row[_O_VER]) != ((step * (qt + (r < rem)) + q) & 1) or applied[c - lo]):
                 return False
             nw[i] = nwk
-            ob[i, _O_KIND] = _PARAM
-            ob[i, _O_FLAGS] = hb[i, _O_FLAGS] & _RETRANSMIT
-            ob[i, _O_WORKER] = ob[i, _O_WORKER + 1] = ob[i, _O_NWORKERS] = ob[i, _O_NWORKERS + 1] = 0
+            o[_O_KIND] = _PARAM
+            o[_O_FLAGS] = row[_O_FLAGS] & _RETRANSMIT
+            o[_O_WORKER] = o[_O_WORKER + 1] = o[_O_NWORKERS] = o[_O_NWORKERS + 1] = 0
             r += 1
             if r == slots:
                 r = 0

@@ -126,26 +126,21 @@ def cores(seconds: float = 0.3) -> float:
     return sum(used) / (time.perf_counter() - t)
 
 
-def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, batch: int = 1024,
-                directory: str | None = None, streamed: bool = False) -> float:
+def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, batch: int = 1024) -> float:
     """Elements per second of NodeCore.handle (whole steps, sums in chunk order in batches; the best
-    of STEPS). In RAM (a state mapped whole on /dev/shm) by default, or `streamed` there through the
-    pipeline with a budget of 1/40: the node's work with a disk that costs nothing (kernel,
-    per-batch bookkeeping, the pipeline's copies and threads), in wall time (the kernel runs on
-    every core; the updating thread's CPU time leaves out the others'). With `directory`, a state
-    there streamed, in CPU seconds of the updating thread (others' load does not count)."""
+    of STEPS), the state on /dev/shm streamed through the pipeline with a budget of 1/40: the node's
+    work with a disk that costs nothing (kernel, per-batch bookkeeping, the pipeline's copies and
+    threads). In wall time: the kernel runs on every core, and the updating thread's CPU time
+    leaves out the others'."""
     from . import node, state  # the node imports this module for --plan
 
     cfg = cfg or OptimizerConfig()
-    shm = "/dev/shm" if directory is None and os.path.isdir("/dev/shm") else str(directory)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-probe-", dir=shm))
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-probe-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
         layout = Layout([TensorSpec("p", (elements,))])
         state.create(tmp, layout, state.init_pieces(layout, seed=0), cfg, page_chunks=2048)
         whole = 4 * elements * state.RECORD.itemsize // K + (64 << 20)
-        store = state.Store(tmp, whole if directory is None and not streamed else whole // 40,
-                            drop_cache=directory is not None)
-        clock = time.thread_time if directory is not None else time.perf_counter
+        store = state.Store(tmp, whole // 40, drop_cache=False)
         n = layout.n_chunks
         core = node.NodeCore(store, 1, 2, 64)
         sums = synthetic.sums(0, 0, n)
@@ -153,10 +148,10 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, b
         for step in range(STEPS):
             chunks = np.arange(n)
             hdr = synthetic.headers(step, chunks, layout.chunk_count(n - 1), n)
-            t = clock()
+            t = time.perf_counter()
             for lo in range(0, n, batch):
                 core.handle(hdr[lo : lo + batch], sums[lo : lo + batch])
-            best = min(best, clock() - t)
+            best = min(best, time.perf_counter() - t)
         store.close()
         return elements / best
     finally:
@@ -193,7 +188,7 @@ def commit_sync(directory: str | pathlib.Path, tries: int = 5) -> float:
 def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, disk_bytes: int = 128 << 20,
             block: int = BLOCK) -> residency.Machine:
     read, write, mixed, io_cpu, flush = disk(directory, disk_bytes, block)
-    return residency.Machine(disk_read=read, disk_write=write, update=node_update(cfg, streamed=True),
+    return residency.Machine(disk_read=read, disk_write=write, update=node_update(cfg),
                              sync=commit_sync(directory), disk_mixed=mixed, io_cpu=io_cpu, cores=cores(),
                              flush=flush)
 

@@ -11,8 +11,8 @@ RAM budget is shared by
     count of chunks out of order) plus one, so the disk always has the next read queued,
   - up to BEHIND pages being written back (so the disk's write queue stays full while the CPU
     updates the next pages), and one spare unit for the reader's hand-off,
-  - the rest: resident pages, the first ones in arrival order (they also hide the first read of
-    each step, which nothing else can overlap).
+  - the rest: resident pages, the first in arrival order (it hides the first read of each step,
+    which nothing else can overlap) and the others evenly spaced after it (`spread`).
 
 A budget that holds both copies maps the files whole (no copies at all).
 

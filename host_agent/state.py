@@ -278,9 +278,9 @@ class Store:
 
     def mark_applied(self, lo: int, hi: int) -> None:
         """Chunks [lo, hi) of one page (any range if mapped whole), none applied before in this
-        step, are now applied: their
-        records (updated in place, or answered unchanged in a non-finite step) are written to the
-        destination copy first, so a killed node never loses an applied chunk."""
+        step, are now applied: their records (updated in place, or answered unchanged in a
+        non-finite step) are written to the destination copy first, so a killed node never loses an
+        applied chunk."""
         self.pages.applied(None if self.step_nonfinite else self.copy_after(self.current), lo, hi)
         self.applied[lo:hi] = True
         self.n_applied += hi - lo
