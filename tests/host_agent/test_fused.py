@@ -48,6 +48,43 @@ def test_kernel_equals_the_numpy_composition_bit_for_bit(kind, wd, n):
 
 
 @needs_numba
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+@pytest.mark.parametrize("offset", [0, 4, 16])
+def test_records_stream_out_alike_at_any_alignment_and_in_place(kind, offset):
+    """A 32-byte aligned destination takes the non-temporal stores, any other the plain ones; a
+    source that is its destination is read whole before it is written."""
+    rng = np.random.default_rng(offset)
+    cfg = OptimizerConfig(kind=kind, weight_decay=0.05)
+    n = 70  # past one block of the parallel loop
+    src = hard_records(rng, n)
+    sums = rng.integers(-(1 << 40), 1 << 40, size=(n, K))
+    want, want_p = src.copy(), np.empty((n, K), np.float16)
+    with np.errstate(all="ignore"):
+        fused.update_numpy(cfg, src, want, sums, 3, 4, want_p)
+    buf = np.zeros(n * 3 * K * 4 + 64, np.uint8)
+    base = (-buf.ctypes.data) % 32 + offset
+    dst = buf[base : base + n * 3 * K * 4].view(np.float32).reshape(n, 3, K)
+    assert dst.ctypes.data % 32 == offset
+    dst[:, 2] = src[:, 2]
+    got_p = np.empty((n, K), np.float16)
+    fused.update_records(cfg, src, dst, sums, 3, 4, got_p)
+    assert np.array_equal(dst.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
+    dst[:] = src
+    fused.update_records(cfg, dst, dst, sums, 3, 4, got_p)
+    assert np.array_equal(dst.view(np.uint32), want.view(np.uint32))
+
+
+@needs_numba
+def test_update_records_refuses_records_that_are_not_contiguous():
+    cfg = OptimizerConfig()
+    src = np.zeros((4, 3, K), np.float32)
+    strided = np.zeros((4, 3, 2 * K), np.float32)[:, :, ::2]
+    with pytest.raises(ValueError, match="contiguous"):
+        fused.update_records(cfg, src, strided, np.zeros((4, K), np.int64), 1, 0, np.empty((4, K), np.float16))
+
+
+@needs_numba
 def test_fp16_conversion_matches_numpy_on_every_class_of_float32():
     rng = np.random.default_rng(2)
     bits = rng.integers(0, 1 << 32, size=1 << 20, dtype=np.uint64).astype(np.uint32)
