@@ -12,7 +12,7 @@
    and the machine's memory bandwidth (threads copying 512 MiB).
 3. Out-of-core update rate with a RAM budget of 1/10 of the state, as state
    bytes moved per second, against the disk's sequential read+write bandwidth
-   measured in the same run (probe.disk: overwritten and fsynced, read back; ratio).
+   measured in the same run (probe.disk_median: overwritten and fsynced, read back; ratio).
 """
 from __future__ import annotations
 
@@ -191,9 +191,9 @@ def memory_bandwidth(nbytes: int = 512 << 20, threads: int = os.cpu_count() or 1
 
 def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
     """The disk's sequential read+write bandwidth as the state uses it (host_agent/probe.py: a file
-    overwritten page by page and fsynced, then read with O_DIRECT): bytes read + written per second
-    of the two in turn."""
-    read, write, _, _, flush = probe.disk(tmp, nbytes)
+    overwritten page by page and fsynced, then read with O_DIRECT; the median of 3 probes): bytes
+    read + written per second of the two in turn."""
+    read, write, _, _, flush = probe.disk_median(tmp, nbytes)
     return 2 / (1 / read + 1 / write + flush)
 
 
