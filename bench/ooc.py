@@ -1,9 +1,9 @@
 """Out-of-core optimizer node: the pipeline against the disk, the residency model against the
-pipeline, and (with --scale) a 1-billion-parameter state killed mid-step and resumed.
+pipeline, and a 1-billion-parameter state killed mid-step and resumed (minutes; 2 x 12 GB on disk,
+said and skipped when the disk has less free).
 
-    python bench/ooc.py [--elements N] [--dir D] [--page-chunks C]
-    python bench/ooc.py --scale [--params 1000000000] [--budget 1G]     # minutes; 2 x 12 GB on disk
-    MINDP_BENCH_SCALE=1 make bench                                      # the same inside make bench
+    python bench/ooc.py [--elements N] [--dir D] [--page-chunks C] [--params 1000000000] [--budget 1G]
+    python bench/ooc.py --no-scale                 # the budget figures only (so does MINDP_BENCH_SCALE=0)
 
 1. The machine as the model sees it (host_agent/probe.py): disk sequential read and write (and
    both at once), the CPU they cost, the node's update rate streamed with a free disk (tmpfs), the cores we get; the disk's sequential read+write bandwidth is the
@@ -13,7 +13,7 @@ pipeline, and (with --scale) a 1-billion-parameter state killed mid-step and res
    (NodeCore.handle fed sums in chunk order in batches of 1024), both at their best over two rounds
    of (probe, 4 steps) so that others' load on a shared machine disturbs them alike, and the state moved per second (each element's record read from one copy and written
    to the other) against the baseline.
-3. --scale: host_agent/synthetic.py at --params (default 1e9: fp32 master, m, v = 12 GB per copy)
+3. Scale: host_agent/synthetic.py at --params (default 1e9: fp32 master, m, v = 12 GB per copy)
    with --budget (default 1 GiB): 3 steps uninterrupted, then 3 steps with the node killed
    (SIGKILL) half-way through the second and restarted, one after the other (one state on disk at
    a time), compared by a checksum of the final state; elements/s and peak RSS.
@@ -114,10 +114,12 @@ def main() -> int:
     ap.add_argument("--elements", type=int, default=16_000_000, help="model size for the budget figures")
     ap.add_argument("--page-chunks", type=int, default=2048, help="chunks per page (768 KiB)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
-    ap.add_argument("--scale", action="store_true", default=os.environ.get("MINDP_BENCH_SCALE") == "1",
-                    help="also the 1-billion-parameter run (minutes; needs 2 x 12 GB free)")
-    ap.add_argument("--params", type=int, default=1_000_000_000, help="parameters of the --scale run")
-    ap.add_argument("--budget", type=node.parse_size, default=node.parse_size("1G"), help="RAM budget of the --scale run")
+    ap.add_argument("--scale", action=argparse.BooleanOptionalAction,
+                    default=os.environ.get("MINDP_BENCH_SCALE") != "0",
+                    help="the 1-billion-parameter run (minutes; needs 2 x 12 GB free; default on unless "
+                         "MINDP_BENCH_SCALE=0)")
+    ap.add_argument("--params", type=int, default=1_000_000_000, help="parameters of the scale run")
+    ap.add_argument("--budget", type=node.parse_size, default=node.parse_size("1G"), help="RAM budget of the scale run")
     args = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-ooc-", dir=args.dir or "/var/tmp"))
     try:

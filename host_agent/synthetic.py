@@ -1,6 +1,6 @@
 """The optimizer node driven by synthetic sums, without a network: a state of any size created
 piece by piece, whole steps fed in chunk order, a kill -9 mid-step, a resume, and a checksum of the
-final state — the scale check of issue 12.4 (bench/ooc.py --scale; tests/host_agent/test_scale.py).
+final state — the scale check of issue 12.4 (bench/ooc.py; tests/host_agent/test_scale.py).
 
     python -m host_agent.synthetic run --dir D --steps 3 --budget 1G   # one process; prints progress
 

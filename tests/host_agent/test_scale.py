@@ -1,4 +1,4 @@
-"""Issue 12.4 at 10 M parameters (bench/ooc.py --scale runs 1 billion): a state 30 times the RAM
+"""Issue 12.4 at 10 M parameters (bench/ooc.py runs 1 billion): a state 30 times the RAM
 budget, 3 steps of synthetic sums through NodeCore, the node killed (SIGKILL, another process)
 mid-step and restarted: the final state equals an uninterrupted run's bit for bit, and the
 process stays within the budget plus its fixed overhead."""
