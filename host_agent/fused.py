@@ -12,8 +12,9 @@ conversion is F16C's instruction (plus a select for the one case where numpy dif
 sums become float64 from their 32-bit halves (AVX2 converts int32 vectors, not int64), and nothing
 in the loop body branches. The mean gradients are computed first, a block of records at a time,
 in a loop of their own (float64 lanes), so the update's loop runs 8 float32 lanes wide. Each new
-record goes out with non-temporal stores: the step overwrites whole lines of the other state copy,
-so a plain store's read for ownership is wasted traffic (SGD +10-15 %, AdamW +0-5 %). numba
+record goes out to the other state copy with non-temporal stores: the step overwrites its lines
+whole, so a plain store's read for ownership is wasted traffic (SGD +10-15 %, AdamW +0-5 %); a page
+buffer updated in place takes plain stores (it is in cache, and written to the file next). numba
 compiles the prange loop (the parfor) to better vector code than the same loop without
 `parallel`, per thread: 2.5x here, so even a batch of one record takes it.
 Every call has one argument signature per kernel (nworkers always a contiguous float64 array),
@@ -187,13 +188,14 @@ if not NUMPY_ONLY:
 
     def _stream_records(rows):
         """An intrinsic: dst[i, :rows] = buf[:rows] (dst's records C-contiguous), by non-temporal
-        stores when dst[i] is 32-byte aligned (always in the node: records are 384 bytes in
-        page-aligned memory). The step overwrites whole lines of the other state copy, so reading
-        them first (a plain store's read for ownership) is a quarter of the memory traffic wasted."""
+        stores when `far` (dst is not the source: the other state copy, not in cache, whose lines
+        the step overwrites whole, so a plain store's read for ownership is wasted traffic) and
+        dst[i] is 32-byte aligned (always in the node: 384-byte records in page-aligned memory).
+        A page buffer updated in place is in cache and is written to the file next: plain stores."""
         @intrinsic
-        def stream(typingctx, dst, i, buf):
+        def stream(typingctx, dst, i, buf, far):
             def codegen(context, builder, sig, args):
-                dty, ity, bty = sig.args
+                dty, ity, bty, _ = sig.args
                 zero = context.get_constant(types.intp, 0)
                 at = [context.cast(builder, args[1], ity, types.intp), zero, zero]
                 pd = cgutils.get_item_pointer(context, builder, dty, context.make_array(dty)(context, builder, args[0]),
@@ -204,6 +206,7 @@ if not NUMPY_ONLY:
                 pd, pb = builder.bitcast(pd, lanes.as_pointer()), builder.bitcast(pb, lanes.as_pointer())
                 i64 = ir.IntType(64)
                 aligned = builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(pd, i64), i64(31)), i64(0))
+                aligned = builder.and_(aligned, args[3])
                 nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
                 with builder.if_else(aligned) as (yes, no):
                     for branch, align in ((yes, 32), (no, 4)):
@@ -214,7 +217,7 @@ if not NUMPY_ONLY:
                                 if align == 32:
                                     st.set_metadata("nontemporal", nontemporal)
                 return context.get_dummy_value()
-            return types.void(dst, i, buf), codegen
+            return types.void(dst, i, buf, types.boolean), codegen
         return stream
 
     _stream3, _stream2 = _stream_records(3), _stream_records(2)
@@ -229,7 +232,7 @@ if not NUMPY_ONLY:
             return context.get_dummy_value()
         return types.void(), codegen
 
-    def _adamw(src, dst, sums, nw, c, decay, out):
+    def _adamw(src, dst, sums, nw, c, decay, out, far):
         n = src.shape[0]
         c0, c1, c2, c3, c4, c5, c6, c7 = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
         for b in numba.prange((n + BLOCK - 1) // BLOCK):
@@ -257,10 +260,10 @@ if not NUMPY_ONLY:
                     rec[1, j] = m
                     rec[2, j] = v
                     out[i, j] = _f16_bits(p)
-                _stream3(dst, i, rec)
+                _stream3(dst, i, rec, far)
             _sfence()
 
-    def _sgd(src, dst, sums, nw, c, decay, out):
+    def _sgd(src, dst, sums, nw, c, decay, out, far):
         n = src.shape[0]
         c0, c1, c2 = c[0], c[1], c[2]
         for b in numba.prange((n + BLOCK - 1) // BLOCK):
@@ -280,7 +283,7 @@ if not NUMPY_ONLY:
                     rec[0, j] = p
                     rec[1, j] = m
                     out[i, j] = _f16_bits(p)
-                _stream2(dst, i, rec)
+                _stream2(dst, i, rec, far)
             _sfence()
 
     # Only the parallel kernels: compiling the serial one first leaves numba's parfor with
@@ -376,7 +379,8 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
     if dst.strides[1:] != (K * 4, 4):
         raise ValueError("update_records: dst must hold whole (3, K) float32 records, each contiguous")
     kernel = _kernels[cfg.kind]
-    kernel(src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16))
+    far = src.__array_interface__["data"][0] != dst.__array_interface__["data"][0]  # else in place: in cache
+    kernel(src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16), far)
 
 
 def warm(cfg: OptimizerConfig) -> None:
