@@ -196,6 +196,18 @@ class Window:
         self.fast_retransmits += len(fast)
         return new, again
 
+    def link_back(self, now: float, just_sent: list[int]) -> None:
+        """The link came back: every frame sent while it was down was lost, so each chunk still
+        outstanding (but `just_sent`, which proved the link) is due again now, not at its timeout
+        backed off through the outage (up to the RTO's max, which may exceed the step's
+        deadline); the deadline restarts."""
+        out = self.expiry != np.inf
+        out[just_sent] = False
+        self.expiry[out] = now
+        if out.any():
+            self._earliest = now
+        self.last_progress = now
+
     def on_param(self, chunk: int, now: float, sample: bool = True) -> bool:
         """Parameters for `chunk` arrived; False if already had them. `sample`: False when a
         retransmission (any worker's) completed the chunk, so its round trip includes a timeout."""
@@ -364,6 +376,7 @@ class StepHandle:
         self.nonfinite: set[int] = set()
         self.t0 = time.monotonic()
         self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0)
+        self._just_sent: list[int] = []  # by the last pump (chunks first sent, then resent)
         if agent.resume is not None:  # received straight into the resume file
             self.params = agent.resume.answers(agent.step)
             answered, nonfinite = agent.resume.answered_in(agent.step)
@@ -424,7 +437,7 @@ class StepHandle:
             return
         if a.link.down and st["sent"] + st["retransmitted"] - out > st["send_errors"] - errors:
             a.link.alive()
-            self.window.last_progress = time.monotonic()
+            self.window.link_back(time.monotonic(), self._just_sent)
 
     def _pump(self, timeout: float) -> None:
         """Send what is due, wait up to `timeout` for frames, take the parameters that came."""
@@ -433,6 +446,7 @@ class StepHandle:
         w = self.window
         timeouts, fast = w.timeouts, w.fast_retransmits
         new, again = w.due(now)
+        self._just_sent = new + again
         a.stats["timeouts"] += w.timeouts - timeouts
         a.stats["fast_retransmits"] += w.fast_retransmits - fast
         if new:

@@ -95,6 +95,25 @@ def test_fast_retransmit_off_and_karn_for_flagged_parameters():
     assert w2.rtt.srtt is None
 
 
+def test_link_back_resends_every_outstanding_chunk_at_once_but_the_ones_that_proved_it():
+    """Frames sent while the link was down are lost: their backed-off timeouts (up to the RTO's
+    max, here past the deadline) would outlast the step's deadline, so the window sends them again
+    when the link is back, and restarts the deadline."""
+    w = window(n=8, slots=8, initial=0.2, max=2.0, deadline=1.5)
+    w.set_ready(range(8))
+    assert w.due(0.0)[0] == list(range(8))  # the link goes down: none of these got out
+    t = 0.0
+    for _ in range(3):  # the timeouts back off while the sends fail
+        t = float(w.expiry.min())
+        assert w.due(t)[1] == list(range(8))
+    assert w.expiry.min() - t == 2.0  # the next try at the RTO's max, past the deadline
+    w.on_param(0, t + 0.1)
+    w.link_back(t + 0.2, just_sent=[1])
+    assert w.due(t + 0.2) == ([], [2, 3, 4, 5, 6, 7])
+    assert not w.stalled(t + 1.6)
+    assert w.expiry[1] > t + 0.2 and w.expiry[0] == np.inf
+
+
 def test_rto_adapts_to_measured_round_trips():
     est = RttEstimator(RtoConfig(initial=1.0, min=0.001, max=5.0))
     for _ in range(50):
