@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from host_agent import node, optim, reference, state
+from host_agent import fused, node, optim, reference, state
 from host_agent.optim import OptimizerConfig
 from mindp.protocol import K, Flag
 
@@ -63,8 +63,12 @@ def test_retransmit_flag_of_a_fresh_sum_stays_on_its_parameters(tmp_path):
     assert [bool(f & Flag.RETRANSMIT) for f in out["flags"]] == [False, True]
 
 
+@pytest.mark.parametrize("numpy_only", [False, True], ids=["numba", "numpy"])
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_shuffled_duplicated_sums_give_reference_bits(tmp_path, kind):
+def test_shuffled_duplicated_sums_give_reference_bits(tmp_path, monkeypatch, kind, numpy_only):
+    """Also with the numpy composition the node runs where numba is missing (MINDP_NO_NUMBA=1)."""
+    if numpy_only:
+        monkeypatch.setattr(fused, "NUMPY_ONLY", True)
     init = small_model()
     lay = optim.layout_of(init)
     cfg = OptimizerConfig(kind=kind, lr=1e-2)
@@ -338,8 +342,6 @@ def test_in_order_batches_take_the_compiled_path_and_answer_as_the_general_one(t
     """The same sums (in order, each batch a run of consecutive chunks; some batches spoiled by a
     hostile or repeated row) to two nodes, one with the compiled in-order path, one without: the
     same answers, counters and state, and the in-order path taken by the clean batches."""
-    from host_agent import fused
-
     init = small_model()
     lay = optim.layout_of(init)
     cfg = OptimizerConfig()
