@@ -66,7 +66,8 @@ def measure(tmp: pathlib.Path, elements: int, budget: int, page_chunks: int, ste
 
 
 def best_machine(a: residency.Machine | None, b: residency.Machine) -> residency.Machine:
-    """Each figure at its best of two probes (the least disturbed by others on a shared machine)."""
+    """Each figure at its best of two probes (each the median of three passes: the least disturbed by
+    others on a shared machine)."""
     if a is None:
         return b
     return residency.Machine(disk_read=max(a.disk_read, b.disk_read), disk_write=max(a.disk_write, b.disk_write),
