@@ -379,7 +379,7 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
     if dst.strides[1:] != (K * 4, 4):
         raise ValueError("update_records: dst must hold whole (3, K) float32 records, each contiguous")
     kernel = _kernels[cfg.kind]
-    far = src.__array_interface__["data"][0] != dst.__array_interface__["data"][0]  # else in place: in cache
+    far = not np.may_share_memory(src, dst)  # else in place: in cache
     kernel(src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16), far)
 
 
