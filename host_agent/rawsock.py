@@ -24,6 +24,8 @@ SOL_PACKET = 263
 PACKET_AUXDATA = 8
 PACKET_IGNORE_OUTGOING = 23
 MAX_FRAME = 2048
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+RCVBUF = 16 << 20  # asked; the kernel doubles it
 # struct tpacket_auxdata: tp_status, tp_len, tp_snaplen, tp_mac, tp_net, tp_vlan_tci, tp_vlan_tpid
 AUXDATA = struct.Struct("=IIIHHHH")
 TP_STATUS_VLAN_VALID = 1 << 4
@@ -91,7 +93,13 @@ def udp_guard() -> socket.socket | None:
 def prepare(s: socket.socket) -> None:
     """Non-blocking, large receive buffer, own outgoing frames not looped back."""
     s.setblocking(False)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    # 32 MiB of kernel buffer (the kernel doubles what is asked) holds about 26k frames of SUM
+    # size (1,280 bytes each with the skb's overhead on a veth): the node's receive batch,
+    # node.RECV_ROWS, and more. Past net.core.rmem_max only root may ask (SO_RCVBUFFORCE).
+    try:
+        s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
+    except OSError:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     try:
         s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)

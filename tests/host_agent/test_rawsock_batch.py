@@ -1,5 +1,6 @@
 """Batched send (sendmmsg) and receive (recvmmsg into buffer rows) against the per-frame loops, on a
-datagram socket pair: the same frames, in order, with wrong-sized frames counted and left out."""
+datagram socket pair: the same frames, in order, with wrong-sized frames counted and left out; and
+the node's raw socket on a veth holding a whole receive batch."""
 import socket
 
 import numpy as np
@@ -82,3 +83,34 @@ def test_batched_and_plain_paths_agree(pair, monkeypatch):
         n, tagged, other = rawsock.recv_rows_untagged(b, buf, rawsock.RowReceiver(buf, auxdata=False))
         assert (n, tagged, other) == (300, 0, 0)
         assert np.array_equal(buf[:n], f[::2])
+
+
+@needs_mmsg
+@pytest.mark.net
+def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
+    """A burst of node.RECV_ROWS SUM frames sent before the node reads any is all queued on its
+    socket (none dropped for buffer space) and taken in one receive into the node's buffer."""
+    from host_agent import node
+    from mindp import codec, testbed
+    from mindp.protocol import Kind
+
+    a, b = "mdp-rcv0", "mdp-rcv1"
+    testbed.sh("ip", "link", "del", a, check=False)
+    testbed.sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+    try:
+        testbed.quiet_link(a)
+        testbed.quiet_link(b)
+        tx, rx = rawsock.open_raw(a), rawsock.open_raw(b)
+        width = codec.frame_len(Kind.SUM)
+        f = np.random.default_rng(1).integers(0, 256, size=(node.RECV_ROWS, width), dtype=np.uint8)
+        f[:, 12:14] = (0x88, 0xB5)
+        for row in f:  # one at a time: a veth's peer takes each on the sender's return (no backlog drop)
+            tx.send(row.tobytes())
+        buf = np.zeros((node.RECV_ROWS, width), np.uint8)
+        rows, tagged, other = rawsock.RowReceiver(buf, rawsock.enable_auxdata(rx)).receive(rx.fileno())
+        assert (rows, tagged, other) == (node.RECV_ROWS, 0, 0)
+        assert np.array_equal(buf, f)
+        tx.close()
+        rx.close()
+    finally:
+        testbed.sh("ip", "link", "del", a, check=False)
