@@ -123,13 +123,14 @@ def in_order_batch(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, 
     if NUMPY_ONLY or not len(h):
         return None
     h = wire_order(h)
-    hb = h.view(np.uint8).reshape(len(h), h.dtype.itemsize)
-    ob = hb.copy()  # a byte copy: numpy copies structured rows field by field, 10x slower
+    if not h.flags.c_contiguous or h.ctypes.data % 8:
+        h = h.copy()  # numpy's allocations are aligned: each row's three words then are
+    hw = h.view(np.uint8).reshape(len(h), h.dtype.itemsize).view("<u8")
+    ow = np.empty_like(hw)
     nw = np.empty(len(h), np.float64)
-    if not _in_order(hb, ob, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
+    if not _in_order(hw, ow, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
         return None
-    out = ob.view(h.dtype).reshape(len(h))
-    return out, nw
+    return ow.view(np.uint8).view(h.dtype).reshape(len(h)), nw
 
 
 def update_numpy(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
@@ -326,29 +327,50 @@ if not NUMPY_ONLY:
             if failed >= 0:
                 bad[failed] += 1
 
+    @numba.njit(inline="always")
+    def _swap16(x):
+        return ((x & 0xFF) << 8) | ((x >> 8) & 0xFF)
+
+    @numba.njit(inline="always")
+    def _swap32(x):
+        return (_swap16(x & 0xFFFF) << 16) | _swap16((x >> 16) & 0xFFFF)
+
+    # A header as three little-endian words (codec.HEADER_DTYPE: 24 bytes, big-endian fields): the
+    # fields' bit positions in them, their bytes still in wire order.
+    _W0_VER_JOB = (0xFF << 24) | (0xFFFF << 32)  # ver (byte 3), job (bytes 4-5)
+    _W0_KEEP = 0xFF | (0xFF << 24) | (0xFFFF << 32)  # version, ver, job: kind, flags, worker rewritten
+    _W2_CHUNK, _W2_KEEP = 0xFFFFFFFF, ~(0xFFFF << 32)  # chunk (bytes 16-19); nworkers (20-21) cleared
+
     @numba.njit(nogil=True, cache=True)
-    def _in_order(hb, ob, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
-        """_first_failed's checks for consecutive chunks, the slot and version kept running
-        instead of divided out per row (the usual batch: the node's hot path)."""
-        n = hb.shape[0]
-        c0 = _be(hb[0], _O_CHUNK, 4)
+    def _in_order(hw, ow, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
+        """_first_failed's checks for consecutive chunks, on each header's three 64-bit words
+        against the words expected (a row's slot and version kept running instead of divided out):
+        the usual batch, the node's hot path."""
+        n = hw.shape[0]
+        c0 = _swap32(np.int64(hw[0, 2] & _W2_CHUNK))
         if c0 < lo or c0 + n - 1 > hi:
             return False
         q, r = c0 // slots, c0 % slots
         qt, rem = n_total // slots, n_total % slots  # slot r has qt + (r < rem) uses per step
+        w0_job = np.uint64(_swap16(job)) << np.uint64(32)
+        w1_step = np.uint64(_swap32(step & 0xFFFFFFFF)) << np.uint64(32)
+        k_be, last_be = np.uint64(_swap16(K)) << np.uint64(16), np.uint64(_swap16(last_count)) << np.uint64(16)
+        nonfinite, retransmit = np.uint64(_NONFINITE << 16), np.uint64(_RETRANSMIT << 16)
+        param = np.uint64(_PARAM << 8)
         for i in range(n):
-            row, o = hb[i], ob[i]
+            w0, w1, w2 = hw[i, 0], hw[i, 1], hw[i, 2]
             c = c0 + i
-            nwk = _be(row, _O_NWORKERS, 2)
-            if (_be(row, _O_CHUNK, 4) != c or _be(row, _O_STEP, 4) != step or row[_O_FLAGS] & _NONFINITE
-                    or _be(row, _O_JOB, 2) != job or nwk < 1 or nwk > max_workers
-                    or _be(row, _O_COUNT, 2) != (last_count if c == hi else K) or _be(row, _O_SLOT, 2) != r
-                    or np.int64(row[_O_VER]) != ((step * (qt + (r < rem)) + q) & 1) or applied[c - lo]):
+            ver = np.uint64((step * (qt + (r < rem)) + q) & 1) << np.uint64(24)
+            want1 = np.uint64(_swap16(r)) | (last_be if c == hi else k_be) | w1_step
+            nwk = _swap16(np.int64((w2 >> np.uint64(32)) & np.uint64(0xFFFF)))
+            if (w1 != want1 or (w2 & np.uint64(_W2_CHUNK)) != np.uint64(_swap32(c)) or w0 & nonfinite
+                    or (w0 & np.uint64(_W0_VER_JOB)) != (w0_job | ver) or nwk < 1 or nwk > max_workers
+                    or applied[c - lo]):
                 return False
             nw[i] = nwk
-            o[_O_KIND] = _PARAM
-            o[_O_FLAGS] = row[_O_FLAGS] & _RETRANSMIT
-            o[_O_WORKER] = o[_O_WORKER + 1] = o[_O_NWORKERS] = o[_O_NWORKERS + 1] = 0
+            ow[i, 0] = (w0 & np.uint64(_W0_KEEP)) | param | (w0 & retransmit)
+            ow[i, 1] = w1
+            ow[i, 2] = w2 & np.uint64(_W2_KEEP & 0xFFFFFFFFFFFFFFFF)
             r += 1
             if r == slots:
                 r = 0

@@ -168,15 +168,23 @@ def test_in_order_batch_answers_a_clean_run_and_refuses_any_deviation():
     clean = codec.header_array(len(chunks), kind=Kind.SUM, job=3, step=step, chunk=chunks, slot=slot, ver=ver,
                                count=np.where(chunks == hi, 7, K), nworkers=np.arange(len(chunks)) % 4 + 1, worker=9)
     clean["flags"][::3] = Flag.RETRANSMIT
+    clean["version"] = 0xA5
+    clean["reserved"] = 0xBEEF
     applied = np.zeros(hi - lo + 1, np.bool_)
     args = (3, 4, lo, hi, n_total, slots, 7, step)
     out, nw = fused.in_order_batch(clean, *args, applied)
     assert (out["kind"] == Kind.PARAM).all() and not out["nworkers"].any() and not out["worker"].any()
     assert np.array_equal(out["flags"], clean["flags"]) and np.array_equal(nw, clean["nworkers"])
-    for field in ("chunk", "step", "slot", "ver", "count", "job"):
+    for field in ("chunk", "step", "slot", "ver", "count", "job", "version", "reserved"):
         assert np.array_equal(out[field], clean[field])
-    # Headers in native byte order (np.concatenate makes them) are read as the same fields.
+    # Headers in native byte order (np.concatenate makes them), or not 8-byte aligned (a view into
+    # received rows), are read as the same fields.
     assert fused.in_order_batch(np.concatenate([clean[:5], clean[5:]]), *args, applied) is not None
+    raw = np.zeros(len(clean) * 24 + 3, np.uint8)
+    unaligned = raw[3:].view(clean.dtype)
+    unaligned[:] = clean
+    again, _ = fused.in_order_batch(unaligned, *args, applied)
+    assert np.array_equal(again.view(np.uint8), out.view(np.uint8))
     spoilers = [("job", 4), ("nworkers", 0), ("nworkers", 5), ("chunk", 61), ("step", step + 1),
                 ("flags", Flag.NONFINITE), ("count", K - 1), ("slot", 0), ("ver", 1 - ver[7])]
     for field, value in spoilers:
