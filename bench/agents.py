@@ -9,7 +9,8 @@
    torch.optim.AdamW / SGD(foreach=True) on CPU when torch is installed, else
    against the whole-array numpy reference (ratio; the best of 3 each, interleaved);
    beside it the fused kernel alone on the whole state in one call (no per-batch work),
-   and the machine's memory bandwidth (threads copying 512 MiB).
+   a loop that only moves the kernel's bytes (the memory system's ceiling for it), and
+   the machine's memory bandwidth (threads copying 512 MiB).
 3. Out-of-core update rate with a RAM budget of 1/10 of the state, as state
    bytes moved per second, against the disk's sequential read+write bandwidth
    measured in the same run (probe.disk_median: overwritten and fsynced, read back; ratio).
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import pathlib
 import shutil
@@ -120,14 +122,22 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     return steps * elements / elapsed
 
 
+def state_copies(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two copies of n records, page-aligned as the node's mapped state is (the kernel's
+    non-temporal stores need 32-byte aligned records) and every page touched (no page faults
+    in a timed step)."""
+    both = np.frombuffer(mmap.mmap(-1, 2 * n * state.RECORD.itemsize), np.float32).reshape(2, n, 3, K)
+    both[...] = 0.0
+    return both[0], both[1]
+
+
 def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float:
     """Elements/s of fused.update_records over the whole state in one call per step (the two
     copies alternating, as the node's steps do): the node's ceiling without per-batch work."""
     n = -(-elements // K)
     rng = np.random.default_rng(0)
-    a = np.zeros((n, 3, K), np.float32)
+    a, b = state_copies(n)
     a[:, state.MASTER] = rng.standard_normal((n, K), dtype=np.float32) * np.float32(0.02)
-    b = np.empty_like(a)
     sums = rng.integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)
     out = np.empty((n, K), np.float16)
     cfg = OptimizerConfig(kind=kind)
@@ -136,6 +146,44 @@ def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float:
     for step in range(1, steps + 1):
         src, dst = (b, a) if step % 2 else (a, b)
         fused.update_records(cfg, src, dst, sums, 2, step, out)
+    return steps * elements / (time.perf_counter() - t)
+
+
+def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | None:
+    """Elements/s of a compiled loop that moves the bytes the kernel moves, in its pattern (the
+    record's lanes read from one copy and written to the other, the int64 sums read, fp16 out
+    written; both cores), with one add per element instead of the optimizer's arithmetic: the
+    memory system's ceiling for the node's update. None without numba."""
+    if fused.NUMPY_ONLY:
+        return None
+    import numba
+
+    lanes = 3 if kind == "adamw" else 2  # SGD neither reads nor writes v
+    stream = fused._stream3 if lanes == 3 else fused._stream2  # the kernel's non-temporal stores
+
+    @numba.njit(parallel=True, nogil=True)
+    def move(src, dst, sums, out):
+        n = src.shape[0]
+        for b in numba.prange((n + fused.BLOCK - 1) // fused.BLOCK):
+            rec = np.empty((lanes, K), np.float32)
+            for i in range(b * fused.BLOCK, min(b * fused.BLOCK + fused.BLOCK, n)):
+                for j in range(K):
+                    p = src[i, 0, j] + np.float32(sums[i, j])
+                    rec[0, j] = p
+                    for lane in range(1, lanes):
+                        rec[lane, j] = src[i, lane, j]
+                    out[i, j] = np.uint16(p)
+                stream(dst, i, rec, True)
+            fused._sfence()
+
+    n = -(-elements // K)
+    a, b = state_copies(n)
+    sums = np.random.default_rng(0).integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)
+    out = np.empty((n, K), np.uint16)
+    move(a, b, sums, out)
+    t = time.perf_counter()
+    for step in range(1, steps + 1):
+        move(*((b, a) if step % 2 else (a, b)), sums, out)
     return steps * elements / (time.perf_counter() - t)
 
 
@@ -229,18 +277,20 @@ def main() -> int:
             for kind in ("adamw", "sgd"):
                 ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
                 try:  # state on tmpfs: durability costs nothing; the best of 3 each, interleaved with torch's
-                    ours, kernel, theirs = 0.0, 0.0, 0.0
+                    ours, kernel, ceiling, theirs = 0.0, 0.0, 0.0, 0.0
                     for _ in range(3):
                         ours = max(ours, node_rate(ram_dir, elements, None, batch=args.batch, kind=kind))
                         kernel = max(kernel, kernel_rate(elements, kind))
+                        ceiling = max(ceiling, traffic_rate(elements, kind) or 0.0)
                         name, base = baseline_rate(elements, kind)
                         theirs = max(theirs, base)
                 finally:
                     shutil.rmtree(ram_dir, ignore_errors=True)
+                moved = f"; moving its bytes alone {ceiling:,.0f} elem/s, ratio {ceiling / theirs:.3f}" if ceiling else ""
                 print(f"node in RAM {kind:5} {elements / 1e6:.0f}M elements {ours:12,.0f} elem/s  {name} "
                       f"{theirs:12,.0f} elem/s   ratio {ours / theirs:.3f}  (fused kernel "
                       f"{'numpy fallback' if fused.NUMPY_ONLY else 'numba'} alone {kernel:,.0f} elem/s, "
-                      f"ratio {kernel / theirs:.3f})")
+                      f"ratio {kernel / theirs:.3f}{moved})")
         if "ooc" not in only:
             return 0
         state_bytes = 2 * (-(-args.ooc_elements // K)) * state.RECORD.itemsize
