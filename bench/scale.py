@@ -129,8 +129,8 @@ def _shard_worker(d: str, elements: int, lo: int, hi: int, steps: int, barrier, 
     barrier.wait()
     t, cpu = time.perf_counter(), time.process_time()
     for step in range(steps):
-        for i in range(0, len(chunks), 1024):
-            core.handle(hdrs[step][i : i + 1024], sums[i : i + 1024])
+        for i in range(0, len(chunks), node.RECV_ROWS):
+            core.handle(hdrs[step][i : i + node.RECV_ROWS], sums[i : i + node.RECV_ROWS])
     elapsed, cpu = time.perf_counter() - t, time.process_time() - cpu
     assert core.committed == steps - 1
     store.close()
