@@ -10,7 +10,7 @@ said and skipped when the disk has less free).
    baseline (bytes read + written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
    model predicts (host_agent/residency.py) from the machine's figures against the measured one
-   (NodeCore.handle fed sums in chunk order in batches of 1024), both at their best over two rounds
+   (NodeCore.handle fed sums in chunk order in the node's receive batches, node.RECV_ROWS), both at their best over two rounds
    of (probe, 4 steps) so that others' load on a shared machine disturbs them alike, and the state moved per second (each element's record read from one copy and written
    to the other) against the baseline.
 3. Scale: host_agent/synthetic.py at --params (default 1e9: fp32 master, m, v = 12 GB per copy)
@@ -42,7 +42,7 @@ SLOTS = 64
 
 
 def measure(tmp: pathlib.Path, elements: int, budget: int, page_chunks: int, steps: int = 3,
-            batch: int = 1024) -> tuple[list[float], state.Store]:
+            batch: int = node.RECV_ROWS) -> tuple[list[float], state.Store]:
     """Per-step wall times of NodeCore.handle over whole steps, commits included."""
     layout = Layout([TensorSpec("p", (elements,))])
     cfg = OptimizerConfig()

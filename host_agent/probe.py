@@ -127,15 +127,16 @@ def cores(seconds: float = 0.3) -> float:
     return sum(used) / (time.perf_counter() - t)
 
 
-def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, batch: int = 1024) -> float:
-    """Elements per second of NodeCore.handle (whole steps, sums in chunk order in batches; the best
-    of STEPS), the state on /dev/shm streamed through the pipeline with a budget of 1/40: the node's
+def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, batch: int | None = None) -> float:
+    """Elements per second of NodeCore.handle (whole steps, sums in chunk order in batches of the
+    node's receive batch unless `batch` is given; the best of STEPS), the state on /dev/shm streamed through the pipeline with a budget of 1/40: the node's
     work with a disk that costs nothing (kernel, per-batch bookkeeping, the pipeline's copies and
     threads). In wall time: the kernel runs on every core, and the updating thread's CPU time
     leaves out the others'."""
     from . import node, state  # the node imports this module for --plan
 
     cfg = cfg or OptimizerConfig()
+    batch = batch or node.RECV_ROWS
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-probe-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
         layout = Layout([TensorSpec("p", (elements,))])
