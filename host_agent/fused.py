@@ -339,7 +339,7 @@ if not NUMPY_ONLY:
     # fields' bit positions in them, their bytes still in wire order.
     _W0_VER_JOB = (0xFF << 24) | (0xFFFF << 32)  # ver (byte 3), job (bytes 4-5)
     _W0_KEEP = 0xFF | (0xFF << 24) | (0xFFFF << 32)  # version, ver, job: kind, flags, worker rewritten
-    _W2_CHUNK, _W2_KEEP = 0xFFFFFFFF, ~(0xFFFF << 32)  # chunk (bytes 16-19); nworkers (20-21) cleared
+    _W2_CHUNK, _W2_KEEP = 0xFFFFFFFF, 0xFFFF0000FFFFFFFF  # chunk (bytes 16-19); nworkers (20-21) cleared
 
     @numba.njit(nogil=True, cache=True)
     def _in_order(hw, ow, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
@@ -370,7 +370,7 @@ if not NUMPY_ONLY:
             nw[i] = nwk
             ow[i, 0] = (w0 & np.uint64(_W0_KEEP)) | param | (w0 & retransmit)
             ow[i, 1] = w1
-            ow[i, 2] = w2 & np.uint64(_W2_KEEP & 0xFFFFFFFFFFFFFFFF)
+            ow[i, 2] = w2 & np.uint64(_W2_KEEP)
             r += 1
             if r == slots:
                 r = 0

@@ -97,10 +97,11 @@ def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
     a, b = "mdp-rcv0", "mdp-rcv1"
     testbed.sh("ip", "link", "del", a, check=False)
     testbed.sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+    socks = []
     try:
         testbed.quiet_link(a)
         testbed.quiet_link(b)
-        tx, rx = rawsock.open_raw(a), rawsock.open_raw(b)
+        tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
         width = codec.frame_len(Kind.SUM)
         f = np.random.default_rng(1).integers(0, 256, size=(node.RECV_ROWS, width), dtype=np.uint8)
         f[:, 12:14] = (0x88, 0xB5)
@@ -110,7 +111,7 @@ def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
         rows, tagged, other = rawsock.RowReceiver(buf, rawsock.enable_auxdata(rx)).receive(rx.fileno())
         assert (rows, tagged, other) == (node.RECV_ROWS, 0, 0)
         assert np.array_equal(buf, f)
-        tx.close()
-        rx.close()
     finally:
+        for s in socks:
+            s.close()
         testbed.sh("ip", "link", "del", a, check=False)
