@@ -11,7 +11,8 @@ Speed: the kernel is written so that LLVM vectorises it in AVX2's 8 float32 lane
 conversion is F16C's instruction (plus a select for the one case where numpy differs), the int64
 sums become float64 from their 32-bit halves (AVX2 converts int32 vectors, not int64), and nothing
 in the loop body branches. The mean gradients are computed first, a block of records at a time,
-in a loop of their own (float64 lanes), so the update's loop runs 8 float32 lanes wide. Each new
+in a loop of their own (float64 lanes), so the update's loop runs 8 float32 lanes wide. Both
+loops prefetch the next block's rows as they go (SGD +13-15 %, AdamW +5-7 %). Each new
 record goes out to the other state copy with non-temporal stores: the step overwrites its lines
 whole, so a plain store's read for ownership is wasted traffic (SGD +10-15 %, AdamW +0-5 %); a page
 buffer updated in place takes plain stores (it is in cache, and written to the file next). numba
@@ -183,6 +184,7 @@ if not NUMPY_ONLY:
         """g[i - lo] = the float32 mean gradients of records lo..hi-1: a loop of its own, since
         its float64 lanes would halve the float32 lanes of the update's loop."""
         for i in range(lo, hi):
+            _fetch4(sums, i + BLOCK)
             d = nw[i]
             for j in range(K):
                 g[i - lo, j] = np.float32(_f64(sums[i, j]) * _INV_SCALE / d)
@@ -233,6 +235,29 @@ if not NUMPY_ONLY:
             return context.get_dummy_value()
         return types.void(), codegen
 
+    def _prefetcher(lines):
+        """An intrinsic: prefetch (prefetcht0) the first `lines` cache lines of arr[i] (rows of
+        a C-contiguous array). i may be past the end: a prefetch never faults."""
+        @intrinsic
+        def prefetch(typingctx, arr, i):
+            def codegen(context, builder, sig, args):
+                aty, ity = sig.args
+                i64, i32, i8p = ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
+                ary = context.make_array(aty)(context, builder, args[0])
+                row = builder.mul(context.cast(builder, args[1], ity, types.intp),
+                                  builder.extract_value(ary.strides, 0))
+                base = builder.add(builder.ptrtoint(ary.data, i64), row)
+                fn = cgutils.get_or_insert_function(
+                    builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+                for line in range(lines):  # read, keep in all levels, data cache
+                    builder.call(fn, [builder.inttoptr(builder.add(base, i64(64 * line)), i8p), i32(0), i32(3), i32(1)])
+                return context.get_dummy_value()
+            return types.void(arr, i), codegen
+        return prefetch
+
+    # A sums row is 4 lines; a record 6 (SGD reads its first 4: master and m).
+    _fetch4, _fetch6 = _prefetcher(4), _prefetcher(6)
+
     def _adamw(src, dst, sums, nw, c, decay, out, far):
         n = src.shape[0]
         c0, c1, c2, c3, c4, c5, c6, c7 = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
@@ -242,6 +267,7 @@ if not NUMPY_ONLY:
             rec = np.empty((3, K), np.float32)  # record i's new values, in L1 until streamed out
             _gradients(sums, nw, lo, hi, g)
             for i in range(lo, hi):
+                _fetch6(src, i + BLOCK)
                 for j in range(K):
                     gj = g[i - lo, j]
                     p = src[i, 0, j]
@@ -273,6 +299,7 @@ if not NUMPY_ONLY:
             rec = np.empty((2, K), np.float32)
             _gradients(sums, nw, lo, hi, g)
             for i in range(lo, hi):
+                _fetch4(src, i + BLOCK)
                 for j in range(K):
                     gj = g[i - lo, j]
                     p = src[i, 0, j]
