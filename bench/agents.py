@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import mmap
 import os
 import pathlib
@@ -149,16 +150,11 @@ def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float:
     return steps * elements / (time.perf_counter() - t)
 
 
-def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | None:
-    """Elements/s of a compiled loop that moves the bytes the kernel moves, in its pattern (the
-    record's lanes read from one copy and written to the other, the int64 sums read, fp16 out
-    written; both cores), with one add per element instead of the optimizer's arithmetic: the
-    memory system's ceiling for the node's update. None without numba."""
-    if fused.NUMPY_ONLY:
-        return None
+@functools.cache
+def _mover(lanes: int):
+    """traffic_rate's loop over `lanes` lanes of each record, compiled once per process."""
     import numba
 
-    lanes = 3 if kind == "adamw" else 2  # SGD neither reads nor writes v
     stream = fused._stream3 if lanes == 3 else fused._stream2  # the kernel's non-temporal stores
 
     @numba.njit(parallel=True, nogil=True)
@@ -176,6 +172,17 @@ def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | 
                 stream(dst, i, rec, True)
             fused._sfence()
 
+    return move
+
+
+def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | None:
+    """Elements/s of a compiled loop that moves the bytes the kernel moves, in its pattern (the
+    record's lanes read from one copy and written to the other, the int64 sums read, fp16 out
+    written; both cores), with one add per element instead of the optimizer's arithmetic: the
+    memory system's ceiling for the node's update. None without numba."""
+    if fused.NUMPY_ONLY:
+        return None
+    move = _mover(3 if kind == "adamw" else 2)  # SGD neither reads nor writes v
     n = -(-elements // K)
     a, b = state_copies(n)
     sums = np.random.default_rng(0).integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)

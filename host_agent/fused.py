@@ -189,6 +189,13 @@ if not NUMPY_ONLY:
             for j in range(K):
                 g[i - lo, j] = np.float32(_f64(sums[i, j]) * _INV_SCALE / d)
 
+    def _row_pointer(context, builder, aty, arr, ity, i):
+        """The address of arr[i, 0, ...] (no bounds check: i may be past the end)."""
+        zero = context.get_constant(types.intp, 0)
+        at = [context.cast(builder, i, ity, types.intp)] + [zero] * (aty.ndim - 1)
+        return cgutils.get_item_pointer(context, builder, aty, context.make_array(aty)(context, builder, arr), at,
+                                        wraparound=False, boundscheck=False)
+
     def _stream_records(rows):
         """An intrinsic: dst[i, :rows] = buf[:rows] (dst's records C-contiguous), by non-temporal
         stores when `far` (dst is not the source: the other state copy, not in cache, whose lines
@@ -199,12 +206,8 @@ if not NUMPY_ONLY:
         def stream(typingctx, dst, i, buf, far):
             def codegen(context, builder, sig, args):
                 dty, ity, bty, _ = sig.args
-                zero = context.get_constant(types.intp, 0)
-                at = [context.cast(builder, args[1], ity, types.intp), zero, zero]
-                pd = cgutils.get_item_pointer(context, builder, dty, context.make_array(dty)(context, builder, args[0]),
-                                              at, wraparound=False, boundscheck=False)
-                pb = cgutils.get_item_pointer(context, builder, bty, context.make_array(bty)(context, builder, args[2]),
-                                              [zero, zero], wraparound=False, boundscheck=False)
+                pd = _row_pointer(context, builder, dty, args[0], ity, args[1])
+                pb = _row_pointer(context, builder, bty, args[2], types.intp, context.get_constant(types.intp, 0))
                 lanes = ir.VectorType(ir.FloatType(), 8)
                 pd, pb = builder.bitcast(pd, lanes.as_pointer()), builder.bitcast(pb, lanes.as_pointer())
                 i64 = ir.IntType(64)
@@ -242,15 +245,12 @@ if not NUMPY_ONLY:
         def prefetch(typingctx, arr, i):
             def codegen(context, builder, sig, args):
                 aty, ity = sig.args
-                i64, i32, i8p = ir.IntType(64), ir.IntType(32), ir.IntType(8).as_pointer()
-                ary = context.make_array(aty)(context, builder, args[0])
-                row = builder.mul(context.cast(builder, args[1], ity, types.intp),
-                                  builder.extract_value(ary.strides, 0))
-                base = builder.add(builder.ptrtoint(ary.data, i64), row)
+                i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
+                row = builder.bitcast(_row_pointer(context, builder, aty, args[0], ity, args[1]), i8p)
                 fn = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
                 for line in range(lines):  # read, keep in all levels, data cache
-                    builder.call(fn, [builder.inttoptr(builder.add(base, i64(64 * line)), i8p), i32(0), i32(3), i32(1)])
+                    builder.call(fn, [builder.gep(row, [i32(64 * line)]), i32(0), i32(3), i32(1)])
                 return context.get_dummy_value()
             return types.void(arr, i), codegen
         return prefetch

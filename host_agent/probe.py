@@ -131,8 +131,8 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, b
     """Elements per second of NodeCore.handle (whole steps, sums in chunk order in batches of the
     node's receive batch unless `batch` is given; the best of STEPS), the state on /dev/shm
     streamed through the pipeline with a budget of 1/40: the node's work with a disk that costs
-    nothing (kernel, per-batch bookkeeping, the pipeline's copies and threads). In wall time: the kernel runs on every core, and the updating thread's CPU time
-    leaves out the others'."""
+    nothing (kernel, per-batch bookkeeping, the pipeline's copies and threads). In wall time: the
+    kernel runs on every core, and the updating thread's CPU time leaves out the others'."""
     from . import node, state  # the node imports this module for --plan
 
     cfg = cfg or OptimizerConfig()
