@@ -10,9 +10,12 @@ said and skipped when the disk has less free).
    baseline (bytes read + written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
    model predicts (host_agent/residency.py) from the machine's figures against the measured one
-   (NodeCore.handle fed sums in chunk order in the node's receive batches, node.RECV_ROWS), both at their best over two rounds
-   of (probe, 4 steps) so that others' load on a shared machine disturbs them alike, and the state moved per second (each element's record read from one copy and written
-   to the other) against the baseline.
+   (NodeCore.handle fed sums in chunk order in the node's receive batches, node.RECV_ROWS) over three
+   rounds of (probe, 8 steps), so that others' load on a shared machine disturbs both alike: the
+   prediction from each machine figure's median over the rounds against the median step after each
+   round's first (typical against typical: the fastest step is often one that met a fast stretch of
+   a shared disk); and the state moved per second (each element's record read from one copy and
+   written to the other) against the baseline.
 3. Scale: host_agent/synthetic.py at --params (default 1e9: fp32 master, m, v = 12 GB per copy)
    with --budget (default 1 GiB): 3 steps uninterrupted, then 3 steps with the node killed
    (SIGKILL) half-way through the second and restarted, one after the other (one state on disk at
@@ -21,6 +24,7 @@ said and skipped when the disk has less free).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pathlib
 import shutil
@@ -65,39 +69,37 @@ def measure(tmp: pathlib.Path, elements: int, budget: int, page_chunks: int, ste
     return times, store
 
 
-def best_machine(a: residency.Machine | None, b: residency.Machine) -> residency.Machine:
-    """Each figure at its best of two probes (each the median of three passes: the least disturbed by
-    others on a shared machine)."""
-    if a is None:
-        return b
-    return residency.Machine(disk_read=max(a.disk_read, b.disk_read), disk_write=max(a.disk_write, b.disk_write),
-                             update=max(a.update, b.update),
-                             sync=min(a.sync, b.sync), disk_mixed=max(a.disk_mixed, b.disk_mixed),
-                             io_cpu=min(a.io_cpu, b.io_cpu), cores=max(a.cores, b.cores), flush=min(a.flush, b.flush))
+def median_machine(ms: list[residency.Machine]) -> residency.Machine:
+    """Each figure the median over the rounds' probes (each itself the median of three passes)."""
+    def med(name):
+        vals = [getattr(m, name) for m in ms if getattr(m, name) is not None]
+        return float(np.median(vals)) if vals else None
+    return residency.Machine(**{f.name: med(f.name) for f in dataclasses.fields(residency.Machine)})
 
 
-def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4, rounds: int = 2) -> None:
+def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 8, rounds: int = 3) -> None:
     n_chunks = -(-elements // K)
     w = residency.Workload(n_chunks, page_chunks, window=SLOTS)
     state_bytes = 2 * w.copy_bytes
     print(f"state: {elements:,} elements, {state_bytes / 2**20:,.0f} MiB (two copies), pages of "
-          f"{w.page_bytes // 1024} KiB; per budget {rounds} rounds of (machine probe, {steps} steps); figures are "
-          "each at their best over the rounds (probe: highest rate; steps: fastest after the first)")
+          f"{w.page_bytes // 1024} KiB; per budget {rounds} rounds of (machine probe, {steps} steps); the prediction "
+          "from the probes' medians against the median step after each round's first")
     for div in BUDGETS:
         budget = state_bytes // div
-        m, best, all_times = None, float("inf"), []
+        machines, warm = [], []
         for _ in range(rounds):
-            m = best_machine(m, probe.machine(tmp))
+            machines.append(probe.machine(tmp))
             times, store = measure(tmp, elements, budget, page_chunks, steps)
-            best = min(best, min(times[1:]))
-            all_times += times
+            warm += times[1:]
             plan, peak = store.pages.plan, store.pages.peak_pages
             store.close()
             shutil.rmtree(tmp / f"state-{budget}")
+        m = median_machine(machines)
+        step = float(np.median(warm))
         seq = 2 / (1 / m.disk_read + 1 / m.durable_write)
         pred = residency.predict(plan, w, m)
-        moved = 2 * w.copy_bytes / best
-        err = (pred.step_time - best) / best
+        moved = 2 * w.copy_bytes / step
+        err = (pred.step_time - step) / step
         print(f"  machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.durable_write / 2**20:,.0f} MiB/s "
               f"fsynced ({m.disk_write / 2**20:,.0f} MiB/s written back, then {m.flush * 2**30:.2f} s/GiB of fsync) "
               f"(sequential read+write {seq / 2**20:,.0f} MiB/s; both at once {m.disk_mixed / 2**20:,.0f} MiB/s); "
@@ -105,8 +107,8 @@ def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 4, 
               f"I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; {m.cores:.1f} cores free; commit sync {m.sync * 1e3:.1f} ms")
         print(f"budget 1/{div:<3} {budget / 2**20:7.1f} MiB: {plan.mode}, {len(plan.resident)} of {w.n_pages} pages "
               f"resident, {plan.ahead} ahead | step predicted {pred.step_time:.3f} s ({pred.bound}-bound) measured "
-              f"{best:.3f} s (all steps {', '.join(f'{t:.2f}' for t in all_times)}), error {err:+.0%} | "
-              f"{elements / best / 1e6:,.1f} M elem/s, {moved / 2**20:,.0f} MiB/s of state = "
+              f"{step:.3f} s (steps {min(warm):.3f}-{max(warm):.3f} s), error {err:+.0%} | "
+              f"{elements / step / 1e6:,.1f} M elem/s, {moved / 2**20:,.0f} MiB/s of state = "
               f"{moved / seq:.2f}x disk seq read+write (peak {peak} pages)", flush=True)
 
 

@@ -70,11 +70,13 @@ def status_kb(field: str, pid: str = "self") -> int:
     return 0
 
 
-def run(d: pathlib.Path, steps: int, budget: int, batch: int = 8192, seed: int = 0, log=None) -> dict:
-    """Feed whole steps until `steps` are committed (resuming where the state is); per-step times,
-    RSS before the state is opened (the fixed overhead) and peak RSS."""
+def run(d: pathlib.Path, steps: int, budget: int, batch: int | None = None, seed: int = 0, log=None) -> dict:
+    """Feed whole steps until `steps` are committed (resuming where the state is), in batches of
+    `batch` sums (default: the node's receive batch); per-step times, RSS before the state is
+    opened (the fixed overhead) and peak RSS."""
     from . import node  # the node's CLI imports this module's users; keep the import light
 
+    batch = batch or node.RECV_ROWS
     fused.warm(OptimizerConfig())
     try:  # peak RSS from here on (a test runs this inside a process that may have peaked before)
         pathlib.Path("/proc/self/clear_refs").write_text("5")
