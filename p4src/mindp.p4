@@ -33,10 +33,10 @@ control MindpIngress(inout headers_t hdr, inout metadata_t meta,
     counter(DROP_CELLS, CounterType.packets) drops;
 
     /* epoch_generation[0]: the last job epoch the controller handed out. The data plane
-     * never counts it; the controller reads it and writes the next epoch before a job is
-     * installed, so epochs are not reused while the cells that hold them live (a switch
-     * restart clears both). */
-    counter(1, CounterType.packets) epoch_generation;
+     * never counts it (so p4c would warn it unused); the controller reads it and writes
+     * the next epoch before a job is installed, so epochs are not reused while the cells
+     * that hold them live (a switch restart clears both). */
+    @noWarn("unused") counter(1, CounterType.packets) epoch_generation;
 
     apply {
         if (standard_metadata.parser_error != error.NoError) {
