@@ -6,8 +6,9 @@ said and skipped when the disk has less free).
     python bench/ooc.py --no-scale                 # the budget figures only (so does MINDP_BENCH_SCALE=0)
 
 1. The machine as the model sees it (host_agent/probe.py): disk sequential read and write (and
-   both at once), the CPU they cost, the node's update rate streamed with a free disk (tmpfs), the cores we get; the disk's sequential read+write bandwidth is the
-   baseline (bytes read + written over the time to write then read them).
+   both at once), the CPU they cost, the node's update rate streamed with a free disk (tmpfs),
+   the cores we get; the disk's sequential read+write bandwidth is the baseline (bytes read +
+   written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
    model predicts (host_agent/residency.py) from the machine's figures against the measured one
    (NodeCore.handle fed sums in chunk order in the node's receive batches, node.RECV_ROWS) over three
