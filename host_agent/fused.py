@@ -8,10 +8,13 @@ are the same float32 roundings), and converts to fp16 with numpy's own rule (rou
 even; a NaN keeps the top of its payload). Without numba the numpy composition runs instead.
 
 Speed: the kernel is written so that LLVM vectorises it in AVX2's 8 float32 lanes. The fp16
-conversion is F16C's instruction (plus a select for the one case where numpy differs), the int64
-sums become float64 from their 32-bit halves (AVX2 converts int32 vectors, not int64), and nothing
+conversion is F16C's instruction (plus a select for the one case where numpy differs), and nothing
 in the loop body branches. The mean gradients are computed first, a block of records at a time,
-in a loop of their own (float64 lanes), so the update's loop runs 8 float32 lanes wide. Both
+in a loop of their own, so the update's loop runs 8 float32 lanes wide. A row of sums that fit
+int32, averaged over a power-of-two count (the usual row: a mean gradient below 128), converts
+in float32 lanes with a multiply, exactly (_narrow_row; SGD +15 %, AdamW +14 %); any other row
+converts to float64 from the sums' 32-bit halves (AVX2 converts int32 vectors, not int64) and
+divides, as the reference does. Both
 loops prefetch the next block's rows as they go (SGD +13-15 %, AdamW +5-7 %). Each new
 record goes out to the other state copy with non-temporal stores: the step overwrites its lines
 whole, so a plain store's read for ownership is wasted traffic (SGD +10-15 %, AdamW +0-5 %); a page
@@ -180,14 +183,22 @@ if not NUMPY_ONLY:
         return np.float64(hi) * 4294967296.0 + (np.float64(lo) + 2147483648.0)
 
     @numba.njit(inline="always")
+    def _pow2(d):
+        n = np.int64(d)
+        return n == d and n > 0 and (n & (n - 1)) == 0
+
+    @numba.njit(inline="always")
     def _gradients(sums, nw, lo, hi, g):
         """g[i - lo] = the float32 mean gradients of records lo..hi-1: a loop of its own, since
-        its float64 lanes would halve the float32 lanes of the update's loop."""
+        its float64 lanes would halve the float32 lanes of the update's loop. A row of sums that
+        fit int32, averaged over a power-of-two count (the usual row), takes float32 lanes and no
+        division (_narrow_row); any other row the float64 reference arithmetic."""
         for i in range(lo, hi):
             _fetch4(sums, i + BLOCK)
             d = nw[i]
-            for j in range(K):
-                g[i - lo, j] = np.float32(_f64(sums[i, j]) * _INV_SCALE / d)
+            if not (_pow2(d) and _narrow_row(sums, i, g, i - lo, np.float32(_INV_SCALE / d))):
+                for j in range(K):
+                    g[i - lo, j] = np.float32(_f64(sums[i, j]) * _INV_SCALE / d)
 
     def _row_pointer(context, builder, aty, arr, ity, i):
         """The address of arr[i, 0, ...] (no bounds check: i may be past the end)."""
@@ -225,6 +236,32 @@ if not NUMPY_ONLY:
                 return context.get_dummy_value()
             return types.void(dst, i, buf, types.boolean), codegen
         return stream
+
+    @intrinsic
+    def _narrow_row(typingctx, sums, i, g, gi, scale):
+        """If every sum of row i fits int32: g[gi] = float32(sums[i]) * scale, and True; else
+        False, g untouched. With scale a power of two this is the reference's float32(float64(s)
+        * 2**-24 / d) bit for bit: float64(s) is then exact, so both round s once, and scaling by
+        a power of two is exact (no float32 here comes near the subnormals). Written as vector
+        code: numba's loops convert integers to floats one at a time."""
+        def codegen(context, builder, sig, args):
+            sty, ity, gty, gity, _ = sig.args
+            ps = _row_pointer(context, builder, sty, args[0], ity, args[1])
+            pg = _row_pointer(context, builder, gty, args[2], gity, args[3])
+            i32 = ir.IntType(32)
+            wide, narrow = ir.VectorType(ir.IntType(64), K), ir.VectorType(i32, K)
+            floats = ir.VectorType(ir.FloatType(), K)
+            s = builder.load(builder.bitcast(ps, wide.as_pointer()), align=8)
+            t = builder.trunc(s, narrow)
+            same = builder.icmp_signed("==", builder.sext(t, wide), s)
+            fits = builder.icmp_signed("==", builder.bitcast(same, ir.IntType(K)), ir.Constant(ir.IntType(K), -1))
+            with builder.if_then(fits):
+                one = builder.insert_element(ir.Constant(floats, ir.Undefined), args[4], i32(0))
+                every = builder.shuffle_vector(one, one, ir.Constant(narrow, [0] * K))
+                builder.store(builder.fmul(builder.sitofp(t, floats), every), builder.bitcast(pg, floats.as_pointer()),
+                              align=4)
+            return fits
+        return types.boolean(sums, i, g, gi, scale), codegen
 
     _stream3, _stream2 = _stream_records(3), _stream_records(2)
 

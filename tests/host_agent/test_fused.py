@@ -49,6 +49,32 @@ def test_kernel_equals_the_numpy_composition_bit_for_bit(kind, wd, n):
 
 @needs_numba
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_narrow_and_wide_rows_mixed_in_a_block_equal_the_numpy_composition(kind):
+    """Rows of sums within int32 averaged over a power-of-two count take the kernel's float32
+    conversion; a row with one sum just past int32, or a count of 3, 5 or 6, the float64 one."""
+    rng = np.random.default_rng(11)
+    n = 200  # three blocks of the parallel loop, each with rows of every kind
+    cfg = OptimizerConfig(kind=kind, lr=3e-3, weight_decay=0.05)
+    src = hard_records(rng, n)
+    sums = rng.integers(-(1 << 31), 1 << 31, size=(n, K))
+    sums[::6, 3] = 1 << 31
+    sums[1::6, 7] = -(1 << 31) - 1
+    sums[2::6, 0], sums[2::6, 31] = -(1 << 31), (1 << 31) - 1  # the extremes that fit
+    sums[3::6] = rng.integers(-3, 4, size=sums[3::6].shape)  # zeros and means far below fp16's range
+    sums[4::6, ::2] = rng.integers(-(1 << 24), 1 << 24, size=sums[4::6, ::2].shape) * 97  # odd, above 2**24
+    nworkers = rng.choice([1, 2, 3, 4, 5, 6, 8, 16, 32], size=n)
+    got, want = np.empty_like(src), np.empty_like(src)
+    got[:, 2] = src[:, 2]
+    got_p, want_p = np.empty((n, K), np.float16), np.empty((n, K), np.float16)
+    fused.update_records(cfg, src, got, sums, nworkers, 3, got_p)
+    with np.errstate(all="ignore"):
+        fused.update_numpy(cfg, src, want, sums, nworkers, 3, want_p)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
+
+
+@needs_numba
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
 @pytest.mark.parametrize("offset", [0, 4, 16])
 def test_records_stream_out_alike_at_any_alignment_and_in_place(kind, offset):
     """A 32-byte aligned destination takes the non-temporal stores, any other the plain ones; a
