@@ -255,9 +255,9 @@ def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunks", type=int, default=100_000, help="chunks per step for the send-rate figure")
-    ap.add_argument("--elements", type=int, nargs="+", default=[4_000_000, 32_000_000],
+    ap.add_argument("--elements", type=int, nargs="+", default=[4_000_000, 8_000_000, 32_000_000],
                     help="model sizes for the in-RAM figures (default: one whose torch state half fits this "
-                         "machine's 32 MiB L3, one 16x larger)")
+                         "machine's 32 MiB L3, twice that, and one 8x larger)")
     ap.add_argument("--ooc-elements", type=int, default=4_000_000, help="model size for the out-of-core figure")
     ap.add_argument("--batch", type=int, default=node.RECV_ROWS,
                     help="sums per NodeCore.handle call in RAM (at most the node's receive batch, node.RECV_ROWS)")
