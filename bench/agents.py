@@ -99,7 +99,7 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     cfg = OptimizerConfig(kind=kind)
     d = tmp / f"state-{budget}"
     state.create(d, layout, state.init_pieces(layout, seed=0), cfg, page_chunks)
-    state_bytes = 2 * layout.n_chunks * state.RECORD.itemsize
+    state_bytes = 2 * layout.n_chunks * state.record(cfg.lanes).itemsize
     store = state.Store(d, budget or 2 * state_bytes, drop_cache=budget is not None)
     core = node.NodeCore(store, 1, 2, 64)
     sums = sums_for(layout)
@@ -123,11 +123,11 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     return steps * elements / elapsed
 
 
-def state_copies(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two copies of n records, page-aligned as the node's mapped state is (the kernel's
-    non-temporal stores need 32-byte aligned records) and every page touched (no page faults
-    in a timed step)."""
-    both = np.frombuffer(mmap.mmap(-1, 2 * n * state.RECORD.itemsize), np.float32).reshape(2, n, 3, K)
+def state_copies(n: int, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two copies of n records of `lanes` lanes, page-aligned as the node's mapped state is (the
+    kernel's non-temporal stores need 32-byte aligned records) and every page touched (no page
+    faults in a timed step)."""
+    both = np.frombuffer(mmap.mmap(-1, 2 * n * state.record(lanes).itemsize), np.float32).reshape(2, n, lanes, K)
     both[...] = 0.0
     return both[0], both[1]
 
@@ -137,11 +137,11 @@ def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float:
     copies alternating, as the node's steps do): the node's ceiling without per-batch work."""
     n = -(-elements // K)
     rng = np.random.default_rng(0)
-    a, b = state_copies(n)
+    cfg = OptimizerConfig(kind=kind)
+    a, b = state_copies(n, cfg.lanes)
     a[:, state.MASTER] = rng.standard_normal((n, K), dtype=np.float32) * np.float32(0.02)
     sums = rng.integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)
     out = np.empty((n, K), np.float16)
-    cfg = OptimizerConfig(kind=kind)
     fused.update_records(cfg, a, b, sums, 2, 0, out)
     t = time.perf_counter()
     for step in range(1, steps + 1):
@@ -182,9 +182,10 @@ def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | 
     memory system's ceiling for the node's update. None without numba."""
     if fused.NUMPY_ONLY:
         return None
-    move = _mover(3 if kind == "adamw" else 2)  # SGD neither reads nor writes v
+    lanes = OptimizerConfig(kind=kind).lanes  # SGD's records have no v
+    move = _mover(lanes)
     n = -(-elements // K)
-    a, b = state_copies(n)
+    a, b = state_copies(n, lanes)
     sums = np.random.default_rng(0).integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)
     out = np.empty((n, K), np.uint16)
     move(a, b, sums, out)
@@ -300,10 +301,11 @@ def main() -> int:
                       f"ratio {kernel / theirs:.3f}{moved})")
         if "ooc" not in only:
             return 0
-        state_bytes = 2 * (-(-args.ooc_elements // K)) * state.RECORD.itemsize
+        record_bytes = state.record(OptimizerConfig().lanes).itemsize  # the out-of-core figure runs AdamW
+        state_bytes = 2 * (-(-args.ooc_elements // K)) * record_bytes
         budget = state_bytes // 10
         ooc = node_rate(tmp, args.ooc_elements, budget, page_chunks=args.page_chunks)
-        moved = ooc * 2 * state.RECORD.itemsize / K  # each element: its record read from one copy, written to the other
+        moved = ooc * 2 * record_bytes / K  # each element: its record read from one copy, written to the other
         disk = disk_bandwidth(tmp, max(64 << 20, state_bytes))
         print(f"node out of core {ooc:12,.0f} elem/s  ({moved / 2**20:,.0f} MiB/s of state, budget "
               f"{budget / 2**20:.1f} MiB = state/10)   disk seq read+write {disk / 2**20:,.0f} MiB/s   "

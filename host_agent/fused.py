@@ -139,13 +139,13 @@ def in_order_batch(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, 
 
 def update_numpy(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
                  step: int, out: np.ndarray) -> None:
-    """The reference composition (records (n, 3, K) float32, sums (n, K) int64, out (n, K) float16;
-    nworkers an int or one count per record)."""
+    """The reference composition (records (n, 3, K) float32, or (n, 2, K) for SGD, which has no v;
+    sums (n, K) int64, out (n, K) float16; nworkers an int or one count per record)."""
     nworkers = np.asarray(nworkers, dtype=np.int64).reshape(-1, 1) if np.ndim(nworkers) else nworkers
     if dst is not src:
         dst[...] = src
     g = optim.mean_gradient(sums, nworkers)
-    optim.apply(cfg, dst[:, MASTER], dst[:, M], dst[:, V], g, step)
+    optim.apply(cfg, dst[:, MASTER], dst[:, M], dst[:, V] if dst.shape[1] > V else None, g, step)
     out[...] = dst[:, MASTER].astype(np.float16)
 
 
@@ -292,7 +292,7 @@ if not NUMPY_ONLY:
             return types.void(arr, i), codegen
         return prefetch
 
-    # A sums row is 4 lines; a record 6 (SGD reads its first 4: master and m).
+    # A sums row is 4 lines; a record 6 (SGD's 4: master and m; of a format-1 state, its first 4).
     _fetch4, _fetch6 = _prefetcher(4), _prefetcher(6)
 
     def _adamw(src, dst, sums, nw, c, decay, out, far):
@@ -453,8 +453,8 @@ if not NUMPY_ONLY:
 def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
                    step: int, out: np.ndarray) -> None:
     """dst = one optimizer step of src with the mean of `sums` over `nworkers` (an int or one count
-    per record); out = fp16(dst master). src may be dst. SGD has no v: the kernel neither reads nor
-    writes that lane (it stays as created, zero in both copies), a quarter less memory traffic."""
+    per record); out = fp16(dst master). src may be dst. SGD has no v: its records are (master, m),
+    or, in a state of format 1, (master, m, v) with v left as created (zero in both copies)."""
     if NUMPY_ONLY:
         update_numpy(cfg, src, dst, sums, nworkers, step, out)
         return
@@ -463,7 +463,7 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
         nw = np.empty(len(src), np.float64)
         nw[:] = nworkers
     if dst.strides[1:] != (K * 4, 4):
-        raise ValueError("update_records: dst must hold whole (3, K) float32 records, each contiguous")
+        raise ValueError("update_records: dst must hold whole (lanes, K) float32 records, each contiguous")
     kernel = _kernels[cfg.kind]
     far = not np.may_share_memory(src, dst)  # else in place: in cache
     kernel(src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16), far)

@@ -629,13 +629,17 @@ def print_plan(args) -> int:
             meta = json.loads((pathlib.Path(args.state_dir) / "meta.json").read_text())
             layout, page_chunks = optim.layout_from_json(meta["layout"]), int(meta["page_chunks"])
             lo, hi = meta.get("chunks", (0, layout.n_chunks - 1))
+            cfg, lanes = OptimizerConfig.from_dict(meta["optimizer"]), int(meta.get("lanes", 3))
         else:
             layout = agent_args.requested_layout(args.layout, args.init)
             if layout is None:
                 raise ConfigError("--plan for a state not yet created needs --layout or --init FILE.npz")
             page_chunks, lo, hi = args.page_chunks, 0, layout.n_chunks - 1
+            cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
+                                  momentum=args.momentum, eps=args.eps)
+            lanes = cfg.lanes
         slots = args.slots or (Topology.load(args.topology).job(args.job).slots if args.topology else 64)
-        print(probe.report(args.state_dir, args.ram_budget, hi - lo + 1, page_chunks, slots), flush=True)
+        print(probe.report(args.state_dir, args.ram_budget, hi - lo + 1, page_chunks, slots, cfg, lanes), flush=True)
     except (ConfigError, TopologyError, OSError, ValueError, KeyError, TypeError) as exc:
         print(f"mindp-optimizer: {exc}", file=sys.stderr)
         return 2

@@ -55,6 +55,11 @@ class OptimizerConfig:
             raise ConfigError("eps must be > 0, weight_decay >= 0, momentum in [0, 1)")
         object.__setattr__(self, "betas", (float(b1), float(b2)))
 
+    @property
+    def lanes(self) -> int:
+        """float32 lanes of a chunk's state record: master, m and v for AdamW; SGD has no v."""
+        return 3 if self.kind == "adamw" else 2
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -25,19 +25,27 @@ from .pager import MappedFile, Pager
 RECORD = np.dtype((np.float32, (3, K)))  # master, m, v of one chunk (state.RECORD)
 
 
+def record(lanes: int) -> np.dtype:
+    """One chunk's record: (master, m, v) x K float32 (3 lanes: AdamW), or (master, m) (2: SGD)."""
+    return np.dtype((np.float32, (lanes, K)))
+
+
 class PagedState:
     def __init__(self, paths: list[pathlib.Path], n_chunks: int, page_chunks: int, budget_bytes: int, *,
-                 prefetch: bool = True, drop_cache: bool = True, window: int = 64, map_whole: bool = True):
+                 prefetch: bool = True, drop_cache: bool = True, window: int = 64, map_whole: bool = True,
+                 lanes: int = 3):
         self.n_chunks = n_chunks
         self.page_chunks = page_chunks
-        self.page_bytes = page_chunks * RECORD.itemsize
-        self.workload = residency.Workload(n_chunks, page_chunks, window=window)
+        self.lanes = lanes
+        self.record = record(lanes)
+        self.page_bytes = page_chunks * self.record.itemsize
+        self.workload = residency.Workload(n_chunks, page_chunks, window=window, record_bytes=self.record.itemsize)
         self.n_pages = self.workload.n_pages
         padded = self.n_pages * page_chunks
         self.plan = residency.decide(budget_bytes, self.workload, map_whole)
         self.mapped = self.plan.mode == "mapped"
         if self.mapped:
-            self.files = [MappedFile(p, RECORD, padded) for p in paths]
+            self.files = [MappedFile(p, self.record, padded) for p in paths]
             self.pager = None
         else:
             self.files = None
@@ -61,7 +69,7 @@ class PagedState:
         return page
 
     def _view(self, buf: np.ndarray) -> np.ndarray:
-        return buf.view(np.float32).reshape(self.page_chunks, 3, K)
+        return buf.view(np.float32).reshape(self.page_chunks, self.lanes, K)
 
     # --- the step ------------------------------------------------------------------------
     def start_step(self, applied: np.ndarray) -> None:
@@ -92,8 +100,9 @@ class PagedState:
             if buf is not None:
                 plo = page * self.page_chunks
                 return self._view(buf)[lo - plo : hi - plo]
-        raw = self.pager.read(copy, lo * RECORD.itemsize, (hi - lo) * RECORD.itemsize)
-        return raw.view(np.float32).reshape(hi - lo, 3, K)
+        rb = self.record.itemsize
+        raw = self.pager.read(copy, lo * rb, (hi - lo) * rb)
+        return raw.view(np.float32).reshape(hi - lo, self.lanes, K)
 
     def applied(self, dst: int | None, lo: int, hi: int) -> None:
         """Records [lo, hi) of one page were updated in the working buffer (dst: write them to that
@@ -108,7 +117,7 @@ class PagedState:
             if buf is None:
                 raise RuntimeError(f"page {page} left the pager between its update and its write")
             plo = page * self.page_chunks
-            rb = RECORD.itemsize
+            rb = self.record.itemsize
             self.pager.write(dst, lo * rb, buf[(lo - plo) * rb : (hi - plo) * rb], page)
             token = self.pager.token[page]
             was, n = self.updated.get(page, (token, 0))

@@ -141,7 +141,7 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, b
     try:
         layout = Layout([TensorSpec("p", (elements,))])
         state.create(tmp, layout, state.init_pieces(layout, seed=0), cfg, page_chunks=2048)
-        whole = 4 * elements * state.RECORD.itemsize // K + (64 << 20)
+        whole = 4 * elements * state.record(cfg.lanes).itemsize // K + (64 << 20)
         store = state.Store(tmp, whole // 40, drop_cache=False)
         n = layout.n_chunks
         core = node.NodeCore(store, 1, 2, 64)
@@ -204,13 +204,14 @@ def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, d
 
 
 def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunks: int, window: int,
-           cfg: OptimizerConfig | None = None) -> str:
+           cfg: OptimizerConfig | None = None, lanes: int = 3) -> str:
     """`mindp-optimizer --plan`: this machine's figures (measured on the state's disk), the
-    residency the budget gets, and the predicted step time."""
+    residency the budget gets, and the predicted step time (`lanes`: the state's records')."""
+    from . import state
     where = pathlib.Path(state_dir).resolve()
     while not where.is_dir():
         where = where.parent
-    w = residency.Workload(n_chunks, page_chunks, window=window)
+    w = residency.Workload(n_chunks, page_chunks, window=window, record_bytes=state.record(lanes).itemsize)
     r = residency.decide(budget, w)
     m = machine(where, cfg)
     p = residency.predict(r, w, m)

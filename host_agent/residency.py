@@ -51,10 +51,11 @@ class Workload:
     window: int = 64  # how many chunks out of order sums may arrive (the job's slot count)
     order: Sequence[int] | None = None  # pages in the order their sums arrive (None: 0, 1, 2, ...)
     arrival: float | None = None  # chunks/s the network delivers (None: as fast as the node takes them)
+    record_bytes: int = RECORD_BYTES  # one chunk's record (SGD's has no v: 2 * K * 4)
 
     @property
     def page_bytes(self) -> int:
-        return self.page_chunks * RECORD_BYTES
+        return self.page_chunks * self.record_bytes
 
     @property
     def n_pages(self) -> int:

@@ -3,7 +3,7 @@
 A state directory holds:
 
   meta.json       layout, optimizer, page geometry (written once, at creation)
-  state0.bin      records of (master, m, v) x K float32 per chunk: the state
+  state0.bin      records of (master, m, v) x K float32 per chunk (SGD: (master, m)): the state
   state1.bin      after an even number of steps in state0, odd in state1
   commit.json     {"step": s}: the last step whose state is durable (-1: initial)
   progress.bin    chunks of step s+1 already applied (see below)
@@ -36,14 +36,14 @@ from mindp.protocol import K
 from . import optim
 from .optim import ConfigError, OptimizerConfig
 from .pager import StorageError
-from .pipeline import RECORD, PagedState  # RECORD: (master, m, v) x K float32, one chunk
+from .pipeline import RECORD, PagedState, record  # RECORD: (master, m, v) x K float32, one chunk
 
 MASTER, M, V = 0, 1, 2
 PROGRESS_MAGIC = b"MINDPRG1"
 PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, non-finite flag 1, pad
 NONFINITE_AT = 52
 DEFAULT_PAGE_CHUNKS = 512  # 192 KiB pages (a multiple of the 4 KiB OS page)
-FORMAT = 1
+FORMAT = 2  # 2: meta.json names the record's lanes (format 1: always 3)
 
 
 def boot_id() -> bytes:
@@ -111,8 +111,9 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
     tensor by tensor. `chunks` = (lo, hi): a shard's state, chunks lo..hi (inclusive) of the
     layout's chunk space only, initialised with exactly those elements of `init`.
     """
-    if page_chunks <= 0 or (page_chunks * RECORD.itemsize) % mmap.PAGESIZE:
-        raise ConfigError(f"page_chunks must be a positive multiple of {mmap.PAGESIZE // np.gcd(mmap.PAGESIZE, RECORD.itemsize)}")
+    rb = record(cfg.lanes).itemsize
+    if page_chunks <= 0 or (page_chunks * rb) % mmap.PAGESIZE:
+        raise ConfigError(f"page_chunks must be a positive multiple of {mmap.PAGESIZE // np.gcd(mmap.PAGESIZE, rb)}")
     if chunks is not None:
         lo, hi = chunks
         if not 0 <= lo <= hi < layout.n_chunks:
@@ -124,7 +125,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
         (d / name).unlink(missing_ok=True)
     n = layout.n_chunks if chunks is None else chunks[1] - chunks[0] + 1
     elements = layout.total if chunks is None else min((chunks[1] + 1) * K, layout.total) - chunks[0] * K
-    nbytes = _padded_records(n, page_chunks) * RECORD.itemsize
+    nbytes = _padded_records(n, page_chunks) * rb
     block_chunks = 1024
     with open(d / "state0.bin", "wb") as f0:
         pending = np.empty(0, dtype=np.float32)
@@ -133,7 +134,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
         def flush_block(flat: np.ndarray) -> None:
             nonlocal written
             c = len(flat) // K
-            rec = np.zeros((c, 3, K), dtype=np.float32)
+            rec = np.zeros((c, cfg.lanes, K), dtype=np.float32)
             rec[:, MASTER, :] = flat.reshape(c, K)
             f0.write(rec.tobytes())
             written += c
@@ -156,7 +157,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
         _preallocate(f1, nbytes)
         os.fsync(f1.fileno())
     meta = {"format": FORMAT, "layout": optim.layout_to_json(layout), "optimizer": cfg.to_dict(),
-            "page_chunks": page_chunks}
+            "page_chunks": page_chunks, "lanes": cfg.lanes}
     if chunks is not None:
         meta["chunks"] = [int(chunks[0]), int(chunks[1])]
     _write_atomic(d / "meta.json", json.dumps(meta, indent=1).encode())
@@ -188,6 +189,9 @@ class Store:
             self.layout = optim.layout_from_json(meta["layout"])
             self.cfg = OptimizerConfig.from_dict(meta["optimizer"])
             page_chunks = int(meta["page_chunks"])
+            lanes = int(meta.get("lanes", 3))
+            if lanes not in (2, 3) or lanes < self.cfg.lanes:
+                raise ValueError(f"records of {lanes} lanes for {self.cfg.kind}")
             # A shard holds chunks lo..hi of the layout's chunk space (records 0..hi-lo); else all.
             self.chunks = tuple(int(c) for c in meta.get("chunks", (0, self.layout.n_chunks - 1)))
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -199,7 +203,9 @@ class Store:
         padded = _padded_records(n, page_chunks)
         self.n_pages = padded // page_chunks
         self.pages = PagedState([d / f"state{i}.bin" for i in (0, 1)], n, page_chunks, budget_bytes,
-                                prefetch=prefetch, drop_cache=drop_cache, window=window, map_whole=map_whole)
+                                prefetch=prefetch, drop_cache=drop_cache, window=window, map_whole=map_whole,
+                                lanes=lanes)
+        self.record = self.pages.record
         self.pager = self.pages.pager  # None when the state is mapped whole (in RAM)
         self._open_progress(n)
         self.pages.start_step(self.applied)

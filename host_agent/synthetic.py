@@ -118,7 +118,7 @@ def checksum(d: pathlib.Path) -> str:
     meta = json.loads((d / "meta.json").read_text())
     commit = json.loads((d / "commit.json").read_text())
     n = state.optim.layout_from_json(meta["layout"]).n_chunks
-    nbytes = n * state.RECORD.itemsize
+    nbytes = n * state.record(int(meta.get("lanes", 3))).itemsize
     h = hashlib.blake2b(digest_size=16)
     path = d / f"state{int(commit['updates']) % 2}.bin"
     with open(path, "rb", buffering=0) as f:
@@ -161,7 +161,7 @@ def run_killed(d: pathlib.Path, steps: int, budget: int, kill_step: int, kill_fr
 
 def bench(tmp: pathlib.Path, params: int, budget: int, steps: int = 3, page_chunks: int = 2048) -> None:
     """The 1B-parameter figure of bench/ooc.py: uninterrupted, then killed mid-step and resumed."""
-    per_copy = -(-params // K) * state.RECORD.itemsize
+    per_copy = -(-params // K) * state.record(OptimizerConfig().lanes).itemsize
     free = shutil.disk_usage(tmp).free
     print(f"scale: {params:,} parameters, {per_copy / 1e9:.1f} GB per copy ({2 * per_copy / 1e9:.1f} GB on disk), "
           f"budget {budget / 2**20:,.0f} MiB; {free / 1e9:.0f} GB free", flush=True)

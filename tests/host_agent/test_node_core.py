@@ -387,3 +387,40 @@ def test_in_order_batches_take_the_compiled_path_and_answer_as_the_general_one(t
         want = master[spec.name].reshape(-1).view(np.uint32)
         assert np.array_equal(fast.store.tensor(spec.name).reshape(-1).view(np.uint32), want)
         assert np.array_equal(slow.store.tensor(spec.name).reshape(-1).view(np.uint32), want)
+
+
+@pytest.mark.parametrize("map_whole", [True, False], ids=["mapped", "paged"])
+def test_sgd_records_hold_no_v_and_a_format_1_state_with_it_trains_alike(tmp_path, map_whole):
+    """An SGD state's records are (master, m), two thirds of AdamW's bytes on disk and in RAM. A
+    state written before that (format 1: (master, m, v) records, v zero) opens and trains to the
+    same bits; records without v are refused for AdamW in one line."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig(kind="sgd", lr=0.05, momentum=0.9, weight_decay=0.01)
+    gf = reference.synthetic_grads(3)
+    new, old = tmp_path / "new", tmp_path / "old"
+    state.create(new, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
+    meta = json.loads((new / "meta.json").read_text())
+    padded = -(-lay.n_chunks // 32) * 32
+    assert meta["lanes"] == 2 and (new / "state0.bin").stat().st_size == padded * 2 * K * 4
+    old.mkdir()
+    (old / "commit.json").write_bytes((new / "commit.json").read_bytes())
+    for i in (0, 1):
+        three = np.zeros((padded, 3, K), np.float32)
+        three[:, :2] = np.fromfile(new / f"state{i}.bin", np.float32).reshape(padded, 2, K)
+        three.tofile(old / f"state{i}.bin")
+    (old / "meta.json").write_text(json.dumps({**{k: v for k, v in meta.items() if k != "lanes"}, "format": 1}))
+    for d in (new, old):
+        core = node.NodeCore(state.Store(d, 1 << 20, map_whole=map_whole), JOB, N, S)
+        assert core.store.record.shape == ((2 if d == new else 3), K)
+        for step in range(3):
+            params = reference.train(init, gf, N, step, cfg).params
+            sums, nf = step_sums(lay, gf, N, step, params)
+            core.handle(sum_headers(JOB, step, np.arange(lay.n_chunks), lay, S, N, nf), sums)
+        assert core.committed == 2
+        got = {spec.name: core.store.tensor(spec.name).reshape(spec.shape) for spec in lay.specs}
+        core.store.close()
+        assert same_bits(got, reference.train(init, gf, N, 3, cfg).master)
+    (new / "meta.json").write_text(json.dumps({**meta, "optimizer": OptimizerConfig(kind="adamw").to_dict()}))
+    with pytest.raises(optim.ConfigError, match="records of 2 lanes for adamw"):
+        state.Store(new, 1 << 20)

@@ -1,6 +1,9 @@
 """The node-core and storage suites again with the state streamed through the page pipeline
 (pread/pwrite buffers, reader and writer threads) instead of mapped whole: with every page kept
 resident across steps, and with the smallest budget (4 pages: nothing kept, one page read ahead)."""
+import json
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -20,11 +23,13 @@ def streamed(request, monkeypatch):
     orig = state.Store.__init__
 
     def init(self, state_dir, budget_bytes, **kw):
+        meta = json.loads((pathlib.Path(state_dir) / "meta.json").read_text())
+        page = meta["page_chunks"] * state.record(meta.get("lanes", 3)).itemsize  # SGD's records are smaller
         if request.param == "minimal":
-            budget_bytes = 4 * PAGE
+            budget_bytes = 4 * page
         orig(self, state_dir, budget_bytes, **{**kw, "map_whole": False})
         assert not self.pages.mapped
-        if request.param == "resident" and budget_bytes >= (self.n_pages + 6) * PAGE:
+        if request.param == "resident" and budget_bytes >= (self.n_pages + 6) * page:
             assert self.pages.plan.resident == frozenset(range(self.n_pages))
         elif request.param == "minimal":
             assert not self.pages.plan.resident and self.pages.plan.ahead == 1

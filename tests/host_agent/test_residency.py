@@ -93,6 +93,9 @@ def test_plan_cli_prints_the_residency_and_predicted_step_time(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "plan: stream, 13 of 123 pages resident across steps, 2 read ahead, 8 written behind" in out
     assert "predicted step time: " in out and not (tmp_path / "s").exists()  # nothing created
+    assert "184.5 MiB in two copies, pages of 768 KiB" in out
+    assert node.main(args + ["--ram-budget", "20M", "--optimizer", "sgd"]) == 0
+    assert "123.0 MiB in two copies, pages of 512 KiB" in capsys.readouterr().out  # SGD's records have no v
     assert node.main(args + ["--ram-budget", "1M"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "need >= 4" in err
