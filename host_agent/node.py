@@ -587,11 +587,16 @@ def sum_sources(args) -> list[tuple[str, str]] | None:
     return [(h.mac, h.ip) for h in topo.hosts.values() if h.name not in optimizers]
 
 
+def config_from_args(args) -> OptimizerConfig:
+    """The optimizer the command line asks for (a state created from now on takes it)."""
+    return OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
+                           eps=args.eps)
+
+
 def open_state(args, chunks: tuple[int, int] | None = None) -> state.Store:
     """The state directory (created if absent); `chunks`: a shard's range, checked against the
     directory's."""
-    cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
-                          eps=args.eps)
+    cfg = config_from_args(args)
     if not state.exists(args.state_dir):
         seed = agent_args.init_seed(args.init, args.layout)
         init = optim.load_npz(args.init) if seed is None else None
@@ -635,8 +640,7 @@ def print_plan(args) -> int:
             if layout is None:
                 raise ConfigError("--plan for a state not yet created needs --layout or --init FILE.npz")
             page_chunks, lo, hi = args.page_chunks, 0, layout.n_chunks - 1
-            cfg = OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
-                                  momentum=args.momentum, eps=args.eps)
+            cfg = config_from_args(args)
             lanes = cfg.lanes
         slots = args.slots or (Topology.load(args.topology).job(args.job).slots if args.topology else 64)
         print(probe.report(args.state_dir, args.ram_budget, hi - lo + 1, page_chunks, slots, cfg, lanes), flush=True)

@@ -22,12 +22,12 @@ from mindp.protocol import K
 from . import residency
 from .pager import MappedFile, Pager
 
-RECORD = np.dtype((np.float32, (3, K)))  # master, m, v of one chunk (state.RECORD)
-
-
 def record(lanes: int) -> np.dtype:
     """One chunk's record: (master, m, v) x K float32 (3 lanes: AdamW), or (master, m) (2: SGD)."""
     return np.dtype((np.float32, (lanes, K)))
+
+
+RECORD = record(3)  # master, m, v of one chunk (state.RECORD): AdamW's, and every format-1 state's
 
 
 class PagedState:
