@@ -124,17 +124,17 @@ def in_order_batch(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, 
     NONFINITE, and the chunks are consecutive and none `applied` (indexed by chunk - lo). Then
     (the PARAM headers answering them, nworkers as float64), else None (the caller takes the
     general path; always, without numba)."""
-    if NUMPY_ONLY or not len(h):
+    if NUMPY_ONLY or not len(h) or slots > 1 << 16:  # (no slot field holds more)
         return None
     h = wire_order(h)
     if not h.flags.c_contiguous or h.ctypes.data % 8:
         h = h.copy()  # numpy's allocations are aligned: each row's three words then are
-    hw = h.view(np.uint8).reshape(len(h), h.dtype.itemsize).view("<u8")
+    hw = h.view(np.uint8).view("<u8")
     ow = np.empty_like(hw)
     nw = np.empty(len(h), np.float64)
     if not _in_order(hw, ow, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
         return None
-    return ow.view(np.uint8).view(h.dtype).reshape(len(h)), nw
+    return ow.view(np.uint8).view(h.dtype), nw
 
 
 def update_numpy(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
@@ -405,41 +405,65 @@ if not NUMPY_ONLY:
     _W0_KEEP = 0xFF | (0xFF << 24) | (0xFFFF << 32)  # version, ver, job: kind, flags, worker rewritten
     _W2_CHUNK, _W2_KEEP = 0xFFFFFFFF, 0xFFFF0000FFFFFFFF  # chunk (bytes 16-19); nworkers (20-21) cleared
 
+    _SPAN = 1 << 19  # rows per span of _in_order (see there)
+
+    @numba.njit(inline="always")
+    def _in_order_rows(hw, ow, nw, applied, c0, q, r, slots, magic, rem, odd, want0, want1, top):
+        """Rows of _in_order, row k of chunk c0 + k, row 0 of slot r: the OR of every row's
+        mismatches. A row's version is the parity of q (step * qt + row 0's quotient by `slots`),
+        of the wraps of the slots since row 0, and of `step` once more for a slot below rem. No
+        branch: LLVM vectorises the loop, 1.6x the speed of one that returns at the first mismatch
+        or keeps the slot running (wrapped by a select). Called on slices, so that k starts at 0:
+        a loop from an offset was not vectorised."""
+        bad = np.uint64(0)
+        for k in range(len(nw)):
+            t = np.uint64(r + k)  # slots past row 0's slot
+            dq = np.int64((t * magic) >> np.uint64(40))  # t // slots
+            s = np.int64(t) - dq * slots  # row k's slot
+            ver = np.uint64((q + dq + (odd if s < rem else 0)) & 1) << np.uint64(24)
+            w0, w1, w2 = hw[3 * k], hw[3 * k + 1], hw[3 * k + 2]
+            nwk = ((w2 >> np.uint64(40)) & np.uint64(0xFF)) | ((w2 >> np.uint64(24)) & np.uint64(0xFF00))
+            bad |= ((w1 ^ (want1 | np.uint64(_swap16(s)))) | (w0 & np.uint64(_NONFINITE << 16))
+                    | ((w0 & np.uint64(_W0_VER_JOB)) ^ (want0 | ver))
+                    | ((w2 & np.uint64(_W2_CHUNK)) ^ np.uint64(_swap32(c0 + k))) | np.uint64(nwk - np.uint64(1) > top)
+                    | np.uint64(applied[k]))
+            nw[k] = np.float64(np.int32(nwk))
+            ow[3 * k] = (w0 & np.uint64(_W0_KEEP)) | np.uint64(_PARAM << 8) | (w0 & np.uint64(_RETRANSMIT << 16))
+            ow[3 * k + 1] = w1
+            ow[3 * k + 2] = w2 & np.uint64(_W2_KEEP)
+        return bad
+
     @numba.njit(nogil=True, cache=True)
     def _in_order(hw, ow, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
-        """_first_failed's checks for consecutive chunks, on each header's three 64-bit words
-        against the words expected (a row's slot and version kept running instead of divided out):
-        the usual batch, the node's hot path."""
-        n = hw.shape[0]
-        c0 = _swap32(np.int64(hw[0, 2] & _W2_CHUNK))
+        """_first_failed's checks for consecutive chunks, on each header's three 64-bit words (hw
+        and ow flat) against the words expected, and the answers' words: the usual batch, the
+        node's hot path. A row's slot comes from its distance t to the span's first slot divided
+        by `slots` as a multiply: t * ceil(2**40 / slots) >> 40 == t // slots while t * slots <
+        2**40, so for every t of a span (below 2**20) with slots <= 2**16."""
+        n = len(hw) // 3
+        c0 = _swap32(np.int64(hw[2] & _W2_CHUNK))
         if c0 < lo or c0 + n - 1 > hi:
             return False
-        q, r = c0 // slots, c0 % slots
         qt, rem = n_total // slots, n_total % slots  # slot r has qt + (r < rem) uses per step
-        w0_job = np.uint64(_swap16(job)) << np.uint64(32)
+        magic = np.uint64(-(-(1 << 40) // slots))
+        odd = step & 1
+        want0 = np.uint64(_swap16(job)) << np.uint64(32)
         w1_step = np.uint64(_swap32(step & 0xFFFFFFFF)) << np.uint64(32)
         k_be, last_be = np.uint64(_swap16(K)) << np.uint64(16), np.uint64(_swap16(last_count)) << np.uint64(16)
-        nonfinite, retransmit = np.uint64(_NONFINITE << 16), np.uint64(_RETRANSMIT << 16)
-        param = np.uint64(_PARAM << 8)
-        for i in range(n):
-            w0, w1, w2 = hw[i, 0], hw[i, 1], hw[i, 2]
-            c = c0 + i
-            ver = np.uint64((step * (qt + (r < rem)) + q) & 1) << np.uint64(24)
-            want1 = np.uint64(_swap16(r)) | (last_be if c == hi else k_be) | w1_step
-            nwk = _swap16(np.int64((w2 >> np.uint64(32)) & np.uint64(0xFFFF)))
-            if (w1 != want1 or (w2 & np.uint64(_W2_CHUNK)) != np.uint64(_swap32(c)) or w0 & nonfinite
-                    or (w0 & np.uint64(_W0_VER_JOB)) != (w0_job | ver) or nwk < 1 or nwk > max_workers
-                    or applied[c - lo]):
-                return False
-            nw[i] = nwk
-            ow[i, 0] = (w0 & np.uint64(_W0_KEEP)) | param | (w0 & retransmit)
-            ow[i, 1] = w1
-            ow[i, 2] = w2 & np.uint64(_W2_KEEP)
-            r += 1
-            if r == slots:
-                r = 0
-                q += 1
-        return True
+        top = np.uint64(max_workers - 1)
+        app = applied[c0 - lo : c0 - lo + n]
+        last = n - 1 if c0 + n - 1 == hi else n  # chunk hi holds last_count elements, the others K
+        bad = np.uint64(0)
+        for a in range(0, last, _SPAN):
+            b = min(a + _SPAN, last)
+            q, r = (c0 + a) // slots, (c0 + a) % slots
+            bad |= _in_order_rows(hw[3 * a : 3 * b], ow[3 * a : 3 * b], nw[a:b], app[a:b], c0 + a, step * qt + q, r,
+                                  slots, magic, rem, odd, want0, w1_step | k_be, top)
+        if last < n:
+            q, r = hi // slots, hi % slots
+            bad |= _in_order_rows(hw[-3:], ow[-3:], nw[-1:], app[-1:], hi, step * qt + q, r, slots, magic, rem, odd,
+                                  want0, w1_step | last_be, top)
+        return bad == 0
 
     @numba.njit(cache=True)
     def f16_bits(f):

@@ -224,3 +224,35 @@ def test_in_order_batch_answers_a_clean_run_and_refuses_any_deviation():
     short = clean[-1:].copy()
     short["count"] = K
     assert fused.in_order_batch(short, *args, applied) is None  # the last chunk holds 7
+
+
+@needs_numba
+@pytest.mark.parametrize("n_total, slots, c0, n", [(1000, 7, 3, 997), (800_000, 48, 99_999, (1 << 19) + 77_000),
+                                                   (300_000, 1 << 16, 150_000, 150_000)],
+                         ids=["7-slots", "48-slots-two-spans", "65536-slots"])
+def test_in_order_batch_finds_every_rows_slot_and_version(n_total, slots, c0, n):
+    """Slots and versions as mindp.schedule gives them, for slot counts that are no power of two
+    and the largest a header holds, in runs across the pass's spans of rows and many wraps of the
+    slots: the run passes; one row's version or slot spoiled (at a wrap, at the slots' `rem`
+    boundary, at a span's edge, the last) refuses it."""
+    from mindp import codec, schedule
+    from mindp.protocol import Kind
+
+    step, lo, hi = 3, c0 - 2, n_total - 1
+    chunks = np.arange(c0, c0 + n)
+    slot, ver = schedule.slots_and_versions(step, chunks, n_total, slots)
+    nworkers = np.random.default_rng(n).integers(1, 5, n)
+    clean = codec.header_array(n, kind=Kind.SUM, job=1, step=step, chunk=chunks, slot=slot, ver=ver,
+                               count=np.where(chunks == hi, 7, K), nworkers=nworkers)
+    args = (1, 4, lo, hi, n_total, slots, 7, step, np.zeros(hi - lo + 1, np.bool_))
+    assert fused.check_sums_numpy(clean, *args[:7])[0].all()
+    answer = fused.in_order_batch(clean, *args)
+    assert answer is not None and np.array_equal(answer[1], nworkers)
+    assert np.array_equal(answer[0]["slot"], slot) and np.array_equal(answer[0]["ver"], ver)
+    wrap = int(np.flatnonzero(slot == 0)[1])
+    rem_edge = int(np.flatnonzero(slot == n_total % slots)[0])
+    for row in {wrap, wrap - 1, rem_edge, rem_edge - 1, min(1 << 19, n - 1), n - 1}:
+        for field, value in (("ver", 1 - ver[row]), ("slot", (slot[row] + 1) % slots)):
+            bad = clean.copy()
+            bad[field][row] = value
+            assert fused.in_order_batch(bad, *args) is None, (field, row)
