@@ -160,7 +160,7 @@ class NodeCore:
             return None
         hdr, nworkers = usual
         lo = int(headers["chunk"][0]) - self.lo
-        chunks = np.arange(lo, lo + len(hdr))
+        chunks = range(lo, lo + len(hdr))  # (sorted and consecutive: no array needed)
         out = self._apply(cur, chunks, nworkers, sums)
         self._commit_if_complete()
         self._remember(cur, chunks, hdr)
@@ -171,7 +171,7 @@ class NodeCore:
             self.store.commit()
             self.stats["steps"] += 1
 
-    def _remember(self, step: int, chunks: np.ndarray, applied: np.ndarray) -> None:
+    def _remember(self, step: int, chunks: np.ndarray | range, applied: np.ndarray) -> None:
         """After sorted `chunks` of `step` were applied (answer headers `applied`): each slot's last
         answer (for recent_params), and the pages to read ahead."""
         if chunks[-1] - chunks[0] == len(chunks) - 1:  # consecutive chunks: the last `slots` rows, one per slot
@@ -232,7 +232,7 @@ class NodeCore:
             if self.on_nonfinite:
                 self.on_nonfinite(step, c)
 
-    def _apply(self, step: int, chunks: np.ndarray, nworkers: np.ndarray, sums: np.ndarray) -> np.ndarray:
+    def _apply(self, step: int, chunks: np.ndarray | range, nworkers: np.ndarray, sums: np.ndarray) -> np.ndarray:
         """Sorted unique `chunks` of `step` updated with `sums` averaged over `nworkers` (float64,
         one per chunk) -> their fp16 parameters."""
         store = self.store
@@ -283,7 +283,7 @@ def page_cuts(lo: int, hi: int, page_chunks: int):
     return zip([lo, *cuts], [*cuts, hi])
 
 
-def page_runs(chunks: np.ndarray, page_chunks: int):
+def page_runs(chunks: np.ndarray | range, page_chunks: int):
     """Sorted unique chunks -> [lo, hi) runs of consecutive chunks within one page, without a
     Python object per chunk."""
     lo, hi = int(chunks[0]), int(chunks[-1]) + 1

@@ -21,6 +21,7 @@ step restarts from the durable commit.
 """
 from __future__ import annotations
 
+import functools
 import json
 import mmap
 import os
@@ -46,6 +47,7 @@ DEFAULT_PAGE_CHUNKS = 512  # 192 KiB pages (a multiple of the 4 KiB OS page)
 FORMAT = 2  # 2: meta.json names the record's lanes (format 1: always 3)
 
 
+@functools.cache  # read once: a process outlives no boot, and each commit asks for it
 def boot_id() -> bytes:
     try:
         return pathlib.Path("/proc/sys/kernel/random/boot_id").read_bytes().strip()[:36].ljust(36)
