@@ -152,25 +152,26 @@ def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float:
 
 @functools.cache
 def _mover(lanes: int):
-    """traffic_rate's loop over `lanes` lanes of each record, compiled once per process."""
+    """traffic_rate's loop over records of `lanes` lanes, compiled once per process: the kernel's
+    own (its gradients, prefetches, loads and non-temporal stores: fused.record_update) with one
+    add per element in place of the optimizer's arithmetic."""
     import numba
 
-    stream = fused._stream3 if lanes == 3 else fused._stream2  # the kernel's non-temporal stores
+    gradients, sfence, block = fused._gradients, fused._sfence, fused.BLOCK
+    fetch = fused._fetch_record6 if lanes == 3 else fused._fetch_record4
+    record = fused.record_update(lambda builder, c, decay, g, p, *rest: (builder.fadd(p, g), *rest), lanes, 0)
 
     @numba.njit(parallel=True, nogil=True)
-    def move(src, dst, sums, out):
+    def move(src, dst, sums, nw, c, out):
         n = src.shape[0]
-        for b in numba.prange((n + fused.BLOCK - 1) // fused.BLOCK):
-            rec = np.empty((lanes, K), np.float32)
-            for i in range(b * fused.BLOCK, min(b * fused.BLOCK + fused.BLOCK, n)):
-                for j in range(K):
-                    p = src[i, 0, j] + np.float32(sums[i, j])
-                    rec[0, j] = p
-                    for lane in range(1, lanes):
-                        rec[lane, j] = src[i, lane, j]
-                    out[i, j] = np.uint16(p)
-                stream(dst, i, rec, True)
-            fused._sfence()
+        for b in numba.prange((n + block - 1) // block):
+            lo, hi = b * block, min(b * block + block, n)
+            g = np.empty((hi - lo, K), np.float32)
+            gradients(sums, nw, lo, hi, g)
+            for i in range(lo, hi):
+                fetch(src, i + block)
+                record(src, dst, i, g, i - lo, out, c, False, True)
+            sfence()
 
     return move
 
@@ -179,7 +180,7 @@ def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | 
     """Elements/s of a compiled loop that moves the bytes the kernel moves, in its pattern (the
     record's lanes read from one copy and written to the other, the int64 sums read, fp16 out
     written; both cores), with one add per element instead of the optimizer's arithmetic: the
-    memory system's ceiling for the node's update. None without numba."""
+    memory system's ceiling for the node's update (_mover). None without numba."""
     if fused.NUMPY_ONLY:
         return None
     lanes = OptimizerConfig(kind=kind).lanes  # SGD's records have no v
@@ -187,11 +188,11 @@ def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | 
     n = -(-elements // K)
     a, b = state_copies(n, lanes)
     sums = np.random.default_rng(0).integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)
-    out = np.empty((n, K), np.uint16)
-    move(a, b, sums, out)
+    nw, c, out = np.full(n, 2.0), np.zeros(1, np.float32), np.empty((n, K), np.uint16)
+    move(a, b, sums, nw, c, out)
     t = time.perf_counter()
     for step in range(1, steps + 1):
-        move(*((b, a) if step % 2 else (a, b)), sums, out)
+        move(*((b, a) if step % 2 else (a, b)), sums, nw, c, out)
     return steps * elements / (time.perf_counter() - t)
 
 

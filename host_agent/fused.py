@@ -2,25 +2,22 @@
 record read from one state copy and written to the other, fp16 parameters out.
 
 `update_records` is bit-identical to composing `optim.mean_gradient`, `optim.apply` and
-`astype(float16)` (the reference's path): the numba kernel performs the same IEEE float32
-operations in the same order (numba without fastmath contracts nothing into FMA, and the scalars
-are the same float32 roundings), and converts to fp16 with numpy's own rule (round to nearest
-even; a NaN keeps the top of its payload). Without numba the numpy composition runs instead.
+`astype(float16)` (the reference's path): the kernel performs the same IEEE float32 operations
+in the same order (LLVM contracts nothing into FMA without fast-math flags, and the scalars are
+the same float32 roundings), and converts to fp16 with numpy's own rule (round to nearest even;
+a NaN keeps the top of its payload). Without numba the numpy composition runs instead.
 
-Speed: the kernel is written so that LLVM vectorises it in AVX2's 8 float32 lanes. The fp16
-conversion is F16C's instruction (plus a select for the one case where numpy differs), and nothing
-in the loop body branches. The mean gradients are computed first, a block of records at a time,
-in a loop of their own, so the update's loop runs 8 float32 lanes wide. A row of sums that fit
+Speed: a record's update is AVX2 vector code written out with llvmlite (record_update: 8 float32
+lanes, four vectors a lane), not a loop for LLVM to vectorise: that loop checked at run time,
+for every record, that no two arrays overlapped. The fp16 conversion is F16C's instruction (plus
+a select for the one case where numpy differs), and nothing branches. The mean gradients are
+computed first, a block of records at a time, in a loop of their own. A row of sums that fit
 int32, averaged over a power-of-two count (the usual row: a mean gradient below 128), converts
 in float32 lanes with a multiply, exactly (_narrow_row; SGD +15 %, AdamW +14 %); any other row
 converts to float64 from the sums' 32-bit halves (AVX2 converts int32 vectors, not int64) and
 divides, as the reference does. Both loops prefetch the next block's rows as they go (SGD
 +13-15 %, AdamW +5-7 %), the source records non-temporally (read once a step). Each new
-record goes out to the other state copy with non-temporal stores: the step overwrites its lines
-whole, so a plain store's read for ownership is wasted traffic (SGD +10-15 %, AdamW +0-5 %); a page
-buffer updated in place takes plain stores (it is in cache, and written to the file next). numba
-compiles the prange loop (the parfor) to better vector code than the same loop without
-`parallel`, per thread: 2.5x here, so even a batch of one record takes it.
+record goes out to the other state copy with non-temporal stores (SGD +10-15 %, AdamW +0-5 %).
 Every call has one argument signature per kernel (nworkers always a contiguous float64 array),
 so the kernels `warm` compiles are the only ones the node ever runs.
 """
@@ -155,23 +152,27 @@ if not NUMPY_ONLY:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    @intrinsic
-    def _f16_bits(typingctx, f):
-        """float32 -> IEEE binary16 bits by numpy's npy_floatbits_to_halfbits rule: F16C's
-        conversion (round to nearest even, as numpy) for every value but a signalling NaN, which
-        the hardware quiets and numpy does not (it keeps the top of the payload, never 0). In
-        32-bit lanes and without a branch, so that the loop around it vectorises."""
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            hw = builder.zext(builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16)), i32)
-            bits = builder.bitcast(args[0], i32)
-            a = builder.and_(bits, i32(0x7FFFFFFF))
-            sign = builder.and_(builder.lshr(bits, i32(16)), i32(0x8000))
-            nan = builder.or_(i32(0x7C00), builder.lshr(builder.and_(a, i32(0x7FFFFF)), i32(13)))
-            nan = builder.select(builder.icmp_unsigned("==", nan, i32(0x7C00)), i32(0x7C01), nan)
-            r = builder.select(builder.icmp_unsigned(">", a, i32(0x7F800000)), builder.or_(sign, nan), hw)
-            return builder.trunc(r, ir.IntType(16))
-        return types.uint16(types.float32), codegen
+    def _splat(ty, v):
+        """The constant v in every lane of ty (or v, for a scalar type)."""
+        return ir.Constant(ty, [v] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(ty, v)
+
+    def _half_bits(builder, f):
+        """float32 lanes (a vector or a scalar) -> IEEE binary16 bits (int16 lanes) by numpy's
+        npy_floatbits_to_halfbits rule: F16C's conversion (round to nearest even, as numpy) for
+        every value but a signalling NaN, which the hardware quiets and numpy does not (it keeps
+        the top of the payload, never 0). Without a branch: selects in 32-bit lanes."""
+        n = f.type.count if isinstance(f.type, ir.VectorType) else None
+        lanes = (lambda t: ir.VectorType(t, n)) if n else (lambda t: t)
+        i32, i16 = lanes(ir.IntType(32)), lanes(ir.IntType(16))
+        c = lambda v: _splat(i32, v)  # noqa: E731
+        hw = builder.zext(builder.bitcast(builder.fptrunc(f, lanes(ir.HalfType())), i16), i32)
+        bits = builder.bitcast(f, i32)
+        a = builder.and_(bits, c(0x7FFFFFFF))
+        sign = builder.and_(builder.lshr(bits, c(16)), c(0x8000))
+        nan = builder.or_(c(0x7C00), builder.lshr(builder.and_(a, c(0x7FFFFF)), c(13)))
+        nan = builder.select(builder.icmp_unsigned("==", nan, c(0x7C00)), c(0x7C01), nan)
+        r = builder.select(builder.icmp_unsigned(">", a, c(0x7F800000)), builder.or_(sign, nan), hw)
+        return builder.trunc(r, i16)
 
     @numba.njit
     def _f64(s):
@@ -207,36 +208,6 @@ if not NUMPY_ONLY:
         return cgutils.get_item_pointer(context, builder, aty, context.make_array(aty)(context, builder, arr), at,
                                         wraparound=False, boundscheck=False)
 
-    def _stream_records(rows):
-        """An intrinsic: dst[i, :rows] = buf[:rows] (dst's records C-contiguous), by non-temporal
-        stores when `far` (dst is not the source: the other state copy, not in cache, whose lines
-        the step overwrites whole, so a plain store's read for ownership is wasted traffic) and
-        dst[i] is 32-byte aligned (always in the node: 384-byte records in page-aligned memory).
-        A page buffer updated in place is in cache and is written to the file next: plain stores."""
-        @intrinsic
-        def stream(typingctx, dst, i, buf, far):
-            def codegen(context, builder, sig, args):
-                dty, ity, bty, _ = sig.args
-                pd = _row_pointer(context, builder, dty, args[0], ity, args[1])
-                pb = _row_pointer(context, builder, bty, args[2], types.intp, context.get_constant(types.intp, 0))
-                lanes = ir.VectorType(ir.FloatType(), 8)
-                pd, pb = builder.bitcast(pd, lanes.as_pointer()), builder.bitcast(pb, lanes.as_pointer())
-                i64 = ir.IntType(64)
-                aligned = builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(pd, i64), i64(31)), i64(0))
-                aligned = builder.and_(aligned, args[3])
-                nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-                with builder.if_else(aligned) as (yes, no):
-                    for branch, align in ((yes, 32), (no, 4)):
-                        with branch:
-                            for q in range(rows * K // 8):
-                                v = builder.load(builder.gep(pb, [i64(q)]), align=4)
-                                st = builder.store(v, builder.gep(pd, [i64(q)]), align=align)
-                                if align == 32:
-                                    st.set_metadata("nontemporal", nontemporal)
-                return context.get_dummy_value()
-            return types.void(dst, i, buf, types.boolean), codegen
-        return stream
-
     @intrinsic
     def _narrow_row(typingctx, sums, i, g, gi, scale):
         """If every sum of row i fits int32: g[gi] = float32(sums[i]) * scale, and True; else
@@ -262,8 +233,6 @@ if not NUMPY_ONLY:
                               align=4)
             return fits
         return types.boolean(sums, i, g, gi, scale), codegen
-
-    _stream3, _stream2 = _stream_records(3), _stream_records(2)
 
     @intrinsic
     def _sfence(typingctx):
@@ -298,60 +267,95 @@ if not NUMPY_ONLY:
     # used again (at 4M elements, kernel +4-5 % for both optimizers; at 32M no change).
     _fetch_sums, _fetch_record6, _fetch_record4 = _prefetcher(4, 3), _prefetcher(6, 0), _prefetcher(4, 0)
 
+    # The optimizers on 8-float lanes, in the reference's operations and order (no FMA: LLVM
+    # contracts nothing without fast-math flags). c: scalars(cfg, step), each in every lane.
+    def _sgd_lanes(builder, c, decay, g, p, m):
+        g = builder.select(decay, builder.fadd(g, builder.fmul(c[0], p)), g)
+        m = builder.fadd(builder.fmul(m, c[1]), g)
+        return builder.fsub(p, builder.fmul(c[2], m)), m
+
+    def _adamw_lanes(builder, c, decay, g, p, m, v):
+        p = builder.select(decay, builder.fmul(p, c[0]), p)
+        m = builder.fadd(builder.fmul(m, c[1]), builder.fmul(c[2], g))
+        v = builder.fadd(builder.fmul(v, c[3]), builder.fmul(c[4], builder.fmul(g, g)))
+        sqrt = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v.type, [v.type]), "llvm.sqrt.v8f32")
+        den = builder.fadd(builder.fdiv(builder.call(sqrt, [v]), c[5]), c[6])
+        return builder.fsub(p, builder.fmul(builder.fdiv(m, den), c[7])), m, v
+
+    def record_update(lanes_of, n_lanes, n_scalars):
+        """An intrinsic updating record i: its first n_lanes lanes of K float32 read from src[i]
+        as 8-float vectors, with gradients g[gi] and the n_scalars of c, by
+        lanes_of(builder, scalars, decay, g, *lanes) -> new lanes (the first the master); the
+        new lanes written to dst[i], out[i] = their master's fp16 bits (_half_bits).
+
+        Records are C-contiguous (update_records checks). dst[i] takes non-temporal stores when
+        `far` (dst is not the source: the other state copy, not in cache, whose lines the step
+        overwrites whole, so a plain store's read for ownership is wasted traffic) and it is
+        32-byte aligned (always in the node: records in page-aligned memory); a page buffer
+        updated in place is in cache and is written to the file next: plain stores. Vector code
+        written out, not a loop for LLVM to vectorise: numba's loop checked at run time, for
+        every record, that none of the arrays overlapped (a third of its instructions)."""
+        @intrinsic
+        def update(typingctx, src, dst, i, g, gi, out, c, decay, far):
+            def codegen(context, builder, sig, args):
+                sty, dty, ity, gty, gity, oty, cty, _, _ = sig.args
+                i32, i64 = ir.IntType(32), ir.IntType(64)
+                f8, h8 = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.IntType(16), 8)
+
+                def row(k, aty, at, aty_i, lanes):
+                    ptr = _row_pointer(context, builder, aty, args[k], aty_i, at)
+                    return builder.bitcast(ptr, lanes.as_pointer())
+                ps, pd, po = row(0, sty, args[2], ity, f8), row(1, dty, args[2], ity, f8), row(5, oty, args[2], ity, h8)
+                pg = row(3, gty, args[4], gity, f8)
+                pc = _row_pointer(context, builder, cty, args[6], types.intp, context.get_constant(types.intp, 0))
+                scalars = []
+                for k in range(n_scalars):
+                    one = builder.insert_element(ir.Constant(f8, ir.Undefined), builder.load(builder.gep(pc, [i64(k)])),
+                                                 i32(0))
+                    scalars.append(builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, 8), [0] * 8)))
+                per_lane = K // 8
+                new = []  # (lane, vector) -> value, in the record's order
+                for q in range(per_lane):
+                    old = [builder.load(builder.gep(ps, [i64(lane * per_lane + q)]), align=4) for lane in range(n_lanes)]
+                    lanes = lanes_of(builder, scalars, args[7], builder.load(builder.gep(pg, [i64(q)]), align=4), *old)
+                    new += [(lane * per_lane + q, v) for lane, v in enumerate(lanes)]
+                    builder.store(_half_bits(builder, lanes[0]), builder.gep(po, [i64(q)]), align=2)
+                new.sort(key=lambda kv: kv[0])
+                aligned = builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(pd, i64), i64(31)), i64(0))
+                nontemporal = builder.module.add_metadata([ir.Constant(i32, 1)])
+                with builder.if_else(builder.and_(aligned, args[8])) as (yes, no):
+                    for branch, align in ((yes, 32), (no, 4)):
+                        with branch:
+                            for at, v in new:
+                                st = builder.store(v, builder.gep(pd, [i64(at)]), align=align)
+                                if align == 32:
+                                    st.set_metadata("nontemporal", nontemporal)
+                return context.get_dummy_value()
+            return types.void(src, dst, i, g, gi, out, c, decay, far), codegen
+        return update
+
+    _sgd_record, _adamw_record = record_update(_sgd_lanes, 2, 3), record_update(_adamw_lanes, 3, 8)
+
     def _adamw(src, dst, sums, nw, c, decay, out, far):
         n = src.shape[0]
-        c0, c1, c2, c3, c4, c5, c6, c7 = c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]
         for b in numba.prange((n + BLOCK - 1) // BLOCK):
             lo, hi = b * BLOCK, min(b * BLOCK + BLOCK, n)
             g = np.empty((hi - lo, K), np.float32)
-            rec = np.empty((3, K), np.float32)  # record i's new values, in L1 until streamed out
             _gradients(sums, nw, lo, hi, g)
             for i in range(lo, hi):
                 _fetch_record6(src, i + BLOCK)
-                for j in range(K):
-                    gj = g[i - lo, j]
-                    p = src[i, 0, j]
-                    if decay:
-                        p = p * c0
-                    m = src[i, 1, j] * c1
-                    m = m + c2 * gj
-                    v = src[i, 2, j] * c3
-                    v = v + c4 * (gj * gj)
-                    den = np.sqrt(v)
-                    den = den / c5
-                    den = den + c6
-                    u = m / den
-                    u = u * c7
-                    p = p - u
-                    rec[0, j] = p
-                    rec[1, j] = m
-                    rec[2, j] = v
-                    out[i, j] = _f16_bits(p)
-                _stream3(dst, i, rec, far)
+                _adamw_record(src, dst, i, g, i - lo, out, c, decay, far)
             _sfence()
 
     def _sgd(src, dst, sums, nw, c, decay, out, far):
         n = src.shape[0]
-        c0, c1, c2 = c[0], c[1], c[2]
         for b in numba.prange((n + BLOCK - 1) // BLOCK):
             lo, hi = b * BLOCK, min(b * BLOCK + BLOCK, n)
             g = np.empty((hi - lo, K), np.float32)
-            rec = np.empty((2, K), np.float32)
             _gradients(sums, nw, lo, hi, g)
             for i in range(lo, hi):
                 _fetch_record4(src, i + BLOCK)
-                for j in range(K):
-                    gj = g[i - lo, j]
-                    p = src[i, 0, j]
-                    if decay:
-                        gj = gj + c0 * p
-                    m = src[i, 1, j] * c1
-                    m = m + gj
-                    p = p - c2 * m
-                    rec[0, j] = p
-                    rec[1, j] = m
-                    out[i, j] = _f16_bits(p)
-                _stream2(dst, i, rec, far)
+                _sgd_record(src, dst, i, g, i - lo, out, c, decay, far)
             _sfence()
 
     # Only the parallel kernels: compiling the serial one first leaves numba's parfor with
@@ -468,13 +472,30 @@ if not NUMPY_ONLY:
                                   want0, w1_step | last_be, top)
         return bad == 0
 
+    @intrinsic
+    def _half8(typingctx, f, out, i):
+        """out[i:i + 8] = _half_bits(f[i:i + 8]): the kernel's conversion, for tests."""
+        def codegen(context, builder, sig, args):
+            fty, oty, ity = sig.args
+            f8, h8 = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.IntType(16), 8)
+            pf = builder.bitcast(_row_pointer(context, builder, fty, args[0], ity, args[2]), f8.as_pointer())
+            po = builder.bitcast(_row_pointer(context, builder, oty, args[1], ity, args[2]), h8.as_pointer())
+            builder.store(_half_bits(builder, builder.load(pf, align=4)), po, align=2)
+            return context.get_dummy_value()
+        return types.void(f, out, i), codegen
+
     @numba.njit(cache=True)
-    def f16_bits(f):
-        """Vectorised _f16_bits, for tests: uint32 array -> uint16 array."""
-        out = np.empty(f.shape, np.uint16)
-        for i in range(f.size):
-            out[i] = _f16_bits(np.uint32(f[i]).view(np.float32))
-        return out
+    def _f16_bits8(f, out):
+        for i in range(0, len(f), 8):
+            _half8(f, out, i)
+
+    def f16_bits(bits: np.ndarray) -> np.ndarray:
+        """float32 bit patterns (uint32) -> the fp16 bits the kernel writes for them (uint16)."""
+        f = np.zeros(-(-len(bits) // 8) * 8, np.float32)
+        f.view(np.uint32)[: len(bits)] = bits
+        out = np.empty(len(f), np.uint16)
+        _f16_bits8(f, out)
+        return out[: len(bits)]
 
 
 def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
@@ -489,8 +510,10 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
     if not (isinstance(nw, np.ndarray) and nw.dtype == np.float64 and nw.flags.c_contiguous and nw.shape == (len(src),)):
         nw = np.empty(len(src), np.float64)
         nw[:] = nworkers
-    if dst.strides[1:] != (K * 4, 4):
-        raise ValueError("update_records: dst must hold whole (lanes, K) float32 records, each contiguous")
+    for name, a, inner in (("src", src, (K * 4, 4)), ("dst", dst, (K * 4, 4)), ("sums", sums, (8,)), ("out", out, (2,))):
+        if a.strides[1:] != inner:  # the kernel reads and writes whole rows as vectors
+            raise ValueError(f"update_records: {name} must hold whole rows ({a.dtype} records or K elements), "
+                             "each contiguous")
     kernel = _kernels[cfg.kind]
     far = not np.may_share_memory(src, dst)  # else in place: in cache
     kernel(src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16), far)
