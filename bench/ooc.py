@@ -11,12 +11,12 @@ said and skipped when the disk has less free).
    written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
    model predicts (host_agent/residency.py) from the machine's figures against the measured one
-   (NodeCore.handle fed sums in chunk order in the node's receive batches, node.RECV_ROWS) over three
-   rounds of (probe, 8 steps), so that others' load on a shared machine disturbs both alike: the
-   prediction from each machine figure's median over the rounds against the median step after each
-   round's first (typical against typical: the fastest step is often one that met a fast stretch of
-   a shared disk); and the state moved per second (each element's record read from one copy and
-   written to the other) against the baseline.
+   (NodeCore.handle fed sums in chunk order in the node's receive batches, node.RECV_ROWS) over five
+   rounds of (probe, 8 steps at each budget, the budgets in turn), so that others' load on a shared
+   machine disturbs probes and budgets alike: the prediction from each machine figure's median over
+   the rounds against the median step after each round's first (typical against typical: the
+   fastest step is often one that met a fast stretch of a shared disk); and the state moved per
+   second (each element's record read from one copy and written to the other) against the baseline.
 3. Scale: host_agent/synthetic.py at --params (default 1e9: fp32 master, m, v = 12 GB per copy)
    with --budget (default 1 GiB): 3 steps uninterrupted, then 3 steps with the node killed
    (SIGKILL) half-way through the second and restarted, one after the other (one state on disk at
@@ -78,39 +78,42 @@ def median_machine(ms: list[residency.Machine]) -> residency.Machine:
     return residency.Machine(**{f.name: med(f.name) for f in dataclasses.fields(residency.Machine)})
 
 
-def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 8, rounds: int = 3) -> None:
+def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 8, rounds: int = 5) -> None:
     n_chunks = -(-elements // K)
     w = residency.Workload(n_chunks, page_chunks, window=SLOTS)
     state_bytes = 2 * w.copy_bytes
     print(f"state: {elements:,} elements, {state_bytes / 2**20:,.0f} MiB (two copies), pages of "
-          f"{w.page_bytes // 1024} KiB; per budget {rounds} rounds of (machine probe, {steps} steps); the prediction "
-          "from the probes' medians against the median step after each round's first")
-    for div in BUDGETS:
-        budget = state_bytes // div
-        machines, warm = [], []
-        for _ in range(rounds):
-            machines.append(probe.machine(tmp))
+          f"{w.page_bytes // 1024} KiB; {rounds} rounds of (machine probe, {steps} steps at each budget, the budgets "
+          "in turn); each prediction from the probes' medians against the median step after each round's first",
+          flush=True)
+    machines, warm, plans, peaks = [], {div: [] for div in BUDGETS}, {}, {}
+    for r in range(rounds):
+        machines.append(probe.machine(tmp))
+        for div in BUDGETS[r % len(BUDGETS):] + BUDGETS[: r % len(BUDGETS)]:  # each budget first in turn
+            budget = state_bytes // div
             times, store = measure(tmp, elements, budget, page_chunks, steps)
-            warm += times[1:]
-            plan, peak = store.pages.plan, store.pages.peak_pages
+            warm[div] += times[1:]
+            plans[div], peaks[div] = store.pages.plan, max(peaks.get(div, 0), store.pages.peak_pages)
             store.close()
             shutil.rmtree(tmp / f"state-{budget}")
-        m = median_machine(machines)
-        step = float(np.median(warm))
-        seq = 2 / (1 / m.disk_read + 1 / m.durable_write)
+    m = median_machine(machines)
+    seq = 2 / (1 / m.disk_read + 1 / m.durable_write)
+    print(f"  machine (medians of {rounds} probes): disk read {m.disk_read / 2**20:,.0f} MiB/s, write "
+          f"{m.durable_write / 2**20:,.0f} MiB/s fsynced ({m.disk_write / 2**20:,.0f} MiB/s written back, then "
+          f"{m.flush * 2**30:.2f} s/GiB of fsync) (sequential read+write {seq / 2**20:,.0f} MiB/s; both at once "
+          f"{m.disk_mixed / 2**20:,.0f} MiB/s); node update {m.update / 1e6:,.1f} M elem/s (streamed on tmpfs); "
+          f"I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; {m.cores:.1f} cores free; commit sync {m.sync * 1e3:.1f} ms")
+    for div in BUDGETS:
+        budget, plan, times = state_bytes // div, plans[div], warm[div]
+        step = float(np.median(times))
         pred = residency.predict(plan, w, m)
         moved = 2 * w.copy_bytes / step
         err = (pred.step_time - step) / step
-        print(f"  machine: disk read {m.disk_read / 2**20:,.0f} MiB/s, write {m.durable_write / 2**20:,.0f} MiB/s "
-              f"fsynced ({m.disk_write / 2**20:,.0f} MiB/s written back, then {m.flush * 2**30:.2f} s/GiB of fsync) "
-              f"(sequential read+write {seq / 2**20:,.0f} MiB/s; both at once {m.disk_mixed / 2**20:,.0f} MiB/s); "
-              f"node update {m.update / 1e6:,.1f} M elem/s (streamed on tmpfs); "
-              f"I/O {m.io_cpu * 2**30:.2f} CPU s/GiB; {m.cores:.1f} cores free; commit sync {m.sync * 1e3:.1f} ms")
         print(f"budget 1/{div:<3} {budget / 2**20:7.1f} MiB: {plan.mode}, {len(plan.resident)} of {w.n_pages} pages "
               f"resident, {plan.ahead} ahead | step predicted {pred.step_time:.3f} s ({pred.bound}-bound) measured "
-              f"{step:.3f} s (steps {min(warm):.3f}-{max(warm):.3f} s), error {err:+.0%} | "
+              f"{step:.3f} s (steps {min(times):.3f}-{max(times):.3f} s), error {err:+.0%} | "
               f"{elements / step / 1e6:,.1f} M elem/s, {moved / 2**20:,.0f} MiB/s of state = "
-              f"{moved / seq:.2f}x disk seq read+write (peak {peak} pages)", flush=True)
+              f"{moved / seq:.2f}x disk seq read+write (peak {peaks[div]} pages)", flush=True)
 
 
 def main() -> int:
