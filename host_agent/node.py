@@ -296,9 +296,9 @@ def page_runs(chunks: np.ndarray | range, page_chunks: int):
 
 
 #: Frames the node takes per poll at most (its receive buffer, 5 MB; the socket's buffer holds
-#: more, rawsock.prepare). Each batch costs ~150-200 us besides the kernel (header pass, a kernel call
+#: more, rawsock.prepare). Each batch costs ~100 us besides the kernel (header pass, a kernel call
 #: waking its threads, bookkeeping, its share of the commit): at 4096 sums a batch that was a third
-#: of a 4M-element step's time, at 16384 a fifth to two fifths of the kernel's.
+#: of a 4M-element step's time, at 16384 about a quarter of the kernel's.
 RECV_ROWS = 16384
 
 
