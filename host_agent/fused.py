@@ -302,9 +302,9 @@ if not NUMPY_ONLY:
                 i32, i64 = ir.IntType(32), ir.IntType(64)
                 f8, h8 = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.IntType(16), 8)
 
-                def row(k, aty, at, aty_i, lanes):
-                    ptr = _row_pointer(context, builder, aty, args[k], aty_i, at)
-                    return builder.bitcast(ptr, lanes.as_pointer())
+                def row(arg, aty, index, index_ty, vector):  # args[arg][index] as a pointer to vectors
+                    ptr = _row_pointer(context, builder, aty, args[arg], index_ty, index)
+                    return builder.bitcast(ptr, vector.as_pointer())
                 ps, pd, po = row(0, sty, args[2], ity, f8), row(1, dty, args[2], ity, f8), row(5, oty, args[2], ity, h8)
                 pg = row(3, gty, args[4], gity, f8)
                 pc = _row_pointer(context, builder, cty, args[6], types.intp, context.get_constant(types.intp, 0))
@@ -314,7 +314,7 @@ if not NUMPY_ONLY:
                                                  i32(0))
                     scalars.append(builder.shuffle_vector(one, one, ir.Constant(ir.VectorType(i32, 8), [0] * 8)))
                 per_lane = K // 8
-                new = []  # (lane, vector) -> value, in the record's order
+                new = []  # (the vector's place in the record, its new value)
                 for q in range(per_lane):
                     old = [builder.load(builder.gep(ps, [i64(lane * per_lane + q)]), align=4) for lane in range(n_lanes)]
                     lanes = lanes_of(builder, scalars, args[7], builder.load(builder.gep(pg, [i64(q)]), align=4), *old)
