@@ -157,22 +157,9 @@ def _mover(lanes: int):
     add per element in place of the optimizer's arithmetic."""
     import numba
 
-    gradients, sfence, block = fused._gradients, fused._sfence, fused.BLOCK
     fetch = fused._fetch_record6 if lanes == 3 else fused._fetch_record4
     record = fused.record_update(lambda builder, c, decay, g, p, *rest: (builder.fadd(p, g), *rest), lanes, 0)
-
-    @numba.njit(parallel=True, nogil=True)
-    def move(src, dst, sums, nw, c, out):
-        n = src.shape[0]
-        for b in numba.prange((n + block - 1) // block):
-            lo, hi = b * block, min(b * block + block, n)
-            g = np.empty((hi - lo, K), np.float32)
-            gradients(sums, nw, lo, hi, g)
-            for i in range(lo, hi):
-                fetch(src, i + block)
-                record(src, dst, i, g, i - lo, out, c, False, True)
-            sfence()
-
+    move = numba.njit(parallel=True, nogil=True)(fused.kernel_loop(record, fetch))
     return move
 
 
@@ -189,10 +176,10 @@ def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | 
     a, b = state_copies(n, lanes)
     sums = np.random.default_rng(0).integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)
     nw, c, out = np.full(n, 2.0), np.zeros(1, np.float32), np.empty((n, K), np.uint16)
-    move(a, b, sums, nw, c, out)
+    move(a, b, sums, nw, c, False, out, True)
     t = time.perf_counter()
     for step in range(1, steps + 1):
-        move(*((b, a) if step % 2 else (a, b)), sums, nw, c, out)
+        move(*((b, a) if step % 2 else (a, b)), sums, nw, c, False, out, True)
     return steps * elements / (time.perf_counter() - t)
 
 

@@ -336,32 +336,27 @@ if not NUMPY_ONLY:
 
     _sgd_record, _adamw_record = record_update(_sgd_lanes, 2, 3), record_update(_adamw_lanes, 3, 8)
 
-    def _adamw(src, dst, sums, nw, c, decay, out, far):
-        n = src.shape[0]
-        for b in numba.prange((n + BLOCK - 1) // BLOCK):
-            lo, hi = b * BLOCK, min(b * BLOCK + BLOCK, n)
-            g = np.empty((hi - lo, K), np.float32)
-            _gradients(sums, nw, lo, hi, g)
-            for i in range(lo, hi):
-                _fetch_record6(src, i + BLOCK)
-                _adamw_record(src, dst, i, g, i - lo, out, c, decay, far)
-            _sfence()
-
-    def _sgd(src, dst, sums, nw, c, decay, out, far):
-        n = src.shape[0]
-        for b in numba.prange((n + BLOCK - 1) // BLOCK):
-            lo, hi = b * BLOCK, min(b * BLOCK + BLOCK, n)
-            g = np.empty((hi - lo, K), np.float32)
-            _gradients(sums, nw, lo, hi, g)
-            for i in range(lo, hi):
-                _fetch_record4(src, i + BLOCK)
-                _sgd_record(src, dst, i, g, i - lo, out, c, decay, far)
-            _sfence()
+    def kernel_loop(record, fetch):
+        """The kernel: blocks of BLOCK records over the threads; each block's gradients first,
+        then its records by the intrinsic `record` (record_update), each fetching the record a
+        block ahead (`fetch`); the non-temporal stores fenced at the end of each block."""
+        def kernel(src, dst, sums, nw, c, decay, out, far):
+            n = src.shape[0]
+            for b in numba.prange((n + BLOCK - 1) // BLOCK):
+                lo, hi = b * BLOCK, min(b * BLOCK + BLOCK, n)
+                g = np.empty((hi - lo, K), np.float32)
+                _gradients(sums, nw, lo, hi, g)
+                for i in range(lo, hi):
+                    fetch(src, i + BLOCK)
+                    record(src, dst, i, g, i - lo, out, c, decay, far)
+                _sfence()
+        return kernel
 
     # Only the parallel kernels: compiling the serial one first leaves numba's parfor with
     # 4x slower code (measured: 70M against 370M elements/s), and a one-thread call saves 3 us.
     _opts = dict(nogil=True, cache=True, error_model="numpy", parallel=True)
-    _kernels = {"adamw": numba.njit(**_opts)(_adamw), "sgd": numba.njit(**_opts)(_sgd)}
+    _kernels = {"adamw": numba.njit(**_opts)(kernel_loop(_adamw_record, _fetch_record6)),
+                "sgd": numba.njit(**_opts)(kernel_loop(_sgd_record, _fetch_record4))}
 
     @numba.njit(inline="always")
     def _be(row, off, size):
