@@ -634,7 +634,7 @@ def print_plan(args) -> int:
             meta = json.loads((pathlib.Path(args.state_dir) / "meta.json").read_text())
             layout, page_chunks = optim.layout_from_json(meta["layout"]), int(meta["page_chunks"])
             lo, hi = meta.get("chunks", (0, layout.n_chunks - 1))
-            cfg, lanes = OptimizerConfig.from_dict(meta["optimizer"]), int(meta.get("lanes", 3))
+            cfg, lanes = OptimizerConfig.from_dict(meta["optimizer"]), state.record_lanes(meta)
         else:
             layout = agent_args.requested_layout(args.layout, args.init)
             if layout is None:

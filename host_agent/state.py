@@ -47,6 +47,11 @@ DEFAULT_PAGE_CHUNKS = 512  # 192 KiB pages (a multiple of the 4 KiB OS page)
 FORMAT = 2  # 2: meta.json names the record's lanes (format 1: always 3)
 
 
+def record_lanes(meta: dict) -> int:
+    """The lanes of the records of a state whose meta.json is `meta` (format 1 names none: 3)."""
+    return int(meta.get("lanes", 3))
+
+
 @functools.cache  # read once: a process outlives no boot, and each commit asks for it
 def boot_id() -> bytes:
     try:
@@ -191,7 +196,7 @@ class Store:
             self.layout = optim.layout_from_json(meta["layout"])
             self.cfg = OptimizerConfig.from_dict(meta["optimizer"])
             page_chunks = int(meta["page_chunks"])
-            lanes = int(meta.get("lanes", 3))
+            lanes = record_lanes(meta)
             if lanes not in (2, 3) or lanes < self.cfg.lanes:
                 raise ValueError(f"records of {lanes} lanes for {self.cfg.kind}")
             # A shard holds chunks lo..hi of the layout's chunk space (records 0..hi-lo); else all.

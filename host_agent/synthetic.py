@@ -118,7 +118,7 @@ def checksum(d: pathlib.Path) -> str:
     meta = json.loads((d / "meta.json").read_text())
     commit = json.loads((d / "commit.json").read_text())
     n = state.optim.layout_from_json(meta["layout"]).n_chunks
-    nbytes = n * state.record(int(meta.get("lanes", 3))).itemsize
+    nbytes = n * state.record(state.record_lanes(meta)).itemsize
     h = hashlib.blake2b(digest_size=16)
     path = d / f"state{int(commit['updates']) % 2}.bin"
     with open(path, "rb", buffering=0) as f:

@@ -24,7 +24,7 @@ def streamed(request, monkeypatch):
 
     def init(self, state_dir, budget_bytes, **kw):
         meta = json.loads((pathlib.Path(state_dir) / "meta.json").read_text())
-        page = meta["page_chunks"] * state.record(meta.get("lanes", 3)).itemsize  # SGD's records are smaller
+        page = meta["page_chunks"] * state.record(state.record_lanes(meta)).itemsize  # SGD's records are smaller
         if request.param == "minimal":
             budget_bytes = 4 * page
         orig(self, state_dir, budget_bytes, **{**kw, "map_whole": False})
