@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import random
 import shutil
 import signal
 import socket
@@ -97,10 +98,35 @@ def grpc_port_open(addr: str) -> bool:
         return False
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1, free now and not handed out before by this process, below the
+    kernel's ephemeral range: a port from bind(0) is in that range, where any outgoing connection
+    (a gRPC client's, say) may take it as its source port before the switch binds it (seen: an
+    embedded switch's Thrift port taken so in a full test run)."""
+    low = _ephemeral_low()
+    for _ in range(1000):
+        port = random.randrange(10000, low) if low > 10000 else 0
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        _handed_out.add(port)
+        return port
+    raise TargetError("no free TCP port on 127.0.0.1")
 
 
 class SwitchProcess:
