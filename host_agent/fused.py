@@ -407,7 +407,73 @@ if not NUMPY_ONLY:
     _W0_KEEP = 0xFF | (0xFF << 24) | (0xFFFF << 32)  # version, ver, job: kind, flags, worker rewritten
     _W2_CHUNK, _W2_KEEP = 0xFFFFFFFF, 0xFFFF0000FFFFFFFF  # chunk (bytes 16-19); nworkers (20-21) cleared
 
-    _SPAN = 1 << 19  # rows per span of _in_order (see there)
+    def _vector(values):
+        """A constant <4 x i64> of unsigned 64-bit values."""
+        return ir.Constant(ir.VectorType(ir.IntType(64), 4), [v - (1 << 64) if v >= 1 << 63 else v for v in values])
+
+    def _by_word(w0, w1, w2):
+        """The three constant vectors over four rows' twelve words, each word given the value of its
+        place in a header (w0, w1 or w2)."""
+        return [_vector([(w0, w1, w2)[(4 * i + lane) % 3] for lane in range(4)]) for i in range(3)]
+
+    @intrinsic
+    def _later_uses(typingctx, hw, ow, nw, applied, k0, groups, c0, back, top):
+        """Rows k0 .. k0 + 4 * groups - 1 of _in_order (row k of chunk c0 + k), four at a time as
+        three vectors of their twelve words, each row checked against the row `back` (= slots)
+        before it, its slot's last use in the run (checked already): the same job, step, count and
+        slot (w1 whole), the version flipped, not NONFINITE; its chunk, nworkers and applied flag
+        checked alone. Returns the OR of every row's mismatches; writes the answers' words and
+        nworkers. No shuffle of words into fields but the four w2s: a third of the instructions of
+        _in_order_rows, which derives each row's slot and version."""
+        def codegen(context, builder, sig, args):
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            v4, v4i32, v4f64 = ir.VectorType(i64, 4), ir.VectorType(i32, 4), ir.VectorType(ir.DoubleType(), 4)
+            data = [context.make_array(t)(context, builder, a).data for t, a in zip(sig.args[:4], args[:4])]
+            phw, pow_, pnw, pap = data
+            k0, groups, c0, back, top = (context.cast(builder, a, t, types.int64) for a, t in zip(args[4:], sig.args[4:]))
+            same = _by_word(_W0_VER_JOB, (1 << 64) - 1, 0)  # bits equal to the earlier row's ...
+            flip = _by_word(1 << 24, 0, 0)  # ... but the version's
+            nonfinite = _by_word(_NONFINITE << 16, 0, 0)
+            keep = _by_word(_W0_KEEP | (_RETRANSMIT << 16), (1 << 64) - 1, _W2_KEEP)
+            param = _by_word(_PARAM << 8, 0, 0)
+            undef = ir.Constant(v4, ir.Undefined)
+            splat = lambda v: builder.shuffle_vector(  # noqa: E731
+                builder.insert_element(undef, v, i32(0)), undef, ir.Constant(v4i32, [0] * 4))
+            acc = cgutils.alloca_once_value(builder, ir.Constant(v4, [0] * 4))
+            bswap = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v4i32, [v4i32]), "llvm.bswap.v4i32")
+            with cgutils.for_range(builder, groups) as loop:
+                k = builder.add(k0, builder.mul(loop.index, i64(4)))
+                w = builder.mul(k, i64(3))
+
+                def words(p, at):
+                    return [builder.bitcast(builder.gep(p, [builder.add(at, i64(4 * i))]), v4.as_pointer())
+                            for i in range(3)]
+                cur = [builder.load(q, align=8) for q in words(phw, w)]
+                was = [builder.load(q, align=8) for q in words(phw, builder.sub(w, builder.mul(back, i64(3))))]
+                bad = builder.load(acc)
+                for i in range(3):
+                    delta = builder.xor(builder.xor(cur[i], was[i]), flip[i])
+                    bad = builder.or_(bad, builder.or_(builder.and_(delta, same[i]), builder.and_(cur[i], nonfinite[i])))
+                for q, v, k_, p_ in zip(words(pow_, w), cur, keep, param):
+                    builder.store(builder.or_(builder.and_(v, k_), p_), q, align=8)
+                w2 = builder.shuffle_vector(builder.shuffle_vector(cur[0], cur[1], ir.Constant(v4i32, [2, 5, 0, 0])),
+                                            cur[2], ir.Constant(v4i32, [0, 1, 4, 7]))  # rows' w2 in order
+                chunk = builder.add(splat(builder.add(c0, k)), _vector(range(4)))
+                want = builder.zext(builder.call(bswap, [builder.trunc(chunk, v4i32)]), v4)
+                bad = builder.or_(bad, builder.xor(builder.and_(w2, _vector([_W2_CHUNK] * 4)), want))
+                count = builder.or_(builder.and_(builder.lshr(w2, _vector([40] * 4)), _vector([0xFF] * 4)),
+                                    builder.and_(builder.lshr(w2, _vector([24] * 4)), _vector([0xFF00] * 4)))
+                beyond = builder.icmp_unsigned(">", builder.sub(count, _vector([1] * 4)), splat(top))
+                bad = builder.or_(bad, builder.zext(beyond, v4))
+                done = builder.load(builder.bitcast(builder.gep(pap, [k]), i32.as_pointer()), align=1)
+                bad = builder.or_(bad, builder.insert_element(ir.Constant(v4, [0] * 4), builder.zext(done, i64), i32(0)))
+                builder.store(builder.sitofp(builder.trunc(count, v4i32), v4f64),
+                              builder.bitcast(builder.gep(pnw, [k]), v4f64.as_pointer()), align=8)
+                builder.store(bad, acc)
+            bad = builder.load(acc)
+            lanes = [builder.extract_element(bad, i32(i)) for i in range(4)]
+            return builder.or_(builder.or_(lanes[0], lanes[1]), builder.or_(lanes[2], lanes[3]))
+        return types.uint64(hw, ow, nw, applied, k0, groups, c0, back, top), codegen
 
     @numba.njit(inline="always")
     def _in_order_rows(hw, ow, nw, applied, c0, q, r, slots, magic, rem, odd, want0, want1, top):
@@ -439,9 +505,11 @@ if not NUMPY_ONLY:
     def _in_order(hw, ow, nw, job, max_workers, lo, hi, n_total, slots, last_count, step, applied):
         """_first_failed's checks for consecutive chunks, on each header's three 64-bit words (hw
         and ow flat) against the words expected, and the answers' words: the usual batch, the
-        node's hot path. A row's slot comes from its distance t to the span's first slot divided
-        by `slots` as a multiply: t * ceil(2**40 / slots) >> 40 == t // slots while t * slots <
-        2**40, so for every t of a span (below 2**20) with slots <= 2**16."""
+        node's hot path. The first use of each slot in the run is checked in full
+        (_in_order_rows), every later one against the use before it (_later_uses), the last few
+        rows in full again. A row's slot comes from its distance t to the first row's slot
+        divided by `slots` as a multiply: t * ceil(2**40 / slots) >> 40 == t // slots while
+        t * slots < 2**40, so for every row checked in full (t < 2 * slots + 4) with slots <= 2**16."""
         n = len(hw) // 3
         c0 = _swap32(np.int64(hw[2] & _W2_CHUNK))
         if c0 < lo or c0 + n - 1 > hi:
@@ -455,9 +523,11 @@ if not NUMPY_ONLY:
         top = np.uint64(max_workers - 1)
         app = applied[c0 - lo : c0 - lo + n]
         last = n - 1 if c0 + n - 1 == hi else n  # chunk hi holds last_count elements, the others K
-        bad = np.uint64(0)
-        for a in range(0, last, _SPAN):
-            b = min(a + _SPAN, last)
+        head = min(slots, last)
+        groups = (last - head) // 4
+        tail = head + 4 * groups
+        bad = _later_uses(hw, ow, nw, app, head, groups, c0, slots, top)
+        for a, b in ((0, head), (tail, last)):
             q, r = (c0 + a) // slots, (c0 + a) % slots
             bad |= _in_order_rows(hw[3 * a : 3 * b], ow[3 * a : 3 * b], nw[a:b], app[a:b], c0 + a, step * qt + q, r,
                                   slots, magic, rem, odd, want0, w1_step | k_be, top)

@@ -187,8 +187,10 @@ def test_sum_checks_one_pass_equal_the_numpy_checks(lo, hi, n_total):
 
 @needs_numba
 def test_in_order_batch_answers_a_clean_run_and_refuses_any_deviation():
-    """Each way one row can spoil a run sends the batch to the general path (None); a clean run is
-    answered with PARAM headers (RETRANSMIT kept, worker and nworkers cleared) and its counts."""
+    """Each way one row can spoil a run sends the batch to the general path (None), the row among
+    the first use of each slot, at each of the four places of a group of later uses (checked
+    against the use before), or among the last rows; a clean run is answered with PARAM headers
+    (RETRANSMIT kept, worker and nworkers cleared) and its counts."""
     from mindp import codec, schedule
     from mindp.protocol import Flag, Kind
 
@@ -215,15 +217,16 @@ def test_in_order_batch_answers_a_clean_run_and_refuses_any_deviation():
     unaligned[:] = clean
     again, _ = fused.in_order_batch(unaligned, *args, applied)
     assert np.array_equal(again.view(np.uint8), out.view(np.uint8))
-    spoilers = [("job", 4), ("nworkers", 0), ("nworkers", 5), ("chunk", 61), ("step", step + 1),
-                ("flags", Flag.NONFINITE), ("count", K - 1), ("slot", 0), ("ver", 1 - ver[7])]
-    for field, value in spoilers:
-        bad = clean.copy()
-        bad[field][7] = value
-        assert fused.in_order_batch(bad, *args, applied) is None, field
-    done = applied.copy()
-    done[60 + 7 - lo] = True
-    assert fused.in_order_batch(clean, *args, done) is None
+    spoilers = [("job", 4), ("nworkers", 0), ("nworkers", 5), ("chunk", 59), ("step", step + 1),
+                ("flags", Flag.NONFINITE), ("count", K - 1), ("slot", 9), ("ver", None)]
+    for row in (7, 8, 13, 22, 35, 37):  # slot 7's first use; later uses at each place of a group; the tail
+        for field, value in spoilers:
+            bad = clean.copy()
+            bad[field][row] = value if field != "ver" else 1 - ver[row]
+            assert fused.in_order_batch(bad, *args, applied) is None, (field, row)
+        done = applied.copy()
+        done[60 + row - lo] = True
+        assert fused.in_order_batch(clean, *args, done) is None, row
     assert fused.in_order_batch(clean, 3, 4, 61, hi, n_total, slots, 7, step, applied) is None  # chunk 60 < lo
     short = clean[-1:].copy()
     short["count"] = K
@@ -233,12 +236,12 @@ def test_in_order_batch_answers_a_clean_run_and_refuses_any_deviation():
 @needs_numba
 @pytest.mark.parametrize("n_total, slots, c0, n", [(1000, 7, 3, 997), (800_000, 48, 99_999, (1 << 19) + 77_000),
                                                    (300_000, 1 << 16, 150_000, 150_000)],
-                         ids=["7-slots", "48-slots-two-spans", "65536-slots"])
+                         ids=["7-slots", "48-slots-long-run", "65536-slots"])
 def test_in_order_batch_finds_every_rows_slot_and_version(n_total, slots, c0, n):
     """Slots and versions as mindp.schedule gives them, for slot counts that are no power of two
-    and the largest a header holds, in runs across the pass's spans of rows and many wraps of the
-    slots: the run passes; one row's version or slot spoiled (at a wrap, at the slots' `rem`
-    boundary, at a span's edge, the last) refuses it."""
+    and the largest a header holds, in runs of many wraps of the slots (one of over 2**19 rows):
+    the run passes; one row's version or slot spoiled (at a wrap, at the slots' `rem` boundary,
+    at row 2**19, the last) refuses it."""
     from mindp import codec, schedule
     from mindp.protocol import Kind
 
