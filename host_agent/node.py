@@ -70,6 +70,7 @@ class NodeCore:
         # never sends c + slots (its window), so no later chunk of c's slot is applied, and a chunk
         # some worker still waits for is the last applied of its slot (see recent_params).
         self.recent = np.zeros(slots, dtype=codec.HEADER_DTYPE)
+        self._recent_bytes = self.recent.view(np.uint8).reshape(slots, -1)
         self.recent_set = np.zeros(slots, dtype=bool)
         if store.resumed_chunks:
             self.stats["resumed_chunks"] = store.resumed_chunks
@@ -174,15 +175,24 @@ class NodeCore:
     def _remember(self, step: int, chunks: np.ndarray | range, applied: np.ndarray) -> None:
         """After sorted `chunks` of `step` were applied (answer headers `applied`): each slot's last
         answer (for recent_params), and the pages to read ahead."""
-        if chunks[-1] - chunks[0] == len(chunks) - 1:  # consecutive chunks: the last `slots` rows, one per slot
-            rows = applied[max(0, len(chunks) - self.slots):]
+        if chunks[-1] - chunks[0] == len(chunks) - 1:
+            # Consecutive chunks: the last `slots` rows, one per slot (chunk % slots, checked), in
+            # slot order from the first of them's: copied as bytes in at most two slices.
+            n = min(len(chunks), self.slots)
+            first = (self.lo + chunks[-1] + 1 - n) % self.slots
+            rows = applied[len(applied) - n :].view(np.uint8).reshape(n, -1)
+            m = min(n, self.slots - first)
+            self._recent_bytes[first : first + m] = rows[:m]
+            self._recent_bytes[: n - m] = rows[m:]
+            self.recent_set[first : first + m] = True
+            self.recent_set[: n - m] = True
         else:
             slot = applied["slot"].astype(np.intp)
             _, last = np.unique(slot[::-1], return_index=True)  # each slot's last row, at most `slots`
             rows = take_rows(applied, len(applied) - 1 - last)
-        slot = rows["slot"].astype(np.intp)
-        as_void(self.recent)[slot] = as_void(rows)
-        self.recent_set[slot] = True
+            slot = rows["slot"].astype(np.intp)
+            as_void(self.recent)[slot] = as_void(rows)
+            self.recent_set[slot] = True
         self.store.prefetch_from(0 if self.store.current != step else int(chunks[-1]) + 1)
 
     def recent_params(self) -> tuple[np.ndarray, np.ndarray]:

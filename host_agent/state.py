@@ -273,7 +273,8 @@ class Store:
         src = self.copy_after(self.committed)
         if write:
             return self.pages.working(src, self.copy_after(self.current), lo, hi)
-        return self.pages.read(copy, lo, hi, copy == src and (self.step_nonfinite or not self.applied[lo:hi].any()))
+        buffered = not self.pages.mapped and copy == src and (self.step_nonfinite or not self.applied[lo:hi].any())
+        return self.pages.read(copy, lo, hi, buffered)
 
     def page_runs(self, chunks: np.ndarray) -> list[tuple[int, int]]:
         """Sorted unique chunks -> [lo, hi) runs of consecutive chunks within one page."""

@@ -198,3 +198,35 @@ def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step, out_of_cor
     assert same_bits(params, ref.params)
     assert same_bits(exports(tmp_path, cores, lay), ref.master)
     assert [c.store.updates for c in cores] == [bad_step, bad_step]
+
+
+@pytest.mark.parametrize("m", [1, 3], ids=["whole-model", "shard-of-3"])
+def test_recent_params_after_runs_of_consecutive_chunks(tmp_path, m):
+    """recent_params holds each slot's last applied chunk, and only that, after batches of
+    consecutive chunks shorter than the slots, longer, and wrapping them, alone or after a batch
+    of scattered chunks, in a node of the whole model and in a shard whose range starts within
+    the slots' cycle (chunks 14..28 of 44, 8 slots)."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    sums, nf = step_sums(lay, reference.synthetic_grads(3), N, 0, initial_fp16(init))
+    for scattered in (False, True):
+        core = open_shards(tmp_path / str(scattered), init, OptimizerConfig(), m)[m // 2]
+        lo, hi = core.store.chunks
+        runs = [range(lo, lo + 3), range(lo + 3, lo + S + 6), range(lo + S + 6, hi + 1)]
+        if scattered:
+            runs = [[lo + S + 2, lo + S], range(lo, lo + 3), range(lo + 3, lo + S), range(lo + S + 3, hi + 1)]
+        check_recent_params(core, lay, runs, sums, nf)
+
+
+def check_recent_params(core, lay, runs, sums, nf):
+    sent, last = {}, {}
+    for part in runs:
+        part = np.array(part)
+        hdr, vals = core.handle(sum_headers(JOB, 0, part, lay, S, N, nf), sums[part])
+        sent.update((int(h["chunk"]), v.copy()) for h, v in zip(hdr, vals))
+        last.update((int(c) % S, int(c)) for c in sorted(part))
+        hdr, vals = core.recent_params()
+        assert sorted(int(h["chunk"]) for h in hdr) == sorted(last.values()), part
+        assert all(int(h["slot"]) == int(h["chunk"]) % S and h["step"] == 0 for h in hdr)
+        for h, v in zip(hdr, vals):
+            assert np.array_equal(v.view(np.uint16), sent[int(h["chunk"])].view(np.uint16))
