@@ -234,12 +234,14 @@ def test_in_order_batch_answers_a_clean_run_and_refuses_any_deviation():
 
 
 @needs_numba
-@pytest.mark.parametrize("n_total, slots, c0, n", [(1000, 7, 3, 997), (800_000, 48, 99_999, (1 << 19) + 77_000),
+@pytest.mark.parametrize("n_total, slots, c0, n", [(1000, 3, 5, 990), (1000, 7, 3, 997),
+                                                   (800_000, 48, 99_999, (1 << 19) + 77_000),
                                                    (300_000, 1 << 16, 150_000, 150_000)],
-                         ids=["7-slots", "48-slots-long-run", "65536-slots"])
+                         ids=["3-slots", "7-slots", "48-slots-long-run", "65536-slots"])
 def test_in_order_batch_finds_every_rows_slot_and_version(n_total, slots, c0, n):
     """Slots and versions as mindp.schedule gives them, for slot counts that are no power of two
-    and the largest a header holds, in runs of many wraps of the slots (one of over 2**19 rows):
+    (3: fewer than the four rows the later uses are checked in at once) and the largest a header
+    holds, in runs of many wraps of the slots (one of over 2**19 rows):
     the run passes; one row's version or slot spoiled (at a wrap, at the slots' `rem` boundary,
     at row 2**19, the last) refuses it."""
     from mindp import codec, schedule
