@@ -423,8 +423,8 @@ if not NUMPY_ONLY:
         before it, its slot's last use in the run (checked already): the same job, step, count and
         slot (w1 whole), the version flipped, not NONFINITE; its chunk, nworkers and applied flag
         checked alone. Returns the OR of every row's mismatches; writes the answers' words and
-        nworkers. No shuffle of words into fields but the four w2s: a third of the instructions of
-        _in_order_rows, which derives each row's slot and version."""
+        nworkers. No shuffle of words into fields but the four w2s: 15 instructions a row against
+        29 in _in_order_rows, which derives each row's slot and version."""
         def codegen(context, builder, sig, args):
             i32, i64 = ir.IntType(32), ir.IntType(64)
             v4, v4i32, v4f64 = ir.VectorType(i64, 4), ir.VectorType(i32, 4), ir.VectorType(ir.DoubleType(), 4)
