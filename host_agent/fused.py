@@ -404,7 +404,9 @@ if not NUMPY_ONLY:
     # A header as three little-endian words (codec.HEADER_DTYPE: 24 bytes, big-endian fields): the
     # fields' bit positions in them, their bytes still in wire order.
     _W0_VER_JOB = (0xFF << 24) | (0xFFFF << 32)  # ver (byte 3), job (bytes 4-5)
-    _W0_KEEP = 0xFF | (0xFF << 24) | (0xFFFF << 32)  # version, ver, job: kind, flags, worker rewritten
+    # An answer's w0: version, the RETRANSMIT flag, ver and job kept; kind PARAM; other flags and worker cleared.
+    _W0_KEEP = 0xFF | (_RETRANSMIT << 16) | (0xFF << 24) | (0xFFFF << 32)
+    _W0_PARAM, _W0_NONFINITE = _PARAM << 8, _NONFINITE << 16
     _W2_CHUNK, _W2_KEEP = 0xFFFFFFFF, 0xFFFF0000FFFFFFFF  # chunk (bytes 16-19); nworkers (20-21) cleared
 
     def _vector(values):
@@ -433,9 +435,9 @@ if not NUMPY_ONLY:
             k0, groups, c0, back, top = (context.cast(builder, a, t, types.int64) for a, t in zip(args[4:], sig.args[4:]))
             same = _by_word(_W0_VER_JOB, (1 << 64) - 1, 0)  # bits equal to the earlier row's ...
             flip = _by_word(1 << 24, 0, 0)  # ... but the version's
-            nonfinite = _by_word(_NONFINITE << 16, 0, 0)
-            keep = _by_word(_W0_KEEP | (_RETRANSMIT << 16), (1 << 64) - 1, _W2_KEEP)
-            param = _by_word(_PARAM << 8, 0, 0)
+            nonfinite = _by_word(_W0_NONFINITE, 0, 0)
+            keep = _by_word(_W0_KEEP, (1 << 64) - 1, _W2_KEEP)
+            param = _by_word(_W0_PARAM, 0, 0)
             undef = ir.Constant(v4, ir.Undefined)
             splat = lambda v: builder.shuffle_vector(  # noqa: E731
                 builder.insert_element(undef, v, i32(0)), undef, ir.Constant(v4i32, [0] * 4))
@@ -491,12 +493,12 @@ if not NUMPY_ONLY:
             ver = np.uint64((q + dq + (odd if s < rem else 0)) & 1) << np.uint64(24)
             w0, w1, w2 = hw[3 * k], hw[3 * k + 1], hw[3 * k + 2]
             nwk = ((w2 >> np.uint64(40)) & np.uint64(0xFF)) | ((w2 >> np.uint64(24)) & np.uint64(0xFF00))
-            bad |= ((w1 ^ (want1 | np.uint64(_swap16(s)))) | (w0 & np.uint64(_NONFINITE << 16))
+            bad |= ((w1 ^ (want1 | np.uint64(_swap16(s)))) | (w0 & np.uint64(_W0_NONFINITE))
                     | ((w0 & np.uint64(_W0_VER_JOB)) ^ (want0 | ver))
                     | ((w2 & np.uint64(_W2_CHUNK)) ^ np.uint64(_swap32(c0 + k))) | np.uint64(nwk - np.uint64(1) > top)
                     | np.uint64(applied[k]))
             nw[k] = np.float64(np.int32(nwk))
-            ow[3 * k] = (w0 & np.uint64(_W0_KEEP)) | np.uint64(_PARAM << 8) | (w0 & np.uint64(_RETRANSMIT << 16))
+            ow[3 * k] = (w0 & np.uint64(_W0_KEEP)) | np.uint64(_W0_PARAM)
             ow[3 * k + 1] = w1
             ow[3 * k + 2] = w2 & np.uint64(_W2_KEEP)
         return bad
