@@ -34,7 +34,7 @@ ETH_P_8021Q = 0x8100
 AUXDATA = mmsg.AUXDATA  # struct tpacket_auxdata
 AUX_SPACE = mmsg.AUX_SPACE
 TAG = 4  # bytes of a restored VLAN tag: a slot keeps room for them
-MAX_FRAME = 65535
+SNAPLEN = 262144  # a pcap's snapshot length: libpcap's maximum, so no frame (up to a slot) is cut
 #: Errors of a receive on a port whose link is down or gone: nothing received, not fatal.
 RECV_DOWN = (errno.ENETDOWN, errno.ENXIO, errno.EAGAIN)
 log = logging.getLogger("softswitch")
@@ -277,7 +277,7 @@ class Port:
 class Pcap:
     """A classic pcap file (Ethernet link type) that Wireshark and tcpdump -r open."""
 
-    HEADER = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, MAX_FRAME, 1)
+    HEADER = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, SNAPLEN, 1)
 
     def __init__(self, path: str):
         self.f = open(path, "wb")
