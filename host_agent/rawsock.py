@@ -148,12 +148,11 @@ class RowReceiver:
             got = vec.recv(fd, rows, want)
             if not got:
                 break
-            part = vec.msgs[rows : rows + got]
-            good = (part["len"] == self.width) & ((part["flags"] & socket.MSG_TRUNC) == 0)
+            good = (vec.lens[rows : rows + got] == self.width) & ((vec.flags[rows : rows + got] & socket.MSG_TRUNC) == 0)
             n_vlan = 0
             if self.auxdata:
-                valid, status = vec.aux_vlan(rows, got)
-                vlan = valid & (((status & TP_STATUS_VLAN_VALID) != 0) | (vec.control["tci"][rows : rows + got] != 0))
+                vlan = vec.aux_valid(rows, got) & (((vec.status[rows : rows + got] & TP_STATUS_VLAN_VALID) != 0)
+                                                   | (vec.control["tci"][rows : rows + got] != 0))
                 n_vlan = int(np.count_nonzero(vlan))
                 good &= ~vlan
             keep = int(np.count_nonzero(good))

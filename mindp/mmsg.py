@@ -78,14 +78,19 @@ class Vectors:
         self.names = np.zeros(n, SOCKADDR_LL) if names else None
         if names:
             self.msgs["name"] = _addresses(self.names.ctypes.data, n, SOCKADDR_LL.itemsize)
+        # views of the fields read or written per call, made once (a field lookup costs more than its slice)
+        self.lens = self.msgs["len"]
+        self.flags = self.msgs["flags"]
+        self.iov_lens = self.iov["len"]
+        self.status = self.control["status"] if control else None
 
     def recv(self, fd: int, start: int, count: int) -> int:
         """Receive up to `count` waiting frames into rows start.. without blocking; how many came
         (0 when none waits). Each message's `len`, `flags` and control buffer tell the rest."""
-        part = self.msgs[start:start + count]
-        part["controllen"] = AUX_SPACE if self.control is not None else 0
-        part["namelen"] = SOCKADDR_LL.itemsize if self.names is not None else 0
-        part["flags"] = 0
+        if self.control is not None:  # in: room for the control message; out: what it used
+            self.msgs["controllen"][start:start + count] = AUX_SPACE
+        if self.names is not None:
+            self.msgs["namelen"][start:start + count] = SOCKADDR_LL.itemsize
         got = CALLS[1](fd, self.msgs.ctypes.data + start * MMSGHDR.itemsize, min(count, MAX),
                        socket.MSG_DONTWAIT, None)
         if got < 0:
@@ -95,13 +100,12 @@ class Vectors:
             raise OSError(err, os.strerror(err))
         return got
 
-    def aux_vlan(self, start: int, got: int) -> tuple[np.ndarray, np.ndarray]:
-        """(control message valid, tp_status) of messages start..start+got: where the kernel
-        reported PACKET_AUXDATA for the frame."""
+    def aux_valid(self, start: int, got: int) -> np.ndarray:
+        """Which of messages start..start+got carry PACKET_AUXDATA (their `status`, `tci` and
+        `tpid` in `control` are this receive's, not left from an earlier one)."""
         aux = self.control[start:start + got]
-        valid = ((self.msgs["controllen"][start:start + got] >= AUX_LEN) & (aux["level"] == SOL_PACKET)
-                 & (aux["type"] == PACKET_AUXDATA))
-        return valid, aux["status"]
+        return ((self.msgs["controllen"][start:start + got] >= AUX_LEN) & (aux["level"] == SOL_PACKET)
+                & (aux["type"] == PACKET_AUXDATA))
 
 
 def send(fd: int, msgs: np.ndarray, refused: tuple[int, ...] | None = None) -> list[int]:

@@ -132,19 +132,19 @@ class Port:
         got = vec.recv(self.sock.fileno(), start, want)
         if not got:
             return 0
-        msgs = vec.msgs[start:start + got]
-        batch.lens[start:start + got] = msgs["len"]
-        valid, status = vec.aux_vlan(start, got)
-        tagged = np.flatnonzero(valid & ((status & TP_STATUS_VLAN_VALID) != 0))
-        if len(tagged):
-            aux = vec.control[start:start + got]
-            for j in tagged.tolist():
+        end = start + got
+        batch.lens[start:end] = vec.lens[start:end]
+        status = vec.status[start:end]
+        tagged = (status & TP_STATUS_VLAN_VALID) != 0
+        if tagged.any():
+            aux = vec.control[start:end]
+            for j in np.flatnonzero(tagged & vec.aux_valid(start, got)).tolist():
                 tpid = int(aux["tpid"][j]) if status[j] & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
                 restore_tag(batch, start + j, tpid, int(aux["tci"][j]))
-        truncated = (msgs["flags"] & socket.MSG_TRUNC) != 0
+        truncated = (vec.flags[start:end] & socket.MSG_TRUNC) != 0
         drop = truncated
         if self.filter_outgoing:
-            drop = truncated | (vec.names["pkttype"][start:start + got] == PACKET_OUTGOING)
+            drop = truncated | (vec.names["pkttype"][start:end] == PACKET_OUTGOING)
         if drop.any():
             self.rx_truncated += int(np.count_nonzero(truncated))
             return self._compact(batch, start, ~drop)
@@ -193,7 +193,7 @@ class Port:
             return cached[1]
         if rx:
             vec = mmsg.Vectors(batch.buf, control=True, names=self.filter_outgoing)
-            vec.iov["len"] = batch.slot - TAG
+            vec.iov_lens[:] = batch.slot - TAG
             self._rxv = (batch.buf, vec)
         else:
             vec = mmsg.Vectors(batch.buf)
@@ -203,33 +203,42 @@ class Port:
     def send_batch(self, batch: Batch, rows: np.ndarray | None = None) -> int:
         """Send frames `rows` of `batch` (all it holds when None), in order; how many left. A frame
         the kernel refuses (full queue, link down, too big) is a counted drop (`tx_errors`)."""
-        if rows is None:
-            rows = np.arange(batch.n)
-        if not len(rows):
+        n = batch.n if rows is None else len(rows)
+        if not n:
             return 0
-        if mmsg.CALLS:
-            vec = self._vectors(batch, rx=False)
-            vec.iov["len"][rows] = batch.lens[rows]
-            failed = mmsg.send(self.sock.fileno(), vec.msgs[rows])
-        else:
-            failed = []
-            for j, i in enumerate(rows.tolist()):
-                try:
-                    self.sock.send(batch.buf[i, :batch.lens[i]])
-                except OSError:
-                    failed.append(j)
-        sent = len(rows) - len(failed)
+        failed = self._send_mmsg(batch, rows) if mmsg.CALLS else self._send_plain(batch, rows)
+        sent = n - len(failed)
         self.tx += sent
         self.tx_errors += len(failed)
         if self.pcap_out:
             skip = set(failed)
             try:
-                for j, i in enumerate(rows.tolist()):
+                for j, i in enumerate(range(n) if rows is None else rows.tolist()):
                     if j not in skip:
                         self.pcap_out.write(batch.buf[i, :batch.lens[i]])
             except OSError as exc:
                 self._capture_failed(exc)
         return sent
+
+    def _send_mmsg(self, batch: Batch, rows: np.ndarray | None) -> list[int]:
+        vec = self._vectors(batch, rx=False)
+        if rows is None:  # the common case (one egress port): views, no gather
+            n = batch.n
+            vec.iov_lens[:n] = batch.lens[:n]
+            msgs = vec.msgs[:n]
+        else:
+            vec.iov_lens[rows] = batch.lens[rows]
+            msgs = vec.msgs[rows]
+        return mmsg.send(self.sock.fileno(), msgs)
+
+    def _send_plain(self, batch: Batch, rows: np.ndarray | None) -> list[int]:
+        failed = []
+        for j, i in enumerate(range(batch.n) if rows is None else rows.tolist()):
+            try:
+                self.sock.send(batch.buf[i, :batch.lens[i]])
+            except OSError:
+                failed.append(j)
+        return failed
 
     def send(self, frame: bytes) -> bool:
         try:
