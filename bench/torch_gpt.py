@@ -109,7 +109,13 @@ def ddp_run(workers: int, steps: int) -> tuple[float, str]:
                                              "--ddp-master", master, "--local-steps", str(steps),
                                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for r, h in enumerate(hosts)]
-            outs = [p.communicate(timeout=600) for p in procs]
+            try:
+                outs = [p.communicate(timeout=600) for p in procs]
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                return 0.0, "no result within 600 s"
     finally:
         testbed.sh("ip", "link", "del", bridge, check=False)
     for p, (_, err) in zip(procs, outs):
