@@ -6,7 +6,8 @@ On one veth testbed (sender host -> switch port 1, sink host <- port 2):
   (a) the embedded switch running the aggregation program (p4src/compiled/mindp.json),
       gradient packets of a 2-worker job, every second one completing a sum: with its
       default pipeline, and with the generated Python pipeline (the reference);
-  (b) BMv2 simple_switch_grpc on the same program and frames, where installed;
+  (b) BMv2 simple_switch_grpc on the same program and frames, where installed, at its best
+      of a few windows (it runs faster with fewer frames queued);
   (c) a batched raw-socket forwarding loop (recvmmsg, sendmmsg; the switch's batch size)
       between the same ports: the I/O ceiling of any switch on this machine;
 plus the pipeline alone (no I/O, batches of the switch's size) on the same frames. Prints
@@ -116,6 +117,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--packets", type=int, default=20000)
     ap.add_argument("--window", type=int, default=4 * BATCH)
+    ap.add_argument("--bmv2-windows", type=int, nargs="+", default=[16, 48],
+                    help="BMv2 is measured at each of these and --window; its best counts")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/softswitch.py needs root (network namespaces)")
@@ -134,16 +137,23 @@ def main() -> int:
             if sums != len(frames) // 2:
                 print(f"warning: {name} returned {sums} of {len(frames) // 2} sums")
         if targets.find_bmv2():
-            results["BMv2 simple_switch_grpc"], _ = switch_run(bed, "bmv2", frames, args.window, tmp)
+            best = 0.0
+            for w in sorted({*args.bmv2_windows, args.window}):  # BMv2 queues: fewer in flight suit it
+                pps, sums = switch_run(bed, "bmv2", frames, w, tmp)
+                if sums != len(frames) // 2:
+                    print(f"warning: BMv2 (window {w}) returned {sums} of {len(frames) // 2} sums")
+                if pps > best:
+                    best, bmv2_window = pps, w
+            results[f"BMv2 simple_switch_grpc (window {bmv2_window})"] = best
     for name, pps in results.items():
-        print(f"  {name:34} {pps:10,.0f} packets/s")
+        print(f"  {name:38} {pps:10,.0f} packets/s")
     emb = results["embedded switch"]
-    bmv2 = results.get("BMv2 simple_switch_grpc")
-    print(f"  {'embedded / BMv2 (goal >= 20)':34} " + (f"{emb / bmv2:10.2f}" if bmv2 else "       n/a (BMv2 not installed)"))
+    bmv2 = next((pps for name, pps in results.items() if name.startswith("BMv2")), None)
+    print(f"  {'embedded / BMv2 (goal >= 20)':38} " + (f"{emb / bmv2:10.2f}" if bmv2 else "       n/a (BMv2 not installed)"))
     ceiling = results.get(CEILING)
-    print(f"  {'embedded / ceiling (goal >= 0.5)':34} "
+    print(f"  {'embedded / ceiling (goal >= 0.5)':38} "
           + (f"{emb / ceiling:10.2f}" if ceiling else "       n/a (no recvmmsg/sendmmsg)"))
-    print(f"  {'embedded / Python pipeline':34} {emb / results['embedded, Python pipeline']:10.2f}")
+    print(f"  {'embedded / Python pipeline':38} {emb / results['embedded, Python pipeline']:10.2f}")
     return 0
 
 
