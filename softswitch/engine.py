@@ -65,7 +65,7 @@ class Engine:
         """Frames start.. of `rx` through `process`, in order, their outputs appended to `tx`; the
         first frame not processed (< rx.n when tx might not hold the next packet's outputs).
         An output that no slot holds is a counted error."""
-        most = max(1, max(map(len, self.pre.values()), default=0))
+        most = max(1, max(map(len, list(self.pre.values())), default=0))  # list: one step, safe from P4Runtime's thread
         for i in range(start, rx.n):
             if tx.n and tx.n + most > tx.capacity:
                 return i
