@@ -1,12 +1,14 @@
 """The cost of the network for PyTorch (issue 13.5), side by side in one run: steps/s of
 `make run MODEL=gpt` (2 workers in Mininet hosts, gradients through the switch, AdamW on the
 optimizer node) through the embedded switch and through BMv2 (when installed), against the same
-model and global batch trained by one process with torch.optim.AdamW.
+model and global batch trained by one process with torch.optim.AdamW, and by PyTorch DDP (gloo,
+one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
-    sudo .venv/bin/python bench/torch_gpt.py [--steps 2] [--workers 2]
+    sudo .venv/bin/python bench/torch_gpt.py [--steps 2] [--workers 2] [--local-steps 10]
 
 A switch run's steps/s is make run's own (summary.json: steps over the time from the last worker
-ready to the last worker done, so start-up is not counted); the run must also end bit-exact.
+ready to the last worker done, so start-up is not counted); the run must also end bit-exact. DDP's
+is rank 0's, over --local-steps steps after a first untimed one, as the one-process figure.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ try:
 except ImportError:
     torch = None
 
-from mindp import targets, workload  # noqa: E402
+from mindp import targets, testbed, workload  # noqa: E402
+from mindp.topology import Host  # noqa: E402
 from mininet_topos import config  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
@@ -55,6 +58,72 @@ def single_process(wl: workload.WorkloadConfig, steps: int) -> float:
     return steps / (time.perf_counter() - t)
 
 
+def ddp_worker(rank: int, world: int, master: str, steps: int) -> None:
+    """One DDP rank (run in its host's namespace): the model and batches of `make run`'s worker
+    `rank`, gradients averaged by gloo over TCP on eth0, torch.optim.AdamW; rank 0 prints steps/s."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from mindp.torch import models, tasks
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
+    dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    wl = workload.WorkloadConfig(n_workers=world, model="gpt")
+    net = DistributedDataParallel(tasks.model(wl))  # one torch thread, as a mindp worker
+    opt = torch.optim.AdamW(net.parameters(), lr=config.DEFAULT_LR["gpt"], weight_decay=0.01)
+
+    def step(s: int) -> None:
+        x, y = tasks.batch(wl, rank, s)
+        opt.zero_grad(set_to_none=True)
+        models.loss_of("gpt", net, x, y).backward()
+        opt.step()
+
+    step(0)
+    dist.barrier()
+    t = time.perf_counter()
+    for s in range(1, steps + 1):
+        step(s)
+    dist.barrier()
+    if rank == 0:
+        print(f"{steps / (time.perf_counter() - t):.6f}", flush=True)
+    dist.destroy_process_group()
+
+
+def ddp_run(workers: int, steps: int) -> tuple[float, str]:
+    """(steps/s, '' or why it failed) of DDP with `workers` ranks on veth hosts joined by a bridge."""
+    bridge = "tgbr"
+    hosts = [Host(f"d{r}", f"02:00:00:00:07:{r + 1:02x}", f"10.0.7.{r + 1}", r + 1) for r in range(workers)]
+    master = f"{hosts[0].ip}:{targets.free_port()}"
+    testbed.sh("ip", "link", "del", bridge, check=False)
+    try:
+        with testbed.Testbed("tg") as bed:
+            testbed.sh("ip", "link", "add", bridge, "type", "bridge")
+            for h in hosts:
+                nh = bed.add(h)
+                testbed.sh("ip", "link", "set", nh.switch_iface, "master", bridge)
+            testbed.quiet_link(bridge)
+            procs = [bed.hosts[h.name].popen(sys.executable, str(pathlib.Path(__file__).resolve()), "--ddp-rank", str(r), "--workers", str(workers),
+                                             "--ddp-master", master, "--local-steps", str(steps),
+                                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     for r, h in enumerate(hosts)]
+            try:
+                outs = [p.communicate(timeout=600) for p in procs]
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                return 0.0, "no result within 600 s"
+    finally:
+        testbed.sh("ip", "link", "del", bridge, check=False)
+    for p, (_, err) in zip(procs, outs):
+        if p.returncode:
+            return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+    return float(outs[0][0].split()[-1]), ""
+
+
 def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path) -> tuple[float, str]:
     """(steps/s, '' or why it failed) of make run's orchestrator, MODEL=gpt, on `target`."""
     runs = tmp / target
@@ -78,19 +147,31 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--local-steps", type=int, default=10, help="timed steps of one process and of DDP")
+    ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)  # a DDP worker, started by ddp_run
+    ap.add_argument("--ddp-master", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if torch is None:
         print("torch_gpt: skipped: torch is not installed (pip install -e '.[torch]')")
+        return 0
+    if args.ddp_rank is not None:
+        ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps)
         return 0
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt")
     init = workload.init_params(wl)
     print(f"{workload.describe(wl, init)}, {args.workers} workers x {wl.batch} windows, AdamW lr "
           f"{config.DEFAULT_LR['gpt']}, {args.steps} steps")
-    base = single_process(wl, args.steps)
+    base = single_process(wl, args.local_steps)
     print(f"  {'one process, torch.optim.AdamW':<34} {base:8.3f} steps/s  (torch threads {torch.get_num_threads()})")
     if os.geteuid() != 0:
-        print("  through the switches: skipped (make run needs root)")
+        print("  through the network: skipped (namespaces and make run need root)")
         return 0
+    ddp, err = ddp_run(args.workers, args.local_steps)
+    label = f"PyTorch DDP (gloo), {args.workers} namespaces"
+    if err:
+        print(f"  {label:<34} failed: {err}")
+        return 1
+    print(f"  {label:<34} {ddp:8.3f} steps/s  ratio {ddp / base:.3f} of one process")
     with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
         for target in ("embedded", "bmv2"):
             label = f"make run MODEL=gpt TARGET={target}"
@@ -101,7 +182,8 @@ def main() -> int:
             if err:
                 print(f"  {label:<34} failed: {err}")
                 return 1
-            print(f"  {label:<34} {rate:8.3f} steps/s  ratio {rate / base:.3f} of one process (bit-exact)")
+            print(f"  {label:<34} {rate:8.3f} steps/s  ratio {rate / base:.3f} of one process (bit-exact), "
+                  f"mindp / DDP {rate / ddp:.3f}")
     return 0
 
 

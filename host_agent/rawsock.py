@@ -6,17 +6,15 @@ pointers are 64-bit; elsewhere the same functions loop over send/recvmsg_into.
 """
 from __future__ import annotations
 
-import ctypes
 import errno
-import os
 import random
 import socket
-import struct
 import sys
 import time
 
 import numpy as np
 
+from mindp import mmsg
 from mindp.netutil import hold_udp_port
 
 ETH_P_ALL = 0x0003
@@ -26,41 +24,15 @@ PACKET_IGNORE_OUTGOING = 23
 MAX_FRAME = 2048
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 RCVBUF = 16 << 20  # asked; the kernel doubles it
-# struct tpacket_auxdata: tp_status, tp_len, tp_snaplen, tp_mac, tp_net, tp_vlan_tci, tp_vlan_tpid
-AUXDATA = struct.Struct("=IIIHHHH")
+AUXDATA = mmsg.AUXDATA
 TP_STATUS_VLAN_VALID = 1 << 4
-AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
+AUX_SPACE = mmsg.AUX_SPACE
 SEND_ERRNOS = (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN)  # a frame lost, counted; not fatal
 #: Errors of a socket whose link went down or away: retried, never fatal.
 LINK_ERRNOS = (errno.ENETDOWN, errno.ENXIO, errno.ENODEV)
 #: Retry interval while the link is down: first, most (doubling in between).
 LINK_BACKOFF = (0.05, 2.0)
-MMSG_MAX = 1024  # UIO_MAXIOV: messages per sendmmsg/recvmmsg call
-
-# struct mmsghdr on 64-bit Linux: struct msghdr (56 bytes) then msg_len, padded to 64.
-MMSGHDR = np.dtype({"names": ["name", "namelen", "iov", "iovlen", "control", "controllen", "flags", "len"],
-                    "formats": ["u8", "u4", "u8", "u8", "u8", "u8", "i4", "u4"],
-                    "offsets": [0, 8, 16, 24, 32, 40, 48, 56], "itemsize": 64})
-IOVEC = np.dtype({"names": ["base", "len"], "formats": ["u8", "u8"], "itemsize": 16})
-# struct cmsghdr (len, level, type) then struct tpacket_auxdata, as recvmmsg leaves it per message.
-CMSG_AUX = np.dtype({"names": ["len", "level", "type", "status", "tci"], "formats": ["u8", "i4", "i4", "u4", "u2"],
-                     "offsets": [0, 8, 12, 16, 32], "itemsize": AUX_SPACE})
-
-
-def _libc_mmsg():
-    if ctypes.sizeof(ctypes.c_void_p) != 8 or os.environ.get("MINDP_NO_MMSG") == "1":
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        send, recv = libc.sendmmsg, libc.recvmmsg
-    except (OSError, AttributeError):
-        return None
-    send.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
-    recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
-    return send, recv
-
-
-_MMSG = _libc_mmsg()
+_MMSG = mmsg.CALLS  # (sendmmsg, recvmmsg), or None: per-frame loops
 MMSG = _MMSG is not None  # sendmmsg/recvmmsg in use
 
 
@@ -162,43 +134,25 @@ class RowReceiver:
 
     def __init__(self, buf: np.ndarray, auxdata: bool):
         self.buf = buf
-        n, self.width = buf.shape
+        self.width = buf.shape[1]
         self.auxdata = auxdata
-        self.iov = np.zeros(n, IOVEC)
-        self.iov["base"] = buf.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(self.width)
-        self.iov["len"] = self.width
-        self.control = np.zeros(n, CMSG_AUX)
-        self.msgs = np.zeros(n, MMSGHDR)
-        self.msgs["iov"] = self.iov.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
-        self.msgs["iovlen"] = 1
-        if auxdata:
-            self.msgs["control"] = self.control.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(AUX_SPACE)
+        self.vectors = mmsg.Vectors(buf, control=auxdata)
 
     def receive(self, fd: int) -> tuple[int, int, int]:
         """Frames waiting on `fd` into buf's rows, the good ones first; (rows filled, tagged
         frames dropped, frames of another length dropped)."""
-        recvmmsg = _MMSG[1]
-        msgs, n = self.msgs, len(self.buf)
+        vec, n = self.vectors, len(self.buf)
         rows = tagged = other = 0
         while rows < n:
-            want = min(n - rows, MMSG_MAX)
-            part = msgs[rows : rows + want]
-            part["controllen"] = AUX_SPACE if self.auxdata else 0
-            part["flags"] = 0
-            got = recvmmsg(fd, msgs.ctypes.data + rows * MMSGHDR.itemsize, want, socket.MSG_DONTWAIT, None)
-            if got < 0:
-                err = ctypes.get_errno()
-                if err in (errno.EAGAIN, errno.EINTR):
-                    break
-                raise OSError(err, os.strerror(err))
-            part = part[:got]
-            good = (part["len"] == self.width) & ((part["flags"] & socket.MSG_TRUNC) == 0)
+            want = min(n - rows, mmsg.MAX)
+            got = vec.recv(fd, rows, want)
+            if not got:
+                break
+            good = (vec.lens[rows : rows + got] == self.width) & ((vec.flags[rows : rows + got] & socket.MSG_TRUNC) == 0)
             n_vlan = 0
             if self.auxdata:
-                aux = self.control[rows : rows + got]
-                vlan = ((part["controllen"] >= socket.CMSG_LEN(AUXDATA.size)) & (aux["level"] == SOL_PACKET)
-                        & (aux["type"] == PACKET_AUXDATA) & (((aux["status"] & TP_STATUS_VLAN_VALID) != 0)
-                                                             | (aux["tci"] != 0)))
+                vlan = vec.aux_valid(rows, got) & (((vec.status[rows : rows + got] & TP_STATUS_VLAN_VALID) != 0)
+                                                   | (vec.control["tci"][rows : rows + got] != 0))
                 n_vlan = int(np.count_nonzero(vlan))
                 good &= ~vlan
             keep = int(np.count_nonzero(good))
@@ -323,27 +277,13 @@ def _send_mmsg(fd: int, frames: np.ndarray, rows) -> tuple[int, int]:
     if not n:
         return 0, 0
     width = frames.shape[1]
-    iov = np.empty(n, IOVEC)
+    iov = np.empty(n, mmsg.IOVEC)
     iov["base"] = frames.ctypes.data + rows * np.uint64(width)
     iov["len"] = width
-    msgs = np.zeros(n, MMSGHDR)
-    msgs["iov"] = iov.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(IOVEC.itemsize)
+    msgs = np.zeros(n, mmsg.MMSGHDR)
+    msgs["iov"] = iov.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(mmsg.IOVEC.itemsize)
     msgs["iovlen"] = 1
-    sendmmsg = _MMSG[0]
-    base = msgs.ctypes.data
-    failed = i = 0
-    while i < n:
-        r = sendmmsg(fd, base + i * MMSGHDR.itemsize, min(n - i, MMSG_MAX), 0)
-        if r < 0:
-            err = ctypes.get_errno()
-            if err == errno.EINTR:
-                continue
-            if err not in SEND_ERRNOS:
-                raise OSError(err, os.strerror(err))
-            failed += 1
-            r = 1
-        i += r
-    return n, failed
+    return n, len(mmsg.send(fd, msgs, SEND_ERRNOS))
 
 
 def _send_plain(send, frames: np.ndarray, rows) -> tuple[int, int]:

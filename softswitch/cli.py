@@ -238,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         # The program consumes frames too (mindp absorbs gradients into sums): not all of these are drops.
         log.info("stopped: rx %d tx %d not forwarded %d errors %d faults %s%s", s.rx, s.tx, s.dropped, s.errors,
                  faults.stats, "".join(f", pcap errors on port {n}: {p.pcap_errors}"
-                                       for n, p in ports.items() if p.pcap_errors))
+                                       for n, p in ports.items() if p.pcap_errors)
+                 + "".join(f", frames too long for a slot on port {n}: {p.rx_truncated}"
+                           for n, p in ports.items() if p.rx_truncated))
         dp.close()
     return 0

@@ -1,6 +1,8 @@
-"""The packet loop: one thread polls every port, runs each frame through the
-engine and sends the results, with optional fault injection and packet-in/out
-for the CPU port."""
+"""The packet loop: one thread polls every port; a ready port's waiting frames come in as one
+batch (recvmmsg), go through the engine's run_batch, and leave grouped by egress port (one
+sendmmsg per port). Fault injection, packet-out (inject) and the frames fault injection held back
+take the per-frame path: engine.process, then one send per frame. Packet-in goes to the CPU port's
+handler frame by frame."""
 from __future__ import annotations
 
 import collections
@@ -9,12 +11,16 @@ import os
 import select
 import time
 
+import numpy as np
+
+from .batch import Batch
 from .engine import Engine
 from .faults import LinkFaults
 from .ports import Port
 
 log = logging.getLogger("softswitch")
-BATCH = 64
+BATCH = 64  # frames taken from a port per poll: one recvmmsg
+TX_SLOTS = 256  # output frames per sendmmsg round: room for a batch and its replicas
 
 
 class DataPlane:
@@ -31,6 +37,8 @@ class DataPlane:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.stopping = False
+        self.rx = Batch.empty(BATCH)
+        self.tx = Batch.empty(TX_SLOTS)
 
     def inject(self, frame: bytes, port: int) -> None:
         """Packet-out (any thread): processed as if received on `port`."""
@@ -66,9 +74,7 @@ class DataPlane:
                         except BlockingIOError:
                             pass
                         continue
-                    port = by_fd[fd]
-                    for frame in port.recv_batch(BATCH):
-                        self.receive(frame, port.number)
+                    self._port_ready(by_fd[fd])
                 while self._injected:
                     frame, port = self._injected.popleft()
                     self._process(frame, port)
@@ -86,13 +92,51 @@ class DataPlane:
             ep.close()
             self.flush()
 
-    def receive(self, frame: bytes, port: int) -> None:
-        self.engine.stats.rx += 1
+    def _port_ready(self, port: Port) -> None:
+        rx = self.rx
+        rx.n = 0
+        n = port.receive(rx, BATCH)
+        self.engine.stats.rx += n
         if self.faults:
-            for fr in self.faults.apply(("in", port), frame):
-                self._process(fr, port)
+            for i in range(n):
+                for fr in self.faults.apply(("in", port.number), rx.frame(i)):
+                    self._process(fr, port.number)
+        elif n:
+            self._forward(rx)
+
+    def _forward(self, rx: Batch) -> None:
+        tx = self.tx
+        start = 0
+        while start < rx.n:
+            tx.n = 0
+            nxt = self.engine.run_batch(rx, start, tx)
+            if nxt == start and not tx.n:  # outputs of one packet more than tx holds: frame by frame
+                self._process(rx.frame(start), int(rx.ports[start]))
+                nxt = start + 1
+            self._send_batch(tx)
+            start = nxt
+
+    def _send_batch(self, tx: Batch) -> None:
+        """tx's frames out, one sendmmsg per egress port (order kept within each port)."""
+        n = tx.n
+        if not n:
+            return
+        ports = tx.ports[:n]
+        first = int(ports[0])
+        if (ports == first).all():
+            groups = [(first, None)]
         else:
-            self._process(frame, port)
+            groups = [(int(p), np.flatnonzero(ports == p)) for p in np.unique(ports)]
+        for number, rows in groups:
+            if number == self.cpu_port and self.packet_in is not None:
+                for i in (range(n) if rows is None else rows.tolist()):
+                    self.packet_in(tx.frame(i))
+                continue
+            port = self.ports.get(number)
+            if port is None:
+                self.no_port += n if rows is None else len(rows)
+                continue
+            self.engine.stats.tx += port.send_batch(tx, rows)
 
     def _process(self, frame: bytes, port: int) -> None:
         for out_port, out in self.engine.process(frame, port):

@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from .batch import Batch
 from .compiler import INSTANCE_NORMAL, INSTANCE_REPLICATION, CompiledProgram
 
 log = logging.getLogger("softswitch")
@@ -59,6 +60,19 @@ class Engine:
                 self._logged_error = True
             return []
         return out
+
+    def run_batch(self, rx: Batch, start: int, tx: Batch) -> int:
+        """Frames start.. of `rx` through `process`, in order, their outputs appended to `tx`; the
+        first frame not processed (< rx.n when tx might not hold the next packet's outputs).
+        An output that no slot holds is a counted error."""
+        most = max(1, max(map(len, list(self.pre.values())), default=0))  # list: one step, safe from P4Runtime's thread
+        for i in range(start, rx.n):
+            if tx.n and tx.n + most > tx.capacity:
+                return i
+            for port, frame in self.process(rx.frame(i), int(rx.ports[i])):
+                if not tx.append(frame, port):
+                    self.stats.errors += 1
+        return rx.n
 
     def _process(self, data: bytes, port: int, out: list) -> None:
         self._run.process(data, port, out)

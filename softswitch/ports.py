@@ -1,8 +1,13 @@
 """Switch ports: AF_PACKET raw sockets bound to interfaces, and pcap capture files.
 
+Frames move in batches: `receive` takes up to a batch of waiting frames with one recvmmsg straight
+into the slots of a `Batch`, `send_batch` sends a port's share of an output batch with one
+sendmmsg (mindp.mmsg; a loop over recvmsg_into/send where libc lacks them). `send` sends one frame
+(packet-in/out, fault injection).
+
 The kernel strips a received frame's outer VLAN tag (802.1Q or 802.1ad) before a packet socket sees
-it and reports the tag in PACKET_AUXDATA; a port puts the tag back, so the P4 parser (and the
-pcap) see the bytes that were on the wire, as BMv2 does.
+it and reports the tag in PACKET_AUXDATA; a port puts the tag back in the frame's slot, so the P4
+parser (and the pcap) see the bytes that were on the wire, as BMv2 does.
 """
 from __future__ import annotations
 
@@ -12,6 +17,12 @@ import socket
 import struct
 import time
 
+import numpy as np
+
+from mindp import mmsg
+
+from .batch import Batch
+
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
@@ -20,21 +31,32 @@ PACKET_AUXDATA = 8
 TP_STATUS_VLAN_VALID = 1 << 4
 TP_STATUS_VLAN_TPID_VALID = 1 << 6
 ETH_P_8021Q = 0x8100
-AUXDATA = struct.Struct("=IIIHHHH")  # struct tpacket_auxdata
-AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
-MAX_FRAME = 65535
+AUXDATA = mmsg.AUXDATA  # struct tpacket_auxdata
+AUX_SPACE = mmsg.AUX_SPACE
+TAG = 4  # bytes of a restored VLAN tag: a slot keeps room for them
+SNAPLEN = 262144  # a pcap's snapshot length: libpcap's maximum, so no frame (up to a slot) is cut
+#: Errors of a receive on a port whose link is down or gone: nothing received, not fatal.
+RECV_DOWN = (errno.ENETDOWN, errno.ENXIO, errno.EAGAIN)
 log = logging.getLogger("softswitch")
 
 
-def restore_vlan(frame: bytes, ancillary: list) -> bytes:
-    """`frame` with the VLAN tag the kernel took off put back after the MAC addresses."""
+def aux_tag(ancillary: list) -> tuple[int, int] | None:
+    """(TPID, TCI) of the VLAN tag the kernel took off a frame, from its PACKET_AUXDATA."""
     for level, kind, data in ancillary:
         if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= AUXDATA.size:
             status, _, _, _, _, tci, tpid = AUXDATA.unpack_from(data)
             if status & TP_STATUS_VLAN_VALID:
-                tpid = tpid if status & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
-                return frame[:12] + struct.pack("!HH", tpid, tci) + frame[12:]
-    return frame
+                return (tpid if status & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q), tci
+    return None
+
+
+def restore_tag(batch: Batch, i: int, tpid: int, tci: int) -> None:
+    """Put a VLAN tag back after the MAC addresses of frame i, in its slot."""
+    n = int(batch.lens[i])
+    row = batch.buf[i]
+    row[16:n + TAG] = row[12:n]  # numpy copies overlapping ranges as if through a buffer
+    row[12:16] = np.frombuffer(struct.pack("!HH", tpid, tci), np.uint8)
+    batch.lens[i] = n + TAG
 
 
 class PortError(OSError):
@@ -48,6 +70,8 @@ class Port:
         self.number = number
         self.iface = iface
         self.rx = self.tx = self.tx_errors = 0
+        self.rx_truncated = 0  # frames longer than a batch slot: dropped
+        self._rxv = self._txv = None  # (batch buffer, its message vector) for recvmmsg, sendmmsg
         self.pcap_errors = 0  # failed capture writes; the first one ends this port's capture
         try:
             s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
@@ -79,28 +103,142 @@ class Port:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def recv_batch(self, limit: int) -> list[bytes]:
-        frames = []
-        sock = self.sock
+    def receive(self, batch: Batch, limit: int) -> int:
+        """Up to `limit` waiting frames into `batch` from slot batch.n on (ingress port: this
+        one); how many came. A frame too long for a slot is a counted drop (`rx_truncated`)."""
+        start = batch.n
+        want = min(limit, batch.capacity - start)
+        if want <= 0:
+            return 0
         try:
-            for _ in range(limit):
-                data, ancillary, _, addr = sock.recvmsg(MAX_FRAME, AUX_SPACE)
-                if self.filter_outgoing and addr[2] == PACKET_OUTGOING:
-                    continue
-                frames.append(restore_vlan(data, ancillary) if ancillary else data)
-        except BlockingIOError:
-            pass
+            got = self._recv_mmsg(batch, start, want) if mmsg.CALLS else self._recv_plain(batch, start, want)
         except OSError as exc:
-            if exc.errno not in (errno.ENETDOWN, errno.ENXIO, errno.EAGAIN):
+            if exc.errno not in RECV_DOWN:
                 raise
-        self.rx += len(frames)
+            return 0
+        batch.ports[start:start + got] = self.number
+        batch.n = start + got
+        self.rx += got
         if self.pcap_in:
             try:
-                for fr in frames:
-                    self.pcap_in.write(fr)
+                for i in range(start, start + got):
+                    self.pcap_in.write(batch.buf[i, :batch.lens[i]])
             except OSError as exc:
                 self._capture_failed(exc)
-        return frames
+        return got
+
+    def _recv_mmsg(self, batch: Batch, start: int, want: int) -> int:
+        vec = self._vectors(batch, rx=True)
+        got = vec.recv(self.sock.fileno(), start, want)
+        if not got:
+            return 0
+        end = start + got
+        batch.lens[start:end] = vec.lens[start:end]
+        status = vec.status[start:end]
+        tagged = (status & TP_STATUS_VLAN_VALID) != 0
+        if tagged.any():
+            aux = vec.control[start:end]
+            for j in np.flatnonzero(tagged & vec.aux_valid(start, got)).tolist():
+                tpid = int(aux["tpid"][j]) if status[j] & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
+                restore_tag(batch, start + j, tpid, int(aux["tci"][j]))
+        truncated = (vec.flags[start:end] & socket.MSG_TRUNC) != 0
+        drop = truncated
+        if self.filter_outgoing:
+            drop = truncated | (vec.names["pkttype"][start:end] == PACKET_OUTGOING)
+        if drop.any():
+            self.rx_truncated += int(np.count_nonzero(truncated))
+            return self._compact(batch, start, ~drop)
+        return got
+
+    def _recv_plain(self, batch: Batch, start: int, want: int) -> int:
+        mv = memoryview(batch.buf).cast("B")
+        slot = batch.slot
+        i = start
+        for _ in range(want):
+            try:
+                n, ancillary, flags, addr = self.sock.recvmsg_into([mv[i * slot:(i + 1) * slot - TAG]], AUX_SPACE)
+            except OSError as exc:
+                if exc.errno in RECV_DOWN:
+                    break
+                raise
+            if flags & socket.MSG_TRUNC:
+                self.rx_truncated += 1
+                continue
+            if self.filter_outgoing and addr[2] == PACKET_OUTGOING:
+                continue
+            batch.lens[i] = n
+            tag = aux_tag(ancillary) if ancillary else None
+            if tag:
+                restore_tag(batch, i, *tag)
+            i += 1
+        return i - start
+
+    @staticmethod
+    def _compact(batch: Batch, start: int, keep: np.ndarray) -> int:
+        """Close the gaps the frames not kept left (rare: truncated, or our own on an old kernel)."""
+        dst = start
+        for j in np.flatnonzero(keep).tolist():
+            src = start + j
+            if src != dst:
+                n = batch.lens[src]
+                batch.buf[dst, :n] = batch.buf[src, :n]
+                batch.lens[dst] = n
+            dst += 1
+        return dst - start
+
+    def _vectors(self, batch: Batch, rx: bool) -> mmsg.Vectors:
+        """The message vector over `batch`'s slots, built once per batch buffer."""
+        cached = self._rxv if rx else self._txv
+        if cached is not None and cached[0] is batch.buf:
+            return cached[1]
+        if rx:
+            vec = mmsg.Vectors(batch.buf, control=True, names=self.filter_outgoing)
+            vec.iov_lens[:] = batch.slot - TAG
+            self._rxv = (batch.buf, vec)
+        else:
+            vec = mmsg.Vectors(batch.buf)
+            self._txv = (batch.buf, vec)
+        return vec
+
+    def send_batch(self, batch: Batch, rows: np.ndarray | None = None) -> int:
+        """Send frames `rows` of `batch` (all it holds when None), in order; how many left. A frame
+        the kernel refuses (full queue, link down, too big) is a counted drop (`tx_errors`)."""
+        n = batch.n if rows is None else len(rows)
+        if not n:
+            return 0
+        failed = self._send_mmsg(batch, rows) if mmsg.CALLS else self._send_plain(batch, rows)
+        sent = n - len(failed)
+        self.tx += sent
+        self.tx_errors += len(failed)
+        if self.pcap_out:
+            skip = set(failed)
+            try:
+                for j, i in enumerate(range(n) if rows is None else rows.tolist()):
+                    if j not in skip:
+                        self.pcap_out.write(batch.buf[i, :batch.lens[i]])
+            except OSError as exc:
+                self._capture_failed(exc)
+        return sent
+
+    def _send_mmsg(self, batch: Batch, rows: np.ndarray | None) -> list[int]:
+        vec = self._vectors(batch, rx=False)
+        if rows is None:  # the common case (one egress port): views, no gather
+            n = batch.n
+            vec.iov_lens[:n] = batch.lens[:n]
+            msgs = vec.msgs[:n]
+        else:
+            vec.iov_lens[rows] = batch.lens[rows]
+            msgs = vec.msgs[rows]
+        return mmsg.send(self.sock.fileno(), msgs)
+
+    def _send_plain(self, batch: Batch, rows: np.ndarray | None) -> list[int]:
+        failed = []
+        for j, i in enumerate(range(batch.n) if rows is None else rows.tolist()):
+            try:
+                self.sock.send(batch.buf[i, :batch.lens[i]])
+            except OSError:
+                failed.append(j)
+        return failed
 
     def send(self, frame: bytes) -> bool:
         try:
@@ -148,7 +286,7 @@ class Port:
 class Pcap:
     """A classic pcap file (Ethernet link type) that Wireshark and tcpdump -r open."""
 
-    HEADER = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, MAX_FRAME, 1)
+    HEADER = struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, SNAPLEN, 1)
 
     def __init__(self, path: str):
         self.f = open(path, "wb")
@@ -159,7 +297,8 @@ class Pcap:
             self.f.close()
             raise
 
-    def write(self, frame: bytes) -> None:
+    def write(self, frame) -> None:
+        """One record; `frame`: bytes or a uint8 array (a batch slot's frame)."""
         t = time.time()
         sec = int(t)
         self.f.write(struct.pack("<IIII", sec, int((t - sec) * 1e6), len(frame), len(frame)))

@@ -226,8 +226,8 @@ def entry(table, match, action, args=(), priority=0):
     table.insert(InstalledEntry(tuple(match), priority, aid, tuple(args), ()))
 
 
-@pytest.fixture
-def feat():
+def feat_engine() -> Engine:
+    """The features program with routes, classify entries and multicast group 7 installed."""
     eng = engine("features")
     t = eng.program.tables
     entry(t["I.routes"], [(0x0A010000, 16)], "I.route", [5])
@@ -237,6 +237,11 @@ def feat():
     entry(t["I.classify"], [(0x0A000000, 0xFF000000), (0, 255)], "I.flood", [7], priority=5)
     eng.pre[7] = [(1, 11), (2, 12), (4, 99)]
     return eng
+
+
+@pytest.fixture
+def feat():
+    return feat_engine()
 
 
 def out_res(data):

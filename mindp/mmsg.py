@@ -1,0 +1,130 @@
+"""sendmmsg/recvmmsg through ctypes over the rows of a numpy buffer: one system call moves up to
+1024 frames, and the message vector (struct mmsghdr, iovecs, per-message control and address
+buffers) is built once with numpy, so no Python object is made per frame.
+
+Shared by the agents' raw sockets (host_agent.rawsock) and the embedded switch's ports
+(softswitch.ports). `CALLS` is None where libc lacks the calls, pointers are not 64-bit, or
+MINDP_NO_MMSG=1; callers then loop over send/recvmsg_into.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import socket
+import struct
+
+import numpy as np
+
+SOL_PACKET = 263
+PACKET_AUXDATA = 8
+MAX = 1024  # UIO_MAXIOV: messages per sendmmsg/recvmmsg call
+# struct tpacket_auxdata: tp_status, tp_len, tp_snaplen, tp_mac, tp_net, tp_vlan_tci, tp_vlan_tpid
+AUXDATA = struct.Struct("=IIIHHHH")
+AUX_SPACE = socket.CMSG_SPACE(AUXDATA.size)
+AUX_LEN = socket.CMSG_LEN(AUXDATA.size)
+
+# struct mmsghdr on 64-bit Linux: struct msghdr (56 bytes) then msg_len, padded to 64.
+MMSGHDR = np.dtype({"names": ["name", "namelen", "iov", "iovlen", "control", "controllen", "flags", "len"],
+                    "formats": ["u8", "u4", "u8", "u8", "u8", "u8", "i4", "u4"],
+                    "offsets": [0, 8, 16, 24, 32, 40, 48, 56], "itemsize": 64})
+IOVEC = np.dtype({"names": ["base", "len"], "formats": ["u8", "u8"], "itemsize": 16})
+# struct cmsghdr (len, level, type) then struct tpacket_auxdata, as recvmmsg leaves it per message.
+CMSG_AUX = np.dtype({"names": ["len", "level", "type", "status", "tci", "tpid"],
+                     "formats": ["u8", "i4", "i4", "u4", "u2", "u2"],
+                     "offsets": [0, 8, 12, 16, 32, 34], "itemsize": AUX_SPACE})
+# struct sockaddr_ll is 20 bytes; sll_pkttype (PACKET_HOST, PACKET_OUTGOING, ...) at byte 10.
+SOCKADDR_LL = np.dtype({"names": ["pkttype"], "formats": ["u1"], "offsets": [10], "itemsize": 24})
+
+
+def _libc_calls():
+    if ctypes.sizeof(ctypes.c_void_p) != 8 or os.environ.get("MINDP_NO_MMSG") == "1":
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        send, recv = libc.sendmmsg, libc.recvmmsg
+    except (OSError, AttributeError):
+        return None
+    send.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+    recv.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_void_p]
+    return send, recv
+
+
+CALLS = _libc_calls()  # (sendmmsg, recvmmsg) or None
+
+
+def _addresses(base: int, n: int, stride: int) -> np.ndarray:
+    return np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(stride)
+
+
+class Vectors:
+    """A message vector over the rows of `buf` (n, width): message i reads or writes row i. With
+    `control`, each message has room for a PACKET_AUXDATA control message (`self.control`); with
+    `names`, for the sender's struct sockaddr_ll (`self.names`)."""
+
+    def __init__(self, buf: np.ndarray, control: bool = False, names: bool = False):
+        n, width = buf.shape
+        self.buf = buf
+        self.width = width
+        self.iov = np.zeros(n, IOVEC)
+        self.iov["base"] = _addresses(buf.ctypes.data, n, width)
+        self.iov["len"] = width
+        self.msgs = np.zeros(n, MMSGHDR)
+        self.msgs["iov"] = _addresses(self.iov.ctypes.data, n, IOVEC.itemsize)
+        self.msgs["iovlen"] = 1
+        self.control = np.zeros(n, CMSG_AUX) if control else None
+        if control:
+            self.msgs["control"] = _addresses(self.control.ctypes.data, n, AUX_SPACE)
+        self.names = np.zeros(n, SOCKADDR_LL) if names else None
+        if names:
+            self.msgs["name"] = _addresses(self.names.ctypes.data, n, SOCKADDR_LL.itemsize)
+        # views of the fields read or written per call, made once (a field lookup costs more than its slice)
+        self.lens = self.msgs["len"]
+        self.flags = self.msgs["flags"]
+        self.iov_lens = self.iov["len"]
+        self.status = self.control["status"] if control else None
+
+    def recv(self, fd: int, start: int, count: int) -> int:
+        """Receive up to `count` waiting frames into rows start.. without blocking; how many came
+        (0 when none waits). Each message's `len`, `flags` and control buffer tell the rest."""
+        if self.control is not None:  # in: room for the control message; out: what it used
+            self.msgs["controllen"][start:start + count] = AUX_SPACE
+        if self.names is not None:
+            self.msgs["namelen"][start:start + count] = SOCKADDR_LL.itemsize
+        got = CALLS[1](fd, self.msgs.ctypes.data + start * MMSGHDR.itemsize, min(count, MAX),
+                       socket.MSG_DONTWAIT, None)
+        if got < 0:
+            err = ctypes.get_errno()
+            if err in (errno.EAGAIN, errno.EINTR):
+                return 0
+            raise OSError(err, os.strerror(err))
+        return got
+
+    def aux_valid(self, start: int, got: int) -> np.ndarray:
+        """Which of messages start..start+got carry PACKET_AUXDATA (their `status`, `tci` and
+        `tpid` in `control` are this receive's, not left from an earlier one)."""
+        aux = self.control[start:start + got]
+        return ((self.msgs["controllen"][start:start + got] >= AUX_LEN) & (aux["level"] == SOL_PACKET)
+                & (aux["type"] == PACKET_AUXDATA))
+
+
+def send(fd: int, msgs: np.ndarray, refused: tuple[int, ...] | None = None) -> list[int]:
+    """sendmmsg every message of `msgs` (a contiguous MMSGHDR array), up to 1024 per call; the
+    positions of the messages the kernel refused. A refused message is skipped, not retried twice:
+    with `refused`, only those errnos are; any other raises."""
+    n = len(msgs)
+    base = msgs.ctypes.data
+    failed = []
+    i = 0
+    while i < n:
+        r = CALLS[0](fd, base + i * MMSGHDR.itemsize, min(n - i, MAX), 0)
+        if r < 0:
+            err = ctypes.get_errno()
+            if err == errno.EINTR:
+                continue
+            if refused is not None and err not in refused:
+                raise OSError(err, os.strerror(err))
+            failed.append(i)
+            r = 1
+        i += r
+    return failed
