@@ -638,7 +638,7 @@ def proc_status_kb(field: str) -> int:
 
 
 def print_plan(args) -> int:
-    """--plan: the state's residency within --ram-budget and the predicted step time (docs/AGENTS.md)."""
+    """--plan: the state's residency within --ram-budget and the predicted step time (docs/STATE.md)."""
     try:
         if state.exists(args.state_dir):
             meta = json.loads((pathlib.Path(args.state_dir) / "meta.json").read_text())
