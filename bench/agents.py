@@ -170,8 +170,9 @@ def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | 
     """Elements/s of a compiled loop that moves the bytes the kernel moves, in its pattern (the
     record's lanes read from one copy and written to the other, the int64 sums read, fp16 out
     written; both cores), with one add per element instead of the optimizer's arithmetic: the
-    memory system's ceiling for the node's update (_mover). None without numba."""
-    if fused.NUMPY_ONLY:
+    memory system's ceiling for the node's update (_mover). None where the AVX2 kernel, whose
+    code the loop is made of, cannot run."""
+    if not fused.host_has_avx2():
         return None
     lanes = OptimizerConfig(kind=kind).lanes  # SGD's records have no v
     move = _mover(lanes)
