@@ -1,4 +1,9 @@
 """The fused node kernel against the reference composition (mean_gradient, apply, astype): same bits."""
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -359,11 +364,6 @@ def test_a_cpu_without_avx2_runs_the_portable_kernel_and_refuses_the_avx2_one(tm
     """numba compiling for a CPU without AVX2 and F16C: MINDP_KERNEL=auto picks the portable kernel,
     whose code holds no AVX instruction and gives the numpy composition's bits on hard records;
     MINDP_KERNEL=avx2 stops the node with one line before it touches anything."""
-    import os
-    import pathlib
-    import subprocess
-    import sys
-
     root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
            "MINDP_KERNEL": "auto"}
