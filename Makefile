@@ -1,4 +1,4 @@
-# mindp: make test | make run | make stop | make clean | make p4 | make bench | make wireshark
+# mindp: make test | make run | make stop | make clean | make p4 | make bench | make wireshark | make torch
 # Run as root on Debian 12. Every target sets up what it needs, once.
 
 SHELL := /bin/bash
@@ -28,10 +28,15 @@ LOG ?= off
 TOPO ?= star
 LEAVES ?= 2
 OPTIMIZERS ?= 1
+# torch, CPU build only (PyPI's Linux torch pulls GBs of CUDA libraries): the one pin. TORCH=0: setup
+# leaves it out (only MODEL=cnn|gpt, mindp.torch and their tests need it); `make torch` adds it later.
+TORCH_VERSION := 2.13.0
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH ?= 1
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 
-.PHONY: setup test run stop clean p4 bench wireshark
+.PHONY: setup torch test run stop clean p4 bench wireshark
 
 setup: $(STAMP_PIP)
 
@@ -45,12 +50,22 @@ $(STAMP_APT):
 	@test -x $(PY) || /usr/bin/python3 -m venv --system-site-packages $(VENV)
 	@touch $@
 
-# torch first, pinned: this machine kind keeps the 2.13.0 CPU build on disk; a looser spec pulls a
-# multi-GB CUDA build.
+# --no-compile: Python writes a module's .pyc when it is first imported; compiling every module of
+# every package at install time takes ~280 MB more.
 $(STAMP_PIP): $(STAMP_APT) pyproject.toml
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,torch]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-compile -e '.[dev]'
+	@if [ "$(TORCH)" = 1 ]; then $(MAKE) -s --no-print-directory torch; fi
 	@touch $@
+
+# The first that works: torch importable already; a local wheel (find-links; its dependencies then from
+# the usual index); PyTorch's CPU index, failing fast where unreachable; else one line and success.
+torch: $(STAMP_APT)
+	@pip="$(PY) -m pip install -q --disable-pip-version-check --no-compile"; log=$(VENV)/torch-install.log; \
+	$(PY) -c 'import torch' 2>/dev/null && exit 0; \
+	if $$pip --no-index --no-deps torch==$(TORCH_VERSION) >$$log 2>&1; then $$pip torch==$(TORCH_VERSION); exit; fi; \
+	echo "torch: installing its CPU build $(TORCH_VERSION) from $(TORCH_CPU_INDEX)"; \
+	$$pip --index-url $(TORCH_CPU_INDEX) --timeout 15 --retries 0 torch==$(TORCH_VERSION) >>$$log 2>&1 && exit 0; \
+	echo "torch: its CPU build could not be installed ($$log), so MODEL=cnn|gpt, mindp.torch and the torch tests (skipped) are unavailable; to add it: make torch, or $(PY) -m pip install torch==$(TORCH_VERSION) --index-url $(TORCH_CPU_INDEX)"
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)

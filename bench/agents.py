@@ -8,7 +8,8 @@
    updated, fp16 parameters out) for AdamW and SGD with momentum, against
    torch.optim.AdamW / SGD(foreach=True) on CPU when torch is installed, else
    against the whole-array numpy reference (ratio; the best of 3 each, interleaved);
-   beside it the fused kernel alone on the whole state in one call (no per-batch work),
+   beside it the fused kernel alone on the whole state in one call (no per-batch work; the
+   AVX2 kernel and the portable one, other CPUs', side by side where the CPU has AVX2),
    a loop that only moves the kernel's bytes (the memory system's ceiling for it), and
    the machine's memory bandwidth (threads copying 512 MiB).
 3. Out-of-core update rate with a RAM budget of 1/10 of the state, as state
@@ -24,6 +25,7 @@ import os
 import pathlib
 import shutil
 import socket
+import statistics
 import sys
 import tempfile
 import threading
@@ -132,9 +134,10 @@ def state_copies(n: int, lanes: int) -> tuple[np.ndarray, np.ndarray]:
     return both[0], both[1]
 
 
-def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float:
-    """Elements/s of fused.update_records over the whole state in one call per step (the two
-    copies alternating, as the node's steps do): the node's ceiling without per-batch work."""
+def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5, kernel: str | None = None) -> float:
+    """Elements/s of fused.update_records (`kernel`, default the selected one) over the whole state
+    in one call per step (the two copies alternating, as the node's steps do): the node's ceiling
+    without per-batch work."""
     n = -(-elements // K)
     rng = np.random.default_rng(0)
     cfg = OptimizerConfig(kind=kind)
@@ -142,11 +145,11 @@ def kernel_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float:
     a[:, state.MASTER] = rng.standard_normal((n, K), dtype=np.float32) * np.float32(0.02)
     sums = rng.integers(-(1 << 20), 1 << 20, size=(n, K), dtype=np.int64)
     out = np.empty((n, K), np.float16)
-    fused.update_records(cfg, a, b, sums, 2, 0, out)
+    fused.update_records(cfg, a, b, sums, 2, 0, out, kernel)
     t = time.perf_counter()
     for step in range(1, steps + 1):
         src, dst = (b, a) if step % 2 else (a, b)
-        fused.update_records(cfg, src, dst, sums, 2, step, out)
+        fused.update_records(cfg, src, dst, sums, 2, step, out, kernel)
     return steps * elements / (time.perf_counter() - t)
 
 
@@ -167,8 +170,9 @@ def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | 
     """Elements/s of a compiled loop that moves the bytes the kernel moves, in its pattern (the
     record's lanes read from one copy and written to the other, the int64 sums read, fp16 out
     written; both cores), with one add per element instead of the optimizer's arithmetic: the
-    memory system's ceiling for the node's update (_mover). None without numba."""
-    if fused.NUMPY_ONLY:
+    memory system's ceiling for the node's update (_mover). None where the AVX2 kernel, whose
+    code the loop is made of, cannot run."""
+    if not fused.host_has_avx2():
         return None
     lanes = OptimizerConfig(kind=kind).lanes  # SGD's records have no v
     move = _mover(lanes)
@@ -273,19 +277,29 @@ def main() -> int:
             for kind in ("adamw", "sgd"):
                 ram_dir = pathlib.Path(tempfile.mkdtemp(prefix="mindp-bench-", dir=shm)) if shm.is_dir() else tmp
                 try:  # state on tmpfs: durability costs nothing; the best of 3 each, interleaved with torch's
-                    ours, kernel, ceiling, theirs = 0.0, 0.0, 0.0, 0.0
+                    ours, ceiling, theirs = 0.0, 0.0, 0.0
+                    kernels = dict.fromkeys(["avx2", "portable"] if fused.host_has_avx2() else [fused.selected()], 0.0)
+                    pairs = []  # portable / AVX2, each pair run back to back: the ratio's noise is the pair's
                     for _ in range(3):
                         ours = max(ours, node_rate(ram_dir, elements, None, batch=args.batch, kind=kind))
-                        kernel = max(kernel, kernel_rate(elements, kind))
+                        for _ in range(3 if len(kernels) == 2 else 1):
+                            rates = {k: kernel_rate(elements, kind, kernel=k) for k in kernels}
+                            kernels = {k: max(kernels[k], r) for k, r in rates.items()}
+                            if len(rates) == 2:
+                                pairs.append(rates["portable"] / rates["avx2"])
                         ceiling = max(ceiling, traffic_rate(elements, kind) or 0.0)
                         name, base = baseline_rate(elements, kind)
                         theirs = max(theirs, base)
                 finally:
                     shutil.rmtree(ram_dir, ignore_errors=True)
                 moved = f"; moving its bytes alone {ceiling:,.0f} elem/s, ratio {ceiling / theirs:.3f}" if ceiling else ""
+                kernel = kernels[fused.selected()]
+                if len(kernels) == 2:
+                    moved += (f"; portable kernel {kernels['portable']:,.0f} elem/s, "
+                              f"{statistics.median(pairs):.2f} x the AVX2 one (median of {len(pairs)} pairs)")
                 print(f"node in RAM {kind:5} {elements / 1e6:.0f}M elements {ours:12,.0f} elem/s  {name} "
                       f"{theirs:12,.0f} elem/s   ratio {ours / theirs:.3f}  (fused kernel "
-                      f"{'numpy fallback' if fused.NUMPY_ONLY else 'numba'} alone {kernel:,.0f} elem/s, "
+                      f"{fused.selected()} alone {kernel:,.0f} elem/s, "
                       f"ratio {kernel / theirs:.3f}{moved})")
         if "ooc" not in only:
             return 0

@@ -30,7 +30,7 @@ try:
 except ImportError:
     torch = None
 
-from mindp import targets, testbed, workload  # noqa: E402
+from mindp import INSTALL_TORCH, targets, testbed, workload  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from mininet_topos import config  # noqa: E402
 from p4src import artifacts  # noqa: E402
@@ -152,7 +152,7 @@ def main() -> int:
     ap.add_argument("--ddp-master", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if torch is None:
-        print("torch_gpt: skipped: torch is not installed (pip install -e '.[torch]')")
+        print(f"torch_gpt: skipped: torch is not installed: {INSTALL_TORCH}")
         return 0
     if args.ddp_rank is not None:
         ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps)

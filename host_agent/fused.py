@@ -7,6 +7,10 @@ in the same order (LLVM contracts nothing into FMA without fast-math flags, and 
 the same float32 roundings), and converts to fp16 with numpy's own rule (round to nearest even;
 a NaN keeps the top of its payload). Without numba the numpy composition runs instead.
 
+Which kernel runs (`selected`): the AVX2 one below where the CPU reports AVX2 and F16C (llvmlite's
+host features, on x86-64), else `portable`'s (numba loops with no x86 instruction: any CPU numba
+runs on, ARM included); MINDP_KERNEL=portable forces the latter, MINDP_KERNEL=avx2 the former.
+
 Speed: a record's update is AVX2 vector code written out with llvmlite (record_update: 8 float32
 lanes, four vectors a lane), not a loop for LLVM to vectorise: that loop checked at run time,
 for every record, that no two arrays overlapped. The fp16 conversion is F16C's instruction (plus
@@ -23,8 +27,10 @@ so the kernels `warm` compiles are the only ones the node ever runs.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
+import platform
 
 import numpy as np
 
@@ -49,7 +55,44 @@ except ImportError:  # pragma: no cover - exercised by forcing NUMPY_ONLY
     numba = None
 
 NUMPY_ONLY = numba is None or os.environ.get("MINDP_NO_NUMBA") == "1"
+KERNELS = ("auto", "avx2", "portable")  # MINDP_KERNEL's values
 BLOCK = 64  # records per task of the kernel's parallel loop (their gradients, 8 KiB, stay in L1)
+
+
+class KernelError(optim.ConfigError):
+    """MINDP_KERNEL asks for a kernel that cannot run here; the message says why."""
+
+
+@functools.cache
+def host_has_avx2() -> bool:
+    """Whether numba's target CPU runs the AVX2 kernel: x86-64 with AVX2 and F16C, by llvmlite's
+    host CPU features (or NUMBA_CPU_FEATURES, which NUMBA_CPU_NAME=generic makes empty)."""
+    if NUMPY_ONLY or platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    from llvmlite import binding
+    from numba.core import config
+
+    features = config.CPU_FEATURES
+    if features is None:
+        features = binding.get_host_cpu_features().flatten()
+    return {"+avx2", "+f16c"} <= set(features.split(","))
+
+
+def choose(asked: str, avx2: bool) -> str:
+    """MINDP_KERNEL's value -> the kernel to run, on a CPU with (avx2) or without AVX2 and F16C."""
+    if asked not in KERNELS:
+        raise KernelError(f"MINDP_KERNEL must be one of {'|'.join(KERNELS)}, got {asked!r}")
+    if asked == "avx2" and not avx2:
+        raise KernelError("MINDP_KERNEL=avx2, but this CPU lacks AVX2 or F16C: "
+                          "unset it (auto) or set MINDP_KERNEL=portable")
+    return asked if asked != "auto" else ("avx2" if avx2 else "portable")
+
+
+def selected() -> str:
+    """The update kernel this process runs: 'avx2', 'portable', or 'numpy' without numba."""
+    if NUMPY_ONLY:
+        return "numpy"
+    return choose(os.environ.get("MINDP_KERNEL", "auto").strip().lower() or "auto", host_has_avx2())
 
 
 def scalars(cfg: OptimizerConfig, step: int) -> np.ndarray:
@@ -151,6 +194,8 @@ if not NUMPY_ONLY:
     from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic
+
+    from . import portable
 
     def _splat(ty, v):
         """The constant v in every lane of ty (or v, for a scalar type)."""
@@ -566,11 +611,13 @@ if not NUMPY_ONLY:
 
 
 def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
-                   step: int, out: np.ndarray) -> None:
+                   step: int, out: np.ndarray, kernel: str | None = None) -> None:
     """dst = one optimizer step of src with the mean of `sums` over `nworkers` (an int or one count
     per record); out = fp16(dst master). src may be dst. SGD has no v: its records are (master, m),
-    or, in a state of format 1, (master, m, v) with v left as created (zero in both copies)."""
-    if NUMPY_ONLY:
+    or, in a state of format 1, (master, m, v) with v left as created (zero in both copies).
+    `kernel`: 'avx2', 'portable' or 'numpy' (default: `selected()`)."""
+    kernel = kernel or selected()
+    if kernel == "numpy":
         update_numpy(cfg, src, dst, sums, nworkers, step, out)
         return
     nw = nworkers
@@ -581,15 +628,17 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
         if a.strides[1:] != inner:  # the kernel reads and writes whole rows as vectors
             raise ValueError(f"update_records: {name} must hold whole rows ({a.dtype} records or K elements), "
                              "each contiguous")
-    kernel = _kernels[cfg.kind]
+    if kernel == "portable":
+        portable.update(cfg.kind, src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16))
+        return
     far = not np.may_share_memory(src, dst)  # else in place: in cache
-    kernel(src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16), far)
+    _kernels[cfg.kind](src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16), far)
 
 
 def warm(cfg: OptimizerConfig) -> None:
     """Compile (or load from numba's cache) the kernels `cfg` uses and start the kernel's threads,
     so that neither the first step waits nor the process grows after start-up."""
-    if NUMPY_ONLY:
+    if selected() == "numpy":
         return
     rec = np.zeros((2, 3, K), np.float32)
     update_records(cfg, rec, rec, np.zeros((2, K), np.int64), 1, 0, np.empty((2, K), np.float16))

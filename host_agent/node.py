@@ -665,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         return print_plan(args)
     try:
+        kernel = fused.selected()  # a MINDP_KERNEL this CPU cannot run is refused before any state is touched
         chunks, peers = shard_from_args(args)
         n_workers, slots, addr = _job_from_args(args)
         for name in ("linger", "idle_timeout", "stall_resend"):
@@ -697,7 +698,8 @@ def main(argv: list[str] | None = None) -> int:
     owned = f"chunks {store.chunks[0]}..{store.chunks[1]} of {store.layout.n_chunks}" if store.sharded else \
         f"{store.n_chunks} chunks"
     print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {owned}, "
-          f"resuming after step {store.committed} ({store.resumed_chunks} chunks of the next step applied)",
+          f"resuming after step {store.committed} ({store.resumed_chunks} chunks of the next step applied), "
+          f"kernel {kernel}",
           flush=True)
     try:
         node.serve(args.steps, args.linger, args.idle_timeout)

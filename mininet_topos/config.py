@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from mindp import INSTALL_TORCH
 from mindp.protocol import MAX_WORKERS
 from mindp.switch_constants import MAX_SHARDS
 from mindp.targets import TARGETS
@@ -80,8 +81,7 @@ def _model(text: str) -> str:
         try:
             import torch  # noqa: F401  (the torch models need the optional extra)
         except ImportError:
-            raise RunConfigError(f"MODEL={name} needs PyTorch: pip install -e '.[torch]' "
-                                 f"(make setup installs it)") from None
+            raise RunConfigError(f"MODEL={name} needs PyTorch, which is not installed: {INSTALL_TORCH}") from None
     return name
 
 

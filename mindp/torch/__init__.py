@@ -15,7 +15,7 @@ backward pass produces them, so the chunks become ready roughly in chunk order
 (the agent still sends any ready chunk whose slot is free). There is no local
 optimizer: the optimizer node owns AdamW/SGD state; the fp16 parameters that
 come back are written into the module before `step` returns. Torch is an
-optional dependency (`pip install -e '.[torch]'`).
+optional dependency (`make torch` installs its CPU build).
 """
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
 """The fused node kernel against the reference composition (mean_gradient, apply, astype): same bits."""
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -7,6 +12,8 @@ from host_agent.optim import OptimizerConfig
 from mindp.protocol import K
 
 needs_numba = pytest.mark.skipif(fused.NUMPY_ONLY, reason="numba not installed: only the numpy path exists")
+# Both kernels on a CPU with AVX2 and F16C (the portable one forced, as on any other CPU).
+KERNELS = ["avx2", "portable"] if fused.host_has_avx2() else ["portable"]
 
 
 def hard_records(rng, n):
@@ -32,7 +39,8 @@ def hard_records(rng, n):
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 @pytest.mark.parametrize("wd", [0.0, 0.05])
 @pytest.mark.parametrize("n", [1, 5, 300])
-def test_kernel_equals_the_numpy_composition_bit_for_bit(kind, wd, n):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_kernel_equals_the_numpy_composition_bit_for_bit(kernel, kind, wd, n):
     rng = np.random.default_rng(n)
     cfg = OptimizerConfig(kind=kind, lr=3e-3, weight_decay=wd)
     src = hard_records(rng, n)
@@ -43,7 +51,7 @@ def test_kernel_equals_the_numpy_composition_bit_for_bit(kind, wd, n):
         got, want = np.empty_like(src), np.empty_like(src)
         got_p, want_p = np.empty((n, K), np.float16), np.empty((n, K), np.float16)
         got[:, 2] = src[:, 2]  # SGD's kernel leaves v as it is; in the node both copies hold the same
-        fused.update_records(cfg, src, got, sums, nworkers, step, got_p)
+        fused.update_records(cfg, src, got, sums, nworkers, step, got_p, kernel)
         with np.errstate(all="ignore"):
             fused.update_numpy(cfg, src, want, sums, nworkers, step, want_p)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -53,7 +61,8 @@ def test_kernel_equals_the_numpy_composition_bit_for_bit(kind, wd, n):
 
 @needs_numba
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_narrow_and_wide_rows_mixed_in_a_block_equal_the_numpy_composition(kind):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_narrow_and_wide_rows_mixed_in_a_block_equal_the_numpy_composition(kernel, kind):
     """Rows of sums within int32 averaged over a power-of-two count take the kernel's float32
     conversion; a row with one sum just past int32, or a count of 3, 5 or 6, the float64 one."""
     rng = np.random.default_rng(11)
@@ -70,7 +79,7 @@ def test_narrow_and_wide_rows_mixed_in_a_block_equal_the_numpy_composition(kind)
     got, want = np.empty_like(src), np.empty_like(src)
     got[:, 2] = src[:, 2]
     got_p, want_p = np.empty((n, K), np.float16), np.empty((n, K), np.float16)
-    fused.update_records(cfg, src, got, sums, nworkers, 3, got_p)
+    fused.update_records(cfg, src, got, sums, nworkers, 3, got_p, kernel)
     with np.errstate(all="ignore"):
         fused.update_numpy(cfg, src, want, sums, nworkers, 3, want_p)
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
@@ -80,7 +89,8 @@ def test_narrow_and_wide_rows_mixed_in_a_block_equal_the_numpy_composition(kind)
 @needs_numba
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 @pytest.mark.parametrize("offset", [0, 4, 16])
-def test_records_stream_out_alike_at_any_alignment_and_in_place(kind, offset):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_records_stream_out_alike_at_any_alignment_and_in_place(kernel, kind, offset):
     """A 32-byte aligned destination takes the non-temporal stores, any other the plain ones; a
     source that is its destination is read whole before it is written."""
     rng = np.random.default_rng(offset)
@@ -97,11 +107,11 @@ def test_records_stream_out_alike_at_any_alignment_and_in_place(kind, offset):
     assert dst.ctypes.data % 32 == offset
     dst[:, 2] = src[:, 2]
     got_p = np.empty((n, K), np.float16)
-    fused.update_records(cfg, src, dst, sums, 3, 4, got_p)
+    fused.update_records(cfg, src, dst, sums, 3, 4, got_p, kernel)
     assert np.array_equal(dst.view(np.uint32), want.view(np.uint32))
     assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
     dst[:] = src
-    fused.update_records(cfg, dst, dst, sums, 3, 4, got_p)
+    fused.update_records(cfg, dst, dst, sums, 3, 4, got_p, kernel)
     assert np.array_equal(dst.view(np.uint32), want.view(np.uint32))
 
 
@@ -114,18 +124,57 @@ def test_update_records_refuses_records_that_are_not_contiguous():
         fused.update_records(cfg, src, strided, np.zeros((4, K), np.int64), 1, 0, np.empty((4, K), np.float16))
 
 
+def fp16_ties():
+    """float32 bits exactly halfway between two fp16 values, rounding down (even) and up (odd),
+    normal and subnormal, of both signs, and their neighbours one ulp either side."""
+    ties = [0x33000000]  # 2**-25: half the smallest subnormal
+    for exp in range(103, 143):  # .. 2**15
+        shift = 13 if exp >= 113 else 126 - exp  # float32 bits below the fp16 result's last
+        for mantissa in (0, 1 << shift, 3 << shift, 0x7FFFFF >> shift << shift):
+            ties.append((exp << 23) | (mantissa & 0x7FFFFF) | (1 << (shift - 1)))
+    ties = np.array(ties, np.uint32)
+    ties = np.concatenate([ties, ties - np.uint32(1), ties + np.uint32(1)])
+    return np.concatenate([ties, ties | np.uint32(1 << 31)])
+
+
 @needs_numba
-def test_fp16_conversion_matches_numpy_on_every_class_of_float32():
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_rounding_ties_and_special_masters_reach_fp16_as_numpy_rounds_them(kernel, kind):
+    """Masters a step leaves unchanged (zero gradient, moments and decay; a NaN comes out quiet):
+    the kernel's fp16 out of ties, subnormals, infinities and NaNs equals the numpy composition's."""
+    bits = np.concatenate([fp16_ties(), np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0x7F800000, 0xFF800000,
+                                                  0x00000001, 0x80400000, 0x477FF000, 0x477FEFFF], np.uint32)])
+    bits = np.resize(bits, -(-len(bits) // K) * K)
+    n = len(bits) // K
+    cfg, sums = OptimizerConfig(kind=kind, weight_decay=0.0), np.zeros((n, K), np.int64)
+    src = np.zeros((n, 3, K), np.float32)
+    src[:, 0] = bits.view(np.float32).reshape(n, K)
+    got, want = np.zeros_like(src), np.zeros_like(src)
+    got_p, want_p = np.empty((n, K), np.float16), np.empty((n, K), np.float16)
+    fused.update_records(cfg, src, got, sums, 2, 0, got_p, kernel)
+    with np.errstate(all="ignore"):
+        fused.update_numpy(cfg, src, want, sums, 2, 0, want_p)
+    kept = ~np.isnan(src[:, 0])
+    assert np.array_equal(got[:, 0][kept].view(np.uint32), src[:, 0][kept].view(np.uint32))
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
+
+
+@needs_numba
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_fp16_conversion_matches_numpy_on_every_class_of_float32(kernel):
     rng = np.random.default_rng(2)
     bits = rng.integers(0, 1 << 32, size=1 << 20, dtype=np.uint64).astype(np.uint32)
     # exponents around fp16's range (subnormal, normal, overflow) and NaN payloads, densely
     edge = (np.arange(101, 144, dtype=np.uint32)[:, None] << 23) | rng.integers(0, 1 << 23, (43, 4096), dtype=np.uint32)
     nan = np.uint32(0x7F800000) | rng.integers(1, 1 << 23, 4096, dtype=np.uint32)
     bits = np.concatenate([bits, edge.reshape(-1), edge.reshape(-1) | np.uint32(1 << 31), nan,
-                           np.array([0x7F800001, 0x7F801FFF, 0x7F800000, 0x477FEFFF, 0x477FF000], np.uint32)])
+                           np.array([0x7F800001, 0x7F801FFF, 0x7F800000, 0x477FEFFF, 0x477FF000], np.uint32),
+                           fp16_ties()])
     with np.errstate(all="ignore"):
         want = bits.view(np.float32).astype(np.float16).view(np.uint16)
-    assert np.array_equal(fused.f16_bits(bits), want)
+    assert np.array_equal((fused.f16_bits if kernel == "avx2" else fused.portable.f16_bits)(bits), want)
 
 
 def test_numpy_path_updates_in_place_like_a_copy():
@@ -143,11 +192,15 @@ def test_numpy_path_updates_in_place_like_a_copy():
 
 @needs_numba
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(kind):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(monkeypatch, kernel, kind):
     """Any other argument type would compile a new specialisation mid-run (time and memory)."""
+    monkeypatch.setenv("MINDP_KERNEL", kernel)
+    assert fused.selected() == kernel
+    compiled = (fused._kernels if kernel == "avx2" else fused.portable.KERNELS)[kind]
     cfg = OptimizerConfig(kind=kind)
     fused.warm(cfg)
-    before = len(fused._kernels[kind].signatures)
+    before = len(compiled.signatures)
     rng = np.random.default_rng(4)
     for n in (1, 300):
         src = hard_records(rng, n)
@@ -157,7 +210,7 @@ def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(kind):
         for nworkers in (2, rng.integers(1, 4, size=n), rng.integers(1, 4, size=n).astype(np.uint16)):
             fused.update_records(cfg, src, dst, sums, nworkers, 1, out)
             fused.update_records(cfg, dst, dst, sums, nworkers, 1, out)
-    assert len(fused._kernels[kind].signatures) == before == 1
+    assert len(compiled.signatures) == before == 1
 
 
 @needs_numba
@@ -265,3 +318,62 @@ def test_in_order_batch_finds_every_rows_slot_and_version(n_total, slots, c0, n)
             bad = clean.copy()
             bad[field][row] = value
             assert fused.in_order_batch(bad, *args) is None, (field, row)
+
+
+def test_the_kernel_follows_the_cpu_unless_mindp_kernel_says_otherwise():
+    assert fused.choose("auto", True) == "avx2" and fused.choose("auto", False) == "portable"
+    assert fused.choose("portable", True) == "portable" and fused.choose("avx2", True) == "avx2"
+    with pytest.raises(fused.KernelError, match="lacks AVX2 or F16C"):
+        fused.choose("avx2", False)
+    with pytest.raises(fused.KernelError, match="one of auto|avx2|portable, got 'sse'"):
+        fused.choose("sse", True)
+
+
+# Run with numba compiling for a baseline CPU (NUMBA_CPU_NAME=generic: on x86-64 SSE2, no AVX, no F16C).
+_GENERIC_CPU = """
+import numpy as np
+from host_agent import fused, portable
+from host_agent.optim import OptimizerConfig
+from mindp.protocol import K
+from tests.host_agent.test_fused import hard_records
+
+assert not fused.host_has_avx2() and fused.selected() == "portable", fused.selected()
+rng = np.random.default_rng(5)
+for kind in ("adamw", "sgd"):
+    cfg = OptimizerConfig(kind=kind, lr=3e-3, weight_decay=0.05)
+    fused.warm(cfg)  # also the header passes (generic vector code, no x86 intrinsic)
+    src, nworkers = hard_records(rng, 300), rng.integers(1, 6, 300)
+    sums = rng.integers(-(1 << 40), 1 << 40, size=(300, K))
+    got, want = src.copy(), src.copy()
+    got_p, want_p = np.empty((300, K), np.float16), np.empty((300, K), np.float16)
+    fused.update_records(cfg, src, got, sums, nworkers, 2, got_p)
+    with np.errstate(all="ignore"):
+        fused.update_numpy(cfg, src, want, sums, nworkers, 2, want_p)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), kind
+    assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16)), kind
+    compiled = portable.KERNELS[kind]
+    asm = compiled.inspect_asm(compiled.signatures[0])
+    assert "sqrt" in asm or kind == "sgd"
+    assert "ymm" not in asm and "vcvtps2ph" not in asm, kind
+print("portable ok")
+"""
+
+
+@needs_numba
+def test_a_cpu_without_avx2_runs_the_portable_kernel_and_refuses_the_avx2_one(tmp_path):
+    """numba compiling for a CPU without AVX2 and F16C: MINDP_KERNEL=auto picks the portable kernel,
+    whose code holds no AVX instruction and gives the numpy composition's bits on hard records;
+    MINDP_KERNEL=avx2 stops the node with one line before it touches anything."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
+           "MINDP_KERNEL": "auto"}
+    p = subprocess.run([sys.executable, "-c", _GENERIC_CPU], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0 and "portable ok" in p.stdout, p.stderr
+    p = subprocess.run([sys.executable, "-m", "host_agent.node", "--state-dir", str(tmp_path / "state"), "--workers",
+                        "2", "--slots", "8", "--mac", "02:00:00:00:00:09", "--ip", "10.0.0.9", "--init", "seed:0"],
+                       cwd=root, env={**env, "MINDP_KERNEL": "avx2"}, capture_output=True, text=True, timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert lines[0].startswith("mindp-optimizer: MINDP_KERNEL=avx2, but this CPU lacks AVX2 or F16C")
+    assert not (tmp_path / "state").exists()

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from host_agent import optim, reference
+from host_agent import fused, optim, reference
 from host_agent.optim import OptimizerConfig
 from host_agent.worker import RtoConfig, StepTimeout
 from mindp import codec
@@ -106,14 +106,21 @@ def test_worker_without_optimizer_fails_the_step_naming_missing_chunks(bed):
         assert a.stats["failed_steps"] == 1 and a.stats["retransmitted"] > 0
 
 
-def test_console_scripts_train_to_reference_bits(bed, tmp_path):
-    """mindp-worker processes (synthetic gradients) and mindp-optimizer, each in its namespace."""
+@pytest.mark.parametrize("kernel", ["avx2", "portable"])
+def test_console_scripts_train_to_reference_bits(bed, tmp_path, monkeypatch, kernel):
+    """mindp-worker processes (synthetic gradients) and mindp-optimizer, each in its namespace; the
+    node with each update kernel (the portable one forced, as on a CPU without AVX2), named in its
+    startup line."""
+    if kernel == "avx2" and not fused.host_has_avx2():
+        pytest.skip("this CPU has no AVX2 or F16C")
+    monkeypatch.setenv("MINDP_KERNEL", kernel)
     b, topo = bed
     init = small_model()
     args = run_files(tmp_path, topo, init, STEPS)
     ref = reference.train(init, reference.synthetic_grads(5), N, STEPS, OptimizerConfig())
     with aggregator(bed):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        assert node.banner.rstrip().endswith(f"kernel {kernel}"), node.banner
         procs = []
         try:
             for w, name in topo.jobs[0].workers.items():

@@ -63,12 +63,19 @@ def test_retransmit_flag_of_a_fresh_sum_stays_on_its_parameters(tmp_path):
     assert [bool(f & Flag.RETRANSMIT) for f in out["flags"]] == [False, True]
 
 
-@pytest.mark.parametrize("numpy_only", [False, True], ids=["numba", "numpy"])
+@pytest.mark.parametrize("kernel", ["avx2", "portable", "numpy"])
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_shuffled_duplicated_sums_give_reference_bits(tmp_path, monkeypatch, kind, numpy_only):
-    """Also with the numpy composition the node runs where numba is missing (MINDP_NO_NUMBA=1)."""
-    if numpy_only:
+def test_shuffled_duplicated_sums_give_reference_bits(tmp_path, monkeypatch, kind, kernel):
+    """With each kernel: AVX2 (where the CPU has it), the portable one (MINDP_KERNEL=portable, as
+    on any other CPU), and the numpy composition the node runs where numba is missing
+    (MINDP_NO_NUMBA=1)."""
+    if kernel == "numpy":
         monkeypatch.setattr(fused, "NUMPY_ONLY", True)
+    elif kernel == "avx2" and not fused.host_has_avx2():
+        pytest.skip("this CPU has no AVX2 or F16C")
+    else:
+        monkeypatch.setenv("MINDP_KERNEL", kernel)
+    assert fused.selected() == kernel
     init = small_model()
     lay = optim.layout_of(init)
     cfg = OptimizerConfig(kind=kind, lr=1e-2)

@@ -16,6 +16,7 @@ from host_agent import optim, reference
 from host_agent.optim import OptimizerConfig
 from host_agent.resume import ResumeFile
 from host_agent.worker import RtoConfig
+from mindp import INSTALL_TORCH
 
 from tests.conftest import TARGET_PARAMS
 
@@ -148,7 +149,7 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
     if model == "mlp":
         cfg = workload.WorkloadConfig(n_workers=4, seed=3, batch=8, hidden=16)
     else:
-        pytest.importorskip("torch")
+        pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
         cfg = workload.WorkloadConfig(n_workers=4, seed=3, batch=8, model="cnn", loss_scale=2.0**12,
                                       scale_growth_interval=2)
     init = workload.init_params(cfg)

@@ -10,7 +10,7 @@ from host_agent import optim
 from host_agent.optim import ConfigError
 from host_agent.resume import ResumeFile
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version
-from mindp import codec
+from mindp import INSTALL_TORCH, codec
 from mindp.protocol import K, Flag, Kind
 
 from .helpers import small_model
@@ -95,7 +95,7 @@ def test_push_sends_protocol_frames_and_reassembles_parameters():
 
 
 def test_torch_gradients_equal_numpy_gradients():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
     init = small_model()
     lay = optim.layout_of(init)
     rng = np.random.default_rng(1)

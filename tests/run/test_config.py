@@ -3,6 +3,7 @@ import sys
 
 import pytest
 
+from mindp import INSTALL_TORCH
 from mininet_topos import config
 
 
@@ -65,5 +66,5 @@ def test_a_torch_model_without_torch_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # seam: torch not installed
     with pytest.raises(config.RunConfigError) as err:
         config.parse(model="gpt")
-    assert str(err.value) == "MODEL=gpt needs PyTorch: pip install -e '.[torch]' (make setup installs it)"
+    assert str(err.value) == f"MODEL=gpt needs PyTorch, which is not installed: {INSTALL_TORCH}"
     assert config.parse(model="mlp").model == "mlp"  # the numpy model needs no torch

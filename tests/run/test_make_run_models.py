@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-pytest.importorskip("torch")
+from mindp import INSTALL_TORCH
+
+pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
 
 from host_agent import optim  # noqa: E402
 from mindp import targets, workload  # noqa: E402

@@ -9,7 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from mindp import INSTALL_TORCH
+
+torch = pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
 
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp import workload  # noqa: E402

@@ -8,7 +8,9 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+from mindp import INSTALL_TORCH
+
+pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
 
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp import targets, workload  # noqa: E402
