@@ -1,4 +1,4 @@
-# mindp: make test | make run | make stop | make clean | make p4 | make bench | make wireshark
+# mindp: make test | make test-under-load | make run | make stop | make clean | make p4 | make bench | make wireshark
 # Run as root on Debian 12. Every target sets up what it needs, once.
 
 SHELL := /bin/bash
@@ -30,8 +30,13 @@ LEAVES ?= 2
 OPTIMIZERS ?= 1
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
+# Parallel test processes (pytest-xdist). Most tests wait on packets, processes and I/O, so more
+# workers than cores pay off: 3 was fastest on 2 cores. 0: no parallelism.
+TEST_WORKERS ?= 3
+# Busy loops beside the suite in make test-under-load (one per core here).
+LOAD ?= 2
 
-.PHONY: setup test run stop clean p4 bench wireshark
+.PHONY: setup test test-under-load run stop clean p4 bench wireshark
 
 setup: $(STAMP_PIP)
 
@@ -52,8 +57,17 @@ $(STAMP_PIP): $(STAMP_APT) pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev,torch]'
 	@touch $@
 
+# Every test keeps its own namespaces, interfaces, ports and state (tests/conftest.py); tests that
+# cannot (Mininet: make run) share one xdist group, run one after another by one worker.
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
+
+# The suite with LOAD busy loops taking the cores: no test may race the clock (waits follow
+# progress, mindp/progress.py), so it must pass here too, only slower.
+test-under-load: setup
+	@pids=; for i in $$(seq $(LOAD)); do (while :; do :; done) & pids="$$pids $$!"; done; \
+	trap 'kill $$pids' EXIT INT TERM; echo "make test-under-load: $(LOAD) busy loops (PIDs$$pids)"; \
+	$(MAKE) --no-print-directory test
 
 # Root first: otherwise setup's apt-get would fail with its own, less helpful, message.
 run:

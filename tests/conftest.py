@@ -1,7 +1,10 @@
-"""Shared by every test package: the switch targets a test runs against."""
+"""Shared by every test package: the switch targets a test runs against, and what keeps
+concurrent test workers (pytest-xdist, `make test`) apart."""
+import os
+
 import pytest
 
-from mindp import targets
+from mindp import targets, testbed
 
 #: The embedded switch always; BMv2 simple_switch_grpc wherever it is installed.
 TARGET_PARAMS = [
@@ -9,3 +12,16 @@ TARGET_PARAMS = [
     pytest.param("bmv2", marks=pytest.mark.skipif(targets.find_bmv2() is None,
                                                    reason="BMv2 simple_switch_grpc not installed")),
 ]
+
+#: Tests that share names or state with each other across workers (Mininet and `make run`: fixed
+#: interface prefixes, switch ports 9559.., build/run-state.json) carry this xdist group, so one
+#: worker runs them one after another (`--dist loadgroup`).
+SERIAL = pytest.mark.xdist_group("serial")
+
+# Each xdist worker (gw0, gw1, ...) gets its own tag on namespace/interface names and its own
+# slice of TCP ports; the subprocesses it starts inherit both.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw"):
+    _index = int(_worker[2:])
+    os.environ[testbed.TAG_ENV] = str(_index)
+    os.environ[targets.PORTS_ENV] = targets.slice_of(_index, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))

@@ -12,7 +12,7 @@ import pytest
 from host_agent import optim, reference
 from host_agent.optim import OptimizerConfig
 from host_agent.worker import RtoConfig, StepTimeout
-from mindp import codec
+from mindp import codec, progress
 from mindp.protocol import K, Kind
 
 from .aggregator import Aggregator
@@ -98,7 +98,7 @@ def test_worker_without_optimizer_fails_the_step_naming_missing_chunks(bed):
         workers.start()
         t = time.monotonic()
         with pytest.raises(StepTimeout) as err:
-            workers.join(30)
+            workers.join()
     assert time.monotonic() - t < 10
     n = optim.layout_of(init).n_chunks
     assert err.value.missing == list(range(n)) and f"{n} chunk(s)" in str(err.value)
@@ -123,10 +123,10 @@ def test_console_scripts_train_to_reference_bits(bed, tmp_path):
                     str(STEPS), "--out", str(tmp_path / f"w{w}.npz"), "--stats", str(tmp_path / f"w{w}.json"),
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             for p in procs:
-                out, err = p.communicate(timeout=120)
+                out, err = progress.communicate(p, progress=progress.activity(*(q.pid for q in procs)))
                 assert p.returncode == 0, err
                 assert "steps" in out
-            assert node.wait(30) == 0
+            assert node.wait() == 0
         finally:
             for p in procs:
                 if p.poll() is None:

@@ -3,7 +3,6 @@ requests get BMv2's status codes while the server keeps serving."""
 import asyncio
 import queue
 import socket
-import subprocess
 import time
 
 import grpc
@@ -14,7 +13,7 @@ from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 import p4runtime_sh.shell as sh
-from mindp import targets
+from mindp import progress, targets
 from p4src import artifacts
 from softswitch.engine import Engine
 from softswitch.p4runtime_server import STREAM_QUEUE, Server, SwitchService, _Outbox
@@ -361,6 +360,6 @@ def test_a_second_server_on_a_used_address_is_refused(server):
 
 def test_the_switch_refuses_to_start_on_a_used_grpc_port(server):
     cmd = targets.command("embedded", targets.SwitchConfig(ports={}, grpc_addr=server.addr))
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    r = progress.run(cmd, capture_output=True, text=True)
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip() == f"mindp-softswitch: gRPC: {server.addr} is already in use by another process"
