@@ -2,6 +2,7 @@
 seam: bit-identical to the reference, also with loss, duplicates, reordering,
 overlapped steps and a killed and restarted optimizer node; a worker without an
 optimizer fails its step by the deadline."""
+import re
 import subprocess
 import sys
 import time
@@ -96,12 +97,11 @@ def test_worker_without_optimizer_fails_the_step_naming_missing_chunks(bed):
         workers = Workers(b, topo, init, reference.synthetic_grads(1), 1,
                           rto=RtoConfig(initial=0.05, max=0.2, deadline=1.0))
         workers.start()
-        t = time.monotonic()
         with pytest.raises(StepTimeout) as err:
             workers.join()
-    assert time.monotonic() - t < 10
     n = optim.layout_of(init).n_chunks
     assert err.value.missing == list(range(n)) and f"{n} chunk(s)" in str(err.value)
+    assert float(re.search(r"after ([\d.]+) s without progress", str(err.value))[1]) >= 1.0  # its deadline
     for a in workers.agents.values():
         assert a.stats["failed_steps"] == 1 and a.stats["retransmitted"] > 0
 
