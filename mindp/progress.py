@@ -90,12 +90,8 @@ def activity(*pids: int) -> Callable[[], int]:
     me, tid = os.getpid(), threading.get_native_id()
 
     def measure() -> int:
-        own = 0
-        for entry in os.scandir(f"/proc/{me}/task"):
-            if int(entry.name) != tid:
-                fields = _stat(f"/proc/{me}/task/{entry.name}/stat")
-                own += sum(int(f) for f in fields[11:13]) if fields else 0
-        return own + cpu_ticks(tree(me)[1:])
+        caller = _stat(f"/proc/{me}/task/{tid}/stat")
+        return cpu_ticks(tree(me)) - (sum(int(f) for f in caller[11:13]) if caller else 0)
 
     return measure
 

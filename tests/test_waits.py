@@ -8,7 +8,7 @@ import pytest
 
 from mindp import progress
 
-BUSY = [sys.executable, "-c", "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\n"
+BUSY = [sys.executable, "-c", "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
         "print('done')"]
 
 
