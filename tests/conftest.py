@@ -30,3 +30,9 @@ if _worker.startswith("gw"):
     _index = int(_worker[2:])
     os.environ[testbed.TAG_ENV] = str(_index)
     os.environ[targets.PORTS_ENV] = targets.slice_of(_index, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+
+
+def pytest_collection_modifyitems(items):
+    """The SERIAL group first: it is the suite's longest chain (one worker runs it all), so it
+    starts at once while the other workers share out the rest."""
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
