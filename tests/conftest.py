@@ -19,9 +19,13 @@ TARGET_PARAMS = [
 ]
 
 #: Tests that share names or state with each other across workers (Mininet and `make run`: fixed
-#: interface prefixes, switch ports 9559.., build/run-state.json) carry this xdist group, so one
-#: worker runs them one after another (`--dist loadgroup`).
-SERIAL = pytest.mark.xdist_group("serial")
+#: interface prefixes), by node id prefix: one worker runs them one after another. (Node ids, not
+#: an xdist_group mark: xdist 3.8 tags the node id to group and pytest 9.2 ignores that.)
+SERIAL = (
+    "tests/run/test_make_run.py::",
+    "tests/run/test_make_run_models.py::",
+    "tests/run/test_leafspine.py::test_leafspine_run_is_bit_exact",
+)
 
 # Each xdist worker (gw0, gw1, ...) gets its own tag on namespace/interface names and its own
 # slice of TCP ports; the subprocesses it starts inherit both.
@@ -32,7 +36,29 @@ if _worker.startswith("gw"):
     os.environ[targets.PORTS_ENV] = targets.slice_of(_index, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
 
 
+#: Packages of long tests (processes, whole trainings), handed out before the short ones so the
+#: run does not end waiting on one long test.
+LONG_FIRST = ("tests/torch/", "tests/host_agent/", "tests/controller/")
+
+
 def pytest_collection_modifyitems(items):
-    """The SERIAL group first: it is the suite's longest chain (one worker runs it all), so it
-    starts at once while the other workers share out the rest."""
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+    """The SERIAL tests first: they are the suite's longest chain (one worker runs them all), so
+    they start at once while the other workers share out the rest, longest packages first."""
+    def rank(item) -> tuple:
+        long = [i for i, p in enumerate(LONG_FIRST) if item.nodeid.startswith(p)]
+        return not item.nodeid.startswith(SERIAL), long[0] if long else len(LONG_FIRST)
+
+    items.sort(key=rank)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist load/loadgroup: every test its own work unit but the SERIAL ones, which are one."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "serial" if nodeid.startswith(SERIAL) else nodeid
+
+    return SerialApart(config, log)

@@ -12,7 +12,7 @@ from host_agent import optim
 from mindp import topology, workload
 from mininet_topos import config, net
 from mininet_topos.leafspine import switch_ports
-from tests.conftest import SERIAL, TARGET_PARAMS
+from tests.conftest import TARGET_PARAMS
 
 from .test_make_run import MakeRun, assert_clean, needs_root
 
@@ -20,7 +20,6 @@ LEAVES, WORKERS, SHARDS, STEPS = 2, 2, 2, 4
 
 
 @pytest.mark.net
-@SERIAL
 @needs_root
 @pytest.mark.parametrize("target", TARGET_PARAMS)
 @pytest.mark.parametrize("loss", ["0", "0.02"])

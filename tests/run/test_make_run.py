@@ -23,10 +23,9 @@ import pytest
 from host_agent import optim
 from mindp import progress, targets, topology, workload
 from mininet_topos.runstate import RunState
-from tests.conftest import SERIAL
 from tests.tools import test_dissector as dissector
 
-pytestmark = [pytest.mark.net, SERIAL]
+pytestmark = pytest.mark.net
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 PREFIX = "mnt-"  # not make run's own mnr-: a test never meets a user's run

@@ -12,10 +12,9 @@ pytest.importorskip("torch")
 
 from host_agent import optim  # noqa: E402
 from mindp import targets, workload  # noqa: E402
-from tests.conftest import SERIAL  # noqa: E402
 from tests.run.test_make_run import MakeRun, assert_clean, needs_root  # noqa: E402
 
-pytestmark = [pytest.mark.net, SERIAL]
+pytestmark = pytest.mark.net
 needs_bmv2 = pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed")
 
 
