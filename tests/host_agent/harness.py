@@ -161,7 +161,7 @@ class Workers:
         self.first_step = first_step
         self.stopping: set[int] = set()
         job = topo.jobs[0]
-        rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
+        rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
         for w in (job.workers if ids is None else ids):
             sock = bed.hosts[job.workers[w]].socket()
             rawsock.prepare(sock)

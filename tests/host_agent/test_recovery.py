@@ -45,7 +45,7 @@ class WorkerProcess:
         self.out = tmp_path / f"w{w}.npz"
         self.log = tmp_path / f"w{w}.log"
         common = ["--topology", str(tmp_path / "topo.json"), "--job", "1", "--worker", str(w), "--init",
-                  str(tmp_path / "init.npz"), "--resume", str(self.path), "--out", str(self.out), "--deadline", "30"]
+                  str(tmp_path / "init.npz"), "--resume", str(self.path), "--out", str(self.out), "--deadline", str(STALL)]
         if workload is None:
             self.argv = [sys.executable, "-m", "host_agent.worker", *common, "--grad-seed", str(grad_seed)]
         else:
@@ -263,7 +263,7 @@ def test_switch_killed_and_restarted_mid_step(bed, tmp_path, target):
     steps = 6
     ref = reference.train(init, gf, 4, steps, OptimizerConfig())
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
-    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=20.0)
+    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
     with AgentFabric(target, bed, tmp_path) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
@@ -332,7 +332,7 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
     members = lambda s: [0, 1, 2, 3] if s < 8 else [0, 1, 2]  # noqa: E731
     ref = reference.train(init, gf, 4, steps, OptimizerConfig(), members=members)
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
-    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
+    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
     w2 = WorkerProcess(b, topo, 2, tmp_path, init, 33)
     with AgentFabric(target, bed, tmp_path) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()

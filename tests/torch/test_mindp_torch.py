@@ -38,7 +38,7 @@ def start_worker(bed, topo, tmp_path, w: int, steps: int, drop: float):
     return nh.popen(sys.executable, "-m", "mininet_topos.trainer", "--topology", str(tmp_path / "topo.json"),
                     "--job", "1", "--worker", str(w), "--workload", str(tmp_path / "workload.json"),
                     "--init", str(tmp_path / "init.npz"), "--steps", str(steps), "--out", str(tmp_path / f"w{w}.npz"),
-                    "--rto-min", "0.01", "--rto-max", "0.5", "--deadline", "30", *faults,
+                    "--rto-min", "0.01", "--rto-max", "0.5", "--deadline", str(STALL), *faults,
                     stdout=log, stderr=subprocess.STDOUT)
 
 
