@@ -30,8 +30,8 @@ LEAVES ?= 2
 OPTIMIZERS ?= 1
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
-# Parallel test processes (pytest-xdist). Most tests wait on packets, processes and I/O, so more
-# workers than cores pay off: 3 was fastest on 2 cores. 0: no parallelism.
+# Parallel test processes (pytest-xdist). Most tests wait (packets, other processes, I/O) rather
+# than compute, so one worker more than the 2 cores keeps both busy. 0: no parallelism.
 TEST_WORKERS ?= 3
 # Busy loops beside the suite in make test-under-load (one per core here).
 LOAD ?= 2
