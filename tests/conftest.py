@@ -3,7 +3,7 @@ concurrent test workers (pytest-xdist, `make test`) apart.
 
 A new test is parallel-safe when it names namespaces and interfaces through mindp.testbed
 (Testbed, TreeBed, or testbed.tagged for its own names), takes ports from targets.free_port and
-keeps its files under tmp_path; otherwise it carries SERIAL. It waits with mindp.progress (no
+keeps its files under tmp_path; otherwise its node id goes into SERIAL. It waits with mindp.progress (no
 progress for a while fails, slow progress never does), never with a fixed deadline."""
 import os
 
