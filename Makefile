@@ -1,4 +1,4 @@
-# mindp: make test | make run | make stop | make clean | make p4 | make bench | make wireshark | make torch
+# mindp: make test | make test-under-load | make run | make stop | make clean | make p4 | make bench | make wireshark | make torch
 # Run as root on Debian 12. Every target sets up what it needs, once.
 
 SHELL := /bin/bash
@@ -35,8 +35,13 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH ?= 1
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
+# Parallel test processes (pytest-xdist). Most tests wait (packets, other processes, I/O) rather
+# than compute, so one worker more than the 2 cores keeps both busy. 0: no parallelism.
+TEST_WORKERS ?= 3
+# Busy loops beside the suite in make test-under-load (one per core here).
+LOAD ?= 2
 
-.PHONY: setup torch test run stop clean p4 bench wireshark
+.PHONY: setup torch test test-under-load run stop clean p4 bench wireshark
 
 setup: $(STAMP_PIP)
 
@@ -67,8 +72,17 @@ torch: $(STAMP_APT)
 	$$pip --index-url $(TORCH_CPU_INDEX) --timeout 15 --retries 0 torch==$(TORCH_VERSION) >>$$log 2>&1 && exit 0; \
 	echo "torch: its CPU build could not be installed ($$log), so MODEL=cnn|gpt, mindp.torch and the torch tests (skipped) are unavailable; to add it: make torch, or $(PY) -m pip install torch==$(TORCH_VERSION) --index-url $(TORCH_CPU_INDEX)"
 
+# Every test keeps its own namespaces, interfaces, ports and state (tests/conftest.py); tests that
+# cannot (Mininet: make run) share one xdist group, run one after another by one worker.
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
+
+# The suite with LOAD busy loops taking the cores: no test may race the clock (waits follow
+# progress, mindp/progress.py), so it must pass here too, only slower.
+test-under-load: setup
+	@pids=; for i in $$(seq $(LOAD)); do (while :; do :; done) & pids="$$pids $$!"; done; \
+	trap 'kill $$pids' EXIT INT TERM; echo "make test-under-load: $(LOAD) busy loops (PIDs$$pids)"; \
+	$(MAKE) --no-print-directory test
 
 # Root first: otherwise setup's apt-get would fail with its own, less helpful, message.
 run:

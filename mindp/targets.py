@@ -14,8 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
+
+from . import progress
 
 TARGETS = ("auto", "bmv2", "embedded")
 P4TOOLS_BIN = pathlib.Path("/opt/p4tools/bin")
@@ -100,6 +101,10 @@ def grpc_port_open(addr: str) -> bool:
 
 _handed_out: set[int] = set()
 
+#: "LO-HI": free_port() picks from this range only. A parallel test runner gives each worker its
+#: own slice, so two workers never pick the same port between its check and the switch's bind.
+PORTS_ENV = "MINDP_PORTS"
+
 
 def _ephemeral_low() -> int:
     try:
@@ -108,14 +113,30 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def port_range() -> tuple[int, int]:
+    """Where free_port() picks: $MINDP_PORTS, else from 10000 to the kernel's ephemeral range."""
+    spec = os.environ.get(PORTS_ENV)
+    if spec:
+        lo, _, hi = spec.partition("-")
+        return int(lo), int(hi)
+    return 10000, _ephemeral_low()
+
+
+def slice_of(index: int, count: int) -> str:
+    """The $MINDP_PORTS value of parallel worker `index` of `count`: its own share of the range."""
+    lo, hi = 10000, _ephemeral_low()
+    size = (hi - lo) // count
+    return f"{lo + index * size}-{lo + (index + 1) * size}"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1, free now and not handed out before by this process, below the
     kernel's ephemeral range: a port from bind(0) is in that range, where any outgoing connection
     (a gRPC client's, say) may take it as its source port before the switch binds it (seen: an
     embedded switch's Thrift port taken so in a full test run)."""
-    low = _ephemeral_low()
+    lo, hi = port_range()
     for _ in range(1000):
-        port = random.randrange(10000, low) if low > 10000 else 0
+        port = random.randrange(lo, hi) if hi > lo else 0
         if port in _handed_out:
             continue
         with socket.socket() as s:
@@ -142,7 +163,9 @@ class SwitchProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc else None
 
-    def start(self, timeout: float = 20.0) -> SwitchProcess:
+    def start(self, stall: float = 30.0) -> SwitchProcess:
+        """Start the switch and wait until its gRPC server answers; TargetError if it exits first, or
+        if it neither used CPU nor wrote its log for `stall` s (a busy machine only makes it slower)."""
         if grpc_port_open(self.cfg.grpc_addr):
             raise TargetError(f"gRPC address {self.cfg.grpc_addr} is already in use")
         log = open(self.cfg.log_file, "ab") if self.cfg.log_file else subprocess.DEVNULL
@@ -153,16 +176,24 @@ class SwitchProcess:
         finally:
             if log is not subprocess.DEVNULL:
                 log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def up() -> bool:
             if self.proc.poll() is not None:
                 where = f"; see {self.cfg.log_file}" if self.cfg.log_file else ""
                 raise TargetError(f"{self.target} switch exited with code {self.proc.returncode} at start{where}")
-            if grpc_port_open(self.cfg.grpc_addr):
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise TargetError(f"{self.target} switch did not open gRPC {self.cfg.grpc_addr} within {timeout:.0f} s")
+            return grpc_port_open(self.cfg.grpc_addr)
+
+        measure = progress.activity(self.proc.pid)
+        if self.cfg.log_file:
+            measure = progress.both(measure, progress.file_sizes(self.cfg.log_file))
+        try:
+            progress.wait(up, measure, stall=stall, poll=0.05, what=f"{self.target} switch start")
+        except progress.Stalled as exc:
+            self.stop()
+            raise TargetError(f"{self.target} switch did not open gRPC {self.cfg.grpc_addr}: {exc}") from None
+        except TargetError:
+            self.stop()
+            raise
+        return self
 
     def set_queue_depth(self, depth: int) -> None:
         """BMv2 drops silently past 64 queued packets a port: raise the bound. No-op on the embedded switch."""
@@ -174,10 +205,11 @@ class SwitchProcess:
         port = self.cfg.thrift_port or 9090
         # The CLI is a Python script that needs `thrift`: run it with our interpreter (the venv sees
         # Debian's python3-thrift), not whichever python3 comes first on PATH.
-        proc = subprocess.run(
-            [sys.executable, cli, "--thrift-port", str(port)], input=f"set_queue_depth {depth}\n",
-            capture_output=True, text=True, timeout=30
-        )
+        try:
+            proc = progress.run([sys.executable, cli, "--thrift-port", str(port)], input=f"set_queue_depth {depth}\n",
+                                capture_output=True, text=True, stall=30)
+        except progress.Stalled as exc:
+            raise TargetError(f"set_queue_depth: {exc}") from None
         if proc.returncode != 0:
             raise TargetError(f"set_queue_depth failed: {proc.stderr.strip() or proc.stdout.strip()}")
 

@@ -25,6 +25,16 @@ CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+#: Appended to every bed's prefix; a parallel test runner sets one per worker (1-2 characters),
+#: so beds of concurrent workers never share a namespace or interface name.
+TAG_ENV = "MINDP_NET_TAG"
+
+
+def tagged(prefix: str) -> str:
+    """`prefix` with this process's tag ($MINDP_NET_TAG), for any name a bed or test makes."""
+    return prefix + os.environ.get(TAG_ENV, "")
+
+
 class TestbedError(RuntimeError):
     pass
 
@@ -101,7 +111,7 @@ class Testbed:
     def __init__(self, prefix: str):
         if not 1 <= len(prefix) <= 6:
             raise ValueError("prefix must be 1..6 characters (interface names are short)")
-        self.prefix = prefix
+        self.prefix = tagged(prefix)
         self.hosts: dict[str, NetHost] = {}
 
     def add(self, host: Host) -> NetHost:
@@ -162,8 +172,9 @@ class FrameTap:
     def send(self, host: str, frame: bytes) -> None:
         self.socks[host].send(frame)
 
-    def collect(self, n: int = 0, timeout: float = 3.0, grace: float = 0.25) -> dict[str, list[bytes]]:
-        """Frames per host: wait until `n` arrived (or `timeout`), then `grace` more for extras."""
+    def collect(self, n: int = 0, timeout: float = 10.0, grace: float = 0.25) -> dict[str, list[bytes]]:
+        """Frames per host: wait until `n` arrived, then `grace` more for extras. Gives up waiting
+        once `timeout` s pass without a new frame (a slow machine's frames come late, not never)."""
         got: dict[str, list[bytes]] = {name: [] for name in self.socks}
         total = 0
         deadline = time.monotonic() + timeout
@@ -185,6 +196,7 @@ class FrameTap:
                     if self.accept is None or self.accept(frame):
                         got[self.by_fd[s.fileno()]].append(frame)
                         total += 1
+                        deadline = time.monotonic() + timeout
 
     def drain(self) -> None:
         self.collect(0, grace=0.05)

@@ -19,6 +19,7 @@ class TreeBed:
 
         tmp = pathlib.Path(tmp)
         self.bed = Testbed(prefix)
+        prefix = self.bed.prefix  # with the runner's tag
         self.links: list[str] = []
         self.switches: list[targets.SwitchProcess] = []
         ports: dict[str, dict[int, str]] = {s.name: {} for s in topo.switches}

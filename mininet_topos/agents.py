@@ -8,13 +8,12 @@ import pathlib
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from host_agent.optim import OptimizerConfig
-from mindp import topology, workload
+from mindp import progress, topology, workload
 
 from .config import RunConfig
 from .console import RunError
@@ -22,6 +21,8 @@ from .progress import LogTail
 from .runstate import RunState
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+#: Seconds a starting optimizer node may go without using CPU or writing its log.
+START_STALL = 30.0
 
 
 @dataclass
@@ -129,14 +130,17 @@ class Agents:
                     "--export", str(jf.shard_master_path(i)), "--stats", str(jf.shard_stats_path(i)),
                     *(["--shard", str(i)] if job.sharded else []), *self._faults(opt_name)]))
         self.optimizers = optimizers
-        deadline = time.monotonic() + 30
         for hp in optimizers:
-            while "mindp-optimizer: job" not in hp.log.read_text(errors="replace"):
+            def up(hp=hp) -> bool:
                 if hp.proc.poll() is not None:
                     raise RunError(f"{hp.name} exited with code {hp.proc.returncode}: {hp.last_error()}; see {hp.log}")
-                if time.monotonic() > deadline:
-                    raise RunError(f"{hp.name} did not start within 30 s; see {hp.log}")
-                time.sleep(0.05)
+                return "mindp-optimizer: job" in hp.log.read_text(errors="replace")
+
+            try:  # as long as it starts up (CPU, log): a busy machine is slow, not broken
+                progress.wait(up, progress.both(progress.activity(hp.proc.pid), progress.file_sizes(hp.log)),
+                              stall=START_STALL, poll=0.05, what=f"{hp.name} start")
+            except progress.Stalled as exc:
+                raise RunError(f"{exc}; see {hp.log}") from None
         for jf in jobs:
             for w, host_name in sorted(jf.job.workers.items()):
                 self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [

@@ -13,7 +13,8 @@ import os
 import pathlib
 import signal
 import sys
-import time
+
+from mindp import progress
 
 from .runstate import DEFAULT_PATH, RunState
 
@@ -21,7 +22,9 @@ ORCHESTRATOR = "orchestrator"
 
 
 def stop(path: pathlib.Path, wait: float = 20.0) -> str:
-    """Stop the run recorded at `path`; returns one line saying what was done."""
+    """Stop the run recorded at `path`; returns one line saying what was done. A live run is given
+    the time it takes to tear down by itself, as long as it uses CPU (a slow machine is no reason
+    to cut it short), or until `wait` s pass with nothing done."""
     state = RunState.load(path)
     if state is None:
         return "nothing to stop"
@@ -30,9 +33,11 @@ def stop(path: pathlib.Path, wait: float = 20.0) -> str:
         if p.name == ORCHESTRATOR and p.alive():
             p.signal(signal.SIGTERM)  # it tears its run down and removes the state file
             asked = True
-            deadline = time.monotonic() + wait
-            while p.alive() and time.monotonic() < deadline:
-                time.sleep(0.1)
+            try:
+                progress.wait(lambda: not p.alive(), progress.activity(p.pid), stall=wait, poll=0.1,
+                              what="the run tearing down")
+            except progress.Stalled:
+                pass  # ended below, with whatever it left
     left = RunState.load(path)
     procs, ifaces = left.teardown() if left is not None else ([], [])
     parts = []

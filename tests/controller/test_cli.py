@@ -11,7 +11,7 @@ import pytest
 from controller import p4info_names as n
 from controller.controller import Controller
 from controller.p4runtime import SwitchConnection
-from mindp import targets
+from mindp import progress, targets
 from p4src import artifacts
 
 
@@ -25,7 +25,7 @@ class Ctl:
         self.base = [*ctl_command(), "--grpc-addr", addr, "--topology", str(topo_path)]
 
     def run(self, *args: str, ok: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
-        proc = subprocess.run([*self.base, *args], capture_output=True, text=True, timeout=120, input=stdin)
+        proc = progress.run([*self.base, *args], capture_output=True, text=True, input=stdin)
         if ok:
             assert proc.returncode == 0, f"{args}: {proc.stderr}"
             assert proc.stderr == "", proc.stderr
@@ -162,7 +162,7 @@ def test_global_options_after_the_command(cli, switch):
     watch = cli.run("stats", "--watch", "0.2", "--count", "2", "--json").stdout.splitlines()
     assert len(watch) == 2 and json.loads(watch[0])["totals"]["jobs"]["1"]["grad_packets"] == 0
     bare = [*ctl_command(), "jobs", "list", "--json", "--grpc-addr", switch.addr, "--timeout", "5"]
-    proc = subprocess.run(bare, capture_output=True, text=True, timeout=60)
+    proc = progress.run(bare, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert [j["job_id"] for j in json.loads(proc.stdout)["jobs"]] == [1]
     assert json.loads(cli.run("jobs", "show", "1", "--json").stdout)["job_id"] == 1

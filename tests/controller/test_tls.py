@@ -4,7 +4,7 @@ import subprocess
 import pytest
 
 from controller.p4runtime import TLS, SwitchConnection, SwitchError
-from mindp import targets
+from mindp import progress, targets
 
 from ..conftest import TARGET_PARAMS
 
@@ -73,12 +73,12 @@ def test_missing_credential_file_is_named(tmp_path):
 ])
 def test_embedded_switch_tls_usage_errors(bad, says):
     cmd = targets.command("embedded", targets.SwitchConfig(ports={}))[:3] + ["--no-p4", "--", *bad]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    r = progress.run(cmd, capture_output=True, text=True)
     assert r.returncode == 2 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 @pytest.mark.parametrize("key", ["missing.key", "ca.srl"])
 def test_embedded_switch_names_an_unreadable_key(pki, key):
     cfg = targets.SwitchConfig(ports={}, grpc_addr=f"127.0.0.1:{targets.free_port()}", grpc_args=tls_args(pki, key))
-    r = subprocess.run(targets.command("embedded", cfg), capture_output=True, text=True, timeout=20)
+    r = progress.run(targets.command("embedded", cfg), capture_output=True, text=True)
     assert r.returncode == 1 and key in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

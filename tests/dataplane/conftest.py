@@ -106,7 +106,7 @@ class SwitchFabric:
     def send(self, host: str, frame: bytes) -> None:
         self.tap.send(host, frame)
 
-    def collect(self, n: int = 0, timeout: float = 3.0, grace: float = 0.25) -> dict[str, list[bytes]]:
+    def collect(self, n: int = 0, timeout: float = 10.0, grace: float = 0.25) -> dict[str, list[bytes]]:
         return self.tap.collect(n, timeout, grace)
 
     def drain(self) -> None:

@@ -1,10 +1,11 @@
 """`mindp-ctl cells` against the running switch: the aggregation registers read over its Thrift
 port (BMv2's, or the embedded switch's) and decoded."""
 import json
-import subprocess
 
 import numpy as np
 import pytest
+
+from mindp import progress
 
 from mindp.fixedpoint import exact_sum
 
@@ -17,8 +18,8 @@ pytest.importorskip("mindp.bmthrift")
 
 
 def cells(fabric, *args):
-    proc = subprocess.run([*ctl_command(), "--grpc-addr", fabric.grpc_addr, "cells", *args, "--thrift-addr",
-                           fabric.thrift_addr], capture_output=True, text=True, timeout=120)
+    proc = progress.run([*ctl_command(), "--grpc-addr", fabric.grpc_addr, "cells", *args, "--thrift-addr",
+                           fabric.thrift_addr], capture_output=True, text=True)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     return proc.stdout
 

@@ -238,7 +238,7 @@ def test_fuzz_frames_are_all_dropped_and_counted_then_a_round_sums_exactly(fabri
                 fabric.send(src, p)
             arrived = []
             for _ in range(20):  # until every probe is back (kernel frames count towards collect's n)
-                got = fabric.collect(len(probes), timeout=5, grace=0.02)
+                got = fabric.collect(len(probes), grace=0.02)
                 arrived += [f for frames in got.values() for f in frames]
                 if set(probes.values()) <= set(arrived):
                     break

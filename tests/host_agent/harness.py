@@ -15,11 +15,14 @@ import numpy as np
 
 from controller.controller import Controller
 from host_agent import optim, rawsock
-from mindp import targets, testbed
+from mindp import progress, targets, testbed
 from mindp.topology import JobSpec, star
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig
 
 from .helpers import initial_fp16, same_bits
+
+#: Seconds without any progress (steps, frames, CPU, log output) after which a wait fails.
+STALL = progress.STALL
 
 
 class NodeProcess:
@@ -49,9 +52,11 @@ class NodeProcess:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
-    def wait(self, timeout: float) -> int:
+    def wait(self, stall: float = STALL) -> int:
+        """The node's exit code; fails once it used no CPU and wrote no log for `stall` s."""
         try:
-            return self.proc.wait(timeout)
+            return progress.wait_process(self.proc, stall=stall, progress=progress.file_sizes(self.log_path),
+                                         what="optimizer node")
         finally:
             self.log.close()
 
@@ -156,7 +161,7 @@ class Workers:
         self.first_step = first_step
         self.stopping: set[int] = set()
         job = topo.jobs[0]
-        rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
+        rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
         for w in (job.workers if ids is None else ids):
             sock = bed.hosts[job.workers[w]].socket()
             rawsock.prepare(sock)
@@ -197,7 +202,8 @@ class Workers:
         """Stop worker w at its next step boundary (as a process killed between steps) and close
         its socket; returns the step it was at and the parameters it had, to restart it from."""
         self.stopping.add(w)
-        self.threads.pop(list(self.agents).index(w)).join(60)
+        thread = self.threads.pop(list(self.agents).index(w))
+        progress.wait(lambda: not thread.is_alive(), self.measure, stall=STALL, what=f"stopping worker {w}")
         self.agents.pop(w).sock.close()
         return self.progress.pop(w), self.params.get(w)
 
@@ -206,18 +212,22 @@ class Workers:
             t.start()
         return self
 
-    def wait_step(self, step: int, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while min(self.progress.values()) < step and time.monotonic() < deadline:
-            if self.errors:
-                break
-            time.sleep(0.005)
+    def measure(self) -> tuple:
+        """Progress: steps done and the agents' counters (frames sent, sent again, rejected...;
+        retransmissions count: the workers' own step deadline, RtoConfig.deadline, fails a step
+        that gets nothing back)."""
+        frames = sum(sum(list(a.stats.values())) for a in list(self.agents.values()))
+        return sum(self.progress.values()), frames, len(self.errors)
 
-    def join(self, timeout: float = 120.0) -> None:
-        for t in self.threads:
-            t.join(timeout)
-        alive = [t for t in self.threads if t.is_alive()]
-        assert not alive, f"{len(alive)} worker(s) still running after {timeout} s"
+    def wait_step(self, step: int) -> None:
+        """Until every worker finished `step` (or one failed)."""
+        progress.wait(lambda: min(self.progress.values()) >= step or bool(self.errors), self.measure, stall=STALL,
+                      what=f"workers reaching step {step}", poll=0.005)
+
+    def join(self) -> None:
+        """Until every worker thread ends; fails once they made no progress for STALL s."""
+        progress.wait(lambda: not any(t.is_alive() for t in self.threads), self.measure, stall=STALL,
+                      what="workers")
         if self.errors:
             raise next(iter(self.errors.values()))
         for a in self.agents.values():
@@ -250,8 +260,8 @@ def train(bed_topo, args, tmp_path, init, grad_fn, steps, *, kill_after=(), seed
             time.sleep(0.3)  # workers time out and retransmit into the void meanwhile
             node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
             assert "resuming after step" in node.banner
-        workers.join(240)
-        assert node.wait(60) == 0
+        workers.join()
+        assert node.wait() == 0
     finally:
         node.stop()
     return workers

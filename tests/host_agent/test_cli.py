@@ -1,7 +1,6 @@
 """The console entry points: bad input is one clear line and a non-zero exit, never a traceback;
 a state directory is never overwritten or reinterpreted."""
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -9,12 +8,13 @@ import pytest
 
 from host_agent import optim, state
 from host_agent.optim import OptimizerConfig
+from mindp import progress
 
 from .helpers import small_model
 
 
 def run(module, *args):
-    p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=60)
+    p = progress.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
     return p.returncode, p.stdout, p.stderr
 
 

@@ -2,6 +2,7 @@
 seam: bit-identical to the reference, also with loss, duplicates, reordering,
 overlapped steps and a killed and restarted optimizer node; a worker without an
 optimizer fails its step by the deadline."""
+import re
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import pytest
 from host_agent import fused, optim, reference
 from host_agent.optim import OptimizerConfig
 from host_agent.worker import RtoConfig, StepTimeout
-from mindp import codec
+from mindp import codec, progress
 from mindp.protocol import K, Kind
 
 from .aggregator import Aggregator
@@ -96,12 +97,11 @@ def test_worker_without_optimizer_fails_the_step_naming_missing_chunks(bed):
         workers = Workers(b, topo, init, reference.synthetic_grads(1), 1,
                           rto=RtoConfig(initial=0.05, max=0.2, deadline=1.0))
         workers.start()
-        t = time.monotonic()
         with pytest.raises(StepTimeout) as err:
-            workers.join(30)
-    assert time.monotonic() - t < 10
+            workers.join()
     n = optim.layout_of(init).n_chunks
     assert err.value.missing == list(range(n)) and f"{n} chunk(s)" in str(err.value)
+    assert float(re.search(r"after ([\d.]+) s without progress", str(err.value))[1]) >= 1.0  # its deadline
     for a in workers.agents.values():
         assert a.stats["failed_steps"] == 1 and a.stats["retransmitted"] > 0
 
@@ -130,10 +130,10 @@ def test_console_scripts_train_to_reference_bits(bed, tmp_path, monkeypatch, ker
                     str(STEPS), "--out", str(tmp_path / f"w{w}.npz"), "--stats", str(tmp_path / f"w{w}.json"),
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             for p in procs:
-                out, err = p.communicate(timeout=120)
+                out, err = progress.communicate(p, progress=progress.activity(*(q.pid for q in procs)))
                 assert p.returncode == 0, err
                 assert "steps" in out
-            assert node.wait(30) == 0
+            assert node.wait() == 0
         finally:
             for p in procs:
                 if p.poll() is None:

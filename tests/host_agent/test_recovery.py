@@ -20,7 +20,9 @@ from mindp import INSTALL_TORCH
 
 from tests.conftest import TARGET_PARAMS
 
-from .harness import AgentFabric, NodeProcess, Workers, check_against, job_bed, load_npz, run_files
+from mindp import progress
+
+from .harness import STALL, AgentFabric, NodeProcess, Workers, check_against, job_bed, load_npz, run_files
 from .helpers import same_bits, small_model
 
 pytestmark = pytest.mark.net
@@ -44,7 +46,7 @@ class WorkerProcess:
         self.out = tmp_path / f"w{w}.npz"
         self.log = tmp_path / f"w{w}.log"
         common = ["--topology", str(tmp_path / "topo.json"), "--job", "1", "--worker", str(w), "--init",
-                  str(tmp_path / "init.npz"), "--resume", str(self.path), "--out", str(self.out), "--deadline", "30"]
+                  str(tmp_path / "init.npz"), "--resume", str(self.path), "--out", str(self.out), "--deadline", str(STALL)]
         if workload is None:
             self.argv = [sys.executable, "-m", "host_agent.worker", *common, "--grad-seed", str(grad_seed)]
         else:
@@ -71,27 +73,28 @@ class WorkerProcess:
         step = self.file.step
         return step, int(np.count_nonzero(self.file.answered_in(step)[0]))
 
-    def kill_mid_step(self, at_least: int, timeout: float = 60.0) -> tuple[int, int]:
+    def kill_mid_step(self, at_least: int) -> tuple[int, int]:
         """SIGKILL once it is at step >= at_least with part of the step answered; returns (step,
         answered) as the killed process left them in its file."""
-        deadline = time.monotonic() + timeout
-        while True:
+        def mid_step() -> bool:
             step, done = self.progress()
-            if step >= at_least and 0 < done < self.layout.n_chunks and (step, done) != self.started_at:
-                break  # mid-step, and this process got somewhere (not the state the last one left)
-            assert time.monotonic() < deadline and self.proc.poll() is None, self.log.read_text()
-            time.sleep(0.001)
+            assert self.proc.poll() is None, self.log.read_text()
+            # mid-step, and this process got somewhere (not the state the last one left)
+            return step >= at_least and 0 < done < self.layout.n_chunks and (step, done) != self.started_at
+
+        progress.wait(mid_step, progress.both(self.progress, progress.activity(self.proc.pid)), stall=STALL,
+                      what=f"worker {self.w} reaching step {at_least}", poll=0.001)
         os.kill(self.proc.pid, signal.SIGKILL)  # `ip netns exec` execs the worker: the same PID
-        self._collect(10)
+        self._collect()
         return self.progress()
 
-    def _collect(self, timeout: float) -> None:
-        out, _ = self.proc.communicate(timeout=timeout)
+    def _collect(self) -> None:
+        out, _ = progress.communicate(self.proc, stall=STALL, progress=progress.file_sizes(self.log, self.path))
         self.banners += [line for line in out.splitlines() if "resuming at step" in line]
         self.output = out
 
-    def wait(self, timeout: float = 120.0) -> None:
-        self._collect(timeout)
+    def wait(self) -> None:
+        self._collect()
         assert self.proc.returncode == 0, self.log.read_text()
 
 
@@ -116,11 +119,13 @@ def test_worker_link_down_and_up_mid_step(bed, tmp_path, target):
             while not 0 < w2.progress()[1] or w2.progress()[0] < 2:
                 time.sleep(0.001)
             w2.host.exec("ip", "link", "set", "dev", "eth0", "down", check=True)
-            time.sleep(2.5)
+            time.sleep(2.5)  # past its step deadline; and until it noticed, however slowly
+            progress.wait(lambda: "link down" in w2.log.read_text(), progress.activity(w2.proc.pid), stall=STALL,
+                          what="worker 2 noticing its link is down")
             w2.host.exec("ip", "link", "set", "dev", "eth0", "up", check=True)
-            workers.join(120)
+            workers.join()
             w2.wait()
-            assert node.wait(60) == 0
+            assert node.wait() == 0
         finally:
             node.stop()
             if w2.proc and w2.proc.poll() is None:
@@ -167,8 +172,8 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
                 kills.append(procs[1].kill_mid_step(at))
                 procs[1].start(steps)
             for p in procs:
-                p.wait(240)
-            assert node.wait(60) == 0
+                p.wait()
+            assert node.wait() == 0
         finally:
             node.stop()
             for p in procs:
@@ -201,7 +206,7 @@ def test_training_worker_writes_no_out_after_a_failed_step(bed, tmp_path):
     p = WorkerProcess(b, topo, 0, tmp_path, init, workload=tmp_path / "workload.json")
     p.argv[p.argv.index("--deadline") + 1] = "0.5"
     p.start(2)
-    out, _ = p.proc.communicate(timeout=60)
+    out, _ = progress.communicate(p.proc, stall=STALL)
     err = p.log.read_text()
     assert p.proc.returncode == 1 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
@@ -237,10 +242,10 @@ def test_workers_added_and_removed_between_steps(bed, tmp_path, target):
                 if lo == 3:
                     assert sorted(fab.ctl.remove_worker(1, 0).workers) == [1, 2, 3]
                 workers = Workers(b, topo, init, gf, hi, ids=ids, first_step=lo, params=params).start()
-                workers.join(120)
+                workers.join()
                 assert sorted(workers.results) == ids
                 params = workers.results[ids[-1]]
-            assert node.wait(60) == 0
+            assert node.wait() == 0
         finally:
             node.stop()
     stats = check_against(ref, workers, tmp_path)
@@ -259,7 +264,7 @@ def test_switch_killed_and_restarted_mid_step(bed, tmp_path, target):
     steps = 6
     ref = reference.train(init, gf, 4, steps, OptimizerConfig())
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
-    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=20.0)
+    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
     with AgentFabric(target, bed, tmp_path) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
@@ -268,8 +273,8 @@ def test_switch_killed_and_restarted_mid_step(bed, tmp_path, target):
                 workers.wait_step(step)
                 time.sleep(0.03)
                 assert "rewrote" in " ".join(fab.restart())
-            workers.join(120)
-            assert node.wait(60) == 0
+            workers.join()
+            assert node.wait() == 0
         finally:
             node.stop()
     stats = check_against(ref, workers, tmp_path)
@@ -299,9 +304,9 @@ def test_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_path, targ
             for at in (1, 3):
                 kills.append(w2.kill_mid_step(at))
                 w2.start(steps)
-            workers.join(120)
+            workers.join()
             w2.wait()
-            assert node.wait(60) == 0
+            assert node.wait() == 0
         finally:
             node.stop()
             if w2.proc and w2.proc.poll() is None:
@@ -328,7 +333,7 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
     members = lambda s: [0, 1, 2, 3] if s < 8 else [0, 1, 2]  # noqa: E731
     ref = reference.train(init, gf, 4, steps, OptimizerConfig(), members=members)
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
-    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=30.0)
+    rto = RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
     w2 = WorkerProcess(b, topo, 2, tmp_path, init, 33)
     with AgentFabric(target, bed, tmp_path) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
@@ -352,16 +357,16 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
             again = Workers(b, topo, init, gf, 8, rto=rto, ids=[1], first_step=at, params=params).start()
             ctl = fab.restart_controller()  # 4. the controller
             assert sorted(ctl.job(1).workers) == [0, 1, 2, 3]
-            workers.join(120)
-            again.join(120)
+            workers.join()
+            again.join()
             w2.wait()
             ctl.remove_worker(1, 3)  # the new controller can still manage the job
             last = Workers(b, topo, init, gf, steps, rto=rto, ids=[0, 1], first_step=8,
                            params=workers.results[0]).start()
             w2.start(steps)  # the same command line with the job's new step count
-            last.join(120)
+            last.join()
             w2.wait()
-            assert node.wait(60) == 0
+            assert node.wait() == 0
         finally:
             node.stop()
             if w2.proc and w2.proc.poll() is None:

@@ -2,7 +2,6 @@
 reported in PACKET_AUXDATA) is refused; the CLI writes no --out after a failed step."""
 import json
 import struct
-import subprocess
 import sys
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 
 from host_agent import optim, rawsock
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version
-from mindp import codec, testbed
+from mindp import codec, progress, testbed
 from mindp.protocol import K, Kind
 from mindp.topology import star
 
@@ -70,9 +69,9 @@ def test_worker_cli_writes_no_out_after_a_failed_step(bed, tmp_path):
     np.savez(init, a=np.zeros(40, np.float32))
     out = tmp_path / "final.npz"
     stats = tmp_path / "w.json"
-    p = b.hosts["w1_0"].exec(sys.executable, "-m", "host_agent.worker", "--topology", str(topo_path), "--job", "1",
-                             "--worker", "0", "--init", str(init), "--steps", "2", "--deadline", "0.5",
-                             "--out", str(out), "--stats", str(stats), capture_output=True, text=True, timeout=60)
+    p = progress.run(["ip", "netns", "exec", b.hosts["w1_0"].netns, sys.executable, "-m", "host_agent.worker",
+                      "--topology", str(topo_path), "--job", "1", "--worker", "0", "--init", str(init), "--steps", "2",
+                      "--deadline", "0.5", "--out", str(out), "--stats", str(stats)], capture_output=True, text=True)
     assert p.returncode == 1, p.stderr
     assert "no parameters for 2 chunk(s)" in p.stderr and "not written" in p.stderr
     assert "Traceback" not in p.stderr

@@ -17,12 +17,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from host_agent import optim
-from mindp import targets, topology, workload
+from mindp import progress, targets, topology, workload
 from mininet_topos.runstate import RunState
 from tests.tools import test_dissector as dissector
 
@@ -50,17 +49,21 @@ class MakeRun:
                                      stderr=subprocess.PIPE, text=True)
         return self
 
-    def wait(self, timeout: float = 240) -> int:
+    def wait(self) -> int:
+        """Its exit code; fails once the run (its processes, its runs directory) made no progress
+        for progress.STALL s."""
         try:
-            self.out, self.err = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.out, self.err = self.proc.communicate()
-            pytest.fail(f"make run hung:\n{self.out}\n{self.err}")
+            self.out, self.err = progress.communicate(self.proc, progress=self.written)
+        except progress.Stalled as exc:
+            pytest.fail(f"make run hung: {exc}")
         return self.proc.returncode
 
-    def run(self, timeout: float = 240) -> int:
-        return self.start().wait(timeout)
+    def run(self) -> int:
+        return self.start().wait()
+
+    def written(self) -> int:
+        """Bytes the run wrote so far (logs, results)."""
+        return sum(p.stat().st_size for p in self.runs.rglob("*") if p.is_file()) if self.runs.exists() else 0
 
     @property
     def run_dir(self) -> pathlib.Path:
@@ -74,17 +77,24 @@ class MakeRun:
     def state(self) -> RunState | None:
         return RunState.load(self.state_file)
 
-    def wait_for(self, what, timeout: float = 120):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_for(self, what):
+        """what()'s first true value, while the run makes progress."""
+        got = None
+
+        def done():
+            nonlocal got
             got = what()
-            if got:
-                return got
-            if self.proc.poll() is not None:
+            if not got and self.proc.poll() is not None:
                 self.wait()
                 pytest.fail(f"make run ended early ({self.proc.returncode}):\n{self.out}\n{self.err}")
-            time.sleep(0.2)
-        pytest.fail("timed out waiting for the run")
+            return bool(got)
+
+        try:
+            progress.wait(done, progress.both(progress.activity(self.proc.pid), self.written), stall=progress.STALL,
+                          what="make run", poll=0.2)
+        except progress.Stalled as exc:
+            pytest.fail(str(exc))
+        return got
 
     def training(self):
         """The state once a worker has completed a step."""
@@ -206,10 +216,10 @@ def test_stop_after_a_crashed_run_removes_everything_and_is_safe_twice(tmp_path)
     run.wait()
     assert recorded.existing_interfaces(), "the crash should have left interfaces for stop to remove"
     stop = [sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)]
-    first = subprocess.run(stop, cwd=REPO, capture_output=True, text=True, timeout=60)
+    first = progress.run(stop, cwd=REPO, capture_output=True, text=True)
     assert first.returncode == 0 and "ended" in first.stdout
     assert_clean(run, recorded)
-    second = subprocess.run(stop, cwd=REPO, capture_output=True, text=True, timeout=60)
+    second = progress.run(stop, cwd=REPO, capture_output=True, text=True)
     assert second.returncode == 0 and "nothing to stop" in second.stdout
 
 
@@ -217,10 +227,10 @@ def test_stop_after_a_crashed_run_removes_everything_and_is_safe_twice(tmp_path)
 def test_stop_during_a_run_makes_it_clean_up_and_exit(tmp_path):
     run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
     recorded = run.wait_for(run.training)
-    stop = subprocess.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    stop = progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
+                        cwd=REPO, capture_output=True, text=True)
     assert "asked the running make run to stop" in stop.stdout
-    assert run.wait(30) == 130
+    assert run.wait() == 130
     assert "stopped" in run.err and "Traceback" not in run.err
     assert_clean(run, recorded)
 
@@ -232,7 +242,7 @@ def test_a_crash_during_the_run_is_one_line_naming_the_log(tmp_path, victim, log
     recorded = run.wait_for(run.training)
     (proc,) = [p for p in recorded.procs if p.name.startswith(victim)]
     os.killpg(proc.pid, signal.SIGKILL)
-    assert run.wait(90) == 1
+    assert run.wait() == 1
     lines = [line for line in run.err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("make run: ") and log in lines[0], run.err
     assert lines[0] in (run.run_dir / "logs" / "run.log").read_text()
@@ -242,14 +252,14 @@ def test_a_crash_during_the_run_is_one_line_naming_the_log(tmp_path, victim, log
 @needs_root
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
     run = MakeRun(tmp_path, "--workers", "zero")
-    assert run.run(60) == 2
+    assert run.run() == 2
     assert run.err.strip() == "make run: WORKERS must be an integer in 1..32, got 'zero'"
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         run = MakeRun(tmp_path, "--target", "embedded", "--grpc-port", str(port))
-        assert run.run(60) == 1
+        assert run.run() == 1
     assert "already in use" in run.err and len(run.err.strip().splitlines()) == 1
     assert not run.runs.exists()
     assert_clean(run)
@@ -259,7 +269,7 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
         st = RunState(tmp_path / "run-state.json")
         st.add_proc(other.pid, "orchestrator", False)
         run = MakeRun(tmp_path, "--target", "embedded")
-        assert run.run(60) == 1
+        assert run.run() == 1
         assert "a run is already active" in run.err and "make stop" in run.err
         assert other.poll() is None and run.state_file.exists()
     finally:
@@ -271,7 +281,7 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
 def test_a_missing_tool_is_named(tmp_path):
     run = MakeRun(tmp_path, "--target", "embedded")
     run.cmd = ["env", "PATH=/nonexistent", *run.cmd]
-    assert run.run(60) == 1
+    assert run.run() == 1
     assert run.err.strip() == "make run: mnexec not found: install the Debian package mininet (make setup does)"
     assert not run.runs.exists()
 
@@ -304,14 +314,13 @@ class Terminal:
         self.run = run
         self.text = ""
 
-    def expect(self, marker: str, start: int = 0, timeout: float = 180) -> str:
-        """Everything written from `start` up to and including `marker`."""
-        deadline = time.monotonic() + timeout
-        while marker not in self.text[start:]:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                pytest.fail(f"no {marker!r} on the terminal:\n{self.text[-3000:]}")
-            if select.select([self.master], [], [], min(left, 1.0))[0]:
+    def expect(self, marker: str, start: int = 0) -> str:
+        """Everything written from `start` up to and including `marker` (however slowly it comes:
+        it fails once neither the terminal nor the run's CPU time moved for progress.STALL s)."""
+        def seen() -> bool:
+            if marker in self.text[start:]:
+                return True
+            if select.select([self.master], [], [], 0.2)[0]:
                 try:
                     chunk = os.read(self.master, 65536)
                 except OSError:
@@ -319,14 +328,21 @@ class Terminal:
                 if not chunk:  # the other end closed: the run ended
                     pytest.fail(f"the run ended before {marker!r}:\n{self.text[-3000:]}")
                 self.text += chunk.decode(errors="replace")
+            return marker in self.text[start:]
+
+        try:
+            progress.wait(seen, progress.both(lambda: len(self.text), progress.activity(self.run.proc.pid)),
+                          stall=progress.STALL, what=f"{marker!r} on the terminal", poll=0)
+        except progress.Stalled as exc:
+            pytest.fail(f"{exc}:\n{self.text[-3000:]}")
         end = self.text.index(marker, start) + len(marker)
         return self.text[start:end]
 
-    def command(self, line: str, timeout: float = 60) -> str:
+    def command(self, line: str) -> str:
         """Type one CLI command; its output up to the next prompt."""
         start = len(self.text)
         os.write(self.master, (line + "\n").encode())
-        return self.expect("mininet> ", start, timeout)
+        return self.expect("mininet> ", start)
 
     def drain(self) -> None:
         while select.select([self.master], [], [], 0.2)[0]:
@@ -363,13 +379,13 @@ def test_cli_after_training_pings_runs_mindp_ctl_and_cleans_up(tmp_path, how):
         if how == "exit":
             os.write(term.master, b"exit\n")
             term.drain()
-            assert run.proc.wait(60) == 0
+            assert progress.wait_process(run.proc) == 0
         else:
-            stop = subprocess.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
-                                  cwd=REPO, capture_output=True, text=True, timeout=60)
+            stop = progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
+                                cwd=REPO, capture_output=True, text=True)
             assert "asked the running make run to stop" in stop.stdout
             term.drain()
-            assert run.proc.wait(60) == 130
+            assert progress.wait_process(run.proc) == 130
     finally:
         if run.proc.poll() is None:
             run.proc.kill()

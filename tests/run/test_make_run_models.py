@@ -54,7 +54,7 @@ def test_cnn_on_the_embedded_switch_with_loss_is_bit_exact(tmp_path):
 def test_gpt_on_the_embedded_switch_is_bit_exact(tmp_path):
     run = MakeRun(tmp_path, "--target", "embedded", "--model", "gpt", "--workers", "2", "--steps", "2",
               "--p4", "committed")
-    assert run.run(290) == 0, run.err
+    assert run.run() == 0, run.err
     s = check(run, "gpt", "embedded", 2, 2)
     assert 1_000_000 <= s["parameters"] <= 5_000_000 and "M parameters)" in s["model"]
 
@@ -66,5 +66,5 @@ def test_gpt_on_the_embedded_switch_is_bit_exact(tmp_path):
 def test_torch_models_on_bmv2_with_loss_are_bit_exact(tmp_path, model, steps):
     run = MakeRun(tmp_path, "--target", "bmv2", "--model", model, "--workers", "2", "--steps", str(steps),
               "--loss", "0.02")
-    assert run.run(290) == 0, run.err
+    assert run.run() == 0, run.err
     check(run, model, "bmv2", 2, steps, loss=0.02)

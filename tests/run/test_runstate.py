@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from mindp import testbed
 from mininet_topos import stop
 from mininet_topos.runstate import RunState, start_time
 
@@ -57,13 +58,14 @@ def test_a_recycled_pid_is_never_signalled(tmp_path, sleeper):
 def test_only_recorded_interfaces_are_deleted(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to make interfaces")
-    mine, other = "mnt-tst0", "mnt-tst1"
+    pre = testbed.tagged("rst-")  # not a make run prefix: the make run tests check theirs are all gone
+    mine, other = f"{pre}tst0", f"{pre}tst1"
     for name in (mine, other):
         subprocess.run(["ip", "link", "del", name], capture_output=True)
         subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", name + "b"], check=True)
     try:
         st = RunState(tmp_path / "state.json")
-        st.add_interfaces([mine, "mnt-absent"])
+        st.add_interfaces([mine, f"{pre}absent"])
         _, deleted = RunState.load(st.path).teardown()
         assert deleted == [mine]
         assert not pathlib.Path(f"/sys/class/net/{mine}").exists()

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from host_agent import rawsock
-from mindp import mmsg, targets, testbed
+from mindp import mmsg, progress, targets, testbed
 from mindp.topology import Host
 from softswitch.batch import Batch
 from softswitch.dataplane import DataPlane
@@ -56,10 +56,10 @@ def body(n: int, seed: int) -> bytes:
 
 
 def receive_all(port: Port, n: int, capacity: int = 5) -> list[bytes]:
-    """Frames from `port` in batches of `capacity` until `n` came (or 3 s without progress)."""
+    """Frames from `port` in batches of `capacity` until `n` came (or progress.STALL s without one)."""
     got, rx = [], Batch.empty(capacity, SLOT)
     idle = time.monotonic()
-    while len(got) < n and time.monotonic() - idle < 3:
+    while len(got) < n and time.monotonic() - idle < progress.STALL:
         rx.n = 0
         if port.receive(rx, capacity):
             idle = time.monotonic()
@@ -69,9 +69,11 @@ def receive_all(port: Port, n: int, capacity: int = 5) -> list[bytes]:
     return got
 
 
-def drain(sock, n: int) -> list[bytes]:
+def drain(sock, n: int, idle_limit: float = progress.STALL) -> list[bytes]:
+    """Frames from sock until `n` came or none came for `idle_limit` s (a short one to see that
+    nothing comes)."""
     got, idle = [], time.monotonic()
-    while len(got) < n and time.monotonic() - idle < 3:
+    while len(got) < n and time.monotonic() - idle < idle_limit:
         try:
             got.append(sock.recv(1 << 17))
             idle = time.monotonic()
@@ -102,14 +104,14 @@ def test_batched_receive_keeps_bytes_order_and_vlan_tags_up_to_the_slot(io_path,
             for fr in sent[:4] + [too_long] + sent[4:]:
                 s.send(fr)
             got = receive_all(port, len(sent))
-            assert drain(port.sock, 1) == [], "nothing else waits"
+            assert drain(port.sock, 1, idle_limit=0.5) == [], "nothing else waits"
         finally:
             s.close()
             port.close()
     assert [len(g) for g in got] == [len(f) for f in sent]
     assert got == sent
     assert (port.rx, port.rx_truncated) == (len(sent), 1)
-    assert pcap_frames(tmp_path / "biop1_in.pcap") == sent
+    assert pcap_frames(tmp_path / f"{h.switch_iface}_in.pcap") == sent
 
 
 def test_batched_send_keeps_order_and_counts_refused_frames(io_path, tmp_path):
@@ -129,14 +131,14 @@ def test_batched_send_keeps_order_and_counts_refused_frames(io_path, tmp_path):
             assert port.send_batch(tx, rows) == len(rows) - 1
             assert port.send_batch(tx, np.array([], np.int64)) == 0
             got = drain(s, len(rows) - 1)
-            assert drain(s, 1) == []
+            assert drain(s, 1, idle_limit=0.5) == []
         finally:
             s.close()
             port.close()
     want = [tx.frame(i) for i in rows if i != too_big]
     assert got == want
     assert (port.tx, port.tx_errors) == (len(want), 1)
-    assert pcap_frames(tmp_path / "biop1_out.pcap") == want
+    assert pcap_frames(tmp_path / f"{h.switch_iface}_out.pcap") == want
 
 
 def test_a_batch_leaves_grouped_by_egress_port_in_order(io_path):
@@ -185,7 +187,7 @@ def test_a_burst_through_the_switch_is_forwarded_and_captured_as_by_the_per_fram
             cfg = targets.SwitchConfig(ports=bed.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
                                        thrift_port=targets.free_port(), json_path=str(compiled.json_path("exprs")),
                                        log_file=str(out / "switch.log"), pcap_dir=str(out))
-            sw = targets.SwitchProcess("embedded", cfg).start(timeout=10)
+            sw = targets.SwitchProcess("embedded", cfg).start()
             s = hosts[0].socket()
             try:
                 assert rawsock.send_rows(s, frames, range(n)) == (n, 0)
@@ -193,12 +195,12 @@ def test_a_burst_through_the_switch_is_forwarded_and_captured_as_by_the_per_fram
             finally:
                 s.close()
                 sw.proc.send_signal(signal.SIGTERM)
-                assert sw.proc.wait(10) == 0
+                assert progress.wait_process(sw.proc) == 0
             assert len(got) == n
             assert [int.from_bytes(g[14:16], "big") for g in got] == list(range(n))
             assert [int.from_bytes(g[24:26], "big") for g in got] == [i + 1 for i in range(n)]
-            captures[mode] = [pcap_frames(out / f"biop{k}_{d}.pcap")
-                              for k in (1, 2) for d in ("in", "out")]
+            captures[mode] = [pcap_frames(out / f"{h.switch_iface}_{d}.pcap")
+                              for h in hosts for d in ("in", "out")]
             assert captures[mode][0] == [f.tobytes() for f in frames] and captures[mode][1] == got
             assert "Traceback" not in (out / "switch.log").read_text()
     assert captures["mmsg"] == captures["plain"]
@@ -240,9 +242,11 @@ def test_the_batched_loop_sends_what_the_per_frame_path_sends(io_path):
         try:
             for fr in sent:
                 socks[3].send(fr)
-            deadline = time.monotonic() + 3
-            while eng.stats.rx < len(sent) and time.monotonic() < deadline:
+            def all_in() -> bool:
                 dp._port_ready(ports[3])
+                return eng.stats.rx >= len(sent)
+
+            progress.wait(all_in, lambda: eng.stats.rx, stall=progress.STALL, what="the switch reading", poll=0)
             got = {n: drain(socks[n], len(want[n])) for n in want}
         finally:
             for s in socks.values():

@@ -4,13 +4,12 @@ import json
 import re
 import socket
 import struct
-import subprocess
 import sys
 
 import pytest
 from p4.v1 import p4runtime_pb2
 
-from mindp import bmthrift, targets
+from mindp import bmthrift, progress, targets
 from mindp.bmthrift import ThriftClient, ThriftError
 from p4src import artifacts
 from softswitch.engine import Engine
@@ -163,8 +162,8 @@ def test_the_same_client_on_each_target(target, tmp_path):
 
 def simple_switch_cli(port: int, commands: str) -> str:
     cli = targets.find_tool("simple_switch_CLI")
-    proc = subprocess.run([sys.executable, cli, "--thrift-port", str(port)], input=commands,
-                          capture_output=True, text=True, timeout=60)
+    proc = progress.run([sys.executable, cli, "--thrift-port", str(port)], input=commands,
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -189,6 +188,6 @@ def test_simple_switch_cli_against_the_embedded_switch(tmp_path):
 def test_the_switch_refuses_a_used_thrift_port(switch):
     _, port = switch
     cfg = targets.SwitchConfig(ports={}, grpc_addr=f"127.0.0.1:{targets.free_port()}", thrift_port=port)
-    r = subprocess.run(targets.command("embedded", cfg), capture_output=True, text=True, timeout=30)
+    r = progress.run(targets.command("embedded", cfg), capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.strip() == f"mindp-softswitch: Thrift port {port} is already in use by another process"

@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from mindp import codec
+from mindp import codec, progress
 from mindp.protocol import SCALE_BITS, Flag, Kind
 from tools import gen_dissector
 
@@ -44,7 +44,7 @@ def write_pcap(path: pathlib.Path, frames) -> None:
 def tshark(pcap: pathlib.Path, *fields: str, filt: str = "mindp") -> list[list[str]]:
     cmd = [TSHARK, "-X", f"lua_script:{gen_dissector.OUT}", "-r", str(pcap), "-Y", filt, "-T", "fields",
            "-E", "separator=|", *[a for fld in fields for a in ("-e", fld)]]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    proc = progress.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return [line.split("|") for line in proc.stdout.splitlines() if line]
 
@@ -84,7 +84,7 @@ def test_make_wireshark_installs_the_plugin_tshark_loads_by_itself(tmp_path):
     pcap = tmp_path / "p.pcap"
     hdr = codec.header_array(1, job=3, worker=2, step=9, chunk=4, count=32)
     write_pcap(pcap, codec.encode(Kind.PARAM, hdr, np.ones((1, 32), dtype=np.float16), ADDRS))
-    out = subprocess.run([TSHARK, "-r", str(pcap), "-Y", "mindp", "-T", "fields", "-e", "mindp.kind", "-e",
-                          "mindp.job", "-e", "mindp.step"], capture_output=True, text=True, timeout=60,
+    out = progress.run([TSHARK, "-r", str(pcap), "-Y", "mindp", "-T", "fields", "-e", "mindp.kind", "-e",
+                          "mindp.job", "-e", "mindp.step"], capture_output=True, text=True,
                          env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
     assert out.stdout.split() == ["3", "3", "9"], out.stderr

@@ -14,11 +14,11 @@ from mindp import INSTALL_TORCH
 torch = pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
 
 from host_agent.optim import OptimizerConfig  # noqa: E402
-from mindp import workload  # noqa: E402
+from mindp import progress, workload  # noqa: E402
 from mindp.lossscale import LossScaler  # noqa: E402
 from mindp.torch import DataParallel, layout_of, models, tasks  # noqa: E402
 from tests.conftest import TARGET_PARAMS  # noqa: E402
-from tests.host_agent.harness import AgentFabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
+from tests.host_agent.harness import STALL, AgentFabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
 
 pytestmark = pytest.mark.net
 N = 2
@@ -40,7 +40,7 @@ def start_worker(bed, topo, tmp_path, w: int, steps: int, drop: float):
     return nh.popen(sys.executable, "-m", "mininet_topos.trainer", "--topology", str(tmp_path / "topo.json"),
                     "--job", "1", "--worker", str(w), "--workload", str(tmp_path / "workload.json"),
                     "--init", str(tmp_path / "init.npz"), "--steps", str(steps), "--out", str(tmp_path / f"w{w}.npz"),
-                    "--rto-min", "0.01", "--rto-max", "0.5", "--deadline", "30", *faults,
+                    "--rto-min", "0.01", "--rto-max", "0.5", "--deadline", str(STALL), *faults,
                     stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -66,8 +66,9 @@ def test_torch_models_through_the_switch_are_bit_identical(bed, tmp_path, target
         try:
             procs = [start_worker(b, topo, tmp_path, w, STEPS, drop) for w in range(N)]
             for w, p in enumerate(procs):
-                assert p.wait(240) == 0, (tmp_path / f"w{w}.log").read_text()[-2000:]
-            assert node.wait(60) == 0
+                code = progress.wait_process(p, stall=STALL, progress=progress.file_sizes(tmp_path / f"w{w}.log"))
+                assert code == 0, (tmp_path / f"w{w}.log").read_text()[-2000:]
+            assert node.wait() == 0
         finally:
             for p in procs:
                 if p.poll() is None:

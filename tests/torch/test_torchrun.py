@@ -13,8 +13,8 @@ from mindp import INSTALL_TORCH
 pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
 
 from host_agent.optim import OptimizerConfig  # noqa: E402
-from mindp import targets, workload  # noqa: E402
-from tests.host_agent.harness import AgentFabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
+from mindp import progress, targets, workload  # noqa: E402
+from tests.host_agent.harness import STALL, AgentFabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
 
 pytestmark = pytest.mark.net
 N = 2
@@ -37,7 +37,7 @@ def train_with_torchrun(bed, tmp_path, agents: list[tuple[list[str], str]]) -> s
     ref = workload.reference_train(cfg, init, STEPS, OptimizerConfig())
     cfg.dump(tmp_path / "workload.json")
     args = run_files(tmp_path, topo, init, STEPS)
-    worker_args = ["-m", "mindp.torch.launch", "--netns-prefix", PREFIX, "--topology", str(tmp_path / "topo.json"),
+    worker_args = ["-m", "mindp.torch.launch", "--netns-prefix", b.prefix, "--topology", str(tmp_path / "topo.json"),
                    "--job", "1", "--workload", str(tmp_path / "workload.json"), "--init", str(tmp_path / "init.npz"),
                    "--steps", str(STEPS)]
     with AgentFabric("embedded", bed, tmp_path):
@@ -48,10 +48,11 @@ def train_with_torchrun(bed, tmp_path, agents: list[tuple[list[str], str]]) -> s
                 procs.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *agent, *worker_args,
                                                "--out", str(tmp_path / out)],
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-            outs = [p.communicate(timeout=240) for p in procs]
+            everyone = progress.activity(*(p.pid for p in procs))  # a rank waits on the others
+            outs = [progress.communicate(p, stall=STALL, progress=everyone) for p in procs]
             for p, (_, err) in zip(procs, outs):
                 assert p.returncode == 0, err[-2000:]
-            assert node.wait(60) == 0
+            assert node.wait() == 0
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -91,7 +92,7 @@ def test_torchrun_on_two_nodes_gives_rank_by_node_rank(bed, tmp_path):
 
 
 def test_launch_outside_torchrun_is_one_line():
-    p = subprocess.run([sys.executable, "-m", "mindp.torch.launch", "--steps", "1"], capture_output=True, text=True,
-                       env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    p = progress.run([sys.executable, "-m", "mindp.torch.launch", "--steps", "1"], capture_output=True, text=True,
+                     env={"PATH": "/usr/bin:/bin"})
     assert p.returncode == 2 and p.stderr.strip() == (
         "mindp.torch.launch: RANK/WORLD_SIZE not set: start it with torchrun")

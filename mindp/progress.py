@@ -1,0 +1,167 @@
+"""Waits that follow progress, not the clock.
+
+A wait fails when its progress measure (steps done, bytes written, CPU time used...) stays the
+same for `stall` seconds; slow progress never fails it, so a loaded machine slows a test down
+but does not fail it. `cap` bounds the whole wait only as a hang guard (something busy forever).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import threading
+import time
+from typing import Callable, Hashable
+
+#: Seconds without any progress after which a wait fails, unless the caller knows better.
+STALL = 60.0
+#: Default hang guard: far beyond any test's or start-up's duration on a loaded machine.
+CAP = 1800.0
+MEASURE_EVERY = 0.5
+
+
+class Stalled(TimeoutError):
+    """No progress for the stall time (or the hang guard ran out); the message says what."""
+
+
+def wait(done: Callable[[], bool], progress: Callable[[], Hashable], *, stall: float, what: str,
+         cap: float = CAP, poll: float = 0.02) -> None:
+    """Return once done(); raise Stalled once progress() kept one value for `stall` s, or after `cap` s."""
+    start = last_change = next_look = time.monotonic()
+    seen = progress()
+    while not done():
+        now = time.monotonic()
+        if now >= next_look:  # progress measures may scan /proc: not at every poll
+            next_look = now + MEASURE_EVERY
+            value = progress()
+            if value != seen:
+                seen, last_change = value, now
+            elif now - last_change > stall:
+                raise Stalled(f"{what}: no progress for {stall:g} s")
+            if now - start > cap:
+                raise Stalled(f"{what}: still running after {cap:g} s (hang guard)")
+        time.sleep(poll)
+
+
+def _stat(path: str) -> list[str] | None:
+    try:
+        text = pathlib.Path(path).read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # after comm, which may hold spaces
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat(f"/proc/{entry.name}/stat")
+            if fields:
+                kids.setdefault(int(fields[1]), []).append(int(entry.name))
+    return kids
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and all its live descendants."""
+    kids, out, todo = _children(), [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def cpu_ticks(pids) -> int:
+    """CPU time (clock ticks) used by these processes and their reaped children."""
+    total = 0
+    for pid in pids:
+        fields = _stat(f"/proc/{pid}/stat")
+        if fields:
+            total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    return total
+
+
+def activity(*pids: int) -> Callable[[], int]:
+    """A progress measure: the CPU time used by these processes' trees (default: this process's,
+    without the calling thread, which only polls)."""
+    if pids:
+        return lambda: cpu_ticks(p for pid in pids for p in tree(pid))
+
+    me, tid = os.getpid(), threading.get_native_id()
+
+    def measure() -> int:
+        caller = _stat(f"/proc/{me}/task/{tid}/stat")
+        return cpu_ticks(tree(me)) - (sum(int(f) for f in caller[11:13]) if caller else 0)
+
+    return measure
+
+
+def file_sizes(*paths) -> Callable[[], tuple]:
+    """A progress measure: the sizes of these files (absent: -1), e.g. logs a process writes."""
+    def measure() -> tuple:
+        out = []
+        for p in paths:
+            try:
+                out.append(os.stat(p).st_size)
+            except OSError:
+                out.append(-1)
+        return tuple(out)
+
+    return measure
+
+
+def both(*measures: Callable[[], Hashable]) -> Callable[[], tuple]:
+    return lambda: tuple(m() for m in measures)
+
+
+def wait_process(proc: subprocess.Popen, *, stall: float = STALL, progress: Callable[[], Hashable] | None = None,
+                 what: str | None = None, cap: float = CAP) -> int:
+    """proc's exit code once it exits; Stalled if it (and `progress`, if given) made no progress for
+    `stall` s. The default measure is the CPU time of proc's process tree."""
+    measure = activity(proc.pid)
+    if progress is not None:
+        measure = both(measure, progress)
+    wait(lambda: proc.poll() is not None, measure, stall=stall, cap=cap,
+         what=what or f"process {proc.pid} ({' '.join(map(str, proc.args[:4]))} ...)")
+    return proc.returncode
+
+
+def communicate(proc: subprocess.Popen, input: str | bytes | None = None, *, stall: float = STALL,
+                progress: Callable[[], Hashable] | None = None, cap: float = CAP) -> tuple:
+    """proc.communicate(input), but killing proc and raising Stalled only once its process tree used
+    no CPU (and `progress`, if given, stayed the same) for `stall` s."""
+    measure = activity(proc.pid)
+    if progress is not None:
+        measure = both(measure, progress)
+    start = last_change = time.monotonic()
+    seen, pending = measure(), input
+    while True:
+        try:
+            return proc.communicate(pending, timeout=MEASURE_EVERY)
+        except subprocess.TimeoutExpired:
+            pending = None  # given once: communicate() goes on feeding it
+        now, value = time.monotonic(), measure()
+        if value != seen:
+            seen, last_change = value, now
+        if now - last_change > stall or now - start > cap:
+            proc.kill()
+            proc.communicate()
+            why = f"no progress for {stall:g} s" if now - start <= cap else f"still running after {cap:g} s"
+            raise Stalled(f"{' '.join(map(str, proc.args[:4]))} ...: {why}")
+
+
+def run(cmd: list[str], *, stall: float = STALL, input: str | bytes | None = None, cap: float = CAP,
+        **kw) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, ...), but the process is killed and Stalled raised only once its process
+    tree used no CPU for `stall` s (a slow machine makes it slower, never a failure)."""
+    if kw.pop("capture_output", False):
+        kw["stdout"] = kw["stderr"] = subprocess.PIPE
+    check = kw.pop("check", False)
+    if input is not None:
+        kw["stdin"] = subprocess.PIPE
+    with subprocess.Popen(cmd, **kw) as proc:
+        out, err = communicate(proc, input, stall=stall, cap=cap)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check:
+        done.check_returncode()
+    return done

@@ -1,0 +1,64 @@
+"""mindp.progress: waits fail after a stretch without progress, never because progress is slow."""
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from mindp import progress
+
+BUSY = [sys.executable, "-c", "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
+        "print('done')"]
+
+
+def test_slow_progress_never_fails_a_wait():
+    start = time.monotonic()
+    state = {"n": 0}
+
+    def advance():  # one step every 0.2 s, done after 1.2 s: far more than `stall` in all
+        if time.monotonic() - start > 0.2 * (state["n"] + 1):
+            state["n"] += 1
+        return state["n"] >= 6
+
+    progress.wait(advance, lambda: state["n"], stall=0.6, what="slow")
+    assert state["n"] == 6
+
+
+def test_no_progress_fails_after_the_stall_time_naming_what():
+    start = time.monotonic()
+    with pytest.raises(progress.Stalled, match="frames: no progress for 0.5 s"):
+        progress.wait(lambda: False, lambda: 7, stall=0.5, what="frames")
+    assert time.monotonic() - start >= 0.5
+
+
+def test_the_hang_guard_ends_progress_that_never_finishes():
+    n = iter(range(10**9))
+    with pytest.raises(progress.Stalled, match="hang guard"):
+        progress.wait(lambda: False, lambda: next(n), stall=10, cap=0.5, what="spinning")
+
+
+def test_run_lets_a_busy_process_finish_and_kills_an_idle_one():
+    done = progress.run(BUSY, stall=3, capture_output=True, text=True, check=True)
+    assert done.stdout == "done\n"
+    with pytest.raises(progress.Stalled, match="no progress"):  # before `sleep 30` could end by itself
+        progress.run(["sleep", "30"], stall=1)
+
+
+def test_run_feeds_input_and_checks_like_subprocess_run():
+    assert progress.run(["cat"], input="abc", capture_output=True, text=True).stdout == "abc"
+    with pytest.raises(subprocess.CalledProcessError):
+        progress.run(["false"], check=True)
+
+
+def test_activity_sees_other_threads_and_children_not_the_caller():
+    measure = progress.activity()
+    before = measure()
+    time.sleep(0.3)  # sleeping uses no CPU
+    idle = measure()
+    t = threading.Thread(target=lambda: [sum(range(10**5)) for _ in range(60)])
+    t.start()
+    t.join()
+    assert measure() > idle >= before
+    with subprocess.Popen(BUSY, stdout=subprocess.DEVNULL) as p:
+        assert progress.wait_process(p, stall=3) == 0
