@@ -1,0 +1,133 @@
+"""examples/train_cnn.py (a DDP script with mindp.torch.init) under torchrun, each rank in its
+host's namespace, through the switch: its checkpoint equals the single-process reference fed the
+same batches, schedule and optimizer, bit for bit; the node is created from the script's describe
+run. Also mindp.torch.init's one-line errors."""
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from host_agent import optim, reference  # noqa: E402
+from mindp import targets  # noqa: E402
+from mindp.topology import star  # noqa: E402
+from mindp.torch import layout_arrays, models, spec  # noqa: E402
+from tests.conftest import TARGET_PARAMS  # noqa: E402
+from tests.host_agent.harness import AgentFabric, NodeProcess, job_bed, node_args  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+N, STEPS = 2, 4
+PREFIX = "hex-"
+
+
+def example(name: str):
+    s = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    mod = importlib.util.module_from_spec(s)
+    s.loader.exec_module(mod)
+    return mod
+
+
+def script_reference(mod, steps: int) -> reference.Result:
+    """The script's own pieces (model, batches, loss, optimizer and scheduler) in one process."""
+    models.deterministic()
+    net = mod.build_model()
+    opt, sched = mod.optimizer(net, steps, 3e-3)
+    cfg = spec.optimizer_config(opt, sched)
+
+    def grad_fn(w, step, params):
+        models.load_params(net, params)
+        net.zero_grad(set_to_none=True)
+        mod.loss_fn(net, *mod.batch(w, step)).backward()
+        return {n: p.grad for n, p in net.named_parameters()}
+
+    return reference.train(layout_arrays(mod.build_model()), grad_fn, N, steps, cfg)
+
+
+@pytest.fixture(scope="module")
+def bed():
+    yield from job_bed(PREFIX, N)
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_cnn_example_under_torchrun_matches_its_reference(bed, tmp_path, target):
+    b, topo = bed
+    topo.dump(tmp_path / "topo.json")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    script = str(REPO / "examples" / "train_cnn.py")
+    subprocess.run([sys.executable, script, "--steps", str(STEPS)], check=True, cwd=tmp_path, timeout=120,
+                   env={**env, "MINDP_DESCRIBE": str(tmp_path / "spec"), "RANK": "0", "WORLD_SIZE": str(N)})
+    args = node_args(tmp_path / "topo.json", tmp_path / "state", tmp_path / "spec" / "init.npz", STEPS,
+                     tmp_path / "final.npz", tmp_path / "stats.json",
+                     extra=["--optimizer-spec", str(tmp_path / "spec" / "optimizer.json")])
+    run_env = {**env, "MINDP_TOPOLOGY": str(tmp_path / "topo.json"), "MINDP_JOB": "1",
+               "MINDP_STATE": str(tmp_path / "state")}
+    with AgentFabric(target, bed, tmp_path):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                                   "--nproc-per-node", str(N), "--rdzv-backend", "c10d",
+                                   "--rdzv-endpoint", f"127.0.0.1:{targets.free_port()}",
+                                   "-m", "mindp.torch.launch", "--netns-prefix", PREFIX, "--script", script,
+                                   "--steps", str(STEPS), "--out", str(tmp_path / "ckpt.pt")],
+                                  capture_output=True, text=True, env=run_env, timeout=600)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert node.wait(60) == 0
+        finally:
+            node.stop()
+    ref = script_reference(example("train_cnn"), STEPS)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == STEPS - 1
+    for name, want in ref.master.items():
+        assert np.array_equal(ckpt["model"][name].numpy().view(np.uint32), want.view(np.uint32)), name
+    losses = [line for line in proc.stdout.splitlines() if '"loss"' in line]
+    assert len(losses) == STEPS
+
+
+def run_init(tmp_path, env: dict, **kw) -> str:
+    """mindp.torch.init in a fresh process with `env`; its stderr (it must exit 1 with one line)."""
+    code = ("import torch, mindp.torch\n"
+            "m = torch.nn.Linear(3, 2)\n"
+            "mindp.torch.init(m, torch.optim.AdamW(m.parameters()), **%r)\n" % kw)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MINDP_", "RANK", "WORLD_SIZE"))}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**base, "PYTHONPATH": str(REPO), **env}, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_init_errors_are_one_line(tmp_path):
+    topo = star([2], slots=8)
+    topo.dump(tmp_path / "topo.json")
+    ranks = {"RANK": "0", "WORLD_SIZE": "2"}
+    assert "start the script with torchrun" in run_init(tmp_path, {})
+    assert "no topology: set MINDP_TOPOLOGY" in run_init(tmp_path, ranks)
+    t = {**ranks, "MINDP_TOPOLOGY": str(tmp_path / "topo.json")}
+    assert "no job: set MINDP_JOB" in run_init(tmp_path, t)
+    assert "job 7 is not in" in run_init(tmp_path, {**t, "MINDP_JOB": "7"})
+    assert "torchrun started 3 ranks, job 1 has 2" in run_init(tmp_path, {**t, "MINDP_JOB": "1", "WORLD_SIZE": "3"})
+    j = {**t, "MINDP_JOB": "1"}
+    assert "holds no optimizer state" in run_init(tmp_path, {**j, "MINDP_STATE": str(tmp_path / "none")})
+    assert "no interface holds" in run_init(tmp_path, j)
+    assert "interface nosuch0" in run_init(tmp_path, {**j, "MINDP_IFACE": "nosuch0"})
+    # a state of another model: the layouts differ
+    from host_agent import state
+    other = {"weight": np.zeros((4, 3), np.float32)}
+    state.create(tmp_path / "st", optim.layout_of(other), state.init_pieces(optim.layout_of(other), other),
+                 optim.OptimizerConfig())
+    assert "layouts differ" in run_init(tmp_path, {**j, "MINDP_STATE": str(tmp_path / "st")})
+
+
+def test_clip_grad_norm_is_refused_in_one_line():
+    from mindp.torch.script import CLIP_REFUSED, MindpError, Optimizer
+
+    opt = Optimizer.__new__(Optimizer)
+    with pytest.raises(MindpError, match="clip_grad_norm is not supported"):
+        opt.clip_grad_norm_(1.0)
+    assert "\n" not in CLIP_REFUSED
