@@ -1,8 +1,9 @@
-"""examples/train_cnn.py (a DDP script with mindp.torch.init) under torchrun, each rank in its
+"""examples/train_cnn.py and train_gpt.py (DDP scripts with mindp.torch.init) under torchrun, each rank in its
 host's namespace, through the switch: its checkpoint equals the single-process reference fed the
 same batches, schedule and optimizer, bit for bit; the node is created from the script's describe
 run. Also mindp.torch.init's one-line errors."""
 import importlib.util
+import json
 import os
 import pathlib
 import subprocess
@@ -23,12 +24,17 @@ from tests.host_agent.harness import AgentFabric, NodeProcess, job_bed, node_arg
 REPO = pathlib.Path(__file__).resolve().parents[2]
 N, STEPS = 2, 4
 PREFIX = "hex-"
+TINY_GPT = {"d": 16, "layers": 1, "heads": 2, "ctx": 8}
+#: Each example with the arguments that keep it small here.
+EXAMPLES = {"train_cnn": [], "train_gpt": ["--gpt", json.dumps(TINY_GPT)]}
 
 
 def example(name: str):
     s = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
     mod = importlib.util.module_from_spec(s)
     s.loader.exec_module(mod)
+    if name == "train_gpt":
+        mod.SPEC = models.GptSpec(**TINY_GPT)
     return mod
 
 
@@ -54,12 +60,13 @@ def bed():
 
 
 @pytest.mark.parametrize("target", TARGET_PARAMS)
-def test_cnn_example_under_torchrun_matches_its_reference(bed, tmp_path, target):
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_example_under_torchrun_matches_its_reference(bed, tmp_path, target, name):
     b, topo = bed
     topo.dump(tmp_path / "topo.json")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    script = str(REPO / "examples" / "train_cnn.py")
-    subprocess.run([sys.executable, script, "--steps", str(STEPS)], check=True, cwd=tmp_path, timeout=120,
+    script = str(REPO / "examples" / f"{name}.py")
+    subprocess.run([sys.executable, script, "--steps", str(STEPS), *EXAMPLES[name]], check=True, cwd=tmp_path, timeout=120,
                    env={**env, "MINDP_DESCRIBE": str(tmp_path / "spec"), "RANK": "0", "WORLD_SIZE": str(N)})
     args = node_args(tmp_path / "topo.json", tmp_path / "state", tmp_path / "spec" / "init.npz", STEPS,
                      tmp_path / "final.npz", tmp_path / "stats.json",
@@ -73,13 +80,13 @@ def test_cnn_example_under_torchrun_matches_its_reference(bed, tmp_path, target)
                                    "--nproc-per-node", str(N), "--rdzv-backend", "c10d",
                                    "--rdzv-endpoint", f"127.0.0.1:{targets.free_port()}",
                                    "-m", "mindp.torch.launch", "--netns-prefix", PREFIX, "--script", script,
-                                   "--steps", str(STEPS), "--out", str(tmp_path / "ckpt.pt")],
+                                   "--steps", str(STEPS), *EXAMPLES[name], "--out", str(tmp_path / "ckpt.pt")],
                                   capture_output=True, text=True, env=run_env, timeout=600)
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert node.wait(60) == 0
         finally:
             node.stop()
-    ref = script_reference(example("train_cnn"), STEPS)
+    ref = script_reference(example(name), STEPS)
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == STEPS - 1
     for name, want in ref.master.items():
