@@ -42,12 +42,23 @@ def optimizer(model, steps: int, lr: float):
         torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps - warmup)], [warmup])
 
 
-def main():
+def parse(argv=None):
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--out", help="final weights (rank 0)")
-    args = p.parse_args()
+    return p.parse_args(argv)
+
+
+def mindp_reference(argv):
+    """The single-process run `make run SCRIPT=` compares the final weights with (docs/TORCH.md)."""
+    args = parse(argv)
+    return dict(model=build_model, batch=batch, loss=loss_fn, steps=args.steps,
+                optimizer=lambda model: optimizer(model, args.steps, args.lr))
+
+
+def main():
+    args = parse()
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")

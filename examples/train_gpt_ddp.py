@@ -44,15 +44,27 @@ def optimizer(model, steps: int, lr: float):
         torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.1, steps - 1)], [1])
 
 
-def main():
+def parse(argv=None):
     global SPEC
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--gpt", type=json.loads, default={}, help='model size, e.g. {"d": 64, "layers": 2}')
     p.add_argument("--out", help="final weights (rank 0)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     SPEC = GptSpec(**args.gpt)
+    return args
+
+
+def mindp_reference(argv):
+    """The single-process run `make run SCRIPT=` compares the final weights with (docs/TORCH.md)."""
+    args = parse(argv)
+    return dict(model=build_model, batch=batch, loss=loss_fn, steps=args.steps,
+                optimizer=lambda model: optimizer(model, args.steps, args.lr))
+
+
+def main():
+    args = parse()
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")

@@ -2,7 +2,6 @@
 host's namespace, through the switch: its checkpoint equals the single-process reference fed the
 same batches, schedule and optimizer, bit for bit; the node is created from the script's describe
 run. Also mindp.torch.init's one-line errors."""
-import importlib.util
 import json
 import os
 import pathlib
@@ -14,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from host_agent import optim, reference  # noqa: E402
+from host_agent import optim  # noqa: E402
 from mindp import targets  # noqa: E402
 from mindp.topology import star  # noqa: E402
-from mindp.torch import layout_arrays, models, spec  # noqa: E402
+from mindp.torch import scriptref  # noqa: E402
 from tests.conftest import TARGET_PARAMS  # noqa: E402
 from tests.host_agent.harness import AgentFabric, NodeProcess, job_bed, node_args  # noqa: E402
 
@@ -27,31 +26,6 @@ PREFIX = "hex-"
 TINY_GPT = {"d": 16, "layers": 1, "heads": 2, "ctx": 8}
 #: Each example with the arguments that keep it small here.
 EXAMPLES = {"train_cnn": [], "train_gpt": ["--gpt", json.dumps(TINY_GPT)]}
-
-
-def example(name: str):
-    s = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
-    mod = importlib.util.module_from_spec(s)
-    s.loader.exec_module(mod)
-    if name == "train_gpt":
-        mod.SPEC = models.GptSpec(**TINY_GPT)
-    return mod
-
-
-def script_reference(mod, steps: int) -> reference.Result:
-    """The script's own pieces (model, batches, loss, optimizer and scheduler) in one process."""
-    models.deterministic()
-    net = mod.build_model()
-    opt, sched = mod.optimizer(net, steps, 3e-3)
-    cfg = spec.optimizer_config(opt, sched)
-
-    def grad_fn(w, step, params):
-        models.load_params(net, params)
-        net.zero_grad(set_to_none=True)
-        mod.loss_fn(net, *mod.batch(w, step)).backward()
-        return {n: p.grad for n, p in net.named_parameters()}
-
-    return reference.train(layout_arrays(mod.build_model()), grad_fn, N, steps, cfg)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +60,7 @@ def test_example_under_torchrun_matches_its_reference(bed, tmp_path, target, nam
             assert node.wait(60) == 0
         finally:
             node.stop()
-    ref = script_reference(example(name), STEPS)
+    ref = scriptref.script_reference(script, N, ["--steps", str(STEPS), *EXAMPLES[name]])
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == STEPS - 1
     for name, want in ref.master.items():
