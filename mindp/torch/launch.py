@@ -9,13 +9,15 @@ processes and hands out ranks, over TCP on the hosts' own network).
 
 Every other argument is mininet_topos.trainer's; `{rank}` in --out is replaced. On one machine
 whose worker hosts are network namespaces, `--netns-prefix P` runs rank r inside namespace
-P + (the topology's host of worker r). `--script FILE` runs a user's script (mindp.torch.init)
+P + (the topology's host of worker r); `--host-pids FILE` (JSON host -> PID, as `make run` writes
+for its Mininet hosts) runs it in the namespaces of that host's process (mnexec -a). `--script FILE` runs a user's script (mindp.torch.init)
 instead of the built-in trainer, with the remaining arguments; its topology and job then come
 from MINDP_TOPOLOGY and MINDP_JOB (docs/TORCH.md).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -25,6 +27,7 @@ from mindp.topology import Topology, TopologyError
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mindp.torch.launch", description="mindp worker under torchrun")
     p.add_argument("--netns-prefix", help="run rank r in namespace PREFIX + the host of worker r")
+    p.add_argument("--host-pids", help="JSON {host: pid}: run rank r in the namespaces of its host's process")
     p.add_argument("--script", help="a torchrun script using mindp.torch.init, run with the other arguments")
     args, rest = p.parse_known_args(argv)
     rest = [a for a in rest if a != "--"]
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "mininet_topos.trainer", *rest]
         where = tuple(rest[rest.index(flag) + 1] if flag in rest and rest.index(flag) + 1 < len(rest) else ""
                       for flag in ("--topology", "--job"))
-    if args.netns_prefix:
+    if args.netns_prefix or args.host_pids:
         try:
             topo = Topology.load(where[0])
             job = int(where[1])
@@ -53,7 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, IndexError, StopIteration, KeyError, OSError, TopologyError) as exc:
             print(f"mindp.torch.launch: cannot find worker {rank} of the job ({world} ranks): {exc}", file=sys.stderr)
             return 2
-        cmd = ["ip", "netns", "exec", args.netns_prefix + host, *cmd]
+        if args.host_pids:
+            try:
+                pid = int(json.loads(open(args.host_pids).read())[host])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                print(f"mindp.torch.launch: no PID of host {host} in {args.host_pids}: {exc}", file=sys.stderr)
+                return 2
+            cmd = ["mnexec", "-a", str(pid), *cmd]
+        else:
+            cmd = ["ip", "netns", "exec", args.netns_prefix + host, *cmd]
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)  # the same PID, so torchrun watches the worker itself
     return 0  # not reached

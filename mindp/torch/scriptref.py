@@ -42,7 +42,10 @@ def load_script(path: str | pathlib.Path):
 
 
 def script_reference(path: str | pathlib.Path, world: int, argv: list[str]) -> reference.Result:
-    """Train the script's reference for `world` ranks; NoReference if it defines none."""
+    """Train the script's reference for `world` ranks; NoReference if it defines none (a script
+    without one is not imported: its training may run at import)."""
+    if "def mindp_reference" not in pathlib.Path(path).read_text(errors="replace"):
+        raise NoReference(f"{path} defines no mindp_reference(argv)")
     mod = load_script(path)
     if not hasattr(mod, "mindp_reference"):
         raise NoReference(f"{path} defines no mindp_reference(argv)")
