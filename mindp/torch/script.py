@@ -157,11 +157,11 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Opti
             raise MindpError(f"job {job_id} is not in {topo_path} (jobs: {[j.job_id for j in topo.jobs]})")
         if world != spec.n_workers:
             raise MindpError(f"torchrun started {world} ranks, job {job_id} has {spec.n_workers} workers")
-        wcfg = WorkerConfig.from_topology(topo, job_id, rank)
+        state_dir = state_dir or os.environ.get("MINDP_STATE") or None
+        start, first = _start(module, state_dir)
+        wcfg = WorkerConfig.from_topology(topo, job_id, rank, first_step=first)
     except (TopologyError, ValueError) as exc:
         raise MindpError(str(exc)) from None
-    state_dir = state_dir or os.environ.get("MINDP_STATE") or None
-    start, first = _start(module, state_dir)
     with torch.no_grad():
         named = dict(module.named_parameters())
         for n, a in start.items():  # the fp16 parameters the workers hold, as the reference does
@@ -171,7 +171,6 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Opti
         sock = rawsock.open_raw(name)
     except rawsock.SocketError as exc:
         raise MindpError(f"interface {name}: {exc}") from None
-    wcfg = WorkerConfig.from_topology(topo, job_id, rank, first_step=first)
     agent = WorkerAgent(wcfg, layout_of(module), sock, initial={n: a.astype(np.float16) for n, a in start.items()})
     optimizer._opt_called = True  # its scheduler's step() need not warn: the node steps, not this optimizer
     return Optimizer(module, agent, state_dir)

@@ -89,6 +89,7 @@ def test_init_errors_are_one_line(tmp_path):
     ranks = {"RANK": "0", "WORLD_SIZE": "2"}
     assert "start the script with torchrun" in run_init(tmp_path, {})
     assert "no topology: set MINDP_TOPOLOGY" in run_init(tmp_path, ranks)
+    assert "cannot read topology" in run_init(tmp_path, {**ranks, "MINDP_TOPOLOGY": str(tmp_path / "none.json")})
     t = {**ranks, "MINDP_TOPOLOGY": str(tmp_path / "topo.json")}
     assert "no job: set MINDP_JOB" in run_init(tmp_path, t)
     assert "job 7 is not in" in run_init(tmp_path, {**t, "MINDP_JOB": "7"})
@@ -112,3 +113,60 @@ def test_clip_grad_norm_is_refused_in_one_line():
     with pytest.raises(MindpError, match="clip_grad_norm is not supported"):
         opt.clip_grad_norm_(1.0)
     assert "\n" not in CLIP_REFUSED
+
+
+RESUMING_SCRIPT = '''
+import os, sys, torch, mindp.torch
+sys.path.insert(0, sys.argv[3])
+from train_cnn import batch, build_model, loss_fn, optimizer
+torch.set_num_threads(1)
+model = build_model()
+opt, sched = optimizer(model, 6, 3e-3)
+opt = mindp.torch.init(model, opt, sched)
+while opt.step_number < int(sys.argv[1]):  # the job's step: a resumed node's, not 0
+    x, y = batch(int(os.environ["RANK"]), opt.step_number)
+    opt.zero_grad()
+    loss_fn(model, x, y).backward()
+    opt.step()
+if os.environ["RANK"] == "0":
+    opt.save(sys.argv[2])
+'''
+
+
+def test_checkpoint_restored_into_a_fresh_node_resumes_bit_exactly(bed, tmp_path):
+    """3 steps, save; the checkpoint restored into a new state directory, a new node on it and the
+    ranks (which take its weights and step) train steps 3..5: the train_cnn reference of 6 steps."""
+    b, topo = bed
+    topo.dump(tmp_path / "topo.json")
+    script = tmp_path / "resuming.py"
+    script.write_text(RESUMING_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MINDP_TOPOLOGY": str(tmp_path / "topo.json"),
+           "MINDP_JOB": "1"}
+    subprocess.run([sys.executable, str(script), "3", "-", str(REPO / "examples")], check=True, timeout=120,
+                   env={**env, "MINDP_DESCRIBE": str(tmp_path / "spec"), "RANK": "0", "WORLD_SIZE": str(N)})
+    with AgentFabric("embedded", bed, tmp_path):
+        for phase, (state, steps) in enumerate([("state1", 3), ("state2", 6)]):
+            if phase:
+                subprocess.run([sys.executable, "-m", "mindp.torch.checkpoint", str(tmp_path / "ckpt1.pt"),
+                                str(tmp_path / state)], check=True, env=env, timeout=120)
+            args = node_args(tmp_path / "topo.json", tmp_path / state, tmp_path / "spec" / "init.npz", steps,
+                             tmp_path / f"final{phase}.npz", tmp_path / f"stats{phase}.json",
+                             extra=["--optimizer-spec", str(tmp_path / "spec" / "optimizer.json")])
+            node = NodeProcess(b.hosts["opt1"], args, tmp_path / f"node{phase}.log").start()
+            try:
+                proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                                       "--nproc-per-node", str(N), "--rdzv-backend", "c10d",
+                                       "--rdzv-endpoint", f"127.0.0.1:{targets.free_port()}",
+                                       "-m", "mindp.torch.launch", "--netns-prefix", PREFIX, "--script", str(script),
+                                       str(steps), str(tmp_path / f"ckpt{phase + 1}.pt"), str(REPO / "examples")],
+                                      capture_output=True, text=True, timeout=600,
+                                      env={**env, "MINDP_STATE": str(tmp_path / state)})
+                assert proc.returncode == 0, proc.stderr[-3000:]
+                assert node.wait(60) == 0
+            finally:
+                node.stop()
+    ref = scriptref.script_reference(REPO / "examples" / "train_cnn.py", N, ["--steps", "6"])
+    ckpt = torch.load(tmp_path / "ckpt2.pt", weights_only=True)
+    assert ckpt["step"] == 5 and torch.load(tmp_path / "ckpt1.pt", weights_only=True)["step"] == 2
+    for name, want in ref.master.items():
+        assert np.array_equal(ckpt["model"][name].numpy().view(np.uint32), want.view(np.uint32)), name
