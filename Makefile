@@ -33,6 +33,10 @@ OPTIMIZERS ?= 1
 TORCH_VERSION := 2.13.0
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 TORCH ?= 1
+# A torchrun script using mindp.torch.init on every worker host instead of MODEL (docs/TORCH.md);
+# ARGS: its arguments, e.g. make run SCRIPT=examples/train_cnn.py ARGS='--steps 20'
+SCRIPT ?=
+ARGS ?=
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 # Parallel test processes (pytest-xdist). Most tests wait (packets, other processes, I/O) rather
@@ -90,7 +94,8 @@ run:
 	@$(MAKE) -s --no-print-directory setup
 	@$(PY) -m mininet_topos.run --target $(TARGET) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
-	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES))
+	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
+	  $(if $(SCRIPT),--script '$(SCRIPT)' --args '$(ARGS)')
 
 stop:
 	@[ "$$(id -u)" = 0 ] || { echo "make stop: must run as root (the run's processes and interfaces are root's)" >&2; exit 1; }

@@ -95,9 +95,10 @@ def selected() -> str:
     return choose(os.environ.get("MINDP_KERNEL", "auto").strip().lower() or "auto", host_has_avx2())
 
 
-def scalars(cfg: OptimizerConfig, step: int) -> np.ndarray:
-    """The float32 constants of one step, rounded exactly as `optim.apply` rounds them."""
-    lr = cfg.lr
+def scalars(cfg: OptimizerConfig, step: int, lr: float | None = None) -> np.ndarray:
+    """The float32 constants of one step, rounded exactly as `optim.apply` rounds them (`lr`: the
+    step's scheduled lr, a float64 rounded to float32 only inside these products, as there)."""
+    lr = cfg.lr if lr is None else lr
     if cfg.kind == "adamw":
         b1, b2 = cfg.betas
         t = step + 1
@@ -178,14 +179,14 @@ def in_order_batch(h: np.ndarray, job: int, max_workers: int, lo: int, hi: int, 
 
 
 def update_numpy(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
-                 step: int, out: np.ndarray) -> None:
+                 step: int, out: np.ndarray, lr: float | None = None) -> None:
     """The reference composition (records (n, 3, K) float32, or (n, 2, K) for SGD, which has no v;
     sums (n, K) int64, out (n, K) float16; nworkers an int or one count per record)."""
     nworkers = np.asarray(nworkers, dtype=np.int64).reshape(-1, 1) if np.ndim(nworkers) else nworkers
     if dst is not src:
         dst[...] = src
     g = optim.mean_gradient(sums, nworkers)
-    optim.apply(cfg, dst[:, MASTER], dst[:, M], dst[:, V] if dst.shape[1] > V else None, g, step)
+    optim.apply(cfg, dst[:, MASTER], dst[:, M], dst[:, V] if dst.shape[1] > V else None, g, step, lr)
     out[...] = dst[:, MASTER].astype(np.float16)
 
 
@@ -611,14 +612,15 @@ if not NUMPY_ONLY:
 
 
 def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
-                   step: int, out: np.ndarray, kernel: str | None = None) -> None:
+                   step: int, out: np.ndarray, lr: float | None = None, kernel: str | None = None) -> None:
     """dst = one optimizer step of src with the mean of `sums` over `nworkers` (an int or one count
     per record); out = fp16(dst master). src may be dst. SGD has no v: its records are (master, m),
     or, in a state of format 1, (master, m, v) with v left as created (zero in both copies).
-    `kernel`: 'avx2', 'portable' or 'numpy' (default: `selected()`)."""
+    `lr`: the step's scheduled lr (default cfg.lr). `kernel`: 'avx2', 'portable' or 'numpy'
+    (default: `selected()`)."""
     kernel = kernel or selected()
     if kernel == "numpy":
-        update_numpy(cfg, src, dst, sums, nworkers, step, out)
+        update_numpy(cfg, src, dst, sums, nworkers, step, out, lr)
         return
     nw = nworkers
     if not (isinstance(nw, np.ndarray) and nw.dtype == np.float64 and nw.flags.c_contiguous and nw.shape == (len(src),)):
@@ -629,10 +631,10 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
             raise ValueError(f"update_records: {name} must hold whole rows ({a.dtype} records or K elements), "
                              "each contiguous")
     if kernel == "portable":
-        portable.update(cfg.kind, src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16))
+        portable.update(cfg.kind, src, dst, sums, nw, scalars(cfg, step, lr), cfg.weight_decay != 0.0, out.view(np.uint16))
         return
     far = not np.may_share_memory(src, dst)  # else in place: in cache
-    _kernels[cfg.kind](src, dst, sums, nw, scalars(cfg, step), cfg.weight_decay != 0.0, out.view(np.uint16), far)
+    _kernels[cfg.kind](src, dst, sums, nw, scalars(cfg, step, lr), cfg.weight_decay != 0.0, out.view(np.uint16), far)
 
 
 def warm(cfg: OptimizerConfig) -> None:

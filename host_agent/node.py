@@ -24,7 +24,7 @@ from mindp import codec
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, fused, optim, probe, rawsock, shards, state
+from . import agent_args, fused, lr, optim, probe, rawsock, shards, state
 from .agent_args import finite
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError, StorageError
@@ -57,6 +57,7 @@ class NodeCore:
         self.max_workers = max_workers
         self.slots = slots
         self.on_nonfinite = on_nonfinite
+        self.rates = lr.Rates(self.cfg.lr, self.cfg.schedule)  # the lr of each step, its number from the state
         fused.warm(self.cfg)  # compile the kernel now, not on the first sum
         # A shard owns chunks lo..hi of the job's chunk space: headers carry job-wide chunk
         # numbers (slots and versions follow the whole model), the store holds records 0..hi-lo.
@@ -261,7 +262,7 @@ class NodeCore:
                 old = store.records(src, lo, hi)
                 # Adam's bias correction counts updates, not steps: a skipped step is none.
                 fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
-                                     out[pos : pos + n])
+                                     out[pos : pos + n], self.rates.at(step))
             for a, b in [(lo, hi)] if store.pages.mapped else page_cuts(lo, hi, store.page_chunks):
                 store.mark_applied(a, b)
             if not store.pages.mapped:  # a batch spans pages: keep the reads ahead of this one
@@ -531,6 +532,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=finite, default=0.01)
     p.add_argument("--momentum", type=finite, default=0.9)
     p.add_argument("--eps", type=finite, default=OptimizerConfig.eps, help="AdamW epsilon")
+    p.add_argument("--optimizer-spec", metavar="FILE",
+                   help="the optimizer as JSON (OptimizerConfig.to_dict: kind, lr, schedule...; written by a "
+                        "mindp.torch script's describe run) instead of --optimizer/--lr/...; a state that exists "
+                        "keeps its own")
     p.add_argument("--steps", type=int, help="exit after this many steps are committed (and late resends settle)")
     p.add_argument("--linger", type=finite, default=LINGER,
                    help="seconds of quiet after the last step before exiting (more than the workers' largest RTO, "
@@ -599,6 +604,11 @@ def sum_sources(args) -> list[tuple[str, str]] | None:
 
 def config_from_args(args) -> OptimizerConfig:
     """The optimizer the command line asks for (a state created from now on takes it)."""
+    if args.optimizer_spec:
+        try:
+            return OptimizerConfig.from_dict(json.loads(pathlib.Path(args.optimizer_spec).read_text()))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"--optimizer-spec {args.optimizer_spec}: {exc}") from None
     return OptimizerConfig(kind=args.optimizer, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
                            eps=args.eps)
 
@@ -619,7 +629,7 @@ def open_state(args, chunks: tuple[int, int] | None = None) -> state.Store:
         want = "all chunks" if chunks is None else "chunks {}:{}".format(*chunks)
         store.close()
         raise ConfigError(f"{args.state_dir} holds {held}, not {want}")
-    if store.cfg != cfg:
+    if store.cfg != cfg and not args.optimizer_spec:  # a script's spec: the state it already holds wins
         store.close()
         raise ConfigError(f"{args.state_dir} was created with {store.cfg}, not {cfg}")
     wanted = agent_args.requested_layout(args.layout, args.init)

@@ -25,6 +25,58 @@ class ConfigError(ValueError):
     """An optimizer or model description that cannot be used; the message says why."""
 
 
+SCHEDULES = ("constant", "step", "cosine", "linear")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The lr schedule of an optimizer (host_agent.lr replays it as torch.optim.lr_scheduler does)."""
+
+    kind: str = "constant"
+    total: int = 0  # cosine/linear: steps of the whole schedule, warmup included
+    warmup: int = 0  # cosine/linear: steps of linear warmup (LinearLR from warmup_start to 1)
+    warmup_start: float = 0.1  # LinearLR's start_factor
+    eta_min: float = 0.0  # cosine: the lowest lr
+    end_factor: float = 0.0  # linear: the last lr as a fraction of the base lr
+    step_size: int = 1  # step
+    gamma: float = 0.1  # step
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ConfigError(f"unknown lr schedule {self.kind!r}: choose one of {', '.join(SCHEDULES)}")
+        for name in ("total", "warmup", "step_size"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise ConfigError(f"schedule {name} must be an integer, got {getattr(self, name)!r}")
+        for name in ("warmup_start", "eta_min", "end_factor", "gamma"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ConfigError(f"schedule {name} must be a finite number, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if self.kind in ("cosine", "linear"):
+            if not 0 <= self.warmup < self.total:
+                raise ConfigError(f"{self.kind} schedule: need 0 <= warmup < total, got warmup {self.warmup}, "
+                                  f"total {self.total}")
+            if self.warmup and not 0 < self.warmup_start <= 1:
+                raise ConfigError(f"warmup_start must be in (0, 1], got {self.warmup_start}")
+        if self.kind == "linear" and not 0 <= self.end_factor <= 1:
+            raise ConfigError(f"end_factor must be in [0, 1], got {self.end_factor}")
+        if self.kind == "cosine" and self.eta_min < 0:
+            raise ConfigError(f"eta_min must be >= 0, got {self.eta_min}")
+        if self.kind == "step" and (self.step_size < 1 or not 0 < self.gamma <= 1):
+            raise ConfigError(f"step schedule: need step_size >= 1 and gamma in (0, 1], got {self.step_size}, "
+                              f"{self.gamma}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> Schedule:
+        try:
+            return cls(**(d or {}))
+        except TypeError as exc:
+            raise ConfigError(f"malformed lr schedule: {exc}") from None
+
+
 @dataclass(frozen=True)
 class OptimizerConfig:
     kind: str = "adamw"
@@ -33,6 +85,7 @@ class OptimizerConfig:
     eps: float = 1e-8
     weight_decay: float = 0.01
     momentum: float = 0.9  # sgd only
+    schedule: Schedule = Schedule()  # the lr of step s: host_agent.lr.Rates(lr, schedule).at(s)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -54,6 +107,10 @@ class OptimizerConfig:
         if self.eps <= 0 or self.weight_decay < 0 or not 0 <= self.momentum < 1:
             raise ConfigError("eps must be > 0, weight_decay >= 0, momentum in [0, 1)")
         object.__setattr__(self, "betas", (float(b1), float(b2)))
+        if isinstance(self.schedule, dict):
+            object.__setattr__(self, "schedule", Schedule.from_dict(self.schedule))
+        if not isinstance(self.schedule, Schedule):
+            raise ConfigError(f"schedule must be a Schedule, got {self.schedule!r}")
 
     @property
     def lanes(self) -> int:
@@ -76,15 +133,17 @@ def mean_gradient(sums: np.ndarray, nworkers: int) -> np.ndarray:
     return (np.asarray(sums, dtype=np.int64).astype(np.float64) * 2.0**-SCALE_BITS / nworkers).astype(np.float32)
 
 
-def apply(cfg: OptimizerConfig, master: np.ndarray, m: np.ndarray, v: np.ndarray, grad: np.ndarray, step: int) -> None:
+def apply(cfg: OptimizerConfig, master: np.ndarray, m: np.ndarray, v: np.ndarray, grad: np.ndarray, step: int,
+          lr: float | None = None) -> None:
     """One optimizer step on float32 arrays of any (equal) shape, in place.
 
     `step` is the 0-based training step; Adam's bias correction uses step + 1
     for every chunk, also after a skipped (non-finite) step of that chunk.
     AdamW and SGD follow torch.optim's formulas (decoupled weight decay for AdamW;
-    L2 weight decay, momentum without dampening for SGD).
+    L2 weight decay, momentum without dampening for SGD). `lr`: the step's scheduled lr (a
+    Python float, as torch's schedulers give it; default cfg.lr).
     """
-    lr = cfg.lr
+    lr = cfg.lr if lr is None else lr
     if cfg.kind == "adamw":
         b1, b2 = cfg.betas
         t = step + 1

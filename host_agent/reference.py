@@ -18,7 +18,7 @@ from mindp.fixedpoint import fp16_to_fixed
 from mindp.layout import Layout
 from mindp.protocol import K
 
-from . import optim
+from . import lr, optim
 from .optim import OptimizerConfig
 
 GradFn = Callable[[int, int, dict], dict]
@@ -81,6 +81,7 @@ def train(
     v = np.zeros_like(master)
     skipped: list[tuple[int, int]] = []
     updates = 0  # Adam's bias correction counts updates: a skipped step is none
+    rates = lr.Rates(opt.lr, opt.schedule)  # a skipped step still advances the schedule
     for step in range(steps):
         params = layout.unflatten(master[: layout.total].astype(np.float16))
         ids = list(range(n_workers)) if members is None else list(members(step))
@@ -92,7 +93,7 @@ def train(
                 if on_nonfinite:
                     on_nonfinite(step, int(c))
             continue
-        optim.apply(opt, master, m, v, optim.mean_gradient(sums.reshape(-1), len(ids)), updates)
+        optim.apply(opt, master, m, v, optim.mean_gradient(sums.reshape(-1), len(ids)), updates, rates.at(step))
         updates += 1
     flat = master[: layout.total]
     return Result(layout.unflatten(flat.astype(np.float16)), unflatten_f32(layout, flat), skipped)

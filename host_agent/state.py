@@ -407,3 +407,45 @@ def init_pieces(layout: Layout, init: dict[str, np.ndarray] | None = None, seed:
         if tuple(arr.shape) != spec.shape:
             raise ConfigError(f"{spec.name}: initial shape {arr.shape} != layout {spec.shape}")
         yield arr.reshape(-1)
+
+
+def read_committed(state_dir: str | pathlib.Path) -> tuple[dict, OptimizerConfig, Layout, np.ndarray]:
+    """Another process's view of a whole-model state at its last commit, read-only and without the
+    node's cooperation: (commit.json, optimizer, layout, records (n_chunks, lanes, K) float32, a
+    read-only map). Between two steps of the job (a worker that holds a step's parameters and has not
+    sent the next step's gradients) it is exactly the node's state."""
+    d = pathlib.Path(state_dir)
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+        commit = json.loads((d / "commit.json").read_text())
+        cfg = OptimizerConfig.from_dict(meta["optimizer"])
+        layout = optim.layout_from_json(meta["layout"])
+        if "chunks" in meta:
+            raise ConfigError(f"{d} holds one shard of a sharded job; read each shard's state")
+        lanes = record_lanes(meta)
+        updates = int(commit.get("updates", int(commit["step"]) + 1))
+        records = np.memmap(d / f"state{updates % 2}.bin", dtype=np.float32, mode="r",
+                            shape=(layout.n_chunks, lanes, K))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"state directory {d} is not usable: {exc}") from None
+    return {**commit, "updates": updates}, cfg, layout, records
+
+
+def create_at(state_dir: str | pathlib.Path, layout: Layout, cfg: OptimizerConfig, lanes: dict[int, np.ndarray],
+              step: int, updates: int, page_chunks: int = DEFAULT_PAGE_CHUNKS) -> None:
+    """A state directory committed after `step` (`updates` optimizer updates so far) whose records
+    hold flat float32 `lanes` {MASTER: ..., M: ..., V: ...} of layout.total elements each: a
+    checkpoint restored, resumed by the node as if it had run those steps itself."""
+    create(state_dir, layout, [lanes[MASTER]], cfg, page_chunks)
+    d = pathlib.Path(state_dir)
+    n = layout.n_chunks
+    copy = np.memmap(d / f"state{updates % 2}.bin", dtype=np.float32, mode="r+", shape=(n, cfg.lanes, K))
+    for lane in range(cfg.lanes):
+        flat = np.zeros(n * K, np.float32)
+        flat[: layout.total] = lanes.get(lane, 0.0)
+        copy[:, lane, :] = flat.reshape(n, K)
+    copy.flush()
+    del copy
+    with open(d / f"state{updates % 2}.bin", "rb+") as f:
+        os.fsync(f.fileno())
+    _write_atomic(d / "commit.json", json.dumps({"step": step, "updates": updates, "skipped": False}).encode() + b"\n")

@@ -130,6 +130,17 @@ class Agents:
                     "--export", str(jf.shard_master_path(i)), "--stats", str(jf.shard_stats_path(i)),
                     *(["--shard", str(i)] if job.sharded else []), *self._faults(opt_name)]))
         self.optimizers = optimizers
+        self.wait_started(optimizers)
+        for jf in jobs:
+            for w, host_name in sorted(jf.job.workers.items()):
+                self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [
+                    "-m", "mininet_topos.trainer", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
+                    "--worker", str(w), "--workload", str(jf.dir / "workload.json"), "--init", str(jf.init_path),
+                    "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
+                    *(["--eval"] if w == 0 else []), *self._faults(host_name)]))
+
+    def wait_started(self, optimizers: list[HostProc]) -> None:
+        """Until each node has opened its state and socket (its first line)."""
         for hp in optimizers:
             def up(hp=hp) -> bool:
                 if hp.proc.poll() is not None:
@@ -141,13 +152,17 @@ class Agents:
                               stall=START_STALL, poll=0.05, what=f"{hp.name} start")
             except progress.Stalled as exc:
                 raise RunError(f"{exc}; see {hp.log}") from None
-        for jf in jobs:
-            for w, host_name in sorted(jf.job.workers.items()):
-                self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [
-                    "-m", "mininet_topos.trainer", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
-                    "--worker", str(w), "--workload", str(jf.dir / "workload.json"), "--init", str(jf.init_path),
-                    "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
-                    *(["--eval"] if w == 0 else []), *self._faults(host_name)]))
+
+    def popen_root(self, name: str, args: list[str], env: dict) -> HostProc:
+        """A process in the root namespace (its own session, stopped with its children by close())."""
+        log = self.logs / f"{name}.log"
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1", **env}, start_new_session=True)
+        self.state.add_proc(proc.pid, name, True)
+        hp = HostProc(name, proc, log)
+        self.procs.append(hp)
+        return hp
 
     def check_alive(self) -> None:
         for hp in [*self.workers, *self.optimizers]:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import pathlib
+import shlex
 from dataclasses import asdict, dataclass
 
 from mindp import INSTALL_TORCH
@@ -43,6 +45,8 @@ class RunConfig:
     topo: str = "star"  # star: one switch; leafspine: `leaves` leaf switches of `workers` each under a spine
     leaves: int = 1
     optimizers: int = 1  # optimizer nodes (shards) of the job, on the spine
+    script: str = ""  # SCRIPT: a torchrun script using mindp.torch.init, run on every worker host
+    script_args: str = ""  # ARGS: its arguments (one string, split as a shell would)
 
     @property
     def total_workers(self) -> int:
@@ -88,7 +92,8 @@ def _model(text: str) -> str:
 def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps: str = "60", loss: str = "0",
           jobs: str = "1", seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "auto",
           slots: str = "64", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
-          log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1") -> RunConfig:
+          log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
+          script_args: str = "") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig."""
     target = str(target).strip()
     if target not in TARGETS:
@@ -121,7 +126,10 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         cli=cli_text,
         log=log_text,
         **_tree(topo, leaves, optimizers),
+        **_script(script, script_args),
     )
+    if cfg.script and (cfg.jobs != 1 or cfg.topo != "star"):
+        raise RunConfigError("SCRIPT runs one job on one switch: JOBS=1, TOPO=star")
     if cfg.topo == "leafspine":
         if cfg.jobs != 1:
             raise RunConfigError("TOPO=leafspine runs one job: JOBS must be 1")
@@ -149,3 +157,20 @@ def _tree(topo: str, leaves: str, optimizers: str) -> dict:
     if topo == "star" and (out["leaves"], out["optimizers"]) != (1, 1):
         raise RunConfigError("LEAVES and OPTIMIZERS need TOPO=leafspine")
     return out
+
+
+def _script(script: str, args: str) -> dict:
+    """SCRIPT and ARGS: an existing Python file (PyTorch needed), its arguments as shell words."""
+    script = str(script or "").strip()
+    if not script:
+        if str(args or "").strip():
+            raise RunConfigError("ARGS are the arguments of SCRIPT: give SCRIPT=path/to/train.py")
+        return {}
+    if not pathlib.Path(script).is_file():
+        raise RunConfigError(f"SCRIPT {script!r} is not a file")
+    try:
+        shlex.split(str(args or ""))
+    except ValueError as exc:
+        raise RunConfigError(f"ARGS cannot be split into words: {exc}") from None
+    _model("cnn")  # PyTorch present
+    return {"script": str(pathlib.Path(script).resolve()), "script_args": str(args or "")}

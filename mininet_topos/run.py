@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--topo", default="star", help="star: one switch; leafspine: LEAVES leaves under a spine")
     p.add_argument("--leaves", default="1", help="leafspine: leaf switches, each with --workers workers")
     p.add_argument("--optimizers", default="1", help="leafspine: optimizer nodes (shards) on the spine")
+    p.add_argument("--script", default="", help="a torchrun script using mindp.torch.init (docs/TORCH.md)")
+    p.add_argument("--args", default="", help="the script's arguments, one string")
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
@@ -373,6 +375,25 @@ class Run:
                 switch_counters=counters.get(j)))
         return out
 
+    def model_text(self) -> str:
+        return workload.describe(self.jobs[0].wl, self.jobs[0].init)
+
+    def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
+        """summary.json, the curve and the table; 0 when the run is bit-exact with the reference."""
+        jobs_res = self.results(progress)
+        summ = results.summary({**self.cfg.to_dict(), "target": self.target}, jobs_res, wall, setup, model,
+                               results.n_params(self.jobs[0].init))
+        results.write_summary(self.dir / "summary.json", summ)
+        results.plot(self.dir / "curve.png", progress.curves,
+                     results.curve_title(model, self.target, self.cfg.jobs, self.cfg.workers, self.cfg.loss),
+                     results.accuracy_label(self.cfg.model))
+        self.console.say("\nsummary (" + str(self.dir / "summary.json") + "):")
+        self.console.say(results.table(summ))
+        exact = summ["max_abs_param_diff_vs_reference"] == 0.0
+        self.console.say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
+                         f"curve: {self.dir / 'curve.png'}")
+        return 0 if exact else 1
+
     # -- after training --
 
     def cli(self, p4info: pathlib.Path) -> None:
@@ -418,7 +439,11 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         clean.point_latest(run_dir.parent, run_dir)
         state.run_dir = str(run_dir)
         state.save()
-        if cfg.topo == "leafspine":
+        if cfg.script:
+            from .script_run import ScriptRun
+            run = ScriptRun(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
+            shape = f"{cfg.workers} torchrun ranks"
+        elif cfg.topo == "leafspine":
             from .leafspine import TreeRun
             run = TreeRun(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
             shape = f"{cfg.leaves} leaves x {cfg.workers} workers, {cfg.optimizers} optimizer node(s)"
@@ -426,12 +451,13 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
             run = Run(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
             shape = f"{cfg.workers} workers"
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
-        console.say(f"mindp run {run_dir}: {cfg.model} on the {target} switch, {jobs} x {shape}, "
-            f"{cfg.steps} steps, loss {cfg.loss:g}, seed {cfg.seed}")
+        steps = "" if cfg.script else f"{cfg.steps} steps, "  # a script's steps are its own
+        console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch, {jobs} x {shape}, "
+            f"{steps}loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir)
         console.say(f"  P4 program: {how}")
         run.prepare_files()
-        model = workload.describe(run.jobs[0].wl, run.jobs[0].init)
+        model = run.model_text()
         console.say(f"  model: {model}")
         run.start_network(json_path)
         console.say(f"  Mininet up: {run.network_text()}, {len(run.topo.hosts)} hosts")
@@ -441,21 +467,10 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         console.say(f"  optimizer node(s) and {cfg.jobs * cfg.total_workers} workers started; logs in {run.logs}/")
         setup = time.monotonic() - t_start
         progress, wall = run.train()
-        jobs_res = run.results(progress)
-        summ = results.summary({**cfg.to_dict(), "target": target}, jobs_res, wall, setup, model,
-                               results.n_params(run.jobs[0].init))
-        results.write_summary(run_dir / "summary.json", summ)
-        results.plot(run_dir / "curve.png", progress.curves,
-                     results.curve_title(model, target, cfg.jobs, cfg.workers, cfg.loss),
-                     results.accuracy_label(cfg.model))
-        console.say("\nsummary (" + str(run_dir / "summary.json") + "):")
-        console.say(results.table(summ))
-        exact = summ["max_abs_param_diff_vs_reference"] == 0.0
-        console.say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
-            f"curve: {run_dir / 'curve.png'}")
+        code = run.report(progress, wall, setup, model)
         if cfg.cli == "1" or (cfg.cli == "auto" and sys.stdin.isatty() and sys.stdout.isatty()):
             run.cli(p4info)
-        return 0 if exact else 1
+        return code
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
@@ -474,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
                            loss=args.loss, jobs=args.jobs, seed=args.seed, pcap=args.pcap, hidden=args.hidden,
                            batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
                            thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
-                           leaves=args.leaves, optimizers=args.optimizers)
+                           leaves=args.leaves, optimizers=args.optimizers, script=args.script,
+                           script_args=args.args)
         return execute(cfg, args, console)
     except (config.RunConfigError, RunError) as exc:
         console.fail(str(exc))

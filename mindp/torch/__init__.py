@@ -15,7 +15,8 @@ backward pass produces them, so the chunks become ready roughly in chunk order
 (the agent still sends any ready chunk whose slot is free). There is no local
 optimizer: the optimizer node owns AdamW/SGD state; the fp16 parameters that
 come back are written into the module before `step` returns. Torch is an
-optional dependency (`make torch` installs its CPU build).
+optional dependency (`make torch` installs its CPU build). A torchrun script joins a job with
+`mindp.torch.init` (mindp/torch/script.py, docs/TORCH.md).
 """
 from __future__ import annotations
 
@@ -59,19 +60,20 @@ class DataParallel:
     def _unscaled(self, grad: torch.Tensor) -> torch.Tensor:
         return grad / self.scaler.scale if self.scaler else grad
 
-    def step(self, loss: torch.Tensor) -> dict[str, np.ndarray]:
-        """Backward (with the loss scale), push every gradient, wait for the step's parameters and
-        write them into the module. Returns them as fp16 numpy arrays. A step whose gradients were
-        non-finite anywhere changes no parameter; the scale then backs off."""
+    def begin(self) -> None:
+        """Start a step: gradients from now on go to the network as autograd finishes each."""
         self.module.zero_grad(set_to_none=True)
-        self._handle = h = self.agent.start_step()
-        try:
-            (loss * self.scaler.scale if self.scaler else loss).backward()
-            for name, p in self.named.items():  # parameters the loss does not depend on
-                if name not in h.put_names:
-                    h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(p.grad))
-        finally:
-            self._handle = None
+        self._handle = self.agent.start_step()
+
+    def finish(self) -> dict[str, np.ndarray]:
+        """Push the gradients the hooks have not (all of them without begin()), wait for the step's
+        parameters and write them into the module. Returns them as fp16 numpy arrays."""
+        h, self._handle = self._handle, None
+        if h is None:
+            h = self.agent.start_step()
+        for name, p in self.named.items():  # parameters the loss does not depend on
+            if name not in h.put_names:
+                h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(p.grad))
         params = h.wait()
         if self.scaler:
             self.scaler.update(bool(self.agent.nonfinite_chunks))
@@ -81,6 +83,25 @@ class DataParallel:
         self.module.zero_grad(set_to_none=True)
         return params
 
+    def step(self, loss: torch.Tensor) -> dict[str, np.ndarray]:
+        """Backward (with the loss scale), push every gradient, wait for the step's parameters and
+        write them into the module. Returns them as fp16 numpy arrays. A step whose gradients were
+        non-finite anywhere changes no parameter; the scale then backs off."""
+        self.begin()
+        try:
+            (loss * self.scaler.scale if self.scaler else loss).backward()
+        except BaseException:
+            self._handle = None
+            raise
+        return self.finish()
+
     def close(self) -> None:
         for hook in self.hooks:
             hook.remove()
+
+
+def init(*args, **kw):
+    """mindp.torch.script.init: join the job from a torchrun script (docs/TORCH.md)."""
+    from .script import init as _init  # the script layer imports this module
+
+    return _init(*args, **kw)

@@ -9,11 +9,15 @@ processes and hands out ranks, over TCP on the hosts' own network).
 
 Every other argument is mininet_topos.trainer's; `{rank}` in --out is replaced. On one machine
 whose worker hosts are network namespaces, `--netns-prefix P` runs rank r inside namespace
-P + (the topology's host of worker r).
+P + (the topology's host of worker r); `--host-pids FILE` (JSON host -> PID, as `make run` writes
+for its Mininet hosts) runs it in the namespaces of that host's process (mnexec -a). `--script FILE` runs a user's script (mindp.torch.init)
+instead of the built-in trainer, with the remaining arguments; its topology and job then come
+from MINDP_TOPOLOGY and MINDP_JOB (docs/TORCH.md).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -23,6 +27,8 @@ from mindp.topology import Topology, TopologyError
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mindp.torch.launch", description="mindp worker under torchrun")
     p.add_argument("--netns-prefix", help="run rank r in namespace PREFIX + the host of worker r")
+    p.add_argument("--host-pids", help="JSON {host: pid}: run rank r in the namespaces of its host's process")
+    p.add_argument("--script", help="a torchrun script using mindp.torch.init, run with the other arguments")
     args, rest = p.parse_known_args(argv)
     rest = [a for a in rest if a != "--"]
     try:
@@ -30,22 +36,35 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyError, ValueError):
         print("mindp.torch.launch: RANK/WORLD_SIZE not set: start it with torchrun", file=sys.stderr)
         return 2
-    if "--worker" in rest:
-        print("mindp.torch.launch: the worker id is the torchrun rank; do not give --worker", file=sys.stderr)
-        return 2
-    rest = [a.replace("{rank}", str(rank)) for a in rest] + ["--worker", str(rank)]
-    if rank == 0 and "--eval" not in rest:
-        rest.append("--eval")
-    cmd = [sys.executable, "-m", "mininet_topos.trainer", *rest]
-    if args.netns_prefix:
+    rest = [a.replace("{rank}", str(rank)) for a in rest]
+    if args.script:
+        cmd = [sys.executable, args.script, *rest]
+        where = (os.environ.get("MINDP_TOPOLOGY", ""), os.environ.get("MINDP_JOB", ""))
+    else:
+        if "--worker" in rest:
+            print("mindp.torch.launch: the worker id is the torchrun rank; do not give --worker", file=sys.stderr)
+            return 2
+        rest += ["--worker", str(rank)] + (["--eval"] if rank == 0 and "--eval" not in rest else [])
+        cmd = [sys.executable, "-m", "mininet_topos.trainer", *rest]
+        where = tuple(rest[rest.index(flag) + 1] if flag in rest and rest.index(flag) + 1 < len(rest) else ""
+                      for flag in ("--topology", "--job"))
+    if args.netns_prefix or args.host_pids:
         try:
-            topo = Topology.load(rest[rest.index("--topology") + 1])
-            job = int(rest[rest.index("--job") + 1])
+            topo = Topology.load(where[0])
+            job = int(where[1])
             host = next(j for j in topo.jobs if j.job_id == job).workers[rank]
-        except (ValueError, IndexError, StopIteration, KeyError, TopologyError) as exc:
+        except (ValueError, IndexError, StopIteration, KeyError, OSError, TopologyError) as exc:
             print(f"mindp.torch.launch: cannot find worker {rank} of the job ({world} ranks): {exc}", file=sys.stderr)
             return 2
-        cmd = ["ip", "netns", "exec", args.netns_prefix + host, *cmd]
+        if args.host_pids:
+            try:
+                pid = int(json.loads(open(args.host_pids).read())[host])
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                print(f"mindp.torch.launch: no PID of host {host} in {args.host_pids}: {exc}", file=sys.stderr)
+                return 2
+            cmd = ["mnexec", "-a", str(pid), *cmd]
+        else:
+            cmd = ["ip", "netns", "exec", args.netns_prefix + host, *cmd]
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)  # the same PID, so torchrun watches the worker itself
     return 0  # not reached

@@ -1,0 +1,66 @@
+"""Learning-rate schedules the optimizer node runs per step, bit-identical to torch's.
+
+Each schedule is the float64 arithmetic of the torch.optim.lr_scheduler composition named
+beside it, replayed step by step exactly as torch's chainable `get_lr` computes it (the recursive
+forms, which round differently from the closed forms the docs print), so a script that drives a
+torch optimizer with that scheduler sees the very lr the node applies:
+
+    constant                        (no scheduler)
+    step(step_size, gamma)          StepLR(opt, step_size, gamma)
+    cosine(total, warmup, ...)      CosineAnnealingLR(opt, T_max=total, eta_min) without warmup, else
+                                    SequentialLR([LinearLR(opt, warmup_start, 1.0, warmup),
+                                                  CosineAnnealingLR(opt, total - warmup, eta_min)], [warmup])
+    linear(total, warmup, ...)      the same with LinearLR(opt, 1.0, end_factor, total - warmup) decaying
+
+Step s's lr is the optimizer's lr after s calls of `scheduler.step()` (s = the training step,
+0-based; a skipped non-finite step still advances it, as a torch loop calls scheduler.step() after
+GradScaler skipped optimizer.step()). Torch-free: the node does not import torch.
+"""
+from __future__ import annotations
+
+import math
+
+from .optim import Schedule
+
+class Rates:
+    """lr of each step for one base lr and schedule, replayed once and kept (a float per step)."""
+
+    def __init__(self, base: float, schedule: Schedule):
+        self.base = float(base)
+        self.s = schedule
+        self.lrs: list[float] = []
+        self._phase = None  # (phase start, base of the phase) once the decay took over
+
+    def at(self, step: int) -> float:
+        if step < 0:
+            raise ValueError(f"step {step} < 0")
+        while len(self.lrs) <= step:
+            self.lrs.append(self._next(len(self.lrs)))
+        return self.lrs[step]
+
+    def _next(self, e: int) -> float:
+        s, base = self.s, self.base
+        prev = self.lrs[-1] if self.lrs else base
+        if s.kind == "constant":
+            return base
+        if s.kind == "step":  # StepLR.get_lr
+            return prev * s.gamma if e and e % s.step_size == 0 else prev
+        w = s.warmup
+        if w and e < w:  # LinearLR(start_factor, 1.0, warmup).get_lr
+            if e == 0:
+                return base * s.warmup_start
+            return prev * (1.0 + (1.0 - s.warmup_start) / (w * s.warmup_start + (e - 1) * (1.0 - s.warmup_start)))
+        k, tmax = e - w, s.total - w  # the decay scheduler's own epoch and length
+        if s.kind == "cosine":
+            if k == 0:  # SequentialLR starts it with _update_lr(0): the closed form; alone: the base lr
+                return s.eta_min + (base - s.eta_min) * (1 + math.cos(math.pi * 0 / tmax)) / 2 if w else base
+            if (k - 1 - tmax) % (2 * tmax) == 0:  # CosineAnnealingLR.get_lr
+                return prev + (base - s.eta_min) * (1 - math.cos(math.pi / tmax)) / 2
+            return (1 + math.cos(math.pi * k / tmax)) / (1 + math.cos(math.pi * (k - 1) / tmax)) \
+                * (prev - s.eta_min) + s.eta_min
+        # linear decay: LinearLR(1.0, end_factor, tmax)
+        if k == 0:
+            return base * (1.0 + (s.end_factor - 1.0) * min(tmax, 0) / tmax) if w else base
+        if k > tmax:
+            return prev
+        return prev * (1.0 + (s.end_factor - 1.0) / (tmax * 1.0 + (k - 1) * (s.end_factor - 1.0)))

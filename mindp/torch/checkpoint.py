@@ -1,0 +1,101 @@
+"""Checkpoints of the optimizer node's state as regular torch checkpoints, and back.
+
+    {'model': state_dict (fp32 master weights; buffers from the module),
+     'optimizer': the matching torch.optim.AdamW/SGD state_dict (exp_avg, exp_avg_sq / momentum_buffer,
+                  step = the node's update count; lr = the lr of the next step),
+     'step': the last step trained (0-based; -1: none),
+     'mindp': {'optimizer': OptimizerConfig.to_dict(), 'updates': ..., 'params': names in torch order}}
+
+`torch.load` + `model.load_state_dict(ckpt['model'])` gives a model usable without mindp;
+`restore` (or `python -m mindp.torch.checkpoint CKPT STATE_DIR`) writes a fresh node's state
+directory that resumes bit-exactly where the checkpoint was taken.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+import numpy as np
+import torch
+
+from host_agent import lr, optim, state
+from host_agent.optim import ConfigError, OptimizerConfig
+
+from .spec import torch_optimizer
+
+LANES = {"adamw": {state.M: "exp_avg", state.V: "exp_avg_sq"}, "sgd": {state.M: "momentum_buffer"}}
+
+
+def save(state_dir: str | pathlib.Path, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
+    """Write the committed state of `state_dir` as a torch checkpoint at `path` (atomically)."""
+    commit, cfg, layout, records = state.read_committed(state_dir)
+    names = [n for n, _ in module.named_parameters()]
+    if sorted(names) != sorted(s.name for s in layout.specs):
+        raise ConfigError(f"{state_dir} holds another model than this module (parameter names differ)")
+    lanes = {lane: records[:, lane, :].reshape(-1)[: layout.total] for lane in range(cfg.lanes)}
+
+    def tensors(lane: int) -> dict[str, torch.Tensor]:
+        return {s.name: torch.from_numpy(np.array(lanes[lane][layout.offsets[s.name]:][: s.size]).reshape(s.shape))
+                for s in layout.specs}
+
+    master = tensors(state.MASTER)
+    model = {k: (master[k] if k in master else v.detach().clone()) for k, v in module.state_dict().items()}
+    step, updates = int(commit["step"]), int(commit["updates"])
+    params = [torch.nn.Parameter(master[n].clone()) for n in names]
+    opt = torch_optimizer(cfg, params, lr.Rates(cfg.lr, cfg.schedule).at(step + 1))
+    if updates:
+        per_lane = {key: tensors(lane) for lane, key in LANES[cfg.kind].items()}
+        for p, n in zip(params, names):
+            st = {key: t[n] for key, t in per_lane.items()}
+            if cfg.kind == "adamw":
+                st["step"] = torch.tensor(float(updates))
+            opt.state[p] = st
+    ckpt = {"model": model, "optimizer": opt.state_dict(), "step": step,
+            "mindp": {"optimizer": cfg.to_dict(), "updates": updates, "params": names}}
+    tmp = pathlib.Path(str(path) + ".tmp")
+    torch.save(ckpt, tmp)
+    tmp.replace(path)
+    return ckpt
+
+
+def restore(path: str | pathlib.Path, state_dir: str | pathlib.Path) -> int:
+    """A fresh state directory from a checkpoint of `save`; returns the step it resumes after."""
+    if state.exists(state_dir):
+        raise ConfigError(f"{state_dir} already holds a state: restore into a fresh directory")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        info = ckpt["mindp"]
+        cfg = OptimizerConfig.from_dict(info["optimizer"])
+        names, updates, step = list(info["params"]), int(info["updates"]), int(ckpt["step"])
+        model, opt_state = ckpt["model"], ckpt["optimizer"]["state"]
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError) as exc:
+        raise ConfigError(f"{path} is not a mindp checkpoint: {exc}") from None
+    arrays = {n: model[n].detach().float().numpy() for n in reversed(names)}  # chunk order: reverse registration
+    layout = optim.layout_of(arrays)
+    lanes = {state.MASTER: layout.flatten(arrays, dtype=np.float32)}
+    for lane, key in LANES[cfg.kind].items():
+        lanes[lane] = layout.flatten({n: (opt_state[i][key].float().numpy() if i in opt_state and key in opt_state[i]
+                                          else np.zeros(arrays[n].shape, np.float32))
+                                      for i, n in enumerate(names)}, dtype=np.float32)
+    state.create_at(state_dir, layout, cfg, lanes, step, updates)
+    return step
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="mindp.torch.checkpoint",
+                                description="write a fresh optimizer-node state directory from a mindp torch checkpoint")
+    p.add_argument("checkpoint")
+    p.add_argument("state_dir")
+    args = p.parse_args(argv)
+    try:
+        step = restore(args.checkpoint, args.state_dir)
+    except ConfigError as exc:
+        print(f"mindp.torch.checkpoint: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.state_dir}: resumes after step {step}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""`mindp.torch.init`: a torchrun training script through mindp, a few lines changed from DDP.
+
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    opt = mindp.torch.init(model, opt, sched)        # was: model = DDP(model)
+    for x, y in batches:
+        opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step(); sched.step()   # unchanged
+
+The returned object stands in for the optimizer: zero_grad() starts the step, the backward pass
+pushes each gradient as autograd finishes it, step() waits for the node's parameters and writes them
+into the model. The node runs AdamW/SGD and the schedule (sched.step() changes nothing there).
+
+Where things come from: the rank is torchrun's RANK (the worker id); MINDP_TOPOLOGY and MINDP_JOB
+(or the arguments) name the topology file and job; the interface is the one holding the rank's
+address in the topology (MINDP_IFACE overrides); MINDP_STATE names the node's state directory, from
+which every rank takes the parameters the node holds (its commit: rank 0's initial parameters for a
+fresh node, or a resumed state), and where `save` reads the checkpoint.
+
+MINDP_DESCRIBE=DIR runs the script once without a network: init writes DIR/optimizer.json and
+DIR/init.npz (this process's parameters, the node's initial state) and exits; `make run SCRIPT=`
+does this before it starts the node (mindp-optimizer --init DIR/init.npz --optimizer-spec ...).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+from host_agent import optim, rawsock, state
+from host_agent.optim import ConfigError
+from host_agent.worker import WorkerAgent, WorkerConfig
+from mindp.topology import Topology, TopologyError
+
+from . import DataParallel, checkpoint, layout_arrays, layout_of
+from .spec import optimizer_config
+
+CLIP_REFUSED = ("clip_grad_norm is not supported: the node applies each chunk as its sum arrives, before "
+                "the step's norm is known (docs/TORCH.md)")
+
+
+class MindpError(RuntimeError):
+    """A script cannot join its job; the message (one line) says what to set."""
+
+
+def _env(value, name: str, what: str) -> str:
+    value = os.environ.get(name) if value is None else value
+    if value in (None, ""):
+        raise MindpError(f"no {what}: set {name} or pass it to mindp.torch.init")
+    return str(value)
+
+
+def iface_with(ip: str) -> str:
+    """The interface of this network namespace that holds IPv4 address `ip`."""
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) > 3 and f[3].split("/")[0] == ip:
+            return f[1].split("@")[0]
+    raise MindpError(f"no interface holds {ip} here: run the rank on its topology host or set MINDP_IFACE")
+
+
+class Optimizer:
+    """What init returns: zero_grad() / step() like a torch optimizer, save(path), the step number."""
+
+    def __init__(self, module: torch.nn.Module, agent: WorkerAgent, state_dir: str | None):
+        self.module = module
+        self.dp = DataParallel(module, agent)
+        self.agent = agent
+        self.state_dir = state_dir
+
+    @property
+    def step_number(self) -> int:
+        """The next step the job will train (0-based)."""
+        return self.agent.step
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.dp.begin()
+
+    def step(self, closure=None) -> None:
+        if closure is not None:
+            raise MindpError("step(closure) is not supported: call backward before step()")
+        self.dp.finish()
+
+    def clip_grad_norm_(self, *_args, **_kw):
+        raise MindpError(CLIP_REFUSED)
+
+    def save(self, path: str | os.PathLike) -> dict:
+        """Write the node's fp32 master weights and optimizer state as a torch checkpoint (any rank,
+        between steps)."""
+        if not self.state_dir:
+            raise MindpError("save needs the node's state directory: set MINDP_STATE")
+        return checkpoint.save(self.state_dir, path, self.module)
+
+    def close(self) -> None:
+        self.dp.close()
+        self.agent.sock.close()
+
+
+def describe(dirname: str, module: torch.nn.Module, cfg: optim.OptimizerConfig) -> None:
+    d = pathlib.Path(dirname)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "optimizer.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n")
+    np.savez(d / "init.npz", **layout_arrays(module))
+
+
+def _start(module: torch.nn.Module, state_dir: str | None) -> tuple[dict, int]:
+    """The parameters every rank starts from and the first step: the node's committed state if its
+    directory is readable, else this module's own (the ranks must then be seeded alike)."""
+    own = layout_arrays(module)
+    if not state_dir:
+        return own, 0
+    if not state.exists(state_dir):
+        raise MindpError(f"MINDP_STATE={state_dir} holds no optimizer state: start the node first")
+    try:
+        commit, _, layout, records = state.read_committed(state_dir)
+    except ConfigError as exc:
+        raise MindpError(str(exc)) from None
+    if optim.layout_to_json(layout) != optim.layout_to_json(layout_of(module)):
+        raise MindpError(f"this rank's model is not the one the node holds ({state_dir}): layouts differ "
+                         "(same model class and arguments on every rank?)")
+    flat = np.array(records[:, state.MASTER, :].reshape(-1)[: layout.total])
+    return {s.name: flat[layout.offsets[s.name]:][: s.size].reshape(s.shape) for s in layout.specs}, \
+        int(commit["step"]) + 1
+
+
+def init(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, *, topology: str | None = None,
+         job: int | None = None, iface: str | None = None, state_dir: str | None = None) -> Optimizer:
+    """Join the job as worker RANK; see the module docstring. A piece missing ends the script with one
+    line on stderr (SystemExit), not a traceback."""
+    try:
+        return _init(module, optimizer, scheduler, topology, job, iface, state_dir)
+    except (MindpError, ConfigError) as exc:
+        raise SystemExit(f"mindp.torch.init: {exc}") from None
+
+
+def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Optimizer:
+    cfg = optimizer_config(optimizer, scheduler)
+    if os.environ.get("MINDP_DESCRIBE"):
+        describe(os.environ["MINDP_DESCRIBE"], module, cfg)
+        sys.exit(0)
+    try:
+        rank = int(os.environ["RANK"])
+        world = int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        raise MindpError("RANK/WORLD_SIZE not set: start the script with torchrun") from None
+    topo_path = _env(topology, "MINDP_TOPOLOGY", "topology")
+    try:
+        topo = Topology.load(topo_path)
+        job_id = int(_env(job, "MINDP_JOB", "job"))
+        spec = next((j for j in topo.jobs if j.job_id == job_id), None)
+        if spec is None:
+            raise MindpError(f"job {job_id} is not in {topo_path} (jobs: {[j.job_id for j in topo.jobs]})")
+        if world != spec.n_workers:
+            raise MindpError(f"torchrun started {world} ranks, job {job_id} has {spec.n_workers} workers")
+        state_dir = state_dir or os.environ.get("MINDP_STATE") or None
+        start, first = _start(module, state_dir)
+        wcfg = WorkerConfig.from_topology(topo, job_id, rank, first_step=first)
+    except (TopologyError, ValueError) as exc:
+        raise MindpError(str(exc)) from None
+    with torch.no_grad():
+        named = dict(module.named_parameters())
+        for n, a in start.items():  # the fp16 parameters the workers hold, as the reference does
+            named[n].copy_(torch.from_numpy(a.astype(np.float16).astype(np.float32)))
+    name = iface or os.environ.get("MINDP_IFACE") or iface_with(wcfg.ip)
+    try:
+        sock = rawsock.open_raw(name)
+    except rawsock.SocketError as exc:
+        raise MindpError(f"interface {name}: {exc}") from None
+    agent = WorkerAgent(wcfg, layout_of(module), sock, initial={n: a.astype(np.float16) for n, a in start.items()})
+    optimizer._opt_called = True  # its scheduler's step() need not warn: the node steps, not this optimizer
+    return Optimizer(module, agent, state_dir)

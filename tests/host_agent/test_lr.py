@@ -1,0 +1,127 @@
+"""LR schedules: the node's replay against torch.optim.lr_scheduler (each schedule, bit for bit),
+the node applying them (also across a restart) against the reference fed torch's lrs."""
+import math
+import random
+import warnings
+
+import pytest
+
+from host_agent import lr, node, optim, reference, state
+from host_agent.optim import ConfigError, OptimizerConfig, Schedule
+
+from .helpers import initial_fp16, same_bits, small_model
+from .test_node_core import JOB, N, S, assemble, run_step
+
+torch = pytest.importorskip("torch")
+L = torch.optim.lr_scheduler
+
+
+def torch_scheduler(opt, s: Schedule):
+    """The torch.optim.lr_scheduler composition a Schedule stands for (host_agent/lr.py's table)."""
+    if s.kind == "constant":
+        return None
+    if s.kind == "step":
+        return L.StepLR(opt, s.step_size, s.gamma)
+    tmax = s.total - s.warmup
+    decay = (L.CosineAnnealingLR(opt, tmax, s.eta_min) if s.kind == "cosine"
+             else L.LinearLR(opt, 1.0, s.end_factor, tmax))
+    if not s.warmup:
+        return decay
+    return L.SequentialLR(opt, [L.LinearLR(opt, s.warmup_start, 1.0, s.warmup), decay], [s.warmup])
+
+
+def torch_lrs(base: float, s: Schedule, n: int) -> list[float]:
+    """The lr of steps 0..n-1 of a torch loop: optimizer.step() at that lr, then scheduler.step()."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base)
+    sched = torch_scheduler(opt, s)
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scheduler.step() before any optimizer.step()
+        for _ in range(n):
+            out.append(opt.param_groups[0]["lr"])
+            if sched:
+                sched.step()
+    return out
+
+
+SCHEDULES = {
+    "constant": [Schedule()],
+    "step": [Schedule("step", step_size=3, gamma=0.5), Schedule("step", step_size=7, gamma=0.1)],
+    "cosine": [Schedule("cosine", total=t, warmup=w, warmup_start=ws, eta_min=em)
+               for t in (10, 37, 100) for w in (0, 1, 5) for ws in (0.1, 0.01) for em in (0.0, 1e-5)],
+    "linear": [Schedule("linear", total=t, warmup=w, warmup_start=ws, end_factor=ef)
+               for t in (10, 37, 100) for w in (0, 1, 5) for ws in (0.1, 0.333) for ef in (0.0, 0.1)],
+}
+
+
+@pytest.mark.parametrize("kind", list(SCHEDULES))
+def test_schedule_replays_torch_bit_for_bit(kind):
+    """Every step's float64 lr equals torch's, past the end of the schedule too (cosine rises again)."""
+    for base in (1e-3, 3e-4, 0.0123):
+        for s in SCHEDULES[kind]:
+            n = 3 * max(s.total, 10)
+            rates = lr.Rates(base, s)
+            assert [rates.at(i) for i in range(n)] == torch_lrs(base, s, n), (base, s)
+
+
+def test_closed_form_would_differ():
+    """Why the replay: torch's recursive cosine is not its closed form in float64."""
+    s = Schedule("cosine", total=100, warmup=5)
+    got = torch_lrs(1e-3, s, 100)
+    closed = [s.eta_min + (1e-3 - s.eta_min) * (1 + math.cos(math.pi * (e - 5) / 95)) / 2 for e in range(5, 100)]
+    assert got[5:] != closed
+
+
+def reference_with_torch_lrs(init, gf, steps, cfg):
+    """reference.train with the lr of each step taken from torch's scheduler, not from host_agent.lr."""
+    lrs = torch_lrs(cfg.lr, cfg.schedule, steps)
+    with pytest.MonkeyPatch.context() as mp:  # the seam: the reference's lr of each step
+        mp.setattr(lr.Rates, "at", lambda self, step: lrs[step])
+        return reference.train(init, gf, N, steps, cfg)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_node_applies_the_schedule_across_a_restart(tmp_path, kind):
+    """6 steps of warmup + cosine, the node reopened from its state after step 2: the parameters
+    equal the reference's that took each step's lr from torch's SequentialLR."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig(kind=kind, lr=1e-2, schedule=Schedule("cosine", total=6, warmup=2, warmup_start=0.25))
+    gf = reference.synthetic_grads(9)
+    state.create(tmp_path, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
+    params = initial_fp16(init)
+    rng = random.Random(0)
+    for step in range(6):
+        if step in (0, 3):
+            core = node.NodeCore(state.Store(tmp_path, 1 << 20), JOB, N, S)
+        params = assemble(lay, run_step(core, lay, gf, step, params, rng), params)
+        if step == 2:
+            core.store.close()
+    ref = reference_with_torch_lrs(init, gf, 6, cfg)
+    assert same_bits(params, ref.params)
+    assert not same_bits(params, reference.train(init, gf, N, 6, OptimizerConfig(kind=kind, lr=1e-2)).params)
+
+
+def test_schedule_round_trips_through_the_state(tmp_path):
+    cfg = OptimizerConfig(schedule=Schedule("step", step_size=4, gamma=0.5))
+    lay = optim.layout_of(small_model())
+    state.create(tmp_path, lay, state.init_pieces(lay, small_model()), cfg, page_chunks=32)
+    store = state.Store(tmp_path, 1 << 20)
+    assert store.cfg == cfg and store.cfg.schedule.step_size == 4
+    store.close()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(kind="poly"), "unknown lr schedule 'poly'"),
+    (dict(kind="cosine", total=5, warmup=5), "need 0 <= warmup < total"),
+    (dict(kind="cosine", total=5, warmup=1, warmup_start=0.0), "warmup_start must be in (0, 1]"),
+    (dict(kind="linear", total=5, end_factor=2.0), "end_factor must be in [0, 1]"),
+    (dict(kind="step", step_size=0), "step_size >= 1"),
+    (dict(kind="step", gamma=float("nan")), "gamma must be a finite number"),
+    (dict(kind="cosine", total="10"), "total must be an integer"),
+    (dict(kind="cosine", total=10, bogus=1), "malformed lr schedule"),
+])
+def test_bad_schedule_is_one_line(bad, message):
+    with pytest.raises(ConfigError) as exc:
+        OptimizerConfig.from_dict({"schedule": bad})
+    assert message in str(exc.value) and "\n" not in str(exc.value)

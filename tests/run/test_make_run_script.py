@@ -1,0 +1,97 @@
+"""make run SCRIPT=... end to end: a user's torchrun script (mindp.torch.init) on every worker host
+of the Mininet network; its final weights equal the reference the script defines, bit for bit;
+without a reference the loss curve is the result; a broken script is one line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from mindp import targets  # noqa: E402
+from mininet_topos import config  # noqa: E402
+from tests.run.test_make_run import REPO, MakeRun, assert_clean, needs_root  # noqa: E402
+
+pytestmark = pytest.mark.net
+TARGETS = [pytest.param("embedded"),
+           pytest.param("bmv2", marks=pytest.mark.skipif(targets.find_bmv2() is None,
+                                                        reason="BMv2 simple_switch_grpc not installed"))]
+
+
+def script_run(tmp_path, target: str, script: str, args: str, *extra: str) -> MakeRun:
+    return MakeRun(tmp_path, "--target", target, "--workers", "2", "--p4", "committed", "--script", script,
+                   "--args", args, *extra)
+
+
+@needs_root
+@pytest.mark.parametrize("target", TARGETS)
+def test_cnn_example_is_bit_exact_with_its_reference(tmp_path, target):
+    run = script_run(tmp_path, target, str(REPO / "examples" / "train_cnn.py"), "--steps 5",
+                     *(["--loss", "0.02"] if target == "embedded" else []))
+    assert run.run(400) == 0, run.err + run.out
+    s = run.summary()
+    assert s["max_abs_param_diff_vs_reference"] == 0.0 and s["steps"] == 5 and s["target"] == target
+    assert [step for step, _ in s["loss_curve"]] == list(range(5))
+    assert "bit-exact with the script's single-process reference" in run.out
+    assert "train_cnn.py (3,818 parameters, adamw lr 0.003, schedule cosine)" in run.out
+    assert json.loads((run.run_dir / "job1" / "spec" / "optimizer.json").read_text())["schedule"]["warmup"] == 1
+    assert_clean(run)
+
+
+@needs_root
+def test_gpt_example_is_bit_exact_with_its_reference(tmp_path):
+    run = script_run(tmp_path, "embedded", str(REPO / "examples" / "train_gpt.py"),
+                     """--steps 3 --gpt '{"d": 16, "layers": 1, "heads": 2, "ctx": 8}'""")
+    assert run.run(400) == 0, run.err + run.out
+    assert run.summary()["max_abs_param_diff_vs_reference"] == 0.0
+    assert_clean(run)
+
+
+SCRIPT_WITHOUT_REFERENCE = '''
+import json, os, torch, mindp.torch
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+opt = mindp.torch.init(model, opt, torch.optim.lr_scheduler.StepLR(opt, 2, 0.5))
+for step in range(3):
+    opt.zero_grad()
+    loss = model(torch.ones(3, 4) * (int(os.environ["RANK"]) + 1)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    if os.environ["RANK"] == "0":
+        print(json.dumps({"step": step, "loss": float(loss)}), flush=True)
+'''
+
+
+@needs_root
+def test_script_without_reference_reports_its_loss_curve(tmp_path):
+    script = tmp_path / "mine.py"
+    script.write_text(SCRIPT_WITHOUT_REFERENCE)
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run(300) == 0, run.err + run.out
+    s = run.summary()
+    assert s["max_abs_param_diff_vs_reference"] is None and len(s["loss_curve"]) == 3
+    assert "defines no mindp_reference" in run.out and "sgd lr 0.1, schedule step" in run.out
+    assert_clean(run)
+
+
+@needs_root
+def test_script_that_never_calls_init_fails_in_one_line(tmp_path):
+    script = tmp_path / "plain.py"
+    script.write_text("print('hello')\n")
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run(200) == 1
+    (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
+    assert "describe run failed" in line and "does it call mindp.torch.init?" in line
+    assert_clean(run)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(script="/nonexistent/train.py"), "is not a file"),
+    (dict(script_args="--steps 3"), "ARGS are the arguments of SCRIPT"),
+    (dict(script=str(REPO / "examples" / "train_cnn.py"), jobs="2"), "SCRIPT runs one job"),
+    (dict(script=str(REPO / "examples" / "train_cnn.py"), script_args="'unclosed"), "ARGS cannot be split"),
+])
+def test_script_settings_are_checked(kw, message):
+    with pytest.raises(config.RunConfigError, match=message):
+        config.parse(**kw)

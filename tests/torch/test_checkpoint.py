@@ -1,0 +1,88 @@
+"""Checkpoints: the node's committed state -> a torch checkpoint -> a fresh node that resumes
+bit-exactly; the checkpoint loads into a plain torch model; the torch spec translation."""
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from host_agent import node, optim, reference, state  # noqa: E402
+from host_agent.optim import ConfigError, OptimizerConfig, Schedule  # noqa: E402
+from mindp.torch import checkpoint, layout_arrays, models, spec  # noqa: E402
+from tests.host_agent.helpers import initial_fp16, same_bits  # noqa: E402
+from tests.host_agent.test_node_core import JOB, N, S, assemble, run_step  # noqa: E402
+
+L = torch.optim.lr_scheduler
+
+
+def train_core(state_dir, lay, gf, steps, params, create=None):
+    if create is not None:
+        state.create(state_dir, lay, state.init_pieces(lay, create[0]), create[1], page_chunks=32)
+    core = node.NodeCore(state.Store(state_dir, 1 << 20), JOB, N, S)
+    rng = random.Random(steps.start)
+    for step in steps:
+        params = assemble(lay, run_step(core, lay, gf, step, params, rng), params)
+    core.store.close()
+    return params
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_checkpoint_resumes_bit_exactly_in_a_fresh_node(tmp_path, kind):
+    net = models.build("cnn", {"channels": 4}, 0)
+    init = layout_arrays(net)
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig(kind=kind, lr=1e-2, schedule=Schedule("cosine", total=6, warmup=2))
+    gf = reference.synthetic_grads(3)
+    params = train_core(tmp_path / "a", lay, gf, range(3), initial_fp16(init), (init, cfg))
+    ckpt = checkpoint.save(tmp_path / "a", tmp_path / "ckpt.pt", net)
+    assert ckpt["step"] == 2 and ckpt["mindp"]["updates"] == 3
+    assert checkpoint.restore(tmp_path / "ckpt.pt", tmp_path / "b") == 2
+    resumed = train_core(tmp_path / "b", lay, gf, range(3, 6), params)
+    uninterrupted = reference.train(init, gf, N, 6, cfg)
+    assert same_bits(resumed, uninterrupted.params)
+    final = checkpoint.save(tmp_path / "b", tmp_path / "final.pt", net)
+    assert all(np.array_equal(final["model"][n].numpy(), uninterrupted.master[n]) for n in init)
+
+    plain = models.build("cnn", {"channels": 4}, 1)  # torch alone: load_state_dict and run it
+    loaded = torch.load(tmp_path / "final.pt", weights_only=True)
+    plain.load_state_dict(loaded["model"])
+    assert plain(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
+    opt = spec.torch_optimizer(cfg, plain.parameters(), cfg.lr)
+    opt.load_state_dict(loaded["optimizer"])  # the matching torch optimizer takes its state
+    key = "exp_avg" if kind == "adamw" else "momentum_buffer"
+    assert all(torch.count_nonzero(opt.state[p][key]) for p in plain.parameters())
+
+
+def test_restore_refuses_an_existing_state_and_a_foreign_file(tmp_path):
+    net = models.build("cnn", {"channels": 4}, 0)
+    init = layout_arrays(net)
+    lay = optim.layout_of(init)
+    state.create(tmp_path / "a", lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
+    checkpoint.save(tmp_path / "a", tmp_path / "c.pt", net)
+    with pytest.raises(ConfigError, match="already holds a state"):
+        checkpoint.restore(tmp_path / "c.pt", tmp_path / "a")
+    torch.save({"model": net.state_dict()}, tmp_path / "plain.pt")
+    with pytest.raises(ConfigError, match="is not a mindp checkpoint"):
+        checkpoint.restore(tmp_path / "plain.pt", tmp_path / "b")
+    with pytest.raises(ConfigError, match="another model"):
+        checkpoint.save(tmp_path / "a", tmp_path / "x.pt", models.build("cnn", {"channels": 8}, 0).fc)
+
+
+def test_torch_optimizer_and_scheduler_translate():
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    opt = torch.optim.AdamW(p, lr=3e-3, betas=(0.8, 0.99), weight_decay=0.1)
+    seq = L.SequentialLR(opt, [L.LinearLR(opt, 0.2, 1.0, 4), L.CosineAnnealingLR(opt, 16, 1e-5)], [4])
+    assert spec.optimizer_config(opt, seq) == OptimizerConfig(
+        "adamw", lr=3e-3, betas=(0.8, 0.99), weight_decay=0.1,
+        schedule=Schedule("cosine", total=20, warmup=4, warmup_start=0.2, eta_min=1e-5))
+    sgd = torch.optim.SGD(p, lr=0.1, momentum=0.9)
+    assert spec.optimizer_config(sgd, L.StepLR(sgd, 5, 0.5)).schedule == Schedule("step", step_size=5, gamma=0.5)
+    for bad, msg in [(torch.optim.Adam(p), "optimizer Adam is not supported"),
+                     (torch.optim.AdamW(p, amsgrad=True), "amsgrad=True"),
+                     (torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True), "nesterov=True")]:
+        with pytest.raises(ConfigError, match=msg):
+            spec.optimizer_config(bad)
+    opt = torch.optim.AdamW(p)
+    with pytest.raises(ConfigError, match="ExponentialLR is not supported"):
+        spec.optimizer_config(opt, L.ExponentialLR(opt, 0.9))
