@@ -21,7 +21,7 @@ from mindp.protocol import K, Kind
 from mindp.testbed import FrameTap, Testbed
 from mindp.topology import Host, star
 from p4src import artifacts
-from tests.conftest import TARGET_PARAMS
+from tests.conftest import DATAPLANE_TARGET_PARAMS
 
 
 @dataclass
@@ -113,7 +113,7 @@ class SwitchFabric:
         self.tap.drain()
 
 
-@pytest.fixture(scope="module", params=TARGET_PARAMS)
+@pytest.fixture(scope="module", params=DATAPLANE_TARGET_PARAMS)
 def fabric(request, tmp_path_factory):
     topo = star([3, 2])
     hosts = dict(topo.hosts)
