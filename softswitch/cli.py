@@ -63,8 +63,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drop-port", type=int, default=511)
     p.add_argument("--pipeline", choices=("compiled", "python"), default=None,
-                   help="compiled: batches run as native code built from the JSON (default, or MINDP_PIPELINE); "
-                        "python: the generated Python pipeline only (the reference)")
+                   help="compiled: batches run as native code built from the JSON (the default; "
+                        "MINDP_SOFTSWITCH_PIPELINE sets it too); python: the generated Python pipeline only")
     args = p.parse_args(main)
     t = _Parser(prog="mindp-softswitch ... --")
     t.add_argument("--grpc-server-addr", default=DEFAULT_GRPC)

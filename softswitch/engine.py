@@ -21,8 +21,8 @@ PIPELINES = ("compiled", "python")
 
 
 def default_pipeline() -> str:
-    """MINDP_PIPELINE=python forces the Python path where no --pipeline is given."""
-    mode = os.environ.get("MINDP_PIPELINE", "compiled")
+    """MINDP_SOFTSWITCH_PIPELINE=python forces the Python path where no --pipeline is given."""
+    mode = os.environ.get("MINDP_SOFTSWITCH_PIPELINE", "compiled")
     return mode if mode in PIPELINES else "compiled"
 
 

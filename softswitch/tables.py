@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 Result = tuple  # (hit: bool, action_id: int, fn, args: tuple, ctr: list | None)
+#: Changes to any table so far: one read tells the compiled path whether to look for changed tables.
+CHANGES = [0]
 
 
 class TableError(ValueError):
@@ -83,6 +85,10 @@ class Table:
         return self.miss
 
     # --- control plane --------------------------------------------------
+    def _changed(self) -> None:
+        self.version += 1
+        CHANGES[0] += 1
+
     def set_default(self, action_id: int, args: tuple) -> None:
         act = self.actions.get(action_id)
         if act is None:
@@ -90,7 +96,7 @@ class Table:
         self.default_action_id = action_id
         self.default_args = tuple(args)
         self.miss = (False, action_id, act.fn, self.default_args, None)
-        self.version += 1
+        self._changed()
 
     def _result(self, e: InstalledEntry) -> Result:
         act = self.actions[e.action_id]
@@ -151,21 +157,21 @@ class Table:
             self.d.pop(ck, None)
         else:
             self._rebuild()
-        self.version += 1
+        self._changed()
         return old
 
     def clear(self) -> None:
         self.entries.clear()
         self.d = {}
         self._scan = []
-        self.version += 1
+        self._changed()
 
     def _publish(self, ck, e: InstalledEntry) -> None:
         if self.exact:
             self.d[ck] = e.result
         else:
             self._rebuild()
-        self.version += 1
+        self._changed()
 
     def _rebuild(self) -> None:
         rows = []

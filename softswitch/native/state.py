@@ -7,10 +7,12 @@ address. Tables and multicast groups are flattened into numpy arrays here, rebui
 P4Runtime server for a whole Write), so a batch sees all of a write or none of it."""
 from __future__ import annotations
 
+import ctypes
 from array import array
 
 import numpy as np
 
+from .. import tables as tables_module
 from ..batch import Batch
 from .cprogram import PRE_WORDS, TABLE_WORDS, CtxLayout
 from .cpipeline import STAT_DROPPED, STAT_ERRORS, STAT_MCAST_EMPTY
@@ -132,23 +134,27 @@ class NativeRunner:
             self.ctx[layout.octets(i)] = _address(_cells(octets))
         self.flat_tables: list[FlatTable | None] = [None] * len(self.tables)
         self.seen_tables = [-1] * len(self.tables)
+        self.seen_changes = -1
         self.flat_groups: FlatGroups | None = None
         self.seen_groups = (None, -1)
-        self.txn = np.zeros(1, np.int64)
-        self.stats = np.zeros(4, np.uint64)
-        self._ptrs: dict = {}
+        self.ctx_address = self.ctx.ctypes.data
+        self.txn = (ctypes.c_int64 * 1)()
+        self.stats = (ctypes.c_uint64 * 4)()
+        self._rx = self._tx = None
         self.sync(force=True)
+
+    def changed(self) -> bool:
+        groups = self.engine.pre
+        return tables_module.CHANGES[0] != self.seen_changes or groups is not self.seen_groups[0] or \
+            groups.version != self.seen_groups[1]
 
     def sync(self, force: bool = False) -> None:
         """Rebuild what changed since the last batch, if no writer is in the middle of a write."""
-        groups = self.engine.pre
-        if not force and groups is self.seen_groups[0] and groups.version == self.seen_groups[1] and \
-                all(t.version == v for t, v in zip(self.tables, self.seen_tables)):
-            return
         lock = self.engine.lock
         if not lock.acquire(blocking=force):
             return  # a write is under way: this batch sees the state before it
         try:
+            self.seen_changes = tables_module.CHANGES[0]
             groups = self.engine.pre
             for i, t in enumerate(self.tables):
                 version = t.version
@@ -165,28 +171,27 @@ class NativeRunner:
         finally:
             lock.release()
 
-    def _pointers(self, b: Batch) -> tuple:
-        p = self._ptrs.get(id(b))
-        if p is None or p[0] is not b:
-            p = self._ptrs[id(b)] = (b, b.buf.ctypes.data, b.lens.ctypes.data, b.ports.ctypes.data)
-        return p
-
     def run_batch(self, rx: Batch, start: int, tx: Batch) -> int:
-        self.sync()
-        _, rbuf, rlens, rports = self._pointers(rx)
-        _, tbuf, tlens, tports = self._pointers(tx)
+        if self.changed():
+            self.sync()
+        if rx is not self._rx:
+            self._rx, self._rxp = rx, (rx.buf.ctypes.data, rx.lens.ctypes.data, rx.ports.ctypes.data)
+        if tx is not self._tx:
+            self._tx, self._txp = tx, (tx.buf.ctypes.data, tx.lens.ctypes.data, tx.ports.ctypes.data)
+        rbuf, rlens, rports = self._rxp
+        tbuf, tlens, tports = self._txp
         txn = self.txn
         txn[0] = tx.n
         stats = self.stats
-        stats[:] = 0
-        nxt = self.fn(self.ctx.ctypes.data, rbuf, rlens, rports, rx.slot, start, rx.n, tbuf, tlens, tports,
-                      tx.capacity, txn.ctypes.data, stats.ctypes.data)
-        tx.n = int(txn[0])
-        s = self.engine.stats
-        if stats.any():
-            s.dropped += int(stats[STAT_DROPPED])
-            s.mcast_empty += int(stats[STAT_MCAST_EMPTY])
-            s.errors += int(stats[STAT_ERRORS])
+        nxt = self.fn(self.ctx_address, rbuf, rlens, rports, rx.buf.shape[1], start, rx.n, tbuf, tlens, tports,
+                      len(tx.lens), txn, stats)
+        tx.n = txn[0]
+        if stats[STAT_DROPPED] or stats[STAT_MCAST_EMPTY] or stats[STAT_ERRORS]:
+            s = self.engine.stats
+            s.dropped += stats[STAT_DROPPED]
+            s.mcast_empty += stats[STAT_MCAST_EMPTY]
+            s.errors += stats[STAT_ERRORS]
+            ctypes.memset(stats, 0, ctypes.sizeof(stats))
         return nxt
 
 

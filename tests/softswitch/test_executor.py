@@ -303,7 +303,7 @@ def test_crc16_is_bmv2s_crc16_arc():
 
 def test_bad_checksum_exits_and_drops(feat):
     assert feat.process(feat_frame(src=0x0B000001, dst=0x0A010203, csum=0x1234), 1) == []
-    assert feat.program.registers["I.hits"] == [0] * 8, "exit stopped the pipeline before the register"
+    assert list(feat.program.registers["I.hits"]) == [0] * 8, "exit stopped the pipeline before the register"
 
 
 def test_set_invalid_removes_the_header_and_packet_length_follows(feat):
