@@ -126,6 +126,8 @@ def fabric(request, tmp_path_factory):
                                    log_file=str(logs / "switch.log"), thrift_port=targets.free_port())
         with targets.SwitchProcess(request.param, cfg), SwitchConnection(cfg.grpc_addr) as sw:
             sw.push_pipeline(artifacts.P4INFO, artifacts.BMV2_JSON)
+            if request.param == "embedded":  # the default embedded switch runs the compiled pipeline
+                assert "pipeline compiled to native code" in open(cfg.log_file).read()
             fab = SwitchFabric(bed, hosts, sw)
             fab.grpc_addr, fab.thrift_addr = cfg.grpc_addr, f"127.0.0.1:{cfg.thrift_port}"
             fab.target = request.param
