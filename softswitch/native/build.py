@@ -1,5 +1,6 @@
 """Build generated C into a shared object with the system C compiler, cached on disk by the hash of
-the source (which holds the generator version), and load it."""
+the source (which holds the generator version), and load it. The cache is
+$XDG_CACHE_HOME/mindp/softswitch (default ~/.cache/...): <sha256>.so and the <sha256>.c it came from."""
 from __future__ import annotations
 
 import ctypes
@@ -52,6 +53,7 @@ def build(source: str) -> pathlib.Path:
         if done.returncode != 0:
             first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
             raise BuildError(f"{cc} failed: {first}")
+        os.replace(src, target.with_suffix(".c"))  # kept beside it, to read when debugging
         os.replace(out, target)  # atomic: a concurrent start sees the whole file or none
     return target
 
