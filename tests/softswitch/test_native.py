@@ -275,3 +275,13 @@ def test_compiled_program_is_cached_by_its_source(monkeypatch, tmp_path):
 def test_environment_forces_the_python_path(monkeypatch):
     monkeypatch.setenv("MINDP_SOFTSWITCH_PIPELINE", "python")
     assert te.engine("parser").native is None
+
+
+def test_trace_runs_batches_on_the_python_path(caplog):
+    """-L debug: every packet through the traced Python pipeline, same outputs."""
+    native, python = twins("features")
+    frames = [(te.feat_frame(src=0x0B000001, dst=0x0A010203), 1)]
+    with caplog.at_level(logging.DEBUG, "softswitch.trace"):
+        traced = run(native, frames)
+    assert any("pkt 1:" in r.getMessage() for r in caplog.records)
+    assert traced == run(python, frames)
