@@ -52,6 +52,18 @@ class Groups(dict):
         super().update(*args, **kwargs)
         self.version += 1
 
+    def setdefault(self, key, default=None):
+        self.version += 1
+        return super().setdefault(key, default)
+
+    def popitem(self):
+        self.version += 1
+        return super().popitem()
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
 
 @dataclass
 class Stats:
