@@ -285,3 +285,13 @@ def test_trace_runs_batches_on_the_python_path(caplog):
         traced = run(native, frames)
     assert any("pkt 1:" in r.getMessage() for r in caplog.records)
     assert traced == run(python, frames)
+
+
+def test_command_line_chooses_the_pipeline():
+    from softswitch.cli import SwitchUsageError, parse_args
+    assert parse_args(["--pipeline", "python", "--no-p4"]).pipeline == "python"
+    assert parse_args(["--no-p4"]).pipeline is None  # the engine's default: compiled, or the environment's
+    with pytest.raises(SwitchUsageError):
+        parse_args(["--pipeline", "jit", "--no-p4"])
+    assert targets.command("embedded-python", targets.SwitchConfig(ports={}))[3:5] == ["--pipeline", "python"]
+    assert "--pipeline" not in targets.command("embedded", targets.SwitchConfig(ports={}))
