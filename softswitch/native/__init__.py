@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+from ..compiler.program import _one_line as one_line
 from ..compiler_errors import ProgramError
 
 log = logging.getLogger("softswitch")
@@ -31,8 +32,8 @@ def attach(program, engine):
         lib, fn = build.load(build.build(source))
         return state.NativeRunner(program, engine, layout, lib, fn)
     except (ProgramError, build.BuildError, OSError, TypeError) as exc:
-        log.warning("compiled pipeline unavailable (%s), running the Python pipeline", exc)
+        log.warning("compiled pipeline unavailable (%s), running the Python pipeline", one_line(str(exc)))
     except Exception as exc:  # a generator bug must not stop the switch: the Python path is exact
         log.warning("compiled pipeline unavailable (internal: %s: %s), running the Python pipeline",
-                    type(exc).__name__, exc)
+                    type(exc).__name__, one_line(str(exc)))
     return None

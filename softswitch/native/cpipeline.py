@@ -60,6 +60,8 @@ class CControlFlow:
                 cb.emit(f"if ({cond}) {self.goto(node['true_next'])}", 1)
                 cb.emit(self.goto(node["false_next"]), 1)
             elif kind == "call":
+                if cb.py.actions[node["action_id"]].get("runtime_data"):
+                    raise UnsupportedConstruct(f"a direct call of an action with parameters in {name!r}")
                 cb.emit(f"if ({cb.py.action(node['action_id'])}(f, 0)) goto END;", 1)
                 cb.emit(self.goto(node["next_node"]), 1)
             else:

@@ -61,7 +61,9 @@ class FlatTable:
         else:
             rows = []
         miss = table.miss
-        nargs = max([len(r[3]) for _, r in rows] + [len(miss[3]), 1])
+        # room for every parameter of every action of the table: no read past a row
+        nargs = max([len(r[3]) for _, r in rows] + [len(miss[3]), 1] +
+                    [len(a.param_widths) for a in table.actions.values()])
         n = len(rows)
         self.aid = np.array([r[1] for _, r in rows] or [0], np.int64)
         args = np.zeros((max(n, 1), nargs), np.uint64)
@@ -70,7 +72,8 @@ class FlatTable:
         self.args = args
         self.counters = [r[4] for _, r in rows]  # kept alive while C may hold their addresses
         self.ctr = np.array([_address(c) if c is not None else 0 for c in self.counters] or [0], np.uint64)
-        self.miss_args = np.array([v & U64 for v in miss[3]] or [0], np.uint64)
+        self.miss_args = np.zeros(nargs, np.uint64)
+        self.miss_args[:len(miss[3])] = [v & U64 for v in miss[3]]
         self.masks = self.lo = self.hi = _DUMMY
         hcap = 0
         if nk and table.exact:
