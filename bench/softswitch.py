@@ -10,7 +10,7 @@ On one veth testbed (sender host -> switch port 1, sink host <- port 2):
       of a few windows (it runs faster with fewer frames queued);
   (c) a batched raw-socket forwarding loop (recvmmsg, sendmmsg; the switch's batch size)
       between the same ports: the I/O ceiling of any switch on this machine;
-plus the pipeline alone (no I/O, batches of the switch's size) on the same frames. Prints
+plus each pipeline alone (no I/O, batches of the switch's size) on the same frames. Prints
 packets/s and the ratios embedded/BMv2 (goal >= 20) and embedded/ceiling (goal >= 0.5).
 Closed loop with a fixed window of frames in flight (sent and received in bursts), so the
 switch, not its queues or the load generator, sets the pace.
@@ -81,11 +81,11 @@ def forward_loop_run(bed: Testbed, frames, window: int) -> float:
         proc.wait()
 
 
-def executor_alone(frames) -> float:
+def executor_alone(frames, pipeline: str) -> float:
     from softswitch import compiler
     from softswitch.engine import Engine
     from softswitch.tables import InstalledEntry as TEntry
-    eng = Engine(compiler.load(artifacts.BMV2_JSON.read_bytes()))
+    eng = Engine(compiler.load(artifacts.BMV2_JSON.read_bytes()), pipeline)
     t = eng.program.tables
 
     def ins(table, match, action, args=()):
@@ -126,7 +126,8 @@ def main() -> int:
     frames = gradient_frames(SENDER, SINK, args.packets // 2)
     print(f"aggregation program, K={K}, {len(frames)} gradient frames, closed loop window {args.window}, "
           f"switch batch {BATCH}")
-    results = {"pipeline alone (no I/O)": executor_alone(frames)}
+    results = {"compiled pipeline alone (no I/O)": executor_alone(frames, "compiled"),
+               "Python pipeline alone (no I/O)": executor_alone(frames, "python")}
     with tempfile.TemporaryDirectory() as tmp, Testbed("bss") as bed:
         bed.add(SENDER)
         bed.add(SINK)

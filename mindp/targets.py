@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from . import progress
 
-TARGETS = ("auto", "bmv2", "embedded")
+#: embedded-python: the embedded switch on its Python pipeline only (the reference the compiled one equals)
+TARGETS = ("auto", "bmv2", "embedded", "embedded-python")
 P4TOOLS_BIN = pathlib.Path("/opt/p4tools/bin")
 
 
@@ -87,7 +88,8 @@ def command(target: str, cfg: SwitchConfig) -> list[str]:
     target = resolve(target)
     if target == "bmv2":
         return [find_bmv2(), *([] if cfg.log_level else ["--log-level", "off"]), *cfg.args()]
-    return [sys.executable, "-m", "softswitch", *cfg.fault_args, *cfg.args()]
+    pipeline = ["--pipeline", "python"] if target == "embedded-python" else []
+    return [sys.executable, "-m", "softswitch", *pipeline, *cfg.fault_args, *cfg.args()]
 
 
 def grpc_port_open(addr: str) -> bool:

@@ -66,7 +66,7 @@ def if_prefix(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mininet_topos.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default="auto", help="auto|bmv2|embedded (auto: BMv2 when installed)")
+    p.add_argument("--target", default="auto", help="auto|bmv2|embedded|embedded-python (auto: BMv2 when installed)")
     p.add_argument("--model", default="mlp", help="mlp|cnn|gpt (cnn, gpt: PyTorch, the torch extra)")
     p.add_argument("--workers", default="4", help="workers per job")
     p.add_argument("--steps", default="60")

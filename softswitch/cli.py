@@ -62,6 +62,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--reorder-prob", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drop-port", type=int, default=511)
+    p.add_argument("--pipeline", choices=("compiled", "python"), default=None,
+                   help="compiled: batches run as native code built from the JSON (the default; "
+                        "MINDP_SOFTSWITCH_PIPELINE sets it too); python: the generated Python pipeline only")
     args = p.parse_args(main)
     t = _Parser(prog="mindp-softswitch ... --")
     t.add_argument("--grpc-server-addr", default=DEFAULT_GRPC)
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     from .ports import Port, PortError
     from .thrift_server import ThriftServer
 
-    engine = Engine()
+    engine = Engine(pipeline=args.pipeline)
     if args.json and not os.path.isfile(args.json):
         print(f"mindp-softswitch: cannot read {args.json}: no such file", file=sys.stderr)
         return 1

@@ -7,6 +7,8 @@ and threads live elsewhere.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +17,52 @@ from .compiler import INSTANCE_NORMAL, INSTANCE_REPLICATION, CompiledProgram
 
 log = logging.getLogger("softswitch")
 trace_log = logging.getLogger("softswitch.trace")
+PIPELINES = ("compiled", "python")
+
+
+def default_pipeline() -> str:
+    """MINDP_SOFTSWITCH_PIPELINE=python forces the Python path where no --pipeline is given."""
+    mode = os.environ.get("MINDP_SOFTSWITCH_PIPELINE", "compiled")
+    return mode if mode in PIPELINES else "compiled"
+
+
+class Groups(dict):
+    """Multicast groups (group -> [(port, rid)]) with a version that moves on every write, so the
+    compiled path knows when to rebuild its copy."""
+
+    version = 0
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        self.version += 1
+
+    def __delitem__(self, key):
+        super().__delitem__(key)
+        self.version += 1
+
+    def clear(self):
+        super().clear()
+        self.version += 1
+
+    def pop(self, *args):
+        self.version += 1
+        return super().pop(*args)
+
+    def update(self, *args, **kwargs):
+        super().update(*args, **kwargs)
+        self.version += 1
+
+    def setdefault(self, key, default=None):
+        self.version += 1
+        return super().setdefault(key, default)
+
+    def popitem(self):
+        self.version += 1
+        return super().popitem()
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
 
 
 @dataclass
@@ -30,20 +78,41 @@ class Stats:
 
 
 class Engine:
-    def __init__(self, program: CompiledProgram | None = None):
+    """`pipeline` "compiled" runs batches on the program compiled to native code (softswitch.native)
+    where it can be, "python" always on the generated Python; both share the program's state."""
+
+    def __init__(self, program: CompiledProgram | None = None, pipeline: str | None = None):
         self.program: CompiledProgram | None = None
-        self.pre: dict[int, list[tuple[int, int]]] = {}  # mcast group -> [(port, rid)]
+        self.pipeline = pipeline or default_pipeline()
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"pipeline {self.pipeline!r}: one of {', '.join(PIPELINES)}")
+        self._pre = Groups()
         self.stats = Stats()
+        self.lock = threading.RLock()  # control-plane writes hold it; the compiled path syncs under it
+        self.native = None
         self._t0 = time.monotonic()
         self._logged_error = False
         if program is not None:
             self.load(program)
 
+    @property
+    def pre(self) -> Groups:
+        """mcast group -> [(port, rid)]"""
+        return self._pre
+
+    @pre.setter
+    def pre(self, groups: dict) -> None:
+        self._pre = groups if isinstance(groups, Groups) else Groups(groups)
+
     def load(self, program: CompiledProgram) -> None:
         """Install a program; its tables, registers and counters start empty. One
         assignment swaps it in, so a packet in flight sees the old or the new one."""
-        self.pre = {}
+        from . import native
+        self.pre = Groups()
         self._run = _Runner(program, self)
+        self.native = native.attach(program, self) if self.pipeline == "compiled" else None
+        if self.native is not None:
+            log.info("pipeline compiled to native code")
         self.program = program
 
     def process(self, data: bytes, port: int) -> list[tuple[int, bytes]]:
@@ -65,6 +134,9 @@ class Engine:
         """Frames start.. of `rx` through `process`, in order, their outputs appended to `tx`; the
         first frame not processed (< rx.n when tx might not hold the next packet's outputs).
         An output that no slot holds is a counted error."""
+        native = self.native
+        if native is not None and rx.slot == tx.slot and not trace_log.isEnabledFor(logging.DEBUG):
+            return native.run_batch(rx, start, tx)
         most = max(1, max(map(len, list(self.pre.values())), default=0))  # list: one step, safe from P4Runtime's thread
         for i in range(start, rx.n):
             if tx.n and tx.n + most > tx.capacity:

@@ -256,7 +256,7 @@ class SwitchService(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.inject = inject  # callable(frame, port) for packet-out; set by the data plane
         self.pipeline: Pipeline | None = None
         self.saved: Pipeline | None = None
-        self.lock = threading.RLock()
+        self.lock = engine.lock  # the compiled path syncs its tables under it: a batch sees whole writes
         self.arb_lock = threading.Lock()
         self.streams: list[_Stream] = []
         self.packet_in_dropped = 0  # packet-ins the primary's full stream queue had no room for

@@ -7,10 +7,13 @@ priority order (LPM: longest prefix first).
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
 Result = tuple  # (hit: bool, action_id: int, fn, args: tuple, ctr: list | None)
+#: Changes to any table so far: one read tells the compiled path whether to look for changed tables.
+CHANGES = [0]
 
 
 class TableError(ValueError):
@@ -46,7 +49,7 @@ class InstalledEntry:
     action_id: int
     args: tuple
     result: Result
-    counter: list = field(default_factory=lambda: [0, 0])
+    counter: array = field(default_factory=lambda: array("Q", (0, 0)))  # (packets, bytes), shared with C
     meta: object = None  # the control plane's own copy (P4Runtime TableEntry)
 
 
@@ -68,6 +71,7 @@ class Table:
         self.default_const = False
         self.default_meta = None  # P4Runtime default entry as last written
         self.miss: Result = (False, -1, noop, (), None)
+        self.version = 0  # moves after every change the data plane sees (the compiled path rebuilds)
 
     # --- data plane -----------------------------------------------------
     def lookup(self, key) -> Result:
@@ -81,6 +85,10 @@ class Table:
         return self.miss
 
     # --- control plane --------------------------------------------------
+    def _changed(self) -> None:
+        self.version += 1
+        CHANGES[0] += 1
+
     def set_default(self, action_id: int, args: tuple) -> None:
         act = self.actions.get(action_id)
         if act is None:
@@ -88,9 +96,12 @@ class Table:
         self.default_action_id = action_id
         self.default_args = tuple(args)
         self.miss = (False, action_id, act.fn, self.default_args, None)
+        self._changed()
 
     def _result(self, e: InstalledEntry) -> Result:
         act = self.actions[e.action_id]
+        if not isinstance(e.counter, array):
+            e.counter = array("Q", e.counter)
         return (True, e.action_id, act.fn, e.args, e.counter if self.with_counters else None)
 
     def _canonical(self, match: tuple, priority: int):
@@ -146,18 +157,21 @@ class Table:
             self.d.pop(ck, None)
         else:
             self._rebuild()
+        self._changed()
         return old
 
     def clear(self) -> None:
         self.entries.clear()
         self.d = {}
         self._scan = []
+        self._changed()
 
     def _publish(self, ck, e: InstalledEntry) -> None:
         if self.exact:
             self.d[ck] = e.result
         else:
             self._rebuild()
+        self._changed()
 
     def _rebuild(self) -> None:
         rows = []

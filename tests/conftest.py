@@ -24,6 +24,7 @@ TARGET_PARAMS = [
 SERIAL = (
     "tests/run/test_make_run.py::",
     "tests/run/test_make_run_models.py::",
+    "tests/run/test_make_run_script.py::",
     "tests/run/test_leafspine.py::test_leafspine_run_is_bit_exact",
 )
 
@@ -62,3 +63,8 @@ def pytest_xdist_make_scheduler(config, log):
             return "serial" if nodeid.startswith(SERIAL) else nodeid
 
     return SerialApart(config, log)
+
+
+#: The packet tests (tests/dataplane) also run on the embedded switch's Python pipeline, the reference
+#: its compiled pipeline (the default "embedded") must equal.
+DATAPLANE_TARGET_PARAMS = [TARGET_PARAMS[0], pytest.param("embedded-python"), *TARGET_PARAMS[1:]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from array import array
 from dataclasses import dataclass, field
 
 from .. import hashing
@@ -124,8 +125,11 @@ class ProgramBuilder:
     # --- building --------------------------------------------------------------
     def build(self) -> CompiledProgram:
         source = self.generate()
-        registers = {name: [0] * size for name, size in self.registers.items()}
-        counters = {name: ([0] * c["size"], [0] * c["size"]) for name, c in self.counters.items()}
+        # array('Q'): one store the Python path, the compiled path (by address) and the servers share
+        registers = {name: array("Q", bytes(8 * size)) if self.reg_widths[name] <= 64 else [0] * size
+                     for name, size in self.registers.items()}
+        counters = {name: (array("Q", bytes(8 * c["size"])), array("Q", bytes(8 * c["size"])))
+                    for name, c in self.counters.items()}
         ns = self.namespace(registers, counters, {})
         runtime.run(source, ns)
         tables = {}

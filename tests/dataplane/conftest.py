@@ -21,7 +21,7 @@ from mindp.protocol import K, Kind
 from mindp.testbed import FrameTap, Testbed
 from mindp.topology import Host, star
 from p4src import artifacts
-from tests.conftest import TARGET_PARAMS
+from tests.conftest import DATAPLANE_TARGET_PARAMS
 
 
 @dataclass
@@ -113,7 +113,7 @@ class SwitchFabric:
         self.tap.drain()
 
 
-@pytest.fixture(scope="module", params=TARGET_PARAMS)
+@pytest.fixture(scope="module", params=DATAPLANE_TARGET_PARAMS)
 def fabric(request, tmp_path_factory):
     topo = star([3, 2])
     hosts = dict(topo.hosts)
@@ -126,6 +126,8 @@ def fabric(request, tmp_path_factory):
                                    log_file=str(logs / "switch.log"), thrift_port=targets.free_port())
         with targets.SwitchProcess(request.param, cfg), SwitchConnection(cfg.grpc_addr) as sw:
             sw.push_pipeline(artifacts.P4INFO, artifacts.BMV2_JSON)
+            if request.param == "embedded":  # the default embedded switch runs the compiled pipeline
+                assert "pipeline compiled to native code" in open(cfg.log_file).read()
             fab = SwitchFabric(bed, hosts, sw)
             fab.grpc_addr, fab.thrift_addr = cfg.grpc_addr, f"127.0.0.1:{cfg.thrift_port}"
             fab.target = request.param

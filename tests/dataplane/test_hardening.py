@@ -39,7 +39,7 @@ def complete_round(fabric, job, step, chunk, rng, ver=0):
 def stripped_by_kernel(fabric, tags) -> bool:
     """True where the embedded switch's port would lose an outer 802.1Q/802.1ad tag (the kernel strips
     it; restoring it from PACKET_AUXDATA is the ports' job): the frame is not the one on the wire."""
-    if tags[0] not in (0x8100, 0x88A8) or fabric.target != "embedded":
+    if tags[0] not in (0x8100, 0x88A8) or not fabric.target.startswith("embedded"):
         return False
     if not hasattr(fabric, "keeps_tags"):
         s, d = fabric.hosts["w1_0"], fabric.hosts["w2_0"]

@@ -23,8 +23,8 @@ MAC_A = bytes.fromhex("020000000001")
 MAC_B = bytes.fromhex("020000000002")
 
 
-def engine(name: str) -> Engine:
-    return Engine(compiler.load(compiled.json_path(name).read_bytes()))
+def engine(name: str, pipeline: str | None = None) -> Engine:
+    return Engine(compiler.load(compiled.json_path(name).read_bytes()), pipeline)
 
 
 def fields(data: bytes, spec):
@@ -226,9 +226,9 @@ def entry(table, match, action, args=(), priority=0):
     table.insert(InstalledEntry(tuple(match), priority, aid, tuple(args), ()))
 
 
-def feat_engine() -> Engine:
+def feat_engine(pipeline: str | None = None) -> Engine:
     """The features program with routes, classify entries and multicast group 7 installed."""
-    eng = engine("features")
+    eng = engine("features", pipeline)
     t = eng.program.tables
     entry(t["I.routes"], [(0x0A010000, 16)], "I.route", [5])
     entry(t["I.routes"], [(0x0A010200, 24)], "I.route", [6])
@@ -303,7 +303,7 @@ def test_crc16_is_bmv2s_crc16_arc():
 
 def test_bad_checksum_exits_and_drops(feat):
     assert feat.process(feat_frame(src=0x0B000001, dst=0x0A010203, csum=0x1234), 1) == []
-    assert feat.program.registers["I.hits"] == [0] * 8, "exit stopped the pipeline before the register"
+    assert list(feat.program.registers["I.hits"]) == [0] * 8, "exit stopped the pipeline before the register"
 
 
 def test_set_invalid_removes_the_header_and_packet_length_follows(feat):

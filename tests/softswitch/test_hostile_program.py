@@ -19,6 +19,7 @@ from p4src import artifacts
 from softswitch import compiler
 from softswitch.compiler_errors import ProgramError
 from softswitch.engine import Engine
+from softswitch.native import cprogram
 from softswitch.p4runtime_server import Server, SwitchService
 
 from . import compiled
@@ -277,6 +278,10 @@ def test_generated_source_holds_no_json_text(marker):
     for i in range(len(mapping)):
         assert f"N{i}'" not in prog.source
     assert set(prog.tables) == {mapping[t] for t in names_of(j, "tables")}, "names kept as data"
+    c_source, _ = cprogram.generate(prog)  # nor in the C of the compiled pipeline
+    assert "hostile" not in c_source and "pathlib" not in c_source
+    for i in range(len(mapping)):
+        assert f"N{i}'" not in c_source
 
 
 def test_registers_whose_names_differ_only_in_punctuation_are_separate():

@@ -1,0 +1,39 @@
+"""The compiled target of the embedded switch: a loaded program (softswitch.compiler) generated
+into C, one module per stage as the Python generator, built with the system C compiler into a
+shared object cached by the source's hash, and run a batch of frames per call.
+
+  cexpr      expressions over __int128 with the Python path's values
+  cactions   actions, one generator per primitive
+  cparser    parser, calculations, checksums, deparser
+  cpipeline  control flow, tables, and the packet path over a batch (Engine's)
+  cprogram   the glue: the C translation unit and the context layout
+  build      compile, cache on disk, load
+  state      the flat tables and groups the C code reads, shared registers/counters, the call
+
+The Python path stays the reference (and runs the per-packet trace, packet-out and fault
+injection); `attach` returns None, with one log line naming why, for any program it cannot
+compile exactly.
+"""
+from __future__ import annotations
+
+import logging
+
+from ..compiler.program import _one_line as one_line
+from ..compiler_errors import ProgramError
+
+log = logging.getLogger("softswitch")
+
+
+def attach(program, engine):
+    """A NativeRunner running `program` for `engine`, or None (logged once) to use the Python path."""
+    from . import build, cprogram, state
+    try:
+        source, layout = cprogram.generate(program)
+        lib, fn = build.load(build.build(source))
+        return state.NativeRunner(program, engine, layout, lib, fn)
+    except (ProgramError, build.BuildError, OSError, TypeError) as exc:
+        log.warning("compiled pipeline unavailable (%s), running the Python pipeline", one_line(str(exc)))
+    except Exception as exc:  # a generator bug must not stop the switch: the Python path is exact
+        log.warning("compiled pipeline unavailable (internal: %s: %s), running the Python pipeline",
+                    type(exc).__name__, one_line(str(exc)))
+    return None

@@ -1,0 +1,69 @@
+"""Build generated C into a shared object with the system C compiler, cached on disk by the hash of
+the source (which holds the generator version), and load it. The cache is
+$XDG_CACHE_HOME/mindp/softswitch (default ~/.cache/...): <sha256>.so and the <sha256>.c it came from."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+from .cprogram import GENERATOR_VERSION
+
+CFLAGS = ("-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-w")
+COMPILE_TIMEOUT = 300  # seconds
+
+
+class BuildError(Exception):
+    """No compiler, or the compiler failed: one line saying which."""
+
+
+def cache_dir() -> pathlib.Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "mindp" / "softswitch"
+
+
+def compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+def build(source: str) -> pathlib.Path:
+    """The shared object of `source`, compiled now or found in the cache."""
+    key = hashlib.sha256(f"{GENERATOR_VERSION}\0{' '.join(CFLAGS)}\0".encode() + source.encode()).hexdigest()
+    directory = cache_dir()
+    target = directory / f"{key}.so"
+    if target.exists():
+        return target
+    cc = compiler()
+    if cc is None:
+        raise BuildError("no C compiler (cc) found")
+    directory.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        src = pathlib.Path(tmp) / "program.c"
+        src.write_text(source)
+        out = pathlib.Path(tmp) / "program.so"
+        try:
+            done = subprocess.run([cc, *CFLAGS, "-o", str(out), str(src)], capture_output=True, text=True,
+                                  timeout=COMPILE_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BuildError(f"{cc}: {exc}") from None
+        if done.returncode != 0:
+            first = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[:200])
+            raise BuildError(f"{cc} failed: {first}")
+        os.replace(src, target.with_suffix(".c"))  # kept beside it, to read when debugging
+        os.replace(out, target)  # atomic: a concurrent start sees the whole file or none
+    return target
+
+
+def load(path: pathlib.Path):
+    """The batch entry point. PyDLL keeps the GIL during a call, so no control-plane write made in
+    Python runs while a batch is being processed: writes land between batches."""
+    lib = ctypes.PyDLL(str(path))
+    fn = lib.mindp_run_batch
+    fn.restype = ctypes.c_int64
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] + \
+        [ctypes.c_void_p] * 2
+    return lib, fn

@@ -1,0 +1,194 @@
+"""Expression nodes (softswitch.compiler.expressions) as C text over `__int128`.
+
+Packet fields live in `uint64_t f[]` (signed fields sign-extended to 64 bits), so every field,
+action parameter and register loads exactly. Arithmetic is modulo 2^128: for +, -, *, <<, &, |, ^
+and ~ that is the Python path's arbitrary precision once p4c's masks apply. An operation that needs
+the true value (comparisons, >>, /, %, casts, truthiness, indexes) refuses, as an unsupported
+construct, an operand that might need more than MAX_BITS; the program then runs on the Python path.
+"""
+from __future__ import annotations
+
+from ..compiler.expressions import BOOL_OPS, ExpressionCompiler
+from ..compiler_errors import UnsupportedConstruct
+
+MAX_BITS = 126  # a value of at most this many bits (and a sign) is exact in an __int128
+FIELD_BITS = 64  # fields, parameters, registers and lookaheads wider than this are not compiled
+HUGE = 1 << 20
+
+
+def c_const(v: int) -> str:
+    """An integer as an __int128 expression."""
+    if v.bit_length() > MAX_BITS:
+        raise UnsupportedConstruct(f"a constant of {v.bit_length()} bits")
+    if -(1 << 63) <= v < 1 << 63:
+        return f"((i128){v}LL)"
+    u = v & ((1 << 128) - 1)
+    return f"((i128)(((u128){u >> 64}ULL << 64) | (u128){u & ((1 << 64) - 1)}ULL))"
+
+
+def mask_u64(width: int) -> str:
+    return f"{(1 << width) - 1}ULL"
+
+
+class CExpr:
+    """C text for one statement's expressions. Lookaheads met are collected in `lookaheads` as
+    (bit offset, width), so the statement can check the packet is long enough before it runs."""
+
+    def __init__(self, compiler: ExpressionCompiler, in_parser: bool = False):
+        self.x = compiler
+        self.layout = compiler.layout
+        self.in_parser = in_parser
+        self.lookaheads: list[tuple[int, int]] = []
+        self._conditional = 0  # > 0 inside a branch that might not be evaluated
+
+    # --- bounds ------------------------------------------------------------------
+    def bits(self, n) -> int:
+        """An upper bound of the bit length of |value|."""
+        k = n[0]
+        if k == "c":
+            return abs(n[1]).bit_length()
+        if k in ("b", "valid") or k in BOOL_OPS or k == "b2d":
+            return 1
+        if k == "f":
+            return self.layout.widths[n[1]]
+        if k in ("a", "lk"):
+            return n[2]
+        if k == "reg":
+            return self.x.reg_widths[n[1]]
+        if k == "?":
+            return max(self.bits(n[2]), self.bits(n[3]))
+        if k in ("two_comp_mod", "usat_cast", "sat_cast"):
+            return n[2][1]
+        if k == "~":
+            return self.bits(n[2]) + 1
+        op, l, r = n
+        bl, br = self.bits(l), self.bits(r)
+        if op in ("+", "-"):
+            return max(bl, br) + 1
+        if op == "*":
+            return bl + br
+        if op == "&":  # a non-negative operand bounds the result, whatever the other one is
+            known = [b for b, side in ((bl, l), (br, r)) if self.x.width(side) is not None]
+            return min(known) if known else max(bl, br)
+        if op in ("|", "^"):
+            return max(bl, br)
+        if op == "<<":
+            return min(HUGE, bl + (r[1] if r[0] == "c" else (1 << min(br, 20))))
+        return bl  # >>, /, %
+
+    def exact(self, n) -> str:
+        if self.bits(n) > MAX_BITS:
+            raise UnsupportedConstruct(f"an expression wider than {MAX_BITS} bits where its full value matters "
+                                       f"({str(n)[:120]})")
+        return self.code(n)
+
+    def nonneg(self, n, what: str) -> str:
+        """An operand that must be a non-negative exact value (an index, a shift amount)."""
+        if self.x.width(n) is None:
+            raise UnsupportedConstruct(f"{what} that may be negative")
+        return self.exact(n)
+
+    def boolean(self, n) -> str:
+        if n[0] not in BOOL_OPS and n[0] != "b":
+            raise UnsupportedConstruct(f"'and'/'or' over a non-boolean operand ({n[0]!r})")
+        return self.exact(n)
+
+    # --- text ----------------------------------------------------------------------
+    def load(self, slot: int) -> str:
+        if self.layout.widths[slot] > FIELD_BITS:
+            raise UnsupportedConstruct(f"a field of {self.layout.widths[slot]} bits")
+        if self.layout.signed[slot]:
+            return f"((i128)(int64_t)f[{slot}])"
+        return f"((i128)f[{slot}])"
+
+    def code(self, n) -> str:
+        k = n[0]
+        if k == "c":
+            return c_const(n[1])
+        if k == "b":
+            return "((i128)1)" if n[1] else "((i128)0)"
+        if k == "f":
+            return self.load(n[1])
+        if k == "valid":
+            return f"((i128)(f[{n[1]}] == 1))"
+        if k == "a":
+            if n[2] > FIELD_BITS:
+                raise UnsupportedConstruct(f"an action parameter of {n[2]} bits")
+            return f"((i128)a[{n[1]}])"
+        if k == "lk":
+            if not self.in_parser or self._conditional:
+                raise UnsupportedConstruct("lookahead outside the parser or under a condition")
+            if not 0 < n[2] <= FIELD_BITS or n[1] < 0:
+                raise UnsupportedConstruct(f"lookahead of {n[2]} bits")
+            self.lookaheads.append((n[1], n[2]))
+            return f"((i128)get_bits(data + off, {n[1]}, {n[2]}))"
+        if k == "reg":
+            number = self.x.register_index[n[1]]
+            idx = self.nonneg(n[2], "a register index")
+            return (f"({{ i128 _i = {idx}; _i < {self.x.registers[n[1]]} ? (i128)R_{number}[(int64_t)_i]"
+                    f" : (i128)0; }})")
+        if k == "?":
+            cond = self.exact(n[1])
+            self._conditional += 1
+            try:
+                return f"({cond} ? {self.code(n[2])} : {self.code(n[3])})"
+            finally:
+                self._conditional -= 1
+        if k == "not":
+            return f"((i128)!{self.exact(n[2])})"
+        if k == "~":
+            return f"(~{self.code(n[2])})"
+        if k in ("d2b", "b2d"):
+            return f"((i128)({self.exact(n[2])} != 0))"
+        if k == "two_comp_mod":
+            w = n[2][1]
+            return f"x_sub(x_add({self.code(n[1])}, {c_const(1 << (w - 1))}) & {c_const((1 << w) - 1)}, " \
+                   f"{c_const(1 << (w - 1))})"
+        if k == "usat_cast":
+            return f"x_min(x_max({self.exact(n[1])}, 0), {c_const((1 << n[2][1]) - 1)})"
+        if k == "sat_cast":
+            w = n[2][1]
+            return f"x_min(x_max({self.exact(n[1])}, {c_const(-(1 << (w - 1)))}), {c_const((1 << (w - 1)) - 1)})"
+        op, l, r = n
+        if op in ("+", "-", "*"):
+            return f"x_{ {'+': 'add', '-': 'sub', '*': 'mul'}[op]}({self.code(l)}, {self.code(r)})"
+        if op in ("&", "|", "^"):
+            return f"({self.code(l)} {op} {self.code(r)})"
+        if op in ("/", "%"):
+            return f"x_{'div' if op == '/' else 'mod'}({self.exact(l)}, {self.exact(r)})"
+        if op == "<<":
+            return f"x_shl({self.code(l)}, {self.nonneg(r, 'a shift amount')})"
+        if op == ">>":
+            return f"x_shr({self.exact(l)}, {self.nonneg(r, 'a shift amount')})"
+        if op in ("==", "!=", "<", ">", "<=", ">="):
+            return f"((i128)({self.exact(l)} {op} {self.exact(r)}))"
+        if op in ("and", "or"):
+            left = self.boolean(l)
+            self._conditional += 1
+            try:
+                right = self.boolean(r)
+            finally:
+                self._conditional -= 1
+            return f"((i128)({left} {'&&' if op == 'and' else '||'} {right}))"
+        raise UnsupportedConstruct(f"expression operator {op!r}")
+
+    def store(self, slot: int, n) -> str:
+        """`f[slot] = value`, truncated (unsigned) or wrapped (signed) to the field's width."""
+        return f"f[{slot}] = {self.stored(slot, self.code(n))};"
+
+    def stored(self, slot: int, code: str) -> str:
+        w = self.layout.widths[slot]
+        if w > FIELD_BITS:
+            raise UnsupportedConstruct(f"a field of {w} bits")
+        if self.layout.signed[slot]:
+            h = c_const(1 << (w - 1))
+            return f"(uint64_t)(int64_t)x_sub(x_add({code}, {h}) & {c_const((1 << w) - 1)}, {h})"
+        return f"(uint64_t)({code}) & {mask_u64(w)}" if w < 64 else f"(uint64_t)({code})"
+
+    def precheck(self, too_short: int) -> list[str]:
+        """The packet-length check the collected lookaheads need (bmv2 raises PacketTooShort)."""
+        if not self.lookaheads:
+            return []
+        need = max((bit + width + 7) // 8 for bit, width in self.lookaheads)
+        self.lookaheads = []
+        return [f"if (off + {need} > len) {{ err = {too_short}; goto perr; }}"]
