@@ -1,4 +1,4 @@
-# mindp: make test | make run | make stop | make clean | make p4 | make bench | make wireshark
+# mindp: make test | make run | make stop | make clean | make p4 | make bench | make soak | make wireshark
 # Run as root on Debian 12. Every target sets up what it needs, once.
 
 SHELL := /bin/bash
@@ -31,7 +31,7 @@ OPTIMIZERS ?= 1
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 
-.PHONY: setup test run stop clean p4 bench wireshark
+.PHONY: setup test run stop clean p4 bench soak wireshark
 
 setup: $(STAMP_PIP)
 
@@ -77,6 +77,15 @@ WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 wireshark:
 	@mkdir -p $(WIRESHARK_PLUGINS) && cp tools/mindp.lua $(WIRESHARK_PLUGINS)/mindp.lua
 	@echo "installed $(WIRESHARK_PLUGINS)/mindp.lua: Wireshark and tshark decode UDP port 49374 as mindp (filter: mindp)"
+
+# A long run under loss, duplicates, reordering and kills (docs/RUN.md); not part of make test.
+SOAK_STEPS ?= 2000
+SOAK_WINDOW ?= 500
+SOAK_LOSS ?= 0.05
+soak:
+	@[ "$$(id -u)" = 0 ] || { echo "make soak: must run as root (network namespaces)" >&2; exit 1; }
+	@$(MAKE) -s --no-print-directory setup
+	@$(PY) -m tools.soak --steps $(SOAK_STEPS) --window $(SOAK_WINDOW) --loss $(SOAK_LOSS) --target $(TARGET) --seed $(SEED)
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
