@@ -1,4 +1,4 @@
-# mindp: make test | make test-under-load | make run | make stop | make clean | make p4 | make bench | make wireshark | make torch
+# mindp: make test | make test-under-load | make run | make stop | make clean | make p4 | make bench | make soak | make wireshark | make torch
 # Run as root on Debian 12. Every target sets up what it needs, once.
 
 SHELL := /bin/bash
@@ -45,7 +45,7 @@ TEST_WORKERS ?= 3
 # Busy loops beside the suite in make test-under-load (one per core here).
 LOAD ?= 2
 
-.PHONY: setup torch test test-under-load run stop clean p4 bench wireshark
+.PHONY: setup torch test test-under-load run stop clean p4 bench soak wireshark
 
 setup: $(STAMP_PIP)
 
@@ -111,6 +111,15 @@ WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 wireshark:
 	@mkdir -p $(WIRESHARK_PLUGINS) && cp tools/mindp.lua $(WIRESHARK_PLUGINS)/mindp.lua
 	@echo "installed $(WIRESHARK_PLUGINS)/mindp.lua: Wireshark and tshark decode UDP port 49374 as mindp (filter: mindp)"
+
+# A long run under loss, duplicates, reordering and kills (docs/RUN.md); not part of make test.
+SOAK_STEPS ?= 2000
+SOAK_WINDOW ?= 500
+SOAK_LOSS ?= 0.05
+soak:
+	@[ "$$(id -u)" = 0 ] || { echo "make soak: must run as root (network namespaces)" >&2; exit 1; }
+	@$(MAKE) -s --no-print-directory setup
+	@$(PY) -m tools.soak --steps $(SOAK_STEPS) --window $(SOAK_WINDOW) --loss $(SOAK_LOSS) --target $(TARGET) --seed $(SEED)
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

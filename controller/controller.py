@@ -381,6 +381,12 @@ class Controller:
         return self._change_workers(job, rest, f"remove worker {worker} from job {job_id}")
 
     # --- statistics -----------------------------------------------------------------
+    def check_switch(self, timeout: float) -> None:
+        """One small read that the switch must answer within `timeout` s (a hung switch raises
+        SwitchError naming DEADLINE_EXCEEDED; a dead one SwitchUnreachable)."""
+        self._ensure()
+        self.conn.read_counter(n.EPOCH_GENERATION, 0, timeout=timeout)
+
     def stats(self, job_ids=None) -> statsmodel.Snapshot:
         """Counters per job (all known jobs unless given), read now."""
         self._sync()

@@ -177,6 +177,18 @@ class _Client(P4RuntimeClient):
         while (rep := self.stream_in_q["arbitration"].get()) is not None:
             self._on_arbitration(rep)
 
+    def tear_down(self, grace: float = 2.0):
+        """End the session without waiting on the switch: closing the channel cancels the stream,
+        so a hung (e.g. stopped) switch cannot keep the receive thread, and us, waiting."""
+        if self.stream_out_q:
+            self.stream_out_q.put(None)
+        self.channel.close()
+        if self.stream_recv_thread:
+            self.stream_recv_thread.join(grace)
+        if self.stream_in_q:
+            for q in self.stream_in_q.values():
+                q.put(None)
+
     @property
     def stream_alive(self) -> bool:
         return self.stream_recv_thread is None or self.stream_recv_thread.is_alive()
@@ -466,12 +478,12 @@ class SwitchConnection:
         self._write(OpKind.MODIFY, ent, f"write of counter {name}[{index}]")
 
     # --- reads --------------------------------------------------------------
-    def _read(self, entity: p4runtime_pb2.Entity, what: str) -> list[p4runtime_pb2.Entity]:
+    def _read(self, entity: p4runtime_pb2.Entity, what: str, timeout: float = 30.0) -> list[p4runtime_pb2.Entity]:
         req = p4runtime_pb2.ReadRequest()
         req.device_id = self.device_id
         req.entities.append(entity)
         try:
-            return [e for rep in self.client.stub.Read(req, timeout=30) for e in rep.entities]
+            return [e for rep in self.client.stub.Read(req, timeout=timeout) for e in rep.entities]
         except grpc.RpcError as exc:
             raise self._err(exc, what) from None
 
@@ -505,13 +517,14 @@ class SwitchConnection:
             out.append(Group(mg.multicast_group_id, [(r.egress_port, r.instance) for r in mg.replicas]))
         return sorted(out, key=lambda g: g.group_id)
 
-    def read_counter(self, name: str, index: int | None = None) -> dict[int, tuple[int, int]]:
+    def read_counter(self, name: str, index: int | None = None,
+                     timeout: float = 30.0) -> dict[int, tuple[int, int]]:
         """index -> (packets, bytes) of one cell, or of every cell."""
         ent = p4runtime_pb2.Entity()
         ent.counter_entry.counter_id = self._id(P4Type.counter, name)
         if index is not None:
             ent.counter_entry.index.index = index
-        got = self._read(ent, f"read of counter {name}")
+        got = self._read(ent, f"read of counter {name}", timeout)
         return {e.counter_entry.index.index: (e.counter_entry.data.packet_count, e.counter_entry.data.byte_count)
                 for e in got}
 

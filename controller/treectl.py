@@ -50,6 +50,14 @@ class TreeController:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def check_switch(self, timeout: float) -> None:
+        """Every switch answers a small read within `timeout` s (Controller.check_switch), naming the one that does not."""
+        for name, ctl in self.switches.items():
+            try:
+                ctl.check_switch(timeout)
+            except SwitchError as exc:
+                raise type(exc)(f"switch {name}: {exc}") from None
+
     def push(self, force: bool = False) -> dict[str, bool]:
         """The same program on every switch (each skipped if it already runs it, unless `force`)."""
         return {name: ctl.push(force) for name, ctl in self.switches.items()}

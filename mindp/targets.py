@@ -220,6 +220,7 @@ class SwitchProcess:
             return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a stopped (hung) switch must get to handle it
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)

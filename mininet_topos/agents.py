@@ -16,7 +16,7 @@ from host_agent.optim import OptimizerConfig
 from mindp import progress, topology, workload
 
 from .config import RunConfig
-from .console import RunError
+from .console import RunError, how_it_ended
 from .progress import LogTail
 from .runstate import RunState
 
@@ -168,7 +168,8 @@ class Agents:
         for hp in [*self.workers, *self.optimizers]:
             rc = hp.proc.poll()
             if rc not in (None, 0) or (rc == 0 and hp in self.optimizers):  # a node serves until told to stop
-                raise RunError(f"{hp.name} failed (exit {rc}): {hp.last_error() or 'no message'}; see {hp.log}")
+                why = "" if rc < 0 else f": {hp.last_error() or 'no message'}"  # a signal's victim said nothing
+                raise RunError(f"{hp.name} failed ({how_it_ended(rc)}){why}; see {hp.log}")
 
     def workers_exited(self) -> bool:
         return all(hp.proc.poll() is not None for hp in self.workers)
@@ -191,6 +192,7 @@ class Agents:
             if hp.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(hp.proc.pid, signal.SIGTERM)
+                    os.killpg(hp.proc.pid, signal.SIGCONT)  # a stopped process handles it only once continued
         for hp in self.procs:
             try:
                 hp.proc.wait(3)

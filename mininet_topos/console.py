@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import pathlib
+import signal
 import sys
 
 
@@ -15,6 +16,14 @@ def one_line(text: str) -> str:
     """The last non-empty line of a message (a tool's traceback ends with its cause)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else text
+
+
+def how_it_ended(returncode: int) -> str:
+    """'exit 3', or 'killed by SIGKILL' for a process a signal ended."""
+    if returncode < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit {returncode}"
 
 
 class Console:

@@ -22,7 +22,7 @@ import numpy as np
 from host_agent import optim, state
 from mindp import topology, workload
 
-from .console import RunError, one_line
+from .console import RunError, how_it_ended, one_line
 from .run import Run
 
 
@@ -103,7 +103,7 @@ class TreeRun(Run):
     def check_alive(self) -> None:
         for sw in self.switches:
             if not sw.alive():
-                raise RunError(f"the {self.target} switch {sw.name} exited (code {sw.process.proc.returncode}) "
+                raise RunError(f"the {self.target} switch {sw.name} ended ({how_it_ended(sw.process.proc.returncode)}) "
                                f"during the run; see {self.logs / f'switch-{sw.name}.log'}")
         self.agents.check_alive()
 

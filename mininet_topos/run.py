@@ -41,13 +41,17 @@ from p4src import artifacts  # noqa: E402
 
 from . import clean, config, results  # noqa: E402
 from .agents import Agents, JobFiles  # noqa: E402
-from .console import Console, RunError, one_line  # noqa: E402
+from .console import Console, RunError, how_it_ended, one_line  # noqa: E402
 from .progress import Progress  # noqa: E402
 from .runstate import DEFAULT_PATH, RunState  # noqa: E402
 
 TOOLS = {"mnexec": "mininet", "ip": "iproute2", "ethtool": "ethtool"}
 WEIGHT_DECAY = 0.01
 STALL_SECONDS = 60.0  # no step anywhere for this long: the run is stuck
+# Every PROBE_SECONDS the controller reads a counter, which the switch must answer within
+# SWITCH_DEADLINE: a hung switch (alive, but not answering) ends the run as a crashed one does.
+PROBE_SECONDS = 2.0
+SWITCH_DEADLINE = 5.0
 
 
 class Stopped(Exception):
@@ -194,6 +198,7 @@ class Run:
         self.topo = topology.star([cfg.workers] * cfg.jobs, cfg.slots, f"127.0.0.1:{cfg.grpc_port}")
         self.topo_path = run_dir / "topology.json"
         self.jobs: list[JobFiles] = []
+        self.probed = 0.0
 
     def network_text(self) -> str:
         return f"switch {self.topo.switch.name} ({self.target}, gRPC {self.topo.switch.grpc_addr})"
@@ -263,9 +268,11 @@ class Run:
         handler = logging.FileHandler(log)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         ctl_log = logging.getLogger("mindp.controller")
-        ctl_log.addHandler(handler)
+        # Only this file: a logger made after Mininet's import is Mininet's class, with its own stderr handler.
+        ctl_log.handlers[:] = [handler]
         ctl_log.setLevel(logging.INFO)
         ctl_log.propagate = False  # its warnings go to the log, not over the progress bar
+        self.ctl_logger = ctl_log
         return ctl_log, log
 
     def configure(self, json_path: pathlib.Path, p4info: pathlib.Path) -> None:
@@ -291,9 +298,22 @@ class Run:
     def check_alive(self) -> None:
         if not self.switch.alive():
             rc = self.switch.process.proc.returncode
-            raise RunError(f"the {self.target} switch exited (code {rc}) during the run; "
+            raise RunError(f"the {self.target} switch ended ({how_it_ended(rc)}) during the run; "
                            f"see {self.logs / 'switch.log'}")
         self.agents.check_alive()
+
+    def probe_switch(self) -> None:
+        """Raise RunError when a switch does not answer the controller within SWITCH_DEADLINE."""
+        now = time.monotonic()
+        if now - self.probed < PROBE_SECONDS:
+            return
+        try:
+            self.ctl.check_switch(SWITCH_DEADLINE)
+        except Exception as exc:  # the controller's errors carry P4Runtime's (e.g. DEADLINE_EXCEEDED)
+            self.ctl_logger.error("%s: %s", type(exc).__name__, exc)
+            raise RunError(f"controller: {one_line(str(exc))} (the switch does not answer); "
+                           f"see {self.logs / 'controller.log'}") from None
+        self.probed = time.monotonic()
 
     def start_agents(self) -> None:
         self.agents = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt)
@@ -309,6 +329,7 @@ class Run:
                 for line in hp.tail.lines():
                     progress.feed(line)
             self.check_alive()
+            self.probe_switch()
             now = time.monotonic()
             if progress.step != last_step:
                 last_step, last_change = progress.step, now

@@ -113,6 +113,7 @@ class RunState:
         live = [p for p in self.live_procs() if p.pid != os.getpid()]
         for p in live:
             p.signal(signal.SIGTERM)
+            p.signal(signal.SIGCONT)  # a stopped process handles SIGTERM only once continued
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(p.alive() for p in live):
             time.sleep(0.05)

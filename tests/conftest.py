@@ -25,6 +25,7 @@ SERIAL = (
     "tests/run/test_make_run.py::",
     "tests/run/test_make_run_models.py::",
     "tests/run/test_make_run_script.py::",
+    "tests/run/test_run_failures.py::",
     "tests/run/test_leafspine.py::test_leafspine_run_is_bit_exact",
 )
 

@@ -236,20 +236,6 @@ def test_stop_during_a_run_makes_it_clean_up_and_exit(tmp_path):
 
 
 @needs_root
-@pytest.mark.parametrize("victim, log", [("embedded switch", "switch.log"), ("worker-job1-1", "worker-job1-1.log")])
-def test_a_crash_during_the_run_is_one_line_naming_the_log(tmp_path, victim, log):
-    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
-    recorded = run.wait_for(run.training)
-    (proc,) = [p for p in recorded.procs if p.name.startswith(victim)]
-    os.killpg(proc.pid, signal.SIGKILL)
-    assert run.wait() == 1
-    lines = [line for line in run.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("make run: ") and log in lines[0], run.err
-    assert lines[0] in (run.run_dir / "logs" / "run.log").read_text()
-    assert_clean(run, recorded)
-
-
-@needs_root
 def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
     run = MakeRun(tmp_path, "--workers", "zero")
     assert run.run() == 2

@@ -1,0 +1,112 @@
+"""A `make run` whose switch, optimizer node, worker or controller fails mid-training ends by itself
+within 10 s of the failure, with one line naming it, and leaves nothing for `make stop`.
+
+Each failure is real: a process killed (SIGKILL), a switch that stops answering (SIGSTOP: the
+controller's probe ends in gRPC DEADLINE_EXCEEDED), a disk that fills up under the run. The run is
+waited for with a generous timeout (a hang fails there); the 10 s is measured from the failure to
+the orchestrator's exit, with the detection delay the orchestrator documents added for a hung switch.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mininet_topos import run as orchestrator
+
+from .test_make_run import REPO, MakeRun, assert_clean, needs_root
+
+pytestmark = pytest.mark.net
+EXIT_WITHIN = 10.0
+
+
+def one_failure_line(run: MakeRun) -> str:
+    lines = [line for line in run.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("make run: "), run.err
+    return lines[0]
+
+
+def assert_nothing_to_stop(run: MakeRun) -> None:
+    stop = subprocess.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 0 and "nothing to stop" in stop.stdout, stop.stdout
+
+
+def training_run(tmp_path) -> tuple[MakeRun, object]:
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
+    return run, run.wait_for(run.training)
+
+
+@needs_root
+@pytest.mark.parametrize("victim, log", [("embedded switch", "switch.log"), ("optimizer-job1", "optimizer-job1.log"),
+                                         ("worker-job1-1", "worker-job1-1.log")])
+def test_a_crash_ends_the_run_within_10s_in_one_line(tmp_path, victim, log):
+    run, recorded = training_run(tmp_path)
+    (proc,) = [p for p in recorded.procs if p.name.startswith(victim)]
+    os.killpg(proc.pid, signal.SIGKILL)
+    failed = time.monotonic()
+    assert run.wait(90) == 1
+    took = time.monotonic() - failed
+    line = one_failure_line(run)
+    print(f"{took:.1f} s: {line}")
+    assert log in line and "killed by SIGKILL" in line, line
+    assert line in (run.run_dir / "logs" / "run.log").read_text()
+    assert took < EXIT_WITHIN, f"exited {took:.1f} s after the crash"
+    assert_clean(run, recorded)
+    assert_nothing_to_stop(run)
+
+
+@needs_root
+def test_a_hung_switch_is_the_controllers_deadline_exceeded_and_the_run_ends(tmp_path):
+    """SIGSTOP: the switch process lives but answers nothing; its cleanup must not wait on it."""
+    run, recorded = training_run(tmp_path)
+    (proc,) = [p for p in recorded.procs if p.name.startswith("embedded switch")]
+    os.killpg(proc.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        assert run.wait(90) == 1
+    finally:
+        if proc.alive():  # by PID and start time: never another process
+            os.killpg(proc.pid, signal.SIGCONT)
+    took = time.monotonic() - stopped
+    line = one_failure_line(run)
+    print(f"{took:.1f} s: {line}")
+    assert "controller:" in line and "DEADLINE_EXCEEDED" in line and "controller.log" in line, line
+    detect = orchestrator.PROBE_SECONDS + orchestrator.SWITCH_DEADLINE
+    assert took < detect + EXIT_WITHIN, f"exited {took:.1f} s after the switch hung"
+    assert_clean(run, recorded)
+    assert_nothing_to_stop(run)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """tmp_path/runs on a 48 MiB tmpfs (a run needs a few MiB), unmounted after the test."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(runs)], check=True)
+    try:
+        yield runs
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+@needs_root
+def test_a_full_disk_ends_the_run_within_10s_in_one_line(tmp_path, small_disk):
+    run, recorded = training_run(tmp_path)
+    filler = small_disk / "filler"
+    subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True)  # until ENOSPC
+    full = time.monotonic()
+    assert run.wait(90) == 1
+    took = time.monotonic() - full
+    line = one_failure_line(run)
+    print(f"{took:.1f} s: {line}")
+    assert "No space left on device" in line or "disk" in line, line
+    assert took < EXIT_WITHIN, f"exited {took:.1f} s after the disk filled"
+    assert_clean(run, recorded)
+    assert_nothing_to_stop(run)
+
