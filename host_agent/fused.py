@@ -612,12 +612,12 @@ if not NUMPY_ONLY:
 
 
 def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
-                   step: int, out: np.ndarray, lr: float | None = None, kernel: str | None = None) -> None:
+                   step: int, out: np.ndarray, kernel: str | None = None, lr: float | None = None) -> None:
     """dst = one optimizer step of src with the mean of `sums` over `nworkers` (an int or one count
     per record); out = fp16(dst master). src may be dst. SGD has no v: its records are (master, m),
     or, in a state of format 1, (master, m, v) with v left as created (zero in both copies).
-    `lr`: the step's scheduled lr (default cfg.lr). `kernel`: 'avx2', 'portable' or 'numpy'
-    (default: `selected()`)."""
+    `kernel`: 'avx2', 'portable' or 'numpy' (default: `selected()`). `lr`: the step's scheduled lr
+    (default cfg.lr)."""
     kernel = kernel or selected()
     if kernel == "numpy":
         update_numpy(cfg, src, dst, sums, nworkers, step, out, lr)

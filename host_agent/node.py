@@ -262,7 +262,7 @@ class NodeCore:
                 old = store.records(src, lo, hi)
                 # Adam's bias correction counts updates, not steps: a skipped step is none.
                 fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
-                                     out[pos : pos + n], self.rates.at(step))
+                                     out[pos : pos + n], lr=self.rates.at(step))
             for a, b in [(lo, hi)] if store.pages.mapped else page_cuts(lo, hi, store.page_chunks):
                 store.mark_applied(a, b)
             if not store.pages.mapped:  # a batch spans pages: keep the reads ahead of this one
