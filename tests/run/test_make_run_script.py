@@ -29,7 +29,7 @@ def script_run(tmp_path, target: str, script: str, args: str, *extra: str) -> Ma
 def test_cnn_example_is_bit_exact_with_its_reference(tmp_path, target):
     run = script_run(tmp_path, target, str(REPO / "examples" / "train_cnn.py"), "--steps 5",
                      *(["--loss", "0.02"] if target == "embedded" else []))
-    assert run.run(400) == 0, run.err + run.out
+    assert run.run() == 0, run.err + run.out
     s = run.summary()
     assert s["max_abs_param_diff_vs_reference"] == 0.0 and s["steps"] == 5 and s["target"] == target
     assert [step for step, _ in s["loss_curve"]] == list(range(5))
@@ -43,7 +43,7 @@ def test_cnn_example_is_bit_exact_with_its_reference(tmp_path, target):
 def test_gpt_example_is_bit_exact_with_its_reference(tmp_path):
     run = script_run(tmp_path, "embedded", str(REPO / "examples" / "train_gpt.py"),
                      """--steps 3 --gpt '{"d": 16, "layers": 1, "heads": 2, "ctx": 8}'""")
-    assert run.run(400) == 0, run.err + run.out
+    assert run.run() == 0, run.err + run.out
     assert run.summary()["max_abs_param_diff_vs_reference"] == 0.0
     assert_clean(run)
 
@@ -68,7 +68,7 @@ def test_script_without_reference_reports_its_loss_curve(tmp_path):
     script = tmp_path / "mine.py"
     script.write_text(SCRIPT_WITHOUT_REFERENCE)
     run = script_run(tmp_path, "embedded", str(script), "")
-    assert run.run(300) == 0, run.err + run.out
+    assert run.run() == 0, run.err + run.out
     s = run.summary()
     assert s["max_abs_param_diff_vs_reference"] is None and len(s["loss_curve"]) == 3
     assert "defines no mindp_reference" in run.out and "sgd lr 0.1, schedule step" in run.out
@@ -80,7 +80,7 @@ def test_script_that_never_calls_init_fails_in_one_line(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text("print('hello')\n")
     run = script_run(tmp_path, "embedded", str(script), "")
-    assert run.run(200) == 1
+    assert run.run() == 1
     (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
     assert "describe run failed" in line and "does it call mindp.torch.init?" in line
     assert_clean(run)

@@ -9,7 +9,6 @@ the orchestrator's exit, with the detection delay the orchestrator documents add
 from __future__ import annotations
 
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -50,7 +49,7 @@ def test_a_crash_ends_the_run_within_10s_in_one_line(tmp_path, victim, log):
     (proc,) = [p for p in recorded.procs if p.name.startswith(victim)]
     os.killpg(proc.pid, signal.SIGKILL)
     failed = time.monotonic()
-    assert run.wait(90) == 1
+    assert run.wait() == 1
     took = time.monotonic() - failed
     line = one_failure_line(run)
     print(f"{took:.1f} s: {line}")
@@ -69,7 +68,7 @@ def test_a_hung_switch_is_the_controllers_deadline_exceeded_and_the_run_ends(tmp
     os.killpg(proc.pid, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
-        assert run.wait(90) == 1
+        assert run.wait() == 1
     finally:
         if proc.alive():  # by PID and start time: never another process
             os.killpg(proc.pid, signal.SIGCONT)
@@ -101,7 +100,7 @@ def test_a_full_disk_ends_the_run_within_10s_in_one_line(tmp_path, small_disk):
     filler = small_disk / "filler"
     subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=1M"], capture_output=True)  # until ENOSPC
     full = time.monotonic()
-    assert run.wait(90) == 1
+    assert run.wait() == 1
     took = time.monotonic() - full
     line = one_failure_line(run)
     print(f"{took:.1f} s: {line}")

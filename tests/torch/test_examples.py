@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from host_agent import optim  # noqa: E402
-from mindp import targets  # noqa: E402
+from mindp import targets, testbed  # noqa: E402
 from mindp.topology import star  # noqa: E402
 from mindp.torch import scriptref  # noqa: E402
 from tests.conftest import TARGET_PARAMS  # noqa: E402
@@ -53,7 +53,7 @@ def test_example_under_torchrun_matches_its_reference(bed, tmp_path, target, nam
             proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                                    "--nproc-per-node", str(N), "--rdzv-backend", "c10d",
                                    "--rdzv-endpoint", f"127.0.0.1:{targets.free_port()}",
-                                   "-m", "mindp.torch.launch", "--netns-prefix", PREFIX, "--script", script,
+                                   "-m", "mindp.torch.launch", "--netns-prefix", testbed.tagged(PREFIX), "--script", script,
                                    "--steps", str(STEPS), *EXAMPLES[name], "--out", str(tmp_path / "ckpt.pt")],
                                   capture_output=True, text=True, env=run_env, timeout=600)
             assert proc.returncode == 0, proc.stderr[-3000:]
@@ -157,7 +157,7 @@ def test_checkpoint_restored_into_a_fresh_node_resumes_bit_exactly(bed, tmp_path
                 proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                                        "--nproc-per-node", str(N), "--rdzv-backend", "c10d",
                                        "--rdzv-endpoint", f"127.0.0.1:{targets.free_port()}",
-                                       "-m", "mindp.torch.launch", "--netns-prefix", PREFIX, "--script", str(script),
+                                       "-m", "mindp.torch.launch", "--netns-prefix", testbed.tagged(PREFIX), "--script", str(script),
                                        str(steps), str(tmp_path / f"ckpt{phase + 1}.pt"), str(REPO / "examples")],
                                       capture_output=True, text=True, timeout=600,
                                       env={**env, "MINDP_STATE": str(tmp_path / state)})
