@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mindp import codec, schedule
+from mindp import codec, progress, schedule
 from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
@@ -45,7 +45,10 @@ class RtoConfig:
     initial: float = 0.2
     min: float = 0.02
     max: float = 2.0
-    deadline: float = 15.0  # fail the step after this long without any new parameter chunk
+    # Fail the step after this long without any new parameter chunk: mindp.progress's stall limit, as
+    # for every wait in the project (a software switch tracing every packet on a busy laptop can
+    # go 15 s without answering, and nothing is stuck).
+    deadline: float = progress.STALL
     # Fast retransmit: a chunk sent once is resent at once when the parameters of a chunk this
     # many places later arrived (0: off). Chunks are sent, aggregated and answered in order, so
     # a later chunk's answer means this one's gradient, sum or parameters were lost.
