@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_agent import fused, node, optim, probe, rawsock, state  # noqa: E402
+from host_agent import fused, node_core, node_socket, optim, probe, rawsock, state  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
 from mindp import codec  # noqa: E402
@@ -92,7 +92,7 @@ def sums_for(layout: Layout, seed: int = 0) -> np.ndarray:
     return rng.integers(-(1 << 20), 1 << 20, size=(layout.n_chunks, K), dtype=np.int64)
 
 
-def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int = 2, batch: int = node.RECV_ROWS,
+def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int = 2, batch: int = node_socket.RECV_ROWS,
               page_chunks: int = state.DEFAULT_PAGE_CHUNKS, kind: str = "adamw") -> float:
     """Elements/s of NodeCore.handle over whole steps (commits included), sums arriving in chunk
     order in batches of the node's receive batch size; after one untimed step (torch's figure also
@@ -103,7 +103,7 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     state.create(d, layout, state.init_pieces(layout, seed=0), cfg, page_chunks)
     state_bytes = 2 * layout.n_chunks * state.record(cfg.lanes).itemsize
     store = state.Store(d, budget or 2 * state_bytes, drop_cache=budget is not None)
-    core = node.NodeCore(store, 1, 2, 64)
+    core = node_core.NodeCore(store, 1, 2, 64)
     sums = sums_for(layout)
     n = layout.n_chunks
     hdrs = []
@@ -252,8 +252,9 @@ def main() -> int:
                     help="model sizes for the in-RAM figures (default: one whose torch state half fits this "
                          "machine's 32 MiB L3, twice that, and one 8x larger)")
     ap.add_argument("--ooc-elements", type=int, default=4_000_000, help="model size for the out-of-core figure")
-    ap.add_argument("--batch", type=int, default=node.RECV_ROWS,
-                    help="sums per NodeCore.handle call in RAM (at most the node's receive batch, node.RECV_ROWS)")
+    ap.add_argument("--batch", type=int, default=node_socket.RECV_ROWS,
+                    help="sums per NodeCore.handle call in RAM (at most the node's receive batch, "
+                         "node_socket.RECV_ROWS)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--page-chunks", type=int, default=2048, help="pager page size in chunks (out of core)")
     ap.add_argument("--only", choices=("send", "ram", "ooc"), action="append",

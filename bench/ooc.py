@@ -11,7 +11,7 @@ said and skipped when the disk has less free).
    written over the time to write then read them).
 2. For RAM budgets of 1/2, 1/10 and 1/50 of the state (both copies): the step time the residency
    model predicts (host_agent/residency.py) from the machine's figures against the measured one
-   (NodeCore.handle fed sums in chunk order in the node's receive batches, node.RECV_ROWS) over five
+   (NodeCore.handle fed sums in chunk order in the node's receive batches, node_socket.RECV_ROWS) over five
    rounds of (probe, 8 steps at each budget, the budgets in turn), so that others' load on a shared
    machine disturbs probes and budgets alike: the prediction from each machine figure's median over
    the rounds against the median step after each round's first (typical against typical: the
@@ -37,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_agent import node, probe, residency, state, synthetic  # noqa: E402
+from host_agent import node, node_core, node_socket, probe, residency, state, synthetic  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
 from mindp.protocol import K  # noqa: E402
@@ -47,14 +47,14 @@ SLOTS = 64
 
 
 def measure(tmp: pathlib.Path, elements: int, budget: int, page_chunks: int, steps: int = 3,
-            batch: int = node.RECV_ROWS) -> tuple[list[float], state.Store]:
+            batch: int = node_socket.RECV_ROWS) -> tuple[list[float], state.Store]:
     """Per-step wall times of NodeCore.handle over whole steps, commits included."""
     layout = Layout([TensorSpec("p", (elements,))])
     cfg = OptimizerConfig()
     d = tmp / f"state-{budget}"
     state.create(d, layout, state.init_pieces(layout, seed=0), cfg, page_chunks)
     store = state.Store(d, budget, window=SLOTS)
-    core = node.NodeCore(store, 1, 2, SLOTS)
+    core = node_core.NodeCore(store, 1, 2, SLOTS)
     n = layout.n_chunks
     sums = synthetic.sums(0, 0, n)
     chunks = np.arange(n)

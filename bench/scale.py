@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_agent import node, optim, reference, state  # noqa: E402
+from host_agent import node_core, node_socket, optim, reference, state  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
 from mindp import codec  # noqa: E402
@@ -118,7 +118,7 @@ def _shard_worker(d: str, elements: int, lo: int, hi: int, steps: int, barrier, 
     n = layout.n_chunks
     state.create(d, layout, state.init_pieces(layout, seed=0), OptimizerConfig(), chunks=(lo, hi))
     store = state.Store(d, 1 << 34)
-    core = node.NodeCore(store, 1, 2, 64)
+    core = node_core.NodeCore(store, 1, 2, 64)
     chunks = np.arange(lo, hi + 1)
     sums = np.random.default_rng(lo).integers(-(1 << 20), 1 << 20, size=(len(chunks), K), dtype=np.int64)
     hdrs = []
@@ -129,8 +129,8 @@ def _shard_worker(d: str, elements: int, lo: int, hi: int, steps: int, barrier, 
     barrier.wait()
     t, cpu = time.perf_counter(), time.process_time()
     for step in range(steps):
-        for i in range(0, len(chunks), node.RECV_ROWS):
-            core.handle(hdrs[step][i : i + node.RECV_ROWS], sums[i : i + node.RECV_ROWS])
+        for i in range(0, len(chunks), node_socket.RECV_ROWS):
+            core.handle(hdrs[step][i : i + node_socket.RECV_ROWS], sums[i : i + node_socket.RECV_ROWS])
     elapsed, cpu = time.perf_counter() - t, time.process_time() - cpu
     assert core.committed == steps - 1
     store.close()

@@ -19,7 +19,7 @@ import numpy as np
 from mindp.layout import Layout, TensorSpec
 from mindp.protocol import K
 
-from . import residency, synthetic
+from . import node_core, node_socket, residency, state, synthetic
 from .optim import OptimizerConfig
 from .pager import SYNC_FILE_RANGE_WAIT_AFTER, SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, _libc
 
@@ -133,10 +133,8 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, b
     streamed through the pipeline with a budget of 1/40: the node's work with a disk that costs
     nothing (kernel, per-batch bookkeeping, the pipeline's copies and threads). In wall time: the
     kernel runs on every core, and the updating thread's CPU time leaves out the others'."""
-    from . import node, state  # the node imports this module for --plan
-
     cfg = cfg or OptimizerConfig()
-    batch = batch or node.RECV_ROWS
+    batch = batch or node_socket.RECV_ROWS
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-probe-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
         layout = Layout([TensorSpec("p", (elements,))])
@@ -144,7 +142,7 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, b
         whole = 4 * elements * state.record(cfg.lanes).itemsize // K + (64 << 20)
         store = state.Store(tmp, whole // 40, drop_cache=False)
         n = layout.n_chunks
-        core = node.NodeCore(store, 1, 2, 64)
+        core = node_core.NodeCore(store, 1, 2, 64)
         sums = synthetic.sums(0, 0, n)
         best = float("inf")
         for step in range(STEPS):

@@ -67,7 +67,7 @@ def prepare(s: socket.socket) -> None:
     s.setblocking(False)
     # 32 MiB of kernel buffer (the kernel doubles what is asked) holds about 26k frames of SUM
     # size (1,280 bytes each with the skb's overhead on a veth): the node's receive batch,
-    # node.RECV_ROWS, and more. Past net.core.rmem_max only root may ask (SO_RCVBUFFORCE).
+    # node_socket.RECV_ROWS, and more. Past net.core.rmem_max only root may ask (SO_RCVBUFFORCE).
     try:
         s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
     except OSError:

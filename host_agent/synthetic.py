@@ -27,7 +27,7 @@ from mindp import codec, schedule
 from mindp.layout import Layout, TensorSpec
 from mindp.protocol import K, Kind
 
-from . import fused, state
+from . import fused, node_core, node_socket, state
 from .optim import OptimizerConfig
 
 TENSOR = 1 << 22  # elements per tensor of the synthetic model: the initial state is made 16 MB at a time
@@ -74,9 +74,7 @@ def run(d: pathlib.Path, steps: int, budget: int, batch: int | None = None, seed
     """Feed whole steps until `steps` are committed (resuming where the state is), in batches of
     `batch` sums (default: the node's receive batch); per-step times, RSS before the state is
     opened (the fixed overhead) and peak RSS."""
-    from . import node  # the node's CLI imports this module's users; keep the import light
-
-    batch = batch or node.RECV_ROWS
+    batch = batch or node_socket.RECV_ROWS
     fused.warm(OptimizerConfig())
     try:  # peak RSS from here on (a test runs this inside a process that may have peaked before)
         pathlib.Path("/proc/self/clear_refs").write_text("5")
@@ -84,7 +82,7 @@ def run(d: pathlib.Path, steps: int, budget: int, batch: int | None = None, seed
         pass
     rss_base = status_kb("VmRSS")
     store = state.Store(d, budget, window=SLOTS)
-    core = node.NodeCore(store, JOB, NWORKERS, SLOTS)
+    core = node_core.NodeCore(store, JOB, NWORKERS, SLOTS)
     n = store.n_chunks
     last_count = store.layout.chunk_count(n - 1)
     times = []

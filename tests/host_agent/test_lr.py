@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from host_agent import lr, node, optim, reference, state
+from host_agent import lr, node_core, optim, reference, state
 from host_agent.optim import ConfigError, OptimizerConfig, Schedule
 
 from .helpers import initial_fp16, same_bits, small_model
@@ -93,7 +93,7 @@ def test_node_applies_the_schedule_across_a_restart(tmp_path, kind):
     rng = random.Random(0)
     for step in range(6):
         if step in (0, 3):
-            core = node.NodeCore(state.Store(tmp_path, 1 << 20), JOB, N, S)
+            core = node_core.NodeCore(state.Store(tmp_path, 1 << 20), JOB, N, S)
         params = assemble(lay, run_step(core, lay, gf, step, params, rng), params)
         if step == 2:
             core.store.close()

@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from host_agent import fused, node, optim, reference, state
+from host_agent import fused, node_core, optim, reference, state
 from host_agent.optim import OptimizerConfig
 from mindp.protocol import K, Flag
 
@@ -19,7 +19,7 @@ def open_core(tmp_path, init, cfg, budget=1 << 20, create=True, **kw):
     lay = optim.layout_of(init)
     if create:
         state.create(tmp_path, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
-    return node.NodeCore(state.Store(tmp_path, budget), JOB, N, S, **kw)
+    return node_core.NodeCore(state.Store(tmp_path, budget), JOB, N, S, **kw)
 
 
 def run_step(core, lay, gf, step, params, rng, dup=0.3, batch=5, only=None, window=None):
@@ -429,7 +429,7 @@ def test_sgd_records_hold_no_v_and_a_format_1_state_with_it_trains_alike(tmp_pat
         three.tofile(old / f"state{i}.bin")
     (old / "meta.json").write_text(json.dumps({**{k: v for k, v in meta.items() if k != "lanes"}, "format": 1}))
     for d in (new, old):
-        core = node.NodeCore(state.Store(d, 1 << 20, map_whole=map_whole), JOB, N, S)
+        core = node_core.NodeCore(state.Store(d, 1 << 20, map_whole=map_whole), JOB, N, S)
         assert core.store.record.shape == ((2 if d == new else 3), K)
         for step in range(3):
             params = reference.train(init, gf, N, step, cfg).params

@@ -46,7 +46,7 @@ def test_buffers_kept_across_steps_are_not_read_again(tmp_path, streamed):
     lay = optim.layout_of(init)
     state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
     store = state.Store(tmp_path, 64 * PAGE)
-    core = node.NodeCore(store, JOB, N, S)
+    core = node_core.NodeCore(store, JOB, N, S)
     gf = reference.synthetic_grads(2)
     params = initial_fp16(init)
     reads = []

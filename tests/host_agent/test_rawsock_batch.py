@@ -88,9 +88,9 @@ def test_batched_and_plain_paths_agree(pair, monkeypatch):
 @needs_mmsg
 @pytest.mark.net
 def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
-    """A burst of node.RECV_ROWS SUM frames sent before the node reads any is all queued on its
+    """A burst of node_socket.RECV_ROWS SUM frames sent before the node reads any is all queued on its
     socket (none dropped for buffer space) and taken in one receive into the node's buffer."""
-    from host_agent import node
+    from host_agent import node_socket
     from mindp import codec, testbed
     from mindp.protocol import Kind
 
@@ -103,13 +103,13 @@ def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
         testbed.quiet_link(b)
         tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
         width = codec.frame_len(Kind.SUM)
-        f = np.random.default_rng(1).integers(0, 256, size=(node.RECV_ROWS, width), dtype=np.uint8)
+        f = np.random.default_rng(1).integers(0, 256, size=(node_socket.RECV_ROWS, width), dtype=np.uint8)
         f[:, 12:14] = (0x88, 0xB5)
         for row in f:  # one at a time: a veth's peer takes each on the sender's return (no backlog drop)
             tx.send(row.tobytes())
-        buf = np.zeros((node.RECV_ROWS, width), np.uint8)
+        buf = np.zeros((node_socket.RECV_ROWS, width), np.uint8)
         rows, tagged, other = rawsock.RowReceiver(buf, rawsock.enable_auxdata(rx)).receive(rx.fileno())
-        assert (rows, tagged, other) == (node.RECV_ROWS, 0, 0)
+        assert (rows, tagged, other) == (node_socket.RECV_ROWS, 0, 0)
         assert np.array_equal(buf, f)
     finally:
         for s in socks:

@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from host_agent import node, optim, reference, shards, state
+from host_agent import node_core, optim, reference, shards, state
 from host_agent.optim import ConfigError, OptimizerConfig
 from mindp.protocol import K, Flag
 
@@ -26,7 +26,7 @@ def open_shards(tmp_path, init, cfg, m, create=True, budget=1 << 20):
         d = tmp_path / f"shard{i}"
         if create:
             state.create(d, lay, state.init_pieces(lay, init), cfg, page_chunks=32, chunks=rng)
-        cores.append(node.NodeCore(state.Store(d, budget), JOB, N, S))
+        cores.append(node_core.NodeCore(state.Store(d, budget), JOB, N, S))
     return cores
 
 
@@ -103,7 +103,7 @@ def test_sharded_training_equals_the_reference_and_a_crash_touches_one_range(tmp
                 got.update(feed(core, lay, step, mine[: len(mine) // 2], sums, nf))
                 other = [c.store.dir.joinpath("commit.json").read_bytes() for c in cores[:-1]]
                 del core, cores[-1]  # no close: as if killed
-                cores.append(node.NodeCore(state.Store(tmp_path / f"shard{i}", 1 << 20), JOB, N, S))
+                cores.append(node_core.NodeCore(state.Store(tmp_path / f"shard{i}", 1 << 20), JOB, N, S))
                 core = cores[-1]
                 assert core.stats["resumed_chunks"] == len(mine) // 2
                 assert [c.store.dir.joinpath("commit.json").read_bytes() for c in cores[:-1]] == other
@@ -180,7 +180,7 @@ def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step, out_of_cor
                 assert released[1] and not agree[1].held and step in agree[1].agreed
                 assert cores[0].store.last_skipped and cores[0].store.updates == step
                 # Durable: shard 0 killed after acknowledging resumes with the step skipped.
-                cores[0] = node.NodeCore(state.Store(tmp_path / "shard0", budget), JOB, N, S)
+                cores[0] = node_core.NodeCore(state.Store(tmp_path / "shard0", budget), JOB, N, S)
                 agree[0].skip = cores[0].skip_step
                 assert cores[0].store.last_skipped and cores[0].store.updates == step
                 for hdr, vals in released[1]:

@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from host_agent import node, optim, reference, state
+from host_agent import node_core, optim, reference, state
 from host_agent.optim import OptimizerConfig
 from host_agent.pager import StorageError
 from mindp.layout import Layout, TensorSpec
@@ -73,7 +73,7 @@ def test_disk_full_mid_run_is_a_clean_error_and_resume_elsewhere_is_exact(small_
     for name in ("state0.bin", "state1.bin"):  # every block reserved at creation: no hole to fill later
         st = os.stat(d / name)
         assert st.st_blocks * 512 >= st.st_size == state_bytes(lay)
-    core = node.NodeCore(state.Store(d, 1 << 20), JOB, N, S)
+    core = node_core.NodeCore(state.Store(d, 1 << 20), JOB, N, S)
     params = feed_step(core, lay, gf, 0, initial_fp16(init))
     assert core.committed == 0
     fill(disk)
@@ -89,7 +89,7 @@ def test_disk_full_mid_run_is_a_clean_error_and_resume_elsewhere_is_exact(small_
     shutil.copytree(d, big)
     store = state.Store(big, 1 << 20)
     assert store.committed == 0
-    core = node.NodeCore(store, JOB, N, S)  # step 1's chunks were all applied: it commits now
+    core = node_core.NodeCore(store, JOB, N, S)  # step 1's chunks were all applied: it commits now
     assert core.committed == 1
     for step in (1, 2, 3):  # workers never got step 1's parameters: they resend, the node answers
         params = feed_step(core, lay, gf, step, params)

@@ -15,7 +15,8 @@ import p4runtime_sh.shell as sh
 from mindp import progress, targets
 from p4src import artifacts
 from softswitch.engine import Engine
-from softswitch.p4runtime_server import STREAM_QUEUE, Server, SwitchService, _Outbox
+from softswitch.p4runtime_server import Server, SwitchService
+from softswitch.p4runtime_stream import STREAM_QUEUE, Outbox
 
 from . import compiled
 
@@ -308,7 +309,7 @@ def test_stream_queue_is_bounded():
     """A client that does not read its stream: packet-ins beyond the bound are dropped and counted,
     and an arbitration message that finds the queue full ends that stream instead of growing it."""
     async def scenario():
-        box = _Outbox(asyncio.get_running_loop(), 4)
+        box = Outbox(asyncio.get_running_loop(), 4)
         kept = [box.put(i, droppable=True) for i in range(6)]
         assert kept == [True] * 4 + [False] * 2 and len(box.items) == 4
         assert box.put("arbitration") and list(box.items) == [

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from host_agent import node, optim, reference, state  # noqa: E402
+from host_agent import node_core, optim, reference, state  # noqa: E402
 from host_agent.optim import ConfigError, OptimizerConfig, Schedule  # noqa: E402
 from mindp.torch import checkpoint, layout_arrays, models, spec  # noqa: E402
 from tests.host_agent.helpers import initial_fp16, same_bits  # noqa: E402
@@ -19,7 +19,7 @@ L = torch.optim.lr_scheduler
 def train_core(state_dir, lay, gf, steps, params, create=None):
     if create is not None:
         state.create(state_dir, lay, state.init_pieces(lay, create[0]), create[1], page_chunks=32)
-    core = node.NodeCore(state.Store(state_dir, 1 << 20), JOB, N, S)
+    core = node_core.NodeCore(state.Store(state_dir, 1 << 20), JOB, N, S)
     rng = random.Random(steps.start)
     for step in steps:
         params = assemble(lay, run_step(core, lay, gf, step, params, rng), params)

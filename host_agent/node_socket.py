@@ -1,0 +1,205 @@
+"""The optimizer node on a raw socket: `OptimizerNode` feeds the SUM frames addressed to it to a
+`NodeCore` (node_core) and sends the PARAM frames it answers with, through link loss, switch
+restarts (the stall resend) and a sharded job's non-finite agreement (shards).
+"""
+from __future__ import annotations
+
+import select
+import socket
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from mindp import codec
+from mindp.protocol import Kind
+
+from . import rawsock, shards
+from .node_core import NodeCore
+from .rawsock import LINK_BACKOFF, LINK_ERRNOS
+
+
+#: Frames the node takes per poll at most (its receive buffer, 5 MB; the socket's buffer holds
+#: more, rawsock.prepare). Each batch costs ~100 us besides the kernel (header pass, a kernel call
+#: waking its threads, bookkeeping, its share of the commit): at 4096 sums a batch that was a third
+#: of a 4M-element step's time, at 16384 about a quarter of the kernel's.
+RECV_ROWS = 16384
+
+
+@dataclass
+class NodeAddress:
+    mac: str
+    ip: str
+
+
+class OptimizerNode:
+    """NodeCore on a raw socket: SUM frames in, PARAM frames out to the switch (broadcast address)."""
+
+    #: Resends of one stall: at 1, 3, 7, ... times stall_resend seconds without a sum.
+    STALL_RESENDS = 6
+
+    def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None,
+                 stall_resend: float = 1.0, sources: list[tuple[str, str]] | None = None,
+                 agreement: shards.NonfiniteAgreement | None = None):
+        """agreement: a shard's non-finite agreement with the job's other shards (host_agent.shards)."""
+        self.core = core
+        self.agreement = agreement
+        self.sock = sock
+        self.addrs = codec.Addresses(addr.mac, "ff:ff:ff:ff:ff:ff", addr.ip, "255.255.255.255")
+        self.faults = faults
+        self.stats = core.stats
+        self.stall_resend = stall_resend
+        self.mac = bytes.fromhex(addr.mac.replace(":", ""))
+        self.ip = socket.inet_aton(addr.ip)
+        self.sources = None if sources is None else {(bytes.fromhex(m.replace(":", "")), socket.inet_aton(i))
+                                                      for m, i in sources}
+        self.auxdata = rawsock.enable_auxdata(sock)
+        # Sums come in by recvmmsg straight into the rows of one buffer, a burst per poll.
+        self.rx = np.zeros((RECV_ROWS, codec.frame_len(Kind.SUM)), dtype=np.uint8)
+        self.receiver = rawsock.RowReceiver(self.rx, True) if rawsock.MMSG and self.auxdata else None
+        self._src_keys = None if self.sources is None else [int.from_bytes(m + i, "big") for m, i in self.sources]
+        self._stop = False
+        self._last_sum = time.monotonic()
+        self._stall_resends = 0
+        self._down_since: float | None = None
+        self._backoff = LINK_BACKOFF[0]
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def poll(self, timeout: float) -> int:
+        """Wait up to `timeout` for frames, handle one batch; returns frames received. A link that
+        went down (ENETDOWN/ENXIO/ENODEV) is reported in one line and retried with backoff;
+        frames lost meanwhile are recovered by the workers' retransmissions and the stall resend."""
+        try:
+            n = self._poll(timeout)
+        except OSError as exc:
+            if exc.errno not in LINK_ERRNOS:
+                raise
+            self._link_down(exc)
+            return 0
+        if n and self._down_since is not None:
+            print(f"mindp-optimizer: link back after {time.monotonic() - self._down_since:.1f} s", file=sys.stderr,
+                  flush=True)
+            self._down_since, self._backoff = None, LINK_BACKOFF[0]
+        return n
+
+    def _link_down(self, exc: OSError) -> None:
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            self.stats["link_down"] += 1
+            print(f"mindp-optimizer: link down ({exc.strerror}); retrying every {LINK_BACKOFF[0]}-{LINK_BACKOFF[1]} s",
+                  file=sys.stderr, flush=True)
+        time.sleep(self._backoff)
+        self._backoff = min(self._backoff * 2, LINK_BACKOFF[1])
+
+    def _poll(self, timeout: float) -> int:
+        peers = [self.agreement.sock] if self.agreement else []
+        ready, _, _ = select.select([self.sock, *peers], [], [], timeout)
+        if self.agreement:  # notices, acknowledgements, resends; answers the peers released
+            for hdr, vals in self.agreement.poll():
+                self._send(hdr, vals, held=False)
+        if self.sock not in ready:
+            return 0
+        if self.receiver is not None and not self.faults:
+            n, tagged, other = rawsock.recv_rows_untagged(self.sock, self.rx, self.receiver)
+            self.stats["rejected_tagged"] += tagged
+            self.stats["rejected_length"] += other
+            rows = self.rx[:n]
+            return self._handle(rows[self._rows_from_switch(rows)])
+        if self.auxdata:
+            frames, tagged = rawsock.recv_batch_untagged(self.sock)
+            if tagged:
+                self.stats["rejected_tagged"] += tagged
+        else:
+            frames = rawsock.recv_batch(self.sock)
+        frames = self._from_switch(frames)
+        if self.faults:
+            frames = self.faults.filter_recv(frames)
+        return self._handle(frames)
+
+    def _handle(self, frames) -> int:
+        """Received frames (bytes, or rows of SUM length) -> answers sent; returns how many."""
+        dec = codec.decode(frames, Kind.SUM)
+        for reason, n in dec.rejects.items():
+            self.stats[f"rejected_{reason}"] += n
+        if len(dec.headers):
+            self._last_sum = time.monotonic()
+            self._stall_resends = 0
+            self._send(*self.core.handle(dec.headers, dec.elements))
+        return len(frames)
+
+    def _rows_from_switch(self, rows: np.ndarray) -> np.ndarray:
+        """_from_switch over rows of SUM length, vectorised: which rows to keep."""
+        def field(lo: int, hi: int) -> np.ndarray:
+            wide = np.zeros((len(rows), 16), dtype=np.uint8)
+            wide[:, 16 - (hi - lo) :] = rows[:, lo:hi]
+            return wide.view(">u8").reshape(-1, 2)
+        mine = (field(0, 6) == np.frombuffer(self.mac.rjust(16, b"\0"), ">u8")).all(axis=1) \
+            & (field(30, 34) == np.frombuffer(self.ip.rjust(16, b"\0"), ">u8")).all(axis=1)
+        if self._src_keys is not None:
+            # (MAC, IP) as one 80-bit key in two 64-bit words, compared with each possible source.
+            key = np.zeros((len(rows), 16), dtype=np.uint8)
+            key[:, 6:12] = rows[:, 6:12]
+            key[:, 12:16] = rows[:, 26:30]
+            words = key.view(">u8").reshape(-1, 2)
+            known = np.zeros(len(rows), dtype=bool)
+            for k in self._src_keys:
+                known |= (words[:, 0] == k >> 64) & (words[:, 1] == k & 0xFFFFFFFFFFFFFFFF)
+            mine &= known
+        if not mine.all():
+            self.stats["rejected_source"] += int(np.count_nonzero(~mine))
+        return mine
+
+    def _from_switch(self, frames: list) -> list:
+        """SUM-sized frames are sums only if addressed to us (MAC and IP, as the switch rewrites
+        them) from a host the job may have as a worker (`sources`, if known); others are counted."""
+        size = codec.frame_len(Kind.SUM)
+        keep = []
+        for f in frames:
+            if len(f) == size and (f[0:6] != self.mac or f[30:34] != self.ip
+                                   or (self.sources is not None and (bytes(f[6:12]), bytes(f[26:30])) not in self.sources)):
+                self.stats["rejected_source"] += 1
+            else:
+                keep.append(f)
+        return keep
+
+    def _send(self, hdr: np.ndarray, vals: np.ndarray, held: bool = True) -> int:
+        if self.agreement and held:  # a shard holds NONFINITE answers until every shard knows
+            hdr, vals = self.agreement.outgoing(hdr, vals)
+        if not len(hdr):
+            return 0
+        out = codec.encode(Kind.PARAM, hdr, vals, self.addrs)
+        sent, failed = rawsock.send_rows(self.sock, out, range(len(out)), self.faults)
+        self.stats["params_sent"] += sent
+        self.stats["send_errors"] += failed
+        return sent
+
+    def check_stall(self, now: float) -> None:
+        """No sum for stall_resend s (then 3x, 7x, ...): send the recent parameters again. Covers
+        a switch that lost its partial sums (restart) while some workers had a chunk's parameters
+        and others not, and a lost last parameter chunk of the run."""
+        if not self.stall_resend or self._stall_resends >= self.STALL_RESENDS:
+            return
+        if now - self._last_sum < self.stall_resend * (2 ** (self._stall_resends + 1) - 1):
+            return
+        self._stall_resends += 1
+        self.stats["stall_resends"] += self._send(*self.core.recent_params())
+
+    def serve(self, steps: int | None = None, linger: float = 5.0, idle_timeout: float | None = None) -> None:
+        """Serve until `steps` steps are committed and no sum came for `linger` s (late resends
+        are answered meanwhile), until stop(), or until idle for `idle_timeout` s."""
+        self.core.store.prefetch_from(0)
+        last = time.monotonic()
+        while not self._stop:
+            if self.poll(0.05):
+                last = time.monotonic()
+            now = time.monotonic()
+            self.check_stall(now)
+            idle = now - last
+            if steps is not None and self.core.committed + 1 >= steps and idle >= linger:
+                return
+            if idle_timeout is not None and idle >= idle_timeout:
+                return
+
