@@ -8,7 +8,10 @@ frames a test sends cross the link. Everything is removed on close, by name.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import pathlib
+import tempfile
 import select
 import socket
 import subprocess
@@ -33,6 +36,45 @@ TAG_ENV = "MINDP_NET_TAG"
 def tagged(prefix: str) -> str:
     """`prefix` with this process's tag ($MINDP_NET_TAG), for any name a bed or test makes."""
     return prefix + os.environ.get(TAG_ENV, "")
+
+
+TAG_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
+_held: list[int] = []
+
+
+def _lock_dir() -> pathlib.Path:
+    base = pathlib.Path("/run") if os.access("/run", os.W_OK) else pathlib.Path(tempfile.gettempdir())
+    d = base / "mindp-net-locks"
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def claim_tag() -> str:
+    """A one-character name tag that no other live process holds (a lock file each, held until
+    this process exits): concurrent test runs, of one checkout or several, never share a name."""
+    d = _lock_dir()
+    for ch in TAG_CHARS:
+        fd = os.open(d / f"tag-{ch}", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _held.append(fd)
+        return ch
+    raise TestbedError(f"all {len(TAG_CHARS)} name tags are held by other processes (locks in {d})")
+
+
+@contextmanager
+def machine_lock(name: str):
+    """Held by one process of the machine at a time (others wait): for what has fixed names, such
+    as make run's Mininet network."""
+    fd = os.open(_lock_dir() / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class TestbedError(RuntimeError):

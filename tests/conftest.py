@@ -29,13 +29,24 @@ SERIAL = (
     "tests/run/test_leafspine.py::test_leafspine_run_is_bit_exact",
 )
 
-# Each xdist worker (gw0, gw1, ...) gets its own tag on namespace/interface names and its own
-# slice of TCP ports; the subprocesses it starts inherit both.
+# Each xdist worker (gw0, gw1, ...) gets its own slice of TCP ports, and every test process a name
+# tag on namespaces and interfaces that no other live process holds, so that even two test runs
+# at once (two checkouts) never share a name; the subprocesses it starts inherit both.
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw"):
     _index = int(_worker[2:])
-    os.environ[testbed.TAG_ENV] = str(_index)
     os.environ[targets.PORTS_ENV] = targets.slice_of(_index, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ[testbed.TAG_ENV] = testbed.claim_tag()
+
+
+@pytest.fixture(autouse=True)
+def _serial_on_the_machine(request):
+    """The SERIAL tests' fixed names are the machine's: another test run's wait for this one."""
+    if not request.node.nodeid.startswith(SERIAL):
+        yield
+        return
+    with testbed.machine_lock("serial-tests"):
+        yield
 
 
 #: Packages of long tests (processes, whole trainings), handed out before the short ones so the

@@ -1,4 +1,7 @@
 """What keeps parallel test workers apart: each its own port slice and its own name tag."""
+import subprocess
+import sys
+
 from mindp import targets, testbed
 
 
@@ -19,3 +22,10 @@ def test_beds_of_two_workers_never_share_a_name(monkeypatch):
     assert names == [("dp0", "ss-0"), ("dp1", "ss-1")]
     monkeypatch.delenv(testbed.TAG_ENV)
     assert testbed.Testbed("dp").prefix == "dp"  # outside a parallel run: the names as given
+
+
+def test_a_claimed_tag_is_not_handed_to_another_process():
+    mine = testbed.claim_tag()
+    other = subprocess.run([sys.executable, "-c", "from mindp import testbed; print(testbed.claim_tag())"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert len(mine) == len(other) == 1 and other != mine and mine != testbed.claim_tag()
