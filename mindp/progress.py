@@ -24,6 +24,12 @@ class Stalled(TimeoutError):
     """No progress for the stall time (or the hang guard ran out); the message says what."""
 
 
+def load_factor() -> float:
+    """How many times over its cores the machine is wanted now (1-minute load average per core, at
+    least 1): a check whose requirement is itself a time ("exits within 10 s") scales by it."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 def wait(done: Callable[[], bool], progress: Callable[[], Hashable], *, stall: float, what: str,
          cap: float = CAP, poll: float = 0.02) -> None:
     """Return once done(); raise Stalled once progress() kept one value for `stall` s, or after `cap` s."""

@@ -1,7 +1,6 @@
 """The fused node kernel against the reference composition (mean_gradient, apply, astype): same bits."""
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -9,6 +8,7 @@ import pytest
 
 from host_agent import fused
 from host_agent.optim import OptimizerConfig
+from mindp import progress
 from mindp.protocol import K
 
 needs_numba = pytest.mark.skipif(fused.NUMPY_ONLY, reason="numba not installed: only the numpy path exists")
@@ -367,12 +367,11 @@ def test_a_cpu_without_avx2_runs_the_portable_kernel_and_refuses_the_avx2_one(tm
     root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "NUMBA_CPU_NAME": "generic", "NUMBA_CACHE_DIR": str(tmp_path / "cache"),
            "MINDP_KERNEL": "auto"}
-    p = subprocess.run([sys.executable, "-c", _GENERIC_CPU], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=600)
+    p = progress.run([sys.executable, "-c", _GENERIC_CPU], cwd=root, env=env, capture_output=True, text=True)
     assert p.returncode == 0 and "portable ok" in p.stdout, p.stderr
-    p = subprocess.run([sys.executable, "-m", "host_agent.node", "--state-dir", str(tmp_path / "state"), "--workers",
+    p = progress.run([sys.executable, "-m", "host_agent.node", "--state-dir", str(tmp_path / "state"), "--workers",
                         "2", "--slots", "8", "--mac", "02:00:00:00:00:09", "--ip", "10.0.0.9", "--init", "seed:0"],
-                       cwd=root, env={**env, "MINDP_KERNEL": "avx2"}, capture_output=True, text=True, timeout=120)
+                       cwd=root, env={**env, "MINDP_KERNEL": "avx2"}, capture_output=True, text=True)
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, p.stderr
     assert lines[0].startswith("mindp-optimizer: MINDP_KERNEL=avx2, but this CPU lacks AVX2 or F16C")

@@ -5,7 +5,6 @@ run. Also mindp.torch.init's one-line errors."""
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from host_agent import optim  # noqa: E402
-from mindp import targets, testbed  # noqa: E402
+from mindp import progress, targets, testbed  # noqa: E402
 from mindp.topology import star  # noqa: E402
 from mindp.torch import scriptref  # noqa: E402
 from tests.conftest import TARGET_PARAMS  # noqa: E402
@@ -40,7 +39,7 @@ def test_example_under_torchrun_matches_its_reference(bed, tmp_path, target, nam
     topo.dump(tmp_path / "topo.json")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     script = str(REPO / "examples" / f"{name}.py")
-    subprocess.run([sys.executable, script, "--steps", str(STEPS), *EXAMPLES[name]], check=True, cwd=tmp_path, timeout=120,
+    progress.run([sys.executable, script, "--steps", str(STEPS), *EXAMPLES[name]], check=True, cwd=tmp_path,
                    env={**env, "MINDP_DESCRIBE": str(tmp_path / "spec"), "RANK": "0", "WORLD_SIZE": str(N)})
     args = node_args(tmp_path / "topo.json", tmp_path / "state", tmp_path / "spec" / "init.npz", STEPS,
                      tmp_path / "final.npz", tmp_path / "stats.json",
@@ -50,12 +49,12 @@ def test_example_under_torchrun_matches_its_reference(bed, tmp_path, target, nam
     with AgentFabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
-            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+            proc = progress.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                                    "--nproc-per-node", str(N), "--rdzv-backend", "c10d",
                                    "--rdzv-endpoint", f"127.0.0.1:{targets.free_port()}",
                                    "-m", "mindp.torch.launch", "--netns-prefix", testbed.tagged(PREFIX), "--script", script,
                                    "--steps", str(STEPS), *EXAMPLES[name], "--out", str(tmp_path / "ckpt.pt")],
-                                  capture_output=True, text=True, env=run_env, timeout=600)
+                                  capture_output=True, text=True, env=run_env)
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert node.wait(60) == 0
         finally:
@@ -75,8 +74,8 @@ def run_init(tmp_path, env: dict, **kw) -> str:
             "m = torch.nn.Linear(3, 2)\n"
             "mindp.torch.init(m, torch.optim.AdamW(m.parameters()), **%r)\n" % kw)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MINDP_", "RANK", "WORLD_SIZE"))}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                          env={**base, "PYTHONPATH": str(REPO), **env}, timeout=120)
+    proc = progress.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**base, "PYTHONPATH": str(REPO), **env})
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
@@ -142,24 +141,24 @@ def test_checkpoint_restored_into_a_fresh_node_resumes_bit_exactly(bed, tmp_path
     script.write_text(RESUMING_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "MINDP_TOPOLOGY": str(tmp_path / "topo.json"),
            "MINDP_JOB": "1"}
-    subprocess.run([sys.executable, str(script), "3", "-", str(REPO / "examples")], check=True, timeout=120,
+    progress.run([sys.executable, str(script), "3", "-", str(REPO / "examples")], check=True,
                    env={**env, "MINDP_DESCRIBE": str(tmp_path / "spec"), "RANK": "0", "WORLD_SIZE": str(N)})
     with AgentFabric("embedded", bed, tmp_path):
         for phase, (state, steps) in enumerate([("state1", 3), ("state2", 6)]):
             if phase:
-                subprocess.run([sys.executable, "-m", "mindp.torch.checkpoint", str(tmp_path / "ckpt1.pt"),
-                                str(tmp_path / state)], check=True, env=env, timeout=120)
+                progress.run([sys.executable, "-m", "mindp.torch.checkpoint", str(tmp_path / "ckpt1.pt"),
+                                str(tmp_path / state)], check=True, env=env)
             args = node_args(tmp_path / "topo.json", tmp_path / state, tmp_path / "spec" / "init.npz", steps,
                              tmp_path / f"final{phase}.npz", tmp_path / f"stats{phase}.json",
                              extra=["--optimizer-spec", str(tmp_path / "spec" / "optimizer.json")])
             node = NodeProcess(b.hosts["opt1"], args, tmp_path / f"node{phase}.log").start()
             try:
-                proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+                proc = progress.run([sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                                        "--nproc-per-node", str(N), "--rdzv-backend", "c10d",
                                        "--rdzv-endpoint", f"127.0.0.1:{targets.free_port()}",
                                        "-m", "mindp.torch.launch", "--netns-prefix", testbed.tagged(PREFIX), "--script", str(script),
                                        str(steps), str(tmp_path / f"ckpt{phase + 1}.pt"), str(REPO / "examples")],
-                                      capture_output=True, text=True, timeout=600,
+                                      capture_output=True, text=True,
                                       env={**env, "MINDP_STATE": str(tmp_path / state)})
                 assert proc.returncode == 0, proc.stderr[-3000:]
                 assert node.wait(60) == 0
