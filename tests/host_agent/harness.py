@@ -67,9 +67,11 @@ class NodeProcess:
 
 
 def node_args(topo_path, state_dir, init_path, steps, export, stats, budget="8M", extra=()) -> list[str]:
+    """The node ends after its steps; its idle timeout (which starts at its start) is only a hang guard:
+    a 60 s one ended nodes before workers that took that long to import torch on a busy machine."""
     return ["--iface", "eth0", "--topology", str(topo_path), "--job", "1", "--state-dir", str(state_dir),
             "--ram-budget", budget, "--init", str(init_path), "--steps", str(steps), "--export", str(export),
-            "--stats", str(stats), "--page-chunks", "32", "--linger", "1.5", "--idle-timeout", "60", *extra]
+            "--stats", str(stats), "--page-chunks", "32", "--linger", "1.5", "--idle-timeout", str(progress.CAP), *extra]
 
 
 def run_files(tmp_path, topo, init, steps) -> list[str]:
