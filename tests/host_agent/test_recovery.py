@@ -45,8 +45,11 @@ class WorkerProcess:
         self.path = tmp_path / f"w{w}.resume"
         self.out = tmp_path / f"w{w}.npz"
         self.log = tmp_path / f"w{w}.log"
+        # The others wait out a killed worker's restart, which on a busy machine (a torch import) takes
+        # longer than STALL: their own deadline is only the hang guard; a test wanting a give-up sets one.
         common = ["--topology", str(tmp_path / "topo.json"), "--job", "1", "--worker", str(w), "--init",
-                  str(tmp_path / "init.npz"), "--resume", str(self.path), "--out", str(self.out), "--deadline", str(STALL)]
+                  str(tmp_path / "init.npz"), "--resume", str(self.path), "--out", str(self.out),
+                  "--deadline", str(progress.CAP)]
         if workload is None:
             self.argv = [sys.executable, "-m", "host_agent.worker", *common, "--grad-seed", str(grad_seed)]
         else:
