@@ -96,7 +96,7 @@ def executor_alone(frames, pipeline: str) -> float:
     ip = int.from_bytes(bytes(map(int, SINK.ip.split("."))), "big")
     ins("MindpIngress.admission.jobs", (1,), "MindpIngress.admission.set_job", [0, 1024, 2, 2, mac, ip, 257, 1, 0, 0, 0])
     for w in (0, 1):
-        ins("MindpIngress.admission.workers", (1, 1, w), "MindpIngress.admission.admit")
+        ins("MindpIngress.admission.workers", (1, 1, w), "MindpIngress.admission.admit_worker")
     batches = []
     for i in range(0, len(frames), BATCH):
         rx = Batch.empty(BATCH, 2048)

@@ -61,8 +61,10 @@ def job_detail(job: JobState) -> str:
     head = (f"job {job.job_id}: slots {job.slot_base}..{job.slots.end - 1} ({job.slot_count}), epoch {job.epoch}, "
             f"multicast group {job.group}\noptimizer {job.optimizer.label()}: port {job.optimizer.port}, "
             f"{job.optimizer.mac}, {job.optimizer.ip}\n")
-    rows = [[w, e.host or "-", e.port, e.mac, e.ip, job.rid(w)] for w, e in sorted(job.workers.items())]
-    return head + table(rows, ["worker", "host", "port", "mac", "ip", "rid"])
+    rows = [[w, e.host or "-", e.port, e.mac, e.ip, job.rid(w),
+             f"child switch, <= {job.children[w]} workers" if w in job.children else "worker"]
+            for w, e in sorted(job.workers.items())]
+    return head + table(rows, ["worker", "host", "port", "mac", "ip", "rid", "role"])
 
 
 # --- arguments ------------------------------------------------------------------

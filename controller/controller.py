@@ -169,7 +169,8 @@ class Controller:
 
     # --- forwarding ------------------------------------------------------------
     def install_forwarding(self, topology: Topology | None = None) -> int:
-        """Make l2_forward and the flood group match the topology; returns the number of writes."""
+        """Make l2_forward, the source guard (sources) and the flood group match the topology;
+        returns the number of writes."""
         self._sync()
         topology = topology or self.topology
         if topology is None:
@@ -178,7 +179,8 @@ class Controller:
         if self.switch is None or not any(sw.name == self.switch for sw in topology.switches):
             self.switch = topology.switches[0].name
         want, flood = tree.forwarding_entries(topology, self.switch), tree.flood_group(topology, self.switch)
-        upserts, deletes = diff_entries(self.conn.read_entries(n.L2_FORWARD), want)
+        have = [e for table in n.FORWARDING_TABLES for e in self.conn.read_entries(table)]
+        upserts, deletes = diff_entries(have, want)
         groups = self._read_groups()
         if groups is None:  # a target that cannot read groups: write it, as a modify if it exists
             try:
@@ -219,7 +221,7 @@ class Controller:
                 rebuilt.problems.append(str(exc))
         self.pool = pool
         self.jobs = dict(rebuilt.jobs)
-        self.forwarding = [e for e in entries if e.table == n.L2_FORWARD]
+        self.forwarding = [e for e in entries if e.table in n.FORWARDING_TABLES]
         if groups is not None:
             self.flood = next((g for g in groups if g.group_id == n.FLOOD_GROUP), None)
         self.last_rebuild = rebuilt

@@ -71,6 +71,10 @@ class JobState:
       the job's worker count is the number of children; `optimizer`/`shards` as for a
       single switch. Its SUMs carry nworkers = the gradients they contain.
 
+    Members are worker hosts (they send GRAD) or, those in `children`, child switches
+    (they send PARTIAL, of at most `children[id]` gradients: the workers beneath them);
+    the switch admits each only in its role. A parent may have both.
+
     `entries()` and `mcast_group()` are everything the switch needs for the job;
     `plan(old, new)` orders the writes.
     """
@@ -83,6 +87,7 @@ class JobState:
     uplink: AttachedHost | None = None  # a leaf's port to its parent, with the node's mac/ip
     child_id: int = 0  # a leaf's index at its parent (PARTIAL worker field), 0..MAX_WORKERS-1
     shards: tuple[Shard, ...] = ()  # contiguous chunk ranges -> node, sorted by lo
+    children: dict[int, int] = field(default_factory=dict)  # member id of a child switch -> workers beneath it
 
     @property
     def group(self) -> int:
@@ -116,7 +121,16 @@ class JobState:
         return {e.port for e in self.workers.values()} | set(self.node_ports())
 
     def with_workers(self, workers: dict[int, AttachedHost]) -> JobState:
-        return replace(self, workers=dict(sorted(workers.items())))
+        """The job with these members; those of its child switches still among them stay child switches."""
+        children = {c: m for c, m in sorted(self.children.items()) if c in workers}
+        return replace(self, workers=dict(sorted(workers.items())), children=children)
+
+    def member_entry(self, member: int) -> Entry:
+        """The member's admission: a worker host, or a child switch with the bound on its PARTIALs' nworkers."""
+        match = {n.MF_INGRESS_PORT: self.workers[member].port, n.MF_JOB: self.job_id, n.MF_WORKER: member}
+        if member in self.children:
+            return Entry(n.WORKERS, match, n.ADMIT_CHILD, {"max_nworkers": self.children[member]})
+        return Entry(n.WORKERS, match, n.ADMIT_WORKER)
 
     def job_entry(self) -> Entry:
         end = self.endpoint
@@ -137,7 +151,7 @@ class JobState:
         out = [Entry(n.OPTIMIZERS, {n.MF_INGRESS_PORT: p, n.MF_JOB: self.job_id}, n.ADMIT) for p in self.node_ports()]
         out += self.shard_entries()
         for w, e in sorted(self.workers.items()):
-            out.append(Entry(n.WORKERS, {n.MF_INGRESS_PORT: e.port, n.MF_JOB: self.job_id, n.MF_WORKER: w}, n.ADMIT))
+            out.append(self.member_entry(w))
             out.append(Entry(n.PARAM_REWRITE, {n.MF_EGRESS_RID: self.rid(w)}, n.SET_WORKER_ADDRESS,
                              {"mac": e.mac, "ip": e.ip}))
         return out
@@ -148,11 +162,17 @@ class JobState:
     def mcast_group(self) -> Group:
         return Group(self.group, [(e.port, self.rid(w)) for w, e in self.workers.items()])
 
+    def _role(self, member: int) -> dict:
+        if member in self.children:
+            return {"role": "child", "max_nworkers": self.children[member]}
+        return {"role": "worker"}
+
     def to_dict(self) -> dict:
         out = {
             "job_id": self.job_id, "slot_base": self.slots.base, "slots": self.slots.count, "epoch": self.epoch,
             "chunks": self.chunks, "mcast_group": self.group, "optimizer": self.optimizer.to_dict(),
-            "workers": {str(w): {**e.to_dict(), "rid": self.rid(w)} for w, e in sorted(self.workers.items())},
+            "workers": {str(w): {**e.to_dict(), "rid": self.rid(w), **self._role(w)}
+                        for w, e in sorted(self.workers.items())},
         }
         if self.uplink is not None:
             out["uplink"] = self.uplink.to_dict()
@@ -163,7 +183,13 @@ class JobState:
 
 
 def check_tree(job: JobState) -> None:
-    """A job's tree role is consistent: child id in range, shards contiguous and disjoint, none at a leaf."""
+    """A job's tree role is consistent: child id in range, child switches among the members with a
+    16-bit positive bound, shards contiguous and disjoint, none at a leaf."""
+    for c, bound in sorted(job.children.items()):
+        if c not in job.workers:
+            raise JobError(f"job {job.job_id}: child switch {c} is not a member")
+        if not 1 <= bound < 1 << 16:
+            raise JobError(f"job {job.job_id}: child switch {c} has {bound} workers beneath it, not 1..65535")
     if not 0 <= job.child_id < n.MAX_WORKERS:
         raise JobError(f"job {job.job_id}: child id {job.child_id} outside 0..{n.MAX_WORKERS - 1}")
     if job.uplink is None and job.child_id:
@@ -304,8 +330,8 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
     """Jobs from the switch's table entries (and groups, when the target can read them).
 
     The tables alone determine a job: slots, epoch, optimizer (or uplink and child id,
-    at a leaf) from the job entry, worker (or child switch) ports from membership, their
-    addresses from the rewrites, shards from the shards table.
+    at a leaf) from the job entry, worker (or child switch) ports and roles from membership,
+    their addresses from the rewrites, shards from the shards table.
     Anything left over or inconsistent is reported, never guessed at.
     """
     out = Rebuilt()
@@ -327,7 +353,7 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
     used_rewrites: set[int] = set()
     for job_id, je in sorted(job_entries.items()):
         p = je.params
-        workers = {}
+        workers, children = {}, {}
         for w, me in sorted(members.pop(job_id, {}).items()):
             rid = n.worker_rid(job_id, w)
             rw = rewrites.get(rid)
@@ -336,6 +362,8 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
                 out.orphans.append(me)
                 continue
             used_rewrites.add(rid)
+            if me.action == n.ADMIT_CHILD:
+                children[w] = int(me.params["max_nworkers"])
             mac = str(rw.params["mac"])
             workers[w] = AttachedHost(int(me.match[n.MF_INGRESS_PORT]), mac, str(rw.params["ip"]), by_mac.get(mac))
         opt_mac = str(p["optimizer_mac"])
@@ -348,7 +376,7 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
                                                                   by_mac.get(mac))))
         uplink = optimizer if int(p.get("uplink", 0)) else None
         job = JobState(job_id, SlotRange(int(p["slot_base"]), int(p["slot_count"])), int(p["epoch"]), workers, optimizer,
-                       int(p.get("chunks", 0)), uplink, int(p.get("child_id", 0)), tuple(job_shards))
+                       int(p.get("chunks", 0)), uplink, int(p.get("child_id", 0)), tuple(job_shards), children)
         admitted = optimizers.pop(job_id, {})
         if sorted(admitted) != job.node_ports():
             out.problems.append(f"job {job_id}: node admission on ports {sorted(admitted)}, expected {job.node_ports()}")

@@ -16,15 +16,20 @@ from mindp.switch_constants import (DROP_CELLS, DROP_REASONS, MAX_JOBS, MAX_PORT
 
 # Tables.
 L2_FORWARD = "MindpIngress.forwarding.l2_forward"
+SOURCES = "MindpIngress.forwarding.sources"  # (ingress port, src MAC, sender IPv4) -> allow
 JOBS = "MindpIngress.admission.jobs"
 WORKERS = "MindpIngress.admission.workers"
 OPTIMIZERS = "MindpIngress.admission.optimizers"
 PARAM_REWRITE = "MindpEgress.rewrite.param_rewrite"
 SHARDS = "MindpIngress.shards.shards"  # (job exact, chunk range) -> to_shard; entries need a priority
-TABLES = (L2_FORWARD, JOBS, WORKERS, OPTIMIZERS, SHARDS, PARAM_REWRITE)
+TABLES = (L2_FORWARD, SOURCES, JOBS, WORKERS, OPTIMIZERS, SHARDS, PARAM_REWRITE)
+#: The tables the topology fills (controller.tree.forwarding_entries), not the jobs.
+FORWARDING_TABLES = (L2_FORWARD, SOURCES)
 
 # Match fields.
 MF_DST_MAC = "hdr.ethernet.dstAddr"
+MF_SRC_MAC = "hdr.ethernet.srcAddr"
+MF_SRC_IP = "meta.src_ip"  # ARP's sender IPv4 address, or IPv4's source
 MF_JOB = "hdr.mindp.job"
 MF_WORKER = "hdr.mindp.worker"
 MF_CHUNK = "hdr.mindp.chunk"  # range match: (lo, hi) inclusive
@@ -37,15 +42,18 @@ FLOOD = "MindpIngress.forwarding.flood"  # (group)
 SET_JOB = "MindpIngress.admission.set_job"
 SET_JOB_PARAMS = ("slot_base", "slot_count", "workers", "optimizer_port", "optimizer_mac",
                   "optimizer_ip", "mcast_group", "epoch", "chunks", "uplink", "child_id")
-ADMIT = "MindpIngress.admission.admit"
+ADMIT = "MindpIngress.admission.admit"  # optimizers: a node's port
+ADMIT_WORKER = "MindpIngress.admission.admit_worker"  # workers: a worker host, sends GRAD
+ADMIT_CHILD = "MindpIngress.admission.admit_child"  # workers: a child switch, sends PARTIAL (max_nworkers)
+ALLOW = "MindpIngress.forwarding.allow"  # sources
 SET_WORKER_ADDRESS = "MindpEgress.rewrite.set_worker_address"  # (mac, ip)
 TO_SHARD = "MindpIngress.shards.to_shard"  # (port, mac, ip)
 #: Priority of every shards entry: a job's chunk ranges are disjoint, so one level suffices.
 SHARD_PRIORITY = 1
 
-# Action parameters that are addresses: shown and compared as strings, not integers.
-MAC_PARAMS = frozenset({"optimizer_mac", "mac"})
-IP_PARAMS = frozenset({"optimizer_ip", "ip"})
+# Action parameters and match fields that are addresses: shown and compared as strings, not integers.
+MAC_PARAMS = frozenset({"optimizer_mac", "mac", MF_DST_MAC, MF_SRC_MAC})
+IP_PARAMS = frozenset({"optimizer_ip", "ip", MF_SRC_IP})
 
 # Counters, all indexed by job id except DROPS (row * DROP_REASONS + reason).
 GRAD_PACKETS = "MindpIngress.aggregation.grad_packets"

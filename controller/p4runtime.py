@@ -340,7 +340,7 @@ class SwitchConnection:
     @staticmethod
     def _decode(data: bytes, name: str) -> int | str:
         value = int.from_bytes(data, "big")
-        if name in n.MAC_PARAMS or name == n.MF_DST_MAC:
+        if name in n.MAC_PARAMS:
             return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
         if name in n.IP_PARAMS:
             return str(ipaddress.IPv4Address(value))

@@ -1,4 +1,4 @@
-"""A job's part on each switch of a tree, and each switch's forwarding, from the topology.
+"""A job's part on each switch of a tree, and each switch's forwarding and source guard, from the topology.
 
 Pure logic, no I/O: `branch_job` turns `Topology.branches` into the `JobState` one
 switch holds (controller.jobs builds its entries for any role); `TreeController`
@@ -6,7 +6,7 @@ switch holds (controller.jobs builds its entries for any role); `TreeController`
 """
 from __future__ import annotations
 
-from mindp.topology import JobSpec, Topology, TopologyError
+from mindp.topology import Host, JobBranch, JobSpec, Topology, TopologyError
 
 from . import p4info_names as n
 from .jobs import AttachedHost, JobError, JobState, Shard
@@ -26,22 +26,32 @@ def link_ports(topology: Topology, switch: str) -> frozenset[int]:
     return frozenset(port for port, _, _ in topology.neighbours(switch))
 
 
+def workers_beneath(branches: dict[str, JobBranch], switch: str) -> int:
+    """The job's workers on `switch` and every switch below it: the most gradients its PARTIALs carry."""
+    b = branches[switch]
+    return len(b.workers) + sum(workers_beneath(branches, child) for child, _ in b.children.values())
+
+
 def branch_job(topology: Topology, spec: JobSpec, switch: str, slots: SlotRange | None = None,
                epoch: int = 0) -> JobState:
     """The job as `switch` holds it (slots and epoch are the switch's own, given by its controller).
 
     Root: its local workers and child switches are members, completed sums go to the optimizer
     node or, when sharded, to the node owning the chunk. Elsewhere: completed partial sums go up
-    the uplink port as member `child_id` of the parent, addressed to the (first) node.
+    the uplink port as member `child_id` of the parent, addressed to the (first) node. A child
+    switch is admitted with the number of the job's workers beneath it.
     """
     try:
-        branch = topology.branches(spec).get(switch)
+        branches = topology.branches(spec)
+        branch = branches.get(switch)
         if branch is None:
             raise JobError(f"job {spec.job_id} has no part on switch {switch}")
         members = {w: AttachedHost.of(topology.host(h)) for w, h in branch.workers.items()}
+        children = {}
         for cid, (child, port) in branch.children.items():
             addr = switch_address(topology, child)
             members[cid] = AttachedHost(port, addr.mac, addr.ip, child)
+            children[cid] = workers_beneath(branches, child)
         nodes = [(lo, hi, AttachedHost.of(topology.host(h))) for lo, hi, h in spec.shard_ranges()]
     except TopologyError as exc:
         raise JobError(str(exc)) from None
@@ -52,17 +62,27 @@ def branch_job(topology: Topology, spec: JobSpec, switch: str, slots: SlotRange 
     elif spec.sharded:
         shards = tuple(Shard(lo, hi, node) for lo, hi, node in nodes)
     return JobState(spec.job_id, slots or SlotRange(0, spec.slots), epoch, dict(sorted(members.items())), first,
-                    spec.chunks, uplink=uplink, child_id=branch.child_id, shards=shards or ())
+                    spec.chunks, uplink=uplink, child_id=branch.child_id, shards=shards or (), children=children)
 
 
-def forwarding_entries(topology: Topology, switch: str | None = None) -> list[Entry]:
-    """One l2_forward entry per host (out of the port towards its switch) and broadcast to the flood group."""
+def host_ports(topology: Topology, switch: str | None = None) -> list[tuple[int, Host]]:
+    """(port of `switch` towards the host, host) for every host: its own port, or the link
+    towards its switch. Both directions of ordinary traffic follow it."""
     switch = switch or topology.switches[0].name
     out = []
     for h in sorted(topology.hosts.values(), key=lambda h: (topology.switch_of(h), h.port)):
         where = topology.switch_of(h)
-        port = h.port if where == switch else topology.toward(switch, where)
+        out.append((h.port if where == switch else topology.toward(switch, where), h))
+    return out
+
+
+def forwarding_entries(topology: Topology, switch: str | None = None) -> list[Entry]:
+    """Per host an l2_forward entry (out of the port towards it) and a sources entry (it may send
+    from that port, with its MAC and IPv4 address); broadcast to the flood group."""
+    out = []
+    for port, h in host_ports(topology, switch):
         out.append(Entry(n.L2_FORWARD, {n.MF_DST_MAC: h.mac}, n.FORWARD, {"port": port}))
+        out.append(Entry(n.SOURCES, {n.MF_INGRESS_PORT: port, n.MF_SRC_MAC: h.mac, n.MF_SRC_IP: h.ip}, n.ALLOW))
     out.append(Entry(n.L2_FORWARD, {n.MF_DST_MAC: "ff:ff:ff:ff:ff:ff"}, n.FLOOD, {"group": n.FLOOD_GROUP}))
     return out
 

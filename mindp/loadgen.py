@@ -44,17 +44,19 @@ def forward_frames(sender: Host, sink: Host, n: int, k: int = K) -> list[bytes]:
 
 def aggregation_entries(sender: Host, sink: Host) -> list:
     """Table entries for job 1 (2 workers behind the sender's port, the sink as optimizer node)
-    and L2 forwarding to the sink."""
+    and L2 forwarding from the sender (its source guard entry) to the sink."""
     from controller import p4info_names as N
     from controller.model import Entry
 
     return [
         Entry(N.L2_FORWARD, {N.MF_DST_MAC: sink.mac}, N.FORWARD, {"port": sink.port}),
+        Entry(N.SOURCES, {N.MF_INGRESS_PORT: sender.port, N.MF_SRC_MAC: sender.mac, N.MF_SRC_IP: sender.ip}, N.ALLOW),
         Entry(N.JOBS, {N.MF_JOB: 1}, N.SET_JOB, {
             "slot_base": 0, "slot_count": 1024, "workers": 2, "optimizer_port": sink.port,
             "optimizer_mac": sink.mac, "optimizer_ip": sink.ip, "mcast_group": N.job_group(1), "epoch": 1,
             "chunks": 0, "uplink": 0, "child_id": 0}),
-        *(Entry(N.WORKERS, {N.MF_INGRESS_PORT: sender.port, N.MF_JOB: 1, N.MF_WORKER: w}, N.ADMIT) for w in (0, 1)),
+        *(Entry(N.WORKERS, {N.MF_INGRESS_PORT: sender.port, N.MF_JOB: 1, N.MF_WORKER: w}, N.ADMIT_WORKER)
+          for w in (0, 1)),
     ]
 
 

@@ -33,7 +33,7 @@ STEP_WINDOW = 4
 
 #: The drop counter has one row of DROP_REASONS cells per job, and row NO_JOB_ROW for
 #: packets that name no valid job id (and ordinary frames).
-DROP_REASONS = 16
+DROP_REASONS = 32
 NO_JOB_ROW = MAX_JOBS
 DROP_CELLS = (MAX_JOBS + 1) * DROP_REASONS
 
@@ -54,6 +54,9 @@ class DropReason(enum.IntEnum):
     FUTURE_STEP = 12
     BAD_CHUNK = 13
     NOT_OWNER = 14
+    WRONG_ROLE = 15
+    BAD_NWORKERS = 16
+    SPOOFED = 17
 
 
 #: What each drop reason means (also the comments of the generated P4 constants).
@@ -73,6 +76,9 @@ DROP_MEANING: dict[DropReason, str] = {
     DropReason.FUTURE_STEP: "gradient step beyond the job's newest completed step + STEP_WINDOW",
     DropReason.BAD_CHUNK: "chunk beyond the job's chunk count",
     DropReason.NOT_OWNER: "parameter chunk from a port other than its shard's node (or the job's optimizer)",
+    DropReason.WRONG_ROLE: "gradient from a child switch's member entry, or partial sum from a worker's",
+    DropReason.BAD_NWORKERS: "partial sum's nworkers 0 or above the workers beneath its child switch",
+    DropReason.SPOOFED: "ordinary frame whose source MAC and IPv4 are no host's behind its ingress port",
 }
 
 

@@ -1,9 +1,9 @@
 /* Jobs and membership (docs/DESIGN.md invariant 5): a gradient is admitted only from
- * the port registered for its (job, worker), a partial sum only from the port of
- * its child switch (registered like a worker, worker = child id), a parameter
- * chunk only from a port of the job's optimizer nodes (shards.p4 then checks the
- * node owns the chunk). Everything else of our protocol is dropped, and
- * the reason counted by the ingress. */
+ * the port registered for its (job, worker) as a worker host, a partial sum only
+ * from the port registered for its (job, child id) as a child switch, carrying at
+ * most the workers beneath that child, a parameter chunk only from a port of the
+ * job's optimizer nodes (shards.p4 then checks the node owns the chunk). Everything
+ * else of our protocol is dropped, and the reason counted by the ingress. */
 #ifndef MINDP_ADMISSION_P4
 #define MINDP_ADMISSION_P4
 
@@ -50,17 +50,34 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
 
     action admit() { }
 
+    /* A worker host: it sends gradients, never partial sums. */
+    action admit_worker() {
+        meta.member_is_child = 0;
+    }
+
+    /* A child switch: it sends partial sums of at most max_nworkers gradients (the
+     * workers beneath it), never gradients. */
+    action admit_child(bit<16> max_nworkers) {
+        meta.member_is_child = 1;
+        meta.max_nworkers = max_nworkers;
+    }
+
+    /* One entry per member of a job at this switch, keyed by the port it is
+     * attached to and its id (worker id, or child id at a parent), giving its role:
+     * a member's id is admitted only from its own port, and only in its role. */
     table workers {
         key = {
             standard_metadata.ingress_port: exact;
             hdr.mindp.job: exact;
             hdr.mindp.worker: exact;
         }
-        actions = { admit; @defaultonly reject; }
+        actions = { admit_worker; admit_child; @defaultonly reject; }
         default_action = reject(DROP_NOT_MEMBER);
         size = 2048;
     }
 
+    /* One entry per (port, job) a parameter chunk of the job may come from: the
+     * optimizer endpoint's port and each shard node's. */
     table optimizers {
         key = {
             standard_metadata.ingress_port: exact;
@@ -91,13 +108,24 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
             if (meta.dropped == 0) {
                 if (hdr.mindp.kind != KIND_PARAM) {
                     workers.apply();
-                    if (meta.dropped == 0 && (hdr.mindp.worker >= MAX_WORKERS
-                            || (bit<32>) hdr.mindp.slot >= (bit<32>) meta.slot_count
-                            || meta.slot_base + (bit<32>) hdr.mindp.slot >= POOL_SLOTS
-                            || hdr.mindp.ver > 1)) {
-                        reject(DROP_BAD_SLOT);
-                    } else if (meta.dropped == 0 && meta.chunks != 0 && hdr.mindp.chunk >= meta.chunks) {
-                        reject(DROP_BAD_CHUNK);
+                    if (meta.dropped == 0) {
+                        if ((hdr.mindp.kind == KIND_PARTIAL) != (meta.member_is_child == 1)) {
+                            /* A forged partial sum from a worker's port would count as many
+                             * gradients as it claims; a gradient from a child's port as one. */
+                            reject(DROP_WRONG_ROLE);
+                        } else if (hdr.mindp.kind == KIND_PARTIAL && (hdr.mindp.nworkers == 0
+                                   || hdr.mindp.nworkers > meta.max_nworkers)) {
+                            /* nworkers divides the sum at the node: a child claiming more
+                             * gradients than it has workers beneath it would skew the mean. */
+                            reject(DROP_BAD_NWORKERS);
+                        } else if (hdr.mindp.worker >= MAX_WORKERS
+                                   || (bit<32>) hdr.mindp.slot >= (bit<32>) meta.slot_count
+                                   || meta.slot_base + (bit<32>) hdr.mindp.slot >= POOL_SLOTS
+                                   || hdr.mindp.ver > 1) {
+                            reject(DROP_BAD_SLOT);
+                        } else if (meta.chunks != 0 && hdr.mindp.chunk >= meta.chunks) {
+                            reject(DROP_BAD_CHUNK);
+                        }
                     }
                 } else {
                     optimizers.apply();

@@ -83,6 +83,11 @@ struct metadata_t {
     bit<32> chunks;            /* the job's chunk count; 0: unknown */
     bit<1> uplink;             /* 1: a leaf; completed cells go up as PARTIAL to the optimizer endpoint */
     bit<16> child_id;          /* a leaf's index at its parent: the PARTIAL's worker field */
+    /* From the workers table: the member's role. */
+    bit<1> member_is_child;    /* 1: a child switch (sends PARTIAL); 0: a worker host (sends GRAD) */
+    bit<16> max_nworkers;      /* a child switch's workers beneath it: bound on its PARTIALs' nworkers */
+    /* Source guard of ordinary frames (forwarding.p4). */
+    ip4_t src_ip;              /* the sender's IPv4 address: ARP's sender address, or IPv4's source */
     /* From the shards table (shards.p4). */
     bit<1> shard_hit;
     port_t shard_port;

@@ -1,8 +1,9 @@
 /* mindp: in-network aggregation with an attached optimizer node (v1model).
  *
- * Ingress: ordinary frames (untagged ARP and IPv4) are forwarded by
- * destination MAC, tagged frames and other EtherTypes dropped; mindp gradients
- * (and child switches' partial sums) are admitted (job, membership), aggregated,
+ * Ingress: ordinary frames (untagged ARP and IPv4) from a host known behind
+ * their ingress port are forwarded by destination MAC, tagged frames and other
+ * EtherTypes dropped; mindp gradients (and child switches' partial sums) are
+ * admitted (job, membership and role), aggregated,
  * and the completed sum sent to the job's optimizer node (its shard's node), or
  * at a leaf the partial sum up to the parent; mindp parameter chunks from the
  * node owning the chunk are multicast to the job's workers (child switches). Egress addresses each parameter replica to

@@ -20,8 +20,8 @@
 
 /* Drop counter: cell (row * DROP_REASONS + reason); row = job, or MAX_JOBS when
  * the packet names no valid job id. */
-#define DROP_REASONS 16
-#define DROP_CELLS 1040
+#define DROP_REASONS 32
+#define DROP_CELLS 2080
 const bit<8> DROP_MALFORMED = 0;  /* parser error: truncated or inconsistent */
 const bit<8> DROP_BAD_VERSION = 1;  /* unknown protocol version */
 const bit<8> DROP_BAD_KIND = 2;  /* a kind the switch does not accept */
@@ -37,5 +37,8 @@ const bit<8> DROP_UNKNOWN_ETHERTYPE = 11;  /* neither ARP nor IPv4 */
 const bit<8> DROP_FUTURE_STEP = 12;  /* gradient step beyond the job's newest completed step + STEP_WINDOW */
 const bit<8> DROP_BAD_CHUNK = 13;  /* chunk beyond the job's chunk count */
 const bit<8> DROP_NOT_OWNER = 14;  /* parameter chunk from a port other than its shard's node (or the job's optimizer) */
+const bit<8> DROP_WRONG_ROLE = 15;  /* gradient from a child switch's member entry, or partial sum from a worker's */
+const bit<8> DROP_BAD_NWORKERS = 16;  /* partial sum's nworkers 0 or above the workers beneath its child switch */
+const bit<8> DROP_SPOOFED = 17;  /* ordinary frame whose source MAC and IPv4 are no host's behind its ingress port */
 
 #endif

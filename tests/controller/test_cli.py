@@ -59,7 +59,8 @@ def test_session_end_to_end(cli, tmp_path, switch):
                                     "optimizer": "opt1", "slots": 32}))
     j1 = cli.json("jobs", "create", "--file", str(job_file))
     assert (j1["slot_base"], j1["slots"], j1["mcast_group"]) == (0, 32, 257)
-    assert j1["workers"]["2"] == {"host": "w1_2", "port": 3, "mac": "02:00:00:00:00:03", "ip": "10.0.0.3", "rid": 35}
+    assert j1["workers"]["2"] == {"host": "w1_2", "port": 3, "mac": "02:00:00:00:00:03", "ip": "10.0.0.3", "rid": 35,
+                                "role": "worker"}
     out = cli.run("jobs", "create", "--job-id", "2", "--workers", "0=w2_0,1=w2_1", "--optimizer", "opt2",
                   "--slots", "100").stdout
     assert "created job 2: slots 32..131 (100)" in out
@@ -211,7 +212,7 @@ def test_forced_push_says_what_it_wiped(cli, topo):
     assert "pushed the pipeline;" in cli.run("push").stdout
     cli.run("jobs", "create", "--job-id", "1")
     cli.run("jobs", "create", "--job-id", "2")
-    forwarding = len(topo.hosts) + 1  # one entry a host, and broadcast
+    forwarding = 2 * len(topo.hosts) + 1  # forwarding and source guard entries a host, and broadcast
     per_job = [2 + 2 * j.n_workers for j in topo.jobs]  # job, optimizer, and a membership and rewrite a worker
     out = cli.run("push", "--force").stdout
     assert (f"re-pushed the pipeline, wiping {forwarding + sum(per_job)} table entries (jobs 1, 2) and 3 multicast "

@@ -9,7 +9,8 @@ from controller.jobs import (AttachedHost, JobError, JobState, Shard, changed_wo
                              orphan_plan, plan, rebuild)
 from controller.model import Group, OpKind
 from controller.slots import PoolExhausted, SlotPool, SlotRange
-from mindp.topology import Host, JobSpec, star
+from controller.tree import branch_job, forwarding_entries
+from mindp.topology import Host, JobSpec, Link, SwitchSpec, Topology, host_addresses, star
 
 
 @pytest.fixture
@@ -194,7 +195,8 @@ def leaf_job(child_id=1) -> JobState:
 def spine_job() -> JobState:
     """Job 3 on a spine: two child switches (ports 1, 2; child ids 0, 1), two shard nodes."""
     children = {c: AttachedHost(1 + c, NODE.mac, NODE.ip, f"leaf{c}") for c in range(2)}
-    return JobState(3, SlotRange(0, 8), 5, children, NODE, chunks=40, shards=(Shard(0, 19, NODE), Shard(20, 39, NODE2)))
+    return JobState(3, SlotRange(0, 8), 5, children, NODE, chunks=40, shards=(Shard(0, 19, NODE), Shard(20, 39, NODE2)),
+                    children={0: 4, 1: 3})
 
 
 def test_leaf_job_sends_partials_up_its_uplink_and_admits_params_from_it():
@@ -219,6 +221,23 @@ def test_spine_job_routes_shards_and_admits_each_node():
     assert job.to_dict()["shards"][1] == {"lo": 20, "hi": 39, "node": NODE2.to_dict()}
 
 
+def test_members_are_admitted_in_their_role():
+    """Worker hosts by admit_worker, child switches by admit_child with the workers beneath them;
+    a member that changes role is a modify of its entry."""
+    members = {e.match[n.MF_WORKER]: (e.action, e.params) for e in spine_job().entries() if e.table == n.WORKERS}
+    assert members == {0: (n.ADMIT_CHILD, {"max_nworkers": 4}), 1: (n.ADMIT_CHILD, {"max_nworkers": 3})}
+    assert {e.action for e in leaf_job().entries() if e.table == n.WORKERS} == {n.ADMIT_WORKER}
+    assert spine_job().to_dict()["workers"]["0"]["role"] == "child" and leaf_job().to_dict()["workers"]["0"] == \
+        {**leaf_job().workers[0].to_dict(), "rid": leaf_job().rid(0), "role": "worker"}
+    spine = spine_job()
+    mixed = spine.with_workers({**spine.workers, 5: AttachedHost(5, NODE.mac, NODE.ip)})
+    assert mixed.children == spine.children and mixed.member_entry(5).action == n.ADMIT_WORKER
+    fewer = spine.with_workers({0: spine.workers[0]})
+    assert fewer.children == {0: 4}
+    ops = plan(spine, replace(spine, children={0: 4, 1: 5}))
+    assert [(op.kind, op.item.params) for op in ops] == [(OpKind.MODIFY, {"max_nworkers": 5})]
+
+
 def test_rebuild_recovers_leaf_and_sharded_spine_roles():
     for job in (leaf_job(), spine_job()):
         entries = job.entries()
@@ -227,6 +246,7 @@ def test_rebuild_recovers_leaf_and_sharded_spine_roles():
         assert got.problems == [] and got.orphans == []
         back = got.jobs[3]
         assert (back.uplink is None) == (job.uplink is None) and back.child_id == job.child_id
+        assert back.children == job.children
         assert [(s.lo, s.hi, s.node.port, s.node.mac) for s in back.shards] == \
                [(s.lo, s.hi, s.node.port, s.node.mac) for s in job.shards]
         assert plan(back, job) == []  # nothing to write: the switch already holds the job
@@ -246,6 +266,9 @@ def test_tree_roles_are_checked():
         (replace(spine_job(), shards=(Shard(0, 19, NODE), Shard(20, 38, NODE2))), "not every chunk"),
         (replace(spine_job(), shards=(Shard(20, 39, NODE2), Shard(0, 19, NODE))), "not ascending"),
         (replace(spine_job(), shards=tuple(Shard(i * 5, i * 5 + 4, NODE) for i in range(9)), chunks=45), "at most 8"),
+        (replace(spine_job(), children={0: 4, 7: 1}), "child switch 7 is not a member"),
+        (replace(spine_job(), children={0: 0}), "child switch 0 has 0 workers beneath it"),
+        (replace(spine_job(), children={0: 1 << 16}), "not 1..65535"),
     ]
     for job, msg in bad:
         with pytest.raises(JobError, match=msg):
@@ -255,3 +278,37 @@ def test_tree_roles_are_checked():
         check_job(spine_job(), {4: other})  # child ports shared with another job: only as link ports
     check_job(spine_job(), {4: replace(other, optimizer=AttachedHost(11, NODE.mac, NODE.ip), shards=())},
               link_ports=frozenset({1, 2}))
+
+
+def three_levels() -> Topology:
+    """spine (node opt on port 9) <- mid (worker w2 on port 1) <- leaf (workers w0, w1 on ports 1, 2)."""
+    hosts = {name: Host(name, *host_addresses(i), port, switch)
+             for i, (name, port, switch) in enumerate([("w0", 1, "leaf"), ("w1", 2, "leaf"), ("w2", 1, "mid"),
+                                                        ("opt", 9, "spine")], start=1)}
+    links = (Link("mid", 5, "spine", 3), Link("leaf", 7, "mid", 4))
+    topo = Topology((SwitchSpec("spine"), SwitchSpec("mid", "127.0.0.1:9560", 1), SwitchSpec("leaf", "127.0.0.1:9561", 2)),
+                    hosts, [JobSpec(1, {0: "w0", 1: "w1", 2: "w2"}, "opt")], links)
+    topo.check()
+    return topo
+
+
+def test_each_child_switch_is_bounded_by_the_workers_beneath_it():
+    topo = three_levels()
+    spine, mid, leaf = (branch_job(topo, topo.jobs[0], s) for s in ("spine", "mid", "leaf"))
+    assert (spine.children, mid.children, leaf.children) == ({0: 3}, {0: 2}, {})
+    assert sorted(mid.workers) == [0, 2] and mid.workers[0].port == 4 and mid.uplink.port == 5
+    roles = {e.match[n.MF_WORKER]: (e.action, e.params) for e in mid.entries() if e.table == n.WORKERS}
+    assert roles == {0: (n.ADMIT_CHILD, {"max_nworkers": 2}), 2: (n.ADMIT_WORKER, {})}
+
+
+def test_sources_follow_forwarding_a_host_sends_from_the_port_towards_it():
+    topo = three_levels()
+    for switch, expect in (("mid", {"w0": 4, "w1": 4, "w2": 1, "opt": 5}), ("leaf", {"w0": 1, "w1": 2, "w2": 7, "opt": 7}),
+                           ("spine", {"w0": 3, "w1": 3, "w2": 3, "opt": 9})):
+        entries = forwarding_entries(topo, switch)
+        src = {(e.match[n.MF_SRC_MAC], e.match[n.MF_SRC_IP]): e.match[n.MF_INGRESS_PORT]
+               for e in entries if e.table == n.SOURCES}
+        assert src == {(topo.host(h).mac, topo.host(h).ip): port for h, port in expect.items()}, switch
+        fwd = {e.match[n.MF_DST_MAC]: e.params["port"] for e in entries if e.action == n.FORWARD}
+        assert fwd == {topo.host(h).mac: port for h, port in expect.items()}
+        assert all(e.action == n.ALLOW and e.params == {} for e in entries if e.table == n.SOURCES)

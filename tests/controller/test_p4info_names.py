@@ -50,8 +50,9 @@ def test_tables_match_fields_and_actions_exist(p4info):
     assert set(n.TABLES) == set(tables)
     expect = {
         n.L2_FORWARD: ([n.MF_DST_MAC], {n.FORWARD: ["port"], n.FLOOD: ["group"]}),
+        n.SOURCES: ([n.MF_INGRESS_PORT, n.MF_SRC_MAC, n.MF_SRC_IP], {n.ALLOW: []}),
         n.JOBS: ([n.MF_JOB], {n.SET_JOB: list(n.SET_JOB_PARAMS)}),
-        n.WORKERS: ([n.MF_INGRESS_PORT, n.MF_JOB, n.MF_WORKER], {n.ADMIT: []}),
+        n.WORKERS: ([n.MF_INGRESS_PORT, n.MF_JOB, n.MF_WORKER], {n.ADMIT_WORKER: [], n.ADMIT_CHILD: ["max_nworkers"]}),
         n.OPTIMIZERS: ([n.MF_INGRESS_PORT, n.MF_JOB], {n.ADMIT: []}),
         n.PARAM_REWRITE: ([n.MF_EGRESS_RID], {n.SET_WORKER_ADDRESS: ["mac", "ip"]}),
     }
@@ -66,8 +67,9 @@ def test_tables_match_fields_and_actions_exist(p4info):
     assert sizes[n.JOBS] == n.MAX_JOBS
 
 
-def test_address_params_are_48_and_32_bits(p4info):
+def test_address_params_and_fields_are_48_and_32_bits(p4info):
     widths = {p.name: p.bitwidth for a in p4info.actions for p in a.params}
+    widths.update({mf.name: mf.bitwidth for t in p4info.tables for mf in t.match_fields})
     assert all(widths[p] == 48 for p in n.MAC_PARAMS)
     assert all(widths[p] == 32 for p in n.IP_PARAMS)
 

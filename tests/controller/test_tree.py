@@ -54,17 +54,28 @@ def test_a_tree_job_is_each_switch_s_part(tree):
         (je,) = entries(spine, n.JOBS)
         assert (je.params["uplink"], je.params["workers"], je.params["optimizer_port"]) == (0, 2, 3)
         assert [(e.match[n.MF_CHUNK], e.params["port"]) for e in entries(spine, n.SHARDS)] == [((0, 4), 3), ((5, 9), 4)]
-        assert sorted(e.match[n.MF_INGRESS_PORT] for e in entries(spine, n.WORKERS)) == [1, 2]  # the leaves
+        members = entries(spine, n.WORKERS)
+        assert sorted(e.match[n.MF_INGRESS_PORT] for e in members) == [1, 2]  # the leaves,
+        assert {(e.action, e.params["max_nworkers"]) for e in members} == {(n.ADMIT_CHILD, 2)}  # 2 workers each
         assert sorted(e.match[n.MF_INGRESS_PORT] for e in entries(spine, n.OPTIMIZERS)) == [3, 4]  # both shards
         for ctl, child, workers in ((leaf1, 0, [0, 1]), (leaf2, 1, [2, 3])):
             (je,) = entries(ctl, n.JOBS)
             assert (je.params["uplink"], je.params["child_id"], je.params["optimizer_port"]) == (1, child, 3)
             assert je.params["optimizer_mac"] == topo.host("opt1_0").mac
             assert sorted(e.match[n.MF_WORKER] for e in entries(ctl, n.WORKERS)) == workers
+            assert {e.action for e in entries(ctl, n.WORKERS)} == {n.ADMIT_WORKER}
             assert entries(ctl, n.SHARDS) == []
         # Forwarding: a remote host is out of the port towards its switch.
         fwd = {e.match[n.MF_DST_MAC]: e.params.get("port") for e in entries(leaf1, n.L2_FORWARD)}
         assert fwd[topo.host("w1_0").mac] == 1 and fwd[topo.host("w1_3").mac] == 3 == fwd[topo.host("opt1_1").mac]
+        # The source guard: a host may send from the same port (a leaf's uplink carries every host not
+        # under it; the spine's port to a leaf carries that leaf's hosts).
+        for ctl in (leaf1, spine):
+            src = {(e.match[n.MF_SRC_MAC], e.match[n.MF_SRC_IP]): e.match[n.MF_INGRESS_PORT]
+                   for e in entries(ctl, n.SOURCES)}
+            fwd = {e.match[n.MF_DST_MAC]: e.params.get("port") for e in entries(ctl, n.L2_FORWARD)}
+            assert src == {(h.mac, h.ip): fwd[h.mac] for h in topo.hosts.values()}
+        assert {p for (mac, _), p in src.items() if mac in (topo.host("w1_2").mac, topo.host("w1_3").mac)} == {2}
         assert t.switches["spine"].stats().jobs[1].grad_packets == 0
     # A new controller learns every switch's part back from the switches.
     with TreeController(topo) as again:
@@ -72,8 +83,8 @@ def test_a_tree_job_is_each_switch_s_part(tree):
         assert {s: sorted(j) for s, j in held.items()} == {"spine": [1], "leaf1": [1], "leaf2": [1]}
         for s in held:
             got, want = held[s][1], parts[s]
-            assert (got.uplink is None, got.child_id, got.shards, sorted(got.workers), got.epoch) == \
-                (want.uplink is None, want.child_id, want.shards, sorted(want.workers), want.epoch), s
+            assert (got.uplink is None, got.child_id, got.shards, sorted(got.workers), got.epoch, got.children) == \
+                (want.uplink is None, want.child_id, want.shards, sorted(want.workers), want.epoch, want.children), s
         gone = again.delete_job(1)
         assert list(gone) == ["leaf1", "leaf2", "spine"]  # leaves first
         assert all(entries(c, n.JOBS) == [] and entries(c, n.WORKERS) == [] for c in again.switches.values())

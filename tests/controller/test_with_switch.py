@@ -42,8 +42,9 @@ def test_push_and_read_back(switch, topo):
         info, cookie = c.conn.installed_pipeline()
         assert p4info_signature(info) == p4info_signature(c.conn.p4info)
         assert c.pipeline_installed()
-        assert c.install_forwarding() == len(topo.hosts) + 2  # entries + broadcast + group
-        assert keyed(c.conn.read_entries(n.L2_FORWARD)) == keyed(forwarding_entries(topo))
+        assert c.install_forwarding() == 2 * len(topo.hosts) + 2  # forwarding and source per host, broadcast, group
+        on_switch = c.conn.read_entries(n.L2_FORWARD) + c.conn.read_entries(n.SOURCES)
+        assert keyed(on_switch) == keyed(forwarding_entries(topo))
         assert groups(c.conn)[n.FLOOD_GROUP] == flood_group(topo)
         assert c.install_forwarding() == 0  # idempotent
         job = c.create_job(topo.jobs[0])
@@ -158,6 +159,7 @@ def test_restarted_controller_reconciles_without_touching_running_jobs(switch, t
         rebuilt = second.reconcile()
         assert rebuilt.problems == [] and rebuilt.orphans == []
         assert second.jobs == {1: a, 2: b}  # slots, epochs, members, addresses, host names
+        assert keyed(second.forwarding) == keyed(forwarding_entries(topo))  # l2_forward and the source guard
         assert keyed(second.conn.read_entries()) == entries_before and groups(second.conn) == groups_before
         c = second.create_job(JobSpec(3, {0: "w2_1"}, "spare", slots=50))
         assert not c.slots.overlaps(a.slots) and not c.slots.overlaps(b.slots)

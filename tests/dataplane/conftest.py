@@ -52,8 +52,10 @@ class SwitchFabric:
         return e
 
     def install_forwarding(self) -> None:
+        """Per host: forwarding to it and its source guard entry (it may send from its port)."""
         for h in self.hosts.values():
             self.entry(N.L2_FORWARD, N.FORWARD, {N.MF_DST_MAC: h.mac}, {"port": h.port})
+            self.entry(N.SOURCES, N.ALLOW, {N.MF_INGRESS_PORT: h.port, N.MF_SRC_MAC: h.mac, N.MF_SRC_IP: h.ip}, {})
         self.entry(N.L2_FORWARD, N.FLOOD, {N.MF_DST_MAC: "ff:ff:ff:ff:ff:ff"}, {"group": N.FLOOD_GROUP})
         self.sw.insert_group(Group(N.FLOOD_GROUP, [(h.port, 0) for h in self.hosts.values()]))
 
@@ -71,7 +73,7 @@ class SwitchFabric:
             h = self.hosts[name]
             rid = N.worker_rid(job_id, w)
             job.entries.append(self.entry(
-                N.WORKERS, N.ADMIT, {N.MF_INGRESS_PORT: h.port, N.MF_JOB: job_id, N.MF_WORKER: w}, {}))
+                N.WORKERS, N.ADMIT_WORKER, {N.MF_INGRESS_PORT: h.port, N.MF_JOB: job_id, N.MF_WORKER: w}, {}))
             job.entries.append(self.entry(N.PARAM_REWRITE, N.SET_WORKER_ADDRESS, {N.MF_EGRESS_RID: rid},
                                           {"mac": h.mac, "ip": h.ip}))
             replicas.append((h.port, rid))

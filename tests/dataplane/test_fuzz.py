@@ -69,9 +69,14 @@ class Fuzzer:
             if mac not in self.macs:
                 return mac
 
-    def random_frame(self):
+    def random_frame(self, sender: str):
+        """A frame that is not mindp, from `sender`: half of the ordinary ones with its own source
+        addresses (to an unknown MAC: NO_ROUTE), the others with random ones (SPOOFED)."""
         dst = bytes.fromhex(self.unknown_mac().replace(":", ""))
         body = self.rng.integers(0, 256, self.r(0, 180), dtype=np.uint8).tobytes()
+        own = self.f.hosts[sender]
+        mac, ip4 = bytes.fromhex(own.mac.replace(":", "")), bytes(map(int, own.ip.split(".")))
+        honest = self.r(0, 2) == 1
         choice = self.r(0, 10)
         if choice < 7:  # any EtherType the switch does not know
             while (etype := self.r(0, 0x10000)) in (0x0800, 0x0806, 0x8100, 0x88A8, 0x9100):
@@ -82,9 +87,16 @@ class Fuzzer:
             ip[0], ip[9] = 0x45, 6
             if self.r(0, 4) == 0:  # the IPv4 header cut short
                 return dst + bytes(6) + b"\x08\x00" + bytes(ip)[: self.r(0, 20)], NO_JOB, "MALFORMED"
-            return dst + bytes(6) + b"\x08\x00" + bytes(ip) + body[20:], NO_JOB, "NO_ROUTE"
-        frame = dst + bytes(6) + b"\x08\x06" + body  # ARP with random contents
-        return frame, NO_JOB, "NO_ROUTE" if len(frame) >= 42 else "MALFORMED"
+            if honest:
+                ip[12:16] = ip4
+                return dst + mac + b"\x08\x00" + bytes(ip) + body[20:], NO_JOB, "NO_ROUTE"
+            return dst + bytes(6) + b"\x08\x00" + bytes(ip) + body[20:], NO_JOB, "SPOOFED"
+        arp = bytearray(body)  # ARP with random contents
+        if honest and len(arp) >= 28:
+            arp[8:14], arp[14:18] = mac, ip4  # sender MAC and IP
+            return dst + mac + b"\x08\x06" + bytes(arp), NO_JOB, "NO_ROUTE"
+        frame = dst + bytes(6) + b"\x08\x06" + bytes(arp)
+        return frame, NO_JOB, "SPOOFED" if len(frame) >= 42 else "MALFORMED"
 
     def out_of_range(self):
         case = self.r(0, 14)
@@ -161,11 +173,11 @@ class Fuzzer:
         return frame, 1, "NOT_MEMBER"
 
     def partial(self):
-        """Partial sums (a child switch's kind): from no member, cut, padded, too far ahead, fp16-sized."""
+        """Partial sums (a child switch's kind): from no member, cut, padded, from a worker, fp16-sized."""
         case = self.r(0, 5)
         src = "x" if case == 0 else "w1_0"
         h, opt = self.f.hosts[src], self.f.hosts["opt1"]
-        step = self.r(STEP + STEP_WINDOW + 1, 1 << 32) if case == 3 else STEP + 1
+        step = STEP + 1
         chunk = self.r(0, 60)
         sums = self.rng.integers(-(1 << 40), 1 << 40, K)
         p = codec.encode_tensor(Kind.PARTIAL, sums, codec.Addresses(h.mac, opt.mac, h.ip, opt.ip), first_chunk=chunk,
@@ -178,7 +190,7 @@ class Fuzzer:
         if case == 2:
             return src, p + bytes(self.r(1, 64)), 1, "BAD_LENGTH"
         if case == 3:
-            return src, p, 1, "FUTURE_STEP"
+            return src, p, 1, "WRONG_ROLE"  # a worker's port: workers send gradients
         return src, patch(self.grad(), kind=int(Kind.PARTIAL)), 1, "MALFORMED"  # too short for int64 elements
 
     def frame(self):
@@ -187,8 +199,8 @@ class Fuzzer:
         if kind == 8:
             return self.partial()
         if kind == 0:
-            frame, row, reason = self.random_frame()
-            return ["w1_0", "x", "w2_1", "opt2"][self.r(0, 4)], frame, row, reason
+            src = ["w1_0", "x", "w2_1", "opt2"][self.r(0, 4)]
+            return (src, *self.random_frame(src))
         if kind in (1, 2):
             return ("w1_0", *self.out_of_range())
         if kind == 3:

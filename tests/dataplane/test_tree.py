@@ -52,12 +52,16 @@ def leaf(fabric):
     inst.remove()
 
 
+BENEATH = {0: 2, 1: 3, 2: 1}  # the spine's children: workers beneath each
+
+
 @pytest.fixture
 def spine(fabric):
-    """Job 4 as a spine: child switches 0, 1, 2 behind w1_0, w1_1, w1_2's ports; node opt1."""
+    """Job 4 as a spine: child switches 0, 1, 2 behind w1_0, w1_1, w1_2's ports (BENEATH workers
+    each); node opt1."""
     children = {c: AttachedHost(fabric.hosts[f"w1_{c}"].port, f"02:00:00:00:01:0{c}", f"10.0.1.{c + 1}", f"leaf{c}")
                 for c in range(3)}
-    job = JobState(4, SlotRange(400, 4), next(_epoch), children, at(fabric, "opt1"))
+    job = JobState(4, SlotRange(400, 4), next(_epoch), children, at(fabric, "opt1"), children=BENEATH)
     inst = Installed(fabric, job)
     yield job
     inst.remove()
@@ -104,6 +108,7 @@ def test_the_switch_holds_each_role_as_the_controller_wrote_it(fabric, leaf, spi
         back = got.jobs[job.job_id]
         assert sorted(map(repr, back.entries())) == sorted(map(repr, job.entries()))
     assert got.jobs[leaf.job_id].uplink is not None and got.jobs[leaf.job_id].child_id == CHILD_ID
+    assert got.jobs[spine.job_id].children == BENEATH and got.jobs[leaf.job_id].children == {}
     assert [(s.lo, s.hi, s.node.port) for s in got.jobs[sharded.job_id].shards] == [(0, 9, 7), (10, 19, 9)]
 
 
@@ -200,6 +205,79 @@ def test_spine_drops_partials_from_a_wrong_port_or_malformed(fabric, spine):
     assert fabric.drops("NOT_MEMBER", 4) == before + 2
     assert fabric.drops("BAD_LENGTH", 4) == bad_len + 1
     assert fabric.drops("MALFORMED", 4) == malformed + 1
+
+
+def test_members_are_admitted_only_in_their_role(fabric, leaf, spine):
+    """A gradient from a child switch's port (with its child id) and a partial sum from a worker's
+    port (with its worker id) are WRONG_ROLE: neither adds to a cell, nothing leaves."""
+    rng = np.random.default_rng(24)
+    before = fabric.drops("WRONG_ROLE", 4), fabric.drops("WRONG_ROLE", 3)
+    grads_in = fabric.counter(N.GRAD_PACKETS, 4), fabric.counter(N.GRAD_PACKETS, 3)
+    for c in range(3):  # every child of the spine sends a gradient as if it were a worker
+        fabric.send(f"w1_{c}", frame(fabric, spine, Kind.GRAD, f"w1_{c}", random_fp16(rng), worker=c, step=3,
+                                     chunk=0))
+    for w in range(2):  # the leaf's workers send partial sums as if they were child switches
+        fabric.send(f"w1_{w}", frame(fabric, leaf, Kind.PARTIAL, f"w1_{w}", random_partial(rng), worker=w, step=3,
+                                     chunk=0, nworkers=1))
+    assert not any(fabric.collect(0).values())
+    assert (fabric.drops("WRONG_ROLE", 4), fabric.drops("WRONG_ROLE", 3)) == (before[0] + 3, before[1] + 2)
+    assert (fabric.counter(N.GRAD_PACKETS, 4), fabric.counter(N.GRAD_PACKETS, 3)) == grads_in
+    # the same ports in their roles complete both cells
+    parts = [random_partial(rng) for _ in range(3)]
+    for c in range(3):
+        fabric.send(f"w1_{c}", frame(fabric, spine, Kind.PARTIAL, f"w1_{c}", parts[c], worker=c, step=3, chunk=0,
+                                     nworkers=BENEATH[c]))
+    dec = only_at(fabric, fabric.collect(1), "opt1", Kind.SUM)
+    assert np.array_equal(dec.elements[0], np.sum(parts, axis=0, dtype=np.int64))
+    assert dec.headers[0]["nworkers"] == sum(BENEATH.values())
+    grads = [random_fp16(rng) for _ in range(2)]
+    for w in range(2):
+        fabric.send(f"w1_{w}", frame(fabric, leaf, Kind.GRAD, f"w1_{w}", grads[w], worker=w, step=3, chunk=0))
+    dec = only_at(fabric, fabric.collect(1), "opt1", Kind.PARTIAL)
+    assert np.array_equal(dec.elements[0], exact_sum(grads)[0]) and dec.headers[0]["nworkers"] == 2
+
+
+def test_partial_claiming_more_gradients_than_its_child_has_workers_is_dropped(fabric, spine):
+    """nworkers must be 1 .. the workers beneath the child (the controller's bound): more would
+    skew the node's mean, 0 is no contribution. Dropped before the cell; the honest ones sum."""
+    rng = np.random.default_rng(25)
+    parts = [random_partial(rng) for _ in range(3)]
+    before = fabric.drops("BAD_NWORKERS", 4)
+    for c, nworkers in ((1, BENEATH[1] + 1), (1, 0xFFFF), (0, 0), (2, BENEATH[2] + 1)):
+        fabric.send(f"w1_{c}", frame(fabric, spine, Kind.PARTIAL, f"w1_{c}", parts[c], worker=c, step=4, chunk=3,
+                                     nworkers=nworkers))
+    assert not any(fabric.collect(0).values())
+    assert fabric.drops("BAD_NWORKERS", 4) == before + 4
+    for c in range(3):  # not counted as contributions: the cell completes with each child's own
+        assert not any(fabric.collect(0, grace=0.05).values()), "sum before the last child"
+        fabric.send(f"w1_{c}", frame(fabric, spine, Kind.PARTIAL, f"w1_{c}", parts[c], worker=c, step=4, chunk=3,
+                                     nworkers=BENEATH[c]))
+    dec = only_at(fabric, fabric.collect(1), "opt1", Kind.SUM)
+    assert np.array_equal(dec.elements[0], np.sum(parts, axis=0, dtype=np.int64))
+    assert dec.headers[0]["nworkers"] == sum(BENEATH.values())
+
+
+def test_a_root_with_workers_and_a_child_switch_admits_each_in_its_role(fabric):
+    """A parent may hold both (its own workers beside child switches): job 6 has worker 0 on w2_0's
+    port and child switch 1 (2 workers beneath it) on w2_1's; the sum carries 3 gradients."""
+    child = AttachedHost(fabric.hosts["w2_1"].port, "02:00:00:00:01:11", "10.0.1.17", "leafx")
+    job = JobState(6, SlotRange(600, 4), next(_epoch), {0: at(fabric, "w2_0"), 1: child}, at(fabric, "opt2"),
+                   children={1: 2})
+    inst = Installed(fabric, job)
+    try:
+        assert rebuild(fabric.sw.read_entries(), None).jobs[6].children == {1: 2}
+        rng = np.random.default_rng(26)
+        grad, part = random_fp16(rng), random_partial(rng)
+        wrong = fabric.drops("WRONG_ROLE", 6)
+        fabric.send("w2_0", frame(fabric, job, Kind.PARTIAL, "w2_0", part, worker=0, step=1, chunk=2, nworkers=1))
+        fabric.send("w2_1", frame(fabric, job, Kind.GRAD, "w2_1", grad, worker=1, step=1, chunk=2))
+        assert not any(fabric.collect(0).values()) and fabric.drops("WRONG_ROLE", 6) == wrong + 2
+        fabric.send("w2_0", frame(fabric, job, Kind.GRAD, "w2_0", grad, worker=0, step=1, chunk=2))
+        fabric.send("w2_1", frame(fabric, job, Kind.PARTIAL, "w2_1", part, worker=1, step=1, chunk=2, nworkers=2))
+        dec = only_at(fabric, fabric.collect(1), "opt2", Kind.SUM)
+        assert np.array_equal(dec.elements[0], exact_sum([grad])[0] + part) and dec.headers[0]["nworkers"] == 3
+    finally:
+        inst.remove()
 
 
 def test_spine_multicasts_parameters_to_its_children(fabric, spine):

@@ -8,22 +8,27 @@ leaf-spine of real switches with the shards on the spine."""
 import contextlib
 import random
 import select
+import struct
+import threading
 import time
 
 import numpy as np
 import pytest
+from scapy.layers.inet import IP, UDP
+from scapy.layers.l2 import Ether
 
 from host_agent import optim, rawsock, reference, state
 from host_agent.optim import OptimizerConfig
-from mindp import codec, testbed
-from mindp.protocol import Kind
+from host_agent.shards import NOTICE_PORT
+from mindp import codec, progress, testbed
+from mindp.protocol import SHARD_NOTICE, SHARD_NOTICE_FORMAT, Kind
 from mindp.topology import Host, JobSpec, SwitchSpec, Topology, host_addresses, leafspine
 from mindp.treebed import TreeBed
 
 from tests.conftest import TARGET_PARAMS
 
 from .aggregator import Aggregator
-from .harness import AgentFabric, NodeProcess, Workers, load_stats, node_args
+from .harness import STALL, AgentFabric, NodeProcess, Workers, load_stats, node_args
 from .helpers import same_bits, small_model, with_nonfinite
 
 pytestmark = pytest.mark.net
@@ -212,3 +217,78 @@ def test_sharded_nodes_behind_a_leaf_spine_with_a_shard_killed(tmp_path, target)
     assert same_bits(master, ref.master)
     lo1 = tree.topo.shard_ranges(tree.topo.jobs[0])[1][0]
     assert stats[0]["applied"] == STEPS * lo1 and stats[0].get("rejected_chunk", 0) == 0
+
+
+def forged_notices(topo: Topology, sender: str, steps: int) -> list[bytes]:
+    """NOTICEs (job 1, every step) from host `sender` to each shard node, posing as the other
+    shard: its source IP with the sender's MAC, and with the other shard's MAC too. A shard that
+    took one would skip that step (NodeCore.skip_step), and the run would leave the reference."""
+    me = topo.host(sender)
+    nodes = [topo.host(h) for h in topo.jobs[0].optimizers]
+    out = []
+    for dst, peer in zip(nodes, nodes[::-1]):
+        for mac in (me.mac, peer.mac):
+            for step in range(steps):
+                out.append(bytes(Ether(src=mac, dst=dst.mac) / IP(src=peer.ip, dst=dst.ip)
+                                 / UDP(sport=NOTICE_PORT, dport=NOTICE_PORT)
+                                 / struct.pack(SHARD_NOTICE_FORMAT, SHARD_NOTICE, 1, step)))
+    return out
+
+
+def spoofed_when_settled(fab, sent: int) -> int:
+    """The switch's SPOOFED count (no-job row) once it reached `sent`: the last frames may still be
+    queued in the switch when the run ends."""
+    def count() -> int:
+        return fab.ctl.stats([]).no_job.drops.get("SPOOFED", 0)
+
+    progress.wait(lambda: count() >= sent, count, stall=STALL, what="the forged frames counted")
+    return count()
+
+
+@pytest.mark.parametrize("target", TARGET_PARAMS)
+def test_forged_shard_notices_from_another_jobs_worker_are_dropped(tmp_path, target):
+    """While job 1 trains on two shards, a worker of job 2 on the same switch keeps sending the
+    shards NOTICEs with the other shard's address. The source guard drops every one (SPOOFED) and
+    the job ends bit-identical to the reference, no step skipped."""
+    topo = sharded_topology(N, M, CHUNKS)
+    hosts = dict(topo.hosts)
+    for i, name in enumerate(("w2_0", "opt2"), start=N + M + 1):
+        hosts[name] = Host(name, *host_addresses(i), i)
+    topo = Topology(topo.switches, hosts, [topo.jobs[0], JobSpec(2, {0: "w2_0"}, "opt2", 8)])
+    topo.check()
+    init = small_model()
+    gf = reference.synthetic_grads(34)
+    ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
+    frames = forged_notices(topo, "w2_0", STEPS)
+    sent = 0
+    with testbed.Testbed("hsf-") as b:
+        for h in topo.hosts.values():
+            b.add(h)
+        with AgentFabric(target, (b, topo), tmp_path) as fab:
+            fab.ctl.create_job(topo.jobs[1])
+            stop = threading.Event()
+            sock = b.hosts["w2_0"].socket()
+
+            def forge():
+                nonlocal sent
+                while not stop.wait(0.05):
+                    for f in frames:
+                        sock.send(f)
+                        sent += 1
+
+            forger = threading.Thread(target=forge, daemon=True)
+            forger.start()
+            try:
+                workers, stats, master = run_sharded((b, topo), tmp_path, init, gf, STEPS)
+            finally:
+                stop.set()
+                forger.join()
+                sock.close()
+            spoofed = spoofed_when_settled(fab, sent)
+    for w, params in workers.results.items():
+        assert same_bits(params, ref.params), f"worker {w} differs from the reference"
+    assert same_bits(master, ref.master)
+    for st in stats:
+        assert (st.get("nonfinite_steps", 0), st.get("notices_acked", 0), st.get("notice_rejected", 0)) == (0, 0, 0)
+    assert sent > 0 and spoofed == sent
+

@@ -348,7 +348,7 @@ def test_mindp_aggregation_offline():
     entry(t["MindpIngress.admission.jobs"], [1], "MindpIngress.admission.set_job",
           [100, 4, 3, 7, 0x020000000007, 0x0A000007, 257, 1, 0, 0, 0])
     for w in range(3):
-        entry(t["MindpIngress.admission.workers"], [w + 1, 1, w], "MindpIngress.admission.admit")
+        entry(t["MindpIngress.admission.workers"], [w + 1, 1, w], "MindpIngress.admission.admit_worker")
     rng = np.random.default_rng(3)
     grads = [(rng.standard_normal(K) * 10).astype(np.float16) for _ in range(3)]
     grads[1][:4] = np.array([6e-8, -6e-8, 65504, -65504], dtype=np.float16)

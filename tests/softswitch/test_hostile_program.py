@@ -23,7 +23,7 @@ from softswitch.native import cprogram
 from softswitch.p4runtime_server import Server, SwitchService
 
 from . import compiled
-from .test_p4runtime import L2, Client, ids, l2_update, p4info
+from .test_p4runtime import L2, Client, ids, l2_update, p4info, source_update
 
 MARK_GLOBAL = "MINDP_HOSTILE_PAYLOAD_RAN"
 # v1model's fixed names: renaming them makes a program that is not v1model, tested separately
@@ -167,12 +167,13 @@ def marker(tmp_path):
 
 @pytest.fixture
 def serving():
-    """An embedded switch serving the mindp program, with one L2 entry written."""
+    """An embedded switch serving the mindp program, with one L2 entry written (and the source guard
+    entry of the probe frame's sender: port 1, 02:00:00:00:00:09, 0.0.0.0)."""
     srv = Server(SwitchService(Engine()), f"127.0.0.1:{targets.free_port()}")
     srv.start()
     c = Client(srv.addr, 1)
     c.set_pipeline()
-    c.write(l2_update(p4info(), 0x020000000005, 5))
+    c.write(l2_update(p4info(), 0x020000000005, 5), source_update(p4info(), 1, 0x020000000009, 0))
     yield srv, c
     c.close()
     srv.stop()

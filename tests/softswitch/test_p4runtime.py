@@ -100,6 +100,19 @@ def l2_update(info, mac: int, port: int, utype=p4runtime_pb2.Update.INSERT, acti
     return u
 
 
+def source_update(info, port: int, mac: int, ip: int):
+    """The mindp program's source guard entry letting (port, mac, ip) send ordinary frames."""
+    t = next(t for t in info.tables if t.preamble.name == "MindpIngress.forwarding.sources")
+    acts = {a.preamble.name: a.preamble.id for a in info.actions}
+    u = p4runtime_pb2.Update(type=p4runtime_pb2.Update.INSERT)
+    te = u.entity.table_entry
+    te.table_id = t.preamble.id
+    for field_id, value, width in ((1, port, 2), (2, mac, 6), (3, ip, 4)):
+        te.match.add(field_id=field_id).exact.value = value.to_bytes(width, "big").lstrip(b"\0") or b"\0"
+    te.action.action.action_id = acts["MindpIngress.forwarding.allow"]
+    return u
+
+
 def write_errors(exc: grpc.RpcError):
     """Per-update canonical codes from grpc-status-details-bin, as BMv2 sends them."""
     assert exc.code() == grpc.StatusCode.UNKNOWN
