@@ -44,6 +44,10 @@ class RtoConfig:
 
     initial: float = 0.2
     min: float = 0.02
+    # Cap of the timeouts' back-off, not of the measured RTO: when round trips are longer (more
+    # workers than cores, each slot waiting for the slowest), retransmitting before an answer can
+    # come only feeds a storm, so the cap rises to the measured RTO (itself at most deadline / 4,
+    # a few tries before the step fails).
     max: float = 2.0
     # Fail the step after this long without any new parameter chunk: mindp.progress's stall limit, as
     # for every wait in the project (a software switch tracing every packet on a busy laptop can
@@ -68,13 +72,19 @@ class RttEstimator:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.rto = cfg.initial
+        self.measured = 0.0  # srtt + 4 rttvar, floored at min: what a round trip takes
         self._backed_off_at = float("-inf")
+
+    @property
+    def cap(self) -> float:
+        """The most any timeout backs off to: the configured cap, or the measured RTO if longer."""
+        return max(self.cfg.max, self.measured)
 
     def on_timeout(self, now: float) -> None:
         """Back the RTO itself off (RFC 6298 5.5), at most once per RTO: a burst of timeouts of
         one window is one congestion signal, and a retransmission storm would feed itself."""
         if now - self._backed_off_at >= self.rto:
-            self.rto = min(self.cfg.max, self.rto * 2)
+            self.rto = min(self.cap, self.rto * 2)
             self._backed_off_at = now
 
     def sample(self, rtt: float) -> None:
@@ -83,11 +93,13 @@ class RttEstimator:
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
-        self.rto = min(self.cfg.max, max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar)))
+        self.measured = min(self.cfg.deadline / 4,
+                            max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar)))
+        self.rto = min(self.cap, self.measured)
 
     def backoff(self, attempts: int) -> float:
         """Timeout of a chunk sent `attempts` times: doubled per retransmission, capped."""
-        return min(self.cfg.max, self.rto * 2 ** (attempts - 1))
+        return min(self.cap, self.rto * 2 ** (attempts - 1))
 
 
 class StepTimeout(RuntimeError):

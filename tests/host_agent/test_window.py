@@ -124,6 +124,25 @@ def test_rto_adapts_to_measured_round_trips():
     assert 0.4 <= est.rto < 0.6
 
 
+def test_round_trips_longer_than_the_cap_raise_it_instead_of_retransmitting_early():
+    """Sixteen workers on two cores: each slot waits for the slowest worker, round trips take about
+    a second, and a fixed 0.25 s cap resent every outstanding chunk four times a round trip."""
+    w = window(n=4, slots=4, initial=0.1, min=0.1, max=0.25, deadline=8.0)
+    for _ in range(20):
+        w.rtt.sample(1.0)
+    assert w.rtt.rto == pytest.approx(1.0, abs=0.01) and w.rtt.cap == w.rtt.rto
+    w.set_ready(range(4))
+    w.due(0.0)
+    assert w.due(0.9) == ([], [])  # the old cap would have resent all four at 0.25
+    assert w.due(1.01)[1] == [0, 1, 2, 3]
+    for _ in range(20):
+        w.rtt.sample(30.0)
+    assert w.rtt.rto == 2.0  # at most a quarter of the deadline: a few tries before the step fails
+    for _ in range(100):
+        w.rtt.sample(0.01)
+    assert w.rtt.rto == 0.1 and w.rtt.cap == 0.25  # short round trips: floor and cap as configured
+
+
 def test_deadline_fails_the_step_naming_missing_chunks():
     w = window(n=5, slots=5, deadline=2.0)
     w.set_ready(range(5))
