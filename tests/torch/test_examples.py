@@ -68,11 +68,11 @@ def test_example_under_torchrun_matches_its_reference(bed, tmp_path, target, nam
     assert len(losses) == STEPS
 
 
-def run_init(tmp_path, env: dict, **kw) -> str:
+def run_init(tmp_path, env: dict) -> str:
     """mindp.torch.init in a fresh process with `env`; its stderr (it must exit 1 with one line)."""
     code = ("import torch, mindp.torch\n"
             "m = torch.nn.Linear(3, 2)\n"
-            "mindp.torch.init(m, torch.optim.AdamW(m.parameters()), **%r)\n" % kw)
+            "mindp.torch.init(m, torch.optim.AdamW(m.parameters()))\n")
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MINDP_", "RANK", "WORLD_SIZE"))}
     proc = progress.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                           env={**base, "PYTHONPATH": str(REPO), **env})
@@ -82,27 +82,50 @@ def run_init(tmp_path, env: dict, **kw) -> str:
     return lines[0]
 
 
-def test_init_errors_are_one_line(tmp_path):
+def init_error(monkeypatch, env: dict) -> str:
+    """mindp.torch.init in this process with `env`: the SystemExit it must end with, one line."""
+    import mindp.torch
+
+    for k in list(os.environ):
+        if k.startswith(("MINDP_", "RANK", "WORLD_SIZE")):
+            monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    m = torch.nn.Linear(3, 2)
+    with pytest.raises(SystemExit) as exc:
+        mindp.torch.init(m, torch.optim.AdamW(m.parameters()))
+    msg = str(exc.value.code)
+    assert msg.startswith("mindp.torch.init: ") and "\n" not in msg
+    return msg
+
+
+def test_init_outside_torchrun_exits_1_with_one_line(tmp_path):
+    assert "start the script with torchrun" in run_init(tmp_path, {})
+
+
+def test_init_errors_are_one_line(tmp_path, monkeypatch):
+    """Each missing piece, in this process (a fresh one per case imported torch ten times)."""
     topo = star([2], slots=8)
     topo.dump(tmp_path / "topo.json")
     ranks = {"RANK": "0", "WORLD_SIZE": "2"}
-    assert "start the script with torchrun" in run_init(tmp_path, {})
-    assert "no topology: set MINDP_TOPOLOGY" in run_init(tmp_path, ranks)
-    assert "cannot read topology" in run_init(tmp_path, {**ranks, "MINDP_TOPOLOGY": str(tmp_path / "none.json")})
+    err = lambda env: init_error(monkeypatch, env)  # noqa: E731
+    assert "start the script with torchrun" in err({})
+    assert "no topology: set MINDP_TOPOLOGY" in err(ranks)
+    assert "cannot read topology" in err({**ranks, "MINDP_TOPOLOGY": str(tmp_path / "none.json")})
     t = {**ranks, "MINDP_TOPOLOGY": str(tmp_path / "topo.json")}
-    assert "no job: set MINDP_JOB" in run_init(tmp_path, t)
-    assert "job 7 is not in" in run_init(tmp_path, {**t, "MINDP_JOB": "7"})
-    assert "torchrun started 3 ranks, job 1 has 2" in run_init(tmp_path, {**t, "MINDP_JOB": "1", "WORLD_SIZE": "3"})
+    assert "no job: set MINDP_JOB" in err(t)
+    assert "job 7 is not in" in err({**t, "MINDP_JOB": "7"})
+    assert "torchrun started 3 ranks, job 1 has 2" in err({**t, "MINDP_JOB": "1", "WORLD_SIZE": "3"})
     j = {**t, "MINDP_JOB": "1"}
-    assert "holds no optimizer state" in run_init(tmp_path, {**j, "MINDP_STATE": str(tmp_path / "none")})
-    assert "no interface holds" in run_init(tmp_path, j)
-    assert "interface nosuch0" in run_init(tmp_path, {**j, "MINDP_IFACE": "nosuch0"})
+    assert "holds no optimizer state" in err({**j, "MINDP_STATE": str(tmp_path / "none")})
+    assert "no interface holds" in err(j)
+    assert "interface nosuch0" in err({**j, "MINDP_IFACE": "nosuch0"})
     # a state of another model: the layouts differ
     from host_agent import state
     other = {"weight": np.zeros((4, 3), np.float32)}
     state.create(tmp_path / "st", optim.layout_of(other), state.init_pieces(optim.layout_of(other), other),
                  optim.OptimizerConfig())
-    assert "layouts differ" in run_init(tmp_path, {**j, "MINDP_STATE": str(tmp_path / "st")})
+    assert "layouts differ" in err({**j, "MINDP_STATE": str(tmp_path / "st")})
 
 
 def test_clip_grad_norm_is_refused_in_one_line():
