@@ -57,13 +57,19 @@ class RtoConfig:
     # many places later arrived (0: off). Chunks are sent, aggregated and answered in order, so
     # a later chunk's answer means this one's gradient, sum or parameters were lost.
     fast_after: int = 3
+    # At most this many chunks resent per timeout, the oldest; the others wait one RTO more. A
+    # window that times out whole is rarely lost whole: its answers are late (a slow peer, a busy
+    # switch), and resending it all makes them later (each resend of a completed chunk is
+    # multicast to every worker again). Losses inside the window go by fast retransmit.
+    burst: int = 16
 
     def __post_init__(self):
         times = (self.initial, self.min, self.max, self.deadline)
         if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
             raise ConfigError(f"retransmission times and the deadline must be finite and > 0, got {times}")
-        if self.min > self.max or self.fast_after < 0:
-            raise ConfigError(f"need rto min <= max (got {self.min} > {self.max}) and fast_after >= 0")
+        if self.min > self.max or self.fast_after < 0 or self.burst < 1:
+            raise ConfigError(f"need rto min <= max (got {self.min} > {self.max}), fast_after >= 0 "
+                              f"and burst >= 1 (got {self.fast_after}, {self.burst})")
 
 
 class RttEstimator:
@@ -77,7 +83,12 @@ class RttEstimator:
 
     @property
     def cap(self) -> float:
-        """The most any timeout backs off to: the configured cap, or the measured RTO if longer."""
+        """The most any timeout backs off to: the configured cap, or the measured RTO if longer.
+        Before the first round trip is measured, at least a quarter of the deadline: a window of chunks
+        that all time out before their first answer yields no sample (Karn), so a low cap would
+        resend it forever without learning the round trip."""
+        if self.srtt is None:
+            return max(self.cfg.max, self.cfg.deadline / 4)
         return max(self.cfg.max, self.measured)
 
     def on_timeout(self, now: float) -> None:
@@ -146,6 +157,7 @@ class Window:
         self.fast_retransmits = 0
         self.fast_due: list[int] = []  # chunks found overdue by a later chunk's parameters
         self._fast_checked = 0  # chunks below this were checked for fast retransmit
+        self._flush = False  # the next timeouts resend every expired chunk (the link came back)
 
     def set_ready(self, chunks) -> None:
         self.ready[chunks] = True
@@ -195,7 +207,12 @@ class Window:
                 self._earliest = min(self._earliest, exp)
         expired = []
         if now >= self._earliest:  # expiries only grow or leave, so the bound stays valid
-            expired = np.flatnonzero(self.expiry <= now).tolist()
+            late = np.flatnonzero(self.expiry <= now)
+            if len(late) > self.rtt.cfg.burst and not self._flush:
+                self.expiry[late[self.rtt.cfg.burst:]] = now + self.rtt.rto
+                late = late[: self.rtt.cfg.burst]
+            self._flush = False
+            expired = late.tolist()
             self._earliest = float(self.expiry.min()) if self.n else float("inf")
         if expired:
             self.rtt.on_timeout(now)
@@ -221,6 +238,7 @@ class Window:
         self.expiry[out] = now
         if out.any():
             self._earliest = now
+            self._flush = True  # all of them at once: known lost, not late
         self.last_progress = now
 
     def on_param(self, chunk: int, now: float, sample: bool = True) -> bool:

@@ -143,6 +143,41 @@ def test_round_trips_longer_than_the_cap_raise_it_instead_of_retransmitting_earl
     assert w.rtt.rto == 0.1 and w.rtt.cap == 0.25  # short round trips: floor and cap as configured
 
 
+def test_before_the_first_round_trip_timeouts_back_off_past_the_cap():
+    """512 slots x 4 workers behind a software switch: the first window takes longer than the
+    0.25 s cap, every chunk of it times out before its answer, and Karn's rule takes no sample from
+    them; capped at 0.25 s the window was resent forever (no step in 60 s)."""
+    w = window(n=8, slots=8, initial=0.1, min=0.1, max=0.25, deadline=8.0)
+    w.set_ready(range(8))
+    w.due(0.0)
+    t, gaps = 0.0, []
+    for _ in range(4):
+        t = float(w.expiry.min())
+        assert w.due(t)[1] == list(range(8))
+        gaps.append(float(w.expiry.min()) - t)
+    # the chunk's timer and the RTO both double (RFC 6298 5.5), past the 0.25 cap up to deadline / 4
+    assert gaps == pytest.approx([0.4, 1.6, 2.0, 2.0])
+    w.on_param(0, t + 0.1, sample=False)
+    w.rtt.sample(0.6)  # a chunk sent once answered: from now on the cap follows round trips
+    assert w.rtt.cap == pytest.approx(w.rtt.measured) and w.rtt.measured > 0.25
+
+
+def test_a_window_timing_out_whole_is_resent_a_burst_at_a_time_but_after_a_link_outage():
+    w = window(n=40, slots=40, initial=0.1, min=0.1, max=0.25, burst=16)
+    w.set_ready(range(40))
+    w.due(0.0)
+    assert w.due(0.1)[1] == list(range(16))  # the oldest 16; the rest wait one RTO more
+    assert w.timeouts == 16 and w.expiry[16:].min() == pytest.approx(0.2)
+    for c in range(16, 30):  # they were only late
+        w.on_param(c, 0.15)
+    assert w.due(0.2)[1] == list(range(30, 40))
+    w2 = window(n=40, slots=40, initial=0.1, burst=16)
+    w2.set_ready(range(40))
+    w2.due(0.0)
+    w2.link_back(0.05, just_sent=[])
+    assert w2.due(0.05)[1] == list(range(40))  # lost while the link was down: all at once
+
+
 def test_deadline_fails_the_step_naming_missing_chunks():
     w = window(n=5, slots=5, deadline=2.0)
     w.set_ready(range(5))
