@@ -77,3 +77,24 @@ def test_make_run_committed_with_p4c_installed_says_to_recompile(tree, tmp_path,
     edit(tree / "mindp.p4")
     with pytest.raises(orchestrator.RunError, match="run make p4, or drop --p4 committed"):
         orchestrator.p4_program("committed", tmp_path)
+
+
+def test_make_run_with_p4c_compiles_only_sources_the_committed_program_does_not_match(tree, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_compile(p4c, main, json_path, p4info):
+        calls.append(p4c)
+        json_path.write_text("{}")
+        p4info.write_text("")
+
+    monkeypatch.setattr(artifacts, "find_p4c", lambda: "/somewhere/p4c-bm2-ss")
+    monkeypatch.setattr(artifacts, "compile_program", fake_compile)
+    json_path, _, how = orchestrator.p4_program("auto", tmp_path / "a")
+    assert json_path == artifacts.BMV2_JSON and "matches the sources" in how and not calls
+    (tmp_path / "b").mkdir()
+    json_path, _, how = orchestrator.p4_program("compile", tmp_path / "b")
+    assert json_path == tmp_path / "b" / "p4" / "mindp.json" and calls == ["/somewhere/p4c-bm2-ss"]
+    edit(tree / "mindp.p4")
+    (tmp_path / "c").mkdir()
+    json_path, _, how = orchestrator.p4_program("auto", tmp_path / "c")
+    assert json_path == tmp_path / "c" / "p4" / "mindp.json" and "compiled with" in how and len(calls) == 2
