@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 from host_agent import optim  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
-from mindp import targets, topology, workload  # noqa: E402
+from mindp import progress as pace, targets, topology, workload  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
 from . import clean, config, results  # noqa: E402
@@ -47,7 +47,10 @@ from .runstate import DEFAULT_PATH, RunState  # noqa: E402
 
 TOOLS = {"mnexec": "mininet", "ip": "iproute2", "ethtool": "ethtool"}
 WEIGHT_DECAY = 0.01
-STALL_SECONDS = 60.0  # no step anywhere for this long: the run is stuck
+# No step anywhere and no CPU used by any agent for this long: the run is stuck. A slow step (a
+# loaded machine, BMv2) keeps its agents busy; one that gets no parameters ends in its workers'
+# own deadline (RtoConfig.deadline), which names the missing chunks.
+STALL_SECONDS = 60.0
 # Every PROBE_SECONDS the controller reads a counter, which the switch must answer within
 # SWITCH_DEADLINE: a hung switch (alive, but not answering) ends the run as a crashed one does.
 PROBE_SECONDS = 2.0
@@ -325,7 +328,8 @@ class Run:
         progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps)
         tty = sys.stdout.isatty()
         t0 = time.monotonic()
-        last_step, last_change, last_print, shown = -1, t0, 0.0, -1
+        seen, last_change, last_look, last_print, shown = None, t0, 0.0, 0.0, -1
+        busy = pace.activity(*(hp.proc.pid for hp in self.agents.workers + self.agents.optimizers))
         while True:
             for hp in self.agents.workers:
                 for line in hp.tail.lines():
@@ -333,12 +337,15 @@ class Run:
             self.check_alive()
             self.probe_switch()
             now = time.monotonic()
-            if progress.step != last_step:
-                last_step, last_change = progress.step, now
+            if now - last_look >= 1.0:  # a /proc scan: not at every poll
+                last_look, value = now, (progress.step, busy())
+                if value != seen:
+                    seen, last_change = value, now
             if progress.all_done() and self.agents.workers_exited():
                 break
             if now - last_change > STALL_SECONDS:
-                raise RunError(f"no training step completed for {STALL_SECONDS:.0f} s; see {self.logs}/")
+                raise RunError(f"no training step completed and no agent busy for {STALL_SECONDS:.0f} s; "
+                               f"see {self.logs}/")
             if tty:
                 print("\r" + progress.bar() + "\x1b[K", end="", flush=True)
             elif now - last_print >= 5.0 and progress.step != shown:

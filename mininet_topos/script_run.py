@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from host_agent import optim
+from mindp import progress as pace
 from mindp.torch import scriptref
 
 from .agents import REPO, Agents
@@ -89,8 +90,9 @@ class ScriptRun(Run):
         """Follow rank 0's {"step", "loss"} lines until torchrun exits; stalls follow progress."""
         (hp,) = self.agents.workers
         curve: list[tuple[int, float]] = []
-        t0 = last = time.monotonic()
+        t0 = last = last_look = time.monotonic()
         tty = sys.stdout.isatty()
+        busy, seen = pace.activity(hp.proc.pid, *(o.proc.pid for o in self.agents.optimizers)), None
         while True:
             for line in hp.tail.lines():
                 try:
@@ -111,8 +113,14 @@ class ScriptRun(Run):
                 raise RunError(f"the {self.target} switch exited during the run; see {self.logs / 'switch.log'}")
             if self.agents.optimizers[0].proc.poll() is not None:
                 raise RunError(f"the optimizer node exited; see {self.agents.optimizers[0].log}")
-            if time.monotonic() - last > STALL_SECONDS:
-                raise RunError(f"no training step completed for {STALL_SECONDS:.0f} s; see {self.logs}/")
+            now = time.monotonic()
+            if now - last_look >= 1.0:  # a /proc scan: not at every poll
+                last_look, value = now, busy()
+                if value != seen:
+                    seen, last = value, now
+            if now - last > STALL_SECONDS:
+                raise RunError(f"no training step completed and no agent busy for {STALL_SECONDS:.0f} s; "
+                               f"see {self.logs}/")
             time.sleep(0.2)
         if tty:
             print()
