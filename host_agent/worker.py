@@ -136,7 +136,8 @@ class Window:
     `fast_after` places later (and sent after it) arrived before its own.
     """
 
-    def __init__(self, step: int, n_chunks: int, slots: int, rtt: RttEstimator, now: float):
+    def __init__(self, step: int, n_chunks: int, slots: int, rtt: RttEstimator, now: float,
+                 shard_his: np.ndarray | None = None):
         self.step = step
         self.n = n_chunks
         self.slots = slots
@@ -156,7 +157,10 @@ class Window:
         self.timeouts = 0
         self.fast_retransmits = 0
         self.fast_due: list[int] = []  # chunks found overdue by a later chunk's parameters
-        self._fast_checked = 0  # chunks below this were checked for fast retransmit
+        # Shards (optimizer nodes owning contiguous chunk ranges, last chunk of each inclusive)
+        # answer independently, so only a later chunk of the same shard says one was lost.
+        self._his = np.asarray([n_chunks - 1] if shard_his is None else shard_his, dtype=np.int64)
+        self._fast_checked = np.concatenate(([0], self._his[:-1] + 1))  # per shard: checked below
         self._flush = False  # the next timeouts resend every expired chunk (the link came back)
 
     def set_ready(self, chunks) -> None:
@@ -261,14 +265,19 @@ class Window:
         self.last_progress = now
         self._changed = True
         gap = self.rtt.cfg.fast_after
-        top = int(fc.max())
-        if gap and top - gap >= self._fast_checked:
-            # Chunks below `top` sent no later than it are overdue; each is checked once.
-            lo, hi = self._fast_checked, top - gap + 1
-            overdue = lo + np.flatnonzero(~self.done[lo:hi] & (self.attempts[lo:hi] == 1)
-                                          & (self.first_sent[lo:hi] <= self.first_sent[top]))
-            self.fast_due += overdue.tolist()
-            self._fast_checked = hi
+        if gap:
+            owner = np.searchsorted(self._his, fc, side="left")
+            for shard in np.unique(owner):
+                if shard >= len(self._his):
+                    continue
+                top = int(fc[owner == shard].max())
+                lo, hi = int(self._fast_checked[shard]), top - gap + 1
+                if hi > lo:
+                    # The shard's chunks below `top` sent no later than it are overdue; each is checked once.
+                    overdue = lo + np.flatnonzero(~self.done[lo:hi] & (self.attempts[lo:hi] == 1)
+                                                  & (self.first_sent[lo:hi] <= self.first_sent[top]))
+                    self.fast_due += overdue.tolist()
+                    self._fast_checked[shard] = hi
         eligible = fc[np.asarray(sample, dtype=bool)[fresh] & (self.attempts[fc] == 1)]  # Karn
         self.expiry[fc] = np.inf
         if len(eligible):
@@ -408,7 +417,8 @@ class StepHandle:
         self.put_names: set[str] = set()
         self.nonfinite: set[int] = set()
         self.t0 = time.monotonic()
-        self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0)
+        self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0,
+                             agent.param_sources.his if agent.param_sources is not None else None)
         self._just_sent: list[int] = []  # by the last pump (chunks first sent, then resent)
         if agent.resume is not None:  # received straight into the resume file
             self.params = agent.resume.answers(agent.step)

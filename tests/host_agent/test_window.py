@@ -80,6 +80,20 @@ def test_parameters_of_a_later_chunk_fast_retransmit_an_overdue_one_once():
     assert w.due(1.031) == ([], [1]) and w.timeouts == 1
 
 
+def test_fast_retransmit_compares_chunks_of_one_shard_only():
+    """Two optimizer nodes answer independently: shard 1's answers overtaking shard 0's are not a loss."""
+    w = Window(0, 10, 10, RttEstimator(RtoConfig(initial=1.0, min=0.5, max=4.0)), now=0.0,
+               shard_his=np.array([4, 9]))
+    w.set_ready(range(10))
+    w.due(0.0)
+    for c in (5, 6, 7, 8, 9):
+        w.on_param(c, 0.01)
+    assert w.due(0.02) == ([], [])  # chunks 0..4 (shard 0) only late
+    for c in (0, 2, 3, 4):
+        w.on_param(c, 0.03)
+    assert w.due(0.03) == ([], [1])  # 3 places later in its own shard: lost
+
+
 def test_fast_retransmit_off_and_karn_for_flagged_parameters():
     w = window(n=6, slots=6, fast_after=0)
     w.set_ready(range(6))
