@@ -42,7 +42,7 @@ slot_and_version = schedule.slots_and_versions  # the slot schedule lives in min
 class RtoConfig:
     """Retransmission timing (seconds). RTO follows RFC 6298 from round trips of chunks sent once."""
 
-    initial: float = 0.2
+    initial: float = 1.0  # RFC 6298 2.1: the first window waits for every peer to start
     min: float = 0.02
     # Cap of the timeouts' back-off, not of the measured RTO: when round trips are longer (more
     # workers than cores, each slot waiting for the slowest), retransmitting before an answer can
