@@ -16,6 +16,7 @@ import logging
 import pathlib
 import shutil
 import sys
+import time
 
 import numpy as np
 
@@ -100,7 +101,10 @@ class TreeRun(Run):
             ctl_log.error("%s: %s", type(exc).__name__, exc)
             raise RunError(f"controller: {one_line(str(exc))}; see {log}") from None
 
-    def check_alive(self) -> None:
+    def check_alive(self, grace: float = 0.0) -> None:
+        end = time.monotonic() + grace
+        while time.monotonic() < end and all(sw.alive() for sw in self.switches):
+            time.sleep(0.05)
         for sw in self.switches:
             if not sw.alive():
                 raise RunError(f"the {self.target} switch {sw.name} ended ({how_it_ended(sw.process.proc.returncode)}) "

@@ -79,6 +79,14 @@ class MindpSwitch(Switch):
     def alive(self) -> bool:
         return bool(self.process and self.process.proc and self.process.proc.poll() is None)
 
+    def wait_ended(self, timeout: float) -> None:
+        """Give a switch that is going down up to `timeout` s to end (and be reaped)."""
+        if timeout > 0 and self.alive():
+            try:
+                self.process.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+
     def stop(self, deleteIntfs: bool = True) -> None:
         if self.process:
             self.process.stop()

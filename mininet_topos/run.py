@@ -55,6 +55,7 @@ STALL_SECONDS = 60.0
 # SWITCH_DEADLINE: a hung switch (alive, but not answering) ends the run as a crashed one does.
 PROBE_SECONDS = 2.0
 SWITCH_DEADLINE = 5.0
+CRASH_GRACE = 2.0
 
 
 class Stopped(Exception):
@@ -300,7 +301,9 @@ class Run:
 
     # -- training --
 
-    def check_alive(self) -> None:
+    def check_alive(self, grace: float = 0.0) -> None:
+        """Raise RunError naming a switch or agent that ended; wait up to `grace` s for the switch to end."""
+        self.switch.wait_ended(grace)
         if not self.switch.alive():
             rc = self.switch.process.proc.returncode
             raise RunError(f"the {self.target} switch ended ({how_it_ended(rc)}) during the run; "
@@ -316,6 +319,9 @@ class Run:
             self.ctl.check_switch(SWITCH_DEADLINE)
         except Exception as exc:  # the controller's errors carry P4Runtime's (e.g. DEADLINE_EXCEEDED)
             self.ctl_logger.error("%s: %s", type(exc).__name__, exc)
+            # A dying switch closes its gRPC socket before it can be reaped: name the crash, not
+            # the closed stream, when the process ends within a moment.
+            self.check_alive(grace=CRASH_GRACE)
             raise RunError(f"controller: {one_line(str(exc))} (the switch does not answer); "
                            f"see {self.logs / 'controller.log'}") from None
         self.probed = time.monotonic()

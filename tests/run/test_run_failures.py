@@ -81,7 +81,7 @@ def test_a_hung_switch_is_the_controllers_deadline_exceeded_and_the_run_ends(tmp
     line = one_failure_line(run)
     print(f"{took:.1f} s: {line}")
     assert "controller:" in line and "DEADLINE_EXCEEDED" in line and "controller.log" in line, line
-    detect = orchestrator.PROBE_SECONDS + orchestrator.SWITCH_DEADLINE
+    detect = orchestrator.PROBE_SECONDS + orchestrator.SWITCH_DEADLINE + orchestrator.CRASH_GRACE
     assert took < detect + within(EXIT_WITHIN), f"exited {took:.1f} s after the switch hung"
     assert_clean(run, recorded)
     assert_nothing_to_stop(run)
@@ -114,3 +114,46 @@ def test_a_full_disk_ends_the_run_within_10s_in_one_line(tmp_path, small_disk):
     assert_clean(run, recorded)
     assert_nothing_to_stop(run)
 
+
+
+class _ClosedStream:
+    """The controller as it is when the switch's socket closed: every read fails."""
+
+    def check_switch(self, deadline):
+        raise RuntimeError("switch went away during read of counter: Connection reset by peer")
+
+
+class _Agents:
+    def check_alive(self):
+        pass
+
+
+def _probing_run(switch_proc: subprocess.Popen, tmp_path) -> orchestrator.Run:
+    from mininet_topos.net import MindpSwitch
+
+    run = object.__new__(orchestrator.Run)  # only what probe_switch reads
+    run.switch = object.__new__(MindpSwitch)
+    run.switch.process = type("P", (), {"proc": switch_proc})()
+    run.ctl, run.agents, run.target, run.logs, run.probed = _ClosedStream(), _Agents(), "embedded", tmp_path, 0.0
+    run.ctl_logger = __import__("logging").getLogger("test")
+    return run
+
+
+def test_a_switch_dying_as_its_stream_closes_is_named_as_the_crash(tmp_path):
+    """The controller sees the reset before the switch can be reaped: the line names the switch."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc.send_signal(signal.SIGKILL)  # dying, maybe not yet reaped: either way the crash is named
+    with pytest.raises(orchestrator.RunError) as err:
+        _probing_run(proc, tmp_path).probe_switch()
+    assert "switch.log" in str(err.value) and "killed by SIGKILL" in str(err.value), err.value
+
+
+def test_a_live_switch_whose_stream_fails_is_the_controllers_error(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(orchestrator.RunError) as err:
+            _probing_run(proc, tmp_path).probe_switch()
+        assert "controller:" in str(err.value) and "does not answer" in str(err.value), err.value
+    finally:
+        proc.kill()
+        proc.wait()
