@@ -36,7 +36,8 @@ from host_agent.optim import ConfigError
 from host_agent.worker import WorkerAgent, WorkerConfig
 from mindp.topology import Topology, TopologyError
 
-from . import DataParallel, checkpoint, layout_arrays, layout_of
+from . import checkpoint
+from .parallel import DataParallel, layout_arrays, layout_of
 from .spec import optimizer_config
 
 CLIP_REFUSED = ("clip_grad_norm is not supported: the node applies each chunk as its sum arrives, before "

@@ -20,7 +20,8 @@ import torch
 
 from host_agent import reference
 
-from . import layout_arrays, models
+from . import models
+from .parallel import layout_arrays
 from .spec import optimizer_config
 
 

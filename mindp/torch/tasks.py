@@ -7,7 +7,8 @@ import torch
 
 from mindp import workload
 
-from . import layout_arrays, models
+from . import models
+from .parallel import layout_arrays
 
 EVAL_WINDOWS = 64  # gpt: fixed windows the loss and accuracy are measured on
 

@@ -1,0 +1,83 @@
+"""DataParallel: a torch module whose gradients go to the network and whose parameters come back
+(the package docstring, mindp/torch/__init__.py, shows its use)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from host_agent import optim
+from mindp.layout import Layout
+from mindp.lossscale import LossScaler
+
+
+def layout_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The module's parameters as float32 numpy arrays, in chunk order (reverse registration)."""
+    return {n: p.detach().float().numpy().copy() for n, p in reversed(list(module.named_parameters()))}
+
+
+def layout_of(module: torch.nn.Module) -> Layout:
+    return optim.layout_of(layout_arrays(module))
+
+
+class DataParallel:
+    """Wraps a module and a host_agent.worker.WorkerAgent whose layout is layout_of(module)."""
+
+    def __init__(self, module: torch.nn.Module, agent, scaler: LossScaler | None = None):
+        self.module = module
+        self.agent = agent
+        self.scaler = scaler
+        self.named = dict(module.named_parameters())
+        want = [s.name for s in layout_of(module).specs]
+        if [s.name for s in agent.layout.specs] != want:
+            raise ValueError("the agent's layout is not layout_of(module) (names or order differ)")
+        self._handle = None
+        self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
+
+    def _hook(self, name: str):
+        def ready(p: torch.Tensor) -> None:
+            if self._handle is not None:
+                self._handle.put(name, self._unscaled(p.grad))
+        return ready
+
+    def _unscaled(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad / self.scaler.scale if self.scaler else grad
+
+    def begin(self) -> None:
+        """Start a step: gradients from now on go to the network as autograd finishes each."""
+        self.module.zero_grad(set_to_none=True)
+        self._handle = self.agent.start_step()
+
+    def finish(self) -> dict[str, np.ndarray]:
+        """Push the gradients the hooks have not (all of them without begin()), wait for the step's
+        parameters and write them into the module. Returns them as fp16 numpy arrays."""
+        h, self._handle = self._handle, None
+        if h is None:
+            h = self.agent.start_step()
+        for name, p in self.named.items():  # parameters the loss does not depend on
+            if name not in h.put_names:
+                h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(p.grad))
+        params = h.wait()
+        if self.scaler:
+            self.scaler.update(bool(self.agent.nonfinite_chunks))
+        with torch.no_grad():
+            for name, p in self.named.items():
+                p.copy_(torch.from_numpy(params[name].astype(np.float32)))
+        self.module.zero_grad(set_to_none=True)
+        return params
+
+    def step(self, loss: torch.Tensor) -> dict[str, np.ndarray]:
+        """Backward (with the loss scale), push every gradient, wait for the step's parameters and
+        write them into the module. Returns them as fp16 numpy arrays. A step whose gradients were
+        non-finite anywhere changes no parameter; the scale then backs off."""
+        self.begin()
+        try:
+            (loss * self.scaler.scale if self.scaler else loss).backward()
+        except BaseException:
+            self._handle = None
+            raise
+        return self.finish()
+
+    def close(self) -> None:
+        for hook in self.hooks:
+            hook.remove()
+
