@@ -18,14 +18,19 @@ import os
 import sys
 import time
 
-from mindp.topology import JobSpec, Topology, TopologyError
+# Errors reach the user as one line from us; gRPC's C core would add its own log lines on
+# stderr (seen: a background thread's "pthread_create failed" racing the shell's exec).
+# GRPC_VERBOSITY=info (or debug) in the environment brings them back.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-from . import p4info_names as n
-from . import stats as statsmodel
-from .controller import Controller, ControllerError
-from .jobs import AttachedHost, JobError, JobState
-from .p4runtime import DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection, SwitchError
-from .slots import SlotError
+from mindp.topology import JobSpec, Topology, TopologyError  # noqa: E402
+
+from . import p4info_names as n  # noqa: E402
+from . import stats as statsmodel  # noqa: E402
+from .controller import Controller, ControllerError  # noqa: E402
+from .jobs import AttachedHost, JobError, JobState  # noqa: E402
+from .p4runtime import DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection, SwitchError  # noqa: E402
+from .slots import SlotError  # noqa: E402
 
 EXIT_ERROR = 1
 
