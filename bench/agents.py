@@ -162,8 +162,19 @@ def _mover(lanes: int):
 
     fetch = fused._fetch_record6 if lanes == 3 else fused._fetch_record4
     record = fused.record_update(lambda builder, c, decay, g, p, *rest: (builder.fadd(p, g), *rest), lanes, 0)
-    move = numba.njit(parallel=True, nogil=True)(fused.kernel_loop(record, fetch))
-    return move
+    gradients, sfence, block = fused._gradients, fused._sfence, fused.BLOCK
+
+    def move(src, dst, sums, nw, c, decay, out, far):  # fused._kernel's loop, with `record`
+        n = src.shape[0]
+        for b in numba.prange((n + block - 1) // block):
+            lo, hi = b * block, min(b * block + block, n)
+            g = np.empty((hi - lo, K), np.float32)
+            gradients(sums, nw, lo, hi, g)
+            for i in range(lo, hi):
+                fetch(src, i + block)
+                record(src, dst, i, g, i - lo, out, c, decay, far)
+            sfence()
+    return numba.njit(parallel=True, nogil=True)(move)
 
 
 def traffic_rate(elements: int, kind: str = "adamw", steps: int = 5) -> float | None:

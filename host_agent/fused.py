@@ -382,27 +382,30 @@ if not NUMPY_ONLY:
 
     _sgd_record, _adamw_record = record_update(_sgd_lanes, 2, 3), record_update(_adamw_lanes, 3, 8)
 
-    def kernel_loop(record, fetch):
-        """The kernel: blocks of BLOCK records over the threads; each block's gradients first,
-        then its records by the intrinsic `record` (record_update), each fetching the record a
-        block ahead (`fetch`); the non-temporal stores fenced at the end of each block."""
-        def kernel(src, dst, sums, nw, c, decay, out, far):
-            n = src.shape[0]
-            for b in numba.prange((n + BLOCK - 1) // BLOCK):
-                lo, hi = b * BLOCK, min(b * BLOCK + BLOCK, n)
-                g = np.empty((hi - lo, K), np.float32)
-                _gradients(sums, nw, lo, hi, g)
+    # The kernel: blocks of BLOCK records over the threads; each block's gradients first, then
+    # its records by the intrinsic record update of the optimizer (record_update), each fetching
+    # the record a block ahead; the non-temporal stores fenced at the end of each block. One
+    # module-level function for both optimizers (the branch is per block): numba's disk cache
+    # keys a closure by its pickled cells, which differ in every process, so a kernel made per
+    # optimizer by a closure was compiled again (3 s) at every start and its cache grew.
+    # Only the parallel kernel: compiling a serial one first leaves numba's parfor with 4x
+    # slower code (measured: 70M against 370M elements/s), and a one-thread call saves 3 us.
+    @numba.njit(nogil=True, cache=True, error_model="numpy", parallel=True)
+    def _kernel(src, dst, sums, nw, c, decay, out, far, adamw):
+        n = src.shape[0]
+        for b in numba.prange((n + BLOCK - 1) // BLOCK):
+            lo, hi = b * BLOCK, min(b * BLOCK + BLOCK, n)
+            g = np.empty((hi - lo, K), np.float32)
+            _gradients(sums, nw, lo, hi, g)
+            if adamw:
                 for i in range(lo, hi):
-                    fetch(src, i + BLOCK)
-                    record(src, dst, i, g, i - lo, out, c, decay, far)
-                _sfence()
-        return kernel
-
-    # Only the parallel kernels: compiling the serial one first leaves numba's parfor with
-    # 4x slower code (measured: 70M against 370M elements/s), and a one-thread call saves 3 us.
-    _opts = dict(nogil=True, cache=True, error_model="numpy", parallel=True)
-    _kernels = {"adamw": numba.njit(**_opts)(kernel_loop(_adamw_record, _fetch_record6)),
-                "sgd": numba.njit(**_opts)(kernel_loop(_sgd_record, _fetch_record4))}
+                    _fetch_record6(src, i + BLOCK)
+                    _adamw_record(src, dst, i, g, i - lo, out, c, decay, far)
+            else:
+                for i in range(lo, hi):
+                    _fetch_record4(src, i + BLOCK)
+                    _sgd_record(src, dst, i, g, i - lo, out, c, decay, far)
+            _sfence()
 
     @numba.njit(inline="always")
     def _be(row, off, size):
@@ -634,7 +637,8 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
         portable.update(cfg.kind, src, dst, sums, nw, scalars(cfg, step, lr), cfg.weight_decay != 0.0, out.view(np.uint16))
         return
     far = not np.may_share_memory(src, dst)  # else in place: in cache
-    _kernels[cfg.kind](src, dst, sums, nw, scalars(cfg, step, lr), cfg.weight_decay != 0.0, out.view(np.uint16), far)
+    _kernel(src, dst, sums, nw, scalars(cfg, step, lr), cfg.weight_decay != 0.0, out.view(np.uint16), far,
+            cfg.kind == "adamw")
 
 
 def warm(cfg: OptimizerConfig) -> None:

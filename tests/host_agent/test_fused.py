@@ -1,4 +1,5 @@
 """The fused node kernel against the reference composition (mean_gradient, apply, astype): same bits."""
+import json
 import os
 import pathlib
 import sys
@@ -197,7 +198,7 @@ def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(monkeypatch, 
     """Any other argument type would compile a new specialisation mid-run (time and memory)."""
     monkeypatch.setenv("MINDP_KERNEL", kernel)
     assert fused.selected() == kernel
-    compiled = (fused._kernels if kernel == "avx2" else fused.portable.KERNELS)[kind]
+    compiled = fused._kernel if kernel == "avx2" else fused.portable.KERNELS[kind]
     cfg = OptimizerConfig(kind=kind)
     fused.warm(cfg)
     before = len(compiled.signatures)
@@ -211,6 +212,29 @@ def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(monkeypatch, 
             fused.update_records(cfg, src, dst, sums, nworkers, 1, out)
             fused.update_records(cfg, dst, dst, sums, nworkers, 1, out)
     assert len(compiled.signatures) == before == 1
+
+
+WARM_AND_COUNT = """
+import json, sys
+from host_agent import fused, portable
+from host_agent.optim import OptimizerConfig
+fused.warm(OptimizerConfig(kind=sys.argv[1]))
+jitted = [fused._kernel, fused._check, fused._in_order] if fused.selected() == "avx2" else [portable.KERNELS[sys.argv[1]]]
+print(json.dumps([sum(f.stats.cache_misses.values()) for f in jitted]))
+"""
+
+
+@needs_numba
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_second_node_loads_the_kernels_from_numbas_disk_cache(kernel, kind):
+    """A node's start compiles nothing that an earlier start compiled (else 3 s of CPU each start,
+    and a cache file more each time)."""
+    env = {**os.environ, "MINDP_KERNEL": kernel, "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    for _ in ("first start", "second start"):
+        proc = progress.run([sys.executable, "-c", WARM_AND_COUNT, kind], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [0] * len(json.loads(proc.stdout)), f"the second start compiled: {proc.stdout}"
 
 
 @needs_numba
