@@ -76,10 +76,10 @@ torch: $(STAMP_APT)
 	$$pip --index-url $(TORCH_CPU_INDEX) --timeout 15 --retries 0 torch==$(TORCH_VERSION) >>$$log 2>&1 && exit 0; \
 	echo "torch: its CPU build could not be installed ($$log), so MODEL=cnn|gpt, mindp.torch and the torch tests (skipped) are unavailable; to add it: make torch, or $(PY) -m pip install torch==$(TORCH_VERSION) --index-url $(TORCH_CPU_INDEX)"
 
-# Every test keeps its own namespaces, interfaces, ports and state (tests/conftest.py); tests that
-# cannot (Mininet: make run) share one xdist group, run one after another by one worker.
+# Every test keeps its own namespaces, interfaces, ports and state (tests/conftest.py), `make run`'s
+# Mininet included, so any test runs beside any other.
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
 
 # The suite with LOAD busy loops taking the cores: no test may race the clock (waits follow
 # progress, mindp/progress.py), so it must pass here too, only slower.

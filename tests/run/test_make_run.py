@@ -21,14 +21,16 @@ import sys
 import pytest
 
 from host_agent import optim
-from mindp import progress, targets, topology, workload
+from mindp import progress, targets, testbed, topology, workload
 from mininet_topos.runstate import RunState
 from tests.tools import test_dissector as dissector
 
 pytestmark = pytest.mark.net
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-PREFIX = "mnt-"  # not make run's own mnr-: a test never meets a user's run
+#: Interface names of this test process (its name tag: no other live process has it, so test workers
+#: and test runs side by side never meet), never make run's own mnr-.
+PREFIX = testbed.tagged("mt") + "-"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="make run needs root")
 
 
