@@ -2,6 +2,10 @@
 # Run as root on Debian 12. Every target sets up what it needs, once.
 
 SHELL := /bin/bash
+# setup installs with --no-compile and counts on each module's .pyc being written at its first import:
+# with PYTHONDONTWRITEBYTECODE (set in many images) every process compiled torch, numba and scipy
+# from source at every import (torch: ~40 % more CPU a process; the test suite starts ~1,300).
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
 APT_PACKAGES := mininet bridge-utils iproute2 iputils-ping tcpdump ethtool python3-venv python3-pip tshark gcc libc6-dev
