@@ -16,7 +16,6 @@ import logging
 import pathlib
 import shutil
 import sys
-import time
 
 import numpy as np
 
@@ -102,9 +101,8 @@ class TreeRun(Run):
             raise RunError(f"controller: {one_line(str(exc))}; see {log}") from None
 
     def check_alive(self, grace: float = 0.0) -> None:
-        end = time.monotonic() + grace
-        while time.monotonic() < end and all(sw.alive() for sw in self.switches):
-            time.sleep(0.05)
+        from . import net as mnet  # Mininet only where a run starts
+        mnet.wait_any_ended(self.switches, grace)
         for sw in self.switches:
             if not sw.alive():
                 raise RunError(f"the {self.target} switch {sw.name} ended ({how_it_ended(sw.process.proc.returncode)}) "

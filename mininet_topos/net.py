@@ -10,6 +10,7 @@ link included, and every switch is its own process (one MindpSwitch each).
 from __future__ import annotations
 
 import subprocess
+import time
 from typing import Callable
 
 from mininet.link import Link
@@ -79,13 +80,6 @@ class MindpSwitch(Switch):
     def alive(self) -> bool:
         return bool(self.process and self.process.proc and self.process.proc.poll() is None)
 
-    def wait_ended(self, timeout: float) -> None:
-        """Give a switch that is going down up to `timeout` s to end (and be reaped)."""
-        if timeout > 0 and self.alive():
-            try:
-                self.process.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                pass
 
     def stop(self, deleteIntfs: bool = True) -> None:
         if self.process:
@@ -160,6 +154,13 @@ def make_net(topology: Topology, switch_params: dict, record: Recorder | None = 
 
     return Mininet(topo=DataTopo(topology, prefix=prefix), switch=switch, host=Rec, link=Link, controller=None,
                    autoSetMacs=False, autoStaticArp=False, build=True, waitConnected=False)
+
+
+def wait_any_ended(switches: list[MindpSwitch], timeout: float) -> None:
+    """Give switches that may be going down up to `timeout` s, until one of them has ended."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and all(sw.alive() for sw in switches):
+        time.sleep(0.05)
 
 
 def interfaces(topology: Topology, prefix: str = PREFIX) -> list[str]:

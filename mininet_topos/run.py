@@ -303,7 +303,8 @@ class Run:
 
     def check_alive(self, grace: float = 0.0) -> None:
         """Raise RunError naming a switch or agent that ended; wait up to `grace` s for the switch to end."""
-        self.switch.wait_ended(grace)
+        from . import net as mnet  # Mininet only where a run starts
+        mnet.wait_any_ended([self.switch], grace)
         if not self.switch.alive():
             rc = self.switch.process.proc.returncode
             raise RunError(f"the {self.target} switch ended ({how_it_ended(rc)}) during the run; "
