@@ -15,9 +15,8 @@ import time
 import numpy as np
 
 from mindp import mmsg
-from mindp.netutil import hold_udp_port
+from mindp.netutil import hold_udp_port, packet_socket
 
-ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_AUXDATA = 8
 PACKET_IGNORE_OUTGOING = 23
@@ -43,8 +42,7 @@ class SocketError(RuntimeError):
 def open_raw(iface: str) -> socket.socket:
     """A non-blocking raw socket on `iface` (in this process's namespace), deaf to its own sends."""
     try:
-        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        s.bind((iface, 0))
+        s = packet_socket(iface)
     except PermissionError:
         raise SocketError("raw sockets need root (CAP_NET_RAW)") from None
     except OSError as exc:

@@ -5,6 +5,25 @@ import socket
 
 from .protocol import UDP_PORT
 
+ETH_P_ALL = 0x0003
+
+
+def packet_socket(iface: str) -> socket.socket:
+    """An AF_PACKET raw socket receiving every frame of `iface` and of no other interface.
+
+    It is created deaf (protocol 0) and given ETH_P_ALL only by bind(): a socket created with
+    ETH_P_ALL receives the frames of every interface of the namespace until it is bound, and on a
+    machine where other switches or jobs are busy those strays would be read as its own (libpcap
+    opens its sockets the same way). Raises OSError (PermissionError without CAP_NET_RAW).
+    """
+    s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    try:
+        s.bind((iface, ETH_P_ALL))  # Python puts the protocol in network order itself
+    except OSError:
+        s.close()
+        raise
+    return s
+
 
 def hold_udp_port(port: int = UDP_PORT) -> socket.socket:
     """A UDP socket bound to mindp's port in the current network namespace.

@@ -20,10 +20,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
 
-from .netutil import hold_udp_port
+from .netutil import hold_udp_port, packet_socket
 from .topology import Host
 
-ETH_P_ALL = 0x0003
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -118,8 +117,7 @@ def in_netns(netns: str):
 def raw_socket(iface: str, netns: str | None = None) -> socket.socket:
     """A non-blocking AF_PACKET socket bound to `iface`, receiving every frame."""
     def make() -> socket.socket:
-        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-        s.bind((iface, 0))
+        s = packet_socket(iface)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         s.setblocking(False)
         return s

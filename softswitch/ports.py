@@ -20,10 +20,10 @@ import time
 import numpy as np
 
 from mindp import mmsg
+from mindp.netutil import packet_socket
 
 from .batch import Batch
 
-ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
 PACKET_OUTGOING = 4
@@ -74,13 +74,10 @@ class Port:
         self._rxv = self._txv = None  # (batch buffer, its message vector) for recvmmsg, sendmmsg
         self.pcap_errors = 0  # failed capture writes; the first one ends this port's capture
         try:
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            s = packet_socket(iface)
         except PermissionError:
             raise PortError(f"port {number}: raw sockets need root (CAP_NET_RAW)") from None
-        try:
-            s.bind((iface, 0))
         except OSError as exc:
-            s.close()
             raise PortError(f"port {number}: interface {iface!r}: {exc.strerror}") from None
         try:
             s.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)

@@ -1,8 +1,13 @@
 """What keeps parallel test workers apart: each its own port slice and its own name tag."""
+import socket
 import subprocess
 import sys
 
-from mindp import targets, testbed
+import pytest
+
+from host_agent import rawsock
+from mindp import progress, targets, testbed
+from mindp.topology import Host
 
 
 def test_port_slices_are_disjoint_and_free_port_keeps_to_its_own(monkeypatch):
@@ -29,3 +34,50 @@ def test_a_claimed_tag_is_not_handed_to_another_process():
     other = subprocess.run([sys.executable, "-c", "from mindp import testbed; print(testbed.claim_tag())"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert len(mine) == len(other) == 1 and other != mine and mine != testbed.claim_tag()
+
+
+@pytest.fixture
+def two_hosts():
+    with testbed.Testbed("iso") as bed:
+        for port in (1, 2):
+            bed.add(Host(f"h{port}", f"02:00:00:00:01:0{port}", f"10.9.0.{port}", port))
+        yield bed
+
+
+def _port(iface):
+    from softswitch.ports import Port
+    return Port(1, iface).sock
+
+
+@pytest.mark.net
+@pytest.mark.parametrize("opener", [testbed.raw_socket, rawsock.open_raw, _port], ids=["testbed", "agent", "switch"])
+def test_a_raw_socket_never_holds_another_interfaces_frames(two_hosts, monkeypatch, opener):
+    """A frame that crosses another interface while a socket is being opened on port 1 (sent just
+    before its bind) is not read on port 1: a socket created with ETH_P_ALL would hold it, and a
+    switch or test aggregator would take another job's frames for its own."""
+    mine, other = two_hosts.hosts["h1"].switch_iface, two_hosts.hosts["h2"]
+    marker = b"stray-" + other.switch_iface.encode()
+    frame = b"\xff" * 6 + bytes.fromhex("020000000102") + b"\x88\xb5" + marker.ljust(50, b"\0")
+    sender, sniffer = other.socket(), testbed.raw_socket(other.switch_iface)
+    sniffer.settimeout(progress.STALL)  # a hang guard: the frame crosses a local veth
+
+    class FrameBeforeBind(socket.socket):
+        def bind(self, address):
+            sender.send(frame)
+            while marker not in sniffer.recv(2048):  # it has passed every tap of the namespace
+                pass
+            super().bind(address)
+
+    monkeypatch.setattr(socket, "socket", FrameBeforeBind)
+    s = opener(mine)
+    monkeypatch.undo()
+    held = []
+    try:
+        while True:
+            held.append(s.recv(2048))
+    except BlockingIOError:
+        pass
+    finally:
+        for x in (s, sender, sniffer):
+            x.close()
+    assert not [f for f in held if marker in f]
