@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import functools
 import math
-import pathlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from mindp.workload import sklearn_datasets_dir
 
 TORCH_MODELS = ("cnn", "gpt")
 
@@ -108,9 +109,7 @@ def n_params(module: nn.Module) -> int:
 @functools.lru_cache(maxsize=2)
 def corpus() -> np.ndarray:
     """The text corpus as bytes (uint8)."""
-    import sklearn  # ships the text; imported only where it is needed
-
-    files = sorted((pathlib.Path(sklearn.__file__).parent / "datasets" / "descr").glob("*.rst"))
+    files = sorted((sklearn_datasets_dir() / "descr").glob("*.rst"))
     if not files:
         raise FileNotFoundError("scikit-learn's dataset descriptions (the gpt corpus) are missing")
     return np.frombuffer(b"\n".join(f.read_bytes() for f in files), dtype=np.uint8)
