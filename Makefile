@@ -22,6 +22,8 @@ STEPS ?= 6
 endif
 WORKERS ?= 4
 STEPS ?= 60
+# MODEL=gpt: its size as JSON, e.g. GPT='{"d": 64, "layers": 2}' (default d 160, 4 layers, 4 heads, ctx 64)
+GPT ?=
 LOSS ?= 0
 JOBS ?= 1
 SEED ?= 0
@@ -99,7 +101,7 @@ run:
 	@$(PY) -m mininet_topos.run --target $(TARGET) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
-	  $(if $(SCRIPT),--script '$(SCRIPT)' --args '$(ARGS)')
+	  $(if $(SCRIPT),--script '$(SCRIPT)' --args '$(ARGS)') $(if $(GPT),--gpt '$(GPT)')
 
 stop:
 	@[ "$$(id -u)" = 0 ] || { echo "make stop: must run as root (the run's processes and interfaces are root's)" >&2; exit 1; }

@@ -1,10 +1,11 @@
 """The settings of one `make run`, checked with one-line errors (pure, no I/O)."""
 from __future__ import annotations
 
+import json
 import math
 import pathlib
 import shlex
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from mindp import INSTALL_TORCH
 from mindp.protocol import MAX_WORKERS
@@ -47,6 +48,7 @@ class RunConfig:
     optimizers: int = 1  # optimizer nodes (shards) of the job, on the spine
     script: str = ""  # SCRIPT: a torchrun script using mindp.torch.init, run on every worker host
     script_args: str = ""  # ARGS: its arguments (one string, split as a shell would)
+    model_args: dict = field(default_factory=dict)  # GPT: the gpt's size, e.g. {"d": 64, "layers": 2}
 
     @property
     def total_workers(self) -> int:
@@ -93,7 +95,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
           jobs: str = "1", seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "auto",
           slots: str = "64", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
-          script_args: str = "") -> RunConfig:
+          script_args: str = "", gpt: str = "") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig."""
     target = str(target).strip()
     if target not in TARGETS:
@@ -127,6 +129,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         log=log_text,
         **_tree(topo, leaves, optimizers),
         **_script(script, script_args),
+        model_args=_gpt(gpt, model_name),
     )
     if cfg.script and (cfg.jobs != 1 or cfg.topo != "star"):
         raise RunConfigError("SCRIPT runs one job on one switch: JOBS=1, TOPO=star")
@@ -145,6 +148,31 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
 
 
 TOPOS = ("star", "leafspine")
+GPT_LIMITS = {"d": 4096, "layers": 64, "heads": 64, "ctx": 4096}  # what GPT may set (the vocabulary is bytes)
+
+
+def _gpt(text: str, model: str) -> dict:
+    """GPT: a JSON object giving some of the gpt's d, layers, heads, ctx (the rest keep their
+    defaults); only with MODEL=gpt."""
+    text = str(text or "").strip()
+    if not text:
+        return {}
+    if model != "gpt":
+        raise RunConfigError(f"GPT sizes MODEL=gpt, not MODEL={model}")
+    what = 'GPT must be a JSON object of positive integers d, layers, heads, ctx, e.g. \'{"d": 64, "layers": 2}\''
+    try:
+        args = json.loads(text)
+    except ValueError:
+        raise RunConfigError(f"{what}, got {text!r}") from None
+    if not isinstance(args, dict) or not all(
+            k in GPT_LIMITS and type(v) is int and 1 <= v <= GPT_LIMITS[k] for k, v in args.items()):
+        raise RunConfigError(f"{what} (at most {GPT_LIMITS}), got {text!r}")
+    from mindp.torch.models import GptSpec  # PyTorch is there: MODEL=gpt was checked
+
+    spec = GptSpec(**args)
+    if spec.d % spec.heads:
+        raise RunConfigError(f"GPT: d ({spec.d}) must be a multiple of heads ({spec.heads})")
+    return args
 
 
 def _tree(topo: str, leaves: str, optimizers: str) -> dict:

@@ -29,7 +29,7 @@ from .run import Run
 def tree_topology(cfg) -> topology.Topology:
     """The run's leaf-spine; a sharded job needs its chunk count, from the model's layout."""
     wl = workload.WorkloadConfig(n_workers=cfg.total_workers, seed=cfg.seed, hidden=cfg.hidden, batch=cfg.batch,
-                                 model=cfg.model)
+                                 model=cfg.model, model_args=cfg.model_args)
     chunks = optim.layout_of(workload.init_params(wl)).n_chunks
     return topology.leafspine(cfg.leaves, cfg.workers, cfg.optimizers, chunks=chunks, slots=cfg.slots,
                               grpc_port=cfg.grpc_port, thrift_port=cfg.thrift_port)

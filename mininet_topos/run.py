@@ -100,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizers", default="1", help="leafspine: optimizer nodes (shards) on the spine")
     p.add_argument("--script", default="", help="a torchrun script using mindp.torch.init (docs/TORCH.md)")
     p.add_argument("--args", default="", help="the script's arguments, one string")
+    p.add_argument("--gpt", default="", help='MODEL=gpt: its size as JSON, e.g. \'{"d": 64, "layers": 2}\'')
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
@@ -218,7 +219,8 @@ class Run:
             d = self.dir / f"job{job.job_id}"
             d.mkdir()
             wl = workload.WorkloadConfig(n_workers=job.n_workers, seed=self.cfg.seed + job.job_id - 1,
-                                         hidden=self.cfg.hidden, batch=self.cfg.batch, model=self.cfg.model)
+                                         hidden=self.cfg.hidden, batch=self.cfg.batch, model=self.cfg.model,
+                                         model_args=self.cfg.model_args)
             wl.dump(d / "workload.json")
             jf = JobFiles(job, d, wl, workload.init_params(wl))
             np.savez(jf.init_path, **jf.init)
@@ -527,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
                            batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
                            thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
                            leaves=args.leaves, optimizers=args.optimizers, script=args.script,
-                           script_args=args.args)
+                           script_args=args.args, gpt=args.gpt)
         return execute(cfg, args, console)
     except (config.RunConfigError, RunError) as exc:
         console.fail(str(exc))

@@ -68,3 +68,33 @@ def test_a_torch_model_without_torch_is_one_line(monkeypatch):
         config.parse(model="gpt")
     assert str(err.value) == f"MODEL=gpt needs PyTorch, which is not installed: {INSTALL_TORCH}"
     assert config.parse(model="mlp").model == "mlp"  # the numpy model needs no torch
+
+
+@pytest.mark.parametrize("text, message", [
+    ("64", "GPT must be a JSON object"),
+    ('{"d": 64', "GPT must be a JSON object"),
+    ('{"width": 64}', "GPT must be a JSON object"),
+    ('{"d": 0}', "GPT must be a JSON object"),
+    ('{"layers": 1.5}', "GPT must be a JSON object"),
+    ('{"d": true}', "GPT must be a JSON object"),
+    ('{"d": 30, "heads": 4}', "GPT: d (30) must be a multiple of heads (4)"),
+])
+def test_gpt_sizes_are_checked_in_one_line(text, message):
+    pytest.importorskip("torch")
+    with pytest.raises(config.RunConfigError) as err:
+        config.parse(model="gpt", gpt=text)
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_gpt_sizes_reach_the_model():
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from mindp import workload
+
+    cfg = config.parse(model="gpt", gpt=' {"d": 32, "layers": 1} ')
+    assert cfg.model_args == {"d": 32, "layers": 1} and config.parse(model="gpt").model_args == {}
+    small = workload.WorkloadConfig(n_workers=2, model="gpt", model_args=cfg.model_args)
+    full = workload.WorkloadConfig(n_workers=2, model="gpt")
+    n = [sum(a.size for a in workload.init_params(w).values()) for w in (small, full)]
+    assert n[0] < n[1] // 10
+    with pytest.raises(config.RunConfigError, match="GPT sizes MODEL=gpt, not MODEL=cnn"):
+        config.parse(model="cnn", gpt='{"d": 32}')
