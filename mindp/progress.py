@@ -49,6 +49,29 @@ def wait(done: Callable[[], bool], progress: Callable[[], Hashable], *, stall: f
         time.sleep(poll)
 
 
+class StallWatch:
+    """The stall check of a loop that does other work between looks (a run's main loop): look()
+    samples (extra, busy()) at most every `every` s (busy() may scan /proc), and stalled() says
+    whether that sample kept one value for `stall` s."""
+
+    def __init__(self, busy: Callable[[], Hashable], stall: float, every: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.busy, self.stall, self.every, self.clock = busy, stall, every, clock
+        self.seen: Hashable = None
+        self.last_change = clock()
+        self.last_look = -float("inf")
+
+    def look(self, *extra: Hashable) -> None:
+        now = self.clock()
+        if now - self.last_look >= self.every:
+            self.last_look, value = now, (extra, self.busy())
+            if value != self.seen:
+                self.seen, self.last_change = value, now
+
+    def stalled(self) -> bool:
+        return self.clock() - self.last_change > self.stall
+
+
 def _stat(path: str) -> list[str] | None:
     try:
         text = pathlib.Path(path).read_text()

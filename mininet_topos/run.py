@@ -337,8 +337,9 @@ class Run:
         progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps)
         tty = sys.stdout.isatty()
         t0 = time.monotonic()
-        seen, last_change, last_look, last_print, shown = None, t0, 0.0, 0.0, -1
-        busy = pace.activity(*(hp.proc.pid for hp in self.agents.workers + self.agents.optimizers))
+        last_print, shown = 0.0, -1
+        watch = pace.StallWatch(pace.activity(*(hp.proc.pid for hp in self.agents.workers + self.agents.optimizers)),
+                                STALL_SECONDS)
         while True:
             for hp in self.agents.workers:
                 for line in hp.tail.lines():
@@ -346,15 +347,11 @@ class Run:
             self.check_alive()
             self.probe_switch()
             now = time.monotonic()
-            if now - last_look >= 1.0:  # a /proc scan: not at every poll
-                last_look, value = now, (progress.step, busy())
-                if value != seen:
-                    seen, last_change = value, now
+            watch.look(progress.step)
             if progress.all_done() and self.agents.workers_exited():
                 break
-            if now - last_change > STALL_SECONDS:
-                raise RunError(f"no training step completed and no agent busy for {STALL_SECONDS:.0f} s; "
-                               f"see {self.logs}/")
+            if watch.stalled():
+                raise self.stalled()
             if tty:
                 print("\r" + progress.bar() + "\x1b[K", end="", flush=True)
             elif now - last_print >= 5.0 and progress.step != shown:
@@ -370,6 +367,9 @@ class Run:
         # by resending): only now are they told to stop; they export their state on SIGTERM.
         self.agents.stop_optimizers()
         return progress, wall
+
+    def stalled(self) -> RunError:
+        return RunError(f"no training step completed and no agent busy for {STALL_SECONDS:.0f} s; see {self.logs}/")
 
     # -- results --
 

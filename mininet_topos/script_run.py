@@ -90,15 +90,15 @@ class ScriptRun(Run):
         """Follow rank 0's {"step", "loss"} lines until torchrun exits; stalls follow progress."""
         (hp,) = self.agents.workers
         curve: list[tuple[int, float]] = []
-        t0 = last = last_look = time.monotonic()
+        t0 = time.monotonic()
         tty = sys.stdout.isatty()
-        busy, seen = pace.activity(hp.proc.pid, *(o.proc.pid for o in self.agents.optimizers)), None
+        watch = pace.StallWatch(pace.activity(hp.proc.pid, *(o.proc.pid for o in self.agents.optimizers)),
+                                STALL_SECONDS)
         while True:
             for line in hp.tail.lines():
                 try:
                     rec = json.loads(line)
                     curve.append((int(rec["step"]), float(rec["loss"])))
-                    last = time.monotonic()
                 except (ValueError, KeyError, TypeError):
                     continue
                 status = f"step {curve[-1][0] + 1}, loss {curve[-1][1]:.4f}"
@@ -113,14 +113,9 @@ class ScriptRun(Run):
                 raise RunError(f"the {self.target} switch exited during the run; see {self.logs / 'switch.log'}")
             if self.agents.optimizers[0].proc.poll() is not None:
                 raise RunError(f"the optimizer node exited; see {self.agents.optimizers[0].log}")
-            now = time.monotonic()
-            if now - last_look >= 1.0:  # a /proc scan: not at every poll
-                last_look, value = now, busy()
-                if value != seen:
-                    seen, last = value, now
-            if now - last > STALL_SECONDS:
-                raise RunError(f"no training step completed and no agent busy for {STALL_SECONDS:.0f} s; "
-                               f"see {self.logs}/")
+            watch.look(len(curve))
+            if watch.stalled():
+                raise self.stalled()
             time.sleep(0.2)
         if tty:
             print()

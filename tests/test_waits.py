@@ -71,3 +71,23 @@ def test_activity_sees_other_threads_and_children_not_the_caller():
     assert idle - before <= 1 < busy - idle  # within a tick: the process total is summed apart
     with subprocess.Popen(BUSY, stdout=subprocess.DEVNULL) as p:
         assert progress.wait_process(p, stall=3) == 0
+
+
+def test_stall_watch_follows_steps_or_cpu_and_samples_once_a_second():
+    """make run's main loop: a stall is neither a step nor CPU for the stall time (a fake clock)."""
+    now, cpu, samples = [0.0], [0], []
+
+    def busy():
+        samples.append(now[0])
+        return cpu[0]
+
+    watch = progress.StallWatch(busy, stall=60.0, clock=lambda: now[0])
+    for t, step, used in [(0.5, 0, 0), (30.0, 1, 0), (80.0, 1, 5), (139.0, 1, 5)]:
+        now[0], cpu[0] = t, used
+        watch.look(step)
+        watch.look(step)  # a second look within the second does not sample again
+        assert not watch.stalled(), t
+    assert samples == [0.5, 30.0, 80.0, 139.0]
+    now[0] = 140.5
+    watch.look(1)
+    assert watch.stalled()  # nothing changed since 80 s
