@@ -29,7 +29,8 @@ from . import p4info_names as n  # noqa: E402
 from . import stats as statsmodel  # noqa: E402
 from .controller import Controller, ControllerError  # noqa: E402
 from .jobs import AttachedHost, JobError, JobState  # noqa: E402
-from .p4runtime import DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection, SwitchError  # noqa: E402
+from .p4runtime import (DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection,  # noqa: E402
+                        SwitchError, default_timeout)
 from .slots import SlotError  # noqa: E402
 
 EXIT_ERROR = 1
@@ -166,7 +167,8 @@ def add_global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--cacert", metavar="PEM", default=d(None), help="TLS: CA certificate (enables TLS)")
     p.add_argument("--cert", metavar="PEM", default=d(None), help="TLS: client certificate (enables TLS)")
     p.add_argument("--key", metavar="PEM", default=d(None), help="TLS: client private key (enables TLS)")
-    p.add_argument("--timeout", type=positive_float, default=d(3.0), help="seconds to wait for the switch (default 3)")
+    p.add_argument("--timeout", type=positive_float, default=d(None),
+                   help="seconds to wait for the switch (default $MINDP_CTL_TIMEOUT, else 3)")
     p.add_argument("--json", action="store_true", default=d(False), help="machine-readable output")
     p.add_argument("-v", "--verbose", action="store_true", default=d(False), help="log what the controller does")
 
@@ -593,7 +595,7 @@ def cmd_cells(args, ctl: Controller, topo) -> None:
         raise UsageError(f"slot {args.slot} outside job {job.job_id}'s slots 0..{job.slot_count - 1}")
     host, _, port = args.thrift_addr.rpartition(":")
     try:
-        client = ThriftClient(host or "127.0.0.1", int(port), timeout=args.timeout)
+        client = ThriftClient(host or "127.0.0.1", int(port), timeout=args.timeout or default_timeout())
     except ValueError:
         raise UsageError(f"bad --thrift-addr {args.thrift_addr!r}: expected HOST:PORT") from None
     except ThriftError as exc:

@@ -23,7 +23,7 @@ from .tree import flood_group, forwarding_entries  # noqa: F401 (the controller'
 from .jobs import AttachedHost, JobError, JobState, Rebuilt
 from .model import Entry, Group, Op, OpKind, diff_entries, diff_group
 from .p4runtime import (TLS, DEFAULT_GRPC_ADDR, EntryExists, EntryMissing, NoPipeline, SwitchConnection, SwitchError,
-                        SwitchUnreachable, p4info_signature, pipeline_cookie)
+                        SwitchUnreachable, default_timeout, p4info_signature, pipeline_cookie)
 from .slots import SlotPool
 
 log = logging.getLogger("mindp.controller")
@@ -44,7 +44,7 @@ class Controller:
     def __init__(self, grpc_addr: str = DEFAULT_GRPC_ADDR, device_id: int = 0,
                  election_id: tuple[int, int] = (0, 1), *, topology: Topology | None = None,
                  p4info_path: str | pathlib.Path | None = None, bmv2_json_path: str | pathlib.Path | None = None,
-                 tls: TLS | None = None, timeout: float = 3.0, reconnect_timeout: float = 20.0,
+                 tls: TLS | None = None, timeout: float | None = None, reconnect_timeout: float = 20.0,
                  read_only: bool = False, switch: str | None = None):
         from p4src import artifacts
 
@@ -55,7 +55,7 @@ class Controller:
         self.bmv2_json_path = pathlib.Path(bmv2_json_path or artifacts.BMV2_JSON)
         self.tls = tls
         self.read_only = read_only  # no arbitration: reads only, never competes with the primary
-        self.timeout = timeout
+        self.timeout = default_timeout() if timeout is None else timeout  # $MINDP_CTL_TIMEOUT, else 3 s
         self.reconnect_timeout = reconnect_timeout
         self.topology = topology
         # Which switch of the topology this is (its first, the only one in the single-switch form).

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
+import os
 import pathlib
 import queue
 import threading
@@ -29,6 +31,9 @@ from . import p4info_names as n
 from .model import Entry, Group, Op, OpKind
 
 DEFAULT_GRPC_ADDR = "127.0.0.1:9559"
+#: Overrides the 3 s a session waits for the switch (connect, arbitration) when no timeout is
+#: given: a person at a terminal wants 3 s; a test suite on a loaded machine sets a hang guard.
+TIMEOUT_ENV = "MINDP_CTL_TIMEOUT"
 
 
 class SwitchError(RuntimeError):
@@ -37,6 +42,20 @@ class SwitchError(RuntimeError):
 
 class SwitchUnreachable(SwitchError):
     pass
+
+
+def default_timeout() -> float:
+    """Seconds to wait for the switch: $MINDP_CTL_TIMEOUT, else 3."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return 3.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise SwitchError(f"{TIMEOUT_ENV} must be a positive number of seconds, not {text!r}")
+    return value
 
 
 class NotPrimary(SwitchError):
@@ -206,8 +225,10 @@ class SwitchConnection:
     def __init__(self, grpc_addr: str = DEFAULT_GRPC_ADDR, device_id: int = 0,
                  election_id: tuple[int, int] = (0, 1), *, p4info_path: str | pathlib.Path | None = None,
                  tls: TLS | None = None, require_primary: bool = True, arbitrate: bool = True,
-                 timeout: float = 3.0):
+                 timeout: float | None = None):
         from p4src import artifacts
+
+        timeout = default_timeout() if timeout is None else timeout
 
         self.grpc_addr = grpc_addr
         self.device_id = device_id

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from mindp import targets, testbed
+from controller.p4runtime import TIMEOUT_ENV
+from mindp import progress, targets, testbed
 
 #: The embedded switch always; BMv2 simple_switch_grpc wherever it is installed.
 TARGET_PARAMS = [
@@ -21,6 +22,9 @@ TARGET_PARAMS = [
 # Each xdist worker (gw0, gw1, ...) gets its own slice of TCP ports, and every test process a name
 # tag on namespaces and interfaces that no other live process holds, so that even two test runs
 # at once (two checkouts) never share a name; the subprocesses it starts inherit both.
+# mindp-ctl and the controller wait 3 s for a switch unless told: here, with other tests loading the
+# machine, that wait is a hang guard (tests of a switch that does not answer give their own timeout).
+os.environ.setdefault(TIMEOUT_ENV, str(progress.STALL))
 _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw"):
     _index = int(_worker[2:])

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -10,7 +11,7 @@ import pytest
 
 from controller import p4info_names as n
 from controller.controller import Controller
-from controller.p4runtime import SwitchConnection
+from controller.p4runtime import TIMEOUT_ENV, SwitchConnection
 from mindp import progress, targets
 from p4src import artifacts
 
@@ -155,6 +156,18 @@ def test_unreachable_switch_and_usage(tmp_path, topo):
     for cmd in ([], ["jobs"], ["jobs", "create"], ["workers", "replace"], ["stats"], ["shell"]):
         proc = cli.run(*cmd, "--help")
         assert proc.stdout.startswith("usage: mindp-ctl")
+
+
+@pytest.mark.parametrize("value, message", [("0.3", "no gRPC server answered within 0.3 s"),
+                                            ("soon", "MINDP_CTL_TIMEOUT must be a positive number of seconds, not 'soon'"),
+                                            ("-2", "MINDP_CTL_TIMEOUT must be a positive number of seconds, not '-2'")])
+def test_the_default_timeout_comes_from_the_environment(tmp_path, topo, value, message):
+    """$MINDP_CTL_TIMEOUT replaces the 3 s default (this suite sets a hang guard there); a bad one is one line."""
+    path = tmp_path / "topo.json"
+    topo.dump(path)
+    proc = progress.run([*ctl_command(), "--grpc-addr", f"127.0.0.1:{targets.free_port()}", "--topology", str(path),
+                         "jobs", "list"], capture_output=True, text=True, env={**os.environ, TIMEOUT_ENV: value})
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
 
 
 def test_global_options_after_the_command(cli, switch):

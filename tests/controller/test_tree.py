@@ -154,8 +154,10 @@ def test_topo_on_a_single_switch(switch, topo, tmp_path, capsys):
     path = tmp_path / "t.json"
     topo = dataclasses.replace(topo, switches=(dataclasses.replace(topo.switch, grpc_addr=switch.addr),))
     topo.dump(path)
-    assert run_cli(capsys, "--topology", str(path), "push")[0] == 0
-    assert run_cli(capsys, "--topology", str(path), "jobs", "create", "--job-id", "2")[0] == 0
+    code, _, err = run_cli(capsys, "--topology", str(path), "push")
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "--topology", str(path), "jobs", "create", "--job-id", "2")
+    assert code == 0, err
     code, out, err = run_cli(capsys, "--topology", str(path), "topo")
     assert code == 0, err
     assert out.splitlines()[0].startswith("s1  [") and "job 2 root: sums -> opt2 (port 7)" in out
