@@ -146,7 +146,7 @@ def test_mindp_ctl_topo_and_tree_commands(tree, tmp_path, capsys):
     sws["leaf2"].stop()
     code, out, err = run_cli(capsys, *t, "--timeout", "1", "topo")
     assert code == 0 and "UNREACHABLE" in out.split("leaf2 (port 2")[1] and "job 1 leaf: child 0" in out, err
-    code, out, err = run_cli(capsys, *t, "jobs", "delete", "1")
+    code, out, err = run_cli(capsys, *t, "--timeout", "1", "jobs", "delete", "1")
     assert code == 1 and "switch leaf2" in err
 
 
