@@ -80,7 +80,6 @@ class MindpSwitch(Switch):
     def alive(self) -> bool:
         return bool(self.process and self.process.proc and self.process.proc.poll() is None)
 
-
     def stop(self, deleteIntfs: bool = True) -> None:
         if self.process:
             self.process.stop()
