@@ -115,11 +115,12 @@ class NodeCore:
             in_order = len(apply_rows) == len(sums) and bool((apply_rows == np.arange(len(sums))).all())
             out_vals.append(self._apply(cur, uniq, applied_hdr["nworkers"].astype(np.float64),
                                         sums if in_order else sums[apply_rows]))
-            self._commit_if_complete()
-        if len(resend):
+        if len(resend):  # read before a commit, which drops the copy of step cur - 1
             self.stats["resent"] += len(resend)
             out_vals.append(np.stack([self._params_of(int(headers["step"][i]), int(headers["chunk"][i]))
                                       for i in resend]))
+        if len(uniq):
+            self._commit_if_complete()
         # A sum's RETRANSMIT (completed by a retransmitted gradient) stays on its parameters so
         # that workers take no round-trip sample from them; resent parameters carry it always.
         hdr["flags"] &= np.uint8(Flag.NONFINITE | Flag.RETRANSMIT)

@@ -224,6 +224,26 @@ def test_sums_of_old_steps_resend_or_drop_and_bad_sums_are_counted(tmp_path):
     assert core.store.applied.sum() == 0
 
 
+def test_a_batch_completing_a_step_still_answers_the_last_steps_duplicates(tmp_path):
+    """The sum that completes step 1 and a retransmitted sum of step 0 in one batch: step 0's
+    answer is read before the commit drops step 0's copy."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    gf = reference.synthetic_grads(6)
+    core = open_core(tmp_path, init, OptimizerConfig())
+    after0 = assemble(lay, run_step(core, lay, gf, 0, initial_fp16(init), random.Random(0), dup=0), initial_fp16(init))
+    last = lay.n_chunks - 1
+    run_step(core, lay, gf, 1, after0, random.Random(1), dup=0, only=range(last))
+    sums1, nf1 = step_sums(lay, gf, N, 1, after0)
+    sums0, nf0 = step_sums(lay, gf, N, 0, initial_fp16(init))
+    hdr = np.concatenate((sum_headers(JOB, 1, [last], lay, S, N, nf1), sum_headers(JOB, 0, [0], lay, S, N, nf0)))
+    out_hdr, vals = core.handle(hdr, np.concatenate((sums1[[last]], sums0[[0]])))
+    assert core.committed == 1 and core.stats["applied"] == 2 * lay.n_chunks
+    assert [(int(h["step"]), int(h["chunk"])) for h in out_hdr] == [(1, last), (0, 0)]
+    assert out_hdr["flags"][1] & Flag.RETRANSMIT
+    assert vals[1].tobytes() == lay.flatten(after0, dtype=np.float16)[:K].tobytes()
+
+
 def test_crash_mid_step_resumes_without_double_apply(tmp_path):
     """Kill between chunks: the reopened node has the applied chunks; workers' retransmissions
     (only for chunks whose parameters they lack) complete the step with reference bits."""
