@@ -48,18 +48,34 @@ def pytest_collection_modifyitems(items):
 
 def pytest_xdist_make_scheduler(config, log):
     """--dist load/loadgroup: each test its own work unit, handed to a worker when it has fewer than two
-    (xdist's load mode sends a quarter of the suite at once: the long tests would queue up on one)."""
+    (xdist's load mode sends a quarter of the suite at once: the long tests would queue up on one),
+    except that a packet-test module's tests on one target are one unit: its switch starts once."""
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the collection's order (long tests first), not the largest unit first
+
     class OneByOne(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return nodeid
+            return shared_switch_unit(nodeid) or nodeid
 
     return OneByOne(config, log)
+
+
+def shared_switch_unit(nodeid: str) -> str | None:
+    """tests/dataplane's module-scoped switch (the `fabric` fixture, its target the first part of the
+    test's id): the module and target, or None. The scheduler sees node ids only (no fixtures)."""
+    path, _, rest = nodeid.partition("::")
+    if not path.startswith("tests/dataplane/") or "[" not in rest:
+        return None
+    params = rest[rest.index("[") + 1 :]
+    target = max((t for t in DATAPLANE_TARGETS if params == t + "]" or params.startswith(t + "-")), key=len,
+                 default=None)
+    return f"{path}[{target}]" if target else None
 
 
 #: The packet tests (tests/dataplane) also run on the embedded switch's Python pipeline, the reference
 #: its compiled pipeline (the default "embedded") must equal.
 DATAPLANE_TARGET_PARAMS = [TARGET_PARAMS[0], pytest.param("embedded-python"), *TARGET_PARAMS[1:]]
+DATAPLANE_TARGETS = [p.values[0] for p in DATAPLANE_TARGET_PARAMS]
