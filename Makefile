@@ -3,8 +3,8 @@
 
 SHELL := /bin/bash
 # setup installs with --no-compile and counts on each module's .pyc being written at its first import:
-# with PYTHONDONTWRITEBYTECODE (set in many images) every process compiled torch, numba and scipy
-# from source at every import (torch, an optimizer and sklearn: 14 s of CPU instead of 5).
+# with PYTHONDONTWRITEBYTECODE (set in many images) every process compiled torch and numba from
+# source at every import (a torch worker: 14 s of CPU instead of 5).
 unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -1,5 +1,5 @@
-"""A small CNN on scikit-learn's 8x8 digits, data-parallel under torchrun: train_cnn_ddp.py with
-torch DDP, train_cnn.py through mindp (the diff: docs/RUN.md). Run them with
+"""A small CNN on the 8x8 digits (scikit-learn's, shipped with mindp), data-parallel under torchrun:
+train_cnn_ddp.py with torch DDP, train_cnn.py through mindp (the diff: docs/RUN.md). Run them with
 
     torchrun --nproc-per-node 2 examples/train_cnn_ddp.py --steps 20
     make run SCRIPT=examples/train_cnn.py ARGS='--steps 20'
@@ -12,9 +12,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from mindp.workload import load_digits
 
 
 def build_model() -> nn.Module:
@@ -25,9 +26,10 @@ def build_model() -> nn.Module:
 
 def batch(rank: int, step: int, size: int = 32):
     """Rank `rank`'s batch at `step`: a seeded sample of the digits."""
-    digits = load_digits()
-    idx = np.random.default_rng([rank, step]).integers(0, len(digits.target), size)
-    return torch.tensor(digits.images[idx] / 16, dtype=torch.float32).unsqueeze(1), torch.tensor(digits.target[idx])
+    data, target = load_digits()
+    idx = np.random.default_rng([rank, step]).integers(0, len(target), size)
+    images = data[idx].reshape(-1, 8, 8)
+    return torch.tensor(images / 16, dtype=torch.float32).unsqueeze(1), torch.tensor(target[idx])
 
 
 def loss_fn(model, x, y):

@@ -1,7 +1,7 @@
-"""The training workload of `make run`: a numpy MLP on scikit-learn's digits (`model="mlp"`),
+"""The training workload of `make run`: a numpy MLP on the 8x8 digits (`model="mlp"`),
 or a torch model of `mindp.torch.models` (`cnn`, `gpt`; needs the torch extra).
 
-The data ship inside scikit-learn (no download). Everything is a pure function
+The data ship with mindp (`mindp/data/`, taken from scikit-learn; no download). Everything is a pure function
 of (config, worker, step, fp16 parameters), so the workers in Mininet and the
 single-process reference trainer compute the very same gradient bits:
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import gzip
-import importlib.util
 import json
 import pathlib
 from dataclasses import asdict, dataclass, field
@@ -90,27 +89,19 @@ class Dataset:
     y_test: np.ndarray
 
 
-def sklearn_datasets_dir() -> pathlib.Path:
-    """scikit-learn's `datasets` package directory, found without importing scikit-learn (which
-    costs about 2 s of CPU in every worker process; only its data files are needed)."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or not spec.submodule_search_locations:
-        raise WorkloadError("scikit-learn is not installed (its datasets are mindp's training data)")
-    return pathlib.Path(list(spec.submodule_search_locations)[0]) / "datasets"
+#: The digits and the gpt's text (mindp/data/LICENSE says where they come from).
+DATA_DIR = pathlib.Path(__file__).resolve().with_name("data")
 
 
+@functools.lru_cache(maxsize=1)
 def load_digits() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits as (data float64 (1797, 64), target int): its CSV read as
-    `sklearn.datasets.load_digits` reads it, or that function where the file is not where it was."""
-    path = sklearn_datasets_dir() / "data" / "digits.csv.gz"
-    if path.is_file():
-        with gzip.open(path, "rt") as f:
-            table = np.loadtxt(f, delimiter=",")
-        return table[:, :-1], table[:, -1].astype(int)
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    digits = sklearn_digits()
-    return digits.data, digits.target
+    """The digits as (data float64 (1797, 64), values 0..16; target int), as scikit-learn's
+    `load_digits` gives them (its CSV); read-only, shared by every caller."""
+    with gzip.open(DATA_DIR / "digits.csv.gz", "rt") as f:
+        table = np.loadtxt(f, delimiter=",")
+    data, target = table[:, :-1], table[:, -1].astype(int)
+    data.flags.writeable = target.flags.writeable = False
+    return data, target
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,8 +1,8 @@
 """The torch models of `make run MODEL=...` and their data, as pure functions of (config, worker, step).
 
-- `cnn`: a small convolutional net on scikit-learn's 8x8 digits (shipped with it, no download);
-- `gpt`: a small decoder-only transformer, byte-level, on the dataset descriptions that ship
-  with scikit-learn (`sklearn/datasets/descr/*.rst`, English text, about 43 kB).
+- `cnn`: a small convolutional net on the 8x8 digits (`mindp/data/digits.csv.gz`, no download);
+- `gpt`: a small decoder-only transformer, byte-level, on scikit-learn's dataset descriptions
+  (`mindp/data/corpus.txt`, English text, 43 kB).
 
 Parameters are built from the seed (torch's generator seeded per model), the batches of worker
 w at step s from a numpy generator seeded with (seed, w, s) inside w's own shard, and torch runs
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mindp.workload import sklearn_datasets_dir
+from mindp.workload import DATA_DIR
 
 TORCH_MODELS = ("cnn", "gpt")
 
@@ -109,10 +109,7 @@ def n_params(module: nn.Module) -> int:
 @functools.lru_cache(maxsize=2)
 def corpus() -> np.ndarray:
     """The text corpus as bytes (uint8)."""
-    files = sorted((sklearn_datasets_dir() / "descr").glob("*.rst"))
-    if not files:
-        raise FileNotFoundError("scikit-learn's dataset descriptions (the gpt corpus) are missing")
-    return np.frombuffer(b"\n".join(f.read_bytes() for f in files), dtype=np.uint8)
+    return np.frombuffer((DATA_DIR / "corpus.txt").read_bytes(), dtype=np.uint8)
 
 
 def text_split(test_fraction: float) -> tuple[np.ndarray, np.ndarray]:

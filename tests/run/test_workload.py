@@ -1,8 +1,4 @@
 """The training workload: disjoint shards, fixed batches, correct gradients, and it learns."""
-import pathlib
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
@@ -25,26 +21,14 @@ def test_digits_split_is_seeded_and_disjoint():
     assert sum(r.tobytes() in train for r in a.x_test) < 5
 
 
-def test_digits_are_scikit_learns_bit_for_bit_without_importing_it():
-    """Workers read the digits' CSV themselves (scikit-learn's import costs 2 s of CPU a process);
-    the arrays must be what sklearn.datasets.load_digits gives, and the fallback is that function."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    for data, target in (wl.load_digits(), load_digits_by_fallback()):
-        assert data.dtype == digits.data.dtype and np.array_equal(data, digits.data)
-        assert np.array_equal(target, digits.target)
-    code = "import sys; from mindp import workload; workload.load_dataset(0); print('sklearn' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True).stdout.strip() == "False"
-
-
-def load_digits_by_fallback():
-    """load_digits as on a scikit-learn whose data file moved."""
-    real = pathlib.Path.is_file
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pathlib.Path, "is_file", lambda self: False if self.name == "digits.csv.gz" else real(self))
-        return wl.load_digits()
+def test_the_shipped_digits_are_the_8x8_digits_and_read_only():
+    data, target = wl.load_digits()
+    assert data.shape == (1797, 64) and data.dtype == np.float64 and target.shape == (1797,)
+    assert np.array_equal(data, np.round(data)) and data.min() == 0 and data.max() == 16
+    assert sorted(set(target.tolist())) == list(range(10)) and np.bincount(target).min() > 170
+    assert wl.load_digits()[0] is data  # read once per process
+    with pytest.raises(ValueError):
+        data[0, 0] = 1
 
 
 def test_shards_are_disjoint_and_cover_the_training_set(cfg):
