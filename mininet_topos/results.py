@@ -1,4 +1,4 @@
-"""A run's results: comparison with the reference trainer, summary.json, table, curve PNG."""
+"""A run's results: comparison with the reference trainer, summary.json, table, curve.svg."""
 from __future__ import annotations
 
 import json
@@ -9,6 +9,7 @@ import numpy as np
 
 from host_agent import reference
 
+from . import svgplot
 from .progress import Curve
 
 TABLE_FIELDS = ("model", "target", "workers", "steps", "jobs", "initial_loss", "final_loss", "final_accuracy",
@@ -110,25 +111,10 @@ def accuracy_label(model: str) -> str:
 
 
 def plot(path: pathlib.Path, curves: dict[int, Curve], title: str, accuracy: str = "test accuracy (%)") -> None:
-    """Training loss and test accuracy per step, one line per job, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(10, 4))
-    for job, c in sorted(curves.items()):
-        x = [s + 1 for s in c.steps]  # after step s; 0 is the initial model
-        ax_l.plot(x, c.loss, label=f"job {job}")
-        ax_a.plot(x, [a * 100 for a in c.acc], label=f"job {job}")
-    ax_l.set(xlabel="step", ylabel="training loss (cross-entropy)", ylim=(0, None))
-    ax_a.set(xlabel="step", ylabel=accuracy, ylim=(0, 100))
-    for ax in (ax_l, ax_a):
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    """Training loss and test accuracy per step, one line per job, as an SVG chart."""
+    after = {job: [s + 1 for s in c.steps] for job, c in curves.items()}  # after step s; 0: the initial model
+    loss = svgplot.Panel("step", "training loss (cross-entropy)",
+                         {f"job {j}": (after[j], list(c.loss)) for j, c in sorted(curves.items())})
+    acc = svgplot.Panel("step", accuracy, {f"job {j}": (after[j], [a * 100 for a in c.acc])
+                                           for j, c in sorted(curves.items())}, yhi=100.0)
+    path.write_text(svgplot.chart([loss, acc], title))

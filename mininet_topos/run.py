@@ -4,7 +4,7 @@
 
 Everything the run starts is recorded in build/run-state.json before the next
 thing starts, so `python -m mininet_topos.stop` (make stop) can remove it after
-a crash. Each run writes runs/<timestamp>/: summary.json, curve.png,
+a crash. Each run writes runs/<timestamp>/: summary.json, curve.svg,
 topology.json, logs/ (every process), pcaps/ (PCAP=1), and per job the
 workload, initial parameters and final parameters. The agent processes are
 started and watched by mininet_topos.agents; what the run prints (and keeps in
@@ -423,14 +423,14 @@ class Run:
         summ = results.summary({**self.cfg.to_dict(), "target": self.target}, jobs_res, wall, setup, model,
                                results.n_params(self.jobs[0].init))
         results.write_summary(self.dir / "summary.json", summ)
-        results.plot(self.dir / "curve.png", progress.curves,
+        results.plot(self.dir / "curve.svg", progress.curves,
                      results.curve_title(model, self.target, self.cfg.jobs, self.cfg.workers, self.cfg.loss),
                      results.accuracy_label(self.cfg.model))
         self.console.say("\nsummary (" + str(self.dir / "summary.json") + "):")
         self.console.say(results.table(summ))
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0
         self.console.say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
-                         f"curve: {self.dir / 'curve.png'}")
+                         f"curve: {self.dir / 'curve.svg'}")
         return 0 if exact else 1
 
     # -- after training --

@@ -1,10 +1,11 @@
 """Comparison with the reference, summary.json fields, table and curve."""
 import json
 import math
+import xml.etree.ElementTree as ET
 
 import numpy as np
 
-from mininet_topos import results
+from mininet_topos import results, svgplot
 from mininet_topos.progress import Curve
 
 
@@ -39,10 +40,34 @@ def test_summary_has_the_required_fields_and_aggregates_jobs(tmp_path):
     assert all(k in t for k in results.TABLE_FIELDS) and "0.25" in t and "cnn (3.8k parameters)" in t
 
 
-def test_curve_png(tmp_path):
-    c = Curve([-1, 0, 1], [2.0, 1.0, 0.5], [0.1, 0.5, 0.8])
-    results.plot(tmp_path / "c.png", {1: c}, "t")
-    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def series(path) -> list[list[tuple[float, float]]]:
+    """The SVG's data lines, each as its (x, y) points on the page."""
+    root = ET.parse(path).getroot()
+    lines = [e for e in root.iter("{http://www.w3.org/2000/svg}polyline") if e.get("class") == "series"]
+    return [[tuple(map(float, p.split(","))) for p in e.get("points").split()] for e in lines]
+
+
+def test_curve_svg_draws_each_jobs_loss_and_accuracy(tmp_path):
+    curves = {1: Curve([-1, 0, 1], [2.0, 1.0, 0.5], [0.1, 0.5, 0.8]), 2: Curve([-1, 0, 1], [2.2, 1.5, 1.4], [0.1, 0.3, 0.6])}
+    results.plot(tmp_path / "c.svg", curves, "mindp: mlp & <friends>")
+    text = (tmp_path / "c.svg").read_text()
+    assert "mindp: mlp &amp; &lt;friends&gt;" in text and "job 2" in text
+    loss1, loss2, acc1, acc2 = series(tmp_path / "c.svg")
+    assert len(loss1) == 3 and len(acc2) == 3
+    assert [x for x, _ in loss1] == [x for x, _ in loss2] and loss1[0][0] < loss1[1][0] < loss1[2][0]
+    # Page y grows downwards: falling loss, rising accuracy; job 2's loss ends above job 1's.
+    assert loss1[0][1] < loss1[1][1] < loss1[2][1] and acc1[0][1] > acc1[1][1] > acc1[2][1]
+    assert loss2[2][1] < loss1[2][1]
+    assert min(x for x, _ in acc1) > max(x for x, _ in loss1)  # the accuracy panel is to the right
+
+
+def test_ticks_are_round_and_cover_the_range():
+    for lo, hi in [(0, 2.3), (0, 100), (1, 7), (0, 0.004), (5, 5)]:
+        t = svgplot.ticks(lo, hi)
+        assert t[0] <= lo and t[-1] >= hi and 2 <= len(t) <= 12
+        steps = {round(b - a, 12) for a, b in zip(t, t[1:])}
+        assert len(steps) == 1 and f"{steps.pop():.0e}"[0] in "125"
+    assert all(v == int(v) for v in svgplot.ticks(0, 3, integer=True))
 
 
 def test_curve_title_names_the_model_and_says_packet_loss_only_with_loss():
@@ -56,8 +81,8 @@ def test_curve_title_names_the_model_and_says_packet_loss_only_with_loss():
 def test_the_gpt_accuracy_axis_says_next_byte(tmp_path):
     assert "next byte" in results.accuracy_label("gpt") and "next byte" not in results.accuracy_label("cnn")
     c = Curve([-1, 0], [5.6, 4.7], [0.0, 0.2])
-    results.plot(tmp_path / "g.png", {1: c}, "gpt", results.accuracy_label("gpt"))
-    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results.plot(tmp_path / "g.svg", {1: c}, "gpt", results.accuracy_label("gpt"))
+    assert "test accuracy, next byte (%)" in (tmp_path / "g.svg").read_text()
 
 
 def test_n_params_counts_every_element():
