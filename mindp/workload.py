@@ -1,8 +1,8 @@
 """The training workload of `make run`: a numpy MLP on the 8x8 digits (`model="mlp"`),
 or a torch model of `mindp.torch.models` (`cnn`, `gpt`; needs the torch extra).
 
-The data ship with mindp (`mindp/data/`, taken from scikit-learn; no download). Everything is a pure function
-of (config, worker, step, fp16 parameters), so the workers in Mininet and the
+The data ship with mindp (`mindp/data/`, taken from scikit-learn; no download). Everything is a
+pure function of (config, worker, step, fp16 parameters), so the workers in Mininet and the
 single-process reference trainer compute the very same gradient bits:
 
 - the data split and each worker's shard come from the seed;
