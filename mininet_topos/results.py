@@ -112,9 +112,7 @@ def accuracy_label(model: str) -> str:
 
 def plot(path: pathlib.Path, curves: dict[int, Curve], title: str, accuracy: str = "test accuracy (%)") -> None:
     """Training loss and test accuracy per step, one line per job, as an SVG chart."""
-    after = {job: [s + 1 for s in c.steps] for job, c in curves.items()}  # after step s; 0: the initial model
-    loss = svgplot.Panel("step", "training loss (cross-entropy)",
-                         {f"job {j}": (after[j], list(c.loss)) for j, c in sorted(curves.items())})
-    acc = svgplot.Panel("step", accuracy, {f"job {j}": (after[j], [a * 100 for a in c.acc])
-                                           for j, c in sorted(curves.items())}, yhi=100.0)
+    jobs = [(f"job {j}", [s + 1 for s in c.steps], c) for j, c in sorted(curves.items())]  # x: after step s
+    loss = svgplot.Panel("step", "training loss (cross-entropy)", {name: (x, list(c.loss)) for name, x, c in jobs})
+    acc = svgplot.Panel("step", accuracy, {name: (x, [a * 100 for a in c.acc]) for name, x, c in jobs}, yhi=100.0)
     path.write_text(svgplot.chart([loss, acc], title))
