@@ -14,10 +14,14 @@ def test_defaults_and_make_style_values():
     assert (cfg.target, cfg.workers, cfg.steps, cfg.loss, cfg.jobs, cfg.seed, cfg.pcap) == \
         ("embedded", 2, 5, 0.05, 2, 7, True)
     assert (cfg.cli, cfg.log, cfg.model) == ("auto", "off", "mlp")
+    assert (config.parse(cli="1", log="DEBUG").cli, config.parse(log="DEBUG").log) == ("1", "debug")
+
+
+def test_torch_models_are_named_in_any_case_with_their_own_learning_rates():
+    pytest.importorskip("torch")  # without it MODEL=cnn|gpt is a one-line refusal (tested below)
     assert [config.parse(model=m).model for m in (" cnn", "GPT", "mlp")] == ["cnn", "gpt", "mlp"]
     assert [config.parse(model=m).lr for m in ("mlp", "cnn", "gpt")] == [0.01, 0.01, 0.003]
     assert config.parse(model="gpt", lr="0.02").lr == 0.02
-    assert (config.parse(cli="1", log="DEBUG").cli, config.parse(log="DEBUG").log) == ("1", "debug")
 
 
 @pytest.mark.parametrize("kw, name", [
