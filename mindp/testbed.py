@@ -16,6 +16,7 @@ import select
 import socket
 import subprocess
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -201,20 +202,38 @@ class FrameTap:
 
     `accept` filters what counts (default: every frame, so a test can assert
     that nothing else arrived).
+
+    The quiet period a collect waits for extras follows this machine's pace: a switch makes any
+    extra frame in the same processing as the frames a test waits for, so it comes out within
+    about the time the tap's recent exchanges took (last send to the frame that completed a
+    collect). The period is GRACE_FACTOR times the slowest of the last few, at least MIN_GRACE and
+    at most the caller's `grace` (which alone applies before the first exchange).
     """
+
+    GRACE_FACTOR = 10
+    MIN_GRACE = 0.03
 
     def __init__(self, bed: Testbed, names: list[str] | None = None,
                  accept: Callable[[bytes], bool] | None = None):
         self.socks = {name: bed.hosts[name].socket() for name in (names or list(bed.hosts))}
         self.by_fd = {s.fileno(): name for name, s in self.socks.items()}
         self.accept = accept
+        self._sent_at: float | None = None
+        self._exchanges: deque[float] = deque(maxlen=16)
 
     def send(self, host: str, frame: bytes) -> None:
         self.socks[host].send(frame)
+        self._sent_at = time.monotonic()
+
+    def quiet_period(self, grace: float) -> float:
+        if not self._exchanges:
+            return grace
+        return min(grace, max(self.MIN_GRACE, self.GRACE_FACTOR * max(self._exchanges)))
 
     def collect(self, n: int = 0, timeout: float = 10.0, grace: float = 0.25) -> dict[str, list[bytes]]:
-        """Frames per host: wait until `n` arrived, then `grace` more for extras. Gives up waiting
-        once `timeout` s pass without a new frame (a slow machine's frames come late, not never)."""
+        """Frames per host: wait until `n` arrived, then a quiet period (at most `grace`) for extras.
+        Gives up waiting once `timeout` s pass without a new frame (a slow machine's frames come
+        late, not never)."""
         got: dict[str, list[bytes]] = {name: [] for name in self.socks}
         total = 0
         deadline = time.monotonic() + timeout
@@ -222,7 +241,9 @@ class FrameTap:
         while True:
             now = time.monotonic()
             if total >= n and quiet_until is None:
-                quiet_until = now + grace
+                if n and self._sent_at is not None:
+                    self._exchanges.append(now - self._sent_at)
+                quiet_until = now + self.quiet_period(grace)
             end = quiet_until if quiet_until is not None else deadline
             if now >= end:
                 return got
