@@ -137,12 +137,16 @@ class _Client(P4RuntimeClient):
         super().__init__(device_id, grpc_addr, election_id, None, ssl_options)
 
     def set_up_stream(self):
+        # One call that waits for the channel, not channel_ready_future: that one leaves a connectivity
+        # watch pending for up to 0.2 s, which channel.close() then waits out (every mindp-ctl command).
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=self._timeout)
-        except grpc.FutureTimeoutError:
-            self.channel.close()
-            raise SwitchUnreachable(f"cannot reach the switch at {self._grpc_addr} (no gRPC server answered "
-                                    f"within {self._timeout:g} s)") from None
+            self.stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=self._timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                self.channel.close()
+                raise SwitchUnreachable(f"cannot reach the switch at {self._grpc_addr} (no gRPC server answered "
+                                        f"within {self._timeout:g} s)") from None
+            # any other answer (e.g. UNIMPLEMENTED) still says a server is there
         if not self._arbitrate:  # reads need no session: a reader never competes for primary
             return
         self.stream_out_q = queue.Queue()
