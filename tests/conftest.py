@@ -35,7 +35,8 @@ if _worker.startswith("gw"):
 #: Packages of long tests (processes, whole trainings; `make run` end to end first), handed out
 #: before the short ones so the run does not end waiting on one long test.
 LONG_FIRST = ("tests/run/test_make_run", "tests/run/test_leafspine.py", "tests/torch/", "tests/host_agent/",
-              "tests/run/test_run_failures.py", "tests/controller/")
+              "tests/run/test_run_failures.py", "tests/test_p4_artifacts.py", "tests/softswitch/test_programs.py",
+              "tests/controller/")
 
 
 def pytest_collection_modifyitems(items):
