@@ -17,7 +17,14 @@ from typing import Callable, Hashable
 STALL = 60.0
 #: Default hang guard: far beyond any test's or start-up's duration on a loaded machine.
 CAP = 1800.0
-MEASURE_EVERY = 0.5
+#: Longest time between two looks at a progress measure (they scan /proc: every live process's stat
+#: file for a process tree); a wait looks ten times per `stall` at most, so a stall is seen late by
+#: a tenth at most.
+MEASURE_EVERY = 2.0
+
+
+def look_every(stall: float) -> float:
+    return min(MEASURE_EVERY, stall / 10)
 
 
 class Stalled(TimeoutError):
@@ -38,14 +45,14 @@ def wait(done: Callable[[], bool], progress: Callable[[], Hashable], *, stall: f
     while not done():
         now = time.monotonic()
         if now >= next_look:  # progress measures may scan /proc: not at every poll
-            next_look = now + MEASURE_EVERY
+            next_look = now + look_every(stall)
             value = progress()
             if value != seen:
                 seen, last_change = value, now
             elif now - last_change > stall:
                 raise Stalled(f"{what}: no progress for {stall:g} s")
-            if now - start > cap:
-                raise Stalled(f"{what}: still running after {cap:g} s (hang guard)")
+        if now - start > cap:
+            raise Stalled(f"{what}: still running after {cap:g} s (hang guard)")
         time.sleep(poll)
 
 
@@ -166,7 +173,7 @@ def communicate(proc: subprocess.Popen, input: str | bytes | None = None, *, sta
     seen, pending = measure(), input
     while True:
         try:
-            return proc.communicate(pending, timeout=MEASURE_EVERY)
+            return proc.communicate(pending, timeout=look_every(stall))
         except subprocess.TimeoutExpired:
             pending = None  # given once: communicate() goes on feeding it
         now, value = time.monotonic(), measure()
