@@ -8,6 +8,7 @@ counters as plain data (controller.model).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import math
@@ -91,12 +92,24 @@ class TLS:
 
 
 def load_p4info(path: str | pathlib.Path) -> p4info_pb2.P4Info:
+    """The P4Info in a text file (a fresh message: callers may change it)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise SwitchError(f"cannot read P4Info {path}: {exc}") from None
+    return p4info_pb2.P4Info.FromString(_p4info_bytes(str(path), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _p4info_bytes(path: str, mtime_ns: int, size: int) -> bytes:
+    """Parsed once per file version: the text parser (pure-Python protobuf) takes ~20x as long as
+    the binary one, and a process opens a session per switch, often many."""
     info = p4info_pb2.P4Info()
     try:
         text_format.Parse(pathlib.Path(path).read_text(), info, allow_unknown_field=True)
     except (OSError, text_format.ParseError) as exc:
         raise SwitchError(f"cannot read P4Info {path}: {exc}") from None
-    return info
+    return info.SerializeToString()
 
 
 def pipeline_cookie(p4info_path: str | pathlib.Path, json_path: str | pathlib.Path) -> int:

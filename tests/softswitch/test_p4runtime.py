@@ -1,6 +1,7 @@
 """P4Runtime server over real gRPC: p4runtime-shell works against it, and bad
 requests get BMv2's status codes while the server keeps serving."""
 import asyncio
+import functools
 import queue
 import socket
 
@@ -33,7 +34,13 @@ def server():
 
 
 def p4info(path=artifacts.P4INFO) -> p4info_pb2.P4Info:
-    return text_format.Parse(path.read_text(), p4info_pb2.P4Info())
+    """A fresh message (tests change theirs), parsed from text once per file."""
+    return p4info_pb2.P4Info.FromString(_p4info_bytes(path))
+
+
+@functools.lru_cache
+def _p4info_bytes(path) -> bytes:
+    return text_format.Parse(path.read_text(), p4info_pb2.P4Info()).SerializeToString()
 
 
 class Client:
