@@ -203,11 +203,13 @@ class FrameTap:
     `accept` filters what counts (default: every frame, so a test can assert
     that nothing else arrived).
 
-    The quiet period a collect waits for extras follows this machine's pace: a switch makes any
-    extra frame in the same processing as the frames a test waits for, so it comes out within
-    about the time the tap's recent exchanges took (last send to the frame that completed a
-    collect). The period is GRACE_FACTOR times the slowest of the last few, at least MIN_GRACE and
-    at most the caller's `grace` (which alone applies before the first exchange).
+    The quiet period after the frames a collect expects follows this machine's pace: a switch makes
+    any extra frame in the same processing as the expected ones, so it comes out within about the
+    time the tap's recent exchanges took (last send to the frame that completed a collect). The
+    period is GRACE_FACTOR times the slowest of the last few, at least MIN_GRACE and at most the
+    caller's `grace` (which alone applies before the first exchange). A collect that expects no
+    frame waits the whole `grace`: nothing arriving does not show that the switch has processed
+    what was sent, and tests read its counters next.
     """
 
     GRACE_FACTOR = 10
@@ -231,7 +233,7 @@ class FrameTap:
         return min(grace, max(self.MIN_GRACE, self.GRACE_FACTOR * max(self._exchanges)))
 
     def collect(self, n: int = 0, timeout: float = 10.0, grace: float = 0.25) -> dict[str, list[bytes]]:
-        """Frames per host: wait until `n` arrived, then a quiet period (at most `grace`) for extras.
+        """Frames per host: wait until `n` arrived, then a quiet period (`grace` at most) for extras.
         Gives up waiting once `timeout` s pass without a new frame (a slow machine's frames come
         late, not never)."""
         got: dict[str, list[bytes]] = {name: [] for name in self.socks}
@@ -243,7 +245,7 @@ class FrameTap:
             if total >= n and quiet_until is None:
                 if n and self._sent_at is not None:
                     self._exchanges.append(now - self._sent_at)
-                quiet_until = now + self.quiet_period(grace)
+                quiet_until = now + (self.quiet_period(grace) if n else grace)
             end = quiet_until if quiet_until is not None else deadline
             if now >= end:
                 return got
