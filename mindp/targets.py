@@ -205,6 +205,12 @@ class SwitchProcess:
         if not cli:
             raise TargetError("simple_switch_CLI not found: cannot set BMv2 queue depth")
         port = self.cfg.thrift_port or 9090
+        # BMv2 may open its Thrift port a moment after gRPC (start() waits for gRPC only).
+        try:
+            progress.wait(lambda: grpc_port_open(f"127.0.0.1:{port}"), progress.activity(self.proc.pid), stall=30,
+                          poll=0.02, what="BMv2 opening its Thrift port")
+        except progress.Stalled as exc:
+            raise TargetError(f"set_queue_depth: {exc}") from None
         # The CLI is a Python script that needs `thrift`: run it with our interpreter (the venv sees
         # Debian's python3-thrift), not whichever python3 comes first on PATH.
         try:
