@@ -1,18 +1,17 @@
 """P4Runtime server over real gRPC: p4runtime-shell works against it, and bad
 requests get BMv2's status codes while the server keeps serving."""
 import asyncio
-import functools
 import queue
 import socket
 
 import grpc
 import pytest
-from google.protobuf import text_format
 from google.rpc import code_pb2, status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 import p4runtime_sh.shell as sh
+from controller.p4runtime import load_p4info
 from mindp import progress, targets
 from p4src import artifacts
 from softswitch.engine import Engine
@@ -34,13 +33,8 @@ def server():
 
 
 def p4info(path=artifacts.P4INFO) -> p4info_pb2.P4Info:
-    """A fresh message (tests change theirs), parsed from text once per file."""
-    return p4info_pb2.P4Info.FromString(_p4info_bytes(path))
-
-
-@functools.lru_cache
-def _p4info_bytes(path) -> bytes:
-    return text_format.Parse(path.read_text(), p4info_pb2.P4Info()).SerializeToString()
+    """A fresh message (tests change theirs); the controller's loader parses each file once."""
+    return load_p4info(path)
 
 
 class Client:
