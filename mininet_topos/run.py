@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", default="64", help="MLP hidden units")
     p.add_argument("--batch", default="32", help="examples per worker and step")
     p.add_argument("--lr", default="auto", help="AdamW learning rate (auto: 0.01, gpt 0.003)")
-    p.add_argument("--slots", default="64", help="aggregation slots per job")
+    p.add_argument("--slots", default="auto", help="aggregation slots per job, its window of chunks in flight "
+                   "(auto: half the switch's pool)")
     p.add_argument("--grpc-port", default="9559")
     p.add_argument("--thrift-port", default="9090", help="the switch's Thrift runtime port (simple_switch_CLI)")
     p.add_argument("--p4", choices=("auto", "compile", "committed"), default="auto",

@@ -63,6 +63,31 @@ def test_kernel_equals_the_numpy_composition_bit_for_bit(kernel, kind, wd, n):
 @needs_numba
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 @pytest.mark.parametrize("kernel", KERNELS)
+def test_a_batch_on_the_kernels_threads_equals_it_in_small_batches_on_one(kernel, kind):
+    import numba
+
+    n = fused.SERIAL_BELOW + 37  # one call on the threads; below, slices of it on the calling thread
+    rng = np.random.default_rng(3)
+    cfg = OptimizerConfig(kind=kind, lr=3e-3, weight_decay=0.05)
+    src = hard_records(rng, n)
+    sums = rng.integers(-(1 << 40), 1 << 40, size=(n, K))
+    nworkers = rng.integers(1, 6, size=n).astype(np.float64)
+    whole, parts = src.copy(), src.copy()
+    whole_p, parts_p = np.empty((n, K), np.float16), np.empty((n, K), np.float16)
+    threads = numba.get_num_threads()
+    fused.update_records(cfg, src, whole, sums, nworkers, 3, whole_p, kernel)
+    for lo in range(0, n, 1000):
+        hi = min(lo + 1000, n)
+        fused.update_records(cfg, src[lo:hi], parts[lo:hi], sums[lo:hi], nworkers[lo:hi], 3, parts_p[lo:hi], kernel)
+    assert numba.get_num_threads() == threads  # a small batch gives the threads back
+    assert np.array_equal(whole.view(np.uint32), parts.view(np.uint32))
+    assert np.array_equal(whole_p.view(np.uint16), parts_p.view(np.uint16))
+    assert not np.array_equal(whole, src)
+
+
+@needs_numba
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_narrow_and_wide_rows_mixed_in_a_block_equal_the_numpy_composition(kernel, kind):
     """Rows of sums within int32 averaged over a power-of-two count take the kernel's float32
     conversion; a row with one sum just past int32, or a count of 3, 5 or 6, the float64 one."""

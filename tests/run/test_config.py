@@ -17,6 +17,16 @@ def test_defaults_and_make_style_values():
     assert (config.parse(cli="1", log="DEBUG").cli, config.parse(log="DEBUG").log) == ("1", "debug")
 
 
+def test_slots_default_to_half_the_pool_and_the_jobs_must_fit_it():
+    from mindp.switch_constants import POOL_SLOTS
+
+    assert config.parse().slots == config.parse(jobs="2").slots == POOL_SLOTS // 2
+    assert config.parse(slots="64").slots == 64
+    assert config.parse(slots=str(POOL_SLOTS)).slots == POOL_SLOTS
+    with pytest.raises(config.RunConfigError, match=rf"^--slots must be an integer in 1..{POOL_SLOTS // 2}, got"):
+        config.parse(slots=str(POOL_SLOTS // 2 + 1), jobs="2")
+
+
 def test_torch_models_are_named_in_any_case_with_their_own_learning_rates():
     pytest.importorskip("torch")  # without it MODEL=cnn|gpt is a one-line refusal (tested below)
     assert [config.parse(model=m).model for m in (" cnn", "GPT", "mlp")] == ["cnn", "gpt", "mlp"]
