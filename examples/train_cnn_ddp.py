@@ -75,7 +75,7 @@ def main():
         opt.step()
         sched.step()
         if rank == 0:
-            print(json.dumps({"step": step, "loss": float(loss)}), flush=True)
+            print(json.dumps({"step": step, "loss": loss.item()}), flush=True)
     if args.out and rank == 0:
         torch.save(model.module.state_dict(), args.out)
 
