@@ -5,7 +5,7 @@ import json
 import math
 import pathlib
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from mindp import INSTALL_TORCH
 from mindp.protocol import MAX_WORKERS
@@ -19,10 +19,11 @@ CLI_MODES = ("auto", "0", "1")  # auto: the Mininet CLI when stdin and stdout ar
 LOG_LEVELS = ("off", "info", "debug", "trace")  # the switch's log level; debug and trace log every packet
 # AdamW's learning rate when --lr is auto: at 0.01 the transformer's loss jumps back up after 3 steps.
 DEFAULT_LR = {"mlp": 0.01, "cnn": 0.01, "gpt": 0.003}
-# A job's window is its slots (a chunk's slot is reused once its parameters are back), so few slots
-# let round trips set a big model's pace: the gpt ran 0.19 steps/s with 64 slots, 0.33 with 512.
-# Half the pool each, so that two jobs (JOBS=2) still fit it.
-DEFAULT_SLOTS = POOL_SLOTS // 2
+# --slots auto: a job's slots are each worker's window of chunks in flight. The embedded switch
+# (8 MiB of socket buffer a port) takes half the pool, so that two jobs still fit: the gpt ran 0.19
+# steps/s with 64, 0.33 with 512. BMv2 drops what its queues cannot hold: with 512 its gpt run
+# retransmitted 45,771 times in 3 steps (160 with 64) at the same speed.
+AUTO_SLOTS = {"embedded": POOL_SLOTS // 2, "bmv2": 64}
 
 
 class RunConfigError(ValueError):
@@ -42,7 +43,7 @@ class RunConfig:
     hidden: int = 64
     batch: int = 32
     lr: float = 0.01
-    slots: int = DEFAULT_SLOTS
+    slots: int = 0  # 0: auto, slots_for(target)
     grpc_port: int = 9559
     thrift_port: int = 9090
     cli: str = "auto"
@@ -61,6 +62,10 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def on(self, target: str) -> RunConfig:
+        """This run on the resolved `target`: --slots auto made a number."""
+        return self if self.slots else replace(self, slots=AUTO_SLOTS[target])
 
 
 def _int(name: str, text: str, lo: int, hi: int) -> int:
@@ -126,7 +131,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         hidden=_int("--hidden", hidden, 1, 4096),
         batch=_int("--batch", batch, 1, 1024),
         lr=DEFAULT_LR[model_name] if str(lr).strip() == "auto" else _float("--lr", lr, 1e-9, 10.0),
-        slots=DEFAULT_SLOTS if str(slots).strip() == "auto" else _int("--slots", slots, 1, POOL_SLOTS // jobs_n),
+        slots=0 if str(slots).strip() == "auto" else _int("--slots", slots, 1, POOL_SLOTS // jobs_n),
         grpc_port=_int("--grpc-port", grpc_port, 1, 65535),
         thrift_port=_int("--thrift-port", thrift_port, 1, 65535),
         cli=cli_text,

@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", default="32", help="examples per worker and step")
     p.add_argument("--lr", default="auto", help="AdamW learning rate (auto: 0.01, gpt 0.003)")
     p.add_argument("--slots", default="auto", help="aggregation slots per job, its window of chunks in flight "
-                   "(auto: half the switch's pool)")
+                   "(auto: 512 on the embedded switch, half its pool; 64 on BMv2)")
     p.add_argument("--grpc-port", default="9559")
     p.add_argument("--thrift-port", default="9090", help="the switch's Thrift runtime port (simple_switch_CLI)")
     p.add_argument("--p4", choices=("auto", "compile", "committed"), default="auto",
@@ -475,6 +475,7 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
     run = None
     try:
         target = preflight(cfg)
+        cfg = cfg.on(target)
         run_dir = new_run_dir(args.runs_dir)
         clean.point_latest(run_dir.parent, run_dir)
         state.run_dir = str(run_dir)

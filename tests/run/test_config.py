@@ -17,11 +17,13 @@ def test_defaults_and_make_style_values():
     assert (config.parse(cli="1", log="DEBUG").cli, config.parse(log="DEBUG").log) == ("1", "debug")
 
 
-def test_slots_default_to_half_the_pool_and_the_jobs_must_fit_it():
+def test_slots_auto_follow_the_target_and_the_jobs_must_fit_the_pool():
     from mindp.switch_constants import POOL_SLOTS
 
-    assert config.parse().slots == config.parse(jobs="2").slots == POOL_SLOTS // 2
-    assert config.parse(slots="64").slots == 64
+    auto = config.parse()
+    assert auto.on("embedded").slots == config.parse(jobs="2").on("embedded").slots == POOL_SLOTS // 2
+    assert auto.on("bmv2").slots == 64
+    assert config.parse(slots="100").on("embedded").slots == config.parse(slots="100").on("bmv2").slots == 100
     assert config.parse(slots=str(POOL_SLOTS)).slots == POOL_SLOTS
     with pytest.raises(config.RunConfigError, match=rf"^--slots must be an integer in 1..{POOL_SLOTS // 2}, got"):
         config.parse(slots=str(POOL_SLOTS // 2 + 1), jobs="2")
