@@ -214,10 +214,14 @@ class _Client(P4RuntimeClient):
             self._on_arbitration(rep)
 
     def tear_down(self, grace: float = 2.0):
-        """End the session without waiting on the switch: closing the channel cancels the stream,
-        so a hung (e.g. stopped) switch cannot keep the receive thread, and us, waiting."""
+        """End the session: half-close the stream and wait (`grace` at most) for the switch to end
+        it, which it does once it has let go of our election id, so that a next session with the
+        same id (the next mindp-ctl command) is not refused as 'in use'. Closing the channel then
+        cancels whatever is left: a hung (e.g. stopped) switch cannot keep us waiting longer."""
         if self.stream_out_q:
             self.stream_out_q.put(None)
+            if self.stream_recv_thread:
+                self.stream_recv_thread.join(grace)
         self.channel.close()
         if self.stream_recv_thread:
             self.stream_recv_thread.join(grace)
