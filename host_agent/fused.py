@@ -58,7 +58,7 @@ except ImportError:  # pragma: no cover - exercised by forcing NUMPY_ONLY
 NUMPY_ONLY = numba is None or os.environ.get("MINDP_NO_NUMBA") == "1"
 KERNELS = ("auto", "avx2", "portable")  # MINDP_KERNEL's values
 BLOCK = 64  # records per task of the kernel's parallel loop (their gradients, 8 KiB, stay in L1)
-# Smaller batches run on the calling thread: waking the pool cost more than it saved (a batch of 8
+# Batches of fewer records run on the calling thread: waking the pool cost more than it saved (8
 # records: 45 us against 18 us on one thread, 73 against 16 with the cores busy), and a node that
 # keeps up with the switch applies a few sums at a time.
 SERIAL_BELOW = 4096

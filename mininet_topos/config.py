@@ -43,7 +43,7 @@ class RunConfig:
     hidden: int = 64
     batch: int = 32
     lr: float = 0.01
-    slots: int = 0  # 0: auto, slots_for(target)
+    slots: int = 0  # 0: auto, made a number for the resolved target by on()
     grpc_port: int = 9559
     thrift_port: int = 9090
     cli: str = "auto"
