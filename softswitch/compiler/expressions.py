@@ -205,11 +205,6 @@ class ExpressionEmitter:
             if self.deps[name] & slots:
                 del self.avail[node]
 
-    def invalidate_regs(self) -> None:
-        for node, name in list(self.avail.items()):
-            if reads_state(node):
-                del self.avail[node]
-
     def take_pre(self) -> list[str]:
         pre, self.pre = self.pre, []
         return pre

@@ -155,8 +155,7 @@ def register_write(builder, params, widths, emitter):
     out += [f"if {index} < {builder.registers[register]}:", f"    R_{number}[{index}] = {value}"]
     if builder.traced:
         out.append(f"    _trace.reg({number}, {index}, R_{number}[{index}])")
-    emitter.invalidate_regs()
-    return out
+    return out  # no temporary reads a register (ExpressionEmitter.expr binds none): none to forget
 
 
 def count(builder, params, widths, emitter):

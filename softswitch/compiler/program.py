@@ -52,6 +52,9 @@ class CompiledProgram:
     slots: dict[str, int]  # v1model intrinsic fields used by the engine
     program_json: dict = field(repr=False, default_factory=dict)
     traced_ns: dict | None = field(repr=False, default=None)
+    # The ProgramBuilder that generated it: its layout, expressions and indexes, which the C
+    # generator (softswitch.native) reuses rather than generating the program a second time.
+    analysis: ProgramBuilder | None = field(repr=False, default=None)
 
     def traced(self) -> dict:
         """The namespace of the same program compiled with trace calls (built on first use),
@@ -142,7 +145,7 @@ class ProgramBuilder:
                 init[header.valid] = 1
         return CompiledProgram(source, ns, self.layout, tables, {t.id: t for t in tables.values()}, registers,
                                self.reg_widths, counters, self.direct_counters, self.actions, init, self.drop_port,
-                               self.slots, self.j)
+                               self.slots, self.j, analysis=self)
 
     def build_traced(self, plain: CompiledProgram) -> dict:
         """The traced namespace over `plain`'s tables, registers and counters."""

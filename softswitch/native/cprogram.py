@@ -7,7 +7,7 @@ from __future__ import annotations
 import pathlib
 from dataclasses import dataclass
 
-from ..compiler import CompiledProgram, ProgramBuilder
+from ..compiler import CompiledProgram
 from ..compiler_errors import UnsupportedConstruct
 from .cactions import generate_action
 from .cexpr import FIELD_BITS
@@ -51,8 +51,7 @@ class CtxLayout:
 
 class CBuilder:
     def __init__(self, program: CompiledProgram):
-        self.py = ProgramBuilder(program.program_json, program.drop_port)
-        self.py.generate()  # the Python generator's analysis: layout, expressions, indexes
+        self.py = program.analysis  # the Python generator's analysis: layout, expressions, indexes
         self.j = program.program_json
         self.layout = self.py.layout
         self.exprs = self.py.exprs
