@@ -12,6 +12,7 @@ to another primary controller; the others become primary with --election-id
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -658,9 +659,31 @@ COMMANDS = {"push": cmd_push, "jobs": cmd_jobs, "workers": cmd_workers, "slots":
 
 
 def main(argv: list[str] | None = None) -> int:
+    """mindp-ctl with `argv`: the exit status; output on sys.stdout, errors and log lines on sys.stderr
+    (those of this call: main may be called again in the same process)."""
     args = parser().parse_args(argv)
-    logging.basicConfig(format="mindp-ctl: %(levelname)s: %(message)s",
-                        level=logging.INFO if args.verbose else logging.WARNING)
+    with _log_to_stderr(logging.INFO if args.verbose else logging.WARNING):
+        return _main(args)
+
+
+@contextlib.contextmanager
+def _log_to_stderr(level: int):
+    """mindp's log lines, `level` and above, on the current sys.stderr while the command runs."""
+    logger = logging.getLogger("mindp")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("mindp-ctl: %(levelname)s: %(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.level, logger.propagate = saved
+
+
+def _main(args) -> int:
     ctl = None
     try:
         topo = load_topology(args)

@@ -1,6 +1,8 @@
 """mindp-ctl end to end against a real switch: a session, and bad input as one line and a non-zero exit."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import pathlib
@@ -9,6 +11,7 @@ import sys
 
 import pytest
 
+from controller.cli import main as ctl_main
 from controller import p4info_names as n
 from controller.controller import Controller
 from controller.p4runtime import TIMEOUT_ENV, SwitchConnection
@@ -21,12 +24,28 @@ def ctl_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "controller"]
 
 
+def in_process(argv: list[str]) -> subprocess.CompletedProcess:
+    """mindp-ctl's main in this process (a process start costs ~0.4 s of CPU; the entry point itself
+    is run as a process by the tests below that call ctl_command)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = ctl_main(argv)
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
 class Ctl:
     def __init__(self, addr: str, topo_path: pathlib.Path):
-        self.base = [*ctl_command(), "--grpc-addr", addr, "--topology", str(topo_path)]
+        self.options = ["--grpc-addr", addr, "--topology", str(topo_path)]
 
     def run(self, *args: str, ok: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
-        proc = progress.run([*self.base, *args], capture_output=True, text=True, input=stdin)
+        """`shell` (it execs p4runtime-shell, reading `stdin`) as a process; other commands in-process."""
+        if "shell" in args:
+            proc = progress.run([*ctl_command(), *self.options, *args], capture_output=True, text=True, input=stdin)
+        else:
+            proc = in_process([*self.options, *args])
         if ok:
             assert proc.returncode == 0, f"{args}: {proc.stderr}"
             assert proc.stderr == "", proc.stderr
