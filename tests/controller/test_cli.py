@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from controller.cli import main as ctl_main
 from controller import p4info_names as n
+from controller.cli import main as ctl_main
 from controller.controller import Controller
 from controller.p4runtime import TIMEOUT_ENV, SwitchConnection
 from mindp import progress, targets
