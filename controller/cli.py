@@ -12,7 +12,6 @@ to another primary controller; the others become primary with --election-id
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -653,37 +652,20 @@ def cmd_topo_single(args, ctl: Controller, topo: Topology | None) -> None:
     emit(args, data, tree.text(data))
 
 
-COMMANDS = {"push": cmd_push, "jobs": cmd_jobs, "workers": cmd_workers, "slots": cmd_slots,
-            "stats": cmd_stats, "tables": cmd_tables, "cells": cmd_cells,
-            "topo": cmd_topo_single}
+COMMANDS = {"push": cmd_push, "jobs": cmd_jobs, "workers": cmd_workers, "slots": cmd_slots, "stats": cmd_stats,
+            "tables": cmd_tables, "cells": cmd_cells, "topo": cmd_topo_single}
 
 
 def main(argv: list[str] | None = None) -> int:
-    """mindp-ctl with `argv`: the exit status; output on sys.stdout, errors and log lines on sys.stderr
-    (those of this call: main may be called again in the same process)."""
+    """mindp-ctl with `argv` -> its exit status; log lines on this call's sys.stderr (main may run again)."""
     args = parser().parse_args(argv)
-    with _log_to_stderr(logging.INFO if args.verbose else logging.WARNING):
-        return _main(args)
-
-
-@contextlib.contextmanager
-def _log_to_stderr(level: int):
-    """mindp's log lines, `level` and above, on the current sys.stderr while the command runs."""
-    logger = logging.getLogger("mindp")
+    log = logging.getLogger("mindp")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("mindp-ctl: %(levelname)s: %(message)s"))
-    saved = logger.level, logger.propagate
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
-    try:
-        yield
-    finally:
-        logger.removeHandler(handler)
-        logger.level, logger.propagate = saved
-
-
-def _main(args) -> int:
+    saved = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if args.verbose else logging.WARNING)
+    log.propagate = False
     ctl = None
     try:
         topo = load_topology(args)
@@ -710,6 +692,8 @@ def _main(args) -> int:
     finally:
         if ctl is not None:
             ctl.close()
+        log.removeHandler(handler)
+        log.level, log.propagate = saved
 
 
 if __name__ == "__main__":
