@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from host_agent import node_core, node_socket, optim, reference, state  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
-from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
+from host_agent.window import RtoConfig  # noqa: E402
+from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
 from mindp import codec  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402

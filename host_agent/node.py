@@ -20,7 +20,7 @@ from .node_core import NodeCore
 from .node_socket import NodeAddress, OptimizerNode
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError, StorageError
-from .worker import RtoConfig
+from .window import RtoConfig
 
 #: Default linger: twice the workers' largest RTO plus a second, so that a worker whose last
 #: parameters were lost retransmits (and is answered) before the node exits.

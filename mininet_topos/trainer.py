@@ -23,7 +23,8 @@ import numpy as np
 from host_agent import agent_args, optim, rawsock
 from host_agent.optim import ConfigError
 from host_agent.resume import ResumeFile
-from host_agent.worker import RtoConfig, StepTimeout, WorkerAgent, WorkerConfig
+from host_agent.window import RtoConfig, StepTimeout
+from host_agent.worker import WorkerAgent, WorkerConfig
 from mindp import workload
 from mindp.topology import Topology, TopologyError
 

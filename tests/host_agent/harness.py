@@ -17,7 +17,8 @@ from controller.controller import Controller
 from host_agent import optim, rawsock
 from mindp import progress, targets, testbed
 from mindp.topology import JobSpec, star
-from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig
+from host_agent.window import RtoConfig
+from host_agent.worker import WorkerAgent, WorkerConfig
 
 from .helpers import initial_fp16, same_bits
 

@@ -116,7 +116,7 @@ def test_node_lingers_past_the_workers_largest_rto():
     """A worker whose last parameters were lost retransmits after at most its largest RTO: the
     node must still be there (default linger), with room for one more backed-off attempt."""
     from host_agent.node import LINGER, build_parser
-    from host_agent.worker import RtoConfig
+    from host_agent.window import RtoConfig
 
     assert build_parser().parse_args(["--state-dir", "S"]).linger == LINGER >= 2 * RtoConfig.max
 

@@ -12,7 +12,7 @@ import pytest
 
 from host_agent import fused, optim, reference
 from host_agent.optim import OptimizerConfig
-from host_agent.worker import RtoConfig, StepTimeout
+from host_agent.window import RtoConfig, StepTimeout
 from mindp import codec, progress
 from mindp.protocol import K, Kind
 

@@ -15,7 +15,7 @@ import pytest
 from host_agent import optim, reference
 from host_agent.optim import OptimizerConfig
 from host_agent.resume import ResumeFile
-from host_agent.worker import RtoConfig
+from host_agent.window import RtoConfig
 from mindp import INSTALL_TORCH
 
 from tests.conftest import TARGET_PARAMS

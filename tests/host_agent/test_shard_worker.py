@@ -6,7 +6,8 @@ import threading
 import numpy as np
 
 from host_agent import optim, shards
-from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig
+from host_agent.window import RtoConfig
+from host_agent.worker import WorkerAgent, WorkerConfig
 from mindp import codec
 from mindp.protocol import Kind
 from mindp.topology import Host, JobSpec, SwitchSpec, Topology

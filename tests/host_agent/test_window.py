@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from host_agent.worker import RtoConfig, RttEstimator, StepTimeout, Window, slot_and_version
+from host_agent.window import RtoConfig, RttEstimator, StepTimeout, Window
+from host_agent.worker import slot_and_version
 from mindp import schedule
 
 

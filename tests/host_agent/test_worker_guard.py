@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from host_agent import optim, rawsock
-from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version
+from host_agent.window import RtoConfig
+from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version
 from mindp import codec, progress, testbed
 from mindp.protocol import K, Kind
 from mindp.topology import star

@@ -9,7 +9,8 @@ import pytest
 from host_agent import optim
 from host_agent.optim import ConfigError
 from host_agent.resume import ResumeFile
-from host_agent.worker import RtoConfig, WorkerAgent, WorkerConfig, slot_and_version
+from host_agent.window import RtoConfig
+from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version
 from mindp import INSTALL_TORCH, codec
 from mindp.protocol import K, Flag, Kind
 

@@ -1,0 +1,271 @@
+"""One step of one worker as a pure state machine: the slot window, retransmission timeouts after
+RFC 6298 with back-off and fast retransmit, and the deadline. host_agent.worker runs it on a socket."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mindp import progress
+
+from .optim import ConfigError
+
+
+@dataclass(frozen=True)
+class RtoConfig:
+    """Retransmission timing (seconds). RTO follows RFC 6298 from round trips of chunks sent once."""
+
+    initial: float = 1.0  # RFC 6298 2.1: the first window waits for every peer to start
+    min: float = 0.02
+    # Cap of the timeouts' back-off, not of the measured RTO: when round trips are longer (more
+    # workers than cores, each slot waiting for the slowest), retransmitting before an answer can
+    # come only feeds a storm, so the cap rises to the measured RTO (itself at most deadline / 4,
+    # a few tries before the step fails).
+    max: float = 2.0
+    # Fail the step after this long without any new parameter chunk: mindp.progress's stall limit, as
+    # for every wait in the project (a software switch tracing every packet on a busy laptop can
+    # go 15 s without answering, and nothing is stuck).
+    deadline: float = progress.STALL
+    # Fast retransmit: a chunk sent once is resent at once when the parameters of a chunk this
+    # many places later arrived (0: off). Chunks are sent, aggregated and answered in order, so
+    # a later chunk's answer means this one's gradient, sum or parameters were lost.
+    fast_after: int = 3
+    # At most this many chunks resent per timeout, the oldest; the others wait one RTO more. A
+    # window that times out whole is rarely lost whole: its answers are late (a slow peer, a busy
+    # switch), and resending it all makes them later (each resend of a completed chunk is
+    # multicast to every worker again). Losses inside the window go by fast retransmit.
+    burst: int = 16
+
+    def __post_init__(self):
+        times = (self.initial, self.min, self.max, self.deadline)
+        if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
+            raise ConfigError(f"retransmission times and the deadline must be finite and > 0, got {times}")
+        if self.min > self.max or self.fast_after < 0 or self.burst < 1:
+            raise ConfigError(f"need rto min <= max (got {self.min} > {self.max}), fast_after >= 0 "
+                              f"and burst >= 1 (got {self.fast_after}, {self.burst})")
+
+
+class RttEstimator:
+    def __init__(self, cfg: RtoConfig):
+        self.cfg = cfg
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.rto = cfg.initial
+        self.measured = 0.0  # srtt + 4 rttvar, floored at min: what a round trip takes
+        self._backed_off_at = float("-inf")
+
+    @property
+    def cap(self) -> float:
+        """The most any timeout backs off to: the configured cap, or the measured RTO if longer.
+        Before the first round trip is measured, at least a quarter of the deadline: a window of chunks
+        that all time out before their first answer yields no sample (Karn), so a low cap would
+        resend it forever without learning the round trip."""
+        if self.srtt is None:
+            return max(self.cfg.max, self.cfg.deadline / 4)
+        return max(self.cfg.max, self.measured)
+
+    def on_timeout(self, now: float) -> None:
+        """Back the RTO itself off (RFC 6298 5.5), at most once per RTO: a burst of timeouts of
+        one window is one congestion signal, and a retransmission storm would feed itself."""
+        if now - self._backed_off_at >= self.rto:
+            self.rto = min(self.cap, self.rto * 2)
+            self._backed_off_at = now
+
+    def sample(self, rtt: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.measured = min(self.cfg.deadline / 4,
+                            max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar)))
+        self.rto = min(self.cap, self.measured)
+
+    def backoff(self, attempts: int) -> float:
+        """Timeout of a chunk sent `attempts` times: doubled per retransmission, capped."""
+        return min(self.cap, self.rto * 2 ** (attempts - 1))
+
+
+class StepTimeout(RuntimeError):
+    """A step gave up: no new parameters for the deadline. Names the missing chunks."""
+
+    def __init__(self, job: int, worker: int, step: int, missing: list[int], waited: float):
+        self.step = step
+        self.missing = missing
+        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+        super().__init__(f"job {job} worker {worker} step {step}: no parameters for {len(missing)} chunk(s) "
+                         f"after {waited:.1f} s without progress: {shown}")
+
+
+class Window:
+    """One step of one worker: which chunk to send when, which ones are done.
+
+    A chunk may be sent once it is ready (produced) and, for c >= slots, once
+    the parameters of chunk c - slots arrived (they share a slot: docs/DESIGN.md
+    invariant 3). Chunks of different slots go in any order, so a model whose
+    tensors are produced last-first still sends each chunk as soon as it is
+    ready. An outstanding chunk is sent again, flagged RETRANSMIT, when its
+    timeout expires, or once, early, when the parameters of a chunk
+    `fast_after` places later (and sent after it) arrived before its own.
+    """
+
+    def __init__(self, step: int, n_chunks: int, slots: int, rtt: RttEstimator, now: float,
+                 shard_his: np.ndarray | None = None):
+        self.step = step
+        self.n = n_chunks
+        self.slots = slots
+        self.rtt = rtt
+        self.ready = np.zeros(n_chunks, dtype=bool)
+        self.done = np.zeros(n_chunks, dtype=bool)
+        self.attempts = np.zeros(n_chunks, dtype=np.int32)
+        self.first_sent = np.zeros(n_chunks, dtype=np.float64)
+        self.expiry = np.full(n_chunks, np.inf)  # per chunk sent and unanswered, when it expires; else inf
+        self._earliest = float("inf")  # no outstanding chunk expires before this (a lower bound)
+        # Per slot, the next chunk to send in it: slot uses go strictly in chunk order.
+        self.next_in_slot = np.arange(min(slots, n_chunks), dtype=np.int64)
+        self.n_sent = 0
+        self._changed = True  # something became ready or done since the last scan for new chunks
+        self.n_done = 0
+        self.last_progress = now
+        self.timeouts = 0
+        self.fast_retransmits = 0
+        self.fast_due: list[int] = []  # chunks found overdue by a later chunk's parameters
+        # Shards (optimizer nodes owning contiguous chunk ranges, last chunk of each inclusive)
+        # answer independently, so only a later chunk of the same shard says one was lost.
+        self._his = np.asarray([n_chunks - 1] if shard_his is None else shard_his, dtype=np.int64)
+        self._fast_checked = np.concatenate(([0], self._his[:-1] + 1))  # per shard: checked below
+        self._flush = False  # the next timeouts resend every expired chunk (the link came back)
+
+    def set_ready(self, chunks) -> None:
+        self.ready[chunks] = True
+        self._changed = True
+
+    def resume(self, answered: np.ndarray) -> None:
+        """Chunks answered before a restart (host_agent.resume) count as sent and done. In a slot they
+        are a prefix of its uses (c + S leaves only after c's parameters), so each slot goes on at
+        its first unanswered chunk, the one whose cell the switch still holds."""
+        answered = np.asarray(answered, dtype=bool)
+        self.done |= answered
+        self.attempts[answered] = 1
+        self.n_done = int(np.count_nonzero(self.done))
+        for j in range(len(self.next_in_slot)):
+            c = j
+            while c < self.n and self.done[c]:
+                c += self.slots
+            self.n_sent += (c - j) // self.slots
+            self.next_in_slot[j] = c
+        self._changed = True
+
+    @property
+    def complete(self) -> bool:
+        return self.n_done == self.n
+
+    def sent(self, chunk: int) -> bool:
+        return bool(self.attempts[chunk])
+
+    def due(self, now: float) -> tuple[list[int], list[int]]:
+        """(chunks to send for the first time, chunks to send again), marked as sent now."""
+        new: list[int] = []
+        if self._changed and self.n_sent < self.n:
+            self._changed = False
+            c = self.next_in_slot
+            live = c < self.n
+            cc = np.minimum(c, self.n - 1)
+            ok = live & self.ready[cc] & ((cc < self.slots) | self.done[np.maximum(cc - self.slots, 0)])
+            if ok.any():
+                sel = np.sort(c[ok])
+                self.attempts[sel] = 1
+                self.first_sent[sel] = now
+                self.next_in_slot[ok] += self.slots
+                self.n_sent += len(sel)
+                new = sel.tolist()
+                exp = now + self.rtt.backoff(1)
+                self.expiry[sel] = exp
+                self._earliest = min(self._earliest, exp)
+        expired = []
+        if now >= self._earliest:  # expiries only grow or leave, so the bound stays valid
+            late = np.flatnonzero(self.expiry <= now)
+            if len(late) > self.rtt.cfg.burst and not self._flush:
+                self.expiry[late[self.rtt.cfg.burst:]] = now + self.rtt.rto
+                late = late[: self.rtt.cfg.burst]
+            self._flush = False
+            expired = late.tolist()
+            self._earliest = float(self.expiry.min()) if self.n else float("inf")
+        if expired:
+            self.rtt.on_timeout(now)
+        gone = set(expired)
+        fast = [c for c in self.fast_due if self.expiry[c] != np.inf and c not in gone]
+        self.fast_due = []
+        again = expired + fast
+        for c in again:
+            self.attempts[c] += 1
+            self.expiry[c] = exp = now + self.rtt.backoff(int(self.attempts[c]))
+            self._earliest = min(self._earliest, exp)
+        self.timeouts += len(expired)
+        self.fast_retransmits += len(fast)
+        return new, again
+
+    def link_back(self, now: float, just_sent: list[int]) -> None:
+        """The link came back: every frame sent while it was down was lost, so each chunk still
+        outstanding (but `just_sent`, which proved the link) is due again now, not at its timeout
+        backed off through the outage (up to the RTO's max, which may exceed the step's
+        deadline); the deadline restarts."""
+        out = self.expiry != np.inf
+        out[just_sent] = False
+        self.expiry[out] = now
+        if out.any():
+            self._earliest = now
+            self._flush = True  # all of them at once: known lost, not late
+        self.last_progress = now
+
+    def on_param(self, chunk: int, now: float, sample: bool = True) -> bool:
+        """Parameters for `chunk` arrived; False if already had them. `sample`: False when a
+        retransmission (any worker's) completed the chunk, so its round trip includes a timeout."""
+        return bool(self.on_params(np.array([chunk]), now, np.array([sample]))[0])
+
+    def on_params(self, chunks: np.ndarray, now: float, sample: np.ndarray) -> np.ndarray:
+        """A batch of arrived parameter chunks: which entries are fresh (not had before, first in
+        the batch). One round-trip sample per batch, from the freshest eligible chunk."""
+        chunks = np.asarray(chunks, dtype=np.int64)
+        fresh = np.zeros(len(chunks), dtype=bool)
+        uniq, first = np.unique(chunks, return_index=True)
+        fresh[first[~self.done[uniq]]] = True
+        fc = chunks[fresh]
+        if not len(fc):
+            return fresh
+        self.done[fc] = True
+        self.n_done += len(fc)
+        self.last_progress = now
+        self._changed = True
+        gap = self.rtt.cfg.fast_after
+        if gap:
+            owner = np.searchsorted(self._his, fc, side="left")
+            for shard in np.unique(owner):
+                if shard >= len(self._his):
+                    continue
+                top = int(fc[owner == shard].max())
+                lo, hi = int(self._fast_checked[shard]), top - gap + 1
+                if hi > lo:
+                    # The shard's chunks below `top` sent no later than it are overdue; each is checked once.
+                    overdue = lo + np.flatnonzero(~self.done[lo:hi] & (self.attempts[lo:hi] == 1)
+                                                  & (self.first_sent[lo:hi] <= self.first_sent[top]))
+                    self.fast_due += overdue.tolist()
+                    self._fast_checked[shard] = hi
+        eligible = fc[np.asarray(sample, dtype=bool)[fresh] & (self.attempts[fc] == 1)]  # Karn
+        self.expiry[fc] = np.inf
+        if len(eligible):
+            self.rtt.sample(now - float(self.first_sent[eligible].max()))
+        return fresh
+
+    def wake_at(self) -> float:
+        """When something is next due: now for a fast retransmit, the earliest expiry, or the deadline."""
+        if self.fast_due:
+            return self.last_progress
+        return min(self.last_progress + self.rtt.cfg.deadline, self._earliest)
+
+    def stalled(self, now: float) -> bool:
+        return now - self.last_progress > self.rtt.cfg.deadline
+
+    def missing(self) -> list[int]:
+        return [int(c) for c in np.flatnonzero(~self.done)]
