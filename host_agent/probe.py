@@ -4,7 +4,6 @@ sync_file_range; reads and writes at once), the CPU they cost, the node's update
 second (NodeCore.handle, batches of sums in chunk order) and the CPU cores the process gets."""
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import pathlib

@@ -7,7 +7,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from host_agent import pipeline, state
+from host_agent import state
 
 from .test_node_core import *  # noqa: F401,F403 - the same tests, collected here under the fixture below
 from .test_storage import (test_a_disk_too_small_for_both_copies_is_refused_at_creation,  # noqa: F401
