@@ -81,8 +81,8 @@ class ScriptRun(Run):
         n = self.job.n_workers
         a.workers = [a.popen_root("torchrun", [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(n), "-m", "mindp.torch.launch", "--host-pids", str(pids),
-            "--script", self.cfg.script, *self.argv],
+            "--nproc-per-node", str(n), "--log-dir", str(self.logs / "torchrun"),  # not a dir of its own in /tmp
+            "-m", "mindp.torch.launch", "--host-pids", str(pids), "--script", self.cfg.script, *self.argv],
             {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1", "MINDP_STATE": str(state_dir),
              "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1"})]
 

@@ -72,6 +72,7 @@ def test_script_without_reference_reports_its_loss_curve(tmp_path):
     s = run.summary()
     assert s["max_abs_param_diff_vs_reference"] is None and len(s["loss_curve"]) == 3
     assert "defines no mindp_reference" in run.out and "sgd lr 0.1, schedule step" in run.out
+    assert any((run.run_dir / "logs" / "torchrun").iterdir())  # torchrun's files: the run's, not /tmp's
     assert_clean(run)
 
 

@@ -45,7 +45,8 @@ def train_with_torchrun(bed, tmp_path, agents: list[tuple[list[str], str]]) -> s
         procs = []
         try:
             for agent, out in agents:
-                procs.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *agent, *worker_args,
+                procs.append(subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *agent,
+                                               "--log-dir", str(tmp_path / "torchrun"), *worker_args,
                                                "--out", str(tmp_path / out)],
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             everyone = progress.activity(*(p.pid for p in procs))  # a rank waits on the others
