@@ -287,18 +287,3 @@ def load_stats(path) -> dict:
 def load_npz(path) -> dict:
     with np.load(path) as z:
         return {k: z[k] for k in z.files}
-
-
-def state_rss(pid: int) -> int:
-    """Resident bytes of a process's mappings of its state files (state0.bin, state1.bin)."""
-    total, inside = 0, False
-    try:
-        lines = open(f"/proc/{pid}/smaps").read().splitlines()
-    except OSError:
-        return 0
-    for line in lines:
-        if "-" in line.split(" ", 1)[0] and not line.startswith(("Rss", "Size")):
-            inside = line.endswith(("/state0.bin", "/state1.bin"))
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1]) * 1024
-    return total
