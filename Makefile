@@ -46,8 +46,8 @@ ARGS ?=
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 # Parallel test processes (pytest-xdist). Most tests wait (packets, other processes, I/O) rather
-# than compute, so one worker more than the 2 cores keeps both busy. 0: no parallelism.
-TEST_WORKERS ?= 3
+# than compute, so two workers a core keep this 2-core machine's cores busy. 0: no parallelism.
+TEST_WORKERS ?= 4
 # Busy loops beside the suite in make test-under-load (one per core here).
 LOAD ?= 2
 
