@@ -188,7 +188,8 @@ def load_npz(path: str | pathlib.Path) -> dict[str, np.ndarray]:
     bad = [n for n, a in arrays.items() if a.dtype.kind != "f"]
     if bad:
         raise ConfigError(f"{path}: arrays {bad} are not floating point")
-    return {n: a.astype(np.float32) for n, a in arrays.items()}
+    with np.errstate(over="ignore"):  # a float64 beyond float32 becomes inf: its user says so (state.init_pieces)
+        return {n: a.astype(np.float32) for n, a in arrays.items()}
 
 
 def npz_layout(path: str | pathlib.Path) -> Layout:

@@ -406,6 +406,10 @@ def init_pieces(layout: Layout, init: dict[str, np.ndarray] | None = None, seed:
         arr = np.asarray(init[spec.name], dtype=np.float32)
         if tuple(arr.shape) != spec.shape:
             raise ConfigError(f"{spec.name}: initial shape {arr.shape} != layout {spec.shape}")
+        bad = arr.size - int(np.count_nonzero(np.isfinite(arr)))
+        if bad:  # the optimizer would carry them into every step (and NaN payloads differ by kernel)
+            raise ConfigError(f"{spec.name}: {bad} initial value(s) are NaN or infinite (as float32): "
+                              "the node starts from finite parameters only")
         yield arr.reshape(-1)
 
 

@@ -102,6 +102,18 @@ def test_worker_cli_bad_input(files, args, needle):
     one_line_error(code, err, "mindp-worker", needle)
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e39])  # 1e39: finite in the file, infinite as float32
+def test_optimizer_refuses_non_finite_initial_parameters_and_creates_no_state(files, bad):
+    tmp, _, _ = files
+    arrays = small_model()
+    arrays["b"] = arrays["b"].astype(np.float64)
+    arrays["b"][3] = bad
+    np.savez(tmp / "bad.npz", **arrays)
+    code, _, err = run("host_agent.node", "--state-dir", str(tmp / "state"), *EXPLICIT, "--init", str(tmp / "bad.npz"))
+    one_line_error(code, err, "mindp-optimizer", "b: 1 initial value(s) are NaN or infinite")
+    assert not state.exists(tmp / "state")
+
+
 def test_optimizer_refuses_a_state_dir_of_another_model(files):
     tmp, init, layout = files
     arrays = small_model()
