@@ -14,13 +14,15 @@ import pathlib
 import tempfile
 import select
 import socket
+import struct
 import subprocess
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
+from . import progress
 from .netutil import hold_udp_port, packet_socket
 from .topology import Host
 
@@ -100,6 +102,26 @@ def quiet_link(iface: str, netns: str | None = None) -> None:
     sh(*pre, "ip", "link", "set", iface, "up")
 
 
+SIOCGIFFLAGS, IFF_RUNNING = 0x8913, 0x40
+
+
+def running(iface: str, netns: str | None = None) -> bool:
+    """The link is operationally up. A veth end brought up before its peer gets its carrier later,
+    from the kernel's link watch work, and until then drops what is sent on it without an error (a
+    busy machine runs that work late: a test's first frames were lost so)."""
+    with in_netns(netns) if netns else nullcontext():
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    with s:
+        ifreq = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH22x", iface.encode(), 0))
+    return bool(struct.unpack_from("16sH", ifreq)[1] & IFF_RUNNING)
+
+
+def wait_running(*ends: tuple[str, str | None]) -> None:
+    """Until every (interface, namespace) in `ends` is running (see `running`)."""
+    progress.wait(lambda: all(running(i, ns) for i, ns in ends), lambda: 0, stall=progress.STALL,
+                  what="links up: " + ", ".join(i for i, _ in ends))
+
+
 @contextmanager
 def in_netns(netns: str):
     """Run the body with this thread in `netns` (for opening sockets there)."""
@@ -171,6 +193,7 @@ class Testbed:
         sh("ip", "-n", netns, "link", "set", "lo", "up")
         quiet_link("eth0", netns)
         quiet_link(outer)
+        wait_running(("eth0", netns), (outer, None))
         with in_netns(netns):
             nh.udp_guard = hold_udp_port()
         return nh

@@ -8,7 +8,7 @@ import dataclasses
 import pathlib
 
 from . import targets
-from .testbed import Testbed, quiet_link, sh
+from .testbed import Testbed, quiet_link, sh, wait_running
 from .topology import Host, Topology
 
 
@@ -34,6 +34,7 @@ class TreeBed:
                 self.links.append(a)
                 quiet_link(a)
                 quiet_link(b)
+                wait_running((a, None), (b, None))
                 ports[link.a][link.a_port], ports[link.b][link.b_port] = a, b
             specs = []
             for spec in topo.switches:

@@ -81,3 +81,35 @@ def test_a_raw_socket_never_holds_another_interfaces_frames(two_hosts, monkeypat
         for x in (s, sender, sniffer):
             x.close()
     assert not [f for f in held if marker in f]
+
+
+
+def test_a_testbed_host_can_send_at_once_and_running_follows_the_link():
+    """Testbed.add returns once both veth ends run, so a frame sent at once arrives (on a busy
+    machine first frames were lost while the host's end still waited for its carrier); `running`
+    follows the link down."""
+    frame = b"\x02\x00\x00\x00\x00\x02\x02\x00\x00\x00\x00\x01\x88\xb5" + bytes(46)
+    with testbed.Testbed("ru") as bed:
+        nh = bed.add(Host("h1", "02:00:00:00:00:01", "10.9.0.1", 1))
+        assert testbed.running("eth0", nh.netns) and testbed.running(nh.switch_iface)
+        rx, tx = testbed.raw_socket(nh.switch_iface), nh.socket()
+        got = []
+
+        def arrived() -> bool:
+            try:
+                got.append(rx.recv(2048))
+            except BlockingIOError:
+                pass
+            return bool(got)
+
+        try:
+            tx.send(frame)
+            progress.wait(arrived, lambda: len(got), stall=progress.STALL, what="the frame")
+        finally:
+            rx.close()
+            tx.close()
+        assert got == [frame]
+        testbed.sh("ip", "link", "set", nh.switch_iface, "down")
+        assert not testbed.running(nh.switch_iface)
+        progress.wait(lambda: not testbed.running("eth0", nh.netns), lambda: 0, stall=progress.STALL,
+                      what="the host's end losing its carrier")
