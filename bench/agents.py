@@ -41,7 +41,7 @@ from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noq
 from mindp import codec  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
-from mindp.testbed import quiet_link, sh, wait_running  # noqa: E402
+from mindp.testbed import quiet_veths, sh  # noqa: E402
 
 VETH = ("ha-bench0", "ha-bench1")
 
@@ -53,9 +53,7 @@ def send_rates(chunks: int) -> tuple[float, float]:
     sh("ip", "link", "del", a, check=False)
     sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
     try:
-        quiet_link(a)
-        quiet_link(b)
-        wait_running((a, None), (b, None))  # else the first frames meet the noop qdisc: cheap drops
+        quiet_veths((a, None), (b, None))  # running: else the first frames meet the noop qdisc, cheap drops
         layout = Layout([TensorSpec("g", (chunks * K,))])
         grads = {"g": np.random.default_rng(0).standard_normal(chunks * K).astype(np.float32) * 0.01}
         sock = rawsock.open_raw(a)

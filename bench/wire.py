@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from mindp import codec, layers  # noqa: E402
 from mindp.protocol import K, Header, Kind  # noqa: E402
-from mindp.testbed import quiet_link, sh, wait_running  # noqa: E402
+from mindp.testbed import quiet_veths, sh  # noqa: E402
 
 ADDRS = codec.Addresses("02:00:00:00:00:01", "02:00:00:00:00:02", "10.0.0.1", "10.0.0.2")
 
@@ -42,9 +42,7 @@ def raw_send_rate(frames: np.ndarray, seconds: float = 1.0) -> float | None:
     sh("ip", "link", "del", a, check=False)
     sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
     try:
-        quiet_link(a)
-        quiet_link(b)
-        wait_running((a, None), (b, None))  # else the first frames meet the noop qdisc: cheap drops
+        quiet_veths((a, None), (b, None))  # running: else the first frames meet the noop qdisc, cheap drops
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
         s.bind((a, 0))
         bufs = [f.tobytes() for f in frames[:4096]]

@@ -116,8 +116,11 @@ def running(iface: str, netns: str | None = None) -> bool:
     return bool(struct.unpack_from("16sH", ifreq)[1] & IFF_RUNNING)
 
 
-def wait_running(*ends: tuple[str, str | None]) -> None:
-    """Until every (interface, namespace) in `ends` is running (see `running`)."""
+def quiet_veths(*ends: tuple[str, str | None]) -> None:
+    """quiet_link for every (interface, namespace) in `ends` (both ends of each veth pair), then
+    wait until all of them run (see `running`): only then is a frame sent on one sure to leave."""
+    for iface, netns in ends:
+        quiet_link(iface, netns)
     progress.wait(lambda: all(running(i, ns) for i, ns in ends), lambda: 0, stall=progress.STALL,
                   what="links up: " + ", ".join(i for i, _ in ends))
 
@@ -191,9 +194,7 @@ class Testbed:
         sh("ip", "-n", netns, "link", "set", "eth0", "address", host.mac)
         sh("ip", "-n", netns, "addr", "add", f"{host.ip}/16", "dev", "eth0")
         sh("ip", "-n", netns, "link", "set", "lo", "up")
-        quiet_link("eth0", netns)
-        quiet_link(outer)
-        wait_running(("eth0", netns), (outer, None))
+        quiet_veths(("eth0", netns), (outer, None))
         with in_netns(netns):
             nh.udp_guard = hold_udp_port()
         return nh

@@ -8,7 +8,7 @@ import dataclasses
 import pathlib
 
 from . import targets
-from .testbed import Testbed, quiet_link, sh, wait_running
+from .testbed import Testbed, quiet_veths, sh
 from .topology import Host, Topology
 
 
@@ -32,9 +32,7 @@ class TreeBed:
                 sh("ip", "link", "del", a, check=False)
                 sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
                 self.links.append(a)
-                quiet_link(a)
-                quiet_link(b)
-                wait_running((a, None), (b, None))
+                quiet_veths((a, None), (b, None))
                 ports[link.a][link.a_port], ports[link.b][link.b_port] = a, b
             specs = []
             for spec in topo.switches:

@@ -99,9 +99,7 @@ def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
     testbed.sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
     socks = []
     try:
-        testbed.quiet_link(a)
-        testbed.quiet_link(b)
-        testbed.wait_running((a, None), (b, None))
+        testbed.quiet_veths((a, None), (b, None))
         tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
         width = codec.frame_len(Kind.SUM)
         f = np.random.default_rng(1).integers(0, 256, size=(node_socket.RECV_ROWS, width), dtype=np.uint8)

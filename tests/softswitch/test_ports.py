@@ -10,7 +10,7 @@ from scapy.utils import rdpcap
 
 from mindp import progress, targets
 from mindp import testbed
-from mindp.testbed import quiet_link, raw_socket, sh, wait_running
+from mindp.testbed import quiet_veths, raw_socket, sh
 from mindp.topology import Host
 from softswitch.batch import Batch
 from softswitch.ports import Pcap, Port
@@ -36,9 +36,7 @@ def veths():
     for n in PORTS:
         sh("ip", "link", "del", sp(n), check=False)
         sh("ip", "link", "add", sp(n), "type", "veth", "peer", "name", f"{SS}h{n}")
-        quiet_link(sp(n))
-        quiet_link(f"{SS}h{n}")
-    wait_running(*[(i, None) for n in PORTS for i in (sp(n), f"{SS}h{n}")])
+    quiet_veths(*[(i, None) for n in PORTS for i in (sp(n), f"{SS}h{n}")])
     socks = {n: raw_socket(f"{SS}h{n}") for n in PORTS}
     yield socks
     for s in socks.values():
