@@ -1,6 +1,7 @@
 """The packet loop: one thread polls every port; a ready port's waiting frames come in as one
 batch (recvmmsg), go through the engine's run_batch, and leave grouped by egress port (one
-sendmmsg per port). Fault injection, packet-out (inject) and the frames fault injection held back
+sendmmsg per port). On the compiled pipeline that loop runs in C (softswitch/native/serve.py)
+until the ports run dry, wherever it can serve exactly as this one. Fault injection, packet-out (inject) and the frames fault injection held back
 take the per-frame path: engine.process, then one send per frame. Packet-in goes to the CPU port's
 handler frame by frame."""
 from __future__ import annotations
@@ -13,9 +14,12 @@ import time
 
 import numpy as np
 
+from mindp import mmsg
+
 from .batch import Batch
-from .engine import Engine
+from .engine import Engine, trace_log
 from .faults import LinkFaults
+from .native.serve import ServeLoop
 from .ports import Port
 
 log = logging.getLogger("softswitch")
@@ -39,6 +43,7 @@ class DataPlane:
         self.stopping = False
         self.rx = Batch.empty(BATCH)
         self.tx = Batch.empty(TX_SLOTS)
+        self._loop = None  # ServeLoop over the ports, made at the first serve
 
     def inject(self, frame: bytes, port: int) -> None:
         """Packet-out (any thread): processed as if received on `port`."""
@@ -67,6 +72,7 @@ class DataPlane:
         try:
             while not self.stopping:
                 timeout = 0.001 if self.faults and self.faults.held else 0.2
+                served = False
                 for fd, _ in ep.poll(timeout):
                     if fd == self._wake_r:
                         try:
@@ -74,7 +80,10 @@ class DataPlane:
                         except BlockingIOError:
                             pass
                         continue
-                    self._port_ready(by_fd[fd])
+                    if not served:  # one call serves every port
+                        served = self.serve() is not None
+                    if not served:
+                        self._port_ready(by_fd[fd])
                 while self._injected:
                     frame, port = self._injected.popleft()
                     self._process(frame, port)
@@ -91,6 +100,28 @@ class DataPlane:
         finally:
             ep.close()
             self.flush()
+
+    def serve(self) -> int | None:
+        """The C packet loop over every port until they run dry (a budget of receives at most);
+        the receives made, or None where it cannot serve as this loop would: then `_port_ready`."""
+        native = self.engine.native
+        if native is None or self.faults or self.cpu_port is not None or mmsg.CALLS is None or \
+                trace_log.isEnabledFor(logging.DEBUG):
+            return None
+        if self._loop is None:
+            self._loop = ServeLoop(self.ports, self.rx, self.tx)
+        loop = self._loop
+        if not loop.usable():
+            return None
+        self.rx.n = self.tx.n = 0
+        try:
+            got = native.serve(loop)
+        finally:
+            rx, tx, no_port = loop.collect()
+            self.engine.stats.rx += rx
+            self.engine.stats.tx += tx
+            self.no_port += no_port
+        return got
 
     def _port_ready(self, port: Port) -> None:
         rx = self.rx

@@ -9,6 +9,7 @@ shared object cached by the source's hash, and run a batch of frames per call.
   cprogram   the glue: the C translation unit and the context layout
   build      compile, cache on disk, load
   state      the flat tables and groups the C code reads, shared registers/counters, the call
+  serve      the packet loop in C (io.h): receive, process, send until the ports run dry
 
 The Python path stays the reference (and runs the per-packet trace, packet-out and fault
 injection); `attach` returns None, with one log line naming why, for any program it cannot

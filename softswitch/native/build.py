@@ -59,11 +59,14 @@ def build(source: str) -> pathlib.Path:
 
 
 def load(path: pathlib.Path):
-    """The batch entry point. PyDLL keeps the GIL during a call, so no control-plane write made in
-    Python runs while a batch is being processed: writes land between batches."""
+    """The library and its batch entry point (its packet loop: `lib.mindp_serve`). PyDLL keeps the
+    GIL during a call, so no control-plane write made in Python runs while a batch is being
+    processed: writes land between batches."""
     lib = ctypes.PyDLL(str(path))
     fn = lib.mindp_run_batch
     fn.restype = ctypes.c_int64
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] + \
         [ctypes.c_void_p] * 2
+    lib.mindp_serve.restype = ctypes.c_int64
+    lib.mindp_serve.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     return lib, fn

@@ -1,6 +1,6 @@
 """The glue of the C generator: a program the Python compiler accepted, generated stage by stage
 into one C translation unit (prelude.h, then the context type, actions, calculations, parser,
-pipelines, deparser and the batch entry point), and the layout of the context words that
+pipelines, deparser, the batch entry point, then io.h's packet loop), and the layout of the context words that
 state.py fills. Only integers of the JSON reach the text; names of the JSON never do."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from .cpipeline import CControlFlow, generate_packet_path
 #: bump when the generated code changes meaning (part of the cache key with the source)
 GENERATOR_VERSION = 1
 PRELUDE = pathlib.Path(__file__).with_name("prelude.h")
+IO = pathlib.Path(__file__).with_name("io.h")
 TABLE_WORDS = 14  # mtable_t of prelude.h
 PRE_WORDS = 6  # pre_t of prelude.h
 
@@ -96,6 +97,7 @@ class CBuilder:
             CControlFlow(self, pipeline).generate()
         generate_deparser(self, self.j["deparsers"][0])
         generate_packet_path(self)
+        self.lines.append(IO.read_text())
         return "\n".join(self.lines) + "\n", layout
 
 

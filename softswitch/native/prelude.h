@@ -1,7 +1,8 @@
 /* The fixed runtime of a compiled softswitch program: arithmetic with the Python path's semantics,
  * bit access to frames, bmv2's hash algorithms, table lookups over the flat arrays the control plane
  * builds (softswitch/native/state.py), and the random source. The program's own code is generated
- * (softswitch/native/) and follows this text. */
+ * (softswitch/native/) and follows this text, then io.h. */
+#define _GNU_SOURCE /* recvmmsg, sendmmsg (io.h) */
 #include <stdint.h>
 #include <string.h>
 #include <time.h>

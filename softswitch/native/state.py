@@ -16,6 +16,7 @@ from .. import tables as tables_module
 from ..batch import Batch
 from .cprogram import PRE_WORDS, TABLE_WORDS, CtxLayout
 from .cpipeline import STAT_DROPPED, STAT_ERRORS, STAT_MCAST_EMPTY
+from .serve import ServeLoop, error
 
 U64 = (1 << 64) - 1
 _DUMMY = np.zeros(1, np.uint64)
@@ -112,7 +113,7 @@ class FlatGroups:
         self.first = np.array(first, np.int64)
         self.port = np.array([p for _, reps in items for p, _ in reps] or [0], np.int64)
         self.rid = np.array([r for _, reps in items for _, r in reps] or [0], np.int64)
-        most = max([1] + [len(reps) for _, reps in items])
+        self.most = most = max([1] + [len(reps) for _, reps in items])
         self.words = [len(items), most, _address(self.gid), _address(self.first), _address(self.port),
                       _address(self.rid)]
         assert len(self.words) == PRE_WORDS
@@ -189,13 +190,31 @@ class NativeRunner:
         nxt = self.fn(self.ctx_address, rbuf, rlens, rports, rx.buf.shape[1], start, rx.n, tbuf, tlens, tports,
                       len(tx.lens), txn, stats)
         tx.n = txn[0]
+        self._fold_stats()
+        return nxt
+
+    def serve(self, loop: ServeLoop) -> int | None:
+        """io.h's packet loop over `loop`'s ports until they run dry or its budget is spent; the
+        receives it made, or None where it cannot serve (one packet's replicas would not fit the
+        output batch, which the Python loop handles frame by frame)."""
+        if self.changed():
+            self.sync()
+        if self.flat_groups is not None and self.flat_groups.most > loop.tx.capacity:
+            return None
+        got = self.lib.mindp_serve(self.ctx_address, loop.address(ctypes.addressof(self.stats)))
+        self._fold_stats()
+        if got < 0:
+            raise error(got)
+        return got
+
+    def _fold_stats(self) -> None:
+        stats = self.stats
         if stats[STAT_DROPPED] or stats[STAT_MCAST_EMPTY] or stats[STAT_ERRORS]:
             s = self.engine.stats
             s.dropped += stats[STAT_DROPPED]
             s.mcast_empty += stats[STAT_MCAST_EMPTY]
             s.errors += stats[STAT_ERRORS]
             ctypes.memset(stats, 0, ctypes.sizeof(stats))
-        return nxt
 
 
 def _cells(cells):

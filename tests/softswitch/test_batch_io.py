@@ -206,12 +206,15 @@ def test_a_burst_through_the_switch_is_forwarded_and_captured_as_by_the_per_fram
     assert captures["mmsg"] == captures["plain"]
 
 
-def test_the_batched_loop_sends_what_the_per_frame_path_sends(io_path):
+@pytest.mark.parametrize("io_path,loop", [("mmsg", "python"), ("plain", "python"), ("mmsg", "c")],
+                         indirect=["io_path"])
+def test_the_batched_loop_sends_what_the_per_frame_path_sends(io_path, loop):
     """Frames received on port 3 in one batch through the features program (routes to ports 5
     and 6, multicast to 1, 2 and 4 with one replica dropped in egress), with an output batch too
     small for all of them (the loop sends it and calls run_batch again): each host gets exactly
     the frames, in the order, that engine.process gives frame by frame; registers and counters
-    agree; outputs to ports the switch lacks (4, 6) are counted."""
+    agree; outputs to ports the switch lacks (4, 6) are counted. By the Python loop and by the C
+    loop (softswitch/native/serve.py), which needs recvmmsg."""
     from .test_executor import feat_engine, feat_frame
 
     sent = []
@@ -238,12 +241,16 @@ def test_the_batched_loop_sends_what_the_per_frame_path_sends(io_path):
         socks = {n: nets[n].socket() for n in (1, 2, 3, 5)}
         eng = feat_engine()
         dp = DataPlane(eng, ports)
-        dp.tx = Batch.empty(4, 2048)
+        dp.rx, dp.tx = Batch.empty(64, 2048), Batch.empty(4, 2048)
         try:
             for fr in sent:
                 socks[3].send(fr)
+
             def all_in() -> bool:
-                dp._port_ready(ports[3])
+                if loop == "c":
+                    assert dp.serve() is not None
+                else:
+                    dp._port_ready(ports[3])
                 return eng.stats.rx >= len(sent)
 
             progress.wait(all_in, lambda: eng.stats.rx, stall=progress.STALL, what="the switch reading", poll=0)
@@ -257,3 +264,66 @@ def test_the_batched_loop_sends_what_the_per_frame_path_sends(io_path):
     assert dp.no_port == missing > 0
     assert eng.program.registers == ref.program.registers
     assert eng.program.counters == ref.program.counters
+
+
+@pytest.mark.skipif(mmsg.CALLS is None, reason="no sendmmsg/recvmmsg on this platform")
+def test_the_c_packet_loop_serves_as_the_python_loop():
+    """The same frames through the exprs program (each reflected to its port, results appended)
+    by the Python loop (`_port_ready`) and by the C loop (`serve`, softswitch/native/serve.py):
+    the same frames back on each port, in order; the same counts; a frame too long for a slot
+    counted and left out; an 802.1Q-tagged frame reaches the program with its tag back in place,
+    so the program does not parse it as the protocol and reflects it unchanged."""
+    from .test_executor import engine
+
+    tagged = MACS + b"\x81\x00\x20\x07" + b"\x88\xb5" + body(20, 1)
+    too_long = MACS + b"\x88\xb5" + body(SLOT - TAG + 1 - 14, 2)
+
+    def plain(port: int, i: int) -> bytes:
+        return MACS + b"\x88\xb5" + struct.pack("!HHhhBB", i, port, -i, i, i % 17, 0)
+
+    sends = {1: [plain(1, i) for i in range(150)] + [tagged, too_long] + [plain(1, i) for i in range(150, 300)],
+             2: [plain(2, i) for i in range(200)] + [tagged]}
+    results = {}
+    with testbed.Testbed("bio") as bed:
+        nets = {1: bed.add(H1), 2: bed.add(H2)}
+        for h in nets.values():
+            testbed.sh("ip", "link", "set", h.switch_iface, "mtu", "65535")
+            testbed.sh("ip", "-n", h.netns, "link", "set", "eth0", "mtu", "65535")
+        for loop in ("python", "c"):
+            ports = {n: Port(n, h.switch_iface) for n, h in nets.items()}
+            socks = {n: h.socket() for n, h in nets.items()}
+            eng = engine("exprs", "compiled")
+            dp = DataPlane(eng, ports)
+            served = []
+            try:
+                for n, frames in sends.items():
+                    for fr in frames:
+                        socks[n].send(fr)
+                expected = sum(map(len, sends.values())) - 1
+
+                def all_in() -> bool:
+                    if loop == "c":
+                        served.append(dp.serve())
+                    else:
+                        for p in ports.values():
+                            dp._port_ready(p)
+                    return eng.stats.rx >= expected
+
+                progress.wait(all_in, lambda: eng.stats.rx, stall=progress.STALL, what="the switch reading", poll=0)
+                got = {n: drain(socks[n], len(sends[n]) - (n == 1)) for n in sends}
+                assert drain(socks[1], 1, idle_limit=0.3) == []
+            finally:
+                for s in socks.values():
+                    s.close()
+                dp.close()
+            if loop == "c":
+                assert None not in served and sum(served) > 0
+            results[loop] = (got, eng.stats.rx, eng.stats.tx, dp.no_port, eng.stats.errors,
+                             {n: (p.rx, p.tx, p.tx_errors, p.rx_truncated) for n, p in ports.items()})
+    assert results["c"] == results["python"]
+    got = results["c"][0]
+    assert results["c"][5] == {1: (300 + 1, 300 + 1, 0, 1), 2: (201, 201, 0, 0)}
+    untagged = MACS + b"\x88\xb5" + body(20, 1)  # the receiving host's kernel strips the tag again
+    assert got[1][150] == untagged and got[2][200] == untagged
+    assert [g[14:18] for g in got[1][:150] + got[1][151:]] == [f[14:18] for f in sends[1][:150] + sends[1][152:]]
+    assert all(len(g) > len(f) for g, f in zip(got[2][:200], sends[2][:200]))

@@ -1,0 +1,66 @@
+"""The packet loop's fast path: io.h's `mindp_serve` receives, processes and sends batch after
+batch in C until the ports run dry, where the Python loop (softswitch/dataplane.py) makes several
+calls and numpy steps per batch. It covers the common case; anything else (fault injection, pcaps,
+a CPU port, the per-packet trace, the Python pipeline, no recvmmsg) stays on the Python loop,
+which the switch uses whenever `ServeLoop.run` says it cannot serve."""
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+
+from ..batch import Batch
+
+WORDS = 17  # serve_t of io.h
+BUDGET = 64  # receives per call: the control plane waits for the GIL at most this long
+
+
+class ServeLoop:
+    """The serve_t of `ports` over the batches `rx` and `tx`, kept alive while C holds addresses."""
+
+    def __init__(self, ports: dict, rx: Batch, tx: Batch):
+        self.ports = list(ports.values())
+        self.fds = np.array([p.fileno() for p in self.ports], np.int32)
+        self.numbers = np.array([p.number for p in self.ports], np.int32)
+        self.counts = np.zeros((len(self.ports), 4), np.uint64)
+        self.io = np.zeros(3, np.uint64)  # rx, tx, frames for a port the switch lacks
+        self.rx, self.tx = rx, tx
+        self.words = np.zeros(WORDS, np.uint64)
+        self._stats = None
+
+    def address(self, stats_address: int) -> int:
+        """serve_t's address, with the run_batch stats (the engine's runner's) at `stats_address`."""
+        if self._stats != stats_address:
+            rx, tx = self.rx, self.tx
+            self.words[:] = [len(self.ports), BUDGET, self.fds.ctypes.data, self.numbers.ctypes.data,
+                             self.counts.ctypes.data, rx.buf.ctypes.data, rx.lens.ctypes.data,
+                             rx.ports.ctypes.data, rx.slot, rx.capacity, tx.buf.ctypes.data, tx.lens.ctypes.data,
+                             tx.ports.ctypes.data, tx.slot, tx.capacity, stats_address, self.io.ctypes.data]
+            self._stats = stats_address
+        return self.words.ctypes.data
+
+    def usable(self) -> bool:
+        """Whether every port is one the C loop serves as the Python loop would: no capture, and
+        the kernel leaves out the switch's own transmissions."""
+        return all(not (p.pcap_in or p.pcap_out or p.filter_outgoing) for p in self.ports) and \
+            self.rx.slot == self.tx.slot
+
+    def collect(self) -> tuple[int, int, int]:
+        """Add the counts of the calls since the last collect to the ports; (rx, tx, no_port)."""
+        if self.counts.any():
+            for p, (rx, tx, errors, truncated) in zip(self.ports, self.counts.tolist()):
+                p.rx += rx
+                p.tx += tx
+                p.tx_errors += errors
+                p.rx_truncated += truncated
+            self.counts[:] = 0
+        got = tuple(self.io.tolist())
+        self.io[:] = 0
+        return got
+
+
+def error(code: int) -> OSError:
+    """The OSError of mindp_serve's negative return, as the Python loop's receive raises it."""
+    err = -code
+    return OSError(err, os.strerror(err)) if err != errno.EINVAL else OSError(err, "serve_t out of bounds")
