@@ -9,7 +9,8 @@ On one veth testbed (sender host -> switch port 1, sink host <- port 2):
   (b) BMv2 simple_switch_grpc on the same program and frames, where installed, at its best
       of a few windows (it runs faster with fewer frames queued);
   (c) a batched raw-socket forwarding loop (recvmmsg, sendmmsg; the switch's batch size)
-      between the same ports: the I/O ceiling of any switch on this machine;
+      between the same ports, in C (bench/forward_loop.c: the I/O ceiling of any switch on this
+      machine) and in Python with numpy (mindp.loadgen.forward_loop);
 plus each pipeline alone (no I/O, batches of the switch's size) on the same frames. Prints
 packets/s and the ratios embedded/BMv2 (goal >= 20) and embedded/ceiling (goal >= 0.5).
 Closed loop with a fixed window of frames in flight (sent and received in bursts), so the
@@ -41,9 +42,15 @@ SENDER = Host("w", "02:00:00:00:02:01", "10.0.2.1", 1)
 SINK = Host("o", "02:00:00:00:02:02", "10.0.2.2", 2)
 
 FORWARD_LOOP = "import sys; from mindp.loadgen import forward_loop; forward_loop(*sys.argv[1:3], int(sys.argv[3]))"
+FORWARD_LOOP_C = ("import ctypes, sys; from host_agent import rawsock; from softswitch.native import build; "
+                  "lib = ctypes.CDLL(str(build.build(open(sys.argv[4]).read()))); "
+                  "a, b = rawsock.open_raw(sys.argv[1]), rawsock.open_raw(sys.argv[2]); print('ready', flush=True); "
+                  "lib.forward(a.fileno(), b.fileno(), int(sys.argv[3]))")
+FORWARD_C = os.path.join(REPO, "bench", "forward_loop.c")
 #: The command prefix that puts the embedded switch on its generated Python pipeline.
 PYTHON_PIPELINE = ["env", "MINDP_SOFTSWITCH_PIPELINE=python"]
-CEILING = "batched forwarding loop (ceiling)"
+CEILING = "batched forwarding loop in C (ceiling)"
+PY_LOOP = "batched forwarding loop in Python"
 
 
 def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str,
@@ -64,12 +71,15 @@ def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str,
             rx.close()
 
 
-def forward_loop_run(bed: Testbed, frames, window: int) -> float:
+def forward_loop_run(bed: Testbed, frames, window: int, native: bool) -> float | None:
+    """The forwarding loop's packets/s; None where the C one could not be built (no compiler)."""
     ports = bed.ports()
-    proc = subprocess.Popen([sys.executable, "-c", FORWARD_LOOP, ports[SENDER.port], ports[SINK.port], str(BATCH)],
-                            stdout=subprocess.PIPE, text=True, cwd=REPO)
+    args = [FORWARD_LOOP_C, ports[SENDER.port], ports[SINK.port], str(BATCH), FORWARD_C] if native else \
+        [FORWARD_LOOP, ports[SENDER.port], ports[SINK.port], str(BATCH)]
+    proc = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        proc.stdout.readline()
+        if proc.stdout.readline().strip() != "ready":
+            return None
         tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
         try:
             return closed_loop(tx, rx, frames, 1, window)[0]
@@ -132,7 +142,10 @@ def main() -> int:
         bed.add(SENDER)
         bed.add(SINK)
         if mmsg.CALLS:
-            results[CEILING] = forward_loop_run(bed, frames, args.window)
+            ceiling = forward_loop_run(bed, frames, args.window, native=True)
+            if ceiling:
+                results[CEILING] = ceiling
+            results[PY_LOOP] = forward_loop_run(bed, frames, args.window, native=False)
         for name, prefix in (("embedded switch", None), ("embedded, Python pipeline", PYTHON_PIPELINE)):
             results[name], sums = switch_run(bed, "embedded", frames, args.window, tmp, prefix)
             if sums != len(frames) // 2:
@@ -153,7 +166,7 @@ def main() -> int:
     print(f"  {'embedded / BMv2 (goal >= 20)':38} " + (f"{emb / bmv2:10.2f}" if bmv2 else "       n/a (BMv2 not installed)"))
     ceiling = results.get(CEILING)
     print(f"  {'embedded / ceiling (goal >= 0.5)':38} "
-          + (f"{emb / ceiling:10.2f}" if ceiling else "       n/a (no recvmmsg/sendmmsg)"))
+          + (f"{emb / ceiling:10.2f}" if ceiling else "       n/a (no recvmmsg/sendmmsg or no C compiler)"))
     print(f"  {'embedded / Python pipeline':38} {emb / results['embedded, Python pipeline']:10.2f}")
     return 0
 
