@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from mindp import fixedpoint
 from mindp.fixedpoint import fp16_to_fixed
 from mindp.layout import Layout
 from mindp.protocol import K
@@ -35,7 +36,7 @@ def to_fp16(x) -> np.ndarray:
     """A numpy array or torch tensor -> numpy fp16 (round to nearest even)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().float().numpy()
-    return np.asarray(x).astype(np.float16)
+    return fixedpoint.to_fp16(np.asarray(x))
 
 
 def flat_fp16(layout: Layout, arrays: dict) -> np.ndarray:

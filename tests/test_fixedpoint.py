@@ -1,7 +1,7 @@
 """Exact fp16 <-> fixed point at scale 2**24, against float64 arithmetic."""
 import numpy as np
 
-from mindp.fixedpoint import exact_sum, fixed_to_float64, fixed_to_fp16, fp16_to_fixed
+from mindp.fixedpoint import exact_sum, fixed_to_float64, fixed_to_fp16, fp16_to_fixed, to_fp16
 
 EDGES = np.array(
     [0.0, -0.0, 2.0**-24, -(2.0**-24), 1023 * 2.0**-24, 2.0**-14, 1.0, -1.0, 65504.0, -65504.0, np.inf, -np.inf, np.nan],
@@ -51,3 +51,31 @@ def test_nonfinite_is_flagged_per_element_and_does_not_spill():
     total, nonfinite = exact_sum([a, b])
     assert list(np.flatnonzero(nonfinite)) == [3]
     assert total[3] == 2**24 and (total[np.arange(8) != 3] == 2 * 2**24).all()
+
+
+def same_bits(values: np.ndarray, dtype=np.float32) -> bool:
+    with np.errstate(over="ignore", invalid="ignore"):  # fp16 overflow; a signalling NaN widened
+        values = values.astype(dtype)
+        return np.array_equal(to_fp16(values).view(np.uint16), values.astype(np.float16).view(np.uint16))
+
+
+def test_to_fp16_is_numpys_rounding_bit_for_bit():
+    """Below fp16's normal range (where the fast path differs from numpy's code): a spread of
+    float32 bit patterns, every tie between two fp16 subnormals (even and odd) and its float32
+    neighbours, both signs; as float64 too; NaN payloads, infinities, overflow, normal values; a
+    mostly normal array (numpy's own path) and a mostly subnormal one (the fast path)."""
+    top = int(np.float32(2.0**-14).view(np.uint32))
+    spread = np.arange(0, top + 2, 997, dtype=np.uint32).view(np.float32)
+    ties = (np.arange(2049, dtype=np.float64) * 2 + 1) * 2.0**-25
+    t32 = ties.astype(np.float32)
+    near = np.concatenate([t32, np.nextafter(t32, 0), np.nextafter(t32, 1)])
+    nans = np.array([0x7FC12345, 0xFFA00001, 0x7F800001, 0x7FFFFFFF], np.uint32).view(np.float32)
+    special = np.array([np.inf, -np.inf, 65504, 65519.9, 65520, 1e30, 0.0, -0.0, 1.0, 2.0**-14], np.float32)
+    for part in (spread, near, ties, nans, special):
+        for values in (part, -part):
+            assert same_bits(values) and same_bits(values, np.float64)
+    rng = np.random.default_rng(5)
+    for scale in (1.0, 1e-6):
+        values = (rng.standard_normal(20000) * scale).astype(np.float32)
+        values[::97] = nans[0]
+        assert same_bits(values) and same_bits(values.reshape(100, 200))
