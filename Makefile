@@ -8,7 +8,7 @@ SHELL := /bin/bash
 unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 PY := $(VENV)/bin/python
-APT_PACKAGES := mininet bridge-utils iproute2 iputils-ping tcpdump ethtool python3-venv python3-pip tshark gcc libc6-dev
+APT_PACKAGES := mininet bridge-utils iproute2 iputils-ping tcpdump ethtool nftables python3-venv python3-pip tshark gcc libc6-dev
 STAMP_APT := $(VENV)/.apt-done
 STAMP_PIP := $(VENV)/.pip-done
 

@@ -125,7 +125,8 @@ def executor_alone(frames, pipeline: str) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--packets", type=int, default=20000)
+    ap.add_argument("--packets", type=int, default=200000,
+                    help="gradient frames per run: enough for the embedded switch to run ~0.5 s")
     ap.add_argument("--window", type=int, default=4 * BATCH)
     ap.add_argument("--bmv2-windows", type=int, nargs="+", default=[16, 48],
                     help="BMv2 is measured at each of these and --window; its best counts")

@@ -1,7 +1,10 @@
 """Host-side socket helpers shared by the agents and the testbed."""
 from __future__ import annotations
 
+import re
+import shutil
 import socket
+import subprocess
 
 from .protocol import UDP_PORT
 
@@ -38,3 +41,29 @@ def hold_udp_port(port: int = UDP_PORT) -> socket.socket:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", port))
     return s
+
+
+def ingress_drop_ruleset(iface: str, port: int = UDP_PORT) -> str:
+    """The nftables ruleset (`nft -f -`) dropping mindp's UDP frames that arrive on `iface` at the
+    netdev ingress hook: after the packet sockets (the agents' raw sockets, tcpdump) took their
+    copies, before the kernel's IP and UDP code, which has nothing to do with them but hand them
+    to the idle guard socket. Applied again, it replaces itself (in one transaction)."""
+    table = "mindp_" + re.sub(r"[^A-Za-z0-9_]", "_", iface)
+    return (f"add table netdev {table}\ndelete table netdev {table}\n"
+            f"table netdev {table} {{\n  chain ingress {{\n"
+            f"    type filter hook ingress device \"{iface}\" priority 0; policy accept;\n"
+            f"    udp dport {port} drop\n  }}\n}}\n")
+
+
+def drop_at_ingress(iface: str, netns_path: str | None = None) -> bool:
+    """Install `ingress_drop_ruleset(iface)` in the network namespace at `netns_path` (this one
+    when None); False where nft is missing or refuses (the kernel then runs the frames through IP
+    and UDP to the guard socket, as without it: slower, not wrong)."""
+    nft = shutil.which("nft")
+    if nft is None:
+        return False
+    cmd = [nft, "-f", "-"] if netns_path is None else ["nsenter", f"--net={netns_path}", nft, "-f", "-"]
+    try:
+        return subprocess.run(cmd, input=ingress_drop_ruleset(iface), capture_output=True, text=True).returncode == 0
+    except OSError:
+        return False

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import progress
-from .netutil import hold_udp_port, packet_socket
+from .netutil import drop_at_ingress, hold_udp_port, packet_socket
 from .topology import Host
 
 CLONE_NEWNET = 0x40000000
@@ -195,6 +195,7 @@ class Testbed:
         sh("ip", "-n", netns, "addr", "add", f"{host.ip}/16", "dev", "eth0")
         sh("ip", "-n", netns, "link", "set", "lo", "up")
         quiet_veths(("eth0", netns), (outer, None))
+        drop_at_ingress("eth0", f"/run/netns/{netns}")
         with in_netns(netns):
             nh.udp_guard = hold_udp_port()
         return nh

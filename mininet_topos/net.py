@@ -18,6 +18,7 @@ from mininet.net import Mininet
 from mininet.node import Host, Switch
 from mininet.topo import Topo
 
+from mindp.netutil import drop_at_ingress
 from mindp.targets import SwitchConfig, SwitchProcess
 from mindp.topology import Topology
 
@@ -127,6 +128,7 @@ def quiet_host(host: Host, iface: str = "eth0") -> None:
     cmds += ["sysctl -qw net.ipv6.conf.all.disable_ipv6=1", f"sysctl -qw net.ipv6.conf.{iface}.disable_ipv6=1",
              f"sysctl -qw net.ipv4.icmp_ratelimit={ICMP_SILENCE_MS}"]
     host.cmd("; ".join(f"{c} >/dev/null 2>&1" for c in cmds))
+    drop_at_ingress(iface, f"/proc/{host.pid}/ns/net")
 
 
 def quiet_root_iface(iface: str) -> None:

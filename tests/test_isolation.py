@@ -113,3 +113,59 @@ def test_a_testbed_host_can_send_at_once_and_running_follows_the_link():
         assert not testbed.running(nh.switch_iface)
         progress.wait(lambda: not testbed.running("eth0", nh.netns), lambda: 0, stall=progress.STALL,
                       what="the host's end losing its carrier")
+
+
+def udp_counters(netns: str) -> dict[str, int]:
+    """The namespace's Udp: line of /proc/net/snmp."""
+    lines = [ln.split() for ln in testbed.sh("ip", "netns", "exec", netns, "cat", "/proc/net/snmp").stdout.splitlines()
+             if ln.startswith("Udp:")]
+    return dict(zip(lines[0][1:], map(int, lines[1][1:])))
+
+
+def test_a_hosts_kernel_drops_mindp_frames_once_its_raw_sockets_have_them():
+    """A testbed host drops mindp's UDP frames at its netdev ingress (netutil.drop_at_ingress, as
+    make run's hosts do): the raw socket gets every frame, the kernel's UDP never sees one; frames
+    to another UDP port still reach it. Installing the rules again replaces them."""
+    from mindp import netutil
+    from mindp.loadgen import gradient_frames
+
+    peer = Host("w", "02:00:00:00:00:09", "10.9.0.9", 9)
+    with testbed.Testbed("ing") as bed:
+        nh = bed.add(Host("h1", "02:00:00:00:00:01", "10.9.0.1", 1))
+        assert netutil.drop_at_ingress("eth0", f"/run/netns/{nh.netns}")
+        rules = testbed.sh("ip", "netns", "exec", nh.netns, "nft", "list", "ruleset").stdout
+        assert rules.count("drop") == 1 and f"dport {netutil.UDP_PORT}" in rules
+        mindp = gradient_frames(peer, nh.host, 50)
+        other = [bytearray(f) for f in mindp[:20]]
+        for f in other:
+            f[36:38] = (netutil.UDP_PORT + 1).to_bytes(2, "big")
+        tx, rx = testbed.raw_socket(nh.switch_iface), nh.socket()
+        before = udp_counters(nh.netns)
+        got = []
+
+        def drained(n: int):
+            def done() -> bool:
+                while True:
+                    try:
+                        got.append(rx.recv(2048))
+                    except BlockingIOError:
+                        return len(got) >= n
+            return done
+
+        try:
+            for f in mindp:
+                tx.send(f)
+            progress.wait(drained(len(mindp)), lambda: len(got), stall=progress.STALL, what="the mindp frames")
+            dropped = udp_counters(nh.netns)
+            for f in other:
+                tx.send(bytes(f))
+            progress.wait(drained(len(mindp) + len(other)), lambda: len(got), stall=progress.STALL,
+                          what="the other frames")
+            progress.wait(lambda: udp_counters(nh.netns)["NoPorts"] >= before["NoPorts"] + len(other),
+                          lambda: udp_counters(nh.netns)["NoPorts"], stall=progress.STALL, what="UDP's count")
+        finally:
+            tx.close()
+            rx.close()
+    assert got[:len(mindp)] == mindp
+    assert {k: dropped[k] - before[k] for k in ("InDatagrams", "NoPorts", "InErrors", "RcvbufErrors")} == \
+        dict.fromkeys(("InDatagrams", "NoPorts", "InErrors", "RcvbufErrors"), 0)
