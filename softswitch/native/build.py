@@ -13,7 +13,7 @@ import tempfile
 
 from .cprogram import GENERATOR_VERSION
 
-CFLAGS = ("-O2", "-shared", "-fPIC", "-fno-strict-aliasing", "-w")
+CFLAGS = ("-O3", "-shared", "-fPIC", "-fno-strict-aliasing", "-w")
 COMPILE_TIMEOUT = 300  # seconds
 
 
