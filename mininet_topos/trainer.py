@@ -5,7 +5,8 @@ through the worker agent (host_agent.worker) and trains on the fp16 parameters
 that come back. A torch model (cnn, gpt) goes through mindp.torch.DataParallel:
 its gradients leave from backward hooks while the backward pass still runs. It writes one JSON line per step to stdout, which the
 orchestrator reads for the progress bar; worker 0 also evaluates the model
-(loss on the training set, accuracy on the test set) after every step.
+(loss on the training set, accuracy on the test set) after every step, on a
+thread of its own while the next step trains (class Evaluations).
 
     python -m mininet_topos.trainer --topology T.json --job 1 --worker 0 \
         --workload W.json --init init.npz --steps N --out final.npz
@@ -17,6 +18,7 @@ import dataclasses
 import json
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -31,6 +33,36 @@ from mindp.topology import Topology, TopologyError
 
 def emit(**fields) -> None:
     print(json.dumps(fields), flush=True)
+
+
+class Evaluations:
+    """Each step's line, with worker 0's evaluation of that step's parameters. The evaluation runs
+    on a thread while the next step trains (the other workers would wait for this worker's
+    gradients meanwhile), on a copy of the parameters and a model of its own; at most one runs,
+    and lines come out in step order, each with the time its step ended."""
+
+    def __init__(self, evaluate):
+        self.evaluate = evaluate
+        self.pool = ThreadPoolExecutor(max_workers=1) if evaluate is not None else None
+        self.pending: Future | None = None
+
+    def line(self, params: dict, **fields) -> None:
+        if self.pool is None:
+            emit(**fields)
+            return
+        self.wait()
+        snapshot = {name: np.array(a, copy=True) for name, a in params.items()}
+        self.pending = self.pool.submit(self._evaluated, snapshot, fields)
+
+    def _evaluated(self, params: dict, fields: dict) -> None:
+        loss, acc = self.evaluate(params)
+        emit(**fields, loss=loss, acc=acc)
+
+    def wait(self) -> None:
+        """Until the last line is out (an evaluation's error is raised here)."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,13 +160,11 @@ def main(argv: list[str] | None = None) -> int:
               f"({int(np.count_nonzero(resume.answered_in(agent.step)[0]))} chunk(s) of it answered)",
               file=sys.stderr, flush=True)
 
+    lines = Evaluations(evaluate)
+
     def status(step: int, **extra) -> None:
-        fields = dict(ev="step", job=args.job, worker=args.worker, step=step, t=time.time(),
-                      sent=agent.stats["sent"], retx=agent.stats["retransmitted"], **extra)
-        if evaluate is not None:
-            loss, acc = evaluate(params)
-            fields.update(loss=loss, acc=acc)
-        emit(**fields)
+        lines.line(params, ev="step", job=args.job, worker=args.worker, step=step, t=time.time(),
+                   sent=agent.stats["sent"], retx=agent.stats["retransmitted"], **extra)
 
     status(agent.step - 1)  # the model before the first step this process runs
     code = 0
@@ -146,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     except StepTimeout as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
         code = 1
+    lines.wait()
     if code == 0:  # after a failed step the parameters are not the run's result
         np.savez(args.out, **params)
     stats = {k: int(v) for k, v in agent.stats.items()}
