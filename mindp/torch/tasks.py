@@ -10,7 +10,7 @@ from mindp import workload
 from . import models
 from .parallel import layout_arrays
 
-EVAL_WINDOWS = 64  # gpt: fixed windows the loss and accuracy are measured on
+EVAL_WINDOWS = 16  # gpt: fixed windows the loss and accuracy are measured on
 
 
 def model(cfg: workload.WorkloadConfig) -> torch.nn.Module:
