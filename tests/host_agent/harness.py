@@ -245,10 +245,11 @@ class Workers:
 
 
 def train(bed_topo, args, tmp_path, init, grad_fn, steps, *, kill_after=(), seed=0, before_workers=None,
-          **worker_kw) -> Workers:
+          after_step=None, **worker_kw) -> Workers:
     """The optimizer node (CLI args `args`) and the job's workers to the last step; the node must
     exit 0. With kill_after, the node is killed (SIGKILL) a random moment after each of those steps
-    and restarted, and must say that it resumes. before_workers() runs once the node is up."""
+    and restarted, and must say that it resumes. before_workers() runs once the node is up;
+    after_step = (s, fn): fn() runs once the workers finished step s, while the others run."""
     b, topo = bed_topo
     rng = random.Random(seed)
     node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
@@ -256,6 +257,9 @@ def train(bed_topo, args, tmp_path, init, grad_fn, steps, *, kill_after=(), seed
         if before_workers:
             before_workers()
         workers = Workers(b, topo, init, grad_fn, steps, **worker_kw).start()
+        if after_step:
+            workers.wait_step(after_step[0])
+            after_step[1]()
         for step in kill_after:
             workers.wait_step(step)
             time.sleep(rng.uniform(0, 0.06))  # somewhere inside the next step, or at its end
