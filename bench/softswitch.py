@@ -9,21 +9,25 @@ On one veth testbed (sender host -> switch port 1, sink host <- port 2):
   (b) BMv2 simple_switch_grpc on the same program and frames, where installed, at its best
       of a few windows (it runs faster with fewer frames queued);
   (c) a batched raw-socket forwarding loop (recvmmsg, sendmmsg; the switch's batch size)
-      between the same ports, in C (bench/forward_loop.c: the I/O ceiling of any switch on this
+      between the same ports, in C (bench/loops.c: the I/O ceiling of any switch on this
       machine) and in Python with numpy (mindp.loadgen.forward_loop);
 plus each pipeline alone (no I/O, batches of the switch's size) on the same frames. Prints
 packets/s and the ratios embedded/BMv2 (goal >= 20) and embedded/ceiling (goal >= 0.5).
-Closed loop with a fixed window of frames in flight (sent and received in bursts), so the
-switch, not its queues or the load generator, sets the pace.
+Closed loop with a fixed window of frames in flight (sent and received in bursts; the generator
+in C, bench/loops.c, where a compiler is found), so the switch, not its queues or the load
+generator, sets the pace.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
@@ -38,6 +42,7 @@ from p4src import artifacts  # noqa: E402
 from softswitch.batch import Batch  # noqa: E402
 from softswitch.dataplane import BATCH  # noqa: E402
 
+LOAD = [closed_loop]  # the load generator: loadgen.closed_loop, or loops.c's once main found a compiler
 SENDER = Host("w", "02:00:00:00:02:01", "10.0.2.1", 1)
 SINK = Host("o", "02:00:00:00:02:02", "10.0.2.2", 2)
 
@@ -46,11 +51,32 @@ FORWARD_LOOP_C = ("import ctypes, sys; from host_agent import rawsock; from soft
                   "lib = ctypes.CDLL(str(build.build(open(sys.argv[4]).read()))); "
                   "a, b = rawsock.open_raw(sys.argv[1]), rawsock.open_raw(sys.argv[2]); print('ready', flush=True); "
                   "lib.forward(a.fileno(), b.fileno(), int(sys.argv[3]))")
-FORWARD_C = os.path.join(REPO, "bench", "forward_loop.c")
+LOOPS_C = os.path.join(REPO, "bench", "loops.c")
 #: The command prefix that puts the embedded switch on its generated Python pipeline.
 PYTHON_PIPELINE = ["env", "MINDP_SOFTSWITCH_PIPELINE=python"]
 CEILING = "batched forwarding loop in C (ceiling)"
 PY_LOOP = "batched forwarding loop in Python"
+
+
+def c_closed_loop():
+    """bench/loops.c's closed_loop with mindp.loadgen.closed_loop's signature; None without a C
+    compiler (the Python generator then runs, at ~400k packets/s here: slower than the switch)."""
+    from softswitch.native import build
+    try:
+        lib = ctypes.CDLL(str(build.build(open(LOOPS_C).read())))
+    except (build.BuildError, OSError):
+        return None
+    fn = lib.closed_loop
+    fn.restype = ctypes.c_double
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p] + [ctypes.c_long] * 5 + [ctypes.POINTER(ctypes.c_long)]
+
+    def run(tx, rx, frames, per_output: int, window: int) -> tuple[float, int]:
+        rows = np.frombuffer(b"".join(frames), np.uint8).reshape(len(frames), -1)  # one length
+        got = ctypes.c_long()
+        secs = fn(tx.fileno(), rx.fileno(), rows.ctypes.data, len(frames), rows.shape[1], rows.shape[1], per_output,
+                  window, ctypes.byref(got))
+        return got.value * per_output / max(secs, 1e-9), got.value
+    return run
 
 
 def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str,
@@ -65,7 +91,7 @@ def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str,
             sw.insert(e)
         tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
         try:
-            return closed_loop(tx, rx, frames, 2, window)
+            return LOAD[0](tx, rx, frames, 2, window)
         finally:
             tx.close()
             rx.close()
@@ -74,7 +100,7 @@ def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str,
 def forward_loop_run(bed: Testbed, frames, window: int, native: bool) -> float | None:
     """The forwarding loop's packets/s; None where the C one could not be built (no compiler)."""
     ports = bed.ports()
-    args = [FORWARD_LOOP_C, ports[SENDER.port], ports[SINK.port], str(BATCH), FORWARD_C] if native else \
+    args = [FORWARD_LOOP_C, ports[SENDER.port], ports[SINK.port], str(BATCH), LOOPS_C] if native else \
         [FORWARD_LOOP, ports[SENDER.port], ports[SINK.port], str(BATCH)]
     proc = subprocess.Popen([sys.executable, "-c", *args], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
@@ -82,7 +108,7 @@ def forward_loop_run(bed: Testbed, frames, window: int, native: bool) -> float |
             return None
         tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
         try:
-            return closed_loop(tx, rx, frames, 1, window)[0]
+            return LOAD[0](tx, rx, frames, 1, window)[0]
         finally:
             tx.close()
             rx.close()
@@ -135,8 +161,9 @@ def main() -> int:
         print("bench/softswitch.py needs root (network namespaces)")
         return 1
     frames = gradient_frames(SENDER, SINK, args.packets // 2)
+    LOAD[0] = c_closed_loop() or closed_loop
     print(f"aggregation program, K={K}, {len(frames)} gradient frames, closed loop window {args.window}, "
-          f"switch batch {BATCH}")
+          f"switch batch {BATCH}, load generator in {'Python' if LOAD[0] is closed_loop else 'C'}")
     results = {"compiled pipeline alone (no I/O)": executor_alone(frames, "compiled"),
                "Python pipeline alone (no I/O)": executor_alone(frames, "python")}
     with tempfile.TemporaryDirectory() as tmp, Testbed("bss") as bed:
