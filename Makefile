@@ -15,7 +15,7 @@ STAMP_PIP := $(VENV)/.pip-done
 # Training run (see README: make run).
 TARGET ?= auto
 MODEL ?= mlp
-# gpt (1.3M parameters: 41,550 frames per worker and step) takes ~20 s a step here: fewer by default.
+# gpt (1.3M parameters: 41,550 frames per worker and step) takes about 1 s a step here: fewer by default.
 ifeq ($(MODEL),gpt)
 WORKERS ?= 2
 STEPS ?= 6
