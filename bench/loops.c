@@ -17,18 +17,21 @@ static unsigned char buf[MOST][WIDTH];
 static struct mmsghdr msgs[MOST];
 static struct iovec iov[MOST];
 
+/* message i of the vector: one buffer of `len` bytes at `base` */
+static void message(int i, void *base, size_t len) {
+    iov[i].iov_base = base;
+    iov[i].iov_len = len;
+    memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
+    msgs[i].msg_hdr.msg_iov = &iov[i];
+    msgs[i].msg_hdr.msg_iovlen = 1;
+}
+
 void forward(int in, int out, int batch) {
     struct pollfd p = {in, POLLIN, 0};
     if (batch > MOST) batch = MOST;
     for (;;) {
         poll(&p, 1, -1);
-        for (int i = 0; i < batch; i++) {
-            iov[i].iov_base = buf[i];
-            iov[i].iov_len = WIDTH;
-            memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
-            msgs[i].msg_hdr.msg_iov = &iov[i];
-            msgs[i].msg_hdr.msg_iovlen = 1;
-        }
+        for (int i = 0; i < batch; i++) message(i, buf[i], WIDTH);
         int n = recvmmsg(in, msgs, (unsigned)batch, MSG_DONTWAIT, NULL);
         for (int i = 0; i < n; i++) iov[i].iov_len = msgs[i].msg_len;
         for (int i = 0; i < n;) {
@@ -58,13 +61,7 @@ double closed_loop(int tx, int rx, const unsigned char *rows, long n, long width
         if (room > n - sent) room = n - sent;
         while (room > 0) {
             long k = room < MOST ? room : MOST;
-            for (long i = 0; i < k; i++) {
-                iov[i].iov_base = (void *)(rows + (sent + i) * width);
-                iov[i].iov_len = (size_t)len;
-                memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
-                msgs[i].msg_hdr.msg_iov = &iov[i];
-                msgs[i].msg_hdr.msg_iovlen = 1;
-            }
+            for (long i = 0; i < k; i++) message((int)i, (void *)(rows + (sent + i) * width), (size_t)len);
             int r = sendmmsg(tx, msgs, (unsigned)k, 0);
             r = r < 0 ? 1 : r;
             sent += r;
@@ -72,13 +69,7 @@ double closed_loop(int tx, int rx, const unsigned char *rows, long n, long width
         }
         if (poll(&p, 1, 1000) <= 0) break;
         for (;;) {
-            for (int i = 0; i < MOST; i++) {
-                iov[i].iov_base = buf[i];
-                iov[i].iov_len = WIDTH;
-                memset(&msgs[i].msg_hdr, 0, sizeof msgs[i].msg_hdr);
-                msgs[i].msg_hdr.msg_iov = &iov[i];
-                msgs[i].msg_hdr.msg_iovlen = 1;
-            }
+            for (int i = 0; i < MOST; i++) message(i, buf[i], WIDTH);
             int k = recvmmsg(rx, msgs, MOST, MSG_DONTWAIT, NULL);
             if (k <= 0) break;
             got += k;
