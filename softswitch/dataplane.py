@@ -1,9 +1,9 @@
 """The packet loop: one thread polls every port; a ready port's waiting frames come in as one
 batch (recvmmsg), go through the engine's run_batch, and leave grouped by egress port (one
 sendmmsg per port). On the compiled pipeline that loop runs in C (softswitch/native/serve.py)
-until the ports run dry, wherever it can serve exactly as this one. Fault injection, packet-out (inject) and the frames fault injection held back
-take the per-frame path: engine.process, then one send per frame. Packet-in goes to the CPU port's
-handler frame by frame."""
+until the ports run dry, wherever it can serve exactly as this one. Fault injection, packet-out
+(inject) and the frames fault injection held back take the per-frame path: engine.process, then
+one send per frame. Packet-in goes to the CPU port's handler frame by frame."""
 from __future__ import annotations
 
 import collections

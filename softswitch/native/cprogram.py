@@ -1,7 +1,7 @@
 """The glue of the C generator: a program the Python compiler accepted, generated stage by stage
 into one C translation unit (prelude.h, then the context type, actions, calculations, parser,
-pipelines, deparser, the batch entry point, then io.h's packet loop), and the layout of the context words that
-state.py fills. Only integers of the JSON reach the text; names of the JSON never do."""
+pipelines, deparser, the batch entry point, then io.h's packet loop), and the layout of the
+context words that state.py fills. Only integers of the JSON reach the text; names of the JSON never do."""
 from __future__ import annotations
 
 import pathlib

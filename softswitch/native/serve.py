@@ -2,7 +2,7 @@
 batch in C until the ports run dry, where the Python loop (softswitch/dataplane.py) makes several
 calls and numpy steps per batch. It covers the common case; anything else (fault injection, pcaps,
 a CPU port, the per-packet trace, the Python pipeline, no recvmmsg) stays on the Python loop,
-which the switch uses whenever `ServeLoop.run` says it cannot serve."""
+which the switch uses whenever `DataPlane.serve` returns None."""
 from __future__ import annotations
 
 import errno
