@@ -57,7 +57,11 @@ measure = progress.activity()
 before = measure()
 time.sleep(0.3)  # the caller sleeping: no CPU
 idle = measure()
-t = threading.Thread(target=lambda: [sum(range(10**5)) for _ in range(60)])
+def spin():  # 0.1 s of this thread's CPU, on any machine (a fixed amount of work was 1 tick on a fast one)
+    end = time.thread_time() + 0.1
+    while time.thread_time() < end:
+        pass
+t = threading.Thread(target=spin)
 t.start()
 t.join()  # a finished thread's time still counts
 print(before, idle, measure())
