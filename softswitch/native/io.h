@@ -23,33 +23,43 @@ typedef struct {
 } serve_t;
 
 typedef struct { struct cmsghdr h; struct tpacket_auxdata a; uint64_t pad; } serve_aux_t;
-static struct mmsghdr serve_msgs[SERVE_MAX];
-static struct iovec serve_iov[SERVE_MAX];
+#define SERVE_AUX CMSG_SPACE(sizeof(struct tpacket_auxdata))
+static struct mmsghdr serve_msgs[SERVE_MAX], serve_rmsgs[SERVE_MAX]; /* send; receive */
+static struct iovec serve_iov[SERVE_MAX], serve_riov[SERVE_MAX];
 static serve_aux_t serve_aux[SERVE_MAX];
+static const uint8_t *serve_rbuf; /* the receive buffer serve_rmsgs point into */
+static int64_t serve_rslot, serve_rcap;
+
+/* The receive vector over the slots of s's receive buffer: built when that buffer changes (a
+ * receive rewrites only each used message's length, flags and control length). */
+static void serve_rx_vector(const serve_t *s) {
+    if (serve_rbuf == s->rbuf && serve_rslot == s->rslot && serve_rcap == s->rcap) return;
+    for (int64_t i = 0; i < s->rcap; i++) {
+        serve_riov[i].iov_base = s->rbuf + i * s->rslot;
+        serve_riov[i].iov_len = (size_t)(s->rslot - SERVE_TAG);
+        memset(&serve_rmsgs[i].msg_hdr, 0, sizeof serve_rmsgs[i].msg_hdr);
+        serve_rmsgs[i].msg_hdr.msg_iov = &serve_riov[i];
+        serve_rmsgs[i].msg_hdr.msg_iovlen = 1;
+        serve_rmsgs[i].msg_hdr.msg_control = &serve_aux[i];
+        serve_rmsgs[i].msg_hdr.msg_controllen = SERVE_AUX;
+    }
+    serve_rbuf = s->rbuf, serve_rslot = s->rslot, serve_rcap = s->rcap;
+}
 
 /* Up to rcap waiting frames of port p into slots 0..; how many were kept, or -errno. A frame too
  * long for a slot (less a tag's room) is a counted drop; a VLAN tag the kernel took off goes back. */
 static int64_t serve_recv(serve_t *s, int64_t p) {
-    int64_t want = s->rcap;
-    for (int64_t i = 0; i < want; i++) {
-        serve_iov[i].iov_base = s->rbuf + i * s->rslot;
-        serve_iov[i].iov_len = (size_t)(s->rslot - SERVE_TAG);
-        memset(&serve_msgs[i].msg_hdr, 0, sizeof serve_msgs[i].msg_hdr);
-        serve_msgs[i].msg_hdr.msg_iov = &serve_iov[i];
-        serve_msgs[i].msg_hdr.msg_iovlen = 1;
-        serve_msgs[i].msg_hdr.msg_control = &serve_aux[i];
-        serve_msgs[i].msg_hdr.msg_controllen = CMSG_SPACE(sizeof(struct tpacket_auxdata));
-    }
-    int got = recvmmsg(s->fds[p], serve_msgs, (unsigned)want, MSG_DONTWAIT, NULL);
+    serve_rx_vector(s);
+    int got = recvmmsg(s->fds[p], serve_rmsgs, (unsigned)s->rcap, MSG_DONTWAIT, NULL);
     if (got < 0) {
         int e = errno;
         return (e == EAGAIN || e == EINTR || e == ENETDOWN || e == ENXIO) ? 0 : -e;
     }
     int64_t kept = 0;
     for (int64_t i = 0; i < got; i++) {
-        struct msghdr *h = &serve_msgs[i].msg_hdr;
+        struct msghdr *h = &serve_rmsgs[i].msg_hdr;
         if (h->msg_flags & MSG_TRUNC) { s->counts[4 * p + 3]++; continue; }
-        int64_t len = serve_msgs[i].msg_len;
+        int64_t len = serve_rmsgs[i].msg_len;
         uint8_t *row = s->rbuf + kept * s->rslot;
         if (kept != i) memmove(row, s->rbuf + i * s->rslot, (size_t)len);
         struct cmsghdr *c = CMSG_FIRSTHDR(h);
@@ -69,6 +79,7 @@ static int64_t serve_recv(serve_t *s, int64_t p) {
         s->rports[kept] = s->numbers[p];
         kept++;
     }
+    for (int64_t i = 0; i < got; i++) serve_rmsgs[i].msg_hdr.msg_controllen = SERVE_AUX;
     s->counts[4 * p] += (uint64_t)kept;
     s->io[0] += (uint64_t)kept;
     return kept;
