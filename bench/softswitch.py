@@ -42,7 +42,6 @@ from p4src import artifacts  # noqa: E402
 from softswitch.batch import Batch  # noqa: E402
 from softswitch.dataplane import BATCH  # noqa: E402
 
-LOAD = [closed_loop]  # the load generator: loadgen.closed_loop, or loops.c's once main found a compiler
 SENDER = Host("w", "02:00:00:00:02:01", "10.0.2.1", 1)
 SINK = Host("o", "02:00:00:00:02:02", "10.0.2.2", 2)
 
@@ -79,7 +78,7 @@ def c_closed_loop():
     return run
 
 
-def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str,
+def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str, load=closed_loop,
                prefix: list[str] | None = None) -> tuple[float, int]:
     cfg = targets.SwitchConfig(ports=bed.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
                                log_file=os.path.join(logdir, f"{target}.log"), thrift_port=targets.free_port())
@@ -91,13 +90,13 @@ def switch_run(bed: Testbed, target: str, frames, window: int, logdir: str,
             sw.insert(e)
         tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
         try:
-            return LOAD[0](tx, rx, frames, 2, window)
+            return load(tx, rx, frames, 2, window)
         finally:
             tx.close()
             rx.close()
 
 
-def forward_loop_run(bed: Testbed, frames, window: int, native: bool) -> float | None:
+def forward_loop_run(bed: Testbed, frames, window: int, native: bool, load=closed_loop) -> float | None:
     """The forwarding loop's packets/s; None where the C one could not be built (no compiler)."""
     ports = bed.ports()
     args = [FORWARD_LOOP_C, ports[SENDER.port], ports[SINK.port], str(BATCH), LOOPS_C] if native else \
@@ -108,7 +107,7 @@ def forward_loop_run(bed: Testbed, frames, window: int, native: bool) -> float |
             return None
         tx, rx = bed.hosts["w"].socket(), bed.hosts["o"].socket()
         try:
-            return LOAD[0](tx, rx, frames, 1, window)[0]
+            return load(tx, rx, frames, 1, window)[0]
         finally:
             tx.close()
             rx.close()
@@ -161,27 +160,27 @@ def main() -> int:
         print("bench/softswitch.py needs root (network namespaces)")
         return 1
     frames = gradient_frames(SENDER, SINK, args.packets // 2)
-    LOAD[0] = c_closed_loop() or closed_loop
+    load = c_closed_loop() or closed_loop  # the load generator
     print(f"aggregation program, K={K}, {len(frames)} gradient frames, closed loop window {args.window}, "
-          f"switch batch {BATCH}, load generator in {'Python' if LOAD[0] is closed_loop else 'C'}")
+          f"switch batch {BATCH}, load generator in {'Python' if load is closed_loop else 'C'}")
     results = {"compiled pipeline alone (no I/O)": executor_alone(frames, "compiled"),
                "Python pipeline alone (no I/O)": executor_alone(frames, "python")}
     with tempfile.TemporaryDirectory() as tmp, Testbed("bss") as bed:
         bed.add(SENDER)
         bed.add(SINK)
         if mmsg.CALLS:
-            ceiling = forward_loop_run(bed, frames, args.window, native=True)
+            ceiling = forward_loop_run(bed, frames, args.window, True, load)
             if ceiling:
                 results[CEILING] = ceiling
-            results[PY_LOOP] = forward_loop_run(bed, frames, args.window, native=False)
+            results[PY_LOOP] = forward_loop_run(bed, frames, args.window, False, load)
         for name, prefix in (("embedded switch", None), ("embedded, Python pipeline", PYTHON_PIPELINE)):
-            results[name], sums = switch_run(bed, "embedded", frames, args.window, tmp, prefix)
+            results[name], sums = switch_run(bed, "embedded", frames, args.window, tmp, load, prefix)
             if sums != len(frames) // 2:
                 print(f"warning: {name} returned {sums} of {len(frames) // 2} sums")
         if targets.find_bmv2():
             best = 0.0
             for w in sorted({*args.bmv2_windows, args.window}):  # BMv2 queues: fewer in flight suit it
-                pps, sums = switch_run(bed, "bmv2", frames, w, tmp)
+                pps, sums = switch_run(bed, "bmv2", frames, w, tmp, load)
                 if sums != len(frames) // 2:
                     print(f"warning: BMv2 (window {w}) returned {sums} of {len(frames) // 2} sums")
                 if pps > best:
