@@ -2,6 +2,7 @@
 protocol says, parameters reassembled, numpy and torch gradients alike."""
 import socket
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -277,3 +278,30 @@ def test_link_watch_says_down_once_backs_off_and_says_back():
         link.failed(OSError(errno.EPERM, "other"))
     link.failed(OSError(errno.ENETDOWN, "down"))
     assert link.downs == 2 and slept[-1] == LINK_BACKOFF[0]
+
+
+@pytest.mark.parametrize("coalesce, coalesce_min, waits", [(0.001, 16, True), (0.001, 10**6, False), (0.0, 16, False)])
+def test_a_worker_waits_to_read_a_batch_only_with_many_chunks_unanswered(monkeypatch, coalesce, coalesce_min, waits):
+    """Receive coalescing: after a wake-up with >= coalesce_min chunks unanswered the agent sleeps
+    `coalesce` before reading; with fewer, or coalesce 0, it reads at once. Parameters are right either way."""
+    import time as time_module
+    slept = []
+    real_sleep = time_module.sleep
+    monkeypatch.setattr(time_module, "sleep", lambda s: (slept.append(s), real_sleep(s)))
+    # 300 chunks, 256 in flight at first; Echo loses every 5th one once, and the 52 of them in the
+    # first burst are resent together: at least one wake-up sees >= 16 unanswered, however fast Echo is.
+    init = {"w": np.zeros(300 * K, np.float32)}
+    lay = optim.layout_of(init)
+    grad = {"w": np.random.default_rng(1).standard_normal(300 * K).astype(np.float32)}
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    echo = Echo(b)
+    echo.start()
+    agent = WorkerAgent(replace(CFG, slots=256, coalesce=coalesce, coalesce_min=coalesce_min), lay, a)
+    try:
+        out = agent.push(grad)
+    finally:
+        echo.stop = True
+        echo.join()
+    assert np.array_equal(out["w"], (grad["w"].astype(np.float16).astype(np.float32) * 2).astype(np.float16))
+    assert (len(slept) > 0) == waits
+    assert all(s == coalesce for s in slept)
