@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .batch import Batch
 from .compiler import INSTANCE_NORMAL, INSTANCE_REPLICATION, CompiledProgram
@@ -73,8 +73,6 @@ class Stats:
     no_program: int = 0  # received before any pipeline was set
     mcast_empty: int = 0  # multicast to a group with no replicas
     errors: int = 0  # an exception inside the program: packet dropped
-    by_port_rx: dict = field(default_factory=dict)
-    by_port_tx: dict = field(default_factory=dict)
 
 
 class Engine:
