@@ -2,6 +2,7 @@
 protocol says, parameters reassembled, numpy and torch gradients alike."""
 import socket
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -284,12 +285,12 @@ def test_link_watch_says_down_once_backs_off_and_says_back():
 def test_a_worker_waits_to_read_a_batch_only_with_many_chunks_unanswered(monkeypatch, coalesce, coalesce_min, waits):
     """Receive coalescing: after a wake-up with >= coalesce_min chunks unanswered the agent sleeps
     `coalesce` before reading; with fewer, or coalesce 0, it reads at once. Parameters are right either way."""
-    import time as time_module
     slept = []
-    real_sleep = time_module.sleep
-    monkeypatch.setattr(time_module, "sleep", lambda s: (slept.append(s), real_sleep(s)))
-    # 300 chunks, 256 in flight at first; Echo loses every 5th one once, and the 52 of them in the
-    # first burst are resent together: at least one wake-up sees >= 16 unanswered, however fast Echo is.
+    real_sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: (slept.append(s), real_sleep(s)))
+    # 300 chunks, 256 sent at once. Echo loses the first copy of every 5th one, so ~50 of those 256
+    # stay unanswered until resent (16 at most a timeout): the wait for them starts with >= 16
+    # unanswered, however fast Echo is.
     init = {"w": np.zeros(300 * K, np.float32)}
     lay = optim.layout_of(init)
     grad = {"w": np.random.default_rng(1).standard_normal(300 * K).astype(np.float32)}
