@@ -72,7 +72,7 @@ class DataPlane:
         try:
             while not self.stopping:
                 timeout = 0.001 if self.faults and self.faults.held else 0.2
-                served = False
+                served = None  # the C loop not tried yet in this wake-up
                 for fd, _ in ep.poll(timeout):
                     if fd == self._wake_r:
                         try:
@@ -80,7 +80,7 @@ class DataPlane:
                         except BlockingIOError:
                             pass
                         continue
-                    if not served:  # one call serves every port
+                    if served is None:  # one call serves every port; where it cannot, none will
                         served = self.serve() is not None
                     if not served:
                         self._port_ready(by_fd[fd])
