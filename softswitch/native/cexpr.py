@@ -5,6 +5,8 @@ action parameter and register loads exactly. Arithmetic is modulo 2^128: for +, 
 and ~ that is the Python path's arbitrary precision once p4c's masks apply. An operation that needs
 the true value (comparisons, >>, /, %, casts, truthiness, indexes) refuses, as an unsupported
 construct, an operand that might need more than MAX_BITS; the program then runs on the Python path.
+A subtree whose every value is bounded by NARROW_BITS (`bits`) is computed in `int64_t` instead,
+where no operation can overflow, so it is exact too, at a fraction of the cost.
 """
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ from ..compiler.expressions import BOOL_OPS, ExpressionCompiler
 from ..compiler_errors import UnsupportedConstruct
 
 MAX_BITS = 126  # a value of at most this many bits (and a sign) is exact in an __int128
+NARROW_BITS = 62  # a subtree of values this small computes exactly in int64_t
 FIELD_BITS = 64  # fields, parameters, registers and lookaheads wider than this are not compiled
 HUGE = 1 << 20
 
 
-def c_const(v: int) -> str:
-    """An integer as an __int128 expression."""
+def c_const(v: int, narrow: bool = False) -> str:
+    """An integer as an __int128 expression (`narrow`: an int64_t one)."""
+    if narrow:
+        return f"((int64_t){v}LL)"
     if v.bit_length() > MAX_BITS:
         raise UnsupportedConstruct(f"a constant of {v.bit_length()} bits")
     if -(1 << 63) <= v < 1 << 63:
@@ -40,6 +45,29 @@ class CExpr:
         self.in_parser = in_parser
         self.lookaheads: list[tuple[int, int]] = []
         self._conditional = 0  # > 0 inside a branch that might not be evaluated
+        self._narrow = False  # emitting an int64_t subtree (`fits`)
+
+    @property
+    def t(self) -> str:
+        return "int64_t" if self._narrow else "i128"
+
+    @property
+    def xp(self) -> str:
+        """The prelude's helper prefix for the current type: x_ (i128) or x64_."""
+        return "x64_" if self._narrow else "x_"
+
+    def fits(self, n) -> bool:
+        """Whether every value of n and of its subexpressions is below 2^NARROW_BITS in magnitude."""
+        if self.bits(n) > NARROW_BITS:
+            return False
+        k = n[0]
+        if k in ("c", "b", "f", "valid", "a", "lk"):
+            return True
+        if k == "reg":
+            return self.fits(n[2])
+        if k in ("two_comp_mod", "usat_cast", "sat_cast"):  # x + 2^(w-1) stays below 2^63
+            return self.fits(n[1])
+        return all(self.fits(c) for c in n[1:] if isinstance(c, tuple))
 
     # --- bounds ------------------------------------------------------------------
     def bits(self, n) -> int:
@@ -102,31 +130,42 @@ class CExpr:
         return f"((i128)f[{slot}])"
 
     def code(self, n) -> str:
-        k = n[0]
+        if self._narrow or n[0] in ("c", "b") or not self.fits(n):
+            return self._code(n)
+        self._narrow = True
+        try:
+            return f"N64({self._code(n)})"
+        finally:
+            self._narrow = False
+
+    def _code(self, n) -> str:
+        k, t, x = n[0], self.t, self.xp
         if k == "c":
-            return c_const(n[1])
+            return c_const(n[1], self._narrow)
         if k == "b":
-            return "((i128)1)" if n[1] else "((i128)0)"
+            return f"(({t})1)" if n[1] else f"(({t})0)"
         if k == "f":
+            if self._narrow:
+                return f"((int64_t)f[{n[1]}])"  # fits: a signed field is stored sign-extended
             return self.load(n[1])
         if k == "valid":
-            return f"((i128)(f[{n[1]}] == 1))"
+            return f"(({t})(f[{n[1]}] == 1))"
         if k == "a":
             if n[2] > FIELD_BITS:
                 raise UnsupportedConstruct(f"an action parameter of {n[2]} bits")
-            return f"((i128)a[{n[1]}])"
+            return f"(({t})a[{n[1]}])"
         if k == "lk":
             if not self.in_parser or self._conditional:
                 raise UnsupportedConstruct("lookahead outside the parser or under a condition")
             if not 0 < n[2] <= FIELD_BITS or n[1] < 0:
                 raise UnsupportedConstruct(f"lookahead of {n[2]} bits")
             self.lookaheads.append((n[1], n[2]))
-            return f"((i128)get_bits(data + off, {n[1]}, {n[2]}))"
+            return f"(({t})get_bits(data + off, {n[1]}, {n[2]}))"
         if k == "reg":
             number = self.x.register_index[n[1]]
             idx = self.nonneg(n[2], "a register index")
-            return (f"({{ i128 _i = {idx}; _i < {self.x.registers[n[1]]} ? (i128)R_{number}[(int64_t)_i]"
-                    f" : (i128)0; }})")
+            return (f"({{ {t} _i = {idx}; _i < {self.x.registers[n[1]]} ? ({t})R_{number}[(int64_t)_i]"
+                    f" : ({t})0; }})")
         if k == "?":
             cond = self.exact(n[1])
             self._conditional += 1
@@ -135,33 +174,35 @@ class CExpr:
             finally:
                 self._conditional -= 1
         if k == "not":
-            return f"((i128)!{self.exact(n[2])})"
+            return f"(({t})!{self.exact(n[2])})"
         if k == "~":
             return f"(~{self.code(n[2])})"
         if k in ("d2b", "b2d"):
-            return f"((i128)({self.exact(n[2])} != 0))"
+            return f"(({t})({self.exact(n[2])} != 0))"
+        narrow = self._narrow
         if k == "two_comp_mod":
             w = n[2][1]
-            return f"x_sub(x_add({self.code(n[1])}, {c_const(1 << (w - 1))}) & {c_const((1 << w) - 1)}, " \
-                   f"{c_const(1 << (w - 1))})"
+            return f"{x}sub({x}add({self.code(n[1])}, {c_const(1 << (w - 1), narrow)}) & " \
+                   f"{c_const((1 << w) - 1, narrow)}, {c_const(1 << (w - 1), narrow)})"
         if k == "usat_cast":
-            return f"x_min(x_max({self.exact(n[1])}, 0), {c_const((1 << n[2][1]) - 1)})"
+            return f"{x}min({x}max({self.exact(n[1])}, 0), {c_const((1 << n[2][1]) - 1, narrow)})"
         if k == "sat_cast":
             w = n[2][1]
-            return f"x_min(x_max({self.exact(n[1])}, {c_const(-(1 << (w - 1)))}), {c_const((1 << (w - 1)) - 1)})"
+            return f"{x}min({x}max({self.exact(n[1])}, {c_const(-(1 << (w - 1)), narrow)}), " \
+                   f"{c_const((1 << (w - 1)) - 1, narrow)})"
         op, l, r = n
         if op in ("+", "-", "*"):
-            return f"x_{ {'+': 'add', '-': 'sub', '*': 'mul'}[op]}({self.code(l)}, {self.code(r)})"
+            return f"{x}{ {'+': 'add', '-': 'sub', '*': 'mul'}[op]}({self.code(l)}, {self.code(r)})"
         if op in ("&", "|", "^"):
             return f"({self.code(l)} {op} {self.code(r)})"
         if op in ("/", "%"):
-            return f"x_{'div' if op == '/' else 'mod'}({self.exact(l)}, {self.exact(r)})"
+            return f"{x}{'div' if op == '/' else 'mod'}({self.exact(l)}, {self.exact(r)})"
         if op == "<<":
-            return f"x_shl({self.code(l)}, {self.nonneg(r, 'a shift amount')})"
+            return f"{x}shl({self.code(l)}, {self.nonneg(r, 'a shift amount')})"
         if op == ">>":
-            return f"x_shr({self.exact(l)}, {self.nonneg(r, 'a shift amount')})"
+            return f"{x}shr({self.exact(l)}, {self.nonneg(r, 'a shift amount')})"
         if op in ("==", "!=", "<", ">", "<=", ">="):
-            return f"((i128)({self.exact(l)} {op} {self.exact(r)}))"
+            return f"(({t})({self.exact(l)} {op} {self.exact(r)}))"
         if op in ("and", "or"):
             left = self.boolean(l)
             self._conditional += 1
@@ -169,7 +210,7 @@ class CExpr:
                 right = self.boolean(r)
             finally:
                 self._conditional -= 1
-            return f"((i128)({left} {'&&' if op == 'and' else '||'} {right}))"
+            return f"(({t})({left} {'&&' if op == 'and' else '||'} {right}))"
         raise UnsupportedConstruct(f"expression operator {op!r}")
 
     def store(self, slot: int, n) -> str:

@@ -23,6 +23,19 @@ static inline i128 x_sub(i128 a, i128 b) { return (i128)((u128)a - (u128)b); }
 static inline i128 x_mul(i128 a, i128 b) { return (i128)((u128)a * (u128)b); }
 static inline i128 x_hmod(i128 h, i128 size) { return size > 0 ? h % size : h; }
 
+/* The same over int64_t, for subexpressions whose every value is below 2^62 in magnitude (cexpr's
+ * NARROW_BITS): nothing overflows there, so the results are the exact ones above. */
+#define N64(v) ((i128)(int64_t)(v)) /* an int64_t subexpression where an i128 is expected */
+static inline int64_t x64_shl(int64_t a, int64_t b) { return b >= 64 ? 0 : (int64_t)((uint64_t)a << (int)b); }
+static inline int64_t x64_shr(int64_t a, int64_t b) { return b >= 63 ? (a < 0 ? -1 : 0) : a >> (int)b; }
+static inline int64_t x64_div(int64_t a, int64_t b) { return (b > 0 && a >= 0) ? a / b : 0; }
+static inline int64_t x64_mod(int64_t a, int64_t b) { return (b > 0 && a >= 0) ? a % b : 0; }
+static inline int64_t x64_min(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t x64_max(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t x64_add(int64_t a, int64_t b) { return a + b; }
+static inline int64_t x64_sub(int64_t a, int64_t b) { return a - b; }
+static inline int64_t x64_mul(int64_t a, int64_t b) { return a * b; }
+
 /* width bits at bit offset `bit` of p, big-endian (width <= 64) */
 static inline uint64_t get_bits(const uint8_t *p, int64_t bit, int width) {
     const uint8_t *q = p + (bit >> 3);
