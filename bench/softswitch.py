@@ -1,13 +1,12 @@
 """Embedded switch throughput, side by side in one run on the same frames.
 
-    python bench/softswitch.py [--packets N] [--window W]
+    python bench/softswitch.py [--packets N] [--windows W [W ...]]
 
 On one veth testbed (sender host -> switch port 1, sink host <- port 2):
   (a) the embedded switch running the aggregation program (p4src/compiled/mindp.json),
       gradient packets of a 2-worker job, every second one completing a sum: with its
       default pipeline, and with the generated Python pipeline (the reference);
-  (b) BMv2 simple_switch_grpc on the same program and frames, where installed, at its best
-      of a few windows (it runs faster with fewer frames queued);
+  (b) BMv2 simple_switch_grpc on the same program and frames, where installed;
   (c) a batched raw-socket forwarding loop (recvmmsg, sendmmsg; the switch's batch size)
       between the same ports, in C (bench/loops.c: the I/O ceiling of any switch on this
       machine) and in Python with numpy (mindp.loadgen.forward_loop);
@@ -15,7 +14,9 @@ plus each pipeline alone (no I/O, batches of the switch's size) on the same fram
 packets/s and the ratios embedded/BMv2 (goal >= 20) and embedded/ceiling (goal >= 0.5).
 Closed loop with a fixed window of frames in flight (sent and received in bursts; the generator
 in C, bench/loops.c, where a compiler is found), so the switch, not its queues or the load
-generator, sets the pace.
+generator, sets the pace. Each of (a)-(c) runs at every window of --windows and its best counts:
+BMv2 is fastest with few frames queued, a batching switch with many, and every contender gets
+the same number of tries.
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ FORWARD_LOOP_C = ("import ctypes, sys; from host_agent import rawsock; from soft
 LOOPS_C = os.path.join(REPO, "bench", "loops.c")
 #: The command prefix that puts the embedded switch on its generated Python pipeline.
 PYTHON_PIPELINE = ["env", "MINDP_SOFTSWITCH_PIPELINE=python"]
+EMBEDDED = "embedded switch"
+BMV2 = "BMv2 simple_switch_grpc"
 CEILING = "batched forwarding loop in C (ceiling)"
 PY_LOOP = "batched forwarding loop in Python"
 
@@ -148,53 +151,61 @@ def executor_alone(frames, pipeline: str) -> float:
     return len(frames) / (time.perf_counter() - t0)
 
 
+def best(measure, windows: list[int], name: str, want: int | None = None) -> tuple[float, int, dict[int, float]]:
+    """(best packets/s, its window, packets/s per window) of measure(window) -> (packets/s, outputs)
+    over `windows`; a run that returned fewer than `want` outputs is reported."""
+    rates = {}
+    for w in windows:
+        rates[w], outputs = measure(w)
+        if want is not None and outputs != want:
+            print(f"warning: {name} (window {w}) returned {outputs} of {want} sums")
+    top = max(rates, key=rates.get)
+    return rates[top], top, rates
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--packets", type=int, default=200000,
                     help="gradient frames per run: enough for the embedded switch to run ~0.5 s")
-    ap.add_argument("--window", type=int, default=4 * BATCH)
-    ap.add_argument("--bmv2-windows", type=int, nargs="+", default=[16, 48],
-                    help="BMv2 is measured at each of these and --window; its best counts")
+    ap.add_argument("--windows", type=int, nargs="+", default=[16, 64, 4 * BATCH, 16 * BATCH],
+                    help="frames in flight: every switch and loop runs at each, its best counts")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/softswitch.py needs root (network namespaces)")
         return 1
     frames = gradient_frames(SENDER, SINK, args.packets // 2)
+    sums = len(frames) // 2
     load = c_closed_loop() or closed_loop  # the load generator
-    print(f"aggregation program, K={K}, {len(frames)} gradient frames, closed loop window {args.window}, "
-          f"switch batch {BATCH}, load generator in {'Python' if load is closed_loop else 'C'}")
-    results = {"compiled pipeline alone (no I/O)": executor_alone(frames, "compiled"),
-               "Python pipeline alone (no I/O)": executor_alone(frames, "python")}
+    windows = sorted(set(args.windows))
+    print(f"aggregation program, K={K}, {len(frames)} gradient frames, closed loop windows "
+          f"{', '.join(map(str, windows))} (best counts), switch batch {BATCH}, load generator in "
+          f"{'Python' if load is closed_loop else 'C'}")
+    results = {"compiled pipeline alone (no I/O)": (executor_alone(frames, "compiled"), None, {}),
+               "Python pipeline alone (no I/O)": (executor_alone(frames, "python"), None, {})}
     with tempfile.TemporaryDirectory() as tmp, Testbed("bss") as bed:
         bed.add(SENDER)
         bed.add(SINK)
         if mmsg.CALLS:
-            ceiling = forward_loop_run(bed, frames, args.window, True, load)
-            if ceiling:
+            ceiling = best(lambda w: (forward_loop_run(bed, frames, w, True, load) or 0.0, None), windows, CEILING)
+            if ceiling[0]:
                 results[CEILING] = ceiling
-            results[PY_LOOP] = forward_loop_run(bed, frames, args.window, False, load)
-        for name, prefix in (("embedded switch", None), ("embedded, Python pipeline", PYTHON_PIPELINE)):
-            results[name], sums = switch_run(bed, "embedded", frames, args.window, tmp, load, prefix)
-            if sums != len(frames) // 2:
-                print(f"warning: {name} returned {sums} of {len(frames) // 2} sums")
+            results[PY_LOOP] = best(lambda w: (forward_loop_run(bed, frames, w, False, load) or 0.0, None), windows,
+                                   PY_LOOP)
+        for name, prefix in ((EMBEDDED, None), ("embedded, Python pipeline", PYTHON_PIPELINE)):
+            results[name] = best(lambda w: switch_run(bed, "embedded", frames, w, tmp, load, prefix), windows, name,
+                                 sums)
         if targets.find_bmv2():
-            best = 0.0
-            for w in sorted({*args.bmv2_windows, args.window}):  # BMv2 queues: fewer in flight suit it
-                pps, sums = switch_run(bed, "bmv2", frames, w, tmp, load)
-                if sums != len(frames) // 2:
-                    print(f"warning: BMv2 (window {w}) returned {sums} of {len(frames) // 2} sums")
-                if pps > best:
-                    best, bmv2_window = pps, w
-            results[f"BMv2 simple_switch_grpc (window {bmv2_window})"] = best
-    for name, pps in results.items():
-        print(f"  {name:38} {pps:10,.0f} packets/s")
-    emb = results["embedded switch"]
-    bmv2 = next((pps for name, pps in results.items() if name.startswith("BMv2")), None)
+            results[BMV2] = best(lambda w: switch_run(bed, "bmv2", frames, w, tmp, load), windows, BMV2, sums)
+    for name, (pps, window, rates) in results.items():
+        each = ", ".join(f"{w}: {r:,.0f}" for w, r in rates.items())
+        print(f"  {name:38} {pps:10,.0f} packets/s" + (f"  (window {window}; {each})" if rates else ""))
+    emb = results[EMBEDDED][0]
+    bmv2 = results[BMV2][0] if BMV2 in results else None
     print(f"  {'embedded / BMv2 (goal >= 20)':38} " + (f"{emb / bmv2:10.2f}" if bmv2 else "       n/a (BMv2 not installed)"))
-    ceiling = results.get(CEILING)
+    ceiling = results[CEILING][0] if CEILING in results else None
     print(f"  {'embedded / ceiling (goal >= 0.5)':38} "
           + (f"{emb / ceiling:10.2f}" if ceiling else "       n/a (no recvmmsg/sendmmsg or no C compiler)"))
-    print(f"  {'embedded / Python pipeline':38} {emb / results['embedded, Python pipeline']:10.2f}")
+    print(f"  {'embedded / Python pipeline':38} {emb / results['embedded, Python pipeline'][0]:10.2f}")
     return 0
 
 
