@@ -11,30 +11,24 @@ typedef __int128 i128;
 typedef unsigned __int128 u128;
 
 /* Python ints are unbounded; expressions here are computed modulo 2^128, which gives the same value
- * after p4c's masks for every operation the generator lets through with a wider intermediate. */
-static inline i128 x_shl(i128 a, i128 b) { return b >= 128 ? 0 : (i128)((u128)a << (int)b); }
-static inline i128 x_shr(i128 a, i128 b) { return b >= 127 ? (a < 0 ? -1 : 0) : a >> (int)b; }
-static inline i128 x_div(i128 a, i128 b) { return (b > 0 && a >= 0) ? a / b : 0; }
-static inline i128 x_mod(i128 a, i128 b) { return (b > 0 && a >= 0) ? a % b : 0; }
-static inline i128 x_min(i128 a, i128 b) { return a < b ? a : b; }
-static inline i128 x_max(i128 a, i128 b) { return a > b ? a : b; }
-static inline i128 x_add(i128 a, i128 b) { return (i128)((u128)a + (u128)b); }
-static inline i128 x_sub(i128 a, i128 b) { return (i128)((u128)a - (u128)b); }
-static inline i128 x_mul(i128 a, i128 b) { return (i128)((u128)a * (u128)b); }
-static inline i128 x_hmod(i128 h, i128 size) { return size > 0 ? h % size : h; }
-
-/* The same over int64_t, for subexpressions whose every value is below 2^62 in magnitude (cexpr's
- * NARROW_BITS): nothing overflows there, so the results are the exact ones above. */
+ * after p4c's masks for every operation the generator lets through with a wider intermediate (x_),
+ * or over int64_t where every value of a subexpression stays below 2^62 in magnitude (cexpr's
+ * NARROW_BITS: nothing overflows, so the results are the exact ones; x64_). T is the type, U its
+ * unsigned twin (wrapping arithmetic), B its bits. */
+#define ARITHMETIC(T, U, B, P) \
+    static inline T P##shl(T a, T b) { return b >= B ? 0 : (T)((U)a << (int)b); } \
+    static inline T P##shr(T a, T b) { return b >= B - 1 ? (a < 0 ? -1 : 0) : a >> (int)b; } \
+    static inline T P##div(T a, T b) { return (b > 0 && a >= 0) ? a / b : 0; } \
+    static inline T P##mod(T a, T b) { return (b > 0 && a >= 0) ? a % b : 0; } \
+    static inline T P##min(T a, T b) { return a < b ? a : b; } \
+    static inline T P##max(T a, T b) { return a > b ? a : b; } \
+    static inline T P##add(T a, T b) { return (T)((U)a + (U)b); } \
+    static inline T P##sub(T a, T b) { return (T)((U)a - (U)b); } \
+    static inline T P##mul(T a, T b) { return (T)((U)a * (U)b); }
+ARITHMETIC(i128, u128, 128, x_)
+ARITHMETIC(int64_t, uint64_t, 64, x64_)
 #define N64(v) ((i128)(int64_t)(v)) /* an int64_t subexpression where an i128 is expected */
-static inline int64_t x64_shl(int64_t a, int64_t b) { return b >= 64 ? 0 : (int64_t)((uint64_t)a << (int)b); }
-static inline int64_t x64_shr(int64_t a, int64_t b) { return b >= 63 ? (a < 0 ? -1 : 0) : a >> (int)b; }
-static inline int64_t x64_div(int64_t a, int64_t b) { return (b > 0 && a >= 0) ? a / b : 0; }
-static inline int64_t x64_mod(int64_t a, int64_t b) { return (b > 0 && a >= 0) ? a % b : 0; }
-static inline int64_t x64_min(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t x64_max(int64_t a, int64_t b) { return a > b ? a : b; }
-static inline int64_t x64_add(int64_t a, int64_t b) { return a + b; }
-static inline int64_t x64_sub(int64_t a, int64_t b) { return a - b; }
-static inline int64_t x64_mul(int64_t a, int64_t b) { return a * b; }
+static inline i128 x_hmod(i128 h, i128 size) { return size > 0 ? h % size : h; }
 
 /* width bits at bit offset `bit` of p, big-endian (width <= 64) */
 static inline uint64_t get_bits(const uint8_t *p, int64_t bit, int width) {
