@@ -35,8 +35,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_agent import fused, node_core, node_socket, optim, probe, rawsock, state  # noqa: E402
-from host_agent.optim import OptimizerConfig  # noqa: E402
+from host_agent import fused, node_core, node_socket, optim, probe, rawsock, residency, state  # noqa: E402
+from host_agent.agent_args import integer  # noqa: E402
+from host_agent.optim import ConfigError, OptimizerConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
 from mindp import codec  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
@@ -100,7 +101,7 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     cfg = OptimizerConfig(kind=kind)
     d = tmp / f"state-{budget}"
     state.create(d, layout, state.init_pieces(layout, seed=0), cfg, page_chunks)
-    state_bytes = 2 * layout.n_chunks * state.record(cfg.lanes).itemsize
+    state_bytes = 2 * -(-layout.n_chunks // page_chunks) * page_chunks * state.record(cfg.lanes).itemsize  # whole pages
     store = state.Store(d, budget or 2 * state_bytes, drop_cache=budget is not None)
     core = node_core.NodeCore(store, 1, 2, 64)
     sums = sums_for(layout)
@@ -257,16 +258,16 @@ def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chunks", type=int, default=100_000, help="chunks per step for the send-rate figure")
-    ap.add_argument("--elements", type=int, nargs="+", default=[4_000_000, 8_000_000, 32_000_000],
+    ap.add_argument("--chunks", type=integer(1), default=100_000, help="chunks per step for the send-rate figure")
+    ap.add_argument("--elements", type=integer(K), nargs="+", default=[4_000_000, 8_000_000, 32_000_000],
                     help="model sizes for the in-RAM figures (default: one whose torch state half fits this "
                          "machine's 32 MiB L3, twice that, and one 8x larger)")
-    ap.add_argument("--ooc-elements", type=int, default=4_000_000, help="model size for the out-of-core figure")
-    ap.add_argument("--batch", type=int, default=node_socket.RECV_ROWS,
+    ap.add_argument("--ooc-elements", type=integer(K), default=4_000_000, help="model size for the out-of-core figure")
+    ap.add_argument("--batch", type=integer(1), default=node_socket.RECV_ROWS,
                     help="sums per NodeCore.handle call in RAM (at most the node's receive batch, "
                          "node_socket.RECV_ROWS)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
-    ap.add_argument("--page-chunks", type=int, default=2048, help="pager page size in chunks (out of core)")
+    ap.add_argument("--page-chunks", type=integer(1), default=2048, help="pager page size in chunks (out of core)")
     ap.add_argument("--only", choices=("send", "ram", "ooc"), action="append",
                     help="run only these figures (repeatable; default all); 'ram' needs neither root nor veths")
     args = ap.parse_args()
@@ -323,6 +324,9 @@ def main() -> int:
         print(f"node out of core {ooc:12,.0f} elem/s  ({moved / 2**20:,.0f} MiB/s of state, budget "
               f"{budget / 2**20:.1f} MiB = state/10)   disk seq read+write {disk / 2**20:,.0f} MiB/s   "
               f"ratio {moved / disk:.2f}")
+    except (ConfigError, residency.PlanError) as exc:  # sizes the state cannot take
+        print(f"bench/agents.py: {exc}", file=sys.stderr)
+        return 2
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

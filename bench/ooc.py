@@ -38,7 +38,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from host_agent import node, node_core, node_socket, probe, residency, state, synthetic  # noqa: E402
-from host_agent.optim import OptimizerConfig  # noqa: E402
+from host_agent.agent_args import integer  # noqa: E402
+from host_agent.optim import ConfigError, OptimizerConfig  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
 from mindp.protocol import K  # noqa: E402
 
@@ -118,14 +119,14 @@ def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 8, 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--elements", type=int, default=16_000_000, help="model size for the budget figures")
-    ap.add_argument("--page-chunks", type=int, default=2048, help="chunks per page (768 KiB)")
+    ap.add_argument("--elements", type=integer(K), default=16_000_000, help="model size for the budget figures")
+    ap.add_argument("--page-chunks", type=integer(1), default=2048, help="chunks per page (768 KiB)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--scale", action=argparse.BooleanOptionalAction,
                     default=os.environ.get("MINDP_BENCH_SCALE") != "0",
                     help="the 1-billion-parameter run (minutes; needs 2 x 12 GB free; default on unless "
                          "MINDP_BENCH_SCALE=0)")
-    ap.add_argument("--params", type=int, default=1_000_000_000, help="parameters of the scale run")
+    ap.add_argument("--params", type=integer(K), default=1_000_000_000, help="parameters of the scale run")
     ap.add_argument("--budget", type=node.parse_size, default=node.parse_size("1G"), help="RAM budget of the scale run")
     args = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-ooc-", dir=args.dir or "/var/tmp"))
@@ -133,6 +134,9 @@ def main() -> int:
         budgets(tmp, args.elements, args.page_chunks)
         if args.scale:
             synthetic.bench(tmp, args.params, args.budget)
+    except (ConfigError, residency.PlanError) as exc:  # sizes the state cannot take
+        print(f"bench/ooc.py: {exc}", file=sys.stderr)
+        return 2
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

@@ -34,6 +34,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from host_agent import node_core, node_socket, optim, reference, state  # noqa: E402
+from host_agent.agent_args import integer  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from host_agent.window import RtoConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
@@ -157,9 +158,10 @@ def update_rate(m: int, elements: int, steps: int, tmp: pathlib.Path) -> tuple[f
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="embedded", choices=["embedded", "bmv2"])
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--chunks", type=int, default=128, help="model size of the packet runs, in chunks")
-    ap.add_argument("--elements", type=int, default=1 << 22, help="model size of the update-rate runs")
+    ap.add_argument("--steps", type=integer(1), default=3)
+    ap.add_argument("--chunks", type=integer(2), default=128, help="model size of the packet runs, in chunks (2 shards)")
+    ap.add_argument("--elements", type=integer(4 * K), default=1 << 22,
+                    help="model size of the update-rate runs (up to 4 shards of a chunk or more)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/scale.py: needs root (network namespaces)", file=sys.stderr)

@@ -34,6 +34,7 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 
 from controller.p4runtime import SwitchConnection  # noqa: E402
+from host_agent.agent_args import integer  # noqa: E402
 from mindp import mmsg, targets  # noqa: E402
 from mindp.loadgen import aggregation_entries, closed_loop, gradient_frames  # noqa: E402
 from mindp.protocol import K  # noqa: E402
@@ -165,9 +166,9 @@ def best(measure, windows: list[int], name: str, want: int | None = None) -> tup
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--packets", type=int, default=200000,
+    ap.add_argument("--packets", type=integer(2), default=200000,
                     help="gradient frames per run: enough for the embedded switch to run ~0.5 s")
-    ap.add_argument("--windows", type=int, nargs="+", default=[16, 64, 4 * BATCH, 16 * BATCH],
+    ap.add_argument("--windows", type=integer(2), nargs="+", default=[16, 64, 4 * BATCH, 16 * BATCH],
                     help="frames in flight: every switch and loop runs at each, its best counts")
     args = ap.parse_args()
     if os.geteuid() != 0:

@@ -30,6 +30,7 @@ try:
 except ImportError:
     torch = None
 
+from host_agent.agent_args import integer  # noqa: E402
 from mindp import INSTALL_TORCH, targets, testbed, workload  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from mininet_topos import config  # noqa: E402
@@ -145,9 +146,9 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path) -> tupl
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--local-steps", type=int, default=10, help="timed steps of one process and of DDP")
+    ap.add_argument("--steps", type=integer(1), default=2)
+    ap.add_argument("--workers", type=integer(1), default=2)
+    ap.add_argument("--local-steps", type=integer(1), default=10, help="timed steps of one process and of DDP")
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)  # a DDP worker, started by ddp_run
     ap.add_argument("--ddp-master", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from host_agent.agent_args import integer  # noqa: E402
 from mindp import codec, layers  # noqa: E402
 from mindp.protocol import K, Header, Kind  # noqa: E402
 from mindp.testbed import quiet_veths, sh  # noqa: E402
@@ -60,8 +61,8 @@ def raw_send_rate(frames: np.ndarray, seconds: float = 1.0) -> float | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--elements", type=int, default=10_000_000)
-    ap.add_argument("--scapy-packets", type=int, default=2000)
+    ap.add_argument("--elements", type=integer(K), default=10_000_000)
+    ap.add_argument("--scapy-packets", type=integer(1), default=2000)
     args = ap.parse_args()
 
     flat = np.random.default_rng(0).standard_normal(args.elements).astype(np.float16)

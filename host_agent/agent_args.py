@@ -26,6 +26,20 @@ def finite(text: str) -> float:
     return value
 
 
+def integer(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high] (no upper bound without `high`)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            want = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"want an integer {want}, got {value}")
+        return value
+    return parse
+
+
 def probability(text: str) -> float:
     """A fault probability in [0, 1)."""
     value = finite(text)

@@ -1,0 +1,45 @@
+"""The bench scripts refuse bad sizes with argparse's one line and exit 2, before doing anything
+(no traceback, no testbed): every numeric option goes through host_agent.agent_args.integer."""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from host_agent.agent_args import integer
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+BAD = [
+    ("agents.py", ["--chunks", "0"]),
+    ("agents.py", ["--elements", "31"]),
+    ("agents.py", ["--page-chunks", "x"]),
+    ("dataplane.py", ["--k", "256"]),
+    ("dataplane.py", ["--window", "1"]),
+    ("ooc.py", ["--elements", "-5"]),
+    ("scale.py", ["--chunks", "1"]),
+    ("scale.py", ["--elements", "64"]),
+    ("softswitch.py", ["--windows", "16", "0"]),
+    ("softswitch.py", ["--packets", "1.5"]),
+    ("torch_gpt.py", ["--workers", "0"]),
+    ("wire.py", ["--scapy-packets", "0"]),
+]
+
+
+@pytest.mark.parametrize("script,args", BAD, ids=[f"{s} {' '.join(a)}" for s, a in BAD])
+def test_a_bad_size_is_one_line_and_exit_2(script, args):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / script), *args], capture_output=True, text=True,
+                          cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert f"error: argument {args[0]}: want an integer" in done.stderr.splitlines()[-1]
+
+
+def test_integer_bounds():
+    assert integer(2)("2") == 2 and integer(1, 255)("255") == 255
+    for parse, text in ((integer(2), "1"), (integer(1, 255), "256"), (integer(1), "1e3"), (integer(1), "")):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(text)
