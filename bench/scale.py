@@ -159,7 +159,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="embedded", choices=["embedded", "bmv2"])
     ap.add_argument("--steps", type=integer(1), default=3)
-    ap.add_argument("--chunks", type=integer(2), default=128, help="model size of the packet runs, in chunks (2 shards)")
+    ap.add_argument("--chunks", type=integer(2), default=128,
+                    help="model size of the packet runs, in chunks (2 shards)")
     ap.add_argument("--elements", type=integer(4 * K), default=1 << 22,
                     help="model size of the update-rate runs (up to 4 shards of a chunk or more)")
     args = ap.parse_args()
