@@ -101,7 +101,7 @@ def node_rate(tmp: pathlib.Path, elements: int, budget: int | None, steps: int =
     cfg = OptimizerConfig(kind=kind)
     d = tmp / f"state-{budget}"
     state.create(d, layout, state.init_pieces(layout, seed=0), cfg, page_chunks)
-    state_bytes = 2 * -(-layout.n_chunks // page_chunks) * page_chunks * state.record(cfg.lanes).itemsize  # whole pages
+    state_bytes = 2 * state.padded_records(layout.n_chunks, page_chunks) * state.record(cfg.lanes).itemsize
     store = state.Store(d, budget or 2 * state_bytes, drop_cache=budget is not None)
     core = node_core.NodeCore(store, 1, 2, 64)
     sums = sums_for(layout)

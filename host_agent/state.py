@@ -91,7 +91,8 @@ def _preallocate(f, nbytes: int) -> None:
         raise StorageError(f"cannot reserve {nbytes} bytes for {f.name}: {exc.strerror} (errno {exc.errno})") from None
 
 
-def _padded_records(n_chunks: int, page_chunks: int) -> int:
+def padded_records(n_chunks: int, page_chunks: int) -> int:
+    """Records a state copy holds for n_chunks chunks: whole pages of page_chunks."""
     return -(-n_chunks // page_chunks) * page_chunks
 
 
@@ -132,7 +133,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
         (d / name).unlink(missing_ok=True)
     n = layout.n_chunks if chunks is None else chunks[1] - chunks[0] + 1
     elements = layout.total if chunks is None else min((chunks[1] + 1) * K, layout.total) - chunks[0] * K
-    nbytes = _padded_records(n, page_chunks) * rb
+    nbytes = padded_records(n, page_chunks) * rb
     block_chunks = 1024
     with open(d / "state0.bin", "wb") as f0:
         pending = np.empty(0, dtype=np.float32)
@@ -207,7 +208,7 @@ class Store:
         self.sharded = "chunks" in meta
         self.n_chunks = n = self.chunks[1] - self.chunks[0] + 1
         self.page_chunks = page_chunks
-        padded = _padded_records(n, page_chunks)
+        padded = padded_records(n, page_chunks)
         self.n_pages = padded // page_chunks
         self.pages = PagedState([d / f"state{i}.bin" for i in (0, 1)], n, page_chunks, budget_bytes,
                                 prefetch=prefetch, drop_cache=drop_cache, window=window, map_whole=map_whole,
