@@ -1,10 +1,10 @@
 """sendmmsg/recvmmsg through ctypes over the rows of a numpy buffer: one system call moves up to
-1024 frames, and the message vector (struct mmsghdr, iovecs, per-message control and address
-buffers) is built once with numpy, so no Python object is made per frame.
+1024 frames, and the message vector (struct mmsghdr, iovecs, per-message control buffers) is
+built once with numpy, so no Python object is made per frame.
 
-Shared by the agents' raw sockets (host_agent.rawsock) and the embedded switch's ports
-(softswitch.ports). `CALLS` is None where libc lacks the calls, pointers are not 64-bit, or
-MINDP_NO_MMSG=1; callers then loop over send/recvmsg_into.
+Shared by the agents' raw sockets (host_agent.rawsock), the embedded switch's ports (sending:
+softswitch.ports) and the benches' loops (mindp.loadgen). `CALLS` is None where libc lacks the
+calls, pointers are not 64-bit, or MINDP_NO_MMSG=1; callers then loop over send/recvmsg_into.
 """
 from __future__ import annotations
 
@@ -33,8 +33,6 @@ IOVEC = np.dtype({"names": ["base", "len"], "formats": ["u8", "u8"], "itemsize":
 CMSG_AUX = np.dtype({"names": ["len", "level", "type", "status", "tci", "tpid"],
                      "formats": ["u8", "i4", "i4", "u4", "u2", "u2"],
                      "offsets": [0, 8, 12, 16, 32, 34], "itemsize": AUX_SPACE})
-# struct sockaddr_ll is 20 bytes; sll_pkttype (PACKET_HOST, PACKET_OUTGOING, ...) at byte 10.
-SOCKADDR_LL = np.dtype({"names": ["pkttype"], "formats": ["u1"], "offsets": [10], "itemsize": 24})
 
 
 def _libc_calls():
@@ -59,10 +57,9 @@ def _addresses(base: int, n: int, stride: int) -> np.ndarray:
 
 class Vectors:
     """A message vector over the rows of `buf` (n, width): message i reads or writes row i. With
-    `control`, each message has room for a PACKET_AUXDATA control message (`self.control`); with
-    `names`, for the sender's struct sockaddr_ll (`self.names`)."""
+    `control`, each message has room for a PACKET_AUXDATA control message (`self.control`)."""
 
-    def __init__(self, buf: np.ndarray, control: bool = False, names: bool = False):
+    def __init__(self, buf: np.ndarray, control: bool = False):
         n, width = buf.shape
         self.buf = buf
         self.width = width
@@ -75,9 +72,6 @@ class Vectors:
         self.control = np.zeros(n, CMSG_AUX) if control else None
         if control:
             self.msgs["control"] = _addresses(self.control.ctypes.data, n, AUX_SPACE)
-        self.names = np.zeros(n, SOCKADDR_LL) if names else None
-        if names:
-            self.msgs["name"] = _addresses(self.names.ctypes.data, n, SOCKADDR_LL.itemsize)
         # views of the fields read or written per call, made once (a field lookup costs more than its slice)
         self.lens = self.msgs["len"]
         self.flags = self.msgs["flags"]
@@ -89,8 +83,6 @@ class Vectors:
         (0 when none waits). Each message's `len`, `flags` and control buffer tell the rest."""
         if self.control is not None:  # in: room for the control message; out: what it used
             self.msgs["controllen"][start:start + count] = AUX_SPACE
-        if self.names is not None:
-            self.msgs["namelen"][start:start + count] = SOCKADDR_LL.itemsize
         got = CALLS[1](fd, self.msgs.ctypes.data + start * MMSGHDR.itemsize, min(count, MAX),
                        socket.MSG_DONTWAIT, None)
         if got < 0:

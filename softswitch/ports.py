@@ -1,17 +1,16 @@
 """Switch ports: AF_PACKET raw sockets bound to interfaces, and pcap capture files.
 
-Frames move in batches: `receive` takes up to a batch of waiting frames with one recvmmsg straight
-into the slots of a `Batch`, `send_batch` sends a port's share of an output batch with one
-sendmmsg (mindp.mmsg; a loop over recvmsg_into/send where libc lacks them). `send` sends one frame
-(packet-in/out, fault injection).
+Frames move in batches: `receive` takes up to a batch of waiting frames from the port's receive
+ring (softswitch/rxring.py) into the slots of a `Batch`, `send_batch` sends a port's share of an
+output batch with one sendmmsg (mindp.mmsg; a loop over send where libc lacks it). `send` sends one
+frame (packet-in/out, fault injection).
 
 The kernel strips a received frame's outer VLAN tag (802.1Q or 802.1ad) before a packet socket sees
-it and reports the tag in PACKET_AUXDATA; a port puts the tag back in the frame's slot, so the P4
+it and reports the tag beside the frame; a port puts the tag back in the frame's slot, so the P4
 parser (and the pcap) see the bytes that were on the wire, as BMv2 does.
 """
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 import struct
@@ -23,40 +22,13 @@ from mindp import mmsg
 from mindp.netutil import packet_socket
 
 from .batch import Batch
+from .rxring import RxRing
 
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
-PACKET_OUTGOING = 4
-PACKET_AUXDATA = 8
-TP_STATUS_VLAN_VALID = 1 << 4
-TP_STATUS_VLAN_TPID_VALID = 1 << 6
-ETH_P_8021Q = 0x8100
-AUXDATA = mmsg.AUXDATA  # struct tpacket_auxdata
-AUX_SPACE = mmsg.AUX_SPACE
 TAG = 4  # bytes of a restored VLAN tag: a slot keeps room for them
 SNAPLEN = 262144  # a pcap's snapshot length: libpcap's maximum, so no frame (up to a slot) is cut
-#: Errors of a receive on a port whose link is down or gone: nothing received, not fatal.
-RECV_DOWN = (errno.ENETDOWN, errno.ENXIO, errno.EAGAIN)
 log = logging.getLogger("softswitch")
-
-
-def aux_tag(ancillary: list) -> tuple[int, int] | None:
-    """(TPID, TCI) of the VLAN tag the kernel took off a frame, from its PACKET_AUXDATA."""
-    for level, kind, data in ancillary:
-        if level == SOL_PACKET and kind == PACKET_AUXDATA and len(data) >= AUXDATA.size:
-            status, _, _, _, _, tci, tpid = AUXDATA.unpack_from(data)
-            if status & TP_STATUS_VLAN_VALID:
-                return (tpid if status & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q), tci
-    return None
-
-
-def restore_tag(batch: Batch, i: int, tpid: int, tci: int) -> None:
-    """Put a VLAN tag back after the MAC addresses of frame i, in its slot."""
-    n = int(batch.lens[i])
-    row = batch.buf[i]
-    row[16:n + TAG] = row[12:n]  # numpy copies overlapping ranges as if through a buffer
-    row[12:16] = np.frombuffer(struct.pack("!HH", tpid, tci), np.uint8)
-    batch.lens[i] = n + TAG
 
 
 class PortError(OSError):
@@ -71,7 +43,7 @@ class Port:
         self.iface = iface
         self.rx = self.tx = self.tx_errors = 0
         self.rx_truncated = 0  # frames longer than a batch slot: dropped
-        self._rxv = self._txv = None  # (batch buffer, its message vector) for recvmmsg, sendmmsg
+        self._txv = None  # (batch buffer, its message vector) for sendmmsg
         self.pcap_errors = 0  # failed capture writes; the first one ends this port's capture
         try:
             s = packet_socket(iface)
@@ -84,10 +56,14 @@ class Port:
             self.filter_outgoing = False
         except OSError:
             self.filter_outgoing = True  # old kernel: drop PACKET_OUTGOING frames by hand
-        s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)  # frames too long for the ring wait here
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         s.setblocking(False)
+        try:
+            self.ring = RxRing(s)
+        except OSError as exc:
+            s.close()
+            raise PortError(f"port {number}: interface {iface!r}: receive ring: {exc.strerror or exc}") from None
         self.sock = s
         self.pcap_in = self.pcap_out = None
         if pcap_dir:
@@ -107,12 +83,8 @@ class Port:
         want = min(limit, batch.capacity - start)
         if want <= 0:
             return 0
-        try:
-            got = self._recv_mmsg(batch, start, want) if mmsg.CALLS else self._recv_plain(batch, start, want)
-        except OSError as exc:
-            if exc.errno not in RECV_DOWN:
-                raise
-            return 0
+        got, too_long = self.ring.receive(batch.buf, batch.lens, start, want, batch.slot - TAG, self.filter_outgoing)
+        self.rx_truncated += too_long
         batch.ports[start:start + got] = self.number
         batch.n = start + got
         self.rx += got
@@ -124,78 +96,11 @@ class Port:
                 self._capture_failed(exc)
         return got
 
-    def _recv_mmsg(self, batch: Batch, start: int, want: int) -> int:
-        vec = self._vectors(batch, rx=True)
-        got = vec.recv(self.sock.fileno(), start, want)
-        if not got:
-            return 0
-        end = start + got
-        batch.lens[start:end] = vec.lens[start:end]
-        status = vec.status[start:end]
-        tagged = (status & TP_STATUS_VLAN_VALID) != 0
-        if tagged.any():
-            aux = vec.control[start:end]
-            for j in np.flatnonzero(tagged & vec.aux_valid(start, got)).tolist():
-                tpid = int(aux["tpid"][j]) if status[j] & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
-                restore_tag(batch, start + j, tpid, int(aux["tci"][j]))
-        truncated = (vec.flags[start:end] & socket.MSG_TRUNC) != 0
-        drop = truncated
-        if self.filter_outgoing:
-            drop = truncated | (vec.names["pkttype"][start:end] == PACKET_OUTGOING)
-        if drop.any():
-            self.rx_truncated += int(np.count_nonzero(truncated))
-            return self._compact(batch, start, ~drop)
-        return got
-
-    def _recv_plain(self, batch: Batch, start: int, want: int) -> int:
-        mv = memoryview(batch.buf).cast("B")
-        slot = batch.slot
-        i = start
-        for _ in range(want):
-            try:
-                n, ancillary, flags, addr = self.sock.recvmsg_into([mv[i * slot:(i + 1) * slot - TAG]], AUX_SPACE)
-            except OSError as exc:
-                if exc.errno in RECV_DOWN:
-                    break
-                raise
-            if flags & socket.MSG_TRUNC:
-                self.rx_truncated += 1
-                continue
-            if self.filter_outgoing and addr[2] == PACKET_OUTGOING:
-                continue
-            batch.lens[i] = n
-            tag = aux_tag(ancillary) if ancillary else None
-            if tag:
-                restore_tag(batch, i, *tag)
-            i += 1
-        return i - start
-
-    @staticmethod
-    def _compact(batch: Batch, start: int, keep: np.ndarray) -> int:
-        """Close the gaps the frames not kept left (rare: truncated, or our own on an old kernel)."""
-        dst = start
-        for j in np.flatnonzero(keep).tolist():
-            src = start + j
-            if src != dst:
-                n = batch.lens[src]
-                batch.buf[dst, :n] = batch.buf[src, :n]
-                batch.lens[dst] = n
-            dst += 1
-        return dst - start
-
-    def _vectors(self, batch: Batch, rx: bool) -> mmsg.Vectors:
+    def _vectors(self, batch: Batch) -> mmsg.Vectors:
         """The message vector over `batch`'s slots, built once per batch buffer."""
-        cached = self._rxv if rx else self._txv
-        if cached is not None and cached[0] is batch.buf:
-            return cached[1]
-        if rx:
-            vec = mmsg.Vectors(batch.buf, control=True, names=self.filter_outgoing)
-            vec.iov_lens[:] = batch.slot - TAG
-            self._rxv = (batch.buf, vec)
-        else:
-            vec = mmsg.Vectors(batch.buf)
-            self._txv = (batch.buf, vec)
-        return vec
+        if self._txv is None or self._txv[0] is not batch.buf:
+            self._txv = (batch.buf, mmsg.Vectors(batch.buf))
+        return self._txv[1]
 
     def send_batch(self, batch: Batch, rows: np.ndarray | None = None) -> int:
         """Send frames `rows` of `batch` (all it holds when None), in order; how many left. A frame
@@ -218,7 +123,7 @@ class Port:
         return sent
 
     def _send_mmsg(self, batch: Batch, rows: np.ndarray | None) -> list[int]:
-        vec = self._vectors(batch, rx=False)
+        vec = self._vectors(batch)
         if rows is None:  # the common case (one egress port): views, no gather
             n = batch.n
             vec.iov_lens[:n] = batch.lens[:n]
@@ -276,6 +181,7 @@ class Port:
         self.pcap_in = self.pcap_out = None
 
     def close(self) -> None:
+        self.ring.close()
         self.sock.close()
         self._close_pcaps()
 

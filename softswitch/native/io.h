@@ -1,9 +1,10 @@
 /* The packet loop's fast path (softswitch/native/serve.py): the switch's ports polled in turn, a
- * ready port's waiting frames taken with one recvmmsg, run through the program (mindp_run_batch),
- * and sent with one sendmmsg per egress port in batch order, until a round over the ports finds
- * no frame or `budget` receives were made. It returns to Python then, which waits in epoll and
- * applies control-plane writes: like mindp_run_batch it runs holding the GIL, so writes land
- * between calls. Ports, counters and drops behave as softswitch/ports.py and dataplane.py do. */
+ * ready port's waiting frames taken from its receive ring (softswitch/rxring.py), run through the
+ * program (mindp_run_batch), and sent with one sendmmsg per egress port in batch order, until a
+ * round over the ports finds no frame or `budget` batches were taken. It returns to Python then,
+ * which waits in epoll and applies control-plane writes: like mindp_run_batch it runs holding the
+ * GIL, so writes land between calls. Ports, counters and drops behave as softswitch/ports.py and
+ * dataplane.py do. */
 #include <errno.h>
 #include <sys/socket.h>
 #include <linux/if_packet.h>
@@ -16,73 +17,64 @@ typedef struct {
     int64_t nports, budget;
     const int32_t *fds, *numbers;   /* per port: socket, port number */
     uint64_t *counts;               /* per port: rx, tx, tx_errors, rx_truncated */
+    uint8_t *const *rings;          /* per port: its receive ring's slots */
+    int64_t *const *heads;          /* per port: the next slot to read (RxRing.head) */
+    int64_t frames, frame;          /* slots per ring, bytes per slot */
     uint8_t *rbuf; int32_t *rlens, *rports; int64_t rslot, rcap;
     uint8_t *tbuf; int32_t *tlens, *tports; int64_t tslot, tcap;
     uint64_t *stats;                /* mindp_run_batch's */
     uint64_t *io;                   /* rx, tx, frames for a port the switch lacks */
 } serve_t;
 
-typedef struct { struct cmsghdr h; struct tpacket_auxdata a; uint64_t pad; } serve_aux_t;
-#define SERVE_AUX CMSG_SPACE(sizeof(struct tpacket_auxdata))
-static struct mmsghdr serve_msgs[SERVE_MAX], serve_rmsgs[SERVE_MAX]; /* send; receive */
-static struct iovec serve_iov[SERVE_MAX], serve_riov[SERVE_MAX];
-static serve_aux_t serve_aux[SERVE_MAX];
-static const uint8_t *serve_rbuf; /* the receive buffer serve_rmsgs point into */
-static int64_t serve_rslot, serve_rcap;
+static struct mmsghdr serve_msgs[SERVE_MAX];
+static struct iovec serve_iov[SERVE_MAX];
 
-/* The receive vector over the slots of s's receive buffer: built when that buffer changes (a
- * receive rewrites only each used message's length, flags and control length). */
-static void serve_rx_vector(const serve_t *s) {
-    if (serve_rbuf == s->rbuf && serve_rslot == s->rslot && serve_rcap == s->rcap) return;
-    for (int64_t i = 0; i < s->rcap; i++) {
-        serve_riov[i].iov_base = s->rbuf + i * s->rslot;
-        serve_riov[i].iov_len = (size_t)(s->rslot - SERVE_TAG);
-        memset(&serve_rmsgs[i].msg_hdr, 0, sizeof serve_rmsgs[i].msg_hdr);
-        serve_rmsgs[i].msg_hdr.msg_iov = &serve_riov[i];
-        serve_rmsgs[i].msg_hdr.msg_iovlen = 1;
-        serve_rmsgs[i].msg_hdr.msg_control = &serve_aux[i];
-        serve_rmsgs[i].msg_hdr.msg_controllen = SERVE_AUX;
+/* One slot's frame into `row` (RxRing._take): its length, -1 when longer than `limit`, -2 when a
+ * frame that waited whole in the socket's queue is gone (the link went down). */
+static int64_t serve_take(const struct tpacket2_hdr *h, uint32_t status, int fd, uint8_t *row, int64_t limit) {
+    if (status & TP_STATUS_COPY) {
+        ssize_t n = recv(fd, row, (size_t)limit, MSG_TRUNC | MSG_DONTWAIT);
+        return n < 0 ? -2 : n > limit ? -1 : n;
     }
-    serve_rbuf = s->rbuf, serve_rslot = s->rslot, serve_rcap = s->rcap;
+    if (h->tp_len > limit || h->tp_snaplen != h->tp_len) return -1;
+    memcpy(row, (const uint8_t *)h + h->tp_mac, h->tp_len);
+    return h->tp_len;
 }
 
-/* Up to rcap waiting frames of port p into slots 0..; how many were kept, or -errno. A frame too
- * long for a slot (less a tag's room) is a counted drop; a VLAN tag the kernel took off goes back. */
-static int64_t serve_recv(serve_t *s, int64_t p) {
-    serve_rx_vector(s);
-    int got = recvmmsg(s->fds[p], serve_rmsgs, (unsigned)s->rcap, MSG_DONTWAIT, NULL);
-    if (got < 0) {
-        int e = errno;
-        return (e == EAGAIN || e == EINTR || e == ENETDOWN || e == ENXIO) ? 0 : -e;
-    }
-    int64_t kept = 0;
-    for (int64_t i = 0; i < got; i++) {
-        struct msghdr *h = &serve_rmsgs[i].msg_hdr;
-        if (h->msg_flags & MSG_TRUNC) { s->counts[4 * p + 3]++; continue; }
-        int64_t len = serve_rmsgs[i].msg_len;
+/* Up to rcap waiting frames of port p's ring into slots 0..; the ring slots read (*kept: frames
+ * kept). A frame too long for a slot (less a tag's room) is a counted drop; a VLAN tag the kernel
+ * took off goes back. */
+static int64_t serve_recv(serve_t *s, int64_t p, int64_t *kept_out) {
+    uint8_t *ring = s->rings[p];
+    int64_t *head = s->heads[p], kept = 0, taken = 0;
+    for (; taken < s->rcap; taken++) {
+        struct tpacket2_hdr *h = (struct tpacket2_hdr *)(ring + (*head % s->frames) * s->frame);
+        uint32_t status = __atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE);
+        if (!(status & TP_STATUS_USER)) break;
         uint8_t *row = s->rbuf + kept * s->rslot;
-        if (kept != i) memmove(row, s->rbuf + i * s->rslot, (size_t)len);
-        struct cmsghdr *c = CMSG_FIRSTHDR(h);
-        if (c && c->cmsg_level == SOL_PACKET && c->cmsg_type == PACKET_AUXDATA &&
-            c->cmsg_len >= CMSG_LEN(sizeof(struct tpacket_auxdata)) && len >= 12) {
-            struct tpacket_auxdata a;
-            memcpy(&a, CMSG_DATA(c), sizeof a);
-            if (a.tp_status & TP_STATUS_VLAN_VALID) {
-                unsigned tpid = (a.tp_status & TP_STATUS_VLAN_TPID_VALID) ? a.tp_vlan_tpid : 0x8100;
-                memmove(row + 16, row + 12, (size_t)(len - 12));
-                row[12] = (uint8_t)(tpid >> 8); row[13] = (uint8_t)tpid;
-                row[14] = (uint8_t)(a.tp_vlan_tci >> 8); row[15] = (uint8_t)a.tp_vlan_tci;
-                len += SERVE_TAG;
-            }
+        int64_t len = serve_take(h, status, s->fds[p], row, s->rslot - SERVE_TAG);
+        unsigned tci = h->tp_vlan_tci, tpid = h->tp_vlan_tpid;
+        __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
+        (*head)++;
+        if (len < 0) {
+            s->counts[4 * p + 3] += len == -1;
+            continue;
+        }
+        if ((status & TP_STATUS_VLAN_VALID) && len >= 12) {
+            if (!(status & TP_STATUS_VLAN_TPID_VALID)) tpid = 0x8100;
+            memmove(row + 16, row + 12, (size_t)(len - 12));
+            row[12] = (uint8_t)(tpid >> 8); row[13] = (uint8_t)tpid;
+            row[14] = (uint8_t)(tci >> 8); row[15] = (uint8_t)tci;
+            len += SERVE_TAG;
         }
         s->rlens[kept] = (int32_t)len;
         s->rports[kept] = s->numbers[p];
         kept++;
     }
-    for (int64_t i = 0; i < got; i++) serve_rmsgs[i].msg_hdr.msg_controllen = SERVE_AUX;
     s->counts[4 * p] += (uint64_t)kept;
     s->io[0] += (uint64_t)kept;
-    return kept;
+    *kept_out = kept;
+    return taken;
 }
 
 /* Output frames 0..n-1 out, one sendmmsg per egress port, in batch order within each port. A frame
@@ -118,16 +110,15 @@ static void serve_send(serve_t *s, int64_t n) {
     s->io[2] += (uint64_t)(n - matched);
 }
 
-/* Receives made (>= 0), or -errno of a receive that failed otherwise than "nothing there". */
+/* Batches taken (>= 0), or -EINVAL when s is out of bounds. */
 int64_t mindp_serve(const ctx_t *ctx, serve_t *s) {
     if (s->rcap > SERVE_MAX || s->tcap > SERVE_MAX || s->rslot != s->tslot) return -EINVAL;
     int64_t receives = 0;
     for (;;) {
         int any = 0;
         for (int64_t p = 0; p < s->nports; p++) {
-            int64_t n = serve_recv(s, p);
-            if (n < 0) return n;
-            if (!n) continue;
+            int64_t n;
+            if (!serve_recv(s, p, &n)) continue;
             any = 1;
             for (int64_t start = 0; start < n;) {
                 int64_t tn = 0;

@@ -1,7 +1,7 @@
 """The packet loop's fast path: io.h's `mindp_serve` receives, processes and sends batch after
 batch in C until the ports run dry, where the Python loop (softswitch/dataplane.py) makes several
 calls and numpy steps per batch. It covers the common case; anything else (fault injection, pcaps,
-a CPU port, the per-packet trace, the Python pipeline, no recvmmsg) stays on the Python loop,
+a CPU port, the per-packet trace, the Python pipeline, no sendmmsg) stays on the Python loop,
 which the switch uses whenever `DataPlane.serve` returns None."""
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import os
 
 import numpy as np
 
+from .. import rxring
 from ..batch import Batch
 
-WORDS = 17  # serve_t of io.h
-BUDGET = 64  # receives per call: the control plane waits for the GIL at most this long
+WORDS = 21  # serve_t of io.h
+BUDGET = 64  # batches per call: the control plane waits for the GIL at most this long
 
 
 class ServeLoop:
@@ -23,6 +24,8 @@ class ServeLoop:
         self.ports = list(ports.values())
         self.fds = np.array([p.fileno() for p in self.ports], np.int32)
         self.numbers = np.array([p.number for p in self.ports], np.int32)
+        self.rings = np.array([p.ring.address for p in self.ports], np.uint64)
+        self.heads = np.array([p.ring.head.ctypes.data for p in self.ports], np.uint64)
         self.counts = np.zeros((len(self.ports), 4), np.uint64)
         self.io = np.zeros(3, np.uint64)  # rx, tx, frames for a port the switch lacks
         self.rx, self.tx = rx, tx
@@ -34,7 +37,8 @@ class ServeLoop:
         if self._stats != stats_address:
             rx, tx = self.rx, self.tx
             self.words[:] = [len(self.ports), BUDGET, self.fds.ctypes.data, self.numbers.ctypes.data,
-                             self.counts.ctypes.data, rx.buf.ctypes.data, rx.lens.ctypes.data,
+                             self.counts.ctypes.data, self.rings.ctypes.data, self.heads.ctypes.data, rxring.FRAMES,
+                             rxring.FRAME, rx.buf.ctypes.data, rx.lens.ctypes.data,
                              rx.ports.ctypes.data, rx.slot, rx.capacity, tx.buf.ctypes.data, tx.lens.ctypes.data,
                              tx.ports.ctypes.data, tx.slot, tx.capacity, stats_address, self.io.ctypes.data]
             self._stats = stats_address

@@ -1,7 +1,7 @@
-"""Batched port I/O on veth pairs into network namespaces: recvmmsg into a Batch's slots and
-sendmmsg from them (and the per-frame loops that stand in where libc lacks the calls) keep every
-byte, the order, the VLAN tag the kernel strips, the pcaps and the error counts; the packet loop
-sends a batch's outputs grouped by egress port."""
+"""Batched port I/O on veth pairs into network namespaces: a port's receive ring into a Batch's
+slots and sendmmsg from them (and the per-frame sends that stand in where libc lacks it) keep every
+byte, the order, the VLAN tag the kernel strips, the pcaps and the error counts; the Python and C
+packet loops read the same rings; the packet loop sends a batch's outputs grouped by egress port."""
 import signal
 import struct
 import time
@@ -29,9 +29,9 @@ SLOT = 65544
 
 @pytest.fixture(params=["mmsg", "plain"])
 def io_path(request, monkeypatch):
-    """Each test on both paths: sendmmsg/recvmmsg and the per-frame loops."""
+    """Each test on both send paths: sendmmsg and the per-frame loop."""
     if request.param == "mmsg" and mmsg.CALLS is None:
-        pytest.skip("no sendmmsg/recvmmsg on this platform")
+        pytest.skip("no sendmmsg on this platform")
     if request.param == "plain":
         monkeypatch.setattr(mmsg, "CALLS", None)
     return request.param
@@ -82,10 +82,11 @@ def drain(sock, n: int, idle_limit: float = progress.STALL) -> list[bytes]:
     return got
 
 
-def test_batched_receive_keeps_bytes_order_and_vlan_tags_up_to_the_slot(io_path, tmp_path):
-    """Untagged frames of every size up to a slot less a tag's room; 802.1Q, priority-tagged (VID
-    0) and 802.1ad frames with their tag back in place, up to a full slot; a frame too long for a
-    slot counted and left out, not cut short."""
+def test_batched_receive_keeps_bytes_order_and_vlan_tags_up_to_the_slot(tmp_path):
+    """Untagged frames of every size up to a slot less a tag's room (those over a ring slot's
+    1,982 bytes read from the socket's queue); 802.1Q, priority-tagged (VID 0) and 802.1ad frames
+    with their tag back in place, up to a full slot; a frame too long for a slot counted and left
+    out, not cut short."""
     q = MACS + b"\x81\x00\x20\x07" + b"\x88\xb5"
     prio = MACS + b"\x81\x00\x00\x00" + b"\x88\xb5"
     qinq = MACS + b"\x88\xa8\x00\x64\x81\x00\x00\x07" + b"\x88\xb5"
@@ -104,7 +105,9 @@ def test_batched_receive_keeps_bytes_order_and_vlan_tags_up_to_the_slot(io_path,
             for fr in sent[:4] + [too_long] + sent[4:]:
                 s.send(fr)
             got = receive_all(port, len(sent))
-            assert drain(port.sock, 1, idle_limit=0.5) == [], "nothing else waits"
+            time.sleep(0.3)
+            assert port.receive(Batch.empty(2, SLOT), 2) == 0, "nothing else waits"
+            assert drain(port.sock, 1, idle_limit=0.1) == [], "nor in the socket's queue"
         finally:
             s.close()
             port.close()
@@ -171,7 +174,7 @@ def test_a_batch_leaves_grouped_by_egress_port_in_order(io_path):
 def test_a_burst_through_the_switch_is_forwarded_and_captured_as_by_the_per_frame_loop(tmp_path, monkeypatch):
     """500 frames sent in one sendmmsg burst through the switch (the exprs program reflects each
     with its first field + 1): all back, in order; the pcaps hold the same frames whether the
-    switch's ports use recvmmsg/sendmmsg or the per-frame loops (MINDP_NO_MMSG=1)."""
+    switch's ports send with sendmmsg or frame by frame (MINDP_NO_MMSG=1)."""
     n = 500
     frames = np.zeros((n, 24), np.uint8)
     frames[:, :14] = np.frombuffer(MACS + b"\x88\xb5", np.uint8)
@@ -214,7 +217,7 @@ def test_the_batched_loop_sends_what_the_per_frame_path_sends(io_path, loop):
     small for all of them (the loop sends it and calls run_batch again): each host gets exactly
     the frames, in the order, that engine.process gives frame by frame; registers and counters
     agree; outputs to ports the switch lacks (4, 6) are counted. By the Python loop and by the C
-    loop (softswitch/native/serve.py), which needs recvmmsg."""
+    loop (softswitch/native/serve.py), which needs sendmmsg."""
     from .test_executor import feat_engine, feat_frame
 
     sent = []
@@ -266,13 +269,14 @@ def test_the_batched_loop_sends_what_the_per_frame_path_sends(io_path, loop):
     assert eng.program.counters == ref.program.counters
 
 
-@pytest.mark.skipif(mmsg.CALLS is None, reason="no sendmmsg/recvmmsg on this platform")
+@pytest.mark.skipif(mmsg.CALLS is None, reason="no sendmmsg on this platform")
 def test_the_c_packet_loop_serves_as_the_python_loop():
     """The same frames through the exprs program (each reflected to its port, results appended)
     by the Python loop (`_port_ready`) and by the C loop (`serve`, softswitch/native/serve.py):
     the same frames back on each port, in order; the same counts; a frame too long for a slot
-    counted and left out; an 802.1Q-tagged frame reaches the program with its tag back in place,
-    so the program does not parse it as the protocol and reflects it unchanged."""
+    counted and left out, a jumbo frame (read from the socket's queue) kept; an 802.1Q-tagged
+    frame reaches the program with its tag back in place, so the program does not parse it as
+    the protocol and reflects it unchanged."""
     from .test_executor import engine
 
     tagged = MACS + b"\x81\x00\x20\x07" + b"\x88\xb5" + body(20, 1)
@@ -281,7 +285,9 @@ def test_the_c_packet_loop_serves_as_the_python_loop():
     def plain(port: int, i: int) -> bytes:
         return MACS + b"\x88\xb5" + struct.pack("!HHhhBB", i, port, -i, i, i % 17, 0)
 
-    sends = {1: [plain(1, i) for i in range(150)] + [tagged, too_long] + [plain(1, i) for i in range(150, 300)],
+    jumbo = plain(1, 300) + body(9000, 3)
+    sends = {1: [plain(1, i) for i in range(150)] + [tagged, too_long] + [plain(1, i) for i in range(150, 300)]
+             + [jumbo],
              2: [plain(2, i) for i in range(200)] + [tagged]}
     results = {}
     with testbed.Testbed("bio") as bed:
@@ -322,8 +328,78 @@ def test_the_c_packet_loop_serves_as_the_python_loop():
                              {n: (p.rx, p.tx, p.tx_errors, p.rx_truncated) for n, p in ports.items()})
     assert results["c"] == results["python"]
     got = results["c"][0]
-    assert results["c"][5] == {1: (300 + 1, 300 + 1, 0, 1), 2: (201, 201, 0, 0)}
+    assert results["c"][5] == {1: (302, 302, 0, 1), 2: (201, 201, 0, 0)}
     untagged = MACS + b"\x88\xb5" + body(20, 1)  # the receiving host's kernel strips the tag again
     assert got[1][150] == untagged and got[2][200] == untagged
     assert [g[14:18] for g in got[1][:150] + got[1][151:]] == [f[14:18] for f in sends[1][:150] + sends[1][152:]]
     assert all(len(g) > len(f) for g, f in zip(got[2][:200], sends[2][:200]))
+
+
+@pytest.mark.skipif(mmsg.CALLS is None, reason="no sendmmsg on this platform")
+def test_the_python_and_c_loops_take_turns_on_one_ring_as_it_wraps():
+    """13,000 numbered frames in bursts of 1,000 through the exprs program (each reflected to its
+    port), the bursts read by the Python loop and the C loop in turn: every frame back once, in
+    order, while the ring (4,096 slots) wraps three times; the port's count and the ring's read
+    position agree."""
+    from softswitch import rxring
+
+    from .test_executor import engine
+
+    bursts, each = 13, 1000
+    frames = np.zeros((bursts * each, 24), np.uint8)
+    frames[:, :14] = np.frombuffer(MACS + b"\x88\xb5", np.uint8)
+    frames[:, 14:18] = np.arange(bursts * each, dtype=">u4").view(np.uint8).reshape(-1, 4)
+    got = []
+    with testbed.Testbed("bio") as bed:
+        h = bed.add(H1)
+        port = Port(1, h.switch_iface)
+        s = h.socket()
+        eng = engine("exprs", "compiled")
+        dp = DataPlane(eng, {1: port})
+        try:
+            for b in range(bursts):
+                assert rawsock.send_rows(s, frames, range(b * each, (b + 1) * each)) == (each, 0)
+                target = (b + 1) * each
+
+                def all_in() -> bool:
+                    if b % 2:
+                        assert dp.serve() is not None
+                    else:
+                        dp._port_ready(port)
+                    return eng.stats.rx >= target
+
+                progress.wait(all_in, lambda: eng.stats.rx, stall=progress.STALL, what="the switch reading", poll=0)
+                got += drain(s, each)
+        finally:
+            s.close()
+            dp.close()
+    assert len(frames) > 3 * rxring.FRAMES
+    assert [g[14:18] for g in got] == [f.tobytes()[14:18] for f in frames]
+    assert port.rx == eng.stats.rx == len(frames) == int(port.ring.head[0])
+
+
+def test_a_port_leaves_out_frames_sent_on_its_interface_where_the_kernel_hands_them_back():
+    """Before Linux 4.20 (no PACKET_IGNORE_OUTGOING) a packet socket's ring also gets the frames
+    other sockets send on its interface (PACKET_OUTGOING); the port drops them by the slot's packet
+    type, and only then: with the filter off they would be taken for received frames."""
+    from softswitch.ports import PACKET_IGNORE_OUTGOING, SOL_PACKET
+
+    out, came = MACS + b"\x88\xb5" + body(50, 1), MACS + b"\x88\xb5" + body(60, 2)
+    with testbed.Testbed("bio") as bed:
+        h = bed.add(H1)
+        port = Port(1, h.switch_iface)
+        other, s = testbed.raw_socket(h.switch_iface), h.socket()
+        try:
+            port.sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 0)
+            results = {}
+            for filtered in (True, False):
+                port.filter_outgoing = filtered
+                other.send(out)
+                assert drain(s, 1) == [out]
+                s.send(came)
+                results[filtered] = receive_all(port, 1 if filtered else 2)
+        finally:
+            other.close()
+            s.close()
+            port.close()
+    assert results == {True: [came], False: [out, came]}
