@@ -13,8 +13,8 @@ On one veth testbed (sender host -> switch port 1, sink host <- port 2):
 plus each pipeline alone (no I/O, batches of the switch's size) on the same frames. Prints
 packets/s and the ratios embedded/BMv2 (goal >= 20) and embedded/ceiling (goal >= 0.5).
 Closed loop with a fixed window of frames in flight (sent and received in bursts; the generator
-in C, bench/loops.c, where a compiler is found), so the switch, not its queues or the load
-generator, sets the pace. Each of (a)-(c) runs at every window of --windows and its best counts:
+in C through PACKET_MMAP rings, bench/loops.c, where a compiler is found), so the switch, not its
+queues or the load generator, sets the pace. Each of (a)-(c) runs at every window of --windows and its best counts:
 BMv2 is fastest with few frames queued, a batching switch with many, and every contender gets
 the same number of tries.
 """
@@ -78,6 +78,8 @@ def c_closed_loop():
         got = ctypes.c_long()
         secs = fn(tx.fileno(), rx.fileno(), rows.ctypes.data, len(frames), rows.shape[1], rows.shape[1], per_output,
                   window, ctypes.byref(got))
+        if secs < 0:
+            raise OSError(int(-secs), f"load generator rings: {os.strerror(int(-secs))}")
         return got.value * per_output / max(secs, 1e-9), got.value
     return run
 
