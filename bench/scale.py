@@ -23,6 +23,7 @@ import json
 import multiprocessing as mp
 import os
 import pathlib
+import queue
 import subprocess
 import sys
 import tempfile
@@ -149,7 +150,16 @@ def update_rate(m: int, elements: int, steps: int, tmp: pathlib.Path) -> tuple[f
                                                      (i + 1) * n // m - 1, steps, barrier, out)) for i in range(m)]
     for p in procs:
         p.start()
-    times = [out.get(timeout=300) for _ in procs]
+    times = []
+    while len(times) < m:  # a shard that dies leaves the others at the barrier: end them, say so
+        try:
+            times.append(out.get(timeout=1))
+        except queue.Empty:
+            failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"bench/scale.py: a shard process of the M={m} run failed (exit {failed[0]})")
     for p in procs:
         p.join()
     return steps * elements / max(t for t, _ in times), steps * elements / sum(c for _, c in times)
