@@ -243,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                  faults.stats, "".join(f", pcap errors on port {n}: {p.pcap_errors}"
                                        for n, p in ports.items() if p.pcap_errors)
                  + "".join(f", frames too long for a slot on port {n}: {p.rx_truncated}"
-                           for n, p in ports.items() if p.rx_truncated))
+                           for n, p in ports.items() if p.rx_truncated)
+                 + "".join(f", frames dropped by the kernel on port {n} (receive ring full): {d}"
+                           for n, d in ((n, p.ring.dropped()) for n, p in ports.items()) if d))
         dp.close()
     return 0

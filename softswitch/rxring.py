@@ -22,6 +22,7 @@ import numpy as np
 
 SOL_PACKET = 263
 PACKET_RX_RING = 5
+PACKET_STATISTICS = 6
 PACKET_COPY_THRESH = 7
 PACKET_VERSION = 10
 TPACKET_V2 = 1
@@ -60,6 +61,12 @@ class RxRing:
         self.status, self.lens, self.snaplens = header["status"], header["len"], header["snaplen"]
         self.macs, self.tcis, self.tpids, self.pkttypes = header["mac"], header["tci"], header["tpid"], header["pkttype"]
         self.head = np.zeros(1, np.int64)  # the next slot to read (modulo FRAMES); the C loop moves it too
+
+    def dropped(self) -> int:
+        """Frames the kernel dropped since the last call because the ring was full (the switch fell
+        behind): struct tpacket_stats' tp_drops, which reading resets."""
+        _, drops = struct.unpack("II", self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+        return drops
 
     @property
     def address(self) -> int:

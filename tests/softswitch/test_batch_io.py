@@ -403,3 +403,30 @@ def test_a_port_leaves_out_frames_sent_on_its_interface_where_the_kernel_hands_t
             s.close()
             port.close()
     assert results == {True: [came], False: [out, came]}
+
+
+def test_frames_past_a_full_ring_are_counted_as_the_kernels_drops():
+    """A port that does not read while 5,000 frames arrive keeps what its ring holds (4,096 slots)
+    and the kernel counts the rest (`RxRing.dropped`, reported when the switch stops): every
+    frame is either received, in order, or counted."""
+    from softswitch import rxring
+
+    n = rxring.FRAMES + 904
+    frames = np.zeros((n, 64), np.uint8)
+    frames[:, :14] = np.frombuffer(MACS + b"\x88\xb5", np.uint8)
+    frames[:, 14:18] = np.arange(n, dtype=">u4").view(np.uint8).reshape(-1, 4)
+    with testbed.Testbed("bio") as bed:
+        h = bed.add(H1)
+        port = Port(1, h.switch_iface)
+        s = h.socket()
+        try:
+            for i in range(0, n, 1000):
+                assert rawsock.send_rows(s, frames, range(i, min(i + 1000, n)))[1] == 0
+            got = receive_all(port, rxring.FRAMES, capacity=64)
+            dropped = port.ring.dropped()
+            assert port.ring.dropped() == 0, "reading resets the count"
+        finally:
+            s.close()
+            port.close()
+    assert len(got) == rxring.FRAMES and dropped == n - rxring.FRAMES
+    assert [g[14:18] for g in got] == [f.tobytes()[14:18] for f in frames[:rxring.FRAMES]]
