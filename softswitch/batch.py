@@ -1,7 +1,7 @@
 """A batch of frames in flat buffers: what the packet loop hands a pipeline, and what it gets back.
 
-Frames sit in fixed slots of one buffer so that `recvmmsg`/`sendmmsg` and a compiled pipeline read
-and write them in place, with no Python object per frame.
+Frames sit in fixed slots of one buffer so that the ports' receive rings fill them, `sendmmsg` and a
+compiled pipeline read and write them in place, with no Python object per frame.
 """
 from __future__ import annotations
 
