@@ -73,13 +73,17 @@ class DataPlane:
             while not self.stopping:
                 timeout = 0.001 if self.faults and self.faults.held else 0.2
                 served = None  # the C loop not tried yet in this wake-up
-                for fd, _ in ep.poll(timeout):
+                for fd, events in ep.poll(timeout):
                     if fd == self._wake_r:
                         try:
                             os.read(self._wake_r, 4096)
                         except BlockingIOError:
                             pass
                         continue
+                    if events & select.EPOLLERR:  # link down: the socket reports it until it is read
+                        by_fd[fd].clear_error()
+                        if not events & select.EPOLLIN:
+                            continue
                     if served is None:  # one call serves every port; where it cannot, none will
                         served = self.serve() is not None
                     if not served:

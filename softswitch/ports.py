@@ -96,6 +96,11 @@ class Port:
                 self._capture_failed(exc)
         return got
 
+    def clear_error(self) -> int:
+        """Read (and so clear) the socket's pending error: ENETDOWN when the link went down. A ring
+        receive never reads it, and until it is read epoll reports the socket ready."""
+        return self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+
     def _vectors(self, batch: Batch) -> mmsg.Vectors:
         """The message vector over `batch`'s slots, built once per batch buffer."""
         if self._txv is None or self._txv[0] is not batch.buf:

@@ -2,8 +2,10 @@
 slots and sendmmsg from them (and the per-frame sends that stand in where libc lacks it) keep every
 byte, the order, the VLAN tag the kernel strips, the pcaps and the error counts; the Python and C
 packet loops read the same rings; the packet loop sends a batch's outputs grouped by egress port."""
+import select
 import signal
 import struct
+import threading
 import time
 
 import numpy as np
@@ -430,3 +432,35 @@ def test_frames_past_a_full_ring_are_counted_as_the_kernels_drops():
             port.close()
     assert len(got) == rxring.FRAMES and dropped == n - rxring.FRAMES
     assert [g[14:18] for g in got] == [f.tobytes()[14:18] for f in frames[:rxring.FRAMES]]
+
+
+def test_after_a_link_goes_down_and_up_the_packet_loop_waits_and_forwards_again():
+    """A port's link goes down: its socket reports ENETDOWN (epoll: an error) until the error is
+    read, which a ring receive never does; the running packet loop reads it, so epoll stops
+    reporting the port (the loop would spin otherwise), and a frame sent once the link is back is
+    forwarded (the exprs program reflects it)."""
+    from .test_executor import engine
+
+    sent = MACS + b"\x88\xb5" + struct.pack("!HHhhBB", 7, 1, -7, 7, 7, 0)
+    with testbed.Testbed("bio") as bed:
+        h = bed.add(H1)
+        port = Port(1, h.switch_iface)
+        s = h.socket()
+        dp = DataPlane(engine("exprs", "compiled"), {1: port})
+        loop = threading.Thread(target=dp.run, daemon=True)
+        loop.start()
+        watch = select.epoll()
+        watch.register(port.fileno(), select.EPOLLIN)
+        try:
+            testbed.sh("ip", "link", "set", h.switch_iface, "down")  # the error is set before this returns
+            progress.wait(lambda: not watch.poll(0), lambda: 0, stall=progress.STALL, what="the error read")
+            testbed.quiet_veths((h.switch_iface, None))
+            s.send(sent)
+            got = drain(s, 1)
+        finally:
+            dp.stop()
+            loop.join()
+            watch.close()
+            s.close()
+            dp.close()
+    assert len(got) == 1 and got[0][14:18] == sent[14:18]
