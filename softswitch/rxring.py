@@ -5,9 +5,9 @@ finds one the kernel still owns.
 Why: with recvmmsg every frame costs the kernel a message header and an iovec copied in and out, an
 skb cloned, queued, copied out and freed in the switch's system call; with the ring the frame is
 copied once, as it arrives, and the switch makes no call at all while frames keep coming (the
-switch then forwards ~20 % more packets/s, docs/SOFTSWITCH.md). A frame longer than a ring slot
-holds (over `INLINE` bytes: jumbo frames) comes whole through the socket's queue as well
-(PACKET_COPY_THRESH) and its slot says so (TP_STATUS_COPY): nothing is cut short.
+switch then forwards ~25 % more packets/s, docs/SOFTSWITCH.md). A frame longer than a ring slot
+holds (over 1,982 bytes, FRAME less the header: jumbo frames) comes whole through the socket's
+queue as well (PACKET_COPY_THRESH) and its slot says so (TP_STATUS_COPY): nothing is cut short.
 
 The C packet loop (softswitch/native/io.h) reads the same ring at the same `head`, so either loop
 may run at any time.
@@ -36,7 +36,6 @@ PACKET_OUTGOING = 4
 FRAME = 2048  # bytes of a slot, its header (struct tpacket2_hdr, struct sockaddr_ll) included
 FRAMES = 4096  # slots per port: 8 MiB, as much as the socket buffer the port had before
 BLOCK = 1 << 17  # the ring is allocated in blocks of this many bytes (64 slots)
-INLINE = FRAME - 66  # the longest frame a slot holds (Ethernet: data at offset 66)
 
 TOO_LONG, GONE = -1, -2  # RxRing._take's results other than a length
 
