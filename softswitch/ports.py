@@ -22,11 +22,9 @@ from mindp import mmsg
 from mindp.netutil import packet_socket
 
 from .batch import Batch
-from .rxring import RxRing
+from .rxring import SOL_PACKET, TAG, RxRing
 
-SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
-TAG = 4  # bytes of a restored VLAN tag: a slot keeps room for them
 SNAPLEN = 262144  # a pcap's snapshot length: libpcap's maximum, so no frame (up to a slot) is cut
 log = logging.getLogger("softswitch")
 

@@ -32,6 +32,7 @@ TP_STATUS_VLAN_VALID = 1 << 4
 TP_STATUS_VLAN_TPID_VALID = 1 << 6
 ETH_P_8021Q = 0x8100
 PACKET_OUTGOING = 4
+TAG = 4  # bytes of a restored VLAN tag: a batch slot keeps room for them
 
 FRAME = 2048  # bytes of a slot, its header (struct tpacket2_hdr, struct sockaddr_ll) included
 FRAMES = 4096  # slots per port: 8 MiB, as much as the socket buffer the port had before
@@ -94,9 +95,9 @@ class RxRing:
                 if status & TP_STATUS_VLAN_VALID and n >= 12:
                     tpid = int(self.tpids[k]) if status & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
                     row = buf[kept]
-                    row[16:n + 4] = row[12:n]  # numpy copies overlapping ranges as if through a buffer
-                    row[12:16] = np.frombuffer(struct.pack("!HH", tpid, int(self.tcis[k])), np.uint8)
-                    n += 4
+                    row[12 + TAG:n + TAG] = row[12:n]  # numpy copies overlapping ranges as if through a buffer
+                    row[12:12 + TAG] = np.frombuffer(struct.pack("!HH", tpid, int(self.tcis[k])), np.uint8)
+                    n += TAG
                 lens[kept] = n
                 kept += 1
         finally:
