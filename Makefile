@@ -25,6 +25,9 @@ STEPS ?= 60
 # MODEL=gpt: its size as JSON, e.g. GPT='{"d": 64, "layers": 2}' (default d 160, 4 layers, 4 heads, ctx 64)
 GPT ?=
 LOSS ?= 0
+# Elements a frame, a parameter of the switch build (docs/PROTOCOL.md, "Choosing K"): empty takes the
+# target's default (32 on BMv2, the large default on the embedded switch); make p4 K=N compiles N.
+K ?=
 JOBS ?= 1
 SEED ?= 0
 PCAP ?= 0
@@ -98,7 +101,7 @@ test-under-load: setup
 run:
 	@[ "$$(id -u)" = 0 ] || { echo "make run: must run as root (Mininet needs network namespaces): sudo make run" >&2; exit 1; }
 	@$(MAKE) -s --no-print-directory setup
-	@$(PY) -m mininet_topos.run --target $(TARGET) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
+	@$(PY) -m mininet_topos.run --target $(TARGET) $(if $(K),--k $(K)) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
 	  $(if $(SCRIPT),--script '$(SCRIPT)' --args '$(ARGS)') $(if $(GPT),--gpt '$(GPT)')
@@ -108,9 +111,10 @@ stop:
 	@$(MAKE) -s --no-print-directory setup
 	@$(PY) -m mininet_topos.stop
 
-# Without p4c the committed program is kept only while it matches p4src/; otherwise one line and exit 1.
+# Without p4c the committed programs are kept only while they match p4src/; otherwise one line and exit 1.
+# K=N: the program for N elements a frame only (default: every committed K).
 p4: setup
-	@$(PY) -m p4src.artifacts compile
+	@$(PY) -m p4src.artifacts compile $(if $(K),--k $(K))
 
 # The mindp dissector (tools/mindp.lua, generated from mindp/protocol.py) as a Wireshark/tshark plugin.
 WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins

@@ -2,7 +2,7 @@
 
     python bench/dataplane.py [--target bmv2|embedded] [--k 16 32 64] [--packets N]
 
-For each K (the program recompiled with p4c for K other than the protocol's;
+For each K (the committed program of that K, else compiled with p4c for it;
 skipped without p4c) one run of the target, side by side: (a) plain L2
 forwarding of frames as long as a gradient frame, and (b) gradient packets of a
 2-worker job, every second one completing a sum. Both closed-loop with a fixed
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import shutil
 import sys
 import tempfile
 
@@ -24,26 +23,23 @@ from controller.p4runtime import SwitchConnection  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
 from mindp import targets  # noqa: E402
 from mindp.loadgen import aggregation_entries, closed_loop, forward_frames, gradient_frames  # noqa: E402
-from mindp.protocol import K  # noqa: E402
 from mindp.testbed import Testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
-from p4src import artifacts, gen_p4  # noqa: E402
+from p4src import artifacts  # noqa: E402
 
 SENDER = Host("w", "02:00:00:00:01:01", "10.0.1.1", 1)
 SINK = Host("o", "02:00:00:00:01:02", "10.0.1.2", 2)
 
 
 def program_for(k: int, workdir: pathlib.Path) -> tuple[str, str] | None:
-    if k == K:
-        return str(artifacts.P4INFO), str(artifacts.BMV2_JSON)
+    prog = artifacts.program(k)
+    if artifacts.staleness(k=k) is None:
+        return str(prog.p4info), str(prog.json)
     p4c = artifacts.find_p4c()
     if not p4c:
         return None
-    src = workdir / f"p4src-k{k}"
-    shutil.copytree(artifacts.HERE, src, ignore=shutil.ignore_patterns("compiled", "__pycache__", "*.py"))
-    gen_p4.main(["--k", str(k), "--out", str(src / "generated")])
     info, js = workdir / f"k{k}.p4info.txtpb", workdir / f"k{k}.json"
-    artifacts.compile_program(p4c, src / "mindp.p4", js, info)
+    artifacts.compile_program(p4c, artifacts.MAIN, js, info, k)
     return str(info), str(js)
 
 
@@ -67,7 +63,7 @@ def measure(target: str, k: int, program: tuple[str, str], packets: int, window:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="auto", choices=targets.TARGETS)
-    ap.add_argument("--k", type=integer(1, 255), nargs="+", default=[16, 32, 64])
+    ap.add_argument("--k", type=integer(1, P.MAX_K), nargs="+", default=list(artifacts.COMMITTED_K))
     ap.add_argument("--packets", type=integer(2), default=6000)
     ap.add_argument("--window", type=integer(2), default=48, help="frames in flight (BMv2 queues hold 64)")
     args = ap.parse_args()

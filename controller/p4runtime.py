@@ -12,6 +12,7 @@ import functools
 import hashlib
 import ipaddress
 import math
+import json
 import os
 import pathlib
 import queue
@@ -234,6 +235,21 @@ class _Client(P4RuntimeClient):
         return self.stream_recv_thread is None or self.stream_recv_thread.is_alive()
 
 
+def check_program_k(bmv2_json: bytes, path) -> None:
+    """A mindp program compiled for another K than this process's would parse every frame of ours
+    as malformed: refuse it in one line instead."""
+    from mindp import protocol
+    from p4src import artifacts
+
+    try:
+        k = artifacts.program_k(json.loads(bmv2_json))
+    except ValueError:
+        return  # not JSON: the switch's own refusal names it
+    if k is not None and k != protocol.K:
+        raise SwitchError(f"{path} is compiled for K = {k} elements a frame, but this process runs K = "
+                          f"{protocol.K} ({protocol.K_ENV}): set {protocol.K_ENV}={k}, or push p4src/compiled/k{protocol.K}/")
+
+
 class SwitchConnection:
     """One P4Runtime session with one device.
 
@@ -328,6 +344,7 @@ class SwitchConnection:
             req.config.p4_device_config = pathlib.Path(bmv2_json_path).read_bytes()
         except OSError as exc:
             raise SwitchError(f"cannot read BMv2 JSON {bmv2_json_path}: {exc.strerror}") from None
+        check_program_k(req.config.p4_device_config, bmv2_json_path)
         info = load_p4info(p4info_path)
         req.config.p4info.CopyFrom(info)
         req.config.cookie.cookie = pipeline_cookie(p4info_path, bmv2_json_path)

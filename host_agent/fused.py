@@ -38,7 +38,7 @@ import numpy as np
 from mindp import codec, schedule
 from mindp.protocol import SCALE_BITS, Flag, K, Kind
 
-from . import optim
+from . import jitcache, optim
 from .optim import OptimizerConfig
 
 F32 = np.float32
@@ -54,14 +54,17 @@ try:  # numba is a dependency; the numpy path stays for platforms without an llv
     import numba
 except ImportError:  # pragma: no cover - exercised by forcing NUMPY_ONLY
     numba = None
+else:
+    jitcache.use()
 
 NUMPY_ONLY = numba is None or os.environ.get("MINDP_NO_NUMBA") == "1"
 KERNELS = ("auto", "avx2", "portable")  # MINDP_KERNEL's values
-BLOCK = 64  # records per task of the kernel's parallel loop (their gradients, 8 KiB, stay in L1)
-# Batches of fewer records run on the calling thread: waking the pool cost more than it saved (8
-# records: 45 us against 18 us on one thread, 73 against 16 with the cores busy), and a node that
+# Records per task of the kernel's parallel loop: 2,048 elements (their gradients, 8 KiB, stay in L1).
+BLOCK = max(1, 2048 // K)
+# Batches of fewer elements run on the calling thread: waking the pool cost more than it saved (256
+# elements: 45 us against 18 us on one thread, 73 against 16 with the cores busy), and a node that
 # keeps up with the switch applies a few sums at a time.
-SERIAL_BELOW = 4096
+SERIAL_BELOW = max(1, 131072 // K)
 
 
 class KernelError(optim.ConfigError):

@@ -14,7 +14,11 @@ import numpy as np
 
 from mindp.protocol import SCALE_BITS, K
 
-BLOCK = 64  # records per task of the parallel loop, as the AVX2 kernel's
+from . import jitcache
+
+jitcache.use()
+
+BLOCK = max(1, 2048 // K)  # records per task of the parallel loop, as the AVX2 kernel's
 _INV_SCALE = 2.0**-SCALE_BITS
 
 

@@ -21,7 +21,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, bind_layers
 
-from .protocol import HEADER_FIELDS, INT64_KINDS, K, UDP_PORT, Header, Kind
+from .protocol import HEADER_FIELDS, INT64_KINDS, K, MAX_K, UDP_PORT, Header, Kind
 
 _FIELD_BY_WIDTH = {8: ByteField, 16: ShortField, 32: IntField, 64: LongField}
 
@@ -49,14 +49,14 @@ class Fp16Chunk(Packet):
     """K fp16 elements: a gradient or a parameter chunk."""
 
     name = "mindp fp16 chunk"
-    fields_desc = [FieldListField("elements", [0] * K, Fp16Field("e", 0), count_from=lambda pkt: K)]
+    fields_desc = [FieldListField("elements", [0] * K, Fp16Field("e", 0), count_from=lambda pkt: K, max_count=MAX_K)]
 
 
 class Int64Chunk(Packet):
     """K int64 elements: exact sums (or a leaf's partial sums) at scale 2**24."""
 
     name = "mindp int64 chunk"
-    fields_desc = [FieldListField("elements", [0] * K, SignedLongField("e", 0), count_from=lambda pkt: K)]
+    fields_desc = [FieldListField("elements", [0] * K, SignedLongField("e", 0), count_from=lambda pkt: K, max_count=MAX_K)]
 
 
 bind_layers(UDP, Mindp, dport=UDP_PORT)

@@ -6,7 +6,7 @@ import shutil
 import socket
 import subprocess
 
-from .protocol import UDP_PORT
+from .protocol import K, K_ENV, UDP_PORT, required_mtu
 
 ETH_P_ALL = 0x0003
 
@@ -26,6 +26,26 @@ def packet_socket(iface: str) -> socket.socket:
         s.close()
         raise
     return s
+
+
+def interface_mtu(iface: str) -> int | None:
+    """The MTU of `iface` in this namespace, None if it cannot be read."""
+    try:
+        with open(f"/sys/class/net/{iface}/mtu") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def mtu_problem(iface: str, k: int = K) -> str | None:
+    """One line saying why `iface` cannot carry k's frames (its MTU is below the largest), or None.
+    A frame over the MTU is dropped by the kernel without a word to the sender: refuse up front."""
+    mtu, need = interface_mtu(iface), required_mtu(k)
+    if mtu is None or mtu >= need:
+        return None
+    return (f"{iface}: MTU {mtu} is below the {need} bytes a K = {k} frame needs: raise it "
+            f"(ip link set {iface} mtu {max(need, 9000) if need <= 9000 else need}) or run a smaller K "
+            f"({K_ENV}, make run K=...)")
 
 
 def hold_udp_port(port: int = UDP_PORT) -> socket.socket:

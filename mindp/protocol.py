@@ -8,6 +8,8 @@ docs/PROTOCOL.md explains the format in prose.
 from __future__ import annotations
 
 import enum
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,9 +19,31 @@ PROTOCOL_VERSION = 1
 #: UDP port of mindp, source and destination (0xC0DE, in the dynamic range).
 UDP_PORT = 49374
 
-#: Elements per chunk. Shared with the P4 program (p4src/constants.p4 and the
-#: generated per-element code); see docs/PROTOCOL.md for why 32.
-K = 32
+#: K, the elements a frame carries, is a parameter of a switch build (docs/PROTOCOL.md, "Choosing K"):
+#: the P4 program is compiled for one K (p4src/compiled/k<K>/) and every host of a run uses the same.
+#: A process takes it from MINDP_K (`make run K=...` sets it for all of a run's processes), else
+#: DEFAULT_K. HARDWARE_K is the size a Tofino-class pipeline's stateful ALUs bound (SwitchML, ATP),
+#: and BMv2's default, since BMv2 interprets every element.
+HARDWARE_K = 32
+DEFAULT_K = 32
+#: The largest K: a SUM frame (K int64) must fit an IPv4 datagram and a 64 KiB veth MTU.
+MAX_K = 8000
+K_ENV = "MINDP_K"
+
+
+def k_from_env(environ: Mapping[str, str] = os.environ) -> int:
+    """MINDP_K as an int, a multiple of 8 (the hosts' vector code takes 8 elements at a time) in
+    8..MAX_K, else DEFAULT_K; anything else exits with one line."""
+    text = environ.get(K_ENV, "").strip()
+    if not text:
+        return DEFAULT_K
+    if not text.isdigit() or not 8 <= int(text) <= MAX_K or int(text) % 8:
+        raise SystemExit(f"{K_ENV}={text!r}: elements per frame must be a multiple of 8 in 8..{MAX_K}")
+    return int(text)
+
+
+#: Elements per chunk in this process (the switch it talks to must be compiled for the same K).
+K = k_from_env()
 
 #: Fixed-point scale: an fp16 value x is carried through the switch as x * 2**24.
 SCALE_BITS = 24
@@ -90,6 +114,16 @@ def payload_len(kind: Kind, k: int = K) -> int:
 def frame_len(kind: Kind, k: int = K) -> int:
     """Length of a whole Ethernet frame of this kind (no FCS)."""
     return ETH_LEN + IPV4_LEN + UDP_LEN + payload_len(kind, k)
+
+
+def required_mtu(k: int = K) -> int:
+    """The IPv4 MTU a link must have to carry k's largest frame (SUM and PARTIAL: k int64)."""
+    return frame_len(Kind.SUM, k) - ETH_LEN
+
+
+def link_mtu(k: int = K) -> int:
+    """The MTU mindp gives the links it creates: Ethernet's 1500, or what k's frames need."""
+    return max(1500, required_mtu(k))
 
 
 @dataclass(frozen=True)

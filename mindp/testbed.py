@@ -24,6 +24,7 @@ from typing import Callable
 
 from . import progress
 from .netutil import drop_at_ingress, hold_udp_port, packet_socket
+from .protocol import link_mtu
 from .topology import Host
 
 CLONE_NEWNET = 0x40000000
@@ -94,11 +95,12 @@ OFFLOADS = ("rx", "tx", "sg", "tso", "ufo", "gso", "gro", "lro", "rxvlan", "txvl
 
 
 def quiet_link(iface: str, netns: str | None = None) -> None:
-    """Offloads off, IPv6 off, link up: no frames but the ones we send."""
+    """Offloads off, IPv6 off, an MTU that fits K's frames, link up: no frames but the ones we send."""
     pre = ["ip", "netns", "exec", netns] if netns else []
     for feature in OFFLOADS:
         sh(*pre, "ethtool", "-K", iface, feature, "off", check=False)
     sh(*pre, "sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)
+    sh(*pre, "ip", "link", "set", iface, "mtu", str(link_mtu()))
     sh(*pre, "ip", "link", "set", iface, "up")
 
 

@@ -19,6 +19,7 @@ from mininet.node import Host, Switch
 from mininet.topo import Topo
 
 from mindp.netutil import drop_at_ingress
+from mindp.protocol import link_mtu
 from mindp.targets import SwitchConfig, SwitchProcess
 from mindp.topology import Topology
 
@@ -124,7 +125,7 @@ def quiet_host(host: Host, iface: str = "eth0") -> None:
     receiving agent counts as rejected frames: a rate limit longer than the kernel's initial
     60 s of credit stops them (echo replies, i.e. ping, are not rate-limited).
     """
-    cmds = [f"ethtool -K {iface} {f} off" for f in OFFLOADS]
+    cmds = [f"ethtool -K {iface} {f} off" for f in OFFLOADS] + [f"ip link set {iface} mtu {link_mtu()}"]
     cmds += ["sysctl -qw net.ipv6.conf.all.disable_ipv6=1", f"sysctl -qw net.ipv6.conf.{iface}.disable_ipv6=1",
              f"sysctl -qw net.ipv4.icmp_ratelimit={ICMP_SILENCE_MS}"]
     host.cmd("; ".join(f"{c} >/dev/null 2>&1" for c in cmds))
@@ -135,6 +136,7 @@ def quiet_root_iface(iface: str) -> None:
     for f in OFFLOADS:
         subprocess.run(["ethtool", "-K", iface, f, "off"], capture_output=True)
     subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1"], capture_output=True)
+    subprocess.run(["ip", "link", "set", iface, "mtu", str(link_mtu())], capture_output=True)
 
 
 def make_net(topology: Topology, switch_params: dict, record: Recorder | None = None,

@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 from host_agent import optim  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
-from mindp import progress as pace, targets, topology, workload  # noqa: E402
+from mindp import progress as pace, protocol, targets, topology, workload  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
 from . import clean, config, results  # noqa: E402
@@ -72,9 +72,13 @@ def if_prefix(text: str) -> str:
     return text
 
 
+P_DEFAULTS = f"{protocol.HARDWARE_K} on BMv2, {protocol.DEFAULT_K} on the embedded switch"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mininet_topos.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="auto", help="auto|bmv2|embedded|embedded-python (auto: BMv2 when installed)")
+    p.add_argument("--k", default="", help=f"elements a frame (default: {P_DEFAULTS})")
     p.add_argument("--model", default="mlp", help="mlp|cnn|gpt (cnn, gpt: PyTorch, the torch extra)")
     p.add_argument("--workers", default="4", help="workers per job")
     p.add_argument("--steps", default="60")
@@ -496,7 +500,7 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch, {jobs} x {shape}, "
             f"{steps}loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir)
-        console.say(f"  P4 program: {how}")
+        console.say(f"  P4 program: {how}; K = {protocol.K} elements a frame, link MTU {protocol.link_mtu()}")
         run.prepare_files()
         model = run.model_text()
         console.say(f"  model: {model}")
@@ -520,8 +524,34 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         state.teardown()
 
 
+def run_k(k: str, target: str) -> int:
+    """The run's K: K= if given, else the target's default (BMv2 interprets every element of a frame,
+    so it runs the hardware-faithful size; the embedded switch runs the large default)."""
+    if k:
+        try:
+            return protocol.k_from_env({protocol.K_ENV: k})
+        except SystemExit as exc:
+            raise config.RunConfigError(f"K={k}: {str(exc).split(': ', 1)[1]}") from None
+    try:
+        resolved = targets.resolve(target)
+    except targets.TargetError:
+        resolved = target  # config.parse names the problem
+    return protocol.HARDWARE_K if resolved == "bmv2" else protocol.DEFAULT_K
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        k = run_k(args.k, args.target)
+    except config.RunConfigError as exc:
+        Console().fail(str(exc))
+        return 2
+    if k != protocol.K and (argv is None or args.k):
+        # Every module of this process and of the processes it starts takes K from MINDP_K at import.
+        if argv is not None:
+            raise RuntimeError(f"main(argv) runs at this process's K = {protocol.K}, not {k}: set MINDP_K")
+        os.execve(sys.executable, [sys.executable, "-m", "mininet_topos.run", *sys.argv[1:]],
+                  {**os.environ, protocol.K_ENV: str(k)})
     signal.signal(signal.SIGTERM, _raise_stopped)
     signal.signal(signal.SIGHUP, _raise_stopped)
     console = Console()

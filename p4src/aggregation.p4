@@ -43,7 +43,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
      * switch); the sum's (partial's) nworkers. Equals count[cell] without a tree. */
     register<bit<16>>(POOL_CELLS) contributions;
 
-#include "generated/agg_registers.p4"
+#include <generated/agg_registers.p4>
 
     /* Per job: the newest step it completed on this switch, or whose
      * parameters passed through it, valid while progress_epoch holds the job's
@@ -60,7 +60,7 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
     counter(MAX_JOBS, CounterType.packets) duplicates;
     counter(MAX_JOBS, CounterType.packets) resent_sums;
 
-#include "generated/agg_actions.p4"
+#include <generated/agg_actions.p4>
 
     apply {
         bit<32> job = (bit<32>) hdr.mindp.job;
@@ -96,11 +96,10 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
             hdr.sums.setValid();
             meta.pkt_nonfinite = (partial && (hdr.mindp.flags & FLAG_NONFINITE) != 0) ? 1w1 : 1w0;
             if (epoch != meta.epoch || use > held) {
-                if (partial) {
-                    agg_first_partial();
-                } else {
-                    agg_first();
+                if (!partial) {
+                    to_fixed();
                 }
+                store();
                 tag_epoch.write(meta.cell, meta.epoch);
                 tag_step_chunk.write(meta.cell, use);
                 bits = meta.worker_bit;
@@ -127,11 +126,10 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
                         meta.drop_reason = DROP_DUPLICATE;
                     }
                 } else {
-                    if (partial) {
-                        agg_add_partial();
-                    } else {
-                        agg_add();
+                    if (!partial) {
+                        to_fixed();
                     }
+                    accumulate();
                     bits = bits | meta.worker_bit;
                     n = n + 1;
                     c = c + meta.contribution;

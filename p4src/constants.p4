@@ -5,8 +5,8 @@
 #ifndef MINDP_CONSTANTS_P4
 #define MINDP_CONSTANTS_P4
 
-#include "generated/protocol.p4"
-#include "generated/switch.p4"
+#include <generated/protocol.p4>
+#include <generated/switch.p4>
 
 typedef bit<9> port_t;
 typedef bit<48> mac_t;

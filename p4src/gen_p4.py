@@ -5,9 +5,9 @@
 Writes DIR/protocol.p4 (constants from mindp/protocol.py), DIR/switch.p4 (the
 switch's sizes and drop reasons from mindp/switch_constants.py), DIR/chunks.p4
 (element header types), DIR/agg_registers.p4 and DIR/agg_actions.p4 (the K
-per-element register blocks of the aggregation control). The committed
-p4src/generated/ is this script's output for the protocol's K; `make p4`
-regenerates it and a test checks it is current.
+per-element register blocks of the aggregation control). `make p4` writes them
+to p4src/build/k<K>/generated/ before it compiles (p4src/artifacts.py); the
+committed programs' source hashes cover this text, so a change here is caught.
 """
 from __future__ import annotations
 
@@ -116,45 +116,27 @@ def agg_registers_p4(k: int) -> str:
 
 
 def agg_actions_p4(k: int) -> str:
-    def block(name: str, doc: str, body) -> str:
+    """Four actions of K statements each; a gradient is converted once, whether it opens a use or adds
+    to one, and a child switch's partial sum takes the same store and accumulate as a converted one."""
+    def block(name: str, doc: str, body, local: str = "") -> str:
         lines = "\n".join(body(i) for i in range(k))
-        return f"    /* {doc} */\n    action {name}() {{\n{lines}\n    }}\n"
+        return f"    /* {doc} */\n    action {name}() {{\n{local}{lines}\n    }}\n"
 
-    def nonfinite(i: int) -> str:
-        return f"        meta.pkt_nonfinite = meta.pkt_nonfinite | (hdr.fp16.e{i}[14:10] == 31 ? 1w1 : 1w0);"
-
-    new = block(
-        "agg_first",
-        "First contribution to a new use of the cell: overwrite.",
-        lambda i: f"        hdr.sums.s{i} = fp16_to_fixed(hdr.fp16.e{i});\n"
-        f"        acc_{i}.write(meta.cell, hdr.sums.s{i});\n" + nonfinite(i),
-    )
-    add = block(
-        "agg_add",
-        "A further contribution: add exactly.",
-        lambda i: f"        acc_{i}.read(hdr.sums.s{i}, meta.cell);\n"
-        f"        hdr.sums.s{i} = hdr.sums.s{i} + fp16_to_fixed(hdr.fp16.e{i});\n"
-        f"        acc_{i}.write(meta.cell, hdr.sums.s{i});\n" + nonfinite(i),
-    )
-    first_partial = block(
-        "agg_first_partial",
-        "First contribution to a new use, a child switch's partial sum: store it as it is.",
-        lambda i: f"        acc_{i}.write(meta.cell, hdr.sums.s{i});",
-    )
-    add_partial = (
-        "    /* A further contribution, a child switch's partial sum: add exactly. */\n"
-        "    action agg_add_partial() {\n        bit<64> held;\n"
-        + "\n".join(f"        acc_{i}.read(held, meta.cell);\n"
-                    f"        hdr.sums.s{i} = hdr.sums.s{i} + held;\n"
-                    f"        acc_{i}.write(meta.cell, hdr.sums.s{i});" for i in range(k))
-        + "\n    }\n"
-    )
-    read = block(
-        "agg_read",
-        "A completed cell asked for again: copy the stored sums out.",
-        lambda i: f"        acc_{i}.read(hdr.sums.s{i}, meta.cell);",
-    )
-    return BANNER + "\n" + new + "\n" + add + "\n" + first_partial + "\n" + add_partial + "\n" + read
+    actions = [
+        block("to_fixed", "A gradient's fp16 elements -> hdr.sums, exactly; any Inf/NaN sets pkt_nonfinite.",
+              lambda i: f"        hdr.sums.s{i} = fp16_to_fixed(hdr.fp16.e{i});\n"
+              f"        meta.pkt_nonfinite = meta.pkt_nonfinite | (hdr.fp16.e{i}[14:10] == 31 ? 1w1 : 1w0);"),
+        block("store", "First contribution to a new use of the cell: overwrite.",
+              lambda i: f"        acc_{i}.write(meta.cell, hdr.sums.s{i});"),
+        block("accumulate", "A further contribution: add exactly; the packet carries the running sum.",
+              lambda i: f"        acc_{i}.read(held, meta.cell);\n"
+              f"        hdr.sums.s{i} = hdr.sums.s{i} + held;\n"
+              f"        acc_{i}.write(meta.cell, hdr.sums.s{i});",
+              local="        bit<64> held;\n"),
+        block("agg_read", "A completed cell asked for again: copy the stored sums out.",
+              lambda i: f"        acc_{i}.read(hdr.sums.s{i}, meta.cell);"),
+    ]
+    return BANNER + "\n" + "\n".join(actions)
 
 
 FILES = {
@@ -173,13 +155,14 @@ def render(k: int = P.K) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--k", type=int, default=P.K, help=f"elements per chunk (default {P.K})")
-    ap.add_argument("--out", type=pathlib.Path, default=HERE / "generated", help="output directory")
+    ap.add_argument("--out", type=pathlib.Path, default=None, help="output directory (default p4src/build/k<K>/generated)")
     args = ap.parse_args(argv)
-    if not 1 <= args.k <= 255:
-        ap.error("--k must be between 1 and 255")
-    args.out.mkdir(parents=True, exist_ok=True)
+    if not 1 <= args.k <= P.MAX_K:
+        ap.error(f"--k must be between 1 and {P.MAX_K}")
+    out = args.out or HERE / "build" / f"k{args.k}" / "generated"
+    out.mkdir(parents=True, exist_ok=True)
     for name, text in render(args.k).items():
-        (args.out / name).write_text(text)
+        (out / name).write_text(text)
     return 0
 
 

@@ -4,7 +4,7 @@
 #define MINDP_HEADERS_P4
 
 #include "constants.p4"
-#include "generated/chunks.p4"
+#include <generated/chunks.p4>
 
 header ethernet_t {
     mac_t dstAddr;

@@ -39,6 +39,8 @@ from .tables import TableError
 log = logging.getLogger("softswitch")
 API_VERSION = "1.4.1"
 UNARY_THREADS = 16  # unary RPCs in parallel; streams run on the event loop and take none
+# A pipeline's JSON grows with K (p4src/artifacts.py): gRPC's 4 MB default refused a K = 128 program.
+MAX_MESSAGE = 256 << 20
 
 
 def _rpc(*, primary: bool = False, pipeline: bool = False):
@@ -245,7 +247,8 @@ class Server:
 
     async def _create(self, credentials):
         srv = grpc.aio.server(futures.ThreadPoolExecutor(max_workers=UNARY_THREADS, thread_name_prefix="p4rt"),
-                              options=[("grpc.so_reuseport", 0)])
+                              options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", MAX_MESSAGE),
+                                       ("grpc.max_send_message_length", MAX_MESSAGE)])
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self.service, srv)
         try:
             port = srv.add_secure_port(self.addr, credentials) if credentials else srv.add_insecure_port(self.addr)

@@ -14,6 +14,6 @@ def test_second_setup_has_nothing_to_do():
 
 
 def test_check_reports_stale_sources(monkeypatch, capsys):
-    monkeypatch.setattr(artifacts, "recorded_hash", lambda root=None: "0" * 64)
+    monkeypatch.setattr(artifacts, "recorded_hash", lambda root=None, k=None: "0" * 64)
     assert artifacts.main(["check"]) == 1
     assert "stale" in capsys.readouterr().err

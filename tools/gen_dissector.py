@@ -4,8 +4,9 @@
     python -m tools.gen_dissector --check    # exit 1 if tools/mindp.lua is not what it would write
 
 Like the P4 header (p4src/gen_p4.py), the Lua plugin is derived from the one
-source of the wire format, so field names, widths, kinds, flags, the UDP port,
-K and the fixed-point scale cannot drift. `make wireshark` installs it.
+source of the wire format, so field names, widths, kinds, flags, the UDP port
+and the fixed-point scale cannot drift. K is a parameter of each switch build, so
+the plugin takes a frame's element count from its length: one plugin reads any K. `make wireshark` installs it.
 """
 from __future__ import annotations
 
@@ -39,7 +40,6 @@ def render() -> str:
         'local mindp = Proto("mindp", "mindp in-network aggregation")',
         f"local UDP_PORT = {P.UDP_PORT}",
         f"local HEADER_LEN = {P.HEADER_LEN}",
-        f"local K = {P.K}",
         f"local SCALE = 2.0 ^ -{P.SCALE_BITS}  -- a SUM element is value * 2^{P.SCALE_BITS}",
         f"local KINDS = {{{kinds}}}",
         "local ELEMENT = {"
@@ -95,7 +95,7 @@ def render() -> str:
         "        kind, v.job, v.worker, v.step, v.chunk, v.slot, v.ver, v.count)",
         '    t:append_text(string.format(", %s, job %d, step %d, chunk %d", kind, v.job, v.step, v.chunk))',
         "    if el == nil then return HEADER_LEN end",
-        "    local n = math.min(v.count, K, math.floor((tvb:len() - HEADER_LEN) / el.size))",
+        "    local n = math.min(v.count, math.floor((tvb:len() - HEADER_LEN) / el.size))",
         '    local elems = tree:add(mindp, tvb(HEADER_LEN), string.format("%d elements", n))',
         "    for i = 0, n - 1 do",
         "        local r = tvb(HEADER_LEN + i * el.size, el.size)",

@@ -5,7 +5,6 @@
 local mindp = Proto("mindp", "mindp in-network aggregation")
 local UDP_PORT = 49374
 local HEADER_LEN = 24
-local K = 32
 local SCALE = 2.0 ^ -24  -- a SUM element is value * 2^24
 local KINDS = {[1] = "GRAD", [2] = "SUM", [3] = "PARAM", [4] = "PARTIAL"}
 local ELEMENT = {[1] = {size = 2, fixed = false}, [2] = {size = 8, fixed = true}, [3] = {size = 2, fixed = false}, [4] = {size = 8, fixed = true}}
@@ -93,7 +92,7 @@ function mindp.dissector(tvb, pinfo, tree)
         kind, v.job, v.worker, v.step, v.chunk, v.slot, v.ver, v.count)
     t:append_text(string.format(", %s, job %d, step %d, chunk %d", kind, v.job, v.step, v.chunk))
     if el == nil then return HEADER_LEN end
-    local n = math.min(v.count, K, math.floor((tvb:len() - HEADER_LEN) / el.size))
+    local n = math.min(v.count, math.floor((tvb:len() - HEADER_LEN) / el.size))
     local elems = tree:add(mindp, tvb(HEADER_LEN), string.format("%d elements", n))
     for i = 0, n - 1 do
         local r = tvb(HEADER_LEN + i * el.size, el.size)

@@ -18,7 +18,8 @@ def p4info():
 
 
 def generated_switch_p4():
-    text = (artifacts.HERE / "generated" / "switch.p4").read_text()
+    from p4src import gen_p4
+    text = gen_p4.render()["switch.p4"]
     defs = {m[0]: int(m[1]) for m in re.findall(r"#define\s+(\w+)\s+(\d+)", text)}
     drops = {m[0]: int(m[1]) for m in re.findall(r"const bit<8> DROP_(\w+)\s*=\s*(\d+);", text)}
     return defs, drops

@@ -18,16 +18,16 @@ from p4src import artifacts, gen_p4
 @pytest.fixture
 def tree(tmp_path, monkeypatch) -> pathlib.Path:
     root = tmp_path / "p4src"
-    shutil.copytree(artifacts.HERE, root, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    shutil.copytree(artifacts.HERE, root, ignore=shutil.ignore_patterns("__pycache__", "*.py", "build"))
+    prog = artifacts.Program(artifacts.P.K, root)
     monkeypatch.setattr(artifacts, "HERE", root)
-    monkeypatch.setattr(artifacts, "BMV2_JSON", root / "compiled" / artifacts.BMV2_JSON.name)
-    monkeypatch.setattr(artifacts, "P4INFO", root / "compiled" / artifacts.P4INFO.name)
+    monkeypatch.setattr(artifacts, "BMV2_JSON", prog.json)
+    monkeypatch.setattr(artifacts, "P4INFO", prog.p4info)
     monkeypatch.setattr(artifacts, "find_p4c", lambda: None)
-    # A consistent tree by construction, whatever state the working copy is in: fresh generated
-    # files and the hash of these sources recorded (the committed JSON stands in for their program).
-    for name, text in gen_p4.render().items():
-        (root / "generated" / name).write_text(text)
-    (root / "compiled" / artifacts.HASH_FILE.name).write_text(artifacts.source_hash(root) + "  p4c\n")
+    # A consistent tree by construction, whatever state the working copy is in: the hash of these
+    # sources recorded (the committed JSON stands in for their program).
+    for k in artifacts.COMMITTED_K:
+        artifacts.Program(k, root).hash_file.write_text(artifacts.source_hash(root, k) + "  p4c\n")
     return root
 
 
@@ -41,22 +41,27 @@ def test_unchanged_sources_are_current_and_make_p4_keeps_them(tree, capsys):
     assert "matches the P4 sources" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["mindp.p4", "aggregation.p4", "generated/protocol.p4"])
+@pytest.mark.parametrize("name", ["mindp.p4", "aggregation.p4", "constants.p4"])
 def test_make_p4_without_p4c_refuses_an_edited_program_in_one_line(tree, capsys, name):
-    before = {p.name: p.read_bytes() for p in (tree / "compiled").iterdir()}
+    before = {p: p.read_bytes() for p in (tree / "compiled").rglob("*") if p.is_file()}
     edit(tree / name)
     assert artifacts.main(["compile"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("make p4: ")
     assert "p4c-bm2-ss is not installed" in err and "/opt/p4tools/bin" in err
-    if name.startswith("generated/"):
-        assert "generated/protocol.p4" in err  # a stale generation is named
-    assert {p.name: p.read_bytes() for p in (tree / "compiled").iterdir()} == before
+    assert {p: p.read_bytes() for p in (tree / "compiled").rglob("*") if p.is_file()} == before
     assert artifacts.main(["check"]) == 1
 
 
+def test_a_change_of_the_generated_text_is_stale(tree, monkeypatch):
+    render = gen_p4.render
+    monkeypatch.setattr(gen_p4, "render", lambda k=artifacts.P.K: {**render(k), "switch.p4": "/* changed */"})
+    assert "changed since p4src/compiled/k" in artifacts.staleness()
+    assert artifacts.main(["compile"]) == 1
+
+
 def test_missing_hash_file_is_stale(tree):
-    (tree / "compiled" / artifacts.HASH_FILE.name).unlink()
+    artifacts.Program(artifacts.P.K, tree).hash_file.unlink()
     assert "no recorded source hash" in artifacts.staleness()
 
 
@@ -68,7 +73,7 @@ def test_make_run_refuses_a_stale_committed_program_naming_the_fix(tree, tmp_pat
         with pytest.raises(orchestrator.RunError) as err:
             orchestrator.p4_program(mode, tmp_path)
         msg = str(err.value)
-        assert "changed since p4src/compiled/ was compiled" in msg and "install p4c" in msg
+        assert "changed since p4src/compiled/k" in msg and "install p4c" in msg
         assert "\n" not in msg
 
 
@@ -82,7 +87,7 @@ def test_make_run_committed_with_p4c_installed_says_to_recompile(tree, tmp_path,
 def test_make_run_with_p4c_compiles_only_sources_the_committed_program_does_not_match(tree, tmp_path, monkeypatch):
     calls = []
 
-    def fake_compile(p4c, main, json_path, p4info):
+    def fake_compile(p4c, main, json_path, p4info, k=None):
         calls.append(p4c)
         json_path.write_text("{}")
         p4info.write_text("")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mindp import codec, progress
-from mindp.protocol import SCALE_BITS, Flag, Kind
+from mindp.protocol import SCALE_BITS, Flag, K, Kind
 from tools import gen_dissector
 
 TSHARK = shutil.which("tshark")
@@ -51,13 +51,13 @@ def tshark(pcap: pathlib.Path, *fields: str, filt: str = "mindp") -> list[list[s
 
 @needs_tshark
 def test_tshark_decodes_header_fields_fp16_and_sums(tmp_path):
-    grad = np.zeros((1, 32), dtype=np.float16)
+    grad = np.zeros((1, K), dtype=np.float16)
     grad[0, :3] = [1.5, -2.0 ** -24, np.inf]
-    sums = np.zeros((1, 32), dtype=np.int64)
+    sums = np.zeros((1, K), dtype=np.int64)
     sums[0, :3] = [3 << SCALE_BITS, -(1 << 40), 1]
     grad_hdr = codec.header_array(1, job=7, worker=5, slot=9, ver=1, step=123456, chunk=70000,
                                   flags=Flag.NONFINITE | Flag.RETRANSMIT, count=3)
-    sum_hdr = codec.header_array(1, job=7, worker=1, slot=2, ver=0, step=4, chunk=2, nworkers=3, count=32)
+    sum_hdr = codec.header_array(1, job=7, worker=1, slot=2, ver=0, step=4, chunk=2, nworkers=3, count=K)
     frames = [*codec.encode(Kind.GRAD, grad_hdr, grad, ADDRS), *codec.encode(Kind.SUM, sum_hdr, sums, ADDRS)]
     pcap = tmp_path / "frames.pcap"
     write_pcap(pcap, frames)
@@ -65,9 +65,9 @@ def test_tshark_decodes_header_fields_fp16_and_sums(tmp_path):
     assert g[:10] == ["1", "7", "5", "9", "1", "123456", "70000", "0x03", "3", "0"]
     grad_values = [float(v) for v in g[10].split(",")]  # count 3: only the valid elements
     assert grad_values == pytest.approx([1.5, -(2.0 ** -24), float("inf")], rel=1e-12)
-    assert s[:10] == ["2", "7", "1", "2", "0", "4", "2", "0x00", "32", "3"]
+    assert s[:10] == ["2", "7", "1", "2", "0", "4", "2", "0x00", str(K), "3"]
     values = [float(v) for v in s[10].split(",")]
-    assert len(values) == 32 and values[:3] == pytest.approx([3.0, -(2.0 ** 16), 2.0 ** -24], rel=1e-12)  # sum * 2^-24
+    assert len(values) == K and values[:3] == pytest.approx([3.0, -(2.0 ** 16), 2.0 ** -24], rel=1e-12)  # sum * 2^-24
     (raw,) = tshark(pcap, "mindp.sum", filt="mindp.kind == 2")
     assert raw[0].split(",")[:3] == [str(3 << SCALE_BITS), str(-(1 << 40)), "1"]
     (flags,) = tshark(pcap, "mindp.flags.nonfinite", "mindp.flags.retransmit", filt="mindp.kind == 1")
@@ -82,8 +82,8 @@ def test_make_wireshark_installs_the_plugin_tshark_loads_by_itself(tmp_path):
     plugin = home / ".local" / "lib" / "wireshark" / "plugins" / "mindp.lua"
     assert plugin.read_text() == gen_dissector.OUT.read_text()
     pcap = tmp_path / "p.pcap"
-    hdr = codec.header_array(1, job=3, worker=2, step=9, chunk=4, count=32)
-    write_pcap(pcap, codec.encode(Kind.PARAM, hdr, np.ones((1, 32), dtype=np.float16), ADDRS))
+    hdr = codec.header_array(1, job=3, worker=2, step=9, chunk=4, count=K)
+    write_pcap(pcap, codec.encode(Kind.PARAM, hdr, np.ones((1, K), dtype=np.float16), ADDRS))
     out = progress.run([TSHARK, "-r", str(pcap), "-Y", "mindp", "-T", "fields", "-e", "mindp.kind", "-e",
                           "mindp.job", "-e", "mindp.step"], capture_output=True, text=True,
                          env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
