@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#define WIDTH 2048
+#define WIDTH 16384 /* a frame of the largest K that fits a 9000-byte MTU, and then some */
 #define MOST 1024
 
 static unsigned char buf[MOST][WIDTH];
@@ -51,8 +51,8 @@ static double now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-#define RING 4096      /* slots of each ring */
-#define SLOT 2048      /* bytes of a slot, its header included */
+#define RING 1024      /* slots of each ring */
+#define SLOT 16384     /* bytes of a slot, its header included: a K = 1024 sum frame fits */
 #define TX_DATA (TPACKET2_HDRLEN - sizeof(struct sockaddr_ll)) /* where a sent frame's bytes go */
 /* A TX slot may be written again once the kernel marks it available; the frames leave by veths
  * with scatter-gather off (mindp.testbed), so the kernel copies each out of the ring first. */

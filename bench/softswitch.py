@@ -1,6 +1,10 @@
-"""Embedded switch throughput, side by side in one run on the same frames.
+"""Embedded switch throughput, side by side in one run on the same frames, for each K.
 
-    python bench/softswitch.py [--packets N] [--windows W [W ...]]
+    python bench/softswitch.py [--k K [K ...]] [--packets N] [--windows W [W ...]]
+
+For each K (default: every committed program's) one process at MINDP_K=K runs the comparison
+below on frames of that K; then a table gives elements/s per K for each contender and the
+embedded switch's elements/s at each K over its K = 32 figure (goal at the default K: >= 10).
 
 On one veth testbed (sender host -> switch port 1, sink host <- port 2):
   (a) the embedded switch running the aggregation program (p4src/compiled/mindp.json),
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -37,7 +42,7 @@ from controller.p4runtime import SwitchConnection  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
 from mindp import mmsg, targets  # noqa: E402
 from mindp.loadgen import aggregation_entries, closed_loop, gradient_frames  # noqa: E402
-from mindp.protocol import K  # noqa: E402
+from mindp.protocol import HARDWARE_K, K, K_ENV, MAX_K, Kind, frame_len  # noqa: E402
 from mindp.testbed import Testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from p4src import artifacts  # noqa: E402
@@ -140,11 +145,11 @@ def executor_alone(frames, pipeline: str) -> float:
         ins("MindpIngress.admission.workers", (1, 1, w), "MindpIngress.admission.admit_worker")
     batches = []
     for i in range(0, len(frames), BATCH):
-        rx = Batch.empty(BATCH, 2048)
+        rx = Batch.empty(BATCH, len(frames[0]))
         for fr in frames[i:i + BATCH]:
             rx.append(fr, SENDER.port)
         batches.append(rx)
-    tx = Batch.empty(4 * BATCH, 2048)
+    tx = Batch.empty(4 * BATCH, frame_len(Kind.SUM))
     t0 = time.perf_counter()
     for rx in batches:
         start = 0
@@ -166,22 +171,17 @@ def best(measure, windows: list[int], name: str, want: int | None = None) -> tup
     return rates[top], top, rates
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--packets", type=integer(2), default=200000,
-                    help="gradient frames per run: enough for the embedded switch to run ~0.5 s")
-    ap.add_argument("--windows", type=integer(2), nargs="+", default=[16, 64, 4 * BATCH, 16 * BATCH],
-                    help="frames in flight: every switch and loop runs at each, its best counts")
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        print("bench/softswitch.py needs root (network namespaces)")
-        return 1
+RESULT = "RESULT "  # a per-K child's machine-readable line: RESULT <json>
+
+
+def compare_one_k(args) -> dict[str, float]:
+    """The comparison at this process's K; prints it and returns packets/s per contender."""
     frames = gradient_frames(SENDER, SINK, args.packets // 2)
     sums = len(frames) // 2
     load = c_closed_loop() or closed_loop  # the load generator
     windows = sorted(set(args.windows))
-    print(f"aggregation program, K={K}, {len(frames)} gradient frames, closed loop windows "
-          f"{', '.join(map(str, windows))} (best counts), switch batch {BATCH}, load generator in "
+    print(f"aggregation program, K={K}, {len(frames)} gradient frames of {len(frames[0])} bytes, closed loop "
+          f"windows {', '.join(map(str, windows))} (best counts), switch batch {BATCH}, load generator in "
           f"{'Python' if load is closed_loop else 'C'}")
     results = {"compiled pipeline alone (no I/O)": (executor_alone(frames, "compiled"), None, {}),
                "Python pipeline alone (no I/O)": (executor_alone(frames, "python"), None, {})}
@@ -209,6 +209,52 @@ def main() -> int:
     print(f"  {'embedded / ceiling (goal >= 0.5)':38} "
           + (f"{emb / ceiling:10.2f}" if ceiling else "       n/a (no recvmmsg/sendmmsg or no C compiler)"))
     print(f"  {'embedded / Python pipeline':38} {emb / results['embedded, Python pipeline'][0]:10.2f}")
+    return {name: r[0] for name, r in results.items()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--k", type=integer(8, MAX_K), nargs="+", default=None,
+                    help="elements a frame: one run per K (default: every committed program's K)")
+    ap.add_argument("--packets", type=integer(2), default=200000,
+                    help="gradient frames per run at K = 32 (fewer at a larger K: the same elements / 8)")
+    ap.add_argument("--windows", type=integer(2), nargs="+", default=[16, 64, 4 * BATCH, 16 * BATCH],
+                    help="frames in flight: every switch and loop runs at each, its best counts")
+    ap.add_argument("--this-k", action="store_true", help=argparse.SUPPRESS)  # a per-K child
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/softswitch.py needs root (network namespaces)")
+        return 1
+    if args.this_k:
+        print(RESULT + json.dumps(compare_one_k(args)), flush=True)
+        return 0
+    per_k = {}
+    for k in args.k or list(artifacts.COMMITTED_K):
+        # The same elements at every K would take a large K's run below a timer's grain: an eighth.
+        packets = max(2 * BATCH, args.packets * HARDWARE_K // k if k <= HARDWARE_K else args.packets * HARDWARE_K * 8 // k)
+        cmd = [sys.executable, os.path.abspath(__file__), "--this-k", "--packets", str(packets),
+               "--windows", *map(str, args.windows)]
+        proc = subprocess.run(cmd, env={**os.environ, K_ENV: str(k)}, stdout=subprocess.PIPE, text=True)
+        for line in proc.stdout.splitlines():
+            if line.startswith(RESULT):
+                per_k[k] = json.loads(line[len(RESULT):])
+            else:
+                print(line)
+        if proc.returncode != 0 or k not in per_k:
+            print(f"K={k}: the run failed (exit {proc.returncode})")
+    if not per_k:
+        return 1
+    names = [n for n in (EMBEDDED, "compiled pipeline alone (no I/O)", BMV2, CEILING) if any(n in r for r in per_k.values())]
+    print("elements/s per K (packets/s x K):")
+    print(f"  {'K':>6} " + " ".join(f"{n[:24]:>26}" for n in names))
+    for k, r in per_k.items():
+        print(f"  {k:>6} " + " ".join(f"{r[n] * k:26,.0f}" if n in r else f"{'n/a':>26}" for n in names))
+    if HARDWARE_K in per_k:
+        base = per_k[HARDWARE_K][EMBEDDED] * HARDWARE_K
+        for k, r in per_k.items():
+            if k != HARDWARE_K:
+                print(f"  embedded elements/s, K={k} / K={HARDWARE_K} (goal >= 10 at the default K): "
+                      f"{r[EMBEDDED] * k / base:.2f}")
     return 0
 
 
