@@ -4,7 +4,9 @@ optimizer node) through the embedded switch and through BMv2 (when installed), a
 model and global batch trained by one process with torch.optim.AdamW, and by PyTorch DDP (gloo,
 one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
-    sudo .venv/bin/python bench/torch_gpt.py [--steps 2] [--workers 2] [--local-steps 10]
+    sudo .venv/bin/python bench/torch_gpt.py [--steps 2] [--workers 2] [--local-steps 10] [--gpt '{"d": 512, "layers": 8}']
+
+Each make run line names the K (elements a frame) it ran: the target's default (make run K=).
 
 A switch run's steps/s is make run's own (summary.json: steps over the time from the last worker
 ready to the last worker done, so start-up is not counted); the run must also end bit-exact. DDP's
@@ -31,7 +33,7 @@ except ImportError:
     torch = None
 
 from host_agent.agent_args import integer  # noqa: E402
-from mindp import INSTALL_TORCH, targets, testbed, workload  # noqa: E402
+from mindp import INSTALL_TORCH, protocol, targets, testbed, workload  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from mininet_topos import config  # noqa: E402
 from p4src import artifacts  # noqa: E402
@@ -59,7 +61,7 @@ def single_process(wl: workload.WorkloadConfig, steps: int) -> float:
     return steps / (time.perf_counter() - t)
 
 
-def ddp_worker(rank: int, world: int, master: str, steps: int) -> None:
+def ddp_worker(rank: int, world: int, master: str, steps: int, gpt: dict) -> None:
     """One DDP rank (run in its host's namespace): the model and batches of `make run`'s worker
     `rank`, gradients averaged by gloo over TCP on eth0, torch.optim.AdamW; rank 0 prints steps/s."""
     import datetime
@@ -72,7 +74,7 @@ def ddp_worker(rank: int, world: int, master: str, steps: int) -> None:
     os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
     dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
-    wl = workload.WorkloadConfig(n_workers=world, model="gpt")
+    wl = workload.WorkloadConfig(n_workers=world, model="gpt", model_args=gpt)
     net = DistributedDataParallel(tasks.model(wl))  # one torch thread, as a mindp worker
     opt = torch.optim.AdamW(net.parameters(), lr=config.DEFAULT_LR["gpt"], weight_decay=0.01)
 
@@ -93,7 +95,7 @@ def ddp_worker(rank: int, world: int, master: str, steps: int) -> None:
     dist.destroy_process_group()
 
 
-def ddp_run(workers: int, steps: int) -> tuple[float, str]:
+def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str]:
     """(steps/s, '' or why it failed) of DDP with `workers` ranks on veth hosts joined by a bridge."""
     bridge = "tgbr"
     hosts = [Host(f"d{r}", f"02:00:00:00:07:{r + 1:02x}", f"10.0.7.{r + 1}", r + 1) for r in range(workers)]
@@ -107,7 +109,7 @@ def ddp_run(workers: int, steps: int) -> tuple[float, str]:
                 testbed.sh("ip", "link", "set", nh.switch_iface, "master", bridge)
             testbed.quiet_link(bridge)
             procs = [bed.hosts[h.name].popen(sys.executable, str(pathlib.Path(__file__).resolve()), "--ddp-rank", str(r), "--workers", str(workers),
-                                             "--ddp-master", master, "--local-steps", str(steps),
+                                             "--ddp-master", master, "--local-steps", str(steps), "--gpt", gpt,
                                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for r, h in enumerate(hosts)]
             try:
@@ -125,23 +127,24 @@ def ddp_run(workers: int, steps: int) -> tuple[float, str]:
     return float(outs[0][0].split()[-1]), ""
 
 
-def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path) -> tuple[float, str]:
-    """(steps/s, '' or why it failed) of make run's orchestrator, MODEL=gpt, on `target`."""
+def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str) -> tuple[float, str, int]:
+    """(steps/s, '' or why it failed, the run's K) of make run's orchestrator, MODEL=gpt, on `target`."""
     runs = tmp / target
-    p4 = "committed" if artifacts.staleness() is None else "auto"
+    k = protocol.HARDWARE_K if target == "bmv2" else protocol.DEFAULT_K  # make run's choice without K=
+    p4 = "committed" if artifacts.staleness(k=k) is None else "auto"
     cmd = [sys.executable, "-m", "mininet_topos.run", "--target", target, "--model", "gpt",
            "--workers", str(workers), "--steps", str(steps), "--cli", "0", "--p4", p4,
            "--runs-dir", str(runs), "--state-file", str(tmp / f"{target}-state.json"),
            "--grpc-port", str(targets.free_port()), "--thrift-port", str(targets.free_port()),
-           "--if-prefix", "mnb-"]
+           "--if-prefix", "mnb-"] + (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.run(cmd, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     try:
         s = json.loads(next(runs.glob("2*/summary.json")).read_text())
     except (StopIteration, OSError, ValueError):
-        return 0.0, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        return 0.0, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1], k
     if s["max_abs_param_diff_vs_reference"] != 0.0:
-        return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})"
-    return float(s["steps_per_second"]), ""
+        return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})", k
+    return float(s["steps_per_second"]), "", k
 
 
 def main() -> int:
@@ -151,14 +154,21 @@ def main() -> int:
     ap.add_argument("--local-steps", type=integer(1), default=10, help="timed steps of one process and of DDP")
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)  # a DDP worker, started by ddp_run
     ap.add_argument("--ddp-master", help=argparse.SUPPRESS)
+    ap.add_argument("--gpt", default="{}", help="the gpt's size as JSON, as make run's GPT=, e.g. '{\"d\": 512, \"layers\": 8}'")
     args = ap.parse_args()
+    try:
+        gpt = json.loads(args.gpt)
+        workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
+    except (ValueError, TypeError) as exc:
+        print(f"torch_gpt: --gpt {args.gpt!r}: {exc}")
+        return 2
     if torch is None:
         print(f"torch_gpt: skipped: torch is not installed: {INSTALL_TORCH}")
         return 0
     if args.ddp_rank is not None:
-        ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps)
+        ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps, gpt)
         return 0
-    wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt")
+    wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
     init = workload.init_params(wl)
     print(f"{workload.describe(wl, init)}, {args.workers} workers x {wl.batch} windows, AdamW lr "
           f"{config.DEFAULT_LR['gpt']}, {args.steps} steps")
@@ -167,7 +177,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("  through the network: skipped (namespaces and make run need root)")
         return 0
-    ddp, err = ddp_run(args.workers, args.local_steps)
+    ddp, err = ddp_run(args.workers, args.local_steps, args.gpt)
     label = f"PyTorch DDP (gloo), {args.workers} namespaces"
     if err:
         print(f"  {label:<34} failed: {err}")
@@ -179,7 +189,8 @@ def main() -> int:
             if target == "bmv2" and targets.find_bmv2() is None:
                 print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
                 continue
-            rate, err = switch_run(target, args.workers, args.steps, pathlib.Path(tmp))
+            rate, err, k = switch_run(target, args.workers, args.steps, pathlib.Path(tmp), args.gpt)
+            label += f" K={k}"
             if err:
                 print(f"  {label:<34} failed: {err}")
                 return 1
