@@ -87,8 +87,14 @@ torch: $(STAMP_APT)
 
 # Every test keeps its own namespaces, interfaces, ports and state (tests/conftest.py), `make run`'s
 # Mininet included, so any test runs beside any other.
+# Two passes: the whole suite at the default K (MINDP_K unset), then the packet-level tests again at
+# the hardware-faithful K = 32 (BMv2's default): each committed program is exercised end to end.
+K32_TESTS := tests/dataplane tests/softswitch/test_native.py tests/softswitch/test_executor.py \
+  tests/host_agent/test_loopback.py tests/host_agent/test_with_switch.py tests/host_agent/test_worker_io.py \
+  tests/run/test_make_run.py
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
+	MINDP_K=32 $(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=5 $(K32_TESTS) $(PYTEST_ARGS)
 
 # The suite with LOAD busy loops taking the cores: no test may race the clock (waits follow
 # progress, mindp/progress.py), so it must pass here too, only slower.
