@@ -14,7 +14,7 @@ import sys
 from mindp.protocol import MAX_WORKERS
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, fused, optim, probe, rawsock, shards, state
+from . import agent_args, digest, fused, optim, probe, rawsock, shards, state
 from .agent_args import finite
 from .node_core import NodeCore
 from .node_socket import NodeAddress, OptimizerNode
@@ -233,7 +233,13 @@ def main(argv: list[str] | None = None) -> int:
         faults = agent_args.faults_from_args(args)
     if agreement:
         agreement.skip = core.skip_step
-    node = OptimizerNode(core, sock, addr, faults, args.stall_resend, sum_sources(args), agreement)
+    try:
+        digests = digest.Server(args.job, core.digests, core.committed_params)
+    except OSError as exc:  # the workers' checks then fail with one line each
+        print(f"mindp-optimizer: step digests not served (UDP port {digest.DIGEST_PORT}: {exc.strerror})",
+              file=sys.stderr, flush=True)
+        digests = None
+    node = OptimizerNode(core, sock, addr, faults, args.stall_resend, sum_sources(args), agreement, digests)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     rss_start = proc_status_kb("VmRSS")
     owned = f"chunks {store.chunks[0]}..{store.chunks[1]} of {store.layout.n_chunks}" if store.sharded else \
@@ -259,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     if agreement:
         stats.update(agreement.stats)
         agreement.close()
+    if digests:
+        digests.close()
     if args.stats:
         pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
     print(f"mindp-optimizer: stopped after step {stats['committed']}", flush=True)

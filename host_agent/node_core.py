@@ -13,7 +13,7 @@ import numpy as np
 from mindp import codec
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 
-from . import fused, lr, state
+from . import digest, fused, lr, state
 
 
 class NodeCore:
@@ -50,6 +50,8 @@ class NodeCore:
         self.n_total = store.layout.n_chunks
         self.last_count = store.layout.chunk_count(self.hi)  # every other chunk holds K elements
         self.stats = collections.Counter()
+        # The step digest (host_agent.digest): each applied chunk's hash is added as it is applied.
+        self.digests = digest.Book(self.lo, self.hi, self._digest_from_state, self.stats)
         self.nonfinite: list[tuple[int, int]] = []
         # Per slot, the header of the last fresh answer: a worker lacking the parameters of chunk c
         # never sends c + slots (its window), so no later chunk of c's slot is applied, and a chunk
@@ -60,7 +62,7 @@ class NodeCore:
         if store.resumed_chunks:
             self.stats["resumed_chunks"] = store.resumed_chunks
         if store.step_complete:
-            store.commit()
+            store.commit()  # its digest is read back from the state if a worker asks
 
     @property
     def committed(self) -> int:
@@ -156,6 +158,7 @@ class NodeCore:
     def _commit_if_complete(self) -> None:
         if self.store.step_complete:
             self.store.commit()
+            self.digests.commit(self.store.committed, self.store.last_skipped)
             self.stats["steps"] += 1
 
     def _remember(self, step: int, chunks: np.ndarray | range, applied: np.ndarray) -> None:
@@ -207,6 +210,7 @@ class NodeCore:
                 self.stats["nonfinite_steps"] += 1
         elif step == self.store.committed:
             if self.store.skip_committed():
+                self.digests.commit(step, True)
                 self.stats["nonfinite_steps"] += 1
         elif step > self.store.current:
             return False
@@ -254,7 +258,26 @@ class NodeCore:
                 store.prefetch_from(hi)
             pos += n
         self.stats["applied"] += len(chunks)
+        self.digests.add(np.asarray(chunks) + self.lo, out)
         return out
+
+    def committed_params(self, step: int, chunks: range) -> np.ndarray | None:
+        """The fp16 parameters of job-wide `chunks` after committed `step` (a digest repair); None
+        for any other step."""
+        if step != self.store.committed or step < 0:
+            return None
+        return np.stack([self._params_of(step, c) for c in chunks])
+
+    def _digest_from_state(self, step: int) -> np.ndarray:
+        """The block digests of committed `step` read back from the state, page by page."""
+        store, blocks = self.store, self.digests.blocks
+        acc = np.zeros(blocks.count, dtype=np.uint64)
+        copy = store.copy_after(step)
+        for lo, hi in page_cuts(0, store.n_chunks, store.page_chunks):
+            params = store.records(copy, lo, hi)[:, state.MASTER].astype(np.float16)
+            chunks = np.arange(lo, hi) + self.lo
+            blocks.add(acc, chunks, digest.chunk_hashes(chunks, params))
+        return acc
 
     def _params_of(self, step: int, chunk: int) -> np.ndarray:
         """The parameters of job-wide `chunk` after `step`."""

@@ -15,7 +15,7 @@ import numpy as np
 from mindp import codec
 from mindp.protocol import Kind
 
-from . import rawsock, shards
+from . import digest, rawsock, shards
 from .node_core import NodeCore
 from .rawsock import LINK_BACKOFF, LINK_ERRNOS
 
@@ -41,10 +41,12 @@ class OptimizerNode:
 
     def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None,
                  stall_resend: float = 1.0, sources: list[tuple[str, str]] | None = None,
-                 agreement: shards.NonfiniteAgreement | None = None):
-        """agreement: a shard's non-finite agreement with the job's other shards (host_agent.shards)."""
+                 agreement: shards.NonfiniteAgreement | None = None, digests: digest.Server | None = None):
+        """agreement: a shard's non-finite agreement with the job's other shards (host_agent.shards);
+        digests: the step digest's server (host_agent.digest), answered beside the sums."""
         self.core = core
         self.agreement = agreement
+        self.digests = digests
         self.sock = sock
         self.addrs = codec.Addresses(addr.mac, "ff:ff:ff:ff:ff:ff", addr.ip, "255.255.255.255")
         self.faults = faults
@@ -79,6 +81,9 @@ class OptimizerNode:
                 raise
             self._link_down(exc)
             return 0
+        finally:
+            if self.digests:  # queries that came, and those held for a step committed meanwhile
+                self.digests.poll(self.core.committed)
         if n and self._down_since is not None:
             print(f"mindp-optimizer: link back after {time.monotonic() - self._down_since:.1f} s", file=sys.stderr,
                   flush=True)
@@ -96,6 +101,8 @@ class OptimizerNode:
 
     def _poll(self, timeout: float) -> int:
         peers = [self.agreement.sock] if self.agreement else []
+        if self.digests:
+            peers.append(self.digests.sock)
         ready, _, _ = select.select([self.sock, *peers], [], [], timeout)
         if self.agreement:  # notices, acknowledgements, resends; answers the peers released
             for hdr, vals in self.agreement.poll():

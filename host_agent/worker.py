@@ -22,7 +22,7 @@ from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, rawsock, reference, shards
+from . import agent_args, digest, rawsock, reference, shards
 from .optim import ConfigError
 from .resume import ResumeFile
 from .window import RtoConfig, RttEstimator, StepTimeout, Window
@@ -118,6 +118,7 @@ class WorkerAgent:
         self.param_src = [(lo, hi, np.frombuffer(b, dtype=f">u{hi - lo}")[0]) for lo, hi, b in
                           ((6, 10, self.param_src_mac[:4]), (10, 12, self.param_src_mac[4:]), (26, 30, self.param_src_ip))]
         self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
+        self.digest: digest.Client | None = None  # check_digests() turns the step digest's check on
         self.rx = np.zeros((4096, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row (a burst)
         self.auxdata = rawsock.enable_auxdata(sock)
         self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
@@ -137,6 +138,17 @@ class WorkerAgent:
                 lo, hi = off // K, (off + spec.size - 1) // K + 1
                 self.tensor_chunks[spec.name] = (lo, hi)
                 self.pending0[lo:hi] += 1
+
+    def check_digests(self, sock=None) -> None:
+        """Check every step's parameters against the optimizer nodes' step digests (host_agent.digest)
+        and repair them where they differ; `sock`: a UDP socket in this host's network namespace
+        (default: one opened here)."""
+        cfg = self.cfg
+        ranges = [(lo, hi, ip) for lo, hi, _, ip in cfg.shards] or [(0, self.layout.n_chunks - 1, cfg.optimizer_ip)]
+        if self.layout.n_chunks:
+            self.digest = digest.Client(sock or digest.open_socket(), cfg.job_id,
+                                        f"mindp-worker {cfg.job_id}/{cfg.worker_id}",
+                                        [digest.Source(lo, hi, ip) for lo, hi, ip in ranges])
 
     def push(self, grads: dict) -> dict[str, np.ndarray]:
         """Send this step's gradients (all tensors), return the step's new fp16 parameters."""
@@ -168,6 +180,8 @@ class StepHandle:
         self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0,
                              agent.param_sources.his if agent.param_sources is not None else None)
         self._just_sent: list[int] = []  # by the last pump (chunks first sent, then resent)
+        if agent.digest:  # held by the node until the step commits
+            agent.digest.ask(agent.step)
         if agent.resume is not None:  # received straight into the resume file
             self.params = agent.resume.answers(agent.step)
             answered, nonfinite = agent.resume.answered_in(agent.step)
@@ -370,6 +384,8 @@ class StepHandle:
             skipped = bool(self.nonfinite)
             a.resume.complete(w.step, skipped, a.resume_aux(w.step, skipped) if a.resume_aux else None)
             self.params = a.resume.answers(w.step)
+        if a.digest:
+            a.digest.check(w.step, self.params, a.stats, max(a.rtt.rto, 0.05), a.cfg.rto.deadline)
         a.current = self.params
         a.step += 1
         return a.layout.unflatten(self.params[: a.layout.total])
@@ -431,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         resume, resumed = open_resume(args.resume, cfg, layout, init)
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
                             initial={n: a.astype(np.float16) for n, a in init.items()}, resume=resume)
+        agent.check_digests()
         guard = rawsock.udp_guard()
     except (ConfigError, TopologyError, rawsock.SocketError, ValueError, OSError) as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)
@@ -444,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while agent.step < args.steps:
             params = agent.push(grad_fn(args.worker, agent.step, params))
-    except StepTimeout as exc:
+    except (StepTimeout, digest.DigestError) as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)
         code = 1
     if guard:

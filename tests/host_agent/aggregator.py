@@ -1,7 +1,8 @@
 """A tiny in-test aggregator (the unit-test seam the issue allows): exact sums per
 (step, chunk) on raw sockets at the root ends of the hosts' veths, with seeded
-loss, duplication and reordering. It is not the switch; the with-switch tests use
-the real one."""
+loss, duplication and reordering. Other frames (ARP, the step digest's UDP) it
+forwards as a learning-free L2 switch: by destination MAC, broadcasts to every other
+port. It is not the switch; the with-switch tests use the real one."""
 from __future__ import annotations
 
 import random
@@ -13,7 +14,7 @@ import numpy as np
 from host_agent import rawsock
 from mindp import codec
 from mindp.fixedpoint import fp16_to_fixed
-from mindp.protocol import Flag, Kind
+from mindp.protocol import UDP_PORT, Flag, Kind
 from mindp.testbed import raw_socket
 from mindp.topology import Host
 
@@ -28,12 +29,13 @@ class Aggregator:
         for s in self.socks.values():
             rawsock.prepare(s)
         self.port_of = {h.name: h.port for h in [*workers.values(), optimizer]}
+        self.port_of_mac = {bytes.fromhex(h.mac.replace(":", "")): h.port for h in [*workers.values(), optimizer]}
         self.rng = random.Random(seed)
         self.drop, self.dup, self.reorder = drop, dup, reorder
         self.cells: dict[tuple[int, int], dict] = {}
         self.held: list[tuple[int, bytes]] = []
         self.stats = {"grads": 0, "sums": 0, "resent_sums": 0, "params": 0, "dropped": 0, "duplicated": 0,
-                      "reordered": 0}
+                      "reordered": 0, "forwarded": 0}
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -114,6 +116,20 @@ class Aggregator:
             f[24:26] = codec.ipv4_checksum(bytes(f[14:34])).to_bytes(2, "big")
             self._emit(w.port, bytes(f))
 
+    def _forward(self, port: int, frames: list[bytes]) -> list[bytes]:
+        """Forwards the frames that are not mindp's (by destination MAC); returns mindp's."""
+        mindp = []
+        for f in frames:
+            if len(f) >= 38 and f[12:14] == b"\x08\x00" and f[23] == 17 and int.from_bytes(f[36:38], "big") == UDP_PORT:
+                mindp.append(f)
+                continue
+            self.stats["forwarded"] += 1
+            dst = bytes(f[0:6])
+            for p in ([self.port_of_mac[dst]] if dst in self.port_of_mac else self.socks):
+                if p != port:
+                    self._send(p, bytes(f))
+        return mindp
+
     def _run(self):
         by_fd = {s.fileno(): port for port, s in self.socks.items()}
         opt_port = self.optimizer.port
@@ -121,7 +137,7 @@ class Aggregator:
             ready, _, _ = select.select(list(self.socks.values()), [], [], 0.02)
             for s in ready:
                 port = by_fd[s.fileno()]
-                frames = rawsock.recv_batch(s)
+                frames = self._forward(port, rawsock.recv_batch(s))
                 if port != opt_port:
                     self._grads(frames)
                 else:

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from controller.controller import Controller
-from host_agent import optim, rawsock
+from host_agent import digest, optim, rawsock
 from mindp import progress, targets, testbed
 from mindp.topology import JobSpec, star
 from host_agent.window import RtoConfig
@@ -150,10 +150,11 @@ class Workers:
     """One thread per worker, each pushing `steps` steps of grad_fn's gradients."""
 
     def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, dup=0.0, reorder=0.0, rto=None,
-                 overlap=False, ids=None, first_step=0, params=None, recv_drop=None):
+                 overlap=False, ids=None, first_step=0, params=None, recv_drop=None, digests=True):
         """ids: the workers to run (default all of the job's); they run steps first_step..steps-1
         from `params` (fp16, default the initial parameters' rounding). recv_drop: {worker: p},
-        that worker alone loses received frames with probability p."""
+        that worker alone loses received frames with probability p. digests: each worker checks
+        every step against the node's step digest (host_agent.digest)."""
         self.overlap = overlap
         self.layout = optim.layout_of(init)
         self.results: dict[int, dict] = {}
@@ -173,6 +174,9 @@ class Workers:
                 faults = rawsock.Faults(drop, recv_drop[w], 100 + w, dup, reorder)
             cfg = WorkerConfig.from_topology(topo, job.job_id, w, rto=rto, first_step=first_step)
             agent = WorkerAgent(cfg, self.layout, sock, faults)
+            if digests:
+                with testbed.in_netns(bed.hosts[job.workers[w]].netns):
+                    agent.check_digests(digest.open_socket())
             agent.nonfinite_log = []
             agent.on_nonfinite = lambda step, chunks, log=agent.nonfinite_log: log.append((step, chunks))
             self.agents[w] = agent
@@ -207,7 +211,10 @@ class Workers:
         self.stopping.add(w)
         thread = self.threads.pop(list(self.agents).index(w))
         progress.wait(lambda: not thread.is_alive(), self.measure, stall=STALL, what=f"stopping worker {w}")
-        self.agents.pop(w).sock.close()
+        agent = self.agents.pop(w)
+        agent.sock.close()
+        if agent.digest:
+            agent.digest.close()
         return self.progress.pop(w), self.params.get(w)
 
     def start(self) -> Workers:
@@ -235,6 +242,8 @@ class Workers:
             raise next(iter(self.errors.values()))
         for a in self.agents.values():
             a.sock.close()
+            if a.digest:
+                a.digest.close()
 
     def totals(self) -> dict:
         out: dict = {}

@@ -1,0 +1,127 @@
+"""The step digest (host_agent.digest): the node's, summed chunk by chunk as sums are applied in any
+order, equals the digest of the parameters the workers hold, also for a skipped (non-finite) step and
+after a restart mid-step; a worker whose parameters diverged is caught in that step, names the
+chunk, takes the node's, and the run ends bit-identical to the reference."""
+import random
+
+import numpy as np
+import pytest
+
+from host_agent import digest, optim, reference
+from host_agent.optim import OptimizerConfig
+from mindp.protocol import K
+
+from .aggregator import Aggregator
+from .harness import NodeProcess, Workers, check_against, job_bed, load_stats, run_files
+from .helpers import initial_fp16, small_model, with_nonfinite
+from .test_node_core import open_core, run_step
+
+N = 3
+
+
+def flat_of(lay, params: dict) -> np.ndarray:
+    flat = np.zeros(lay.n_chunks * K, np.float16)
+    flat[: lay.total] = lay.flatten(params, dtype=np.float16)
+    return flat
+
+
+def held(lay, sent: dict, before: np.ndarray, skipped: bool) -> np.ndarray:
+    """A worker's parameters after a step: each chunk's first answer, or those before a skipped step."""
+    if skipped:
+        return before.copy()
+    flat = before.copy()
+    for c, answers in sent.items():
+        flat[c * K : (c + 1) * K] = answers[0][1]
+    return flat
+
+
+def test_chunk_hash_sees_any_change_and_the_place():
+    rng = np.random.default_rng(3)
+    p = rng.standard_normal((5, K)).astype(np.float16)
+    h = digest.chunk_hashes(np.arange(5), p)
+    for i in range(K):
+        q = p.copy()
+        q.view(np.uint16)[2, i] ^= 1  # one bit of one element
+        assert (digest.chunk_hashes(np.arange(5), q) != h).tolist() == [False, False, True, False, False]
+    same = np.repeat(p[:1], 2, axis=0)  # equal chunks at two places hash differently
+    assert len(set(digest.chunk_hashes(np.array([0, 1]), same).tolist())) == 2
+
+
+def test_blocks_cover_the_range_once():
+    for lo, hi in [(0, 0), (0, 63), (0, 64), (5, 1000), (100, 10_000)]:
+        b = digest.Blocks(lo, hi)
+        covered = [c for i in range(b.count) for c in b.chunks_of(i)]
+        assert covered == list(range(lo, hi + 1)) and b.count <= digest.BLOCKS
+
+
+def test_node_digest_equals_the_workers_in_any_order_skipped_and_resumed(tmp_path):
+    """Sums shuffled and duplicated; step 1 non-finite (skipped: its digest is step 0's); step 2
+    applied half, the node restarted (its digest then read back from the state)."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    gf = with_nonfinite(reference.synthetic_grads(4), 1, 1, "w", 3)
+    rng = random.Random(5)
+    core = open_core(tmp_path, init, OptimizerConfig())
+    blocks = digest.Blocks(0, lay.n_chunks - 1)
+    flat = flat_of(lay, initial_fp16(init))
+    for step in range(4):
+        params = lay.unflatten(flat[: lay.total])
+        if step == 2:
+            half = range(lay.n_chunks // 2)
+            sent = run_step(core, lay, gf, step, params, rng, only=half)
+            core.store.close()
+            core = open_core(tmp_path, init, OptimizerConfig(), create=False)
+            sent.update(run_step(core, lay, gf, step, params, rng, only=range(len(half), lay.n_chunks)))
+        else:
+            sent = run_step(core, lay, gf, step, params, rng)
+        flat = held(lay, sent, flat, skipped=step == 1)
+        assert core.committed == step
+        assert (core.digests.get(step, core.committed) == blocks.of(flat)).all(), step
+    assert core.stats["digests_read_back"] == 1  # step 2 only; step 1 took step 0's
+    flat.view(np.uint16)[7 * K] ^= 0x8000
+    diff = np.flatnonzero(core.digests.get(3, core.committed) != blocks.of(flat))
+    assert diff.tolist() == [7 // blocks.size]
+
+
+@pytest.fixture(scope="module")
+def bed():
+    yield from job_bed("hdg-", N)
+
+
+@pytest.mark.net
+def test_diverged_worker_is_caught_in_its_step_and_repaired(bed, tmp_path, capfd):
+    """Worker 2's parameters of step 2 are corrupted (one bit of chunk 5) after they all came in: its
+    digest check fails in step 2, names chunk 5, takes the node's; the run ends bit-identical."""
+    b, topo = bed
+    init = small_model()
+    gf = reference.synthetic_grads(16)
+    steps = 4
+    ref = reference.train(init, gf, N, steps, OptimizerConfig())
+    args = run_files(tmp_path, topo, init, steps)
+    job = topo.jobs[0]
+    with Aggregator(job.job_id, {w: topo.host(n) for w, n in job.workers.items()}, topo.host(job.optimizer),
+                    b.ports()):
+        node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
+        try:
+            workers = Workers(b, topo, init, gf, steps)
+            client = workers.agents[2].digest
+            check = client.check
+
+            def corrupt_then_check(step, flat, *rest):
+                if step == 2:
+                    flat.view(np.uint16)[5 * K + 3] ^= 1
+                return check(step, flat, *rest)
+
+            client.check = corrupt_then_check
+            workers.start().join()
+            assert node.wait() == 0
+        finally:
+            node.stop()
+    stats = check_against(ref, workers, tmp_path)
+    for w, a in workers.agents.items():
+        assert a.stats["digest_checks"] == steps
+        assert a.stats["digest_mismatches"] == (w == 2) and a.stats["digest_repaired_chunks"] == (w == 2)
+    assert stats["digests_sent"] >= N * steps and stats["digest_chunks_sent"] >= 1
+    err = capfd.readouterr().err
+    assert "mindp-worker 1/2: step 2: parameters differ from the optimizer node's digest in 1 chunk(s): 5;" in err
+    assert load_stats(tmp_path / "stats.json")["committed"] == steps - 1
