@@ -1,7 +1,7 @@
 """Switch ports: AF_PACKET raw sockets bound to interfaces, and pcap capture files.
 
 Frames move in batches: `receive` takes up to a batch of waiting frames from the port's receive
-ring (softswitch/rxring.py) into the slots of a `Batch`, `send_batch` sends a port's share of an
+ring (mindp/rxring.py) into the slots of a `Batch`, `send_batch` sends a port's share of an
 output batch with one sendmmsg (mindp.mmsg; a loop over send where libc lacks it). `send` sends one
 frame (packet-in/out, fault injection).
 
@@ -20,9 +20,9 @@ import numpy as np
 
 from mindp import mmsg
 from mindp.netutil import packet_socket
+from mindp.rxring import SOL_PACKET, TAG, RxRing
 
 from .batch import Batch
-from .rxring import SOL_PACKET, TAG, RxRing
 
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
 SNAPLEN = 262144  # a pcap's snapshot length: libpcap's maximum, so no frame (up to a slot) is cut

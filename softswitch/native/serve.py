@@ -10,7 +10,8 @@ import os
 
 import numpy as np
 
-from .. import rxring
+from mindp import rxring
+
 from ..batch import Batch
 
 WORDS = 21  # serve_t of io.h

@@ -343,7 +343,7 @@ def test_the_python_and_c_loops_take_turns_on_one_ring_as_it_wraps():
     port), the bursts read by the Python loop and the C loop in turn: every frame back once, in
     order, while the ring (4,096 slots) wraps three times; the port's count and the ring's read
     position agree."""
-    from softswitch import rxring
+    from mindp import rxring
 
     from .test_executor import engine
 
@@ -411,7 +411,7 @@ def test_frames_past_a_full_ring_are_counted_as_the_kernels_drops():
     """A port that does not read while 5,000 frames arrive keeps what its ring holds (4,096 slots)
     and the kernel counts the rest (`RxRing.dropped`, reported when the switch stops): every
     frame is either received, in order, or counted."""
-    from softswitch import rxring
+    from mindp import rxring
 
     n = rxring.FRAMES + 904
     frames = np.zeros((n, 64), np.uint8)

@@ -1,0 +1,232 @@
+"""A packet socket's receive ring: the kernel copies each arriving frame into the next free slot of a
+buffer the process maps (PACKET_MMAP, TPACKET_V2), and the process reads slots in order until it
+finds one the kernel still owns.
+
+Why: with recvmmsg every frame costs the kernel a message header and an iovec copied in and out, an
+skb cloned, queued, copied out and freed in the reader's system call; with the ring the frame is
+copied once, as it arrives, and the reader makes no call at all while frames keep coming (the
+embedded switch forwards ~25 % more packets/s, docs/SOFTSWITCH.md; a worker's receive,
+docs/WORKER.md). Used by the embedded switch's ports (`receive`: any frame, its VLAN tag put back;
+its C packet loop, softswitch/native/io.h, reads the same ring at the same `head`) and by the host
+agents (`receive_rows`: frames of one length into the rows of a buffer, vectorised).
+
+A frame longer than a slot holds: with `copy_long` (the switch: 2 KiB slots, jumbo frames through
+the socket's queue) it comes whole through the socket's queue as well (PACKET_COPY_THRESH) and its
+slot says so (TP_STATUS_COPY); without (the hosts, slots sized for their longest frame,
+`slot_bytes`) it is cut short in its slot and counted as a frame of another length.
+"""
+from __future__ import annotations
+
+import mmap
+import socket
+import struct
+
+import numpy as np
+
+SOL_PACKET = 263
+PACKET_RX_RING = 5
+PACKET_STATISTICS = 6
+PACKET_COPY_THRESH = 7
+PACKET_VERSION = 10
+TPACKET_V2 = 1
+TP_STATUS_USER = 1  # the reader owns the slot (else the kernel: TP_STATUS_KERNEL, 0)
+TP_STATUS_COPY = 2  # the frame did not fit: it waits whole in the socket's queue
+TP_STATUS_VLAN_VALID = 1 << 4
+TP_STATUS_VLAN_TPID_VALID = 1 << 6
+ETH_P_8021Q = 0x8100
+PACKET_OUTGOING = 4
+TAG = 4  # bytes of a restored VLAN tag: a batch slot keeps room for them
+
+#: Where a frame starts in its slot: after struct tpacket2_hdr (32 bytes) and struct sockaddr_ll
+#: (20), placed so that the network header after a 14-byte Ethernet header is 16-byte aligned.
+MAC_OFFSET = 66
+
+FRAME = 2048  # the switch's slot: bytes, its header (struct tpacket2_hdr, struct sockaddr_ll) included
+FRAMES = 4096  # the switch's slots per port: 8 MiB, as much as the socket buffer the port had before
+BLOCK = 1 << 17  # the ring is allocated in blocks of about this many bytes (64 of the switch's slots)
+
+TOO_LONG, GONE = -1, -2  # RxRing._take's results other than a length
+
+
+def slot_bytes(longest: int) -> int:
+    """The slot that holds a frame of `longest` bytes with its header: a power of two up to a page
+    (it divides a block), else whole pages."""
+    need = MAC_OFFSET + longest
+    if need <= mmap.PAGESIZE:
+        return max(64, 1 << (need - 1).bit_length())
+    return -(-need // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+def header_dtype(frame: int) -> np.dtype:
+    """struct tpacket2_hdr and the struct sockaddr_ll after it, one per slot of `frame` bytes."""
+    return np.dtype({"names": ["status", "len", "snaplen", "mac", "tci", "tpid", "pkttype"],
+                     "formats": ["<u4", "<u4", "<u4", "<u2", "<u2", "<u2", "u1"],
+                     "offsets": [0, 4, 8, 12, 24, 26, 42], "itemsize": frame})
+
+
+
+class RxRing:
+    """The receive ring of packet socket `sock` (bound, not yet receiving through a ring): `frames`
+    slots (rounded up to whole blocks) of `frame` bytes (FRAME, or `slot_bytes`). Frames queued on
+    the socket before are dropped by the kernel when the ring is set up: set it up before traffic."""
+
+    def __init__(self, sock: socket.socket, frame: int = FRAME, frames: int = FRAMES, copy_long: bool = True):
+        self.sock = sock
+        per_block = max(1, BLOCK // frame)
+        frames = -(-frames // per_block) * per_block
+        self.frame, self.frames = frame, frames
+        sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V2)
+        if copy_long:
+            sock.setsockopt(SOL_PACKET, PACKET_COPY_THRESH, 1)
+        sock.setsockopt(SOL_PACKET, PACKET_RX_RING,
+                        struct.pack("IIII", per_block * frame, frames // per_block, frame, frames))
+        self.mem = mmap.mmap(sock.fileno(), frames * frame)
+        raw = np.frombuffer(self.mem, np.uint8)
+        self.slots = raw.reshape(frames, frame)
+        header = raw.view(header_dtype(frame))
+        self.status, self.lens, self.snaplens = header["status"], header["len"], header["snaplen"]
+        self.macs, self.tcis, self.tpids, self.pkttypes = header["mac"], header["tci"], header["tpid"], header["pkttype"]
+        self.head = np.zeros(1, np.int64)  # the next slot to read (modulo frames); the switch's C loop moves it too
+
+    def dropped(self) -> int:
+        """Frames the kernel dropped since the last call because the ring was full (the reader fell
+        behind): struct tpacket_stats' tp_drops, which reading resets."""
+        _, drops = struct.unpack("II", self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
+        return drops
+
+    @property
+    def address(self) -> int:
+        return self.slots.ctypes.data
+
+    def ready(self, k: int, most: int) -> int:
+        """How many slots from k on (at most `most`, not past the ring's end) the reader owns. The
+        kernel hands slots over in order, so a binary search finds the end of the run; a frame still
+        being copied on another CPU may sit before a later one already handed over, so the run is
+        then checked slot by slot (vectorised)."""
+        most = min(most, self.frames - k)
+        status = self.status
+        if most <= 0 or not status[k] & TP_STATUS_USER:
+            return 0
+        lo, hi = 1, most
+        if status[k + most - 1] & TP_STATUS_USER:
+            lo = most
+        else:
+            hi = most - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if status[k + mid] & TP_STATUS_USER:
+                    lo = mid + 1
+                else:
+                    hi = mid
+        owned = (status[k : k + lo] & TP_STATUS_USER) != 0
+        return lo if owned.all() else int(owned.argmin())
+
+    def receive_rows(self, buf: np.ndarray, start: int = 0) -> tuple[int, int, int]:
+        """Waiting frames of exactly buf.shape[1] bytes into rows start.. of `buf`, in order, up to
+        its end; (rows filled, tagged frames dropped, frames of another length dropped). A frame
+        that carried a VLAN tag is never taken (the kernel strips the tag: it would look like an
+        untagged one); our own transmissions (kernels before 4.20) are left out uncounted."""
+        width = buf.shape[1]
+        rows, tagged, other = start, 0, 0
+        while rows < len(buf):
+            head = int(self.head[0])
+            k = head % self.frames
+            m = self.ready(k, len(buf) - rows)
+            if not m:
+                break
+            s = slice(k, k + m)
+            lens = self.lens[s]
+            tag = ((self.status[s] & TP_STATUS_VLAN_VALID) != 0) | (self.tcis[s] != 0)
+            mine = self.pkttypes[s] != PACKET_OUTGOING
+            good = (lens == width) & (self.snaplens[s] == lens) & ~tag & mine
+            keep = int(np.count_nonzero(good))
+            macs = self.macs[s]
+            mac = int(macs[0])
+            if keep == m and (macs == mac).all():  # the usual case: one strided copy
+                buf[rows : rows + m] = self.slots[s, mac : mac + width]
+            elif keep:
+                at = rows + np.cumsum(good) - 1
+                for mac in np.unique(macs[good]).tolist():
+                    sel = np.flatnonzero(good & (macs == mac))
+                    buf[at[sel]] = self.slots[k + sel, mac : mac + width]
+            tagged += int(np.count_nonzero(tag & mine))
+            other += m - keep - int(np.count_nonzero(tag | ~mine))
+            self.status[s] = 0  # the slots go back to the kernel, after their frames were copied
+            self.head[0] = head + m
+            rows += keep
+        return rows - start, tagged, other
+
+    def frames_waiting(self, limit: int) -> tuple[list[bytes], int]:
+        """Up to `limit` waiting frames as bytes, in order: (frames that carried no VLAN tag, frames
+        that did, dropped). The per-frame form of receive_rows (frames of any length)."""
+        frames: list[bytes] = []
+        tagged = 0
+        while len(frames) + tagged < limit:
+            head = int(self.head[0])
+            k = head % self.frames
+            status = int(self.status[k])
+            if not status & TP_STATUS_USER:
+                break
+            n, mac = int(self.snaplens[k]), int(self.macs[k])
+            if self.pkttypes[k] != PACKET_OUTGOING:
+                if status & TP_STATUS_VLAN_VALID or self.tcis[k]:
+                    tagged += 1
+                else:
+                    frames.append(self.slots[k, mac : mac + n].tobytes())
+            self.status[k] = 0
+            self.head[0] = head + 1
+        return frames, tagged
+
+    def receive(self, buf: np.ndarray, lens: np.ndarray, start: int, want: int, limit: int,
+                outgoing: bool) -> tuple[int, int]:
+        """Up to `want` waiting frames into rows start.. of `buf` (their lengths into `lens`), each
+        with the VLAN tag the kernel took off put back; (frames kept, frames dropped as longer
+        than `limit` bytes). `outgoing`: leave out our own transmissions (kernels before 4.20)."""
+        head, kept, too_long = int(self.head[0]), start, 0
+        try:
+            for _ in range(want):
+                k = head % self.frames
+                status = int(self.status[k])
+                if not status & TP_STATUS_USER:
+                    break
+                head += 1
+                n = self._take(k, status, buf[kept], limit)
+                self.status[k] = 0
+                if n < 0:
+                    too_long += n == TOO_LONG
+                    continue
+                if outgoing and self.pkttypes[k] == PACKET_OUTGOING:
+                    continue
+                if status & TP_STATUS_VLAN_VALID and n >= 12:
+                    tpid = int(self.tpids[k]) if status & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
+                    row = buf[kept]
+                    row[12 + TAG:n + TAG] = row[12:n]  # numpy copies overlapping ranges as if through a buffer
+                    row[12:12 + TAG] = np.frombuffer(struct.pack("!HH", tpid, int(self.tcis[k])), np.uint8)
+                    n += TAG
+                lens[kept] = n
+                kept += 1
+        finally:
+            self.head[0] = head
+        return kept - start, too_long
+
+    def _take(self, k: int, status: int, row: np.ndarray, limit: int) -> int:
+        """Slot k's frame into `row`: its length, TOO_LONG, or GONE (the link went down before a
+        frame that waited in the socket's queue was read)."""
+        if status & TP_STATUS_COPY:
+            try:
+                n = self.sock.recv_into(memoryview(row)[:limit], limit, socket.MSG_TRUNC | socket.MSG_DONTWAIT)
+            except OSError:
+                return GONE
+            return n if n <= limit else TOO_LONG
+        n = int(self.lens[k])
+        if n > limit or int(self.snaplens[k]) != n:  # cut short: no room in the socket's queue
+            return TOO_LONG
+        mac = int(self.macs[k])
+        row[:n] = self.slots[k, mac:mac + n]
+        return n
+
+    def close(self) -> None:
+        """Unmap the ring (the socket is closed by its owner)."""
+        self.slots = self.status = self.lens = self.snaplens = None
+        self.macs = self.tcis = self.tpids = self.pkttypes = None
+        self.mem.close()
