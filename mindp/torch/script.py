@@ -173,5 +173,6 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Opti
     except rawsock.SocketError as exc:
         raise MindpError(f"interface {name}: {exc}") from None
     agent = WorkerAgent(wcfg, layout_of(module), sock, initial={n: a.astype(np.float16) for n, a in start.items()})
+    agent.check_digests()  # each step checked against the optimizer node's digest (host_agent.digest)
     optimizer._opt_called = True  # its scheduler's step() need not warn: the node steps, not this optimizer
     return Optimizer(module, agent, state_dir)
