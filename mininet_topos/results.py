@@ -28,6 +28,17 @@ class JobResult:
     packets_sent: int
     retransmissions: int
     switch_counters: dict | None = None  # the job's P4 counters, read by the controller after the run
+    digest_checks: int = 0  # steps the workers checked against the node's step digest (host_agent.digest)
+    digest_mismatches: int = 0  # of those, steps a worker's parameters differed (repaired from the node)
+
+
+DIGEST_FIELDS = ("digest_checks", "digest_mismatches")
+
+
+def digest_counts(done: list[dict | None]) -> dict[str, int]:
+    """The workers' step-digest counters, summed over their final 'done' records' stats."""
+    stats = [d.get("stats") or {} for d in done if d]
+    return {k: sum(int(s.get(k, 0)) for s in stats) for k in DIGEST_FIELDS}
 
 
 def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
@@ -75,6 +86,7 @@ def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds
         "max_abs_param_diff_vs_reference": max(j.max_abs_param_diff_vs_reference for j in jobs),
         "packets_sent": sum(j.packets_sent for j in jobs),
         "retransmissions": sum(j.retransmissions for j in jobs),
+        **{k: sum(getattr(j, k) for j in jobs) for k in DIGEST_FIELDS},
         "wall_seconds": round(wall_seconds, 3),
         "steps_per_second": round(steps / wall_seconds, 3) if wall_seconds > 0 else 0.0,
         "setup_seconds": round(setup_seconds, 3),

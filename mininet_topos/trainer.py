@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from host_agent import agent_args, optim, rawsock
+from host_agent import agent_args, digest, optim, rawsock
 from host_agent.optim import ConfigError
 from host_agent.resume import ResumeFile
 from host_agent.window import RtoConfig, StepTimeout
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                                               cfg.first_step, scale)
         agent = WorkerAgent(cfg, layout, rawsock.open_raw(args.iface), faults,
                             initial={n: a.astype(np.float16) for n, a in init.items()}, resume=resume)
+        agent.check_digests()
         start = layout.unflatten(agent.current[: layout.total])  # fp16: --init's, or the resume file's
         step_fn = _torch_step(wl, agent, start, resumed) if wl.model != "mlp" else _numpy_step(wl, agent)
         evaluate = workload.model_eval(wl) if args.eval else None
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             step = agent.step
             params = step_fn(args.worker, step, params)
             status(step)
-    except StepTimeout as exc:
+    except (StepTimeout, digest.DigestError) as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
         code = 1
     lines.wait()

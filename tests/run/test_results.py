@@ -1,4 +1,5 @@
 """Comparison with the reference, summary.json fields, table and curve."""
+import dataclasses
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -87,3 +88,12 @@ def test_the_gpt_accuracy_axis_says_next_byte(tmp_path):
 
 def test_n_params_counts_every_element():
     assert results.n_params({"a": np.zeros((3, 4)), "b": np.zeros(5)}) == 17
+
+
+def test_digest_counters_are_summed_from_the_workers_done_records():
+    done = [{"stats": {"digest_checks": 4, "digest_mismatches": 1}}, {"stats": {"digest_checks": 4}}, {}, None]
+    counts = results.digest_counts(done)
+    assert counts == {"digest_checks": 8, "digest_mismatches": 1}
+    cfg = {"target": "embedded", "workers": 2, "steps": 4, "loss": 0.0, "seed": 0}
+    s = results.summary(cfg, [dataclasses.replace(job(1), **counts), job(2)], 1.0, 0.0, "mlp", 10)
+    assert (s["digest_checks"], s["digest_mismatches"]) == (8, 1)
