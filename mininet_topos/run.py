@@ -416,7 +416,7 @@ class Run:
                 max_abs_param_diff_vs_reference=diff,
                 packets_sent=sum(w.sent + w.retx for w in ws) + int(opt_stats.get("params_sent", 0)),
                 retransmissions=sum(w.retx for w in ws) + int(opt_stats.get("resent", 0)),
-                switch_counters=counters.get(j)))
+                switch_counters=counters.get(j), **results.digest_counts([w.done for w in ws])))
         return out
 
     def model_text(self) -> str:

@@ -127,6 +127,7 @@ def check_summary(s: dict, target: str, workers: int, steps: int, jobs: int = 1)
         assert key in s, key
     assert (s["target"], s["workers"], s["steps"], s["jobs"]) == (target, workers, steps, jobs)
     assert s["max_abs_param_diff_vs_reference"] == 0.0
+    assert s["digest_mismatches"] == 0  # no worker diverged from the node in any step
     assert len(s["per_job"]) == jobs
     n_chunks = optim.layout_of(workload.init_params(workload.WorkloadConfig(n_workers=workers))).n_chunks
     for j in s["per_job"]:
