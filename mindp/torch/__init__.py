@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 
-_LAZY = {"DataParallel": "parallel", "layout_of": "parallel", "layout_arrays": "parallel", "init": "script"}
+_LAZY = {"DataParallel": "parallel", "layout_of": "parallel", "layout_arrays": "parallel", "init": "script", "log": "script"}
 
 
 def __getattr__(name: str):

@@ -22,6 +22,7 @@ import torch
 from host_agent import lr, optim, state
 from host_agent.optim import ConfigError, OptimizerConfig
 
+from .parallel import trained
 from .spec import torch_optimizer
 
 LANES = {"adamw": {state.M: "exp_avg", state.V: "exp_avg_sq"}, "sgd": {state.M: "momentum_buffer"}}
@@ -30,7 +31,7 @@ LANES = {"adamw": {state.M: "exp_avg", state.V: "exp_avg_sq"}, "sgd": {state.M: 
 def save(state_dir: str | pathlib.Path, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
     """Write the committed state of `state_dir` as a torch checkpoint at `path` (atomically)."""
     commit, cfg, layout, records = state.read_committed(state_dir)
-    names = [n for n, _ in module.named_parameters()]
+    names = [n for n, _ in trained(module)]  # frozen parameters come with the module's state_dict
     if sorted(names) != sorted(s.name for s in layout.specs):
         raise ConfigError(f"{state_dir} holds another model than this module (parameter names differ)")
     lanes = {lane: records[:, lane, :].reshape(-1)[: layout.total] for lane in range(cfg.lanes)}

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rest = [a.replace("{rank}", str(rank)) for a in rest]
     if args.script:
-        cmd = [sys.executable, args.script, *rest]
+        cmd = [sys.executable, "-m", "mindp.torch.runscript", args.script, *rest]  # records why it failed
         where = (os.environ.get("MINDP_TOPOLOGY", ""), os.environ.get("MINDP_JOB", ""))
     else:
         if "--worker" in rest:

@@ -21,6 +21,8 @@ from torch import nn
 
 from mindp.workload import DATA_DIR
 
+from .parallel import trained
+
 TORCH_MODELS = ("cnn", "gpt")
 
 
@@ -132,7 +134,7 @@ def loss_of(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> to
 
 
 def load_params(model: nn.Module, params: dict) -> None:
-    """Write named (fp16) arrays into the module's float32 parameters."""
+    """Write named (fp16) arrays into the module's float32 trained parameters (frozen ones stay)."""
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in trained(model):
             p.copy_(torch.from_numpy(np.asarray(params[name], dtype=np.float32)))

@@ -10,13 +10,27 @@ from mindp.layout import Layout
 from mindp.lossscale import LossScaler
 
 
+def trained(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """The parameters the network trains: those that require a gradient. A frozen one
+    (requires_grad=False) is left out of the layout, as DDP leaves it out of its buckets; it stays
+    what each rank's module holds."""
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
 def layout_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
-    """The module's parameters as float32 numpy arrays, in chunk order (reverse registration)."""
-    return {n: p.detach().float().numpy().copy() for n, p in reversed(list(module.named_parameters()))}
+    """The trained parameters as float32 numpy arrays, in chunk order (reverse registration)."""
+    return {n: p.detach().float().numpy().copy() for n, p in reversed(trained(module))}
 
 
 def layout_of(module: torch.nn.Module) -> Layout:
     return optim.layout_of(layout_arrays(module))
+
+
+CHANGED_HINT = "the switch sums the gradients as backward() produces them; docs/TORCH.md"
+
+
+class GradientChanged(RuntimeError):
+    """A gradient was modified between backward() and step(): the change would be silently lost."""
 
 
 class DataParallel:
@@ -26,17 +40,19 @@ class DataParallel:
         self.module = module
         self.agent = agent
         self.scaler = scaler
-        self.named = dict(module.named_parameters())
+        self.named = dict(trained(module))
         want = [s.name for s in layout_of(module).specs]
         if [s.name for s in agent.layout.specs] != want:
             raise ValueError("the agent's layout is not layout_of(module) (names or order differ)")
         self._handle = None
+        self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
 
     def _hook(self, name: str):
         def ready(p: torch.Tensor) -> None:
             if self._handle is not None:
                 self._handle.put(name, self._unscaled(p.grad))
+                self._pushed[name] = (id(p.grad), p.grad._version)
         return ready
 
     def _unscaled(self, grad: torch.Tensor) -> torch.Tensor:
@@ -45,6 +61,7 @@ class DataParallel:
     def begin(self) -> None:
         """Start a step: gradients from now on go to the network as autograd finishes each."""
         self.module.zero_grad(set_to_none=True)
+        self._pushed.clear()
         self._handle = self.agent.start_step()
 
     def finish(self) -> dict[str, np.ndarray]:
@@ -53,6 +70,7 @@ class DataParallel:
         h, self._handle = self._handle, None
         if h is None:
             h = self.agent.start_step()
+        self._check_unchanged()
         for name, p in self.named.items():  # parameters the loss does not depend on
             if name not in h.put_names:
                 h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(p.grad))
@@ -64,6 +82,16 @@ class DataParallel:
                 p.copy_(torch.from_numpy(params[name].astype(np.float32)))
         self.module.zero_grad(set_to_none=True)
         return params
+
+    def _check_unchanged(self) -> None:
+        """Refuse a step whose gradients changed after the hook sent them (clip_grad_norm_, a manual
+        rescale, an in-place op): the network already holds the values of backward() time."""
+        for name, (ident, version) in self._pushed.items():
+            g = self.named[name].grad
+            if g is None or id(g) != ident or g._version != version:
+                self._handle = None
+                raise GradientChanged(f"the gradient of {name} changed after backward() sent it (clipping or "
+                                      f"rescaling gradients is not supported: {CHANGED_HINT})")
 
     def step(self, loss: torch.Tensor) -> dict[str, np.ndarray]:
         """Backward (with the loss scale), push every gradient, wait for the step's parameters and

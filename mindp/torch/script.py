@@ -27,6 +27,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
@@ -37,11 +38,15 @@ from host_agent.worker import WorkerAgent, WorkerConfig
 from mindp.topology import Topology, TopologyError
 
 from . import checkpoint
-from .parallel import DataParallel, layout_arrays, layout_of
+from .parallel import DataParallel, GradientChanged, layout_arrays, layout_of, trained
 from .spec import optimizer_config
 
-CLIP_REFUSED = ("clip_grad_norm is not supported: the node applies each chunk as its sum arrives, before "
-                "the step's norm is known (docs/TORCH.md)")
+CLIP_REFUSED = ("{} is not supported through mindp: the switch sums each gradient as backward() produces it and "
+                "the node applies each chunk as its sum arrives, before the step's norm is known (docs/TORCH.md)")
+#: The directory where each rank appends its per-step figures (rank<r>.jsonl; make run sets it).
+METRICS_ENV = "MINDP_METRICS"
+_owned: set[int] = set()  # ids of the parameters a mindp Optimizer trains: clipping them is refused
+_current: list = []  # the process's Optimizer, for log()
 
 
 class MindpError(RuntimeError):
@@ -68,11 +73,29 @@ def iface_with(ip: str) -> str:
 class Optimizer:
     """What init returns: zero_grad() / step() like a torch optimizer, save(path), the step number."""
 
-    def __init__(self, module: torch.nn.Module, agent: WorkerAgent, state_dir: str | None):
+    def __init__(self, module: torch.nn.Module, agent: WorkerAgent, state_dir: str | None, job: int = 0,
+                 rank: int = 0, metrics: str | None = None):
         self.module = module
         self.dp = DataParallel(module, agent)
         self.agent = agent
         self.state_dir = state_dir
+        self.job, self.rank = job, rank
+        self.in_step = False
+        self.metrics = pathlib.Path(metrics) / f"rank{rank}.jsonl" if metrics else None
+        if self.metrics:
+            self.metrics.parent.mkdir(parents=True, exist_ok=True)
+        _owned.update(id(p) for _, p in trained(module))
+        _guard_clipping()
+        _current[:] = [self]
+        self.record(ev="step", step=agent.step - 1)  # ready: the step before the first this process trains
+
+    def record(self, **rec) -> None:
+        """One JSON line of this rank's figures (make run's progress, metrics.csv)."""
+        if self.metrics:
+            line = {"job": self.job, "worker": self.rank, "t": time.time(), "sent": self.agent.stats["sent"],
+                    "retx": self.agent.stats["retransmitted"], **rec}
+            with open(self.metrics, "a") as f:
+                f.write(json.dumps(line) + "\n")
 
     @property
     def step_number(self) -> int:
@@ -81,14 +104,20 @@ class Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.dp.begin()
+        self.in_step = True
 
     def step(self, closure=None) -> None:
         if closure is not None:
-            raise MindpError("step(closure) is not supported: call backward before step()")
-        self.dp.finish()
+            raise SystemExit("mindp.torch: step(closure) is not supported: call backward before step()")
+        try:
+            self.dp.finish()
+        except GradientChanged as exc:
+            raise SystemExit(f"mindp.torch: {exc}") from None
+        self.in_step = False
+        self.record(ev="step", step=self.agent.step - 1)
 
     def clip_grad_norm_(self, *_args, **_kw):
-        raise MindpError(CLIP_REFUSED)
+        raise SystemExit("mindp.torch: " + CLIP_REFUSED.format("clip_grad_norm_"))
 
     def save(self, path: str | os.PathLike) -> dict:
         """Write the node's fp32 master weights and optimizer state as a torch checkpoint (any rank,
@@ -100,6 +129,42 @@ class Optimizer:
     def close(self) -> None:
         self.dp.close()
         self.agent.sock.close()
+
+
+def log(**figures: float) -> None:
+    """Report this step's figures, e.g. mindp.torch.log(loss=loss.item()): the step in progress
+    (before step()) or the one step() just finished. make run shows rank 0's in its progress line,
+    summary.json, curve.svg and metrics.csv; loss and acc (a fraction) are charted."""
+    if not _current:
+        raise SystemExit("mindp.torch.log: call mindp.torch.init first")
+    opt = _current[0]
+    try:
+        values = {k: float(v) for k, v in figures.items()}
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"mindp.torch.log: figures must be numbers: {exc}") from None
+    opt.record(ev="log", step=opt.agent.step if opt.in_step else opt.agent.step - 1, **values)
+
+
+def _guard_clipping() -> None:
+    """torch.nn.utils.clip_grad_norm_/clip_grad_value_ on a parameter mindp trains end the script in
+    one line at the call (the gradients already left during backward()); on others they run as ever."""
+    import torch.nn.utils as nn_utils
+    from torch.nn.utils import clip_grad
+
+    for name in ("clip_grad_norm_", "clip_grad_value_"):
+        original = getattr(clip_grad, name)
+        if getattr(original, "_mindp_guard", False):
+            continue
+
+        def guarded(parameters, *args, _name=name, _original=original, **kw):
+            params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            if any(id(p) in _owned for p in params):
+                raise SystemExit("mindp.torch: torch.nn.utils." + CLIP_REFUSED.format(_name))
+            return _original(params, *args, **kw)
+
+        guarded._mindp_guard = True
+        setattr(clip_grad, name, guarded)
+        setattr(nn_utils, name, guarded)
 
 
 def describe(dirname: str, module: torch.nn.Module, cfg: optim.OptimizerConfig) -> None:
@@ -164,7 +229,7 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Opti
     except (TopologyError, ValueError) as exc:
         raise MindpError(str(exc)) from None
     with torch.no_grad():
-        named = dict(module.named_parameters())
+        named = dict(trained(module))
         for n, a in start.items():  # the fp16 parameters the workers hold, as the reference does
             named[n].copy_(torch.from_numpy(a.astype(np.float16).astype(np.float32)))
     name = iface or os.environ.get("MINDP_IFACE") or iface_with(wcfg.ip)
@@ -175,4 +240,4 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Opti
     agent = WorkerAgent(wcfg, layout_of(module), sock, initial={n: a.astype(np.float16) for n, a in start.items()})
     agent.check_digests()  # each step checked against the optimizer node's digest (host_agent.digest)
     optimizer._opt_called = True  # its scheduler's step() need not warn: the node steps, not this optimizer
-    return Optimizer(module, agent, state_dir)
+    return Optimizer(module, agent, state_dir, job_id, rank, os.environ.get(METRICS_ENV) or None)

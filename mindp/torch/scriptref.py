@@ -21,7 +21,7 @@ import torch
 from host_agent import reference
 
 from . import models
-from .parallel import layout_arrays
+from .parallel import layout_arrays, trained
 from .spec import optimizer_config
 
 
@@ -61,6 +61,6 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str]) -> r
         models.load_params(net, params)
         net.zero_grad(set_to_none=True)
         parts["loss"](net, *parts["batch"](rank, step)).backward()
-        return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in net.named_parameters()}
+        return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in trained(net)}
 
     return reference.train(init, grad_fn, world, int(parts["steps"]), cfg)

@@ -1,0 +1,63 @@
+"""Run a user's script as `python script.py ARGS` does, and leave why it failed where torchrun looks.
+
+    python -m mindp.torch.runscript script.py ARGS...     (mindp.torch.launch --script does this)
+
+torchrun gives every rank TORCHELASTIC_ERROR_FILE; a script that is not decorated with torch's
+@record never writes it, so torchrun (and make run) knew only "exitcode 1". Here the exception that
+ends the script (or the message of a SystemExit, such as mindp.torch's one-line refusals) is
+written there in torchelastic's own format, plus `mindp` = {rank, type, message, time}, which `make
+run` reads to name the first failing rank in one line. The exception then propagates unchanged
+(same traceback, same exit code).
+"""
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+
+
+def error_record(exc: BaseException, rank: str, now: float) -> dict:
+    """torchelastic's error-file content for `exc`, with mindp's summary of it."""
+    kind, full = ("SystemExit", str(exc.code)) if isinstance(exc, SystemExit) else (type(exc).__name__, str(exc))
+    message = next((line.strip() for line in full.splitlines() if line.strip()), "")  # its first line
+    return {"message": {"message": full if kind == "SystemExit" else f"{kind}: {full}",
+                        "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),
+                                      "timestamp": str(int(now))}},
+            "mindp": {"rank": int(rank) if rank.isdigit() else rank, "type": kind, "message": message, "time": now}}
+
+
+def record(exc: BaseException) -> None:
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump(error_record(exc, os.environ.get("RANK", ""), time.time()), f)
+    except OSError:
+        pass  # the rank's output still holds the traceback
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python -m mindp.torch.runscript SCRIPT [ARGS...]")
+    script = sys.argv[1]
+    sys.argv = sys.argv[1:]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script.py` puts it first
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            record(exc)
+        raise
+    except BaseException as exc:
+        record(exc)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""What a mindp script may not do silently: frozen parameters stay out of the layout (as DDP leaves
+them out), clipping or changing gradients after backward() ends the rank in one line, a failing
+rank's exception reaches torchrun's error file; the one-line failure make run prints from it."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mindp.torch import parallel, runscript, script  # noqa: E402
+from mininet_topos import rankerrors  # noqa: E402
+
+
+def frozen_model():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    m[0].weight.requires_grad_(False)
+    return m
+
+
+def test_frozen_parameters_are_left_out_of_the_layout():
+    m = frozen_model()
+    assert list(parallel.layout_arrays(m)) == ["1.bias", "1.weight", "0.bias"]
+    assert parallel.layout_of(m).total == 11
+    from mindp.torch import models
+
+    before = m[0].weight.detach().clone()
+    models.load_params(m, {n: np.zeros(a.shape, np.float16) for n, a in parallel.layout_arrays(m).items()})
+    assert torch.equal(m[0].weight, before) and not m[1].weight.any()
+
+
+class FakeHandle:
+    def __init__(self, layout):
+        self.layout, self.put_names, self.got = layout, set(), {}
+
+    def put(self, name, grad):
+        self.put_names.add(name)
+        self.got[name] = grad.detach().clone()
+
+    def wait(self):
+        return {s.name: np.zeros(s.shape, np.float16) for s in self.layout.specs}
+
+
+class FakeAgent:
+    """A worker agent without a network: start_step hands out a handle that keeps what it is given."""
+
+    def __init__(self, layout):
+        self.layout, self.nonfinite_chunks, self.handles = layout, 0, []
+
+    def start_step(self):
+        self.handles.append(FakeHandle(self.layout))
+        return self.handles[-1]
+
+
+def test_a_gradient_changed_after_backward_is_refused_not_lost():
+    m = frozen_model()
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp.begin()
+    m(torch.ones(2, 4)).sum().backward()
+    dp.finish()  # unchanged: fine
+    assert m[0].weight.grad is None  # frozen: no gradient, nothing pushed
+    dp.begin()
+    m(torch.ones(2, 4)).sum().backward()
+    torch.nn.utils.clip_grad_value_([m[1].weight], 1e-3)  # not a mindp Optimizer's: torch's own function
+    with pytest.raises(parallel.GradientChanged, match=r"^the gradient of 1.weight changed after backward"):
+        dp.finish()
+
+
+def test_clipping_a_mindp_parameter_ends_the_script_at_the_call_and_others_clip_as_ever():
+    m, other = frozen_model(), torch.nn.Linear(2, 2)
+    script._owned.update(id(p) for _, p in parallel.trained(m))
+    try:
+        script._guard_clipping()
+        script._guard_clipping()  # twice: still one guard
+        for fn in (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_,
+                   torch.nn.utils.clip_grad_value_):
+            with pytest.raises(SystemExit) as exc:
+                fn(m.parameters(), 1.0)
+            assert str(exc.value.code).startswith("mindp.torch: torch.nn.utils.clip_grad_")
+            assert "is not supported" in str(exc.value.code) and "\n" not in str(exc.value.code)
+        other(torch.ones(1, 2)).sum().mul(100).backward()
+        norm = torch.nn.utils.clip_grad_norm_(other.parameters(), 1.0)
+        assert float(norm) > 1.0
+        assert float(torch.cat([p.grad.reshape(-1) for p in other.parameters()]).norm()) == pytest.approx(1.0)
+    finally:
+        script._owned.clear()
+
+
+def test_log_before_init_is_one_line():
+    script._current.clear()
+    with pytest.raises(SystemExit, match="call mindp.torch.init first"):
+        script.log(loss=1.0)
+
+
+def test_runscript_writes_the_error_file_and_keeps_the_exit(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nprint(sys.argv[1:])\nraise ValueError('no such column: x\\nmore')\n")
+    refused = tmp_path / "refused.py"
+    refused.write_text("raise SystemExit('mindp.torch: step(closure) is not supported')\n")
+    for path, code, want in ((bad, 1, ("ValueError", "no such column: x")),
+                             (refused, 1, ("SystemExit", "mindp.torch: step(closure) is not supported"))):
+        err = tmp_path / f"{path.stem}.json"
+        proc = subprocess.run([sys.executable, "-m", "mindp.torch.runscript", str(path), "--x=1"], capture_output=True,
+                              text=True, env={**os.environ, "RANK": "3", runscript.ERROR_FILE_ENV: str(err)})
+        assert proc.returncode == code
+        rec = json.loads(err.read_text())
+        assert (rec["mindp"]["type"], rec["mindp"]["message"], rec["mindp"]["rank"]) == (*want, 3)
+        assert "Traceback" in rec["message"]["extraInfo"]["py_callstack"]
+        assert proc.stdout == ("['--x=1']\n" if path is bad else "")  # the script's own argv
+
+
+def test_first_failure_from_error_files_then_from_torchrun_log(tmp_path):
+    d = tmp_path / "torchrun" / "run_x" / "attempt_0"
+    for rank, t, msg in ((1, 50.0, "late"), (0, 20.0, "first")):
+        (d / str(rank)).mkdir(parents=True)
+        (d / str(rank) / "error.json").write_text(json.dumps(
+            runscript.error_record(RuntimeError(msg), str(rank), t)))
+    log = tmp_path / "torchrun.log"
+    assert rankerrors.first_failure(tmp_path / "torchrun", log) == "rank 0 failed: RuntimeError: first"
+    # torch's own @record format (no mindp part): the rank from the directory
+    (d / "0" / "error.json").unlink()
+    (d / "1" / "error.json").write_text(json.dumps({"message": {"message": "KeyError: 'x'",
+                                                                "extraInfo": {"timestamp": "7"}}}))
+    assert rankerrors.first_failure(tmp_path / "torchrun", log) == "rank 1 failed: KeyError: 'x'"
+    # no file (a script run without runscript): torchrun's own lines
+    (d / "1" / "error.json").unlink()
+    log.write_text("[default0]:step 0\n[default1]:Traceback (most recent call last):\n"
+                   '[default1]:  File "s.py", line 4, in <module>\n[default1]:    raise RuntimeError("boom")\n'
+                   "[default1]:RuntimeError: boom\n"
+                   "E1128 api.py:1002] failed (exitcode: 1) local_rank: 1 (pid: 22413) of binary: python\n"
+                   "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n")
+    assert rankerrors.first_failure(tmp_path / "torchrun", log) == "rank 1 failed: RuntimeError: boom"
+    log.write_text("failed (exitcode: -9) local_rank: 0 (pid: 1) of binary: python\n")
+    assert rankerrors.first_failure(tmp_path / "torchrun", log) == "rank 0 failed: killed by SIGKILL"
