@@ -46,6 +46,10 @@ TORCH ?= 1
 # ARGS: its arguments, e.g. make run SCRIPT=examples/train_cnn.py ARGS='--steps 20'
 SCRIPT ?=
 ARGS ?=
+# The run variables set on make's command line or in the environment (not defaults): make run refuses
+# one that the run would not use (STEPS with SCRIPT=, LEAVES without TOPO=leafspine ...) instead of ignoring it.
+RUN_VARS := TARGET K MODEL WORKERS STEPS GPT LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS
+GIVEN = $(strip $(foreach v,$(RUN_VARS),$(if $(filter command% environment%,$(origin $(v))),$(v))))
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 # Parallel test processes (pytest-xdist). Most tests wait (packets, other processes, I/O) rather
@@ -54,7 +58,7 @@ TEST_WORKERS ?= 4
 # Busy loops beside the suite in make test-under-load (one per core here).
 LOAD ?= 2
 
-.PHONY: setup torch test test-under-load run stop clean p4 bench soak wireshark
+.PHONY: setup torch test test-under-load run stop clean p4 bench soak wireshark compare
 
 setup: $(STAMP_PIP)
 
@@ -104,13 +108,17 @@ test-under-load: setup
 	$(MAKE) --no-print-directory test
 
 # Root first: otherwise setup's apt-get would fail with its own, less helpful, message.
+# make ends 2 whenever a recipe fails; the run's own exit code (0, 1, 2, 130: docs/RUN.md) is kept in
+# build/run-exit-code. SCRIPT, ARGS and GPT reach the shell through the environment (make exports
+# command-line variables), so any quotes inside them survive.
 run:
 	@[ "$$(id -u)" = 0 ] || { echo "make run: must run as root (Mininet needs network namespaces): sudo make run" >&2; exit 1; }
 	@$(MAKE) -s --no-print-directory setup
 	@$(PY) -m mininet_topos.run --target $(TARGET) $(if $(K),--k $(K)) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
-	  $(if $(SCRIPT),--script '$(SCRIPT)' --args '$(ARGS)') $(if $(GPT),--gpt '$(GPT)')
+	  $(if $(SCRIPT),--script "$$SCRIPT" --args="$$ARGS") $(if $(GPT),--gpt "$$GPT") --given '$(GIVEN)'; \
+	  rc=$$?; mkdir -p build && echo $$rc > build/run-exit-code; exit $$rc
 
 stop:
 	@[ "$$(id -u)" = 0 ] || { echo "make stop: must run as root (the run's processes and interfaces are root's)" >&2; exit 1; }
@@ -127,6 +135,12 @@ WIRESHARK_PLUGINS ?= $(HOME)/.local/lib/wireshark/plugins
 wireshark:
 	@mkdir -p $(WIRESHARK_PLUGINS) && cp tools/mindp.lua $(WIRESHARK_PLUGINS)/mindp.lua
 	@echo "installed $(WIRESHARK_PLUGINS)/mindp.lua: Wireshark and tshark decode UDP port 49374 as mindp (filter: mindp)"
+
+# Several runs' curves (loss, accuracy, step time, retransmissions) in one chart: runs/compare.svg
+# (and .png where matplotlib is installed); RUNS: run directories or names under runs/ (docs/RUN.md).
+RUNS ?=
+compare: setup
+	@$(PY) -m tools.compare $(RUNS)
 
 # A long run under loss, duplicates, reordering and kills (docs/RUN.md); not part of make test.
 SOAK_STEPS ?= 2000

@@ -26,6 +26,12 @@ DEFAULT_LR = {"mlp": 0.01, "cnn": 0.01, "gpt": 0.003}
 AUTO_SLOTS = {"embedded": POOL_SLOTS // 2, "bmv2": 64}
 
 
+#: Variables a SCRIPT= run does not use: the script brings its own model and step count.
+NOT_WITH_SCRIPT = ("MODEL", "STEPS", "GPT")
+#: Variables only a leaf-spine run uses.
+ONLY_LEAFSPINE = ("LEAVES", "OPTIMIZERS")
+
+
 class RunConfigError(ValueError):
     """A bad variable; the message names it (as the Makefile spells it) and says what is allowed."""
 
@@ -104,8 +110,10 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
           jobs: str = "1", seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "auto",
           slots: str = "auto", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
-          script_args: str = "", gpt: str = "") -> RunConfig:
-    """Strings as given on the command line (make variables) -> a checked RunConfig."""
+          script_args: str = "", gpt: str = "", given: str = "") -> RunConfig:
+    """Strings as given on the command line (make variables) -> a checked RunConfig. `given`: the
+    make variables set on make's command line or in the environment (not defaults), space-separated:
+    one the run would not use is refused rather than silently ignored."""
     target = str(target).strip()
     if target not in TARGETS:
         raise RunConfigError(f"TARGET must be one of {'|'.join(TARGETS)}, got {target!r}")
@@ -140,6 +148,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         **_script(script, script_args),
         model_args=_gpt(gpt, model_name),
     )
+    _unused(cfg, str(given or "").split())
     if cfg.script and (cfg.jobs != 1 or cfg.topo != "star"):
         raise RunConfigError("SCRIPT runs one job on one switch: JOBS=1, TOPO=star")
     if cfg.topo == "leafspine":
@@ -194,6 +203,21 @@ def _tree(topo: str, leaves: str, optimizers: str) -> dict:
     if topo == "star" and (out["leaves"], out["optimizers"]) != (1, 1):
         raise RunConfigError("LEAVES and OPTIMIZERS need TOPO=leafspine")
     return out
+
+
+def _unused(cfg: RunConfig, given: list[str]) -> None:
+    """Refuse a variable set explicitly that this run would ignore."""
+    if cfg.script:
+        unused = [v for v in NOT_WITH_SCRIPT if v in given]
+        if unused:
+            raise RunConfigError(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used with SCRIPT= "
+                                 "(the script builds its own model and runs its own steps): leave "
+                                 f"{'it' if len(unused) == 1 else 'them'} out and give the script's own "
+                                 "arguments in ARGS, e.g. ARGS='--steps 20'")
+    if cfg.topo != "leafspine":
+        unused = [v for v in ONLY_LEAFSPINE if v in given]
+        if unused:
+            raise RunConfigError(f"{' and '.join(unused)} need{'s' if len(unused) == 1 else ''} TOPO=leafspine")
 
 
 def _script(script: str, args: str) -> dict:

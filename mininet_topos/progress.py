@@ -2,11 +2,14 @@
 
 `Progress.feed(line)` takes one line of a worker's log; `bar()` renders one line
 of status: step, loss, accuracy, steps/s, the workers' gradient packets/s and retransmissions
-(summary.json adds the optimizer nodes' parameter frames and resends).
+(summary.json adds the optimizer nodes' parameter frames and resends). `marks` keeps each
+worker's clock and counters at each step (metrics.csv). A "log" record (a script's
+mindp.torch.log) gives a step's loss (and acc) apart from its "step" record.
 """
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 from dataclasses import dataclass, field
 
@@ -37,6 +40,8 @@ class Progress:
         self.workers = {(j, w): WorkerProgress() for j, n in jobs.items() for w in range(n)}
         self.curves = {j: Curve() for j in jobs}
         self.samples: list[tuple[float, int, int]] = []  # (time, steps done, packets), for rates
+        # (job, step) -> worker -> (its clock, gradient frames sent, retransmitted) when it finished the step
+        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int]]] = {}
         self.bad_lines = 0
 
     def feed(self, line: str) -> None:
@@ -57,11 +62,20 @@ class Progress:
                 wp.ready_t = float(rec["t"])
             wp.step = max(wp.step, int(rec["step"]))
             wp.sent, wp.retx = int(rec.get("sent", 0)), int(rec.get("retx", 0))
-            if "loss" in rec:
-                c = self.curves[key[0]]
-                c.steps.append(int(rec["step"]))
-                c.loss.append(float(rec["loss"]))
-                c.acc.append(float(rec["acc"]))
+            if "t" in rec:
+                self.marks.setdefault((key[0], int(rec["step"])), {})[key[1]] = (float(rec["t"]), wp.sent, wp.retx)
+        if rec.get("ev") in ("step", "log") and "loss" in rec:
+            try:
+                point = int(rec["step"]), float(rec["loss"]), float(rec.get("acc", "nan"))
+            except (TypeError, ValueError):
+                self.bad_lines += 1
+                return
+            c = self.curves[key[0]]
+            if c.steps and c.steps[-1] == point[0]:  # the same step reported twice (log() and a JSON line)
+                c.steps.pop(), c.loss.pop(), c.acc.pop()
+            c.steps.append(point[0])
+            c.loss.append(point[1])
+            c.acc.append(point[2])
         elif rec.get("ev") == "done":
             wp.done = rec
             stats = rec.get("stats", {})
@@ -109,17 +123,20 @@ class Progress:
         last = [(c.loss[-1], c.acc[-1]) for c in self.curves.values() if c.loss]
         if not last:
             return None, None
-        return sum(x for x, _ in last) / len(last), sum(a for _, a in last) / len(last)
+        accs = [a for _, a in last if math.isfinite(a)]
+        return sum(x for x, _ in last) / len(last), (sum(accs) / len(accs) if accs else None)
 
     def bar(self, width: int = 24) -> str:
         total = self.training_seconds()
         rates = (self.steps / total, self.packets / total) if total else self.rates()
         speed = f"{rates[0]:.1f} steps/s  {rates[1]:,.0f} grad pkt/s" if rates else "- steps/s  - grad pkt/s"
         done = self.step
-        filled = int(width * done / self.steps) if self.steps else width
         loss, acc = self.latest()
         loss_s = f"{loss:.4f}" if loss is not None else "-"
         acc_s = f"{acc * 100:5.1f}%" if acc is not None else "-"
+        if not self.steps:  # a script's own step count is not known ahead
+            return f"steps done {done}  loss {loss_s}  acc {acc_s}  {speed}  grad retx {self.retransmissions}"
+        filled = int(width * done / self.steps)
         return (f"[{'#' * filled}{'.' * (width - filled)}] step {done}/{self.steps}  loss {loss_s}  acc {acc_s}  "
                 f"{speed}  grad retx {self.retransmissions}")
 

@@ -39,7 +39,7 @@ from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp import progress as pace, protocol, targets, topology, workload  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
-from . import clean, config, results  # noqa: E402
+from . import clean, config, metrics, results  # noqa: E402
 from .agents import Agents, JobFiles  # noqa: E402
 from .console import Console, RunError, how_it_ended, one_line  # noqa: E402
 from .progress import Progress  # noqa: E402
@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--leaves", default="1", help="leafspine: leaf switches, each with --workers workers")
     p.add_argument("--optimizers", default="1", help="leafspine: optimizer nodes (shards) on the spine")
     p.add_argument("--script", default="", help="a torchrun script using mindp.torch.init (docs/TORCH.md)")
-    p.add_argument("--args", default="", help="the script's arguments, one string")
+    p.add_argument("--args", default="", help="the script's arguments, one string (--args='--steps=3')")
+    p.add_argument("--given", default="", help="make variables set explicitly (refused where this run ignores them)")
     p.add_argument("--gpt", default="", help='MODEL=gpt: its size as JSON, e.g. \'{"d": 64, "layers": 2}\'')
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
@@ -130,6 +131,15 @@ def preflight(cfg: config.RunConfig) -> str:
         if targets.grpc_port_open(f"127.0.0.1:{cfg.thrift_port + i}"):  # both targets serve Thrift
             raise RunError(f"port {cfg.thrift_port + i} (Thrift) is already in use: choose --thrift-port")
     return target
+
+
+def target_reason(asked: str, target: str) -> str:
+    """Why TARGET=auto chose `target`, for the run's first line ('' when TARGET named it)."""
+    if asked != "auto":
+        return ""
+    if target == "bmv2":
+        return f" (TARGET=auto: BMv2 is installed, {targets.find_bmv2()}; TARGET=embedded runs the embedded one)"
+    return " (TARGET=auto: BMv2 is not installed)"
 
 
 def p4_program(mode: str, run_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, str]:
@@ -211,6 +221,7 @@ class Run:
         self.topo_path = run_dir / "topology.json"
         self.jobs: list[JobFiles] = []
         self.probed = 0.0
+        self.progress: Progress | None = None  # while training: what a stopped run keeps (keep_partial)
 
     def network_text(self) -> str:
         return f"switch {self.topo.switch.name} ({self.target}, gRPC {self.topo.switch.grpc_addr})"
@@ -339,7 +350,7 @@ class Run:
         self.agents.start(self.jobs)
 
     def train(self) -> tuple[Progress, float]:
-        progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps)
+        self.progress = progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps)
         tty = sys.stdout.isatty()
         t0 = time.monotonic()
         last_print, shown = 0.0, -1
@@ -422,15 +433,35 @@ class Run:
     def model_text(self) -> str:
         return workload.describe(self.jobs[0].wl, self.jobs[0].init)
 
+    def run_dict(self) -> dict:
+        """The settings as the summary states them: `workers` counts every worker of a job (all leaves)."""
+        return {**self.cfg.to_dict(), "target": self.target, "workers": self.cfg.total_workers}
+
+    def draw(self, progress: Progress, model: str) -> None:
+        """curve.svg and metrics.csv (and TensorBoard's files where installed) from the steps done."""
+        metrics.write(self.dir, progress)
+        results.plot(self.dir / "curve.svg", progress.curves,
+                     results.curve_title(model, self.target, self.cfg.jobs, self.cfg.total_workers, self.cfg.loss),
+                     results.accuracy_label(self.cfg.model))
+
+    def keep_partial(self, model: str, why: str) -> None:
+        """A stopped run keeps what its steps showed: summary.json (stopped), curve.svg, metrics.csv."""
+        if self.progress is None:
+            return
+        p = self.progress
+        results.write_summary(self.dir / "summary.json", {
+            "model": model, "target": self.target, "workers": self.cfg.total_workers, "stopped": why,
+            "steps_done": p.step, "loss_curve": {j: list(zip(c.steps, c.loss)) for j, c in p.curves.items()},
+            "packets_sent": p.packets, "retransmissions": p.retransmissions})
+        self.draw(p, model)
+        self.console.say(f"  kept the {p.step} step(s) done: {self.dir / 'summary.json'}, curve.svg, metrics.csv")
+
     def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
         """summary.json, the curve and the table; 0 when the run is bit-exact with the reference."""
         jobs_res = self.results(progress)
-        summ = results.summary({**self.cfg.to_dict(), "target": self.target}, jobs_res, wall, setup, model,
-                               results.n_params(self.jobs[0].init))
+        summ = results.summary(self.run_dict(), jobs_res, wall, setup, model, results.n_params(self.jobs[0].init))
         results.write_summary(self.dir / "summary.json", summ)
-        results.plot(self.dir / "curve.svg", progress.curves,
-                     results.curve_title(model, self.target, self.cfg.jobs, self.cfg.workers, self.cfg.loss),
-                     results.accuracy_label(self.cfg.model))
+        self.draw(progress, model)
         self.console.say("\nsummary (" + str(self.dir / "summary.json") + "):")
         self.console.say(results.table(summ))
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0
@@ -497,7 +528,8 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
             shape = f"{cfg.workers} workers"
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
         steps = "" if cfg.script else f"{cfg.steps} steps, "  # a script's steps are its own
-        console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch, {jobs} x {shape}, "
+        console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch"
+            f"{target_reason(cfg.target, target)}, {jobs} x {shape}, "
             f"{steps}loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir)
         console.say(f"  P4 program: {how}; K = {protocol.K} elements a frame, link MTU {protocol.link_mtu()}")
@@ -511,7 +543,12 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         run.start_agents()
         console.say(f"  optimizer node(s) and {cfg.jobs * cfg.total_workers} workers started; logs in {run.logs}/")
         setup = time.monotonic() - t_start
-        progress, wall = run.train()
+        try:
+            progress, wall = run.train()
+        except (KeyboardInterrupt, Stopped) as exc:
+            with contextlib.suppress(Exception):  # what is kept must not hide why the run ended
+                run.keep_partial(model, str(exc) or "interrupted")
+            raise
         code = run.report(progress, wall, setup, model)
         if cfg.cli == "1" or (cfg.cli == "auto" and sys.stdin.isatty() and sys.stdout.isatty()):
             run.cli(p4info)
@@ -561,13 +598,13 @@ def main(argv: list[str] | None = None) -> int:
                            batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
                            thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
                            leaves=args.leaves, optimizers=args.optimizers, script=args.script,
-                           script_args=args.args, gpt=args.gpt)
+                           script_args=args.args, gpt=args.gpt, given=args.given)
         return execute(cfg, args, console)
     except (config.RunConfigError, RunError) as exc:
         console.fail(str(exc))
         return 2 if isinstance(exc, config.RunConfigError) else 1
     except (KeyboardInterrupt, Stopped) as exc:
-        console.fail(f"stopped ({exc or 'interrupted'}); everything it started is cleaned up")
+        console.fail(f"stopped ({str(exc) or 'interrupted'}); everything it started is cleaned up")
         return 130
     except Exception as exc:  # a bug: cleaned up already (finally); the traceback goes to a file, not the screen
         log = pathlib.Path(args.state_file).parent / "make-run-error.log"

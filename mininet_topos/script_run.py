@@ -6,9 +6,12 @@ host of the Mininet network.
 2. the optimizer node starts on its host from them (--init, --optimizer-spec);
 3. one torchrun in the root namespace starts a rank per worker (rendezvous on the loopback), and
    mindp.torch.launch moves rank r into worker r's host (mnexec -a, the host's PID);
-4. the script's JSON lines {"step": s, "loss": x} (rank 0's stdout) are the progress; at the end the
-   node's final weights are compared with the reference the script defines (mindp_reference), or
-   the loss curve is reported when it defines none.
+4. each rank's mindp.torch writes its per-step figures (clock, frames, retransmissions; the loss
+   of mindp.torch.log) to logs/ranks/rank<r>.jsonl: they are the progress line, metrics.csv and the
+   curve, as for the built-in models; rank 0's output is shown prefixed [rank0] (its JSON lines
+   {"step": s, "loss": x} count as mindp.torch.log calls); a failing rank is named in one line
+   (mininet_topos.rankerrors); at the end the node's final weights are compared with the reference
+   the script defines (mindp_reference), or the loss curve is reported when it defines none.
 """
 from __future__ import annotations
 
@@ -25,8 +28,10 @@ from host_agent import optim
 from mindp import progress as pace
 from mindp.torch import scriptref
 
+from . import rankerrors, results
 from .agents import REPO, Agents
 from .console import RunError, one_line
+from .progress import LogTail, Progress
 from .run import STALL_SECONDS, Run
 
 
@@ -54,9 +59,11 @@ class ScriptRun(Run):
             rc = subprocess.run([sys.executable, self.cfg.script, *self.argv], stdin=subprocess.DEVNULL, stdout=f,
                                 stderr=subprocess.STDOUT, env=env, cwd=str(REPO)).returncode
         if rc != 0 or not (self.spec_dir / "optimizer.json").exists():
-            last = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:] or ["no output"]
-            raise RunError(f"the script's describe run failed (exit {rc}, does it call mindp.torch.init?): "
-                           f"{one_line(last[0])}; see {log}")
+            text = log.read_text(errors="replace")
+            last = [ln for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
+            called = "mindp.torch.init" in text  # init refused the script: its line says why
+            raise RunError(f"the script's describe run failed (exit {rc}"
+                           f"{'' if called else ', does it call mindp.torch.init?'}): {one_line(last[0])}; see {log}")
 
     def model_text(self) -> str:
         init = optim.load_npz(self.spec_dir / "init.npz")
@@ -79,68 +86,102 @@ class ScriptRun(Run):
         pids = self.dir / "host-pids.json"
         pids.write_text(json.dumps({h: self.net.get(h).pid for h in self.job.workers.values()}))
         n = self.job.n_workers
-        a.workers = [a.popen_root("torchrun", [
+        self.metrics_dir = self.logs / "ranks"
+        # Kept out of a.workers: its end is read here (the first failing rank), not as an agent's exit.
+        self.torchrun = a.popen_root("torchrun", [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
             "--nproc-per-node", str(n), "--log-dir", str(self.logs / "torchrun"),  # not a dir of its own in /tmp
+            "--tee", "3",  # each rank's lines prefixed [default<r>]: in torchrun.log, and in its own files
             "-m", "mindp.torch.launch", "--host-pids", str(pids), "--script", self.cfg.script, *self.argv],
             {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1", "MINDP_STATE": str(state_dir),
-             "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1"})]
+             "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1", "MINDP_METRICS": str(self.metrics_dir)})
 
-    def train(self) -> tuple[list[tuple[int, float]], float]:
-        """Follow rank 0's {"step", "loss"} lines until torchrun exits; stalls follow progress."""
-        (hp,) = self.agents.workers
-        curve: list[tuple[int, float]] = []
+    def show(self, line: str, progress: Progress, tty: bool) -> None:
+        """A line of torchrun's log: rank 0's JSON {"step", "loss"} feeds the curve (as mindp.torch.log
+        does); its other lines are shown prefixed [rank0]; other ranks' stay in the log."""
+        m = rankerrors.RANK_LINE.match(line)
+        if not m or m.group(1) != "0":
+            return
+        text = m.group(2)
+        try:
+            rec = json.loads(text)
+            progress.feed(json.dumps({"ev": "log", "job": 1, "worker": 0, "step": int(rec["step"]),
+                                      "loss": float(rec["loss"]), **({"acc": float(rec["acc"])} if "acc" in rec else {})}))
+            return
+        except (ValueError, KeyError, TypeError):
+            pass
+        self.console.say(("\r\x1b[K" if tty else "") + "[rank0] " + text)
+
+    def train(self) -> tuple[Progress, float]:
+        """Follow the ranks' figures and rank 0's output until torchrun exits; stalls follow progress."""
+        hp = self.torchrun
+        self.progress = progress = Progress({1: self.job.n_workers}, 0)  # the script's own step count
+        tails = [LogTail(self.metrics_dir / f"rank{r}.jsonl") for r in range(self.job.n_workers)]
         t0 = time.monotonic()
         tty = sys.stdout.isatty()
         watch = pace.StallWatch(pace.activity(hp.proc.pid, *(o.proc.pid for o in self.agents.optimizers)),
                                 STALL_SECONDS)
+        last_print, shown = 0.0, -1
         while True:
+            for tail in tails:
+                for line in tail.lines():
+                    progress.feed(line)
             for line in hp.tail.lines():
-                try:
-                    rec = json.loads(line)
-                    curve.append((int(rec["step"]), float(rec["loss"])))
-                except (ValueError, KeyError, TypeError):
-                    continue
-                status = f"step {curve[-1][0] + 1}, loss {curve[-1][1]:.4f}"
-                if tty:
-                    print("\r  " + status + "\x1b[K", end="", flush=True)
-                else:
-                    self.console.say("  " + status)
+                self.show(line, progress, tty)
             rc = hp.proc.poll()
             if rc is not None:
                 break
-            if not self.switch.alive():
-                raise RunError(f"the {self.target} switch exited during the run; see {self.logs / 'switch.log'}")
-            if self.agents.optimizers[0].proc.poll() is not None:
-                raise RunError(f"the optimizer node exited; see {self.agents.optimizers[0].log}")
-            watch.look(len(curve))
+            self.check_alive()  # the switch and the node
+            self.probe_switch()
+            watch.look(progress.step)
             if watch.stalled():
                 raise self.stalled()
+            if tty:
+                print("\r  " + progress.bar() + "\x1b[K", end="", flush=True)
+            elif time.monotonic() - last_print >= 5.0 and progress.step != shown:
+                self.console.say("  " + progress.bar())
+                last_print, shown = time.monotonic(), progress.step
             time.sleep(0.2)
-        if tty:
-            print()
+        for line in hp.tail.lines():
+            self.show(line, progress, tty)
+        for tail in tails:
+            for line in tail.lines():
+                progress.feed(line)
+        self.console.say(("\r  " if tty else "  ") + progress.bar() + ("\x1b[K" if tty else ""))
         if rc != 0:
-            raise RunError(f"the script failed (torchrun exit {rc}): {hp.last_error() or 'no message'}; see {hp.log}")
+            why = rankerrors.first_failure(self.logs / "torchrun", hp.log) or f"torchrun exit {rc}"
+            raise RunError(f"the script failed: {why}; see {hp.log}")
         self.agents.stop_optimizers()
-        return curve, time.monotonic() - t0
+        return progress, time.monotonic() - t0
 
-    def report(self, curve, wall: float, setup: float, model: str) -> int:
-        """summary.json and the comparison with the script's reference; exit 0 when bit-exact (or
-        when the script defines no reference: then the loss curve is the result)."""
+    def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
+        """summary.json, curve.svg, metrics.csv and the comparison with the script's reference; exit 0
+        when bit-exact (or when the script defines no reference: then the loss curve is the result)."""
         master = optim.load_npz(self.master_path)
         try:
             ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, self.argv)
             diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
         except scriptref.NoReference:
             ref, diff = None, None
+        curve = progress.curves[1]
+        stats = json.loads((self.job_dir / "optimizer-stats.json").read_text()) \
+            if (self.job_dir / "optimizer-stats.json").exists() else {}
         summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "workers": self.job.n_workers,
-                "model": model, "steps": len(curve), "loss_curve": curve, "wall_seconds": round(wall, 2),
+                "model": model, "steps": progress.step,
+                "loss_curve": [[s, x] for s, x in zip(curve.steps, curve.loss)],  # s: the script's 0-based step
+                "packets_sent": progress.packets + int(stats.get("params_sent", 0)),
+                "retransmissions": progress.retransmissions + int(stats.get("resent", 0)),
+                "wall_seconds": round(wall, 2), "steps_per_second": round(progress.step / wall, 3) if wall else 0.0,
                 "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff}
-        (self.dir / "summary.json").write_text(json.dumps(summ, indent=1) + "\n")
+        results.write_summary(self.dir / "summary.json", summ)
+        self.draw(progress, model)
         self.console.say(f"\nsummary ({self.dir / 'summary.json'}):")
-        if curve:
-            self.console.say(f"  loss {curve[0][1]:.4f} (step {curve[0][0]}) -> {curve[-1][1]:.4f} "
-                             f"(step {curve[-1][0]}), {len(curve)} steps in {wall:.1f} s")
+        if curve.loss:
+            self.console.say(f"  loss {curve.loss[0]:.4f} (step {curve.steps[0]}) -> {curve.loss[-1]:.4f} "
+                             f"(step {curve.steps[-1]})")
+        self.console.say(f"  {progress.step} steps in {wall:.1f} s, {summ['packets_sent']:,} frames, "
+                         f"{summ['retransmissions']} retransmitted; curve: {self.dir / 'curve.svg'}, "
+                         f"metrics: {self.dir / 'metrics.csv'}")
         if diff is None:
             self.console.say("  the script defines no mindp_reference(argv): no reference to compare with "
                              "(docs/TORCH.md)")

@@ -1,5 +1,5 @@
 """Line charts as SVG text (a browser or any image viewer shows them): side-by-side panels, one
-line per series, axes with round ticks, a legend. A run draws one fixed chart; writing SVG takes
+line per series, axes with round ticks, a legend under each panel (never over its lines). A run draws one fixed chart; writing SVG takes
 milliseconds where matplotlib's import alone cost a second of CPU in every `make run`."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from html import escape
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 PANEL_W, PANEL_H, MARGIN_L, MARGIN_B, TOP = 420, 300, 70, 50, 50
+LEGEND_ROW = 16  # the legend's rows, below the panel's axis label
 
 
 @dataclass(frozen=True)
@@ -65,18 +66,19 @@ def _panel(p: Panel, x0: float) -> list[str]:
         color = COLORS[i % len(COLORS)]
         pts = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in zip(xv, yv) if math.isfinite(y))
         out.append(f'<polyline class="series" points="{pts}" fill="none" stroke="{color}" stroke-width="2"/>')
-        ly = TOP + 14 + 16 * i
-        out.append(f'<line x1="{left + w - 80}" y1="{ly - 4}" x2="{left + w - 60}" y2="{ly - 4}" stroke="{color}" '
-                   f'stroke-width="2"/><text x="{left + w - 54}" y="{ly}">{escape(name)}</text>')
+        ly = PANEL_H + LEGEND_ROW * i + 4
+        out.append(f'<line class="legend" x1="{left}" y1="{ly - 4}" x2="{left + 20}" y2="{ly - 4}" stroke="{color}" '
+                   f'stroke-width="2"/><text x="{left + 26}" y="{ly}">{escape(name)}</text>')
     return out
 
 
 def chart(panels: list[Panel], title: str) -> str:
     """The panels side by side under `title`, as an SVG document."""
     width = PANEL_W * len(panels)
+    height = PANEL_H + LEGEND_ROW * max((len(p.series) for p in panels), default=0)
     body = [f'<text x="{width / 2}" y="24" text-anchor="middle" font-size="15">{escape(title)}</text>']
     for i, p in enumerate(panels):
         body += _panel(p, i * PANEL_W)
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{PANEL_H}" '
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
             f'font-family="sans-serif" font-size="12">\n<rect width="100%" height="100%" fill="white"/>\n'
             + "\n".join(body) + "\n</svg>\n")

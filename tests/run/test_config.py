@@ -1,10 +1,15 @@
 """make run's variables: defaults accepted, every bad value refused with a line naming it."""
+import os
+import pathlib
+import subprocess
 import sys
 
 import pytest
 
 from mindp import INSTALL_TORCH
 from mininet_topos import config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_defaults_and_make_style_values():
@@ -114,3 +119,35 @@ def test_gpt_sizes_reach_the_model():
     assert n[0] < n[1] // 10
     with pytest.raises(config.RunConfigError, match="GPT sizes MODEL=gpt, not MODEL=cnn"):
         config.parse(model="cnn", gpt='{"d": 32}')
+
+
+def test_a_variable_the_run_would_ignore_is_refused_in_one_line():
+    pytest.importorskip("torch")  # SCRIPT= needs it
+    script = str(REPO / "examples" / "train_cnn.py")
+    for given, names in (("STEPS", "STEPS is"), ("MODEL STEPS GPT SEED", "MODEL, STEPS, GPT are")):
+        with pytest.raises(config.RunConfigError, match=rf"^{names} not used with SCRIPT= .*ARGS='--steps 20'$"):
+            config.parse(script=script, given=given)
+    assert config.parse(script=script, script_args="--steps=3", given="SCRIPT ARGS WORKERS LOSS TARGET").script
+    with pytest.raises(config.RunConfigError, match="^LEAVES needs TOPO=leafspine$"):
+        config.parse(given="LEAVES")
+    with pytest.raises(config.RunConfigError, match="^LEAVES and OPTIMIZERS need TOPO=leafspine$"):
+        config.parse(given="LEAVES OPTIMIZERS")
+    assert config.parse(topo="leafspine", leaves="2", given="TOPO LEAVES").leaves == 2
+    assert config.parse(model="mlp", steps="5", given="MODEL STEPS").steps == 5
+
+
+def test_make_passes_args_that_look_like_options_and_names_the_variables_given():
+    """ARGS='--steps=3' reached argparse as an option of its own; the Makefile's GIVEN lists what was set."""
+    from mininet_topos.run import build_parser
+
+    assert build_parser().parse_args(["--args=--steps=3"]).args == "--steps=3"
+    env = {k: v for k, v in os.environ.items() if k not in config_module_vars()}
+    out = subprocess.run(["make", "-n", "-s", "--no-print-directory", "run", "SCRIPT=x.py", "ARGS=--steps=3",
+                          "STEPS=4"], capture_output=True, text=True, cwd=REPO, env=env).stdout
+    assert '--args="$ARGS"' in out and "--given 'STEPS SCRIPT ARGS'" in out
+
+
+def config_module_vars() -> tuple[str, ...]:
+    """make run's variables, which this test's environment must not set."""
+    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
+            "LEAVES", "OPTIMIZERS", "SCRIPT", "ARGS")

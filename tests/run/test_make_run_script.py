@@ -96,3 +96,56 @@ def test_script_that_never_calls_init_fails_in_one_line(tmp_path):
 def test_script_settings_are_checked(kw, message):
     with pytest.raises(config.RunConfigError, match=message):
         config.parse(**kw)
+
+
+PLAIN_SCRIPT = '''
+import os, torch, mindp.torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+model[0].weight.requires_grad_(False)  # frozen: left out of the layout, as DDP leaves it out
+opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+opt = mindp.torch.init(model, opt)
+rank = int(os.environ["RANK"])
+for step in range(4):
+    opt.zero_grad()
+    loss = model(torch.ones(3, 4) * (rank + 1)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    mindp.torch.log(loss=loss.item())
+    print(f"step {step} loss {loss.item():.4f}", flush=True)
+    if step == 2 and os.environ.get("CLIP") and rank == 1:
+        opt.zero_grad()
+        model(torch.ones(3, 4)).sum().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+'''
+
+
+@needs_root
+def test_plain_text_script_shows_rank0_and_writes_per_step_figures(tmp_path):
+    """A script printing plain text, with a frozen layer, reporting its loss with mindp.torch.log:
+    rank 0's lines prefixed on the terminal, the steps and loss in summary, curve and metrics.csv."""
+    script = tmp_path / "plain.py"
+    script.write_text(PLAIN_SCRIPT)
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 0, run.err + run.out
+    assert "[rank0] step 3 loss" in run.out and "[rank1]" not in run.out
+    s = run.summary()
+    assert s["steps"] == 4 and [st for st, _ in s["loss_curve"]] == [0, 1, 2, 3] and s["packets_sent"] > 0
+    assert "(11 parameters" in run.out  # the frozen 3x4 weight is not trained: 3 + 6 + 2
+    rows = (run.run_dir / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("job,step,loss,accuracy,step_seconds,grad_frames,retransmissions") and len(rows) == 5
+    assert "<polyline" in (run.run_dir / "curve.svg").read_text()
+    assert_clean(run)
+
+
+@needs_root
+def test_a_failing_rank_is_named_with_its_exception_in_one_line(tmp_path):
+    script = tmp_path / "clip.py"
+    script.write_text(PLAIN_SCRIPT.replace('os.environ.get("CLIP")', "True"))
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 1
+    (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
+    assert line.startswith("make run: the script failed: rank 1 failed: mindp.torch: torch.nn.utils.clip_grad_norm_ "
+                           "is not supported"), line
+    assert line.endswith("torchrun.log")
+    assert_clean(run)

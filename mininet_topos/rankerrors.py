@@ -1,0 +1,96 @@
+"""Why a torchrun of the user's script failed, in one line: the first failing rank, its exception's
+type and message (pure: reads files, starts nothing).
+
+Each rank runs under mindp.torch.runscript, which writes torchrun's per-rank error file
+(`<log-dir>/<run id>/attempt_<n>/<local rank>/error.json`, torchelastic's format plus `mindp`:
+rank, type, message, time). A script decorated with torch's own @record writes the same file
+without `mindp`; a rank killed by a signal writes none: then torchrun's log names the rank and its
+exit code, and the rank's last line of output says why.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from dataclasses import dataclass
+
+from .console import how_it_ended
+
+#: torchrun's line for a failed rank: "failed (exitcode: 1) local_rank: 1 (pid: 123) of binary: ..."
+FAILED_RANK = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+#: torchrun --tee prefixes each line of local rank r with "[default<r>]:"
+RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
+TRACEBACK_PART = re.compile(r"^(Traceback \(most recent call last\):|\s+File \"|\s+\^|\s{2,}\S)")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int | str
+    kind: str  # the exception's type; "SystemExit" for a one-line refusal; "exit N" / "killed by X" without a file
+    message: str
+    time: float = 0.0
+
+    def line(self) -> str:
+        what = self.message if self.kind == "SystemExit" else f"{self.kind}: {self.message}".rstrip(": ")
+        return f"rank {self.rank} failed: {what}"
+
+
+def _from_file(path: pathlib.Path) -> RankFailure | None:
+    try:
+        rec = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict):
+        return None
+    m = rec.get("mindp")
+    if isinstance(m, dict):
+        return RankFailure(m.get("rank", path.parent.name), str(m.get("type", "")), str(m.get("message", "")),
+                           float(m.get("time", 0.0)))
+    msg = rec.get("message")
+    if isinstance(msg, dict):  # torch's @record: {"message": {"message": "T: text", "extraInfo": {...}}}
+        text, stamp = str(msg.get("message", "")), str(msg.get("extraInfo", {}).get("timestamp", "0"))
+    else:
+        text, stamp = str(msg or ""), "0"
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    kind, _, rest = first.partition(": ")
+    rank = int(path.parent.name) if path.parent.name.isdigit() else path.parent.name
+    return RankFailure(rank, kind, rest, float(stamp) if stamp.isdigit() else 0.0)
+
+
+def from_error_files(log_dir: pathlib.Path) -> RankFailure | None:
+    """The earliest failure recorded under torchrun's --log-dir, or None."""
+    found = [f for f in (_from_file(p) for p in sorted(log_dir.rglob("error.json"))) if f is not None]
+    return min(found, key=lambda f: (f.time, str(f.rank))) if found else None
+
+
+def last_words(lines: list[str], rank: int) -> str:
+    """The last line rank `rank` printed that is not part of a traceback's frames."""
+    said = [m.group(2).strip() for m in map(RANK_LINE.match, lines) if m and int(m.group(1)) == rank]
+    said = [s for s in said if s and not TRACEBACK_PART.match(s)]
+    return said[-1] if said else ""
+
+
+def from_log(text: str) -> RankFailure | None:
+    """From torchrun's own output (its --tee'd ranks' lines): the first rank it saw fail."""
+    lines = text.splitlines()
+    for line in lines:
+        m = FAILED_RANK.search(line)
+        if m:
+            rank, code = int(m.group(2)), int(m.group(1))
+            said = last_words(lines, rank)
+            kind, sep, rest = said.partition(": ")
+            if sep and re.fullmatch(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)", kind):
+                return RankFailure(rank, kind.rsplit(".", 1)[-1], rest)
+            return RankFailure(rank, how_it_ended(code), said if code >= 0 else "")
+    return None
+
+
+def first_failure(log_dir: pathlib.Path, log: pathlib.Path) -> str | None:
+    """One line naming the first failing rank and why, or None when nothing says."""
+    found = from_error_files(log_dir)
+    if found is None:
+        try:
+            found = from_log(log.read_text(errors="replace"))
+        except OSError:
+            found = None
+    return found.line() if found else None
