@@ -46,9 +46,14 @@ TORCH ?= 1
 # ARGS: its arguments, e.g. make run SCRIPT=examples/train_cnn.py ARGS='--steps 20'
 SCRIPT ?=
 ARGS ?=
+# RESUME=<run>: continue that run from its optimizer node's committed state (docs/RUN.md).
+RESUME ?=
+# UP=1 (with SCRIPT=): bring up the network, switch, controller and node only, and print one torchrun
+# command per worker host for your own torchrun (docs/TORCH.md); Ctrl-C or make stop ends it.
+UP ?= 0
 # The run variables set on make's command line or in the environment (not defaults): make run refuses
 # one that the run would not use (STEPS with SCRIPT=, LEAVES without TOPO=leafspine ...) instead of ignoring it.
-RUN_VARS := TARGET K MODEL WORKERS STEPS GPT LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS
+RUN_VARS := TARGET K MODEL WORKERS STEPS GPT LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS RESUME UP
 GIVEN = $(strip $(foreach v,$(RUN_VARS),$(if $(filter command% environment%,$(origin $(v))),$(v))))
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
@@ -117,7 +122,8 @@ run:
 	@$(PY) -m mininet_topos.run --target $(TARGET) $(if $(K),--k $(K)) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
-	  $(if $(SCRIPT),--script "$$SCRIPT" --args="$$ARGS") $(if $(GPT),--gpt "$$GPT") --given '$(GIVEN)'; \
+	  $(if $(SCRIPT),--script "$$SCRIPT" --args="$$ARGS") $(if $(GPT),--gpt "$$GPT") --given '$(GIVEN)' \
+	  $(if $(RESUME),--resume "$$RESUME") $(if $(filter 1,$(UP)),--up); \
 	  rc=$$?; mkdir -p build && echo $$rc > build/run-exit-code; exit $$rc
 
 stop:

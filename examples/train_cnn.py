@@ -65,7 +65,7 @@ def main():
     model = build_model()
     opt, sched = optimizer(model, args.steps, args.lr)
     opt = mindp.torch.init(model, opt, sched)
-    for step in range(args.steps):
+    for step in range(opt.step_number, args.steps):  # RESUME: the node's next step, else 0
         x, y = batch(rank, step)
         opt.zero_grad()
         loss = loss_fn(model, x, y)

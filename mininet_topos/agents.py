@@ -53,6 +53,8 @@ class JobFiles:
     dir: pathlib.Path
     wl: workload.WorkloadConfig
     init: dict[str, np.ndarray]
+    first_step: int = 0  # RESUME: the step after the node's commit
+    worker_init: pathlib.Path | None = None  # RESUME: the parameters the node committed (else init.npz)
 
     @property
     def init_path(self) -> pathlib.Path:
@@ -135,7 +137,8 @@ class Agents:
             for w, host_name in sorted(jf.job.workers.items()):
                 self.workers.append(self._popen(host_name, f"worker-job{jf.job.job_id}-{w}", [
                     "-m", "mininet_topos.trainer", "--topology", str(self.topo_path), "--job", str(jf.job.job_id),
-                    "--worker", str(w), "--workload", str(jf.dir / "workload.json"), "--init", str(jf.init_path),
+                    "--worker", str(w), "--workload", str(jf.dir / "workload.json"),
+                    "--init", str(jf.worker_init or jf.init_path), "--first-step", str(jf.first_step),
                     "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
                     *(["--eval"] if w == 0 else []), *self._faults(host_name)]))
 

@@ -39,7 +39,7 @@ from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp import progress as pace, protocol, targets, topology, workload  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
-from . import clean, config, metrics, results  # noqa: E402
+from . import clean, config, metrics, results, resume  # noqa: E402
 from .agents import Agents, JobFiles  # noqa: E402
 from .console import Console, RunError, how_it_ended, one_line  # noqa: E402
 from .progress import Progress  # noqa: E402
@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizers", default="1", help="leafspine: optimizer nodes (shards) on the spine")
     p.add_argument("--script", default="", help="a torchrun script using mindp.torch.init (docs/TORCH.md)")
     p.add_argument("--args", default="", help="the script's arguments, one string (--args='--steps=3')")
+    p.add_argument("--resume", default="", help="continue this earlier run (a directory or a name under runs/)")
+    p.add_argument("--up", action="store_true", help="with --script: start no ranks; print a torchrun command per host")
     p.add_argument("--given", default="", help="make variables set explicitly (refused where this run ignores them)")
     p.add_argument("--gpt", default="", help='MODEL=gpt: its size as JSON, e.g. \'{"d": 64, "layers": 2}\'')
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
@@ -200,6 +202,8 @@ def claim_state(path: pathlib.Path, console: Console) -> RunState:
 # --- the run --------------------------------------------------------------------
 
 class Run:
+    resumed: resume.Resumed | None = None  # RESUME: the earlier run this one continues
+
     def __init__(self, cfg: config.RunConfig, target: str, run_dir: pathlib.Path, state: RunState, p4_mode: str,
                  console: Console, if_prefix: str = "mnr-"):
         self.cfg = cfg
@@ -240,6 +244,10 @@ class Run:
             wl.dump(d / "workload.json")
             jf = JobFiles(job, d, wl, workload.init_params(wl))
             np.savez(jf.init_path, **jf.init)
+            if self.resumed:
+                jf.first_step, params = resume.take_state(self.resumed, job.job_id, d)
+                jf.worker_init = d / "resume-params.npz"
+                np.savez(jf.worker_init, **params)
             self.jobs.append(jf)
 
     def start_network(self, json_path: pathlib.Path) -> None:
@@ -433,6 +441,9 @@ class Run:
     def model_text(self) -> str:
         return workload.describe(self.jobs[0].wl, self.jobs[0].init)
 
+    def first_step(self) -> int:
+        return self.jobs[0].first_step
+
     def run_dict(self) -> dict:
         """The settings as the summary states them: `workers` counts every worker of a job (all leaves)."""
         return {**self.cfg.to_dict(), "target": self.target, "workers": self.cfg.total_workers}
@@ -460,6 +471,8 @@ class Run:
         """summary.json, the curve and the table; 0 when the run is bit-exact with the reference."""
         jobs_res = self.results(progress)
         summ = results.summary(self.run_dict(), jobs_res, wall, setup, model, results.n_params(self.jobs[0].init))
+        if self.resumed:
+            summ["resumed_from"] = {"run": str(self.resumed.run), "first_step": self.jobs[0].first_step}
         results.write_summary(self.dir / "summary.json", summ)
         self.draw(progress, model)
         self.console.say("\nsummary (" + str(self.dir / "summary.json") + "):")
@@ -502,7 +515,7 @@ class Run:
                 self.net.stop()
 
 
-def execute(cfg: config.RunConfig, args, console: Console) -> int:
+def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resumed | None = None) -> int:
     t_start = time.monotonic()
     if os.geteuid() != 0:
         raise RunError("must run as root (Mininet needs network namespaces): sudo make run")
@@ -516,8 +529,9 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         state.run_dir = str(run_dir)
         state.save()
         if cfg.script:
+            from .own_torchrun import UpRun
             from .script_run import ScriptRun
-            run = ScriptRun(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
+            run = (UpRun if args.up else ScriptRun)(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
             shape = f"{cfg.workers} torchrun ranks"
         elif cfg.topo == "leafspine":
             from .leafspine import TreeRun
@@ -526,6 +540,7 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         else:
             run = Run(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
             shape = f"{cfg.workers} workers"
+        run.resumed = resumed
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
         steps = "" if cfg.script else f"{cfg.steps} steps, "  # a script's steps are its own
         console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch"
@@ -534,6 +549,8 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         json_path, p4info, how = p4_program(args.p4, run_dir)
         console.say(f"  P4 program: {how}; K = {protocol.K} elements a frame, link MTU {protocol.link_mtu()}")
         run.prepare_files()
+        if resumed:
+            console.say(f"  resuming {resumed.run} after its node's commit: from step {run.first_step()}")
         model = run.model_text()
         console.say(f"  model: {model}")
         run.start_network(json_path)
@@ -541,7 +558,8 @@ def execute(cfg: config.RunConfig, args, console: Console) -> int:
         run.configure(json_path, p4info)
         console.say(f"  controller: pipeline pushed, forwarding and {jobs} installed")
         run.start_agents()
-        console.say(f"  optimizer node(s) and {cfg.jobs * cfg.total_workers} workers started; logs in {run.logs}/")
+        workers = "" if args.up else f" and {cfg.jobs * cfg.total_workers} workers"
+        console.say(f"  optimizer node(s){workers} started; logs in {run.logs}/")
         setup = time.monotonic() - t_start
         try:
             progress, wall = run.train()
@@ -599,7 +617,13 @@ def main(argv: list[str] | None = None) -> int:
                            thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
                            leaves=args.leaves, optimizers=args.optimizers, script=args.script,
                            script_args=args.args, gpt=args.gpt, given=args.given)
-        return execute(cfg, args, console)
+        if args.up and not cfg.script:
+            raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
+        old = None
+        if args.resume:  # found before this run's directory moves runs/latest
+            old = resume.find(args.resume, pathlib.Path(args.runs_dir))
+            cfg = resume.settings(old, cfg, args.given.split())
+        return execute(cfg, args, console, old)
     except (config.RunConfigError, RunError) as exc:
         console.fail(str(exc))
         return 2 if isinstance(exc, config.RunConfigError) else 1

@@ -28,7 +28,7 @@ from host_agent import optim
 from mindp import progress as pace
 from mindp.torch import scriptref
 
-from . import rankerrors, results
+from . import rankerrors, results, resume
 from .agents import REPO, Agents
 from .console import RunError, one_line
 from .progress import LogTail, Progress
@@ -64,6 +64,12 @@ class ScriptRun(Run):
             called = "mindp.torch.init" in text  # init refused the script: its line says why
             raise RunError(f"the script's describe run failed (exit {rc}"
                            f"{'' if called else ', does it call mindp.torch.init?'}): {one_line(last[0])}; see {log}")
+        self.resume_step = 0
+        if self.resumed:  # the node resumes on a copy of the earlier run's state; the ranks take its step
+            self.resume_step, _ = resume.take_state(self.resumed, 1, self.job_dir)
+
+    def first_step(self) -> int:
+        return self.resume_step
 
     def model_text(self) -> str:
         init = optim.load_npz(self.spec_dir / "init.npz")
@@ -73,7 +79,19 @@ class ScriptRun(Run):
                 f"{cfg['kind']} lr {cfg['lr']:g}, schedule {sched})")
 
     def start_agents(self) -> None:
+        self.start_node()
+        self.start_ranks()
+
+    @property
+    def rank_env(self) -> dict[str, str]:
+        """What every rank's mindp.torch.init reads: topology, job, node state, where its figures go."""
+        return {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1",
+                "MINDP_STATE": str(self.job_dir / "optimizer-state"), "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1",
+                "MINDP_METRICS": str(self.logs / "ranks")}
+
+    def start_node(self) -> None:
         self.agents = a = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt)
+        self.metrics_dir = self.logs / "ranks"
         state_dir = self.job_dir / "optimizer-state"
         self.master_path = self.job_dir / "optimizer-master.npz"
         node = a._popen(self.job.optimizers[0], "optimizer-job1", [
@@ -83,18 +101,19 @@ class ScriptRun(Run):
             "--stats", str(self.job_dir / "optimizer-stats.json"), *a._faults(self.job.optimizers[0])])
         a.optimizers = [node]
         a.wait_started([node])
+
+    def start_ranks(self) -> None:
+        a = self.agents
         pids = self.dir / "host-pids.json"
         pids.write_text(json.dumps({h: self.net.get(h).pid for h in self.job.workers.values()}))
         n = self.job.n_workers
-        self.metrics_dir = self.logs / "ranks"
         # Kept out of a.workers: its end is read here (the first failing rank), not as an agent's exit.
         self.torchrun = a.popen_root("torchrun", [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
             "--nproc-per-node", str(n), "--log-dir", str(self.logs / "torchrun"),  # not a dir of its own in /tmp
             "--tee", "3",  # each rank's lines prefixed [default<r>]: in torchrun.log, and in its own files
             "-m", "mindp.torch.launch", "--host-pids", str(pids), "--script", self.cfg.script, *self.argv],
-            {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1", "MINDP_STATE": str(state_dir),
-             "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1", "MINDP_METRICS": str(self.metrics_dir)})
+            self.rank_env)
 
     def show(self, line: str, progress: Progress, tty: bool) -> None:
         """A line of torchrun's log: rank 0's JSON {"step", "loss"} feeds the curve (as mindp.torch.log
@@ -172,7 +191,9 @@ class ScriptRun(Run):
                 "packets_sent": progress.packets + int(stats.get("params_sent", 0)),
                 "retransmissions": progress.retransmissions + int(stats.get("resent", 0)),
                 "wall_seconds": round(wall, 2), "steps_per_second": round(progress.step / wall, 3) if wall else 0.0,
-                "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff}
+                "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff,
+                **({"resumed_from": {"run": str(self.resumed.run), "first_step": self.resume_step}}
+                   if self.resumed else {})}
         results.write_summary(self.dir / "summary.json", summ)
         self.draw(progress, model)
         self.console.say(f"\nsummary ({self.dir / 'summary.json'}):")

@@ -1,0 +1,74 @@
+"""make run RESUME=<run> (the earlier run found, its settings kept, its committed state copied and
+read back) and UP=1 (one torchrun command per worker host), without a network."""
+import json
+import shlex
+
+import numpy as np
+import pytest
+
+from host_agent import optim, state
+from mininet_topos import config, resume
+from mininet_topos.own_torchrun import commands
+
+
+def old_run(runs, name="20261128-010101", **cfg):
+    d = runs / name
+    (d / "job1").mkdir(parents=True)
+    settings = {**config.parse(target="embedded", steps="3", workers="2").on("embedded").to_dict(),
+                "target": "embedded", **cfg}
+    (d / "config.json").write_text(json.dumps(settings))
+    params = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(2, np.float32)}
+    layout = optim.layout_of(params)
+    state.create(d / "job1" / resume.STATE, layout, state.init_pieces(layout, params), optim.OptimizerConfig())
+    np.savez(d / "job1" / "init.npz", **params)
+    (runs / "latest").symlink_to(name)
+    return d, params
+
+
+def test_resume_finds_the_run_keeps_its_settings_and_copies_its_state(tmp_path):
+    runs = tmp_path / "runs"
+    d, params = old_run(runs)
+    old = resume.find("latest", runs)
+    assert old.run == d.resolve()
+    cfg = resume.settings(old, config.parse(steps="6", loss="0.02", cli="0"), ["RESUME", "STEPS", "LOSS", "CLI"])
+    assert (cfg.workers, cfg.steps, cfg.loss, cfg.target, cfg.cli) == (2, 6, 0.02, "embedded", "0")
+    new_job = tmp_path / "new" / "job1"
+    new_job.mkdir(parents=True)
+    first, got = resume.take_state(old, 1, new_job)
+    assert first == state.read_committed(d / "job1" / resume.STATE)[0]["step"] + 1
+    assert all(np.array_equal(got[n], params[n]) for n in params)
+    assert state.exists(new_job / resume.STATE) and (new_job / "init.npz").exists()
+    assert state.exists(d / "job1" / resume.STATE)  # the earlier run is left as it was
+
+
+def test_resume_refusals_are_one_line(tmp_path):
+    runs = tmp_path / "runs"
+    old_run(runs)
+    old = resume.find("20261128-010101", runs)
+    with pytest.raises(config.RunConfigError, match="^RESUME=nosuch: no such run"):
+        resume.find("nosuch", runs)
+    with pytest.raises(config.RunConfigError, match="WORKERS, SEED cannot change"):
+        resume.settings(old, config.parse(), ["RESUME", "WORKERS", "SEED"])
+    with pytest.raises(config.RunConfigError, match="STEPS=2 is fewer than the run's own 3"):
+        resume.settings(old, config.parse(steps="2"), ["RESUME", "STEPS"])
+    old_run(tmp_path / "r2", topo="leafspine")
+    with pytest.raises(config.RunConfigError, match="leaf-spine run"):
+        resume.find("latest", tmp_path / "r2")
+    (runs / "empty").mkdir()
+    (runs / "empty" / "config.json").write_text("{}")
+    with pytest.raises(config.RunConfigError, match="holds no committed state"):
+        resume.find("empty", runs)
+
+
+def test_up_prints_one_torchrun_per_worker_host_in_its_namespace():
+    lines = commands("/w/train.py", ["--steps", "5", "--gpt", '{"d": 16}'], {0: "w1_0", 1: "w1_1"},
+                     {"w1_0": 101, "w1_1": 102}, "10.0.1.1", {"MINDP_JOB": "1", "MINDP_IFACE": "eth0",
+                                                             "MINDP_TOPOLOGY": "/r/topology.json"}, "/v/bin/python")
+    assert len(lines) == 2
+    words = shlex.split(lines[1])
+    assert words[:3] == ["mnexec", "-a", "102"] and "MINDP_TOPOLOGY=/r/topology.json" in words
+    assert not any(w.startswith("MINDP_IFACE") for w in words)  # init finds the host's interface itself
+    i = words.index("/v/bin/torchrun")
+    assert words[i:i + 13] == ["/v/bin/torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
+                               "--rdzv-backend", "static", "--master-addr", "10.0.1.1", "--master-port", "29400"]
+    assert words[-4:] == ["--steps", "5", "--gpt", '{"d": 16}']
