@@ -4,7 +4,8 @@
 of status: step, loss, accuracy, steps/s, the workers' gradient packets/s and retransmissions
 (summary.json adds the optimizer nodes' parameter frames and resends). `marks` keeps each
 worker's clock and counters at each step (metrics.csv). A "log" record (a script's
-mindp.torch.log) gives a step's loss (and acc) apart from its "step" record.
+mindp.torch.log) gives a step's loss (and acc) apart from its "step" record; the curves are
+worker 0's (the built-in workers' evaluating one, a script's rank 0).
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ class Progress:
             wp.sent, wp.retx = int(rec.get("sent", 0)), int(rec.get("retx", 0))
             if "t" in rec:
                 self.marks.setdefault((key[0], int(rec["step"])), {})[key[1]] = (float(rec["t"]), wp.sent, wp.retx)
-        if rec.get("ev") in ("step", "log") and "loss" in rec:
+        if rec.get("ev") in ("step", "log") and "loss" in rec and key[1] == 0:  # the curve is worker 0's
             try:
                 point = int(rec["step"]), float(rec["loss"]), float(rec.get("acc", "nan"))
             except (TypeError, ValueError):
