@@ -23,7 +23,10 @@ ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 def error_record(exc: BaseException, rank: str, now: float) -> dict:
     """torchelastic's error-file content for `exc`, with mindp's summary of it."""
-    kind, full = ("SystemExit", str(exc.code)) if isinstance(exc, SystemExit) else (type(exc).__name__, str(exc))
+    if isinstance(exc, SystemExit):  # sys.exit("message") says why; sys.exit(3) only its code
+        kind, full = "SystemExit", f"exit {exc.code}" if isinstance(exc.code, int) else str(exc.code)
+    else:
+        kind, full = type(exc).__name__, str(exc)
     message = next((line.strip() for line in full.splitlines() if line.strip()), "")  # its first line
     return {"message": {"message": full if kind == "SystemExit" else f"{kind}: {full}",
                         "extraInfo": {"py_callstack": "".join(traceback.format_exception(exc)),

@@ -101,8 +101,11 @@ def test_runscript_writes_the_error_file_and_keeps_the_exit(tmp_path):
     bad.write_text("import sys\nprint(sys.argv[1:])\nraise ValueError('no such column: x\\nmore')\n")
     refused = tmp_path / "refused.py"
     refused.write_text("raise SystemExit('mindp.torch: step(closure) is not supported')\n")
+    coded = tmp_path / "coded.py"
+    coded.write_text("import sys\nsys.exit(3)\n")
     for path, code, want in ((bad, 1, ("ValueError", "no such column: x")),
-                             (refused, 1, ("SystemExit", "mindp.torch: step(closure) is not supported"))):
+                             (refused, 1, ("SystemExit", "mindp.torch: step(closure) is not supported")),
+                             (coded, 3, ("SystemExit", "exit 3"))):
         err = tmp_path / f"{path.stem}.json"
         proc = subprocess.run([sys.executable, "-m", "mindp.torch.runscript", str(path), "--x=1"], capture_output=True,
                               text=True, env={**os.environ, "RANK": "3", runscript.ERROR_FILE_ENV: str(err)})
