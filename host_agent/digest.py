@@ -269,6 +269,7 @@ class Client:
         self.answers: dict[tuple[int, str], np.ndarray | None] = {}  # (step, ip) -> blocks (None: GONE)
         self.chunks: dict[tuple[int, int], np.ndarray | None] = {}  # (step, chunk) -> fp16 (None: GONE)
         self.asked_at = 0.0
+        self.sent = self.send_errors = self.received = 0  # for DigestError's line
 
     def ask(self, step: int) -> None:
         for s in self.sources:
@@ -279,8 +280,9 @@ class Client:
     def _send(self, data: bytes, ip: str) -> None:
         try:
             self.sock.sendto(data, (ip, self.port))
+            self.sent += 1
         except OSError:  # ARP pending, a node restarting: asked again
-            pass
+            self.send_errors += 1
 
     def _read(self) -> None:
         while True:
@@ -290,6 +292,7 @@ class Client:
                 return
             except OSError:  # an ICMP unreachable reported on the socket
                 continue
+            self.received += 1
             if len(data) >= _DIGEST.size and data[:8] == DIGEST:
                 _, job, step, status, lo, hi, n = _DIGEST.unpack_from(data)
                 if job == self.job_id and (status != OK or len(data) == _DIGEST.size + 8 * n):
@@ -314,7 +317,8 @@ class Client:
             if len(self.answers) + len(self.chunks) != seen:
                 seen, last = len(self.answers) + len(self.chunks), now
             elif now - last > deadline:
-                raise DigestError(f"{self.name}: no {what} from the optimizer node after {deadline:.0f} s")
+                raise DigestError(f"{self.name}: no {what} from the optimizer node after {deadline:.0f} s "
+                                  f"({self.sent} messages sent, {self.send_errors} refused, {self.received} received)")
             if now - self.asked_at >= interval:
                 resend()
                 self.asked_at = now
@@ -323,9 +327,22 @@ class Client:
     def check(self, step: int, flat: np.ndarray, stats, interval: float, deadline: float) -> None:
         """Check `flat` (the step's fp16 parameters, n_chunks * K) against the nodes' digests of
         `step`; repair chunks that differ (one line names them); DigestError if it cannot."""
+        stats["digest_checks"] += 1
+        bad = self._compare(step, flat, interval, deadline)
+        if bad:
+            # An answer that came before the step was complete may be outdated: a shard that committed
+            # the step and then learned from another that it is non-finite commits it again as skipped.
+            for s in self.sources:
+                self.answers.pop((step, s.ip), None)
+            bad = self._compare(step, flat, interval, deadline)
+        if bad:
+            self._repair(step, flat, stats, bad, interval, deadline)
+        self._forget(step)
+
+    def _compare(self, step: int, flat: np.ndarray, interval: float, deadline: float) -> list:
+        """(source, its blocks, the blocks that differ) for each source whose digest `flat` misses."""
         self._wait(lambda: all((step, s.ip) in self.answers for s in self.sources), lambda: self.ask(step),
                    interval, deadline, f"digest of step {step}")
-        stats["digest_checks"] += 1
         bad: list[tuple[Source, Blocks, list[int]]] = []
         for s in self.sources:
             theirs = self.answers[(step, s.ip)]
@@ -335,9 +352,7 @@ class Client:
             differ = np.flatnonzero(blocks.of(flat) != theirs).tolist()
             if differ:
                 bad.append((s, blocks, differ))
-        if bad:
-            self._repair(step, flat, stats, bad, interval, deadline)
-        self._forget(step)
+        return bad
 
     def _repair(self, step: int, flat: np.ndarray, stats, bad, interval: float, deadline: float) -> None:
         stats["digest_mismatches"] += 1

@@ -130,19 +130,21 @@ class Aggregator:
                     self._send(p, bytes(f))
         return mindp
 
+    def _from_port(self, port: int, frames: list[bytes]) -> None:
+        """mindp frames that came in at `port`: gradients from workers, parameters from the node."""
+        if port != self.optimizer.port:
+            self._grads(frames)
+        else:
+            for frame in frames:
+                self._param(frame)
+
     def _run(self):
         by_fd = {s.fileno(): port for port, s in self.socks.items()}
-        opt_port = self.optimizer.port
         while not self._stop.is_set():
             ready, _, _ = select.select(list(self.socks.values()), [], [], 0.02)
             for s in ready:
                 port = by_fd[s.fileno()]
-                frames = self._forward(port, rawsock.recv_batch(s))
-                if port != opt_port:
-                    self._grads(frames)
-                else:
-                    for frame in frames:
-                        self._param(frame)
+                self._from_port(port, self._forward(port, rawsock.recv_batch(s)))
             if self.held and (not ready or len(self.held) > 8):
                 self.rng.shuffle(self.held)
                 held, self.held = self.held, []
