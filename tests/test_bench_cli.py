@@ -18,6 +18,7 @@ BAD = [
     ("agents.py", ["--elements", "31"]),
     ("agents.py", ["--page-chunks", "x"]),
     ("dataplane.py", ["--k", "256"]),
+    ("digest.py", ["--rounds", "0"]),
     ("dataplane.py", ["--window", "1"]),
     ("ooc.py", ["--elements", "-5"]),
     ("scale.py", ["--chunks", "1"]),
