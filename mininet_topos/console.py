@@ -12,6 +12,11 @@ class RunError(RuntimeError):
     """Why the run cannot go on, in one line that names the log to read."""
 
 
+class Stopped(Exception):
+    """SIGTERM/SIGHUP: `make stop` or a closed terminal. Defined here, not in run.py, which runs as
+    __main__: a class of its own there would not be the one its modules catch."""
+
+
 def one_line(text: str) -> str:
     """The last non-empty line of a message (a tool's traceback ends with its cause)."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]

@@ -15,7 +15,7 @@ import sys
 import time
 
 from .progress import LogTail, Progress
-from .run import Stopped
+from .console import Stopped
 from .script_run import ScriptRun
 
 RDZV_PORT = 29400

@@ -41,7 +41,7 @@ from p4src import artifacts  # noqa: E402
 
 from . import clean, config, metrics, results, resume  # noqa: E402
 from .agents import Agents, JobFiles  # noqa: E402
-from .console import Console, RunError, how_it_ended, one_line  # noqa: E402
+from .console import Console, RunError, Stopped, how_it_ended, one_line  # noqa: E402
 from .progress import Progress  # noqa: E402
 from .runstate import DEFAULT_PATH, RunState  # noqa: E402
 
@@ -56,10 +56,6 @@ STALL_SECONDS = 60.0
 PROBE_SECONDS = 2.0
 SWITCH_DEADLINE = 5.0
 CRASH_GRACE = 2.0
-
-
-class Stopped(Exception):
-    """SIGTERM/SIGHUP: `make stop` or a closed terminal."""
 
 
 def _raise_stopped(signum, frame):

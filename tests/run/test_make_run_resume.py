@@ -1,0 +1,138 @@
+"""make run RESUME=<run> end to end: a run continued from its node's committed state ends on the bits
+of an uninterrupted run (the reference trainer over all steps), built-in model and SCRIPT= alike."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.run.test_make_run import REPO, MakeRun, assert_clean, needs_root
+
+pytestmark = pytest.mark.net
+
+
+def latest(tmp_path) -> dict:
+    return json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
+
+
+@needs_root
+def test_mlp_run_resumed_with_more_steps_is_bit_exact_with_all_steps(tmp_path):
+    first = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "3", "--p4", "committed")
+    assert first.run() == 0, first.err + first.out
+    old = first.run_dir
+    again = MakeRun(tmp_path, "--target", "embedded", "--steps", "6", "--p4", "committed", "--resume", "latest",
+                    "--given", "RESUME STEPS TARGET")
+    assert again.run() == 0, again.err + again.out
+    s = latest(tmp_path)
+    assert s["resumed_from"] == {"run": str(old.resolve()), "first_step": 3}
+    assert (s["steps"], s["workers"], s["max_abs_param_diff_vs_reference"]) == (6, 2, 0.0)
+    assert f"resuming {old.resolve()} after its node's commit: from step 3" in again.out
+    assert_clean(again)
+
+
+STOPPING_SCRIPT = '''
+import os, pathlib, sys
+sys.path.insert(0, {examples!r})
+import torch, mindp.torch
+import train_cnn
+from train_cnn import batch, build_model, loss_fn, optimizer, parse
+
+
+def mindp_reference(argv):
+    return train_cnn.mindp_reference(argv)
+
+
+def main():
+    args = parse()
+    torch.set_num_threads(1)
+    model = build_model()
+    opt, sched = optimizer(model, args.steps, args.lr)
+    opt = mindp.torch.init(model, opt, sched)
+    flag = pathlib.Path({flag!r})
+    for step in range(opt.step_number, args.steps):
+        if step == 2 and not flag.exists():  # the first run ends here, as a crashed one would
+            if os.environ["RANK"] == "0":
+                flag.write_text("stopped")
+            raise SystemExit(3)
+        x, y = batch(int(os.environ["RANK"]), step)
+        opt.zero_grad()
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        mindp.torch.log(loss=loss.item())
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@needs_root
+def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path):
+    script = tmp_path / "stopping.py"
+    script.write_text(STOPPING_SCRIPT.format(examples=str(REPO / "examples"), flag=str(tmp_path / "flag")))
+    args = ("--target", "embedded", "--workers", "2", "--p4", "committed", "--script", str(script),
+            "--args=--steps 4")
+    first = MakeRun(tmp_path, *args)
+    assert first.run() == 1
+    assert "rank 0 failed: exit 3" in first.err or "rank 1 failed: exit 3" in first.err, first.err
+    again = MakeRun(tmp_path, "--resume", "latest", "--given", "RESUME", "--p4", "committed")
+    assert again.run() == 0, again.err + again.out
+    s = latest(tmp_path)
+    assert s["resumed_from"]["first_step"] == 2 and s["steps"] == 4  # the job's steps, 2 of them in this run
+    assert s["max_abs_param_diff_vs_reference"] == 0.0
+    assert [st for st, _ in s["loss_curve"]] == [2, 3]
+    assert_clean(again)
+
+
+@needs_root
+def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path):
+    """UP=1: the printed commands (one per worker host) train examples/train_cnn.py through the switch;
+    make stop's SIGTERM ends the run, which reports the ranks' steps bit-exact with the reference."""
+    import signal
+
+    from mindp import progress
+
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--p4", "committed", "--script",
+                  str(REPO / "examples" / "train_cnn.py"), "--args=--steps 3", "--up").start()
+    cmds = tmp_path / "runs" / "latest" / "torchrun-commands.sh"
+    progress.wait(lambda: cmds.exists() or run.proc.poll() is not None, progress.activity(run.proc.pid),
+                  stall=progress.STALL, what="make run UP=1 start")
+    assert run.proc.poll() is None, run.proc.communicate()
+    assert cmds.read_text().count("--rdzv-backend static") == 2
+    ranks = progress.run(["sh", str(cmds)], cwd=REPO, capture_output=True, text=True)
+    assert ranks.returncode == 0, ranks.stdout[-2000:] + ranks.stderr[-2000:]
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 0, run.err + run.out
+    s = latest(tmp_path)
+    assert s["steps"] == 3 and s["max_abs_param_diff_vs_reference"] == 0.0
+    assert "rank 1 (w1_1): mnexec -a" in run.out
+    assert_clean(run)
+
+
+@needs_root
+def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path):
+    import signal
+
+    from mindp import progress
+
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "40", "--p4", "committed").start()
+    log = tmp_path / "runs" / "latest" / "logs" / "worker-job1-0.log"
+
+    def at_step_3() -> bool:
+        return run.proc.poll() is not None or (log.exists() and '"step": 3,' in log.read_text())
+
+    progress.wait(at_step_3, progress.activity(run.proc.pid), stall=progress.STALL, what="3 steps")
+    run.proc.send_signal(signal.SIGINT)
+    assert run.wait() == 130, run.err + run.out
+    assert "make run: stopped (interrupted); everything it started is cleaned up" in run.err
+    old = (tmp_path / "runs" / "latest").resolve()
+    s = latest(tmp_path)
+    assert s["stopped"] == "interrupted" and s["steps_done"] >= 3 and len(s["loss_curve"]["1"]) >= 4
+    assert len((old / "metrics.csv").read_text().splitlines()) >= 1 + 3 and (old / "curve.svg").exists()
+    again = MakeRun(tmp_path, "--resume", "latest", "--given", "RESUME", "--p4", "committed")
+    assert again.run() == 0, again.err + again.out
+    s = latest(tmp_path)
+    assert s["resumed_from"]["run"] == str(old) and s["resumed_from"]["first_step"] >= 3
+    assert s["steps"] == 40 and s["max_abs_param_diff_vs_reference"] == 0.0
+    assert_clean(again)
