@@ -270,6 +270,14 @@ class Client:
         self.chunks: dict[tuple[int, int], np.ndarray | None] = {}  # (step, chunk) -> fp16 (None: GONE)
         self.asked_at = 0.0
         self.sent = self.send_errors = self.received = 0  # for DigestError's line
+        self.idle = self._select
+        self.link_down = False
+
+    def _select(self, timeout: float) -> bool:
+        """Wait up to `timeout` for an answer; True if the link is known to be down. The worker
+        replaces it with one that also watches its raw socket (a link going down while it waits)."""
+        select.select([self.sock], [], [], timeout)
+        return False
 
     def ask(self, step: int) -> None:
         for s in self.sources:
@@ -306,7 +314,7 @@ class Client:
 
     def _wait(self, done, resend, interval: float, deadline: float, what: str) -> None:
         """Read answers until done(); resend() every `interval` s; DigestError after `deadline` s
-        without an answer."""
+        without an answer, not counting time the link is down (`idle` says so)."""
         last = time.monotonic()
         seen = len(self.answers) + len(self.chunks)
         while True:
@@ -314,7 +322,7 @@ class Client:
             if done():
                 return
             now = time.monotonic()
-            if len(self.answers) + len(self.chunks) != seen:
+            if len(self.answers) + len(self.chunks) != seen or self.link_down:
                 seen, last = len(self.answers) + len(self.chunks), now
             elif now - last > deadline:
                 raise DigestError(f"{self.name}: no {what} from the optimizer node after {deadline:.0f} s "
@@ -322,7 +330,7 @@ class Client:
             if now - self.asked_at >= interval:
                 resend()
                 self.asked_at = now
-            select.select([self.sock], [], [], min(interval, 0.05))
+            self.link_down = self.idle(min(interval, 0.05))
 
     def check(self, step: int, flat: np.ndarray, stats, interval: float, deadline: float) -> None:
         """Check `flat` (the step's fp16 parameters, n_chunks * K) against the nodes' digests of

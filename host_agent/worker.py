@@ -338,6 +338,16 @@ class StepHandle:
         if len(nonfinite):
             self.nonfinite.update(c[nonfinite].tolist())
 
+    def _digest_idle(self, timeout: float) -> bool:
+        """Waiting for the step's digest: its answer, or frames on the raw socket (late duplicates,
+        and the ENETDOWN of a link that went down, told in one line as in a step); True while the
+        link is down (the digest's deadline waits for it, as the step's does)."""
+        a = self.agent
+        ready, _, _ = select.select([a.digest.sock, a.sock], [], [], timeout)
+        if a.sock in ready:
+            self.pump(0.0)
+        return a.link.down
+
     def _from_owners(self, frames):
         """PARAM-sized frames whose source (MAC, IP) is the node owning their chunk; others kept
         for decode to count."""
@@ -385,6 +395,7 @@ class StepHandle:
             a.resume.complete(w.step, skipped, a.resume_aux(w.step, skipped) if a.resume_aux else None)
             self.params = a.resume.answers(w.step)
         if a.digest:
+            a.digest.idle = self._digest_idle
             a.digest.check(w.step, self.params, a.stats, max(a.rtt.rto, 0.05), a.cfg.rto.deadline)
         a.current = self.params
         a.step += 1
