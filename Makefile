@@ -1,4 +1,4 @@
-# mindp: make test | make test-under-load | make run | make stop | make clean | make p4 | make bench | make soak | make wireshark | make torch
+# mindp: make test | make test-under-load | make run | make stop | make clean | make p4 | make bench | make soak | make stress | make wireshark | make torch
 # Run as root on Debian 12. Every target sets up what it needs, once.
 
 SHELL := /bin/bash
@@ -63,7 +63,7 @@ TEST_WORKERS ?= 4
 # Busy loops beside the suite in make test-under-load (one per core here).
 LOAD ?= 2
 
-.PHONY: setup torch test test-under-load run stop clean p4 bench soak wireshark compare
+.PHONY: setup torch test test-under-load run stop clean p4 bench soak stress wireshark compare
 
 setup: $(STAMP_PIP)
 
@@ -156,6 +156,13 @@ soak:
 	@[ "$$(id -u)" = 0 ] || { echo "make soak: must run as root (network namespaces)" >&2; exit 1; }
 	@$(MAKE) -s --no-print-directory setup
 	@$(PY) -m tools.soak --steps $(SOAK_STEPS) --window $(SOAK_WINDOW) --loss $(SOAK_LOSS) --target $(TARGET) --seed $(SEED)
+
+# make stress MINUTES=N: bit-exact scenarios with random seeds, faults and contention (docs/RUN.md).
+MINUTES ?= 10
+stress:
+	@[ "$$(id -u)" = 0 ] || { echo "make stress: must run as root (network namespaces)" >&2; exit 1; }
+	@$(MAKE) -s --no-print-directory setup
+	@$(PY) -m tools.stress --minutes $(MINUTES) --load $(LOAD) $(if $(STRESS_SEED),--seed $(STRESS_SEED))
 
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
