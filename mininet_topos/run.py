@@ -456,6 +456,9 @@ class Run:
         if self.progress is None:
             return
         p = self.progress
+        for hp in self.agents.workers if self.agents else []:  # what they said before the signal came
+            for line in hp.tail.lines():
+                p.feed(line)
         results.write_summary(self.dir / "summary.json", {
             "model": model, "target": self.target, "workers": self.cfg.total_workers, "stopped": why,
             "steps_done": p.step, "loss_curve": {j: list(zip(c.steps, c.loss)) for j, c in p.curves.items()},

@@ -151,3 +151,16 @@ def config_module_vars() -> tuple[str, ...]:
     """make run's variables, which this test's environment must not set."""
     return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
             "LEAVES", "OPTIMIZERS", "SCRIPT", "ARGS")
+
+
+def test_target_auto_says_which_switch_it_chose_and_why():
+    from mindp import targets
+    from mininet_topos.run import target_reason
+
+    assert target_reason("embedded", "embedded") == ""
+    picked = targets.resolve("auto")
+    why = target_reason("auto", picked)
+    if picked == "bmv2":
+        assert why.startswith(" (TARGET=auto: BMv2 is installed, ") and targets.find_bmv2() in why
+    else:
+        assert why == " (TARGET=auto: BMv2 is not installed)"

@@ -32,6 +32,8 @@ def test_leafspine_run_is_bit_exact(tmp_path, target, loss):
     cfg = json.loads((d / "config.json").read_text())
     assert (cfg["topo"], cfg["leaves"], cfg["optimizers"], s["target"]) == ("leafspine", LEAVES, SHARDS, target)
     assert s["max_abs_param_diff_vs_reference"] == 0.0
+    assert s["workers"] == LEAVES * WORKERS  # every leaf's, as the chart's title says
+    assert f"{LEAVES * WORKERS} workers" in (run.run_dir / "curve.svg").read_text()
     topo = topology.Topology.load(d / "topology.json")
     assert [sw.name for sw in topo.switches] == ["spine", "leaf1", "leaf2"] and topo.job(1).n_workers == 4
     n_chunks = optim.layout_of(workload.init_params(workload.WorkloadConfig(n_workers=4))).n_chunks

@@ -149,3 +149,16 @@ def test_a_failing_rank_is_named_with_its_exception_in_one_line(tmp_path):
                            "is not supported"), line
     assert line.endswith("torchrun.log")
     assert_clean(run)
+
+
+@needs_root
+def test_a_script_whose_init_refuses_says_why_without_asking_whether_it_calls_init(tmp_path):
+    script = tmp_path / "adam.py"
+    script.write_text("import torch, mindp.torch\nm = torch.nn.Linear(2, 2)\n"
+                      "mindp.torch.init(m, torch.optim.Adam(m.parameters()))\n")
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 1
+    (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
+    assert "describe run failed (exit 1): mindp.torch.init: optimizer Adam is not supported" in line
+    assert "does it call" not in line
+    assert_clean(run)
