@@ -8,6 +8,8 @@ A scenario trains a small model with mindp-worker processes (synthetic gradients
 the step digest checked) and the mindp-optimizer node, in namespaces on veths, through
 - `loopback`: the in-test aggregator (tests/host_agent/aggregator.py: exact sums, its own seeded
   loss, duplicates, reordering), or
+- `threads`: the same aggregator with the workers as threads of the scenario's process, as the
+  tests run them (tests/host_agent/harness.py: one GIL for all workers and the aggregator), or
 - `embedded`: the embedded switch configured by the controller (its own loss, duplicates and
   reordering; it may be killed and restored mid-run),
 with the agents' own seeded loss (send and receive) and the node's duplicates and reordering,
@@ -47,7 +49,7 @@ from mindp import progress, testbed
 from mindp.topology import star
 from tools.soak import Agent, model
 
-FAMILIES = ("loopback", "embedded")
+FAMILIES = ("loopback", "threads", "embedded")
 #: Exit codes of one scenario.
 EXACT, DIVERGED, FAILED = 0, 1, 2
 #: A scenario that takes longer than this (seconds) is stopped and counted as failed.
@@ -107,7 +109,8 @@ def random_config(rng: random.Random, family: str) -> Config:
                  slots=rng.choice([4, 8, 64]), agent_loss=rate(0.05), node_dup=rate(0.05), node_reorder=rate(0.05),
                  fabric_drop=rate(0.05), fabric_dup=rate(0.05), fabric_reorder=rate(0.05),
                  busy_loops=rng.choice([0, 0, 1, 2]), stall_resend=rng.choice([0.2, 0.5, 1.0]))
-    targets = ["node", *(f"worker{w}" for w in range(cfg.workers))] + (["switch"] if family == "embedded" else [])
+    targets = ["node"] + ([f"worker{w}" for w in range(cfg.workers)] if family != "threads" else []) \
+        + (["switch"] if family == "embedded" else [])
     for _ in range(rng.choice([0, 0, 1, 2, 3])):
         action = rng.choice(["stop", "stop", "kill"])
         cfg.events.append(Event(round(rng.uniform(0.2, 4.0), 2), action, rng.choice(targets),
@@ -163,7 +166,7 @@ class Scenario:
 
         c = self.cfg
         job = self.topo.jobs[0]
-        if c.family == "loopback":
+        if c.family in ("loopback", "threads"):
             return Aggregator(1, {i: self.topo.host(n) for i, n in job.workers.items()}, self.topo.host(job.optimizer),
                               bed.ports(), drop=c.fabric_drop, dup=c.fabric_dup, reorder=c.fabric_reorder,
                               seed=c.seed)
@@ -227,12 +230,17 @@ class Scenario:
             try:
                 with self._fabric(bed) as self.fabric:
                     self.procs["node"].start()
-                    for name, agent in self.procs.items():
-                        if name != "node":
-                            agent.start()
+                    threads = None
+                    if c.family == "threads":
+                        threads = self._worker_threads(bed)
+                    else:
+                        for name, agent in self.procs.items():
+                            if name != "node":
+                                agent.start()
                     events = threading.Thread(target=self._events, args=(time.monotonic(), stop), daemon=True)
                     events.start()
-                    codes = self._wait()
+                    codes = self._join(threads) if c.family == "threads" else {}
+                    codes.update(self._wait())
                     stop.set()
                     events.join()
             finally:
@@ -243,6 +251,30 @@ class Scenario:
                 for agent in self.procs.values():
                     agent.kill()
         return self._verdict(ref, codes)
+
+    def _worker_threads(self, bed):
+        """The job's workers as threads of this process (harness.Workers), their processes unused."""
+        from tests.host_agent.harness import Workers
+
+        c = self.cfg
+        for i in range(c.workers):
+            del self.procs[f"worker{i}"]
+        return Workers(bed, self.topo, self.init, reference.synthetic_grads(self.grad_seed), c.steps,
+                       drop=c.agent_loss, dup=c.node_dup, reorder=c.node_reorder).start()
+
+    def _join(self, workers) -> dict[str, int]:
+        """Wait for the worker threads; their parameters and stats written as the processes' are."""
+        try:
+            workers.join()
+        except Exception as exc:  # a step that failed: the scenario fails
+            (self.work / "workers.log").write_text(f"{type(exc).__name__}: {exc}\n")
+        codes = {}
+        for i, agent in workers.agents.items():
+            codes[f"worker{i}"] = 0 if i in workers.results else 1
+            if i in workers.results:
+                np.savez(self.work / f"w{i}.npz", **workers.results[i])
+            (self.work / f"w{i}.json").write_text(json.dumps(dict(agent.stats)) + "\n")
+        return codes
 
     def _wait(self) -> dict[str, int]:
         """Each agent's exit code; an agent restarted by an event is waited for in its new life."""
@@ -356,6 +388,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if os.geteuid() != 0:
         p.error("must run as root (network namespaces)")
+    # Names of its own: another stress run, replay or test run never shares a namespace or a veth
+    # (the loop's scenarios, one at a time, inherit the loop's).
+    os.environ.setdefault(testbed.TAG_ENV, testbed.claim_tag())
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # cleans up as Ctrl-C does
     if args.replay:
         return replay(pathlib.Path(args.replay), args.in_place)
     families = [f for f in args.families.split(",") if f]
