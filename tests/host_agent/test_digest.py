@@ -125,3 +125,80 @@ def test_diverged_worker_is_caught_in_its_step_and_repaired(bed, tmp_path, capfd
     err = capfd.readouterr().err
     assert "mindp-worker 1/2: step 2: parameters differ from the optimizer node's digest in 1 chunk(s): 5;" in err
     assert load_stats(tmp_path / "stats.json")["committed"] == steps - 1
+
+
+class ScriptedNode:
+    """A node's digest socket on 127.0.0.1 answering a Client from scripted block digests, served
+    from the client's idle hook: each query takes the next digest of `answers` (the last repeats);
+    fetches get `params`' chunks. No thread, no timing: the order is the script's."""
+
+    def __init__(self, lay, answers: list[np.ndarray], params: np.ndarray):
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.blocks = digest.Blocks(0, lay.n_chunks - 1)
+        self.answers, self.params = list(answers), params.reshape(-1, K)
+        self.queries = self.fetched = 0
+
+    def serve(self, timeout: float) -> bool:
+        while True:
+            try:
+                data, addr = self.sock.recvfrom(64)
+            except BlockingIOError:
+                return False
+            magic = data[:8]
+            if magic == digest.QUERY:
+                _, job, step = digest._QUERY.unpack(data)
+                blocks = self.answers[min(self.queries, len(self.answers) - 1)]
+                self.queries += 1
+                self.sock.sendto(digest._DIGEST.pack(digest.DIGEST, job, step, digest.OK, self.blocks.lo,
+                                                     self.blocks.hi, self.blocks.count)
+                                 + blocks.astype(">u8").tobytes(), addr)
+            elif magic == digest.FETCH:
+                _, job, step, first, n = digest._FETCH.unpack(data)
+                for c in range(first, first + n):
+                    self.fetched += 1
+                    self.sock.sendto(digest._CHUNK.pack(digest.CHUNK, job, step, c, digest.OK)
+                                     + self.params[c].astype("<f2").tobytes(), addr)
+
+
+def scripted_client(lay, node: ScriptedNode) -> digest.Client:
+    client = digest.Client(digest.open_socket(), 1, "mindp-worker 1/0", [digest.Source(0, lay.n_chunks - 1, "127.0.0.1")],
+                           port=node.port)
+    client.idle = node.serve
+    return client
+
+
+def test_an_outdated_digest_is_asked_again_before_any_repair():
+    """A shard may answer a step's digest, then learn that the step is non-finite and commit it again
+    as skipped: the worker, whose parameters are the skipped step's, asks again and finds them equal
+    (no mismatch counted, nothing fetched)."""
+    import collections
+
+    lay = optim.layout_of(small_model())
+    flat = flat_of(lay, initial_fp16(small_model()))
+    blocks = digest.Blocks(0, lay.n_chunks - 1)
+    outdated = blocks.of(flat) + np.uint64(1)
+    node = ScriptedNode(lay, [outdated, blocks.of(flat)], flat)
+    stats = collections.Counter()
+    scripted_client(lay, node).check(3, flat.copy(), stats, 0.05, 60.0)
+    assert stats == {"digest_checks": 1} and node.queries == 2 and node.fetched == 0
+
+
+def test_a_differing_chunk_is_named_fetched_and_taken(capfd):
+    import collections
+
+    lay = optim.layout_of(small_model())
+    right = flat_of(lay, initial_fp16(small_model()))
+    node = ScriptedNode(lay, [digest.Blocks(0, lay.n_chunks - 1).of(right)], right)
+    mine = right.copy()
+    mine.view(np.uint16)[[9 * K, 30 * K + 5]] ^= 0x0400
+    stats = collections.Counter()
+    scripted_client(lay, node).check(2, mine, stats, 0.05, 60.0)
+    assert mine.tobytes() == right.tobytes()
+    assert stats == {"digest_checks": 1, "digest_mismatches": 1, "digest_repaired_chunks": 2}
+    assert capfd.readouterr().err == ("mindp-worker 1/0: step 2: parameters differ from the optimizer node's digest "
+                                      "in 2 chunk(s): 9, 30; taken again from the node\n")
