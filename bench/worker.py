@@ -2,13 +2,18 @@
 
 - send: a whole step's gradients through WorkerAgent (fp16 rounding, chunking, encode, window,
   send) vs a bare loop sending the same number of ready-made frames of the same length;
-- receive: a step's parameter frames taken by the agent (receive, tag and source checks,
-  decode, window, reassembly) vs a bare loop receiving the same frames.
+- receive: a step's parameter frames taken by the agent (receive, tag and source checks, decode,
+  window, reassembly) through its socket's PACKET_MMAP ring, and by a second agent through
+  recvmmsg (the receive path before the ring: rawsock.RING off), each vs a bare loop receiving
+  the same frames one recv at a time. The three sockets sit on one interface, so each gets its own
+  copy of the same frames, sent before any of them reads; who reads first changes every round.
+  A first round warms up untimed.
 
-Run as root: .venv/bin/python bench/worker.py
+K is the process's (MINDP_K). Run as root: .venv/bin/python bench/worker.py [--rounds N]
 """
 from __future__ import annotations
 
+import argparse
 import os
 import select
 import sys
@@ -26,83 +31,100 @@ from mindp import codec, testbed  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
 from mindp.topology import star  # noqa: E402
 
-CHUNKS = 4096  # per step: fits the receive buffer, so nothing is dropped on the way in
-ROUNDS = 5
+#: Chunks per step: fit the agent's receive buffer (4,096 rows) and its ring, so nothing is dropped.
+CHUNKS = min(4096, rawsock.ring_size()[1])
 
 
 def drain(s) -> int:
     n = 0
     while True:
         try:
-            s.recv(4096)
+            s.recv(1 << 16)
             n += 1
         except BlockingIOError:
             return n
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5, help="steps timed (default 5)")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be >= 1")
     if os.geteuid() != 0:
         print("bench/worker.py: needs root (network namespaces, raw sockets)", file=sys.stderr)
         return 1
     topo = star([1], slots=CHUNKS)
     cfg = WorkerConfig.from_topology(topo, 1, 0, rto=RtoConfig(initial=60.0, deadline=600.0))
     lay = optim.layout_of({"g": np.zeros(CHUNKS * K, np.float32)})
-    grads = {"g": np.random.default_rng(0).standard_normal(CHUNKS * K).astype(np.float32)}
+    grads = np.random.default_rng(0).standard_normal(CHUNKS * K).astype(np.float32)
     opt = topo.host("opt1")
     node = codec.Addresses(opt.mac, "ff:ff:ff:ff:ff:ff", opt.ip, "255.255.255.255")
+    names = ("ring", "recvmmsg", "bare")
+    took = dict.fromkeys(("send", "bare send", *names), 0.0)
     with testbed.Testbed("bwk-") as bed:
         nh = bed.add(topo.host("w1_0"))
-        sock = nh.socket()
-        rawsock.prepare(sock)
+        socks = {}
+        for name in names:
+            socks[name] = nh.socket()
+            rawsock.prepare(socks[name])
         outer = testbed.raw_socket(nh.switch_iface)
-        outer.setsockopt(1, 8, 64 << 20)  # SO_RCVBUF: hold a whole step of our sends
-        agent = WorkerAgent(cfg, lay, sock)
+        agents = {}
+        for name in ("ring", "recvmmsg"):
+            rawsock.RING = name == "ring"
+            agents[name] = WorkerAgent(cfg, lay, socks[name])
+        rawsock.RING = True
+        if rawsock.ring_of(socks["ring"]) is None:
+            print("bench/worker.py: no receive ring could be set up here", file=sys.stderr)
+            return 1
         grad_frame = codec.encode(Kind.GRAD, codec.header_array(1), np.zeros((1, K), np.float16),
-                                  agent.addrs)[0].tobytes()
-        slot, ver = slot_and_version(0, np.arange(CHUNKS), CHUNKS, cfg.slots)
-        params = [codec.encode(Kind.PARAM, codec.header_array(CHUNKS, job=1, step=step, chunk=np.arange(CHUNKS),
-                                                              slot=slot, ver=slot_and_version(step, np.arange(CHUNKS),
-                                                                                               CHUNKS, cfg.slots)[1]),
-                               np.ones((CHUNKS, K), np.float16), node) for step in range(ROUNDS)]
-        del slot, ver
-        ours_send = bare_send = ours_recv = bare_recv = 0.0
-        for r in range(ROUNDS):
+                                  agents["ring"].addrs)[0].tobytes()
+        chunks = np.arange(CHUNKS)
+        slot = slot_and_version(0, chunks, CHUNKS, cfg.slots)[0]
+        for r in range(args.rounds + 1):  # round 0 warms up (first calls, caches) untimed
+            if r == 1:
+                took = dict.fromkeys(took, 0.0)
             t = time.perf_counter()
             for _ in range(CHUNKS):
-                sock.send(grad_frame)
-            bare_send += time.perf_counter() - t
+                socks["bare"].send(grad_frame)
+            took["bare send"] += time.perf_counter() - t
             drain(outer)
-
-            t = time.perf_counter()
-            h = agent.start_step()
-            h.put("g", grads["g"])
-            ours_send += time.perf_counter() - t
-            assert agent.stats["sent"] == (r + 1) * CHUNKS
-            drain(outer)
-
-            frames = [f.tobytes() for f in params[r]]
-            for f in frames:
-                outer.send(f)
-            t = time.perf_counter()
-            got = 0
-            while got < CHUNKS:
-                select.select([sock], [], [], 1.0)
-                got += len(rawsock.recv_batch(sock))
-            bare_recv += time.perf_counter() - t
-
-            for f in frames:
-                outer.send(f)
-            t = time.perf_counter()
-            h.wait()
-            ours_recv += time.perf_counter() - t
+            handles = {}
+            for name, agent in agents.items():
+                t = time.perf_counter()
+                handles[name] = agent.start_step()
+                handles[name].put("g", grads)
+                if name == "ring":
+                    took["send"] += time.perf_counter() - t
+                drain(outer)
+            params = codec.encode(Kind.PARAM, codec.header_array(
+                CHUNKS, job=1, step=r, chunk=chunks, slot=slot, ver=slot_and_version(r, chunks, CHUNKS, cfg.slots)[1]),
+                np.ones((CHUNKS, K), np.float16), node)
+            assert rawsock.send_rows(outer, params, range(CHUNKS)) == (CHUNKS, 0)
+            for name in names[r % 3:] + names[: r % 3]:
+                t = time.perf_counter()
+                if name == "bare":
+                    got = 0
+                    while got < CHUNKS:
+                        select.select([socks[name]], [], [], 1.0)
+                        got += len(rawsock.recv_batch(socks[name]))
+                else:
+                    handles[name].wait()
+                took[name] += time.perf_counter() - t
         outer.close()
-        sock.close()
-    n = CHUNKS * ROUNDS
-    rows = [("send (fp16 + encode + window + send)", n / ours_send, n / bare_send),
-            ("receive (checks + decode + window + reassembly)", n / ours_recv, n / bare_recv)]
-    print(f"{'worker, frames/s':50s} {'agent':>10s} {'bare loop':>10s} {'ratio':>6s}")
+        for s in socks.values():
+            s.close()
+    n = CHUNKS * args.rounds
+    rate = {k: n / v for k, v in took.items()}
+    print(f"K = {K}, {CHUNKS} chunks a step, {args.rounds} steps; ring: {rawsock.ring_size()[1]} slots of "
+          f"{rawsock.ring_size()[0]} B")
+    print(f"{'worker, frames/s':52s} {'agent':>10s} {'bare loop':>10s} {'ratio':>6s}")
+    rows = [("send (fp16 + encode + window + send)", rate["send"], rate["bare send"]),
+            ("receive, ring (checks + decode + window + reassembly)", rate["ring"], rate["bare"]),
+            ("receive, recvmmsg (the same)", rate["recvmmsg"], rate["bare"])]
     for name, ours, bare in rows:
-        print(f"{name:50s} {ours:10.0f} {bare:10.0f} {ours / bare:6.2f}")
+        print(f"{name:52s} {ours:10.0f} {bare:10.0f} {ours / bare:6.2f}")
+    print(f"receive through the ring / through recvmmsg: {rate['ring'] / rate['recvmmsg']:.2f}")
     return 0
 
 

@@ -1,26 +1,44 @@
 """Raw AF_PACKET sockets for the agents: open, batch receive, send with counted errors.
 
-Bursts go through sendmmsg/recvmmsg (ctypes, one system call for up to 1024 frames, the
-message vectors built with numpy over the rows of one buffer) where libc has them and
-pointers are 64-bit; elsewhere the same functions loop over send/recvmsg_into.
+An agent's socket receives through a PACKET_MMAP ring (mindp.rxring), set up by `enable_auxdata`
+before traffic, in slots of the longest frame (SUM: K int64): every receive function here reads
+the ring where the socket has one. Elsewhere (the ring cannot be set up, RING off) and for sends,
+bursts go through sendmmsg/recvmmsg (ctypes, one system call for up to 1024 frames, the message
+vectors built with numpy over the rows of one buffer) where libc has them and pointers are 64-bit;
+elsewhere the same functions loop over send/recvmsg_into.
 """
 from __future__ import annotations
 
 import errno
+import os
 import random
 import socket
 import sys
 import time
+import weakref
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from mindp import mmsg
+from mindp import mmsg, rxring
 from mindp.netutil import hold_udp_port, packet_socket
+from mindp.protocol import Kind, frame_len, link_mtu
+from mindp.switch_constants import POOL_SLOTS
 
 SOL_PACKET = 263
 PACKET_AUXDATA = 8
 PACKET_IGNORE_OUTGOING = 23
-MAX_FRAME = 2048
+#: Receive through a PACKET_MMAP ring where one can be set up (False: recvmmsg, as before the ring;
+#: bench/worker.py runs both).
+RING = True
+#: An agent's ring: RING_BYTES, or more to hold RING_FRAMES: at K = 32 (512-byte slots) 32,768
+#: frames in 16 MiB, at K = 1,024 (12 KiB slots) 2,048 in 24 MiB. Frames in flight to a host are at
+#: most the switch's slots (each answered once, plus resends), so twice the pool holds them all.
+RING_BYTES = 16 << 20
+RING_FRAMES = 2 * POOL_SLOTS
+#: recv's limit without a ring: the longest frame a link of ours carries (its MTU, an Ethernet
+#: header and a VLAN tag), and a byte more, so that a longer one, cut short, never passes for it.
+MAX_FRAME = link_mtu() + 14 + 4 + 1
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 RCVBUF = 16 << 20  # asked; the kernel doubles it
 AUXDATA = mmsg.AUXDATA
@@ -63,9 +81,10 @@ def udp_guard() -> socket.socket | None:
 def prepare(s: socket.socket) -> None:
     """Non-blocking, large receive buffer, own outgoing frames not looped back."""
     s.setblocking(False)
-    # 32 MiB of kernel buffer (the kernel doubles what is asked) holds about 26k frames of SUM
-    # size (1,280 bytes each with the skb's overhead on a veth): the node's receive batch,
-    # node_socket.RECV_ROWS, and more. Past net.core.rmem_max only root may ask (SO_RCVBUFFORCE).
+    # The receive path without a ring (a ring holds RING_BYTES of its own): 32 MiB of kernel buffer
+    # (the kernel doubles what is asked) holds 26,215 SUM frames at K = 32 (1,280 bytes each with
+    # the skb's overhead on a veth), 2,558 at K = 1,024: more than the frames in flight to a host
+    # (RING_FRAMES). Past net.core.rmem_max only root may ask (SO_RCVBUFFORCE).
     try:
         s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
     except OSError:
@@ -77,8 +96,81 @@ def prepare(s: socket.socket) -> None:
         pass  # older kernel: own frames are rejected by the decoder instead
 
 
+@dataclass
+class _Ring:
+    """A socket's receive ring (None: it could not be set up) and the frames that were queued on
+    the socket before (the kernel drops them when it sets a ring up: taken out first, they are
+    handed out first)."""
+
+    ring: rxring.RxRing | None
+    queued: list[bytes] = field(default_factory=list)
+
+    def pending(self, limit: int) -> list[bytes]:
+        out, self.queued = self.queued[:limit], self.queued[limit:]
+        return out
+
+
+_rings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # socket -> _Ring
+
+
+def ring_of(s: socket.socket) -> rxring.RxRing | None:
+    """The receive ring `enable_auxdata` gave `s`, if any."""
+    r = _rings.get(s)
+    return r.ring if r is not None else None
+
+
+def ring_size() -> tuple[int, int]:
+    """An agent's ring: (bytes of a slot, slots)."""
+    frame = rxring.slot_bytes(frame_len(Kind.SUM))
+    return frame, max(RING_FRAMES, RING_BYTES // frame)
+
+
+def _attach_ring(s: socket.socket) -> bool:
+    """Give packet socket `s` a receive ring of RING_BYTES in slots of the longest frame (SUM: K
+    int64), the frames already queued on it taken out first; False where none can be set up."""
+    if s in _rings:
+        return _rings[s].ring is not None
+    if not RING or getattr(s, "family", None) != socket.AF_PACKET:
+        return False
+    queued = []
+    while True:
+        try:
+            queued.append(s.recv(MAX_FRAME))
+        except (BlockingIOError, InterruptedError):
+            break
+    try:
+        ring = rxring.RxRing(s, *ring_size(), copy_long=False)
+    except (OSError, ValueError):  # an old kernel, no memory: recvmmsg then
+        ring = None
+    _rings[s] = _Ring(ring, queued)
+    return ring is not None
+
+
+def _raise_pending_error(s: socket.socket) -> None:
+    """A ring receive makes no system call, so a socket error the kernel set (ENETDOWN: the link
+    went down) is never reported by one: read it where the ring had nothing, and raise it as a
+    receive call would have (select keeps waking for it until it is read)."""
+    err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    if err:
+        raise OSError(err, os.strerror(err))
+
+
+def _queued(s: socket.socket, limit: int) -> tuple[list[bytes], rxring.RxRing | None]:
+    """Frames queued before `s` got its ring (up to `limit`), and the ring."""
+    r = _rings.get(s)
+    if r is None:
+        return [], None
+    return (r.pending(limit) if r.queued else []), r.ring
+
+
 def recv_batch(s: socket.socket, limit: int = 1024) -> list[bytes]:
-    frames = []
+    """Up to `limit` waiting frames (on a ring: those that carried no VLAN tag)."""
+    frames, ring = _queued(s, limit)
+    if ring is not None:
+        frames += ring.frames_waiting(limit - len(frames))[0]
+        if not frames:
+            _raise_pending_error(s)
+        return frames
     while len(frames) < limit:
         try:
             frames.append(s.recv(MAX_FRAME))
@@ -88,8 +180,11 @@ def recv_batch(s: socket.socket, limit: int = 1024) -> list[bytes]:
 
 
 def enable_auxdata(s: socket.socket) -> bool:
-    """Ask the kernel to say, per received frame, whether it carried a VLAN tag it stripped
-    (PACKET_AUXDATA); False where the socket is not AF_PACKET (test socket pairs)."""
+    """Make `s`'s receive functions tell frames that carried a VLAN tag the kernel stripped: by its
+    receive ring (set up now: call before traffic), else by PACKET_AUXDATA, the kernel saying so
+    per received frame; False where the socket is not AF_PACKET (test socket pairs)."""
+    if _attach_ring(s):
+        return True
     try:
         s.setsockopt(SOL_PACKET, PACKET_AUXDATA, 1)
     except OSError:
@@ -110,7 +205,12 @@ def recv_batch_untagged(s: socket.socket, limit: int = 1024) -> tuple[list[bytes
     """Like recv_batch on a socket with enable_auxdata: (frames that carried no VLAN tag, number
     of tagged frames dropped). A tagged frame never counts as mindp traffic: the kernel strips the
     tag, so without this a forged frame on another VLAN would look like one of ours."""
-    frames = []
+    frames, ring = _queued(s, limit)
+    if ring is not None:
+        more, tagged = ring.frames_waiting(limit - len(frames))
+        if not frames and not more and not tagged:
+            _raise_pending_error(s)
+        return frames + more, tagged
     tagged = 0
     recvmsg = s.recvmsg
     while len(frames) + tagged < limit:
@@ -167,13 +267,26 @@ class RowReceiver:
 def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver | None = None) -> tuple[int, int, int]:
     """Receive frames of exactly buf.shape[1] bytes straight into the rows of `buf` (no bytes
     object per frame), as recv_batch_untagged does; returns (rows filled, tagged frames dropped,
-    frames of another length dropped). With `receiver` (over the same buffer): by recvmmsg."""
-    if receiver is not None and _MMSG:
-        return receiver.receive(s.fileno())
+    frames of another length dropped). From the socket's ring where it has one; else with
+    `receiver` (over the same buffer) by recvmmsg, else frame by frame."""
     width = buf.shape[1]
+    rows = tagged = other = 0
+    queued, ring = _queued(s, len(buf))
+    for f in queued:
+        if len(f) == width:
+            buf[rows] = np.frombuffer(f, np.uint8)
+            rows += 1
+        else:
+            other += 1
+    if ring is not None:
+        n, t, o = ring.receive_rows(buf, rows)
+        if not (rows or n or t or o):
+            _raise_pending_error(s)
+        return rows + n, tagged + t, other + o
+    if receiver is not None and _MMSG and not rows:
+        return receiver.receive(s.fileno())
     mv = memoryview(buf).cast("B")
     recvmsg_into = s.recvmsg_into
-    rows = tagged = other = 0
     limit = len(buf)
     while rows < limit:
         try:

@@ -49,9 +49,10 @@ TOO_LONG, GONE = -1, -2  # RxRing._take's results other than a length
 
 
 def slot_bytes(longest: int) -> int:
-    """The slot that holds a frame of `longest` bytes with its header: a power of two up to a page
+    """The slot that holds a frame of `longest` bytes with its header, and a byte more (a longer
+    frame, cut short to the slot, never passes for one of `longest`): a power of two up to a page
     (it divides a block), else whole pages."""
-    need = MAC_OFFSET + longest
+    need = MAC_OFFSET + longest + 1
     if need <= mmap.PAGESIZE:
         return max(64, 1 << (need - 1).bit_length())
     return -(-need // mmap.PAGESIZE) * mmap.PAGESIZE

@@ -88,8 +88,9 @@ def test_batched_and_plain_paths_agree(pair, monkeypatch):
 @needs_mmsg
 @pytest.mark.net
 def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
-    """A burst of node_socket.RECV_ROWS SUM frames sent before the node reads any is all queued on its
-    socket (none dropped for buffer space) and taken in one receive into the node's buffer."""
+    """A burst of node_socket.RECV_ROWS SUM frames sent before the node reads any is all held by its
+    socket (its receive ring, or its buffer without one: none dropped for space) and taken in one
+    receive into the node's buffer."""
     from host_agent import node_socket
     from mindp import codec, testbed
     from mindp.protocol import Kind
@@ -101,13 +102,14 @@ def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
     try:
         testbed.quiet_veths((a, None), (b, None))
         tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
+        auxdata = rawsock.enable_auxdata(rx)  # as the node does, before traffic: its ring, if any
         width = codec.frame_len(Kind.SUM)
         f = np.random.default_rng(1).integers(0, 256, size=(node_socket.RECV_ROWS, width), dtype=np.uint8)
         f[:, 12:14] = (0x88, 0xB5)
         for row in f:  # one at a time: a veth's peer takes each on the sender's return (no backlog drop)
             tx.send(row.tobytes())
         buf = np.zeros((node_socket.RECV_ROWS, width), np.uint8)
-        rows, tagged, other = rawsock.RowReceiver(buf, rawsock.enable_auxdata(rx)).receive(rx.fileno())
+        rows, tagged, other = rawsock.recv_rows_untagged(rx, buf, rawsock.RowReceiver(buf, auxdata))
         assert (rows, tagged, other) == (node_socket.RECV_ROWS, 0, 0)
         assert np.array_equal(buf, f)
     finally:

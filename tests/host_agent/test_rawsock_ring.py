@@ -1,0 +1,195 @@
+"""An agent socket's receive ring (mindp.rxring through host_agent.rawsock) on a veth pair, at two K
+(each in a process of its own with MINDP_K, since K is read at import): frames queued before the
+ring first, then every frame in order while the ring wraps, tagged and wrong-sized frames counted
+and left out; the same through recvmmsg where the ring is off. And the ring's run of ready slots
+found without a race, on scripted slot states."""
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from mindp import progress, rxring
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+KS = (32, 1024)
+
+
+def exercise(use_ring: bool) -> dict:
+    """The scenario, in this process's K: what the receiving socket got and counted."""
+    from host_agent import rawsock
+    from mindp import testbed
+    from mindp.protocol import Kind, frame_len
+
+    rawsock.RING = use_ring
+    width = frame_len(Kind.SUM)
+    a, b = testbed.tagged("mdp-rr0"), testbed.tagged("mdp-rr1")
+    testbed.sh("ip", "link", "del", a, check=False)
+    testbed.sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+    socks = []
+    try:
+        testbed.quiet_veths((a, None), (b, None))
+        tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
+        n = 5 * rawsock.RING_FRAMES // 2 + 3  # the ring wraps twice
+        f = np.random.default_rng(width).integers(0, 256, size=(n, width), dtype=np.uint8)
+        f[:, 12:14] = (0x88, 0xB5)
+        f[:, 14:18] = np.arange(n, dtype=">u4").view(np.uint8).reshape(-1, 4)
+        assert rawsock.send_rows(tx, f, range(3)) == (3, 0)  # queued before the ring
+        tagged_ok = rawsock.enable_auxdata(rx)
+        ring = rawsock.ring_of(rx)
+        buf = np.zeros((rawsock.RING_FRAMES // 2, width), np.uint8)
+        receiver = rawsock.RowReceiver(buf, tagged_ok) if rawsock.MMSG else None
+        got, tagged, other = [], 0, 0
+        for lo in range(3, n, 1000):
+            hi = min(lo + 1000, n)
+            assert rawsock.send_rows(tx, f, range(lo, hi)) == (hi - lo, 0)
+            # A tagged frame that is ours but for its tag, and a short one.
+            tx.send(f[lo, :12].tobytes() + b"\x81\x00\x00\x05" + f[lo, 12:].tobytes())
+            tx.send(f[lo, :60].tobytes())
+            want = hi + 2 * (1 + (lo - 3) // 1000)
+
+            def take() -> bool:
+                nonlocal tagged, other
+                rows, t, o = rawsock.recv_rows_untagged(rx, buf, receiver)
+                got.extend(bytes(r) for r in buf[:rows])
+                tagged, other = tagged + t, other + o
+                return len(got) + tagged + other >= want
+
+            progress.wait(take, lambda: len(got) + tagged + other, stall=progress.STALL, what="the ring")
+        return {"ring": None if ring is None else [ring.frame, ring.frames], "in_order": got == [r.tobytes() for r in f],
+                "tagged": tagged, "other": other, "bursts": -(-(n - 3) // 1000), "width": width,
+                "dropped": ring.dropped() if ring else 0}
+    finally:
+        for s in socks:
+            s.close()
+        testbed.sh("ip", "link", "del", a, check=False)
+
+
+CHILD = "import json, sys; from tests.host_agent.test_rawsock_ring import exercise; print(json.dumps(exercise(sys.argv[1] == 'ring')))"
+
+
+@pytest.mark.net
+@pytest.mark.parametrize("k", KS)
+def test_an_agent_socket_receives_through_its_ring_at_each_k(k):
+    from mindp.protocol import MAX_K, Kind, frame_len
+
+    assert k <= MAX_K
+    env = {**os.environ, "MINDP_K": str(k), "PYTHONPATH": str(ROOT)}
+    out = {}
+    for mode in ("ring", "recvmmsg"):
+        proc = progress.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=env, cwd=ROOT)
+        assert proc.returncode == 0, proc.stderr
+        out[mode] = json.loads(proc.stdout)
+    ring, plain = out["ring"], out["recvmmsg"]
+    assert ring["width"] == frame_len(Kind.SUM, k)
+    frame, frames = ring["ring"]
+    assert frame == rxring.slot_bytes(frame_len(Kind.SUM, k)) and frame >= rxring.MAC_OFFSET + frame_len(Kind.SUM, k)
+    assert plain["ring"] is None
+    for r in (ring, plain):
+        assert r["in_order"] and r["tagged"] == r["other"] == r["bursts"] and r["dropped"] == 0, r
+
+
+def test_an_old_kernel_or_a_socket_pair_gets_no_ring():
+    """enable_auxdata on a socket that is not AF_PACKET: no ring, False, nothing read from it."""
+    import socket
+
+    from host_agent import rawsock
+
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with a, b:
+        a.send(b"x" * 40)
+        assert not rawsock.enable_auxdata(b) and rawsock.ring_of(b) is None
+        assert b.recv(100) == b"x" * 40
+
+
+class FakeRing(rxring.RxRing):
+    """An RxRing over plain memory: slot states scripted by the test, no socket."""
+
+    def __init__(self, frames: int, frame: int = 128):
+        self.frame, self.frames = frame, frames
+        raw = np.zeros(frames * frame, np.uint8)
+        self.slots = raw.reshape(frames, frame)
+        header = raw.view(rxring.header_dtype(frame))
+        self.status, self.lens, self.snaplens = header["status"], header["len"], header["snaplen"]
+        self.macs, self.tcis, self.tpids, self.pkttypes = header["mac"], header["tci"], header["tpid"], header["pkttype"]
+        self.head = np.zeros(1, np.int64)
+
+    def put(self, k: int, frame: bytes, status: int = rxring.TP_STATUS_USER, tci: int = 0) -> None:
+        mac = rxring.MAC_OFFSET
+        self.slots[k, mac : mac + len(frame)] = np.frombuffer(frame, np.uint8)
+        self.lens[k] = self.snaplens[k] = len(frame)
+        self.macs[k], self.tcis[k], self.status[k] = mac, tci, status
+
+
+@pytest.mark.parametrize("owned,most,expect", [
+    ("UUUUUUUU", 8, 8),
+    ("UUU.....", 8, 3),
+    ("UUU.U...", 8, 3),  # slot 3 still being copied on another CPU while slot 4 is handed over
+    ("U.UUUUUU", 8, 1),
+    ("........", 8, 0),
+    ("UUUUUUUU", 5, 5),
+    ("UUUUUU..", 64, 6),  # never past the ring's end
+])
+def test_the_run_of_ready_slots_stops_at_the_first_the_kernel_owns(owned, most, expect):
+    ring = FakeRing(len(owned))
+    for k, c in enumerate(owned):
+        ring.status[k] = rxring.TP_STATUS_USER if c == "U" else 0
+    assert ring.ready(0, most) == expect
+
+
+def test_receive_rows_takes_frames_of_its_width_in_order_across_the_ring_end():
+    """Slots 6, 7, 0, 1, 2 ready (the read position near the end): the right-sized untagged frames in
+    order; a tagged one, a short one and our own transmission left out, the first two counted;
+    every taken slot back to the kernel; slot 3, still the kernel's, ends the read."""
+    ring = FakeRing(8)
+    ring.head[0] = 6 + 8 * 5
+    width = 40
+    frames = [bytes([i]) * width for i in range(5)]
+    ring.put(6, frames[0])
+    ring.put(7, frames[1], status=rxring.TP_STATUS_USER | rxring.TP_STATUS_VLAN_VALID, tci=7)
+    ring.put(0, frames[2][:30])
+    ring.put(1, frames[3])
+    ring.put(2, frames[4])
+    ring.pkttypes[2] = rxring.PACKET_OUTGOING
+    buf = np.zeros((16, width), np.uint8)
+    assert ring.receive_rows(buf, 1) == (2, 1, 1)
+    assert [bytes(r) for r in buf[1:3]] == [frames[0], frames[3]]
+    assert int(ring.head[0]) == 8 * 6 + 3 and not ring.status.any()
+    ring.put(3, frames[1])
+    assert ring.receive_rows(buf) == (1, 0, 0) and bytes(buf[0]) == frames[1]
+
+
+@pytest.mark.net
+def test_a_link_going_down_is_reported_by_a_ring_receive_as_by_a_receive_call():
+    """The ring makes no system call, so the socket's pending error (ENETDOWN) is read where the
+    ring had nothing and raised once, as recvmmsg raised it: the agents' link-down handling sees
+    it, and select stops waking for it."""
+    import errno
+    import select
+
+    from host_agent import rawsock
+    from mindp import testbed
+    from mindp.protocol import Kind, frame_len
+
+    a, b = testbed.tagged("mdp-rd0"), testbed.tagged("mdp-rd1")
+    testbed.sh("ip", "link", "del", a, check=False)
+    testbed.sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+    rx = None
+    try:
+        testbed.quiet_veths((a, None), (b, None))
+        rx = rawsock.open_raw(b)
+        assert rawsock.enable_auxdata(rx) and rawsock.ring_of(rx) is not None
+        buf = np.zeros((8, frame_len(Kind.PARAM)), np.uint8)
+        assert rawsock.recv_rows_untagged(rx, buf) == (0, 0, 0)
+        testbed.sh("ip", "link", "set", b, "down")
+        assert select.select([rx], [], [], progress.STALL)[0] == [rx]
+        with pytest.raises(OSError) as err:
+            rawsock.recv_rows_untagged(rx, buf)
+        assert err.value.errno == errno.ENETDOWN
+        assert rawsock.recv_rows_untagged(rx, buf) == (0, 0, 0) and select.select([rx], [], [], 0)[0] == []
+    finally:
+        if rx is not None:
+            rx.close()
+        testbed.sh("ip", "link", "del", a, check=False)
