@@ -74,5 +74,5 @@ class UpRun(ScriptRun):
         except (KeyboardInterrupt, Stopped):
             self.console.say(("\r" if tty else "") + f"  stopped after {progress.step} step(s) of your ranks")
         self.agents.stop_optimizers()
-        return progress, time.monotonic() - t0
+        return progress, progress.span() or (time.monotonic() - t0)
 

@@ -103,6 +103,14 @@ class Progress:
             return None
         return max(float(w.done["t"]) for w in ws) - max(w.ready_t for w in ws)
 
+    def span(self) -> float | None:
+        """From the last worker ready to the latest record, on the workers' clocks (a script's ranks
+        send no "done" record), or None before every worker is ready."""
+        ready = [w.ready_t for w in self.workers.values()]
+        if not self.last_t or any(r is None for r in ready):
+            return None
+        return self.last_t - max(ready)
+
     def all_done(self) -> bool:
         return all(wp.done is not None for wp in self.workers.values())
 

@@ -124,8 +124,9 @@ class ScriptRun(Run):
         text = m.group(2)
         try:
             rec = json.loads(text)
+            acc = {"acc": float(rec["acc"])} if "acc" in rec else {}
             progress.feed(json.dumps({"ev": "log", "job": 1, "worker": 0, "step": int(rec["step"]),
-                                      "loss": float(rec["loss"]), **({"acc": float(rec["acc"])} if "acc" in rec else {})}))
+                                      "loss": float(rec["loss"]), **acc}))
             return
         except (ValueError, KeyError, TypeError):
             pass
@@ -171,7 +172,7 @@ class ScriptRun(Run):
             why = rankerrors.first_failure(self.logs / "torchrun", hp.log) or f"torchrun exit {rc}"
             raise RunError(f"the script failed: {why}; see {hp.log}")
         self.agents.stop_optimizers()
-        return progress, time.monotonic() - t0
+        return progress, progress.span() or (time.monotonic() - t0)  # torchrun's start-up is not training
 
     def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
         """summary.json, curve.svg, metrics.csv and the comparison with the script's reference; exit 0
@@ -190,7 +191,8 @@ class ScriptRun(Run):
                 "loss_curve": [[s, x] for s, x in zip(curve.steps, curve.loss)],  # s: the script's 0-based step
                 "packets_sent": progress.packets + int(stats.get("params_sent", 0)),
                 "retransmissions": progress.retransmissions + int(stats.get("resent", 0)),
-                "wall_seconds": round(wall, 2), "steps_per_second": round(progress.step / wall, 3) if wall else 0.0,
+                "wall_seconds": round(wall, 2),
+                "steps_per_second": round((progress.step - self.resume_step) / wall, 3) if wall else 0.0,
                 "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff,
                 **({"resumed_from": {"run": str(self.resumed.run), "first_step": self.resume_step}}
                    if self.resumed else {})}
@@ -200,7 +202,8 @@ class ScriptRun(Run):
         if curve.loss:
             self.console.say(f"  loss {curve.loss[0]:.4f} (step {curve.steps[0]}) -> {curve.loss[-1]:.4f} "
                              f"(step {curve.steps[-1]})")
-        self.console.say(f"  {progress.step} steps in {wall:.1f} s, {summ['packets_sent']:,} frames, "
+        self.console.say(f"  {progress.step - self.resume_step} steps in {wall:.1f} s, "
+                         f"{summ['packets_sent']:,} frames, "
                          f"{summ['retransmissions']} retransmitted; curve: {self.dir / 'curve.svg'}, "
                          f"metrics: {self.dir / 'metrics.csv'}")
         if diff is None:

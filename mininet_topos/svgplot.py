@@ -1,6 +1,7 @@
 """Line charts as SVG text (a browser or any image viewer shows them): side-by-side panels, one
-line per series, axes with round ticks, a legend under each panel (never over its lines). A run draws one fixed chart; writing SVG takes
-milliseconds where matplotlib's import alone cost a second of CPU in every `make run`."""
+line per series, axes with round ticks, a legend under each panel (never over its lines). A run
+draws one fixed chart; writing SVG takes milliseconds where matplotlib's import alone cost a second
+of CPU in every `make run`."""
 from __future__ import annotations
 
 import math

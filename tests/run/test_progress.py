@@ -66,3 +66,12 @@ def test_training_time_runs_from_the_last_worker_ready_to_the_last_done():
     assert p.training_seconds() is None
     p.feed(json.dumps({"ev": "done", "job": 1, "worker": 1, "t": 14.5, "stats": {}}))
     assert p.training_seconds() == 3.0
+
+
+def test_span_runs_from_the_last_worker_ready_to_the_latest_record():
+    p = Progress({1: 2}, steps=0)
+    p.feed(line(job=1, worker=0, step=-1, sent=0, retx=0, t=10.0))
+    assert p.span() is None  # worker 1 not ready yet
+    p.feed(line(job=1, worker=1, step=-1, sent=0, retx=0, t=12.0))
+    p.feed(line(job=1, worker=0, step=0, sent=5, retx=0, t=15.5))
+    assert p.span() == 3.5
