@@ -67,7 +67,8 @@ def iface_with(ip: str) -> str:
         f = line.split()
         if len(f) > 3 and f[3].split("/")[0] == ip:
             return f[1].split("@")[0]
-    raise MindpError(f"no interface holds {ip} here: run the rank on its topology host or set MINDP_IFACE")
+    raise MindpError(f"no interface holds {ip} here: run the rank on its topology host (with make run's network: "
+                     "make run SCRIPT=... UP=1 prints the command for each host) or set MINDP_IFACE")
 
 
 class Optimizer:
