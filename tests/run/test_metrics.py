@@ -113,3 +113,31 @@ def test_compare_refuses_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.splitlines()
     assert err[0] == f"make compare: nosuch: no such run (a directory, or a name under {tmp_path}/)"
     assert "no metrics.csv" in err[1] and "name the runs" in err[2]
+
+
+def test_tensorboard_scalars_go_through_its_own_writer(tmp_path, monkeypatch):
+    """With a stand-in for torch.utils.tensorboard: one writer per job, each figure per step, closed."""
+    import sys
+    import types
+
+    made = []
+
+    class Writer:
+        def __init__(self, logdir):
+            self.logdir, self.scalars, self.closed = logdir, [], False
+            made.append(self)
+
+        def add_scalar(self, name, value, step):
+            self.scalars.append((name, value, step))
+
+        def close(self):
+            self.closed = True
+
+    fake = types.ModuleType("torch.utils.tensorboard")
+    fake.SummaryWriter = Writer
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", fake)
+    assert metrics.write_tensorboard(tmp_path / "tb", metrics.rows(fed())) is True
+    (w,) = made
+    assert w.logdir == str(tmp_path / "tb" / "job1") and w.closed
+    assert ("loss", 1.5, 0) in w.scalars and ("retransmissions", 1, 1) in w.scalars
+    assert len(w.scalars) == 3 * 5
