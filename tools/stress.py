@@ -47,7 +47,7 @@ from host_agent.agent_args import integer
 from host_agent.optim import OptimizerConfig
 from mindp import progress, testbed
 from mindp.topology import star
-from tools.soak import Agent, model
+from tools.soak import Agent
 
 FAMILIES = ("loopback", "threads", "embedded")
 #: Exit codes of one scenario.
@@ -87,6 +87,7 @@ class Config:
     fabric_reorder: float = 0.0
     busy_loops: int = 0
     stall_resend: float = 1.0
+    streamed: bool = False  # the node's state streamed through a small RAM budget (pages), not mapped whole
     events: list[Event] = field(default_factory=list)
 
     @classmethod
@@ -108,7 +109,8 @@ def random_config(rng: random.Random, family: str) -> Config:
     cfg = Config(family, rng.randrange(1 << 30), workers=rng.randint(2, 4), steps=rng.randint(3, 8),
                  slots=rng.choice([4, 8, 64]), agent_loss=rate(0.05), node_dup=rate(0.05), node_reorder=rate(0.05),
                  fabric_drop=rate(0.05), fabric_dup=rate(0.05), fabric_reorder=rate(0.05),
-                 busy_loops=rng.choice([0, 0, 1, 2]), stall_resend=rng.choice([0.2, 0.5, 1.0]))
+                 busy_loops=rng.choice([0, 0, 1, 2]), stall_resend=rng.choice([0.2, 0.5, 1.0]),
+                 streamed=rng.random() < 0.3)
     targets = ["node"] + ([f"worker{w}" for w in range(cfg.workers)] if family != "threads" else []) \
         + (["switch"] if family == "embedded" else [])
     for _ in range(rng.choice([0, 0, 1, 2, 3])):
@@ -121,13 +123,20 @@ def random_config(rng: random.Random, family: str) -> Config:
 
 # --- one scenario --------------------------------------------------------------------------
 
+def scenario_model(seed: int, rows: int) -> dict[str, np.ndarray]:
+    """tools.soak's small model (44 chunks with 33 rows), or a bigger one (239 chunks with 330)."""
+    rng = np.random.default_rng(seed)
+    return {"embed": rng.standard_normal((40, 17)).astype(np.float32) * 0.1,
+            "w": rng.standard_normal((rows, 21)).astype(np.float32) * 0.1, "b": np.zeros(13, np.float32)}
+
+
 class Scenario:
     def __init__(self, cfg: Config, work: pathlib.Path):
         self.cfg = cfg
         self.work = work
         self.rng = random.Random(cfg.seed)
         self.topo = star([cfg.workers], slots=cfg.slots)
-        self.init = model(cfg.seed % 1000)
+        self.init = scenario_model(cfg.seed % 1000, 330 if cfg.streamed else 33)
         self.grad_seed = cfg.seed % 997
         self.procs: dict[str, Agent] = {}
         self.busy: list[subprocess.Popen] = []
@@ -148,8 +157,9 @@ class Scenario:
 
         self.procs["node"] = Agent("node", bed.hosts[job.optimizer], [
             "-m", "host_agent.node", "--iface", "eth0", "--topology", str(topo_path), "--job", "1",
-            "--state-dir", str(w / "state"), "--init", str(init_path), "--steps", str(c.steps), "--ram-budget", "8M",
-            "--page-chunks", "32", "--export", str(w / "final.npz"), "--stats", str(w / "node-stats.json"),
+            "--state-dir", str(w / "state"), "--init", str(init_path), "--steps", str(c.steps),
+            # streamed: 6 pages of 32 chunks for the bigger model's 2 x 8, else mapped whole
+            "--ram-budget", "72K" if c.streamed else "8M", "--page-chunks", "32", "--export", str(w / "final.npz"), "--stats", str(w / "node-stats.json"),
             "--linger", str(LINGER), "--idle-timeout", str(progress.CAP), "--stall-resend", str(c.stall_resend), *loss(),
             *(["--dup-send", str(c.node_dup)] if c.node_dup else []),
             *(["--reorder-send", str(c.node_reorder)] if c.node_reorder else [])], w / "node.log")
