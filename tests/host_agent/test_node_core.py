@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from host_agent import fused, node_core, optim, reference, state
-from host_agent.pager import PagerError
 from host_agent.optim import OptimizerConfig
+from host_agent.pager import PagerError
 from mindp.protocol import K, Flag
 
 from .helpers import initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
