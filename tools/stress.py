@@ -12,6 +12,8 @@ the step digest checked) and the mindp-optimizer node, in namespaces on veths, t
   tests run them (tests/host_agent/harness.py: one GIL for all workers and the aggregator), or
 - `embedded`: the embedded switch configured by the controller (its own loss, duplicates and
   reordering; it may be killed and restored mid-run),
+or `makerun`: `make run` itself (mininet_topos.run under `flock /tmp/mindp-run.lock`: the mlp or
+the cnn, 1 or 2 jobs, a star or a leaf-spine with 1 or 2 optimizer shards, LOSS; per-port pcaps),
 with the agents' own seeded loss (send and receive) and the node's duplicates and reordering,
 busy loops beside it, SIGSTOP/SIGCONT of the node, a worker or the switch for up to seconds, and
 SIGKILL and restart of the node or a worker (each resumes from its state). At the end every
@@ -49,9 +51,13 @@ from mindp import progress, testbed
 from mindp.topology import star
 from tools.soak import Agent
 
-FAMILIES = ("loopback", "threads", "embedded")
+FAMILIES = ("loopback", "threads", "embedded", "makerun")
+#: Families of the loop by default (makerun waits for the machine's one Mininet run at a time).
+DEFAULT_FAMILIES = FAMILIES
 #: Exit codes of one scenario.
-EXACT, DIVERGED, FAILED = 0, 1, 2
+EXACT, DIVERGED, FAILED, SKIPPED = 0, 1, 2, 75  # SKIPPED: make run's lock stayed busy
+#: Seconds a makerun scenario waits for the machine's Mininet lock before it is skipped.
+LOCK_WAIT = 600
 #: A scenario that takes longer than this (seconds) is stopped and counted as failed.
 SCENARIO_CAP = 900
 #: The node's linger: longer than a stopped worker's hold (2.5 s at most) plus its largest RTO, so
@@ -88,6 +94,10 @@ class Config:
     busy_loops: int = 0
     stall_resend: float = 1.0
     streamed: bool = False  # the node's state streamed through a small RAM budget (pages), not mapped whole
+    model: str = "mlp"  # makerun: MODEL, JOBS, TOPO (leafspine: 2 leaves), OPTIMIZERS
+    jobs: int = 1
+    topo: str = "star"
+    optimizers: int = 1
     events: list[Event] = field(default_factory=list)
 
     @classmethod
@@ -118,6 +128,12 @@ def random_config(rng: random.Random, family: str) -> Config:
         cfg.events.append(Event(round(rng.uniform(0.2, 4.0), 2), action, rng.choice(targets),
                                 round(rng.uniform(0.05, 2.5 if action == "stop" else 0.5), 2)))
     cfg.events.sort(key=lambda e: e.at)
+    if family == "makerun":  # make run's own faults: LOSS on every host; no timed events
+        cfg.events, cfg.streamed = [], False
+        cfg.model, cfg.jobs = rng.choice(["mlp", "mlp", "cnn"]), rng.choice([1, 2])
+        cfg.topo = rng.choice(["star", "leafspine"])
+        cfg.optimizers = rng.choice([1, 2]) if cfg.topo == "leafspine" else 1
+        cfg.steps = rng.randint(4, 12)
     return cfg
 
 
@@ -225,8 +241,46 @@ class Scenario:
                 self.pcaps.append(subprocess.Popen(["tcpdump", "-i", iface, "-w", str(self.work / f"port{port}.pcap"),
                                                     "-U"], stdout=null, stderr=null))
 
+    def make_run(self) -> dict:
+        """`make run` with the configuration's variables; its own summary says whether it is exact."""
+        c, w = self.cfg, self.work
+        cmd = ["flock", "-w", str(LOCK_WAIT), "-E", str(SKIPPED), "/tmp/mindp-run.lock", sys.executable, "-m",
+               "mininet_topos.run", "--target", "embedded", "--model", c.model, "--workers", str(c.workers),
+               "--steps", str(c.steps), "--loss", str(c.agent_loss), "--jobs", str(c.jobs), "--seed", str(c.seed % 1000),
+               "--pcap", "1", "--cli", "0", "--topo", c.topo, "--optimizers", str(c.optimizers),
+               *(["--leaves", "2"] if c.topo == "leafspine" else []),
+               "--runs-dir", str(w / "runs"), "--state-file", str(w / "runstate.json")]
+        self.busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(c.busy_loops)]
+        try:
+            with open(w / "make-run.log", "wb") as log:
+                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=SCENARIO_CAP).returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+        finally:
+            for p in self.busy:
+                p.terminate()
+                p.wait()
+        out = {"codes": {"make run": code}, "faults": [], "differs": [], "digest_mismatches": {}}
+        summaries = sorted((w / "runs").glob("*/summary.json"))
+        if code == SKIPPED:
+            out["result"] = "skipped"
+        elif summaries:
+            s = json.loads(summaries[-1].read_text())
+            out["summary"] = {k: v for k, v in s.items() if not isinstance(v, (list, dict))}
+            if s["max_abs_param_diff_vs_reference"] != 0.0:
+                out["differs"].append(f"max_abs_param_diff_vs_reference {s['max_abs_param_diff_vs_reference']}")
+            if s.get("digest_mismatches"):
+                out["digest_mismatches"]["workers"] = s["digest_mismatches"]
+            out["result"] = "diverged" if out["differs"] or out["digest_mismatches"] else \
+                "exact" if code == 0 else "failed"
+        else:
+            out["result"] = "failed"
+        return out
+
     def run(self) -> dict:
         c = self.cfg
+        if c.family == "makerun":
+            return self.make_run()
         ref = reference.train(self.init, reference.synthetic_grads(self.grad_seed), c.workers, c.steps,
                               OptimizerConfig())
         with testbed.Testbed("st-") as bed:
@@ -342,7 +396,7 @@ def replay(config: pathlib.Path, in_place: bool) -> int:
     print(f"{cfg.family} seed {cfg.seed}: {verdict['result']}"
           + (f" ({', '.join(verdict['differs'])} differ; digest mismatches {verdict['digest_mismatches']})"
              if verdict["result"] == "diverged" else ""), flush=True)
-    return {"exact": EXACT, "diverged": DIVERGED}.get(verdict["result"], FAILED)
+    return {"exact": EXACT, "diverged": DIVERGED, "skipped": SKIPPED}.get(verdict["result"], FAILED)
 
 
 # --- the loop --------------------------------------------------------------------------------
@@ -368,9 +422,9 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
                 except subprocess.TimeoutExpired:
                     code = FAILED
             n += 1
-            result = {EXACT: "exact", DIVERGED: "diverged"}.get(code, "failed")
+            result = {EXACT: "exact", DIVERGED: "diverged", SKIPPED: "skipped"}.get(code, "failed")
             counts[family][result] += 1
-            if code == EXACT:
+            if code in (EXACT, SKIPPED):
                 shutil.rmtree(d)
                 continue
             diverged += code == DIVERGED
@@ -381,8 +435,9 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
             p.terminate()
             p.wait()
     for f, c in counts.items():
-        print(f"{f}: {sum(c.values())} scenarios, {c['exact']} exact, {c['diverged']} diverged, {c['failed']} failed")
-    print(f"{n} scenarios, {diverged} divergences", flush=True)
+        print(f"{f}: {sum(c.values()) - c['skipped']} scenarios, {c['exact']} exact, {c['diverged']} diverged, "
+              f"{c['failed']} failed" + (f" ({c['skipped']} skipped: make run's lock busy)" if c["skipped"] else ""))
+    print(f"{n - sum(c['skipped'] for c in counts.values())} scenarios, {diverged} divergences", flush=True)
     return 1 if diverged else 0
 
 
@@ -390,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools.stress", description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=10.0, help="how long to keep starting scenarios")
     p.add_argument("--seed", type=int, help="seed of the scenarios' configurations (default: random, printed)")
-    p.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
+    p.add_argument("--families", default=",".join(DEFAULT_FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
     p.add_argument("--load", type=integer(0), default=0, help="busy loops beside the whole run")
     p.add_argument("--out", help="where failing scenarios are kept (default runs/stress-<time>)")
     p.add_argument("--replay", metavar="CONFIG", help="run the one scenario of this config.json again")
