@@ -70,7 +70,8 @@ DEADLINE = 120.0
 @dataclass
 class Event:
     """At `at` seconds after the workers started: `action` ("stop": SIGSTOP, SIGCONT after `hold`
-    s; "kill": SIGKILL, restarted after `hold` s) on `target` ("node", "worker<w>", "switch")."""
+    s; "starve": a CPU quota of 10 % for `hold` s; "kill": SIGKILL, restarted after `hold` s) on
+    `target` ("node", "worker<w>", "switch")."""
 
     at: float
     action: str
@@ -124,9 +125,9 @@ def random_config(rng: random.Random, family: str) -> Config:
     targets = ["node"] + ([f"worker{w}" for w in range(cfg.workers)] if family != "threads" else []) \
         + (["switch"] if family == "embedded" else [])
     for _ in range(rng.choice([0, 0, 1, 2, 3])):
-        action = rng.choice(["stop", "stop", "kill"])
+        action = rng.choice(["stop", "stop", "starve", "kill"])
         cfg.events.append(Event(round(rng.uniform(0.2, 4.0), 2), action, rng.choice(targets),
-                                round(rng.uniform(0.05, 2.5 if action == "stop" else 0.5), 2)))
+                                round(rng.uniform(0.05, 0.5 if action == "kill" else 2.5), 2)))
     cfg.events.sort(key=lambda e: e.at)
     if family == "makerun":  # make run's own faults: LOSS on every host; no timed events
         cfg.events, cfg.streamed = [], False
@@ -205,7 +206,7 @@ class Scenario:
             if e.action == "kill":
                 self.fabric.restart(e.hold)
             else:
-                self._signal(self.fabric.switch.proc.pid, e.hold)
+                (self._signal if e.action == "stop" else starve)(self.fabric.switch.proc.pid, e.hold)
             self.faults.append(f"{e.action} switch at {e.at} s for {e.hold} s")
             return
         agent = self.procs[e.target]
@@ -216,7 +217,7 @@ class Scenario:
             time.sleep(e.hold)
             agent.restart()
         else:
-            self._signal(agent.proc.pid, e.hold)
+            (self._signal if e.action == "stop" else starve)(agent.proc.pid, e.hold)
         self.faults.append(f"{e.action} {e.target} at {e.at} s for {e.hold} s")
 
     @staticmethod
@@ -378,6 +379,28 @@ class Scenario:
         failed = any(v != 0 for v in codes.values())
         out["result"] = "diverged" if diverged else "failed" if failed else "exact"
         return out
+
+
+#: cgroup v1's cpu controller (this machine's): a group whose CFS quota is 10 % of one CPU.
+CPU_CGROUP = pathlib.Path("/sys/fs/cgroup/cpu")
+
+
+def starve(pid: int, hold: float) -> None:
+    """Move process `pid` (all its threads) into a cgroup with a 10 % CPU quota for `hold` s, then
+    back; OSError where there is no cgroup v1 cpu controller (the fault is then reported as not
+    injected)."""
+    group = CPU_CGROUP / f"mindp-stress-{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("10000")
+        (group / "cgroup.procs").write_text(str(pid))
+        time.sleep(hold)
+    finally:
+        with contextlib.suppress(OSError):
+            (CPU_CGROUP / "cgroup.procs").write_text(str(pid))
+        with contextlib.suppress(OSError):
+            group.rmdir()
 
 
 def same_bits(a: dict, b: dict) -> bool:
