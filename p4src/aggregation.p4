@@ -9,22 +9,13 @@
  * child switch's partial sum (int64, added as it is). When the last member's
  * contribution arrives the packet becomes the sum and goes to the optimizer
  * node (at a leaf: the partial sum, up the uplink); a contribution for a
- * complete cell is a retransmission and gets the sum (partial) again. */
+ * complete cell is a retransmission and gets the sum (partial) again. The
+ * per-element actions (to_fixed, store, accumulate, agg_read) and the acc_i
+ * registers are generated for the build's K (gen_p4.py, docs/P4.md). */
 #ifndef MINDP_AGGREGATION_P4
 #define MINDP_AGGREGATION_P4
 
 #include "headers.p4"
-
-/* fp16 bits -> value * 2^24, exactly: m for subnormals, (1024 + m) << (e - 1)
- * for normals, negated for sign 1; Inf/NaN (e == 31) contribute 0 and are
- * flagged by the caller. */
-bit<64> fp16_to_fixed(in bit<16> h) {
-    bit<5> e = h[14:10];
-    bit<64> man = (bit<64>) h[9:0];
-    bit<64> mag = (e == 0) ? man : ((man | 64w0x400) << (e - 1));
-    bit<64> fixed = (h[15:15] == 1) ? (64w0 - mag) : mag;
-    return (e == 31) ? 64w0 : fixed;
-}
 
 control Aggregation(inout headers_t hdr, inout metadata_t meta,
                     inout standard_metadata_t standard_metadata) {
