@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from host_agent import optim, reference
+from host_agent import reference
 from host_agent.agent_args import integer
 from host_agent.optim import OptimizerConfig
 from mindp import progress, testbed

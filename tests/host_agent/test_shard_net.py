@@ -7,7 +7,6 @@ c's owner, plain frames forwarded by MAC) with loss, duplicates and reordering; 
 leaf-spine of real switches with the shards on the spine."""
 import contextlib
 import random
-import select
 import struct
 import threading
 import time
@@ -17,7 +16,7 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from host_agent import optim, rawsock, reference, state
+from host_agent import optim, reference, state
 from host_agent.optim import OptimizerConfig
 from host_agent.shards import NOTICE_PORT
 from mindp import codec, progress, testbed
