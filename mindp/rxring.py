@@ -10,7 +10,7 @@ docs/WORKER.md). Used by the embedded switch's ports (`receive`: any frame, its 
 its C packet loop, softswitch/native/io.h, reads the same ring at the same `head`) and by the host
 agents (`receive_rows`: frames of one length into the rows of a buffer, vectorised).
 
-A frame longer than a slot holds: with `copy_long` (the switch: 2 KiB slots, jumbo frames through
+A frame longer than a slot holds: with `copy_long` (the switch: slots of its K's longest mindp frame, longer frames through
 the socket's queue) it comes whole through the socket's queue as well (PACKET_COPY_THRESH) and its
 slot says so (TP_STATUS_COPY); without (the hosts, slots sized for their longest frame,
 `slot_bytes`) it is cut short in its slot and counted as a frame of another length.
@@ -22,6 +22,8 @@ import socket
 import struct
 
 import numpy as np
+
+from .protocol import Kind, frame_len
 
 SOL_PACKET = 263
 PACKET_RX_RING = 5
@@ -41,8 +43,6 @@ TAG = 4  # bytes of a restored VLAN tag: a batch slot keeps room for them
 #: (20), placed so that the network header after a 14-byte Ethernet header is 16-byte aligned.
 MAC_OFFSET = 66
 
-FRAME = 2048  # the switch's slot: bytes, its header (struct tpacket2_hdr, struct sockaddr_ll) included
-FRAMES = 4096  # the switch's slots per port: 8 MiB, as much as the socket buffer the port had before
 BLOCK = 1 << 17  # the ring is allocated in blocks of about this many bytes (64 of the switch's slots)
 
 TOO_LONG, GONE = -1, -2  # RxRing._take's results other than a length
@@ -56,6 +56,14 @@ def slot_bytes(longest: int) -> int:
     if need <= mmap.PAGESIZE:
         return max(64, 1 << (need - 1).bit_length())
     return -(-need // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
+#: The switch's slot: bytes, its header (struct tpacket2_hdr, struct sockaddr_ll) included: 2 KiB,
+#: or a whole SUM/PARTIAL frame of this K (a child switch's PARTIAL comes in at a parent), so no
+#: mindp frame takes the socket queue's slower path.
+FRAME = max(2048, slot_bytes(frame_len(Kind.SUM)))
+#: The switch's slots per port: 8 MiB, as much as the socket buffer the port had before.
+FRAMES = max(512, (8 << 20) // FRAME)
 
 
 def header_dtype(frame: int) -> np.dtype:
