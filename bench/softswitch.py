@@ -7,7 +7,7 @@ below on frames of that K; then a table gives elements/s per K for each contende
 embedded switch's elements/s at each K over its K = 32 figure (goal at the default K: >= 10).
 
 On one veth testbed (sender host -> switch port 1, sink host <- port 2):
-  (a) the embedded switch running the aggregation program (p4src/compiled/mindp.json),
+  (a) the embedded switch running the aggregation program (p4src/compiled/k<K>/mindp.json),
       gradient packets of a 2-worker job, every second one completing a sum: with its
       default pipeline, and with the generated Python pipeline (the reference);
   (b) BMv2 simple_switch_grpc on the same program and frames, where installed;

@@ -162,8 +162,8 @@ def add_global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--topology", "-t", metavar="FILE", default=d(None),
                    help="topology JSON (mindp.topology): hosts' MAC, IP and port")
     p.add_argument("--p4info", metavar="FILE", default=d(None),
-                   help="P4Info text (default p4src/compiled/mindp.p4info.txtpb)")
-    p.add_argument("--bmv2-json", metavar="FILE", default=d(None), help="BMv2 JSON (default p4src/compiled/mindp.json)")
+                   help="P4Info text (default p4src/compiled/k<K>/mindp.p4info.txtpb, K from MINDP_K)")
+    p.add_argument("--bmv2-json", metavar="FILE", default=d(None), help="BMv2 JSON (default p4src/compiled/k<K>/mindp.json)")
     p.add_argument("--cacert", metavar="PEM", default=d(None), help="TLS: CA certificate (enables TLS)")
     p.add_argument("--cert", metavar="PEM", default=d(None), help="TLS: client certificate (enables TLS)")
     p.add_argument("--key", metavar="PEM", default=d(None), help="TLS: client private key (enables TLS)")

@@ -23,6 +23,7 @@ import pytest
 from host_agent import optim
 from mindp import progress, targets, testbed, topology, workload
 from mininet_topos.runstate import RunState
+from p4src import artifacts
 from tests.tools import test_dissector as dissector
 
 pytestmark = pytest.mark.net
@@ -360,7 +361,7 @@ def test_cli_after_training_pings_runs_mindp_ctl_and_cleans_up(tmp_path, how):
         one = term.command("w1_1 ping -c1 w1_0")
         assert "1 received" in one, one
         topo = run.run_dir / "topology.json"
-        p4info = REPO / "p4src" / "compiled" / "mindp.p4info.txtpb"
+        p4info = artifacts.P4INFO
         ctl = term.command(f"sh {pathlib.Path(sys.executable).parent / 'mindp-ctl'} --topology {topo} "
                            f"--p4info {p4info} --json stats")
         stats = json.loads(ctl[ctl.index("{"):ctl.rindex("}") + 1])
