@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mindp import mmsg, rxring
-from mindp.netutil import hold_udp_port, packet_socket
+from mindp.netutil import hold_udp_port, mtu_problem, packet_socket
 from mindp.protocol import Kind, frame_len, link_mtu
 from mindp.switch_constants import POOL_SLOTS
 
@@ -59,6 +59,9 @@ class SocketError(RuntimeError):
 
 def open_raw(iface: str) -> socket.socket:
     """A non-blocking raw socket on `iface` (in this process's namespace), deaf to its own sends."""
+    too_small = mtu_problem(iface)
+    if too_small:
+        raise SocketError(too_small)
     try:
         s = packet_socket(iface)
     except PermissionError:

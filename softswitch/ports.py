@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from mindp import mmsg
-from mindp.netutil import packet_socket
+from mindp.netutil import mtu_problem, packet_socket
 from mindp.rxring import SOL_PACKET, TAG, RxRing
 
 from .batch import Batch
@@ -43,6 +43,9 @@ class Port:
         self.rx_truncated = 0  # frames longer than a batch slot: dropped
         self._txv = None  # (batch buffer, its message vector) for sendmmsg
         self.pcap_errors = 0  # failed capture writes; the first one ends this port's capture
+        too_small = mtu_problem(iface)
+        if too_small:
+            raise PortError(f"port {number}: {too_small}")
         try:
             s = packet_socket(iface)
         except PermissionError:
