@@ -25,7 +25,7 @@ UDP_PORT = 49374
 #: DEFAULT_K. HARDWARE_K is the size a Tofino-class pipeline's stateful ALUs bound (SwitchML, ATP),
 #: and BMv2's default, since BMv2 interprets every element.
 HARDWARE_K = 32
-DEFAULT_K = 32
+DEFAULT_K = 512
 #: The largest K: a SUM frame (K int64) must fit an IPv4 datagram and a 64 KiB veth MTU.
 MAX_K = 8000
 K_ENV = "MINDP_K"
