@@ -23,6 +23,10 @@ from .optim import OptimizerConfig
 from .pager import SYNC_FILE_RANGE_WAIT_AFTER, SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, _libc
 
 BLOCK = 1 << 20
+#: The update probe's state pages: 65,536 elements (768 KiB of AdamW records) at any K, so that its
+#: budget (1/40 of the state) holds the pages a plan needs (at K = 1,024 pages of 2,048 chunks were
+#: 24 MiB, over the whole budget).
+PAGE_ELEMENTS = 1 << 16
 STEPS = 6  # of the update probe, the best taken: one disturbed step on a shared machine does not count
 
 
@@ -137,7 +141,8 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, b
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-probe-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
         layout = Layout([TensorSpec("p", (elements,))])
-        state.create(tmp, layout, state.init_pieces(layout, seed=0), cfg, page_chunks=2048)
+        state.create(tmp, layout, state.init_pieces(layout, seed=0), cfg,
+                     page_chunks=max(1, PAGE_ELEMENTS // K))
         whole = 4 * elements * state.record(cfg.lanes).itemsize // K + (64 << 20)
         store = state.Store(tmp, whole // 40, drop_cache=False)
         n = layout.n_chunks
