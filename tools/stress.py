@@ -45,9 +45,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from host_agent import reference
+from host_agent.pipeline import record
 from host_agent.agent_args import integer
 from host_agent.optim import OptimizerConfig
 from mindp import progress, testbed
+from mindp.protocol import K
 from mindp.topology import star
 from tools.soak import Agent
 
@@ -140,11 +142,16 @@ def random_config(rng: random.Random, family: str) -> Config:
 
 # --- one scenario --------------------------------------------------------------------------
 
-def scenario_model(seed: int, rows: int) -> dict[str, np.ndarray]:
-    """tools.soak's small model (44 chunks with 33 rows), or a bigger one (239 chunks with 330)."""
+def scenario_model(seed: int, chunks: int) -> dict[str, np.ndarray]:
+    """A small model of about `chunks` chunks of this process's K."""
     rng = np.random.default_rng(seed)
     return {"embed": rng.standard_normal((40, 17)).astype(np.float32) * 0.1,
-            "w": rng.standard_normal((rows, 21)).astype(np.float32) * 0.1, "b": np.zeros(13, np.float32)}
+            "w": rng.standard_normal((max(1, (chunks * K - 693) // 21), 21)).astype(np.float32) * 0.1,
+            "b": np.zeros(13, np.float32)}
+
+
+#: streamed: a model of 8 pages of 32 chunks through a RAM budget of 6 pages; else 44 chunks, mapped whole.
+STREAMED_CHUNKS, MAPPED_CHUNKS, PAGE_CHUNKS, BUDGET_PAGES = 8 * 32 - 16, 44, 32, 6
 
 
 class Scenario:
@@ -153,7 +160,7 @@ class Scenario:
         self.work = work
         self.rng = random.Random(cfg.seed)
         self.topo = star([cfg.workers], slots=cfg.slots)
-        self.init = scenario_model(cfg.seed % 1000, 330 if cfg.streamed else 33)
+        self.init = scenario_model(cfg.seed % 1000, STREAMED_CHUNKS if cfg.streamed else MAPPED_CHUNKS)
         self.grad_seed = cfg.seed % 997
         self.procs: dict[str, Agent] = {}
         self.busy: list[subprocess.Popen] = []
@@ -175,8 +182,8 @@ class Scenario:
         self.procs["node"] = Agent("node", bed.hosts[job.optimizer], [
             "-m", "host_agent.node", "--iface", "eth0", "--topology", str(topo_path), "--job", "1",
             "--state-dir", str(w / "state"), "--init", str(init_path), "--steps", str(c.steps),
-            # streamed: 6 pages of 32 chunks for the bigger model's 2 x 8, else mapped whole
-            "--ram-budget", "72K" if c.streamed else "8M", "--page-chunks", "32", "--export", str(w / "final.npz"), "--stats", str(w / "node-stats.json"),
+            "--ram-budget", str(BUDGET_PAGES * PAGE_CHUNKS * record(3).itemsize) if c.streamed else "1G",
+            "--page-chunks", str(PAGE_CHUNKS), "--export", str(w / "final.npz"), "--stats", str(w / "node-stats.json"),
             "--linger", str(LINGER), "--idle-timeout", str(progress.CAP), "--stall-resend", str(c.stall_resend), *loss(),
             *(["--dup-send", str(c.node_dup)] if c.node_dup else []),
             *(["--reorder-send", str(c.node_reorder)] if c.node_reorder else [])], w / "node.log")

@@ -78,9 +78,10 @@ def test_node_digest_equals_the_workers_in_any_order_skipped_and_resumed(tmp_pat
         assert core.committed == step
         assert (core.digests.get(step, core.committed) == blocks.of(flat)).all(), step
     assert core.stats["digests_read_back"] == 1  # step 2 only; step 1 took step 0's
-    flat.view(np.uint16)[7 * K] ^= 0x8000
+    last = lay.n_chunks - 1
+    flat.view(np.uint16)[last * K] ^= 0x8000
     diff = np.flatnonzero(core.digests.get(3, core.committed) != blocks.of(flat))
-    assert diff.tolist() == [7 // blocks.size]
+    assert diff.tolist() == [last // blocks.size]
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +91,9 @@ def bed():
 
 @pytest.mark.net
 def test_diverged_worker_is_caught_in_its_step_and_repaired(bed, tmp_path, capfd):
-    """Worker 2's parameters of step 2 are corrupted (one bit of chunk 5) after they all came in: its
-    digest check fails in step 2, names chunk 5, takes the node's; the run ends bit-identical."""
+    """Worker 2's parameters of step 2 are corrupted (one bit of the last chunk) after they all came
+    in: its digest check fails in step 2, names that chunk, takes the node's; the run ends
+    bit-identical."""
     b, topo = bed
     init = small_model()
     gf = reference.synthetic_grads(16)
@@ -104,12 +106,13 @@ def test_diverged_worker_is_caught_in_its_step_and_repaired(bed, tmp_path, capfd
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
             workers = Workers(b, topo, init, gf, steps)
+            last = workers.layout.n_chunks - 1
             client = workers.agents[2].digest
             check = client.check
 
             def corrupt_then_check(step, flat, *rest):
                 if step == 2:
-                    flat.view(np.uint16)[5 * K + 3] ^= 1
+                    flat.view(np.uint16)[last * K + 3] ^= 1
                 return check(step, flat, *rest)
 
             client.check = corrupt_then_check
@@ -123,7 +126,7 @@ def test_diverged_worker_is_caught_in_its_step_and_repaired(bed, tmp_path, capfd
         assert a.stats["digest_mismatches"] == (w == 2) and a.stats["digest_repaired_chunks"] == (w == 2)
     assert stats["digests_sent"] >= N * steps and stats["digest_chunks_sent"] >= 1
     err = capfd.readouterr().err
-    assert "mindp-worker 1/2: step 2: parameters differ from the optimizer node's digest in 1 chunk(s): 5;" in err
+    assert f"mindp-worker 1/2: step 2: parameters differ from the optimizer node's digest in 1 chunk(s): {last};" in err
     assert load_stats(tmp_path / "stats.json")["committed"] == steps - 1
 
 
@@ -195,10 +198,11 @@ def test_a_differing_chunk_is_named_fetched_and_taken(capfd):
     right = flat_of(lay, initial_fp16(small_model()))
     node = ScriptedNode(lay, [digest.Blocks(0, lay.n_chunks - 1).of(right)], right)
     mine = right.copy()
-    mine.view(np.uint16)[[9 * K, 30 * K + 5]] ^= 0x0400
+    last = lay.n_chunks - 1
+    mine.view(np.uint16)[[0, last * K + 5]] ^= 0x0400
     stats = collections.Counter()
     scripted_client(lay, node).check(2, mine, stats, 0.05, 60.0)
     assert mine.tobytes() == right.tobytes()
     assert stats == {"digest_checks": 1, "digest_mismatches": 1, "digest_repaired_chunks": 2}
     assert capfd.readouterr().err == ("mindp-worker 1/0: step 2: parameters differ from the optimizer node's digest "
-                                      "in 2 chunk(s): 9, 30; taken again from the node\n")
+                                      f"in 2 chunk(s): 0, {last}; taken again from the node\n")

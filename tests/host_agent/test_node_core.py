@@ -474,10 +474,10 @@ def test_streamed_node_survives_one_slot_stalled_while_the_others_run_through(tm
     page is left partially applied. A node streaming its state through a budget of 6 pages must
     still finish the step (here in a scripted order: the held slot's sums last)."""
     rng = np.random.default_rng(2)
-    init = {"w": rng.standard_normal((330, 21)).astype(np.float32) * 0.1, "b": np.zeros(13, np.float32)}
-    lay = optim.layout_of(init)
+    init = {"w": rng.standard_normal((8 * 32 - 1, K)).astype(np.float32) * 0.1, "b": np.zeros(13, np.float32)}
+    lay = optim.layout_of(init)  # 8 pages of 32 chunks; a budget of 6 pages
     state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
-    core = node_core.NodeCore(state.Store(tmp_path, 72 << 10), JOB, N, S)
+    core = node_core.NodeCore(state.Store(tmp_path, 6 * 32 * state.record(3).itemsize), JOB, N, S)
     assert core.store.pages.plan.mode == "stream"
     sums, nf = step_sums(lay, reference.synthetic_grads(1), N, 0, initial_fp16(init))
     order = [c for c in range(lay.n_chunks) if c % S != 5] + [c for c in range(lay.n_chunks) if c % S == 5]
