@@ -20,7 +20,7 @@ from host_agent import optim, reference, state
 from host_agent.optim import OptimizerConfig
 from host_agent.shards import NOTICE_PORT
 from mindp import codec, progress, testbed
-from mindp.protocol import SHARD_NOTICE, SHARD_NOTICE_FORMAT, Kind
+from mindp.protocol import K, SHARD_NOTICE, SHARD_NOTICE_FORMAT, Kind
 from mindp.topology import Host, JobSpec, SwitchSpec, Topology, host_addresses, leafspine
 from mindp.treebed import TreeBed
 
@@ -167,10 +167,12 @@ def test_nonfinite_step_is_skipped_by_every_shard_through_processes(bed, tmp_pat
     init = small_model()
     lay = optim.layout_of(init)
     lo1 = topo.shard_ranges(topo.jobs[0])[1][0]
-    index = (lo1 + 2) * 32 - lay.offsets["w"]  # an element of shard 1's range, in tensor "w"
+    index = max(lo1 * K, lay.offsets["w"]) - lay.offsets["w"]  # shard 1's first element in tensor "w"
+    chunk = (lay.offsets["w"] + index) // K
+    assert index < next(s.size for s in lay.specs if s.name == "w") and chunk >= lo1
     gf = with_nonfinite(reference.synthetic_grads(32), 1, 2, "w", index)
     ref = reference.train(init, gf, N, STEPS, OptimizerConfig())
-    assert [c for _, c in ref.nonfinite] == [lo1 + 2]
+    assert [c for _, c in ref.nonfinite] == [chunk]
     with fabric(kind, bed, tmp_path) as agg:
         workers, stats, master = run_sharded(bed, tmp_path, init, gf, STEPS)
     for w, params in workers.results.items():
