@@ -496,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--minutes must be > 0")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     out = pathlib.Path(args.out or f"runs/stress-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        p.error(f"--out {out} is not empty: give a new directory (its scenarios would be mixed with this run's)")
     print(f"tools.stress: {args.minutes:g} minutes of {', '.join(families)} scenarios, seed {seed}, "
           f"{args.load} busy loop(s); failing scenarios kept in {out}", flush=True)
     return stress(args.minutes, seed, families, out, args.load)
