@@ -133,8 +133,9 @@ def random_config(rng: random.Random, family: str) -> Config:
     cfg.events.sort(key=lambda e: e.at)
     if family == "makerun":  # make run's own faults: LOSS on every host; no timed events
         cfg.events, cfg.streamed = [], False
-        cfg.model, cfg.jobs = rng.choice(["mlp", "mlp", "cnn"]), rng.choice([1, 2])
-        cfg.topo = rng.choice(["star", "leafspine"])
+        cfg.model, cfg.topo = rng.choice(["mlp", "mlp", "cnn"]), rng.choice(["star", "leafspine"])
+        # a leaf-spine runs one job, with 1 or 2 optimizer shards; a star 1 or 2 jobs, one node each
+        cfg.jobs = 1 if cfg.topo == "leafspine" else rng.choice([1, 2])
         cfg.optimizers = rng.choice([1, 2]) if cfg.topo == "leafspine" else 1
         cfg.steps = rng.randint(4, 12)
     return cfg
