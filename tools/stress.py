@@ -447,11 +447,16 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
             cfg.dump(d / "config.json")
             cmd = [sys.executable, "-m", "tools.stress", "--replay", str(d / "config.json"), "--in-place"]
             with open(d / "scenario.log", "wb") as log:
+                child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=pathlib.Path(__file__).resolve().parent.parent)
                 try:
-                    code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=SCENARIO_CAP + 120,
-                                          cwd=pathlib.Path(__file__).resolve().parent.parent).returncode
+                    code = child.wait(timeout=SCENARIO_CAP + 120)
                 except subprocess.TimeoutExpired:
                     code = FAILED
+                finally:  # also when this loop is stopped: the scenario cleans up on SIGTERM
+                    if child.poll() is None:
+                        child.terminate()
+                        child.wait()
             n += 1
             result = {EXACT: "exact", DIVERGED: "diverged", SKIPPED: "skipped"}.get(code, "failed")
             counts[family][result] += 1
