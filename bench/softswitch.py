@@ -145,7 +145,7 @@ def executor_alone(frames, pipeline: str) -> float:
         ins("MindpIngress.admission.workers", (1, 1, w), "MindpIngress.admission.admit_worker")
     batches = []
     for i in range(0, len(frames), BATCH):
-        rx = Batch.empty(BATCH, len(frames[0]))
+        rx = Batch.empty(BATCH, frame_len(Kind.SUM))  # native batches need one slot size in and out
         for fr in frames[i:i + BATCH]:
             rx.append(fr, SENDER.port)
         batches.append(rx)

@@ -195,15 +195,15 @@ class ExpressionEmitter:
         self.compiler = compiler
         self.counts = counts or {}
         self.avail: dict = {}  # node -> temp name
-        self.deps: dict = {}  # temp name -> slots read
+        self.readers: dict = {}  # slot -> the nodes in avail that read it (an action of K elements has
+        # K times the temporaries: a scan of all of them per write made its compile quadratic in K)
         self.n = 0
         self.pre: list[str] = []
 
     def invalidate(self, slots) -> None:
-        slots = set(slots)
-        for node, name in list(self.avail.items()):
-            if self.deps[name] & slots:
-                del self.avail[node]
+        for slot in slots:
+            for node in self.readers.pop(slot, ()):
+                self.avail.pop(node, None)
 
     def take_pre(self) -> list[str]:
         pre, self.pre = self.pre, []
@@ -220,7 +220,8 @@ class ExpressionEmitter:
             self.avail[n] = name
             deps = set()
             slots_read(n, deps)
-            self.deps[name] = deps
+            for slot in deps:
+                self.readers.setdefault(slot, set()).add(n)
             return name
         return code
 

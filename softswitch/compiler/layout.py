@@ -22,6 +22,7 @@ class HeaderLayout:
     valid: int  # slot of the validity bit; fields follow
     fields: list[tuple[str, int, bool]]  # (name, width, signed)
     metadata: bool
+    _index: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def first(self) -> int:
@@ -36,10 +37,12 @@ class HeaderLayout:
         return sum(w for _, w, _ in self.fields)
 
     def index(self, field_name: str) -> int:
-        for i, (name, _, _) in enumerate(self.fields):
-            if name == field_name:
-                return self.first + i
-        raise ProgramError(f"header {self.name!r} has no field {field_name!r}")
+        if self._index is None:  # a dict, not a scan: a chunk header has K fields, each looked up
+            self._index = {name: self.first + i for i, (name, _, _) in enumerate(self.fields)}
+        try:
+            return self._index[field_name]
+        except KeyError:
+            raise ProgramError(f"header {self.name!r} has no field {field_name!r}") from None
 
 
 @dataclass

@@ -30,8 +30,17 @@ ARITHMETIC(int64_t, uint64_t, 64, x64_)
 #define N64(v) ((i128)(int64_t)(v)) /* an int64_t subexpression where an i128 is expected */
 static inline i128 x_hmod(i128 h, i128 size) { return size > 0 ? h % size : h; }
 
-/* width bits at bit offset `bit` of p, big-endian (width <= 64) */
+/* width bits at bit offset `bit` of p, big-endian (width <= 64). A whole byte-aligned 8, 16, 32 or
+ * 64 bits is one load (the generator's offsets and widths are constants, so the test folds away):
+ * a chunk's K elements are such fields, and the byte loop below cost them most of a frame's time. */
 static inline uint64_t get_bits(const uint8_t *p, int64_t bit, int width) {
+    if ((bit & 7) == 0) {
+        const uint8_t *b = p + (bit >> 3);
+        if (width == 8) return b[0];
+        if (width == 16) { uint16_t v; memcpy(&v, b, 2); return __builtin_bswap16(v); }
+        if (width == 32) { uint32_t v; memcpy(&v, b, 4); return __builtin_bswap32(v); }
+        if (width == 64) { uint64_t v; memcpy(&v, b, 8); return __builtin_bswap64(v); }
+    }
     const uint8_t *q = p + (bit >> 3);
     int lead = (int)(bit & 7);
     int nbytes = (lead + width + 7) >> 3;
@@ -41,8 +50,16 @@ static inline uint64_t get_bits(const uint8_t *p, int64_t bit, int width) {
     return (uint64_t)(v & (((u128)1 << width) - 1));
 }
 
-/* value's low `width` bits (<= 64) written at bit offset `bit` of p, big-endian */
+/* value's low `width` bits (<= 64) written at bit offset `bit` of p, big-endian (one store for a
+ * whole byte-aligned 8, 16, 32 or 64 bits, as get_bits) */
 static inline void put_bits(uint8_t *p, int64_t bit, int width, uint64_t value) {
+    if ((bit & 7) == 0) {
+        uint8_t *b = p + (bit >> 3);
+        if (width == 8) { b[0] = (uint8_t)value; return; }
+        if (width == 16) { uint16_t v = __builtin_bswap16((uint16_t)value); memcpy(b, &v, 2); return; }
+        if (width == 32) { uint32_t v = __builtin_bswap32((uint32_t)value); memcpy(b, &v, 4); return; }
+        if (width == 64) { uint64_t v = __builtin_bswap64(value); memcpy(b, &v, 8); return; }
+    }
     uint8_t *q = p + (bit >> 3);
     int lead = (int)(bit & 7);
     int nbytes = (lead + width + 7) >> 3;
