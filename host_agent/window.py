@@ -16,7 +16,12 @@ from .optim import ConfigError
 class RtoConfig:
     """Retransmission timing (seconds). RTO follows RFC 6298 from round trips of chunks sent once."""
 
-    initial: float = 1.0  # RFC 6298 2.1: the first window waits for every peer to start
+    # RFC 6298 2.1. Also the least a chunk waits (doubled per resend) while nothing at all was
+    # answered since it was sent (Window._hold): a window late as a whole waits for a peer or the
+    # node (a step's start, a commit), which the round trips between such stalls do not measure;
+    # a loss takes single chunks, which later chunks' answers show (fast retransmit) or which time
+    # out after the RTO once something was answered.
+    initial: float = 1.0
     min: float = 0.02
     # Cap of the timeouts' back-off, not of the measured RTO: when round trips are longer (more
     # workers than cores, each slot waiting for the slowest), retransmitting before an answer can
@@ -36,23 +41,35 @@ class RtoConfig:
     # switch), and resending it all makes them later (each resend of a completed chunk is
     # multicast to every worker again). Losses inside the window go by fast retransmit.
     burst: int = 16
+    # The RTO is at least this many times the longest round trip of this step and the previous one
+    # (0: off). A chunk's answer waits for every worker's gradient and for the node: a peer that
+    # starts a step late (slower, descheduled), a node committing the previous step or reading a
+    # page stall every outstanding chunk, step after step, for far longer than the thousands of
+    # round trips in between, which bring RFC 6298's estimate down to a few ms, so every such
+    # stall timed out a burst of chunks that were only late (BMv2: ~16 a step at LOSS=0).
+    peak: float = 2.0
 
     def __post_init__(self):
         times = (self.initial, self.min, self.max, self.deadline)
         if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
             raise ConfigError(f"retransmission times and the deadline must be finite and > 0, got {times}")
-        if self.min > self.max or self.fast_after < 0 or self.burst < 1:
-            raise ConfigError(f"need rto min <= max (got {self.min} > {self.max}), fast_after >= 0 "
-                              f"and burst >= 1 (got {self.fast_after}, {self.burst})")
+        if self.min > self.max or self.fast_after < 0 or self.burst < 1 or not 0 <= self.peak < math.inf:
+            raise ConfigError(f"need rto min <= max (got {self.min} > {self.max}), fast_after >= 0, burst >= 1 "
+                              f"and a finite peak >= 0 (got {self.fast_after}, {self.burst}, {self.peak})")
 
 
 class RttEstimator:
+    """RFC 6298's smoothed round trip and variance, and the longest round trip of the current and
+    the previous step (`peaks`): the RTO covers both (RtoConfig.peak)."""
+
     def __init__(self, cfg: RtoConfig):
         self.cfg = cfg
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.rto = cfg.initial
-        self.measured = 0.0  # srtt + 4 rttvar, floored at min: what a round trip takes
+        self.measured = 0.0  # srtt + 4 rttvar or peak x the longest recent round trip, floored at min
+        self.peaks = [0.0, 0.0]  # the longest round trip of the previous step, of this step
+        self.step: int | None = None
         self._backed_off_at = float("-inf")
 
     @property
@@ -72,14 +89,29 @@ class RttEstimator:
             self.rto = min(self.cap, self.rto * 2)
             self._backed_off_at = now
 
-    def sample(self, rtt: float) -> None:
+    def start_step(self, step: int) -> None:
+        """A new step: the step before the previous one leaves the peak (a one-off stall raises the
+        RTO for two steps, not for ever)."""
+        if step == self.step:
+            return
+        self.step = step
+        self.peaks = [self.peaks[1], 0.0]
+        if self.srtt is not None:
+            self._update()
+
+    def sample(self, rtt: float, longest: float | None = None) -> None:
+        """A round trip (RFC 6298 2.2-2.3); `longest`: the longest of the batch it came with, if longer."""
         if self.srtt is None:
             self.srtt, self.rttvar = rtt, rtt / 2
         else:
             self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
             self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.peaks[1] = max(self.peaks[1], rtt, longest or 0.0)
+        self._update()
+
+    def _update(self) -> None:
         self.measured = min(self.cfg.deadline / 4,
-                            max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar)))
+                            max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar), self.cfg.peak * max(self.peaks)))
         self.rto = min(self.cap, self.measured)
 
     def backoff(self, attempts: int) -> float:
@@ -116,10 +148,12 @@ class Window:
         self.n = n_chunks
         self.slots = slots
         self.rtt = rtt
+        rtt.start_step(step)
         self.ready = np.zeros(n_chunks, dtype=bool)
         self.done = np.zeros(n_chunks, dtype=bool)
         self.attempts = np.zeros(n_chunks, dtype=np.int32)
         self.first_sent = np.zeros(n_chunks, dtype=np.float64)
+        self.sent_at = np.zeros(n_chunks, dtype=np.float64)  # of the last send
         self.expiry = np.full(n_chunks, np.inf)  # per chunk sent and unanswered, when it expires; else inf
         self._earliest = float("inf")  # no outstanding chunk expires before this (a lower bound)
         # Per slot, the next chunk to send in it: slot uses go strictly in chunk order.
@@ -176,7 +210,7 @@ class Window:
             if ok.any():
                 sel = np.sort(c[ok])
                 self.attempts[sel] = 1
-                self.first_sent[sel] = now
+                self.first_sent[sel] = self.sent_at[sel] = now
                 self.next_in_slot[ok] += self.slots
                 self.n_sent += len(sel)
                 new = sel.tolist()
@@ -186,6 +220,8 @@ class Window:
         expired = []
         if now >= self._earliest:  # expiries only grow or leave, so the bound stays valid
             late = np.flatnonzero(self.expiry <= now)
+            if len(late) and not self._flush:
+                late = self._hold(late, now)
             if len(late) > self.rtt.cfg.burst and not self._flush:
                 self.expiry[late[self.rtt.cfg.burst:]] = now + self.rtt.rto
                 late = late[: self.rtt.cfg.burst]
@@ -200,11 +236,29 @@ class Window:
         again = expired + fast
         for c in again:
             self.attempts[c] += 1
+            self.sent_at[c] = now
             self.expiry[c] = exp = now + self.rtt.backoff(int(self.attempts[c]))
             self._earliest = min(self._earliest, exp)
         self.timeouts += len(expired)
         self.fast_retransmits += len(fast)
         return new, again
+
+    def _hold(self, late: np.ndarray, now: float) -> np.ndarray:
+        """Of the chunks whose timers expired, those to resend now; the others' timers move on.
+        A timer was set at its send from the RTO then; the RTO has grown since where this step's
+        round trips grew (RtoConfig.peak): it counts from the send at today's RTO. While nothing was
+        answered since a chunk was sent (the whole window late) it waits at least `initial`,
+        doubled per resend."""
+        rtt, att = self.rtt, self.attempts[late]
+        at = self.sent_at[late]
+        due = at + np.minimum(rtt.cap, rtt.rto * 2.0 ** (att - 1))
+        whole = self.last_progress <= at
+        if whole.any():
+            hold = np.minimum(rtt.cfg.deadline / 4, rtt.cfg.initial * 2.0 ** (att[whole] - 1))
+            due[whole] = np.maximum(due[whole], at[whole] + hold)
+        wait = due > now
+        self.expiry[late[wait]] = due[wait]
+        return late[~wait]
 
     def link_back(self, now: float, just_sent: list[int]) -> None:
         """The link came back: every frame sent while it was down was lost, so each chunk still
@@ -221,12 +275,21 @@ class Window:
 
     def on_param(self, chunk: int, now: float, sample: bool = True) -> bool:
         """Parameters for `chunk` arrived; False if already had them. `sample`: False when a
-        retransmission (any worker's) completed the chunk, so its round trip includes a timeout."""
+        retransmission (any worker's) completed the chunk or was answered (the RETRANSMIT flag), so
+        its round trip includes a timeout."""
         return bool(self.on_params(np.array([chunk]), now, np.array([sample]))[0])
 
     def on_params(self, chunks: np.ndarray, now: float, sample: np.ndarray) -> np.ndarray:
         """A batch of arrived parameter chunks: which entries are fresh (not had before, first in
-        the batch). One round-trip sample per batch, from the freshest eligible chunk."""
+        the batch). One round-trip sample per batch, from the freshest eligible chunk, with the
+        batch's longest for the peak.
+
+        Karn's rule by the flag: an answer whose RETRANSMIT flag is clear was completed by first
+        sends only and is not the answer to a resend (those are flagged), so it times a round trip
+        from the chunk's first send even when this worker resent it meanwhile: it proves that
+        resend spurious and says how long the answer really took, as TCP's timestamps do (Eifel,
+        RFC 3522). Excluding every resent chunk instead left the estimate blind to exactly the
+        stalls that caused the resends: they recurred every step."""
         chunks = np.asarray(chunks, dtype=np.int64)
         fresh = np.zeros(len(chunks), dtype=bool)
         uniq, first = np.unique(chunks, return_index=True)
@@ -252,10 +315,11 @@ class Window:
                                                   & (self.first_sent[lo:hi] <= self.first_sent[top]))
                     self.fast_due += overdue.tolist()
                     self._fast_checked[shard] = hi
-        eligible = fc[np.asarray(sample, dtype=bool)[fresh] & (self.attempts[fc] == 1)]  # Karn
+        eligible = fc[np.asarray(sample, dtype=bool)[fresh]]
         self.expiry[fc] = np.inf
         if len(eligible):
-            self.rtt.sample(now - float(self.first_sent[eligible].max()))
+            sent = self.first_sent[eligible]
+            self.rtt.sample(now - float(sent.max()), now - float(sent.min()))
         return fresh
 
     def wake_at(self) -> float:

@@ -50,7 +50,7 @@ def test_chunks_wait_until_produced():
     assert w.due(0.0)[0] == [2]
 
 
-def test_timeout_retransmits_with_backoff_and_rtt_from_first_sends_only():
+def test_timeout_retransmits_with_backoff_and_rtt_from_answers_to_first_sends_only():
     w = window(n=2, slots=2, initial=0.1, min=0.01, max=1.0)
     w.set_ready([0, 1])
     w.due(0.0)
@@ -60,8 +60,11 @@ def test_timeout_retransmits_with_backoff_and_rtt_from_first_sends_only():
     assert w.due(0.49) == ([], [])  # second send of each: 0.2 * 2
     assert w.due(0.501) == ([], [0, 1])
     assert w.rtt.rto == pytest.approx(0.4) and w.timeouts == 4
-    assert w.on_param(0, 0.31) and w.rtt.srtt is None  # Karn: no sample from a retransmitted chunk
-    assert not w.on_param(0, 0.32)  # duplicate
+    assert w.on_param(0, 0.51, sample=False) and w.rtt.srtt is None  # Karn: flagged RETRANSMIT, no sample
+    # Unflagged: completed by first sends, not the answer to a resend: both resends were spurious
+    # and the chunk's round trip from its first send is a sample (Eifel).
+    assert w.on_param(1, 0.52) and w.rtt.srtt == pytest.approx(0.52)
+    assert not w.on_param(0, 0.53)  # duplicate
 
 
 def test_parameters_of_a_later_chunk_fast_retransmit_an_overdue_one_once():
@@ -130,7 +133,7 @@ def test_link_back_resends_every_outstanding_chunk_at_once_but_the_ones_that_pro
 
 
 def test_rto_adapts_to_measured_round_trips():
-    est = RttEstimator(RtoConfig(initial=1.0, min=0.001, max=5.0))
+    est = RttEstimator(RtoConfig(initial=1.0, min=0.001, max=5.0, peak=0))  # RFC 6298 alone
     for _ in range(50):
         est.sample(0.004)
     assert 0.004 <= est.rto < 0.01
@@ -142,7 +145,7 @@ def test_rto_adapts_to_measured_round_trips():
 def test_round_trips_longer_than_the_cap_raise_it_instead_of_retransmitting_early():
     """Sixteen workers on two cores: each slot waits for the slowest worker, round trips take about
     a second, and a fixed 0.25 s cap resent every outstanding chunk four times a round trip."""
-    w = window(n=4, slots=4, initial=0.1, min=0.1, max=0.25, deadline=8.0)
+    w = window(n=4, slots=4, initial=0.1, min=0.1, max=0.25, deadline=8.0, peak=0)  # the cap alone
     for _ in range(20):
         w.rtt.sample(1.0)
     assert w.rtt.rto == pytest.approx(1.0, abs=0.01) and w.rtt.cap == w.rtt.rto
@@ -185,7 +188,10 @@ def test_a_window_timing_out_whole_is_resent_a_burst_at_a_time_but_after_a_link_
     assert w.timeouts == 16 and w.expiry[16:].min() == pytest.approx(0.2)
     for c in range(16, 30):  # they were only late
         w.on_param(c, 0.15)
-    assert w.due(0.2)[1] == list(range(30, 40))
+    # Round trips of 0.15 s raised the RTO to 0.3 s (twice the longest): timers count from the
+    # send at the RTO of now, so the rest are resent 0.3 s after theirs.
+    assert w.due(0.2)[1] == [] and w.rtt.rto == pytest.approx(0.3)
+    assert w.due(0.299)[1] == [] and w.due(0.3)[1] == list(range(30, 40))
     w2 = window(n=40, slots=40, initial=0.1, burst=16)
     w2.set_ready(range(40))
     w2.due(0.0)
@@ -211,3 +217,126 @@ def test_vectorised_slot_versions_match_the_schedule(n, slots):
         slot, ver = slot_and_version(step, np.arange(n), n, slots)
         assert slot.tolist() == [schedule.slot_of(c, slots) for c in range(n)]
         assert ver.tolist() == [schedule.version_of(step, c, n, slots) for c in range(n)]
+
+
+def run_step(rtt: RttEstimator, step: int, t0: float, wait: float, n: int = 1024, slots: int = 16,
+             trip: float = 0.01) -> tuple[int, float]:
+    """One step on a scripted clock at LOSS=0: every chunk sent at t0 or later is answered `trip`
+    after its send, but none before t0 + `wait` (a peer starting the step late, a node committing
+    the previous one). Answers are unflagged: the network loses nothing, so every resend is
+    spurious and the answer to the first send comes as it would have. (resends, step's end)."""
+    w = Window(step, n, slots, rtt, t0)
+    w.set_ready(range(n))
+    answer_at: dict[int, float] = {}
+    t, resent = t0, 0
+    while not w.complete:
+        new, again = w.due(t)
+        resent += len(again)
+        for c in new:
+            answer_at[c] = max(t + trip, t0 + wait)
+        t = min(min(answer_at.values(), default=np.inf), w.wake_at())
+        came = sorted(c for c, at in answer_at.items() if at <= t)
+        if came:
+            w.on_params(np.array(came), t, np.ones(len(came), bool))
+            for c in came:
+                del answer_at[c]
+    return resent, t
+
+
+def resends_per_step(waits: list[float], **rto) -> list[int]:
+    """run_step for each wait in turn, one estimator throughout (as a worker keeps it), as make run
+    configures it (RTO floor 0.1 s, cap 0.25 s), 0.05 s of compute between steps."""
+    rtt = RttEstimator(RtoConfig(min=0.1, max=0.25, **rto))
+    t, out = 0.0, []
+    for step, wait in enumerate(waits):
+        resent, t = run_step(rtt, step, t, wait)
+        out.append(resent)
+        t += 0.05
+    return out
+
+
+def test_a_stall_at_every_steps_start_times_nothing_out():
+    """Each step's first window waits 0.4 s for a late peer, then round trips take 10 ms. RFC 6298's
+    estimate alone falls to the 0.1 s floor within a step, so every step's first window timed out
+    (the oldest 16 chunks, and again after the back-off: BMv2's ~17 resends a step at LOSS=0, a
+    4-worker gpt's 613-767 in 6 steps on the embedded switch). Either rule alone stops it: a window
+    of which nothing was answered since its chunks were sent waits at least `initial` (1 s), and
+    the RTO covers twice the longest round trip of the step before (learnt after the first)."""
+    waits = [0.4] * 6
+    assert min(resends_per_step(waits, peak=0, initial=0.1)[1:]) >= 16  # neither rule: as before
+    assert resends_per_step(waits, peak=0) == [0] * 6  # the whole window late: held for 1 s
+    assert resends_per_step(waits, initial=0.1) == [16] + [0] * 5  # the peak, from the step after
+    assert resends_per_step(waits) == [0] * 6
+
+
+def test_a_longer_stall_is_learned_from_the_answers_to_the_chunks_it_made_resend():
+    """The stall grows to 1.2 s, past the 1 s hold: its step times out; the answers to the chunks
+    it resent come unflagged (first sends completed them), so they are round-trip samples (Eifel)
+    and the next steps, stalled as long, resend nothing. Excluding resent chunks (Karn's rule by
+    attempts) left the estimate blind to the very stall that caused the resends."""
+    waits = [0.4, 0.4, 0.4, 1.2, 1.2, 1.2]
+    assert resends_per_step(waits) == [0, 0, 0, 16, 0, 0]
+    assert resends_per_step(waits, peak=0) == [0, 0, 0, 16, 16, 16]  # the hold alone learns nothing
+
+
+def test_the_peak_forgets_a_one_off_stall_two_steps_later():
+    """A long stall raises the RTO for this step and the next, then only the round trips count
+    again: a loss late in a run is not waited for as long as a stall long ago."""
+    rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
+    rtt.start_step(0)
+    rtt.sample(0.01, longest=1.5)
+    assert rtt.rto == pytest.approx(3.0)
+    rtt.start_step(1)
+    rtt.sample(0.01)
+    assert rtt.rto == pytest.approx(3.0)
+    rtt.start_step(1)  # the same step again (a second Window of it): nothing rotates
+    rtt.start_step(2)
+    assert rtt.rto == pytest.approx(0.1)
+
+
+def test_a_lost_frame_is_still_resent_once_the_rto_covering_the_peak_passed():
+    """The peak delays the timeout, never removes it: the last chunk's gradient is lost (its first
+    send never answered; the answer to its resend comes flagged), the step ends after one resend."""
+    rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
+    rtt.start_step(0)
+    rtt.sample(0.01, longest=0.3)
+    w = Window(1, 4, 4, rtt, 10.0)
+    w.set_ready(range(4))
+    assert w.due(10.0)[0] == [0, 1, 2, 3]
+    w.on_params(np.arange(3), 10.01, np.ones(3, bool))
+    assert w.due(10.59) == ([], [])  # the RTO: 2 x the peak of 0.3 s
+    assert w.due(10.6) == ([], [3])
+    w.on_param(3, 10.62, sample=False)
+    assert w.complete and w.timeouts == 1
+
+
+def test_a_window_with_no_answer_at_all_is_resent_after_initial_then_doubling():
+    """Nothing answered since the window was sent (a peer that never comes, a switch restarted): its
+    RTO of 0.1 s passes, but the window is held until `initial` (1 s) after its send, then resent,
+    and held twice as long after that; once one is answered the others go by their timers."""
+    rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
+    rtt.sample(0.01)
+    w = Window(1, 6, 6, rtt, 0.0)
+    w.set_ready(range(4))
+    assert w.due(0.0)[0] == [0, 1, 2, 3] and rtt.rto == pytest.approx(0.1)
+    assert w.due(0.5) == ([], []) and w.wake_at() == pytest.approx(1.0)
+    assert w.due(1.0) == ([], [0, 1, 2, 3])
+    assert w.due(2.9) == ([], [])
+    assert w.due(3.0) == ([], [0, 1, 2, 3])
+    w.on_param(0, 3.05, sample=False)  # something came through: the others are late, not waiting
+    t = float(w.expiry[1:4].max())
+    assert t < 3.0 + 4.0 and w.due(t) == ([], [1, 2, 3])
+
+
+def test_a_timer_counts_from_its_send_at_the_rto_of_now():
+    """A chunk sent while the RTO was 0.1 s; a round trip of 0.4 s measured since (a peer slower
+    this step) raises it to 0.8 s: the chunk is resent 0.8 s after its send, not at 0.1 s."""
+    rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
+    rtt.sample(0.01)
+    w = Window(1, 8, 8, rtt, 0.0)
+    w.set_ready(range(2))
+    assert w.due(0.0)[0] == [0, 1] and w.expiry[0] == pytest.approx(0.1)
+    w.on_param(1, 0.4)
+    assert rtt.rto == pytest.approx(0.8)
+    assert w.due(0.5) == ([], []) and w.due(0.799) == ([], [])
+    assert w.due(0.8) == ([], [0])
