@@ -15,9 +15,10 @@ from mindp.protocol import K, SCALE_BITS
 from . import p4info_names as n
 from .jobs import JobState
 
-#: The per-cell registers, besides the accumulators (n.CELL_ACC: K cells a cell, side by side).
+#: The per-cell registers, besides the K accumulators.
 CELL_REGISTERS = (n.CELL_TAG_EPOCH, n.CELL_TAG_STEP_CHUNK, n.CELL_BITMAP, n.CELL_COUNT, n.CELL_CONTRIBUTIONS,
                   n.CELL_NONFINITE)
+ACC_REGISTERS = tuple(n.CELL_ACC.format(i) for i in range(K))
 
 
 def cell_index(slot_base: int, slot: int, ver: int) -> int:
@@ -81,7 +82,7 @@ def decode(job: JobState, slots: list[int], raw: dict[str, dict[int, int]]) -> l
                 slot=slot, ver=ver, index=i, epoch=epoch, step=use >> 32, chunk=use & 0xFFFFFFFF,
                 workers=[w for w in range(n.MAX_WORKERS) if bitmap >> w & 1], count=count,
                 contributions=raw[n.CELL_CONTRIBUTIONS][i],
-                nonfinite=bool(raw[n.CELL_NONFINITE][i]), sums=[signed64(raw[n.CELL_ACC][i * K + j]) for j in range(K)],
+                nonfinite=bool(raw[n.CELL_NONFINITE][i]), sums=[signed64(raw[a][i]) for a in ACC_REGISTERS],
                 mine=mine, complete=mine and count == len(job.workers)))
     return out
 
@@ -96,15 +97,12 @@ def read_job_cells(thrift, job: JobState, slot: int | None = None) -> tuple[list
     if slot is None:
         lo, hi = cell_index(job.slot_base, 0, 0), cell_index(job.slot_base, job.slot_count, 0)
         raw = {}
-        for name in CELL_REGISTERS:
+        for name in (*CELL_REGISTERS, *ACC_REGISTERS):
             values = thrift.register_read_all(name)
             raw[name] = {i: values[i] for i in range(lo, hi)}
-        values = thrift.register_read_all(n.CELL_ACC)
-        raw[n.CELL_ACC] = {i: values[i] for i in range(lo * K, hi * K)}
     else:
         cells = [cell_index(job.slot_base, slot, v) for v in (0, 1)]
-        raw = {name: {i: thrift.register_read(name, i) for i in cells} for name in CELL_REGISTERS}
-        raw[n.CELL_ACC] = {i: thrift.register_read(n.CELL_ACC, i) for c in cells for i in range(c * K, c * K + K)}
+        raw = {name: {i: thrift.register_read(name, i) for i in cells} for name in (*CELL_REGISTERS, *ACC_REGISTERS)}
     prog = progress(job, thrift.register_read(n.JOB_PROGRESS_EPOCH, job.job_id),
                     thrift.register_read(n.JOB_NEWEST_STEP, job.job_id))
     return decode(job, slots, raw), prog

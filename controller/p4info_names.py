@@ -75,7 +75,7 @@ CELL_BITMAP = "MindpIngress.aggregation.bitmap"
 CELL_COUNT = "MindpIngress.aggregation.count"
 CELL_NONFINITE = "MindpIngress.aggregation.nonfinite"
 CELL_CONTRIBUTIONS = "MindpIngress.aggregation.contributions"
-CELL_ACC = "MindpIngress.aggregation.acc"  # cell c's K sums at c * K .. c * K + K - 1
+CELL_ACC = "MindpIngress.aggregation.acc_{}"
 JOB_PROGRESS_EPOCH = "MindpIngress.aggregation.progress_epoch"
 JOB_NEWEST_STEP = "MindpIngress.aggregation.newest_step"
 

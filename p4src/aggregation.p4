@@ -10,7 +10,7 @@
  * contribution arrives the packet becomes the sum and goes to the optimizer
  * node (at a leaf: the partial sum, up the uplink); a contribution for a
  * complete cell is a retransmission and gets the sum (partial) again. The
- * per-element actions (to_fixed, store, accumulate, agg_read) and the acc
+ * per-element actions (to_fixed, store, accumulate, agg_read) and the acc_i
  * registers are generated for the build's K (gen_p4.py, docs/P4.md). */
 #ifndef MINDP_AGGREGATION_P4
 #define MINDP_AGGREGATION_P4
@@ -23,13 +23,13 @@ control Aggregation(inout headers_t hdr, inout metadata_t meta,
      * Grows with every new use in a job's life (step, then chunk). */
     register<bit<16>>(POOL_CELLS) tag_epoch;
     register<bit<64>>(POOL_CELLS) tag_step_chunk;
-    /* bitmap[cell]: bit w set iff worker w's gradient is in acc[cell * K ..] for
+    /* bitmap[cell]: bit w set iff worker w's gradient is in acc_*[cell] for
      * this use; count[cell] is its population count. */
     register<bit<32>>(POOL_CELLS) bitmap;
     register<bit<16>>(POOL_CELLS) count;
     /* nonfinite[cell] = 1 iff some contribution to this use had an Inf/NaN. */
     register<bit<1>>(POOL_CELLS) nonfinite;
-    /* contributions[cell] = the gradients in acc[cell * K ..]: the sum over the members
+    /* contributions[cell] = the gradients in acc_*[cell]: the sum over the members
      * in bitmap[cell] of 1 (a worker) or the partial sum's nworkers (a child
      * switch); the sum's (partial's) nworkers. Equals count[cell] without a tree. */
     register<bit<16>>(POOL_CELLS) contributions;

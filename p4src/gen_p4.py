@@ -4,8 +4,8 @@
 
 Writes DIR/protocol.p4 (constants from mindp/protocol.py), DIR/switch.p4 (the
 switch's sizes and drop reasons from mindp/switch_constants.py), DIR/chunks.p4
-(element header types), DIR/agg_registers.p4 and DIR/agg_actions.p4 (the
-aggregation control's accumulators and its K-element actions). `make p4` writes them
+(element header types), DIR/agg_registers.p4 and DIR/agg_actions.p4 (the K
+per-element register blocks of the aggregation control). `make p4` writes them
 to p4src/build/k<K>/generated/ before it compiles (p4src/artifacts.py); the
 committed programs' source hashes cover this text, so a change here is caught.
 """
@@ -106,12 +106,12 @@ header sum_chunk_t {{
 
 
 def agg_registers_p4(k: int) -> str:
+    regs = "\n".join(f"    register<bit<64>>(POOL_CELLS) acc_{i};" for i in range(k))
     return f"""{BANNER}
-    /* acc[cell * K + i] = exact sum (fp16 * 2^24) of element i over the gradients of the members
-     * in bitmap[cell] (a child switch's partial sum counts as its gradients), for the use of the
-     * slot version that tag[cell] names. One array, a cell's K sums side by side: a packet reads
-     * and writes one contiguous run of memory (K arrays of one cell each took a cache line apiece). */
-    register<bit<64>>({S.POOL_CELLS * k}) acc;
+    /* acc_i[cell] = exact sum (fp16 * 2^24) of element i over the gradients of the
+     * members in bitmap[cell] (a child switch's partial sum counts as its gradients),
+     * for the use of the slot version that tag[cell] names. */
+{regs}
 """
 
 
@@ -134,20 +134,18 @@ def agg_actions_p4(k: int) -> str:
         lines = "\n".join(body(i) for i in range(k))
         return f"    /* {doc} */\n    action {name}() {{\n{local}{lines}\n    }}\n"
 
-    at = f"        bit<32> at = meta.cell * {k};\n"
-
     actions = [
         block("to_fixed", "A gradient's fp16 elements -> hdr.sums, exactly; any Inf/NaN sets pkt_nonfinite.",
               lambda i: to_fixed(f"hdr.fp16.e{i}", f"hdr.sums.s{i}")),
         block("store", "First contribution to a new use of the cell: overwrite.",
-              lambda i: f"        acc.write(at + {i}, hdr.sums.s{i});", local=at),
+              lambda i: f"        acc_{i}.write(meta.cell, hdr.sums.s{i});"),
         block("accumulate", "A further contribution: add exactly; the packet carries the running sum.",
-              lambda i: f"        acc.read(held, at + {i});\n"
+              lambda i: f"        acc_{i}.read(held, meta.cell);\n"
               f"        hdr.sums.s{i} = hdr.sums.s{i} + held;\n"
-              f"        acc.write(at + {i}, hdr.sums.s{i});",
-              local=at + "        bit<64> held;\n"),
+              f"        acc_{i}.write(meta.cell, hdr.sums.s{i});",
+              local="        bit<64> held;\n"),
         block("agg_read", "A completed cell asked for again: copy the stored sums out.",
-              lambda i: f"        acc.read(hdr.sums.s{i}, at + {i});", local=at),
+              lambda i: f"        acc_{i}.read(hdr.sums.s{i}, meta.cell);"),
     ]
     return BANNER + "\n" + "\n".join(actions)
 

@@ -66,11 +66,12 @@ def test_compiled_parser_uses_the_protocol_port_and_kinds(prog):
 
 
 @pytest.mark.parametrize("prog", COMMITTED, ids=ids)
-def test_one_accumulator_register_with_k_cells_a_cell(prog):
+def test_one_accumulator_register_per_element(prog):
     regs = {r["name"]: r for r in bmv2_json(prog)["register_arrays"]}
-    assert not [n for n in regs if n.startswith("MindpIngress.aggregation.acc_")]
-    acc = regs["MindpIngress.aggregation.acc"]
-    assert (acc["bitwidth"], acc["size"]) == (64, 2 * 1024 * prog.k)
+    accs = [n for n in regs if n.startswith("MindpIngress.aggregation.acc_")]
+    assert len(accs) == prog.k
+    assert {regs[n]["bitwidth"] for n in accs} == {64}
+    assert {regs[n]["size"] for n in accs} == {2 * 1024}
 
 
 @pytest.mark.skipif(artifacts.find_p4c() is None, reason="p4c-bm2-ss not installed (PATH or /opt/p4tools/bin)")

@@ -17,7 +17,7 @@ def job():
 
 def raw_for(j, held):
     """Register contents with `held` = {(slot, ver): (epoch, step, chunk, workers, nonfinite, grads)}."""
-    raw = {name: {} for name in (*cells.CELL_REGISTERS, n.CELL_ACC)}
+    raw = {name: {} for name in (*cells.CELL_REGISTERS, *cells.ACC_REGISTERS)}
     for slot in range(j.slot_count):
         for ver in (0, 1):
             i = cells.cell_index(j.slot_base, slot, ver)
@@ -30,8 +30,8 @@ def raw_for(j, held):
             raw[n.CELL_CONTRIBUTIONS][i] = 3 * len(workers)  # as on a parent whose children sum 3 each
             raw[n.CELL_NONFINITE][i] = nf
             total = exact_sum(grads)[0] if grads else np.zeros(K, np.int64)
-            for e in range(K):
-                raw[n.CELL_ACC][i * K + e] = int(total[e]) & ((1 << 64) - 1)  # registers hold unsigned bits
+            for e, name in enumerate(cells.ACC_REGISTERS):
+                raw[name][i] = int(total[e]) & ((1 << 64) - 1)  # registers hold unsigned bits
     return raw
 
 
@@ -80,12 +80,11 @@ def test_reading_one_slot_asks_only_for_its_two_cells():
         asked = set()
 
         def register_read(self, name, index):
-            self.asked.add((name == n.CELL_ACC, index))
+            self.asked.add(index)
             if name in (n.JOB_PROGRESS_EPOCH, n.JOB_NEWEST_STEP):
                 return {n.JOB_PROGRESS_EPOCH: 77, n.JOB_NEWEST_STEP: 2}[name]
             return raw[name][index]
 
     got, prog = cells.read_job_cells(Reader(), j, slot=2)
-    accs = {(True, c * K + e) for c in (204, 205) for e in range(K)}  # a cell's K sums side by side
-    assert Reader.asked == {(False, 204), (False, 205), (False, 1)} | accs and prog.newest_step == 2
+    assert Reader.asked == {204, 205, 1} and prog.newest_step == 2
     assert [(c.slot, c.ver, c.state, c.values[0]) for c in got] == [(2, 0, "partial", 1.0), (2, 1, "unused", 0.0)]

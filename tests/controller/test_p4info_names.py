@@ -40,7 +40,7 @@ def test_compiled_program_has_the_sizes_of_the_module():
     cfg = json.loads(artifacts.BMV2_JSON.read_text())
     regs = {r["name"]: r["size"] for r in cfg["register_arrays"]}
     counters = {c["name"]: c["size"] for c in cfg["counter_arrays"]}
-    assert regs[n.CELL_BITMAP] == regs[n.CELL_ACC] // protocol.K == n.POOL_CELLS
+    assert regs[n.CELL_BITMAP] == regs[n.CELL_ACC.format(0)] == n.POOL_CELLS
     assert regs[n.JOB_NEWEST_STEP] == regs[n.JOB_PROGRESS_EPOCH] == n.MAX_JOBS
     assert counters[n.DROPS] == n.DROP_CELLS and counters[n.EPOCH_GENERATION] == 1
 
