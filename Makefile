@@ -97,10 +97,12 @@ torch: $(STAMP_APT)
 # Every test keeps its own namespaces, interfaces, ports and state (tests/conftest.py), `make run`'s
 # Mininet included, so any test runs beside any other.
 # Two passes: the whole suite at the default K (MINDP_K unset), then the packet-level tests again at
-# the hardware-faithful K = 32 (BMv2's default): each committed program is exercised end to end.
-K32_TESTS := tests/dataplane tests/softswitch/test_native.py tests/softswitch/test_executor.py \
-  tests/host_agent/test_loopback.py tests/host_agent/test_with_switch.py tests/host_agent/test_worker_io.py \
-  tests/run/test_make_run.py
+# the hardware-faithful K = 32, BMv2's (its tests run there): each committed program end to end.
+K32_TESTS := tests/dataplane tests/controller/test_packets.py tests/controller/test_tls.py \
+  tests/controller/test_tree.py tests/softswitch/test_native.py tests/softswitch/test_executor.py \
+  tests/softswitch/test_thrift.py tests/host_agent/test_loopback.py tests/host_agent/test_with_switch.py \
+  tests/host_agent/test_worker_io.py tests/host_agent/test_recovery.py tests/host_agent/test_shard_net.py \
+  tests/run/test_make_run.py tests/run/test_leafspine.py tests/torch/test_mindp_torch.py
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
 	MINDP_K=32 $(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=5 $(K32_TESTS) $(PYTEST_ARGS)
