@@ -235,6 +235,11 @@ class _Client(P4RuntimeClient):
         return self.stream_recv_thread is None or self.stream_recv_thread.is_alive()
 
 
+#: A hang guard, not a deadline: the embedded switch compiles a pushed program to C (a K = 512
+#: program: 20 s of CPU, minutes on a busy machine) before it answers.
+PUSH_TIMEOUT = 1800
+
+
 def check_program_k(bmv2_json: bytes, path) -> None:
     """A mindp program compiled for another K than this process's would parse every frame of ours
     as malformed: refuse it in one line instead."""
@@ -349,7 +354,7 @@ class SwitchConnection:
         req.config.p4info.CopyFrom(info)
         req.config.cookie.cookie = pipeline_cookie(p4info_path, bmv2_json_path)
         try:
-            self.client.stub.SetForwardingPipelineConfig(req, timeout=60)
+            self.client.stub.SetForwardingPipelineConfig(req, timeout=PUSH_TIMEOUT)
         except grpc.RpcError as exc:
             raise self._err(exc, "pipeline push") from None
         self.p4info = info

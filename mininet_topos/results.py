@@ -75,6 +75,7 @@ def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds
         "model": model,
         "parameters": int(parameters),
         "target": cfg["target"],
+        "k": int(cfg.get("k", 0)),  # elements a frame
         "workers": int(cfg["workers"]),
         "steps": steps,
         "jobs": n,

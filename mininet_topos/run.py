@@ -230,7 +230,7 @@ class Run:
 
     def prepare_files(self) -> None:
         self.topo.dump(self.topo_path)
-        (self.dir / "config.json").write_text(json.dumps({**self.cfg.to_dict(), "target": self.target}, indent=1) + "\n")
+        (self.dir / "config.json").write_text(json.dumps({**self.cfg.to_dict(), "target": self.target, "k": protocol.K}, indent=1) + "\n")
         for job in self.topo.jobs:
             d = self.dir / f"job{job.job_id}"
             d.mkdir()
@@ -442,7 +442,7 @@ class Run:
 
     def run_dict(self) -> dict:
         """The settings as the summary states them: `workers` counts every worker of a job (all leaves)."""
-        return {**self.cfg.to_dict(), "target": self.target, "workers": self.cfg.total_workers}
+        return {**self.cfg.to_dict(), "target": self.target, "k": protocol.K, "workers": self.cfg.total_workers}
 
     def draw(self, progress: Progress, model: str) -> None:
         """curve.svg and metrics.csv (and TensorBoard's files where installed) from the steps done."""
@@ -460,7 +460,7 @@ class Run:
             for line in hp.tail.lines():
                 p.feed(line)
         results.write_summary(self.dir / "summary.json", {
-            "model": model, "target": self.target, "workers": self.cfg.total_workers, "stopped": why,
+            "model": model, "target": self.target, "k": protocol.K, "workers": self.cfg.total_workers, "stopped": why,
             "steps_done": p.step, "loss_curve": {j: list(zip(c.steps, c.loss)) for j, c in p.curves.items()},
             "packets_sent": p.packets, "retransmissions": p.retransmissions})
         self.draw(p, model)

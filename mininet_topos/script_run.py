@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from host_agent import optim
-from mindp import progress as pace
+from mindp import progress as pace, protocol
 from mindp.torch import scriptref
 
 from . import rankerrors, results, resume
@@ -48,7 +48,7 @@ class ScriptRun(Run):
 
     def prepare_files(self) -> None:
         self.topo.dump(self.topo_path)
-        (self.dir / "config.json").write_text(json.dumps({**self.cfg.to_dict(), "target": self.target}, indent=1) + "\n")
+        (self.dir / "config.json").write_text(json.dumps({**self.cfg.to_dict(), "target": self.target, "k": protocol.K}, indent=1) + "\n")
         self.job_dir = self.dir / "job1"
         self.spec_dir = self.job_dir / "spec"
         self.job_dir.mkdir()
@@ -186,7 +186,7 @@ class ScriptRun(Run):
         curve = progress.curves[1]
         stats = json.loads((self.job_dir / "optimizer-stats.json").read_text()) \
             if (self.job_dir / "optimizer-stats.json").exists() else {}
-        summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "workers": self.job.n_workers,
+        summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "k": protocol.K, "workers": self.job.n_workers,
                 "model": model, "steps": progress.step,
                 "loss_curve": [[s, x] for s, x in zip(curve.steps, curve.loss)],  # s: the script's 0-based step
                 "packets_sent": progress.packets + int(stats.get("params_sent", 0)),

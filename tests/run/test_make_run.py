@@ -130,7 +130,7 @@ def check_summary(s: dict, target: str, workers: int, steps: int, jobs: int = 1)
     assert s["max_abs_param_diff_vs_reference"] == 0.0
     assert s["digest_mismatches"] == 0  # no worker diverged from the node in any step
     assert len(s["per_job"]) == jobs
-    n_chunks = optim.layout_of(workload.init_params(workload.WorkloadConfig(n_workers=workers))).n_chunks
+    n_chunks = -(-s["parameters"] // s["k"])  # at the run's K (BMv2's: 32)
     for j in s["per_job"]:
         assert j["max_abs_param_diff_vs_reference"] == 0.0
         # The switch completed every chunk of every step exactly once (resends are counted apart).
@@ -138,7 +138,7 @@ def check_summary(s: dict, target: str, workers: int, steps: int, jobs: int = 1)
         assert j["final_loss"] < 0.9 * j["initial_loss"]
         assert j["final_loss"] == pytest.approx(j["reference_final_loss"], abs=0.0)
     # Each worker sends at least one gradient frame per chunk per step.
-    assert s["packets_sent"] >= jobs * workers * steps * 150
+    assert s["packets_sent"] >= jobs * workers * steps * n_chunks
     assert s["wall_seconds"] > 0 and s["steps_per_second"] > 0
 
 
