@@ -111,8 +111,8 @@ class OptimizerNode:
             return 0
         if self.receiver is not None and not self.faults:
             n, tagged, other = rawsock.recv_rows_untagged(self.sock, self.rx, self.receiver)
-            self.stats["rejected_tagged"] += tagged
-            self.stats["rejected_length"] += other
+            self.stats["rejected_tagged"] += int(tagged)  # (numpy counts would not go into --stats' JSON)
+            self.stats["rejected_length"] += int(other)
             rows = self.rx[:n]
             return self._handle(rows[self._rows_from_switch(rows)])
         if self.auxdata:

@@ -164,7 +164,7 @@ class WorkerAgent:
 
 def _count(stats: collections.Counter, key: str, n: int) -> None:
     if n:
-        stats[key] += n
+        stats[key] += int(n)  # a numpy count would not go into --stats' JSON
 
 
 class StepHandle:
