@@ -96,16 +96,15 @@ torch: $(STAMP_APT)
 
 # Every test keeps its own namespaces, interfaces, ports and state (tests/conftest.py), `make run`'s
 # Mininet included, so any test runs beside any other.
-# Two passes: the whole suite at the default K (MINDP_K unset), then the packet-level tests again at
-# the hardware-faithful K = 32, BMv2's (its tests run there): each committed program end to end.
-K32_TESTS := tests/dataplane tests/controller/test_packets.py tests/controller/test_tls.py \
-  tests/controller/test_tree.py tests/softswitch/test_native.py tests/softswitch/test_executor.py \
-  tests/softswitch/test_thrift.py tests/host_agent/test_loopback.py tests/host_agent/test_with_switch.py \
-  tests/host_agent/test_worker_io.py tests/host_agent/test_recovery.py tests/host_agent/test_shard_net.py \
-  tests/run/test_make_run.py tests/run/test_leafspine.py tests/torch/test_mindp_torch.py
+# Two passes: the whole suite at K = 32 (tests/conftest.py: BMv2's K, the hardware-faithful size),
+# then the packet-level tests again at the embedded switch's default K: each committed program end
+# to end. MINDP_K=N runs the first pass at N instead.
+LARGE_K_TESTS := tests/dataplane tests/softswitch/test_native.py tests/softswitch/test_executor.py \
+  tests/host_agent/test_loopback.py tests/host_agent/test_with_switch.py tests/run/test_make_run.py \
+  tests/test_mtu.py tests/test_wire.py
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
-	MINDP_K=32 $(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=5 $(K32_TESTS) $(PYTEST_ARGS)
+	MINDP_K=$$($(PY) -c 'from mindp.protocol import DEFAULT_K; print(DEFAULT_K)') $(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=5 $(LARGE_K_TESTS) $(PYTEST_ARGS)
 
 # The suite with LOAD busy loops taking the cores: no test may race the clock (waits follow
 # progress, mindp/progress.py), so it must pass here too, only slower.

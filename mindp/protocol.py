@@ -122,8 +122,10 @@ def required_mtu(k: int = K) -> int:
 
 
 def link_mtu(k: int = K) -> int:
-    """The MTU mindp gives the links it creates: Ethernet's 1500, or what k's frames need."""
-    return max(1500, required_mtu(k))
+    """The MTU mindp gives the links it creates: Ethernet's 1500 while k's frames fit it with room
+    for VLAN tags to spare, else a data-centre jumbo 9000 (or what k's frames need, and the spare)."""
+    need = required_mtu(k) + 64
+    return 1500 if need <= 1500 else max(9000, need)
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,7 @@ class FrameTap:
             for s in ready:
                 while True:
                     try:
-                        frame = s.recv(4096)
+                        frame = s.recv(65536)  # any frame a link carries (K = 512 sums: 4,170 bytes)
                     except BlockingIOError:
                         break
                     if self.accept is None or self.accept(frame):

@@ -8,6 +8,7 @@ import pytest
 
 from host_agent import optim, reference, state
 from host_agent.optim import OptimizerConfig
+from mindp.protocol import K
 
 from tests.conftest import TARGET_PARAMS
 
@@ -82,13 +83,14 @@ def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
     """State ten times the budget, one step through the switch: the node's pager never holds more
     pages than the budget, and the process never grows by the state's size."""
     b, topo = bed
+    page_chunks = max(1, 1024 // K)  # pages of 1,024 elements: a budget of a few at any K
     budget = 512 << 10
     init = {"big": np.random.default_rng(3).standard_normal(230_000).astype(np.float32) * 0.1}
     lay = optim.layout_of(init)
     state_bytes = 2 * lay.n_chunks * state.RECORD.itemsize
     assert state_bytes >= 10 * budget
     cfg = OptimizerConfig()
-    state.create(tmp_path / "state", lay, state.init_pieces(lay, init), cfg, page_chunks=32)
+    state.create(tmp_path / "state", lay, state.init_pieces(lay, init), cfg, page_chunks=page_chunks)
     gf = reference.synthetic_grads(4)
     ref = reference.train(init, gf, N, 1, cfg)
     args = run_files(tmp_path, topo, init, 1)
