@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mindp.netutil import bound_udp
 from mindp.protocol import K, UDP_PORT
 
 #: UDP port of the digest messages (node side; workers send from any port).
@@ -166,11 +167,7 @@ class Server:
         self.job_id = job_id
         self.book = book
         self.params_of = params_of
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind, port))
-        sock.setblocking(False)
-        self.sock = sock
+        self.sock = bound_udp(bind, port)
         self.held: dict[int, set] = collections.defaultdict(set)  # step -> addresses waiting for it
         self.stats = book.stats
 

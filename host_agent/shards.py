@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mindp.netutil import bound_udp
 from mindp.protocol import SHARD_ACK, SHARD_NOTICE, SHARD_NOTICE_FORMAT, SHARD_NOTICE_PORT, Flag
 from mindp.topology import Host, Topology
 
@@ -88,11 +89,7 @@ class NonfiniteAgreement:
         self.port = port
         self.peers = list(peers)
         self.skip = skip
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((bind, port))
-        sock.setblocking(False)
-        self.sock = sock
+        self.sock = bound_udp(bind, port)
         self.agreed: set[int] = set()
         self.waiting: dict[int, set[str]] = {}  # step -> peers yet to acknowledge
         # step -> chunk -> (header, parameters): the latest held answer of each chunk (answers

@@ -48,6 +48,20 @@ def mtu_problem(iface: str, k: int = K) -> str | None:
             f"({K_ENV}, make run K=...)")
 
 
+def bound_udp(bind: str, port: int) -> socket.socket:
+    """A non-blocking UDP socket bound to (bind, port), SO_REUSEADDR: the agents' side channels
+    (shard notices, step digests) beside the raw data plane."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((bind, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
 def hold_udp_port(port: int = UDP_PORT) -> socket.socket:
     """A UDP socket bound to mindp's port in the current network namespace.
 
