@@ -579,8 +579,10 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
 
 
 def run_k(k: str, target: str) -> int:
-    """The run's K: K= if given, else the target's default (BMv2 interprets every element of a frame,
-    so it runs the hardware-faithful size; the embedded switch runs the large default)."""
+    """The run's K: K= if given, else MINDP_K where the environment sets it, else the target's
+    default (BMv2 interprets every element of a frame, so it runs the hardware-faithful size; the
+    embedded switch runs the large default)."""
+    k = k or os.environ.get(protocol.K_ENV, "").strip()
     if k:
         try:
             return protocol.k_from_env({protocol.K_ENV: k})
