@@ -1,5 +1,5 @@
 /* The packet loop's fast path (softswitch/native/serve.py): the switch's ports polled in turn, a
- * ready port's waiting frames taken from its receive ring (softswitch/rxring.py), run through the
+ * ready port's waiting frames taken from its receive ring (mindp/rxring.py), run through the
  * program (mindp_run_batch), and sent with one sendmmsg per egress port in batch order, until a
  * round over the ports finds no frame or `budget` batches were taken. It returns to Python then,
  * which waits in epoll and applies control-plane writes: like mindp_run_batch it runs holding the
