@@ -21,7 +21,7 @@ def exercise(use_ring: bool) -> dict:
     """The scenario, in this process's K: what the receiving socket got and counted."""
     from host_agent import rawsock
     from mindp import testbed
-    from mindp.protocol import Kind, frame_len
+    from mindp.protocol import UDP_PORT, Kind, frame_len
 
     rawsock.RING = use_ring
     width = frame_len(Kind.SUM)
@@ -45,9 +45,11 @@ def exercise(use_ring: bool) -> dict:
         for lo in range(3, n, 1000):
             hi = min(lo + 1000, n)
             assert rawsock.send_rows(tx, f, range(lo, hi)) == (hi - lo, 0)
-            # A tagged frame that is ours but for its tag, and a short one.
+            # A tagged frame that is ours but for its tag, and a short mindp frame.
             tx.send(f[lo, :12].tobytes() + b"\x81\x00\x00\x05" + f[lo, 12:].tobytes())
-            tx.send(f[lo, :60].tobytes())
+            short = bytearray(f[lo, :60].tobytes())
+            short[12:14], short[23], short[36:38] = b"\x08\x00", 17, UDP_PORT.to_bytes(2, "big")
+            tx.send(bytes(short))
             want = hi + 2 * (1 + (lo - 3) // 1000)
 
             def take() -> bool:
@@ -140,24 +142,30 @@ def test_the_run_of_ready_slots_stops_at_the_first_the_kernel_owns(owned, most, 
 
 
 def test_receive_rows_takes_frames_of_its_width_in_order_across_the_ring_end():
-    """Slots 6, 7, 0, 1, 2 ready (the read position near the end): the right-sized untagged frames in
-    order; a tagged one, a short one and our own transmission left out, the first two counted;
-    every taken slot back to the kernel; slot 3, still the kernel's, ends the read."""
+    """Slots 6, 7, 0, 1, 2, 3 ready (the read position near the end): the right-sized untagged frames
+    in order; a tagged one, a short mindp frame, a short frame of other traffic (ARP, the step
+    digest's UDP) and our own transmission left out, the first two counted; every taken slot back
+    to the kernel; slot 4, still the kernel's, ends the read."""
+    from mindp.protocol import UDP_PORT
+
     ring = FakeRing(8)
     ring.head[0] = 6 + 8 * 5
-    width = 40
+    width = 48
     frames = [bytes([i]) * width for i in range(5)]
+    short_mindp = bytearray(frames[2][:40])
+    short_mindp[12:14], short_mindp[23], short_mindp[36:38] = b"\x08\x00", 17, UDP_PORT.to_bytes(2, "big")
     ring.put(6, frames[0])
     ring.put(7, frames[1], status=rxring.TP_STATUS_USER | rxring.TP_STATUS_VLAN_VALID, tci=7)
-    ring.put(0, frames[2][:30])
+    ring.put(0, bytes(short_mindp))
     ring.put(1, frames[3])
     ring.put(2, frames[4])
     ring.pkttypes[2] = rxring.PACKET_OUTGOING
+    ring.put(3, frames[2][:30])
     buf = np.zeros((16, width), np.uint8)
     assert ring.receive_rows(buf, 1) == (2, 1, 1)
     assert [bytes(r) for r in buf[1:3]] == [frames[0], frames[3]]
-    assert int(ring.head[0]) == 8 * 6 + 3 and not ring.status.any()
-    ring.put(3, frames[1])
+    assert int(ring.head[0]) == 8 * 6 + 4 and not ring.status.any()
+    ring.put(4, frames[1])
     assert ring.receive_rows(buf) == (1, 0, 0) and bytes(buf[0]) == frames[1]
 
 
