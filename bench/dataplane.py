@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from controller.p4runtime import SwitchConnection  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
 from mindp import targets  # noqa: E402
+from mindp.protocol import MAX_K  # noqa: E402
 from mindp.loadgen import aggregation_entries, closed_loop, forward_frames, gradient_frames  # noqa: E402
 from mindp.testbed import Testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
@@ -63,7 +64,7 @@ def measure(target: str, k: int, program: tuple[str, str], packets: int, window:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="auto", choices=targets.TARGETS)
-    ap.add_argument("--k", type=integer(1, P.MAX_K), nargs="+", default=list(artifacts.COMMITTED_K))
+    ap.add_argument("--k", type=integer(8, MAX_K), nargs="+", default=list(artifacts.COMMITTED_K))
     ap.add_argument("--packets", type=integer(2), default=6000)
     ap.add_argument("--window", type=integer(2), default=48, help="frames in flight (BMv2 queues hold 64)")
     args = ap.parse_args()

@@ -17,7 +17,7 @@ BAD = [
     ("agents.py", ["--chunks", "0"]),
     ("agents.py", ["--elements", "31"]),
     ("agents.py", ["--page-chunks", "x"]),
-    ("dataplane.py", ["--k", "256"]),
+    ("dataplane.py", ["--k", "8008"]),
     ("digest.py", ["--rounds", "0"]),
     ("dataplane.py", ["--window", "1"]),
     ("ooc.py", ["--elements", "-5"]),
