@@ -128,6 +128,18 @@ def quiet_veths(*ends: tuple[str, str | None]) -> None:
 
 
 @contextmanager
+def veth_pair(a: str, b: str):
+    """A veth pair a <-> b in this namespace, quiet and running for the body, removed after it."""
+    sh("ip", "link", "del", a, check=False)
+    sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
+    try:
+        quiet_veths((a, None), (b, None))
+        yield a, b
+    finally:
+        sh("ip", "link", "del", a, check=False)
+
+
+@contextmanager
 def in_netns(netns: str):
     """Run the body with this thread in `netns` (for opening sockets there)."""
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)

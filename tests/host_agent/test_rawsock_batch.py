@@ -96,23 +96,20 @@ def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
     from mindp.protocol import Kind
 
     a, b = "mdp-rcv0", "mdp-rcv1"
-    testbed.sh("ip", "link", "del", a, check=False)
-    testbed.sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-    socks = []
-    try:
-        testbed.quiet_veths((a, None), (b, None))
-        tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
-        auxdata = rawsock.enable_auxdata(rx)  # as the node does, before traffic: its ring, if any
-        width = codec.frame_len(Kind.SUM)
-        f = np.random.default_rng(1).integers(0, 256, size=(node_socket.RECV_ROWS, width), dtype=np.uint8)
-        f[:, 12:14] = (0x88, 0xB5)
-        for row in f:  # one at a time: a veth's peer takes each on the sender's return (no backlog drop)
-            tx.send(row.tobytes())
-        buf = np.zeros((node_socket.RECV_ROWS, width), np.uint8)
-        rows, tagged, other = rawsock.recv_rows_untagged(rx, buf, rawsock.RowReceiver(buf, auxdata))
-        assert (rows, tagged, other) == (node_socket.RECV_ROWS, 0, 0)
-        assert np.array_equal(buf, f)
-    finally:
-        for s in socks:
-            s.close()
-        testbed.sh("ip", "link", "del", a, check=False)
+    with testbed.veth_pair(a, b):
+        socks = []
+        try:
+            tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
+            auxdata = rawsock.enable_auxdata(rx)  # as the node does, before traffic: its ring, if any
+            width = codec.frame_len(Kind.SUM)
+            f = np.random.default_rng(1).integers(0, 256, size=(node_socket.RECV_ROWS, width), dtype=np.uint8)
+            f[:, 12:14] = (0x88, 0xB5)
+            for row in f:  # one at a time: a veth's peer takes each on the sender's return (no backlog drop)
+                tx.send(row.tobytes())
+            buf = np.zeros((node_socket.RECV_ROWS, width), np.uint8)
+            rows, tagged, other = rawsock.recv_rows_untagged(rx, buf, rawsock.RowReceiver(buf, auxdata))
+            assert (rows, tagged, other) == (node_socket.RECV_ROWS, 0, 0)
+            assert np.array_equal(buf, f)
+        finally:
+            for s in socks:
+                s.close()

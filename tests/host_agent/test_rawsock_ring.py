@@ -26,47 +26,44 @@ def exercise(use_ring: bool) -> dict:
     rawsock.RING = use_ring
     width = frame_len(Kind.SUM)
     a, b = testbed.tagged("mdp-rr0"), testbed.tagged("mdp-rr1")
-    testbed.sh("ip", "link", "del", a, check=False)
-    testbed.sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-    socks = []
-    try:
-        testbed.quiet_veths((a, None), (b, None))
-        tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
-        n = 5 * rawsock.RING_FRAMES // 2 + 3  # the ring wraps twice
-        f = np.random.default_rng(width).integers(0, 256, size=(n, width), dtype=np.uint8)
-        f[:, 12:14] = (0x88, 0xB5)
-        f[:, 14:18] = np.arange(n, dtype=">u4").view(np.uint8).reshape(-1, 4)
-        assert rawsock.send_rows(tx, f, range(3)) == (3, 0)  # queued before the ring
-        tagged_ok = rawsock.enable_auxdata(rx)
-        ring = rawsock.ring_of(rx)
-        buf = np.zeros((rawsock.RING_FRAMES // 2, width), np.uint8)
-        receiver = rawsock.RowReceiver(buf, tagged_ok) if rawsock.MMSG else None
-        got, tagged, other = [], 0, 0
-        for lo in range(3, n, 1000):
-            hi = min(lo + 1000, n)
-            assert rawsock.send_rows(tx, f, range(lo, hi)) == (hi - lo, 0)
-            # A tagged frame that is ours but for its tag, and a short mindp frame.
-            tx.send(f[lo, :12].tobytes() + b"\x81\x00\x00\x05" + f[lo, 12:].tobytes())
-            short = bytearray(f[lo, :60].tobytes())
-            short[12:14], short[23], short[36:38] = b"\x08\x00", 17, UDP_PORT.to_bytes(2, "big")
-            tx.send(bytes(short))
-            want = hi + 2 * (1 + (lo - 3) // 1000)
+    with testbed.veth_pair(a, b):
+        socks = []
+        try:
+            tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
+            n = 5 * rawsock.RING_FRAMES // 2 + 3  # the ring wraps twice
+            f = np.random.default_rng(width).integers(0, 256, size=(n, width), dtype=np.uint8)
+            f[:, 12:14] = (0x88, 0xB5)
+            f[:, 14:18] = np.arange(n, dtype=">u4").view(np.uint8).reshape(-1, 4)
+            assert rawsock.send_rows(tx, f, range(3)) == (3, 0)  # queued before the ring
+            tagged_ok = rawsock.enable_auxdata(rx)
+            ring = rawsock.ring_of(rx)
+            buf = np.zeros((rawsock.RING_FRAMES // 2, width), np.uint8)
+            receiver = rawsock.RowReceiver(buf, tagged_ok) if rawsock.MMSG else None
+            got, tagged, other = [], 0, 0
+            for lo in range(3, n, 1000):
+                hi = min(lo + 1000, n)
+                assert rawsock.send_rows(tx, f, range(lo, hi)) == (hi - lo, 0)
+                # A tagged frame that is ours but for its tag, and a short mindp frame.
+                tx.send(f[lo, :12].tobytes() + b"\x81\x00\x00\x05" + f[lo, 12:].tobytes())
+                short = bytearray(f[lo, :60].tobytes())
+                short[12:14], short[23], short[36:38] = b"\x08\x00", 17, UDP_PORT.to_bytes(2, "big")
+                tx.send(bytes(short))
+                want = hi + 2 * (1 + (lo - 3) // 1000)
 
-            def take() -> bool:
-                nonlocal tagged, other
-                rows, t, o = rawsock.recv_rows_untagged(rx, buf, receiver)
-                got.extend(bytes(r) for r in buf[:rows])
-                tagged, other = tagged + t, other + o
-                return len(got) + tagged + other >= want
+                def take() -> bool:
+                    nonlocal tagged, other
+                    rows, t, o = rawsock.recv_rows_untagged(rx, buf, receiver)
+                    got.extend(bytes(r) for r in buf[:rows])
+                    tagged, other = tagged + t, other + o
+                    return len(got) + tagged + other >= want
 
-            progress.wait(take, lambda: len(got) + tagged + other, stall=progress.STALL, what="the ring")
-        return {"ring": None if ring is None else [ring.frame, ring.frames], "in_order": got == [r.tobytes() for r in f],
-                "tagged": tagged, "other": other, "bursts": -(-(n - 3) // 1000), "width": width,
-                "dropped": ring.dropped() if ring else 0}
-    finally:
-        for s in socks:
-            s.close()
-        testbed.sh("ip", "link", "del", a, check=False)
+                progress.wait(take, lambda: len(got) + tagged + other, stall=progress.STALL, what="the ring")
+            return {"ring": None if ring is None else [ring.frame, ring.frames], "in_order": got == [r.tobytes() for r in f],
+                    "tagged": tagged, "other": other, "bursts": -(-(n - 3) // 1000), "width": width,
+                    "dropped": ring.dropped() if ring else 0}
+        finally:
+            for s in socks:
+                s.close()
 
 
 CHILD = "import json, sys; from tests.host_agent.test_rawsock_ring import exercise; print(json.dumps(exercise(sys.argv[1] == 'ring')))"
@@ -182,22 +179,19 @@ def test_a_link_going_down_is_reported_by_a_ring_receive_as_by_a_receive_call():
     from mindp.protocol import Kind, frame_len
 
     a, b = testbed.tagged("mdp-rd0"), testbed.tagged("mdp-rd1")
-    testbed.sh("ip", "link", "del", a, check=False)
-    testbed.sh("ip", "link", "add", a, "type", "veth", "peer", "name", b)
-    rx = None
-    try:
-        testbed.quiet_veths((a, None), (b, None))
-        rx = rawsock.open_raw(b)
-        assert rawsock.enable_auxdata(rx) and rawsock.ring_of(rx) is not None
-        buf = np.zeros((8, frame_len(Kind.PARAM)), np.uint8)
-        assert rawsock.recv_rows_untagged(rx, buf) == (0, 0, 0)
-        testbed.sh("ip", "link", "set", b, "down")
-        assert select.select([rx], [], [], progress.STALL)[0] == [rx]
-        with pytest.raises(OSError) as err:
-            rawsock.recv_rows_untagged(rx, buf)
-        assert err.value.errno == errno.ENETDOWN
-        assert rawsock.recv_rows_untagged(rx, buf) == (0, 0, 0) and select.select([rx], [], [], 0)[0] == []
-    finally:
-        if rx is not None:
-            rx.close()
-        testbed.sh("ip", "link", "del", a, check=False)
+    with testbed.veth_pair(a, b):
+        rx = None
+        try:
+            rx = rawsock.open_raw(b)
+            assert rawsock.enable_auxdata(rx) and rawsock.ring_of(rx) is not None
+            buf = np.zeros((8, frame_len(Kind.PARAM)), np.uint8)
+            assert rawsock.recv_rows_untagged(rx, buf) == (0, 0, 0)
+            testbed.sh("ip", "link", "set", b, "down")
+            assert select.select([rx], [], [], progress.STALL)[0] == [rx]
+            with pytest.raises(OSError) as err:
+                rawsock.recv_rows_untagged(rx, buf)
+            assert err.value.errno == errno.ENETDOWN
+            assert rawsock.recv_rows_untagged(rx, buf) == (0, 0, 0) and select.select([rx], [], [], 0)[0] == []
+        finally:
+            if rx is not None:
+                rx.close()
