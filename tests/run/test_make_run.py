@@ -58,8 +58,16 @@ class MakeRun:
         try:
             self.out, self.err = progress.communicate(self.proc, progress=self.written)
         except progress.Stalled as exc:
-            pytest.fail(f"make run hung: {exc}")
+            pytest.fail(f"make run hung: {exc}{self.log_tails()}")
+        if self.proc.returncode:
+            self.out += self.log_tails()  # (not err: tests check its one line) logs go with tmp_path (CI)
         return self.proc.returncode
+
+    def log_tails(self, lines: int = 15) -> str:
+        """The last lines of each log of the run, for a failure's message."""
+        logs = sorted(self.runs.glob("*/logs/*.log")) if self.runs.exists() else []
+        return "".join(f"\n--- {p.name} (last {lines} lines)\n" + "\n".join(p.read_text(errors="replace").splitlines()[-lines:])
+                       for p in logs)
 
     def run(self) -> int:
         return self.start().wait()
