@@ -24,6 +24,8 @@ WORKERS ?= 4
 STEPS ?= 60
 # MODEL=gpt: its size as JSON, e.g. GPT='{"d": 64, "layers": 2}' (default d 160, 4 layers, 4 heads, ctx 64)
 GPT ?=
+# Worker 0 evaluates the model every EVAL-th step on a thread beside training (0: only the first and last).
+EVAL ?= 1
 LOSS ?= 0
 # Elements a frame, a parameter of the switch build (docs/PROTOCOL.md, "Choosing K"): empty takes the
 # target's default (32 on BMv2, the large default on the embedded switch); make p4 K=N compiles N.
@@ -53,7 +55,7 @@ RESUME ?=
 UP ?= 0
 # The run variables set on make's command line or in the environment (not defaults): make run refuses
 # one that the run would not use (STEPS with SCRIPT=, LEAVES without TOPO=leafspine ...) instead of ignoring it.
-RUN_VARS := TARGET K MODEL WORKERS STEPS GPT LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS RESUME UP
+RUN_VARS := TARGET K MODEL WORKERS STEPS GPT EVAL LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS RESUME UP
 GIVEN = $(strip $(foreach v,$(RUN_VARS),$(if $(filter command% environment%,$(origin $(v))),$(v))))
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
@@ -120,7 +122,7 @@ test-under-load: setup
 run:
 	@[ "$$(id -u)" = 0 ] || { echo "make run: must run as root (Mininet needs network namespaces): sudo make run" >&2; exit 1; }
 	@$(MAKE) -s --no-print-directory setup
-	@$(PY) -m mininet_topos.run --target $(TARGET) $(if $(K),--k $(K)) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) \
+	@$(PY) -m mininet_topos.run --target $(TARGET) $(if $(K),--k $(K)) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) --eval $(EVAL) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
 	  $(if $(SCRIPT),--script "$$SCRIPT" --args="$$ARGS") $(if $(GPT),--gpt "$$GPT") --given '$(GIVEN)' \

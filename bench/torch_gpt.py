@@ -4,17 +4,20 @@ optimizer node) through the embedded switch and through BMv2 (when installed), a
 model and global batch trained by one process with torch.optim.AdamW, and by PyTorch DDP (gloo,
 one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
-    sudo .venv/bin/python bench/torch_gpt.py [--steps 2] [--workers 2] [--local-steps 10] [--gpt '{"d": 512, "layers": 8}']
+    sudo .venv/bin/python bench/torch_gpt.py [--steps 4] [--workers 2] [--local-steps 10] [--gpt '{"d": 512, "layers": 8}']
 
 Each make run line names the K (elements a frame) it ran: the target's default (make run K=).
 
-A switch run's steps/s is make run's own (summary.json: steps over the time from the last worker
-ready to the last worker done, so start-up is not counted); the run must also end bit-exact. DDP's
-is rank 0's, over --local-steps steps after a first untimed one, as the one-process figure.
+Like is compared with like: every side times the steps after its first (warm-up) one, and the
+switch run's worker 0 evaluates only the first and the last model (make run EVAL=0; DDP's ranks
+and the one process evaluate nothing). A switch run's steps/s comes from its metrics.csv (each
+step's time on the workers' clocks) and the run must end bit-exact; DDP's is rank 0's, over
+--local-steps steps, as the one-process figure.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import pathlib
@@ -136,7 +139,7 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
            "--workers", str(workers), "--steps", str(steps), "--cli", "0", "--p4", p4,
            "--runs-dir", str(runs), "--state-file", str(tmp / f"{target}-state.json"),
            "--grpc-port", str(targets.free_port()), "--thrift-port", str(targets.free_port()),
-           "--if-prefix", "mnb-"] + (["--gpt", gpt] if gpt != "{}" else [])
+           "--if-prefix", "mnb-", "--eval", "0"] + (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.run(cmd, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
     try:
         s = json.loads(next(runs.glob("2*/summary.json")).read_text())
@@ -144,12 +147,14 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
         return 0.0, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1], k
     if s["max_abs_param_diff_vs_reference"] != 0.0:
         return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})", k
-    return float(s["steps_per_second"]), "", k
+    with open(next(runs.glob("2*/metrics.csv"))) as f:
+        timed = [float(r["step_seconds"]) for r in csv.DictReader(f) if int(r["step"]) >= 1]
+    return len(timed) / sum(timed), "", k
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=integer(1), default=2)
+    ap.add_argument("--steps", type=integer(2), default=4, help="steps of each switch run (the first is not timed)")
     ap.add_argument("--workers", type=integer(1), default=2)
     ap.add_argument("--local-steps", type=integer(1), default=10, help="timed steps of one process and of DDP")
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)  # a DDP worker, started by ddp_run

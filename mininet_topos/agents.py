@@ -140,7 +140,7 @@ class Agents:
                     "--worker", str(w), "--workload", str(jf.dir / "workload.json"),
                     "--init", str(jf.worker_init or jf.init_path), "--first-step", str(jf.first_step),
                     "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
-                    *(["--eval"] if w == 0 else []), *self._faults(host_name)]))
+                    *(["--eval-every", str(self.cfg.eval_every)] if w == 0 else []), *self._faults(host_name)]))
 
     def wait_started(self, optimizers: list[HostProc]) -> None:
         """Until each node has opened its state and socket (its first line)."""

@@ -27,7 +27,7 @@ AUTO_SLOTS = {"embedded": POOL_SLOTS // 2, "bmv2": 64}
 
 
 #: Variables a SCRIPT= run does not use: the script brings its own model and step count.
-NOT_WITH_SCRIPT = ("MODEL", "STEPS", "GPT")
+NOT_WITH_SCRIPT = ("MODEL", "STEPS", "GPT", "EVAL")
 #: Variables only a leaf-spine run uses.
 ONLY_LEAFSPINE = ("LEAVES", "OPTIMIZERS")
 
@@ -60,6 +60,7 @@ class RunConfig:
     script: str = ""  # SCRIPT: a torchrun script using mindp.torch.init, run on every worker host
     script_args: str = ""  # ARGS: its arguments (one string, split as a shell would)
     model_args: dict = field(default_factory=dict)  # GPT: the gpt's size, e.g. {"d": 64, "layers": 2}
+    eval_every: int = 1  # EVAL: worker 0 evaluates every N-th step (0: only before the first and after the last)
 
     @property
     def total_workers(self) -> int:
@@ -110,7 +111,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
           jobs: str = "1", seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "auto",
           slots: str = "auto", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
-          script_args: str = "", gpt: str = "", given: str = "") -> RunConfig:
+          script_args: str = "", gpt: str = "", eval_every: str = "1", given: str = "") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig. `given`: the
     make variables set on make's command line or in the environment (not defaults), space-separated:
     one the run would not use is refused rather than silently ignored."""
@@ -147,6 +148,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         **_tree(topo, leaves, optimizers),
         **_script(script, script_args),
         model_args=_gpt(gpt, model_name),
+        eval_every=_int("EVAL", eval_every, 0, MAX_STEPS),
     )
     _unused(cfg, str(given or "").split())
     if cfg.script and (cfg.jobs != 1 or cfg.topo != "star"):

@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", default="", help="continue this earlier run (a directory or a name under runs/)")
     p.add_argument("--up", action="store_true", help="with --script: start no ranks; print a torchrun command per host")
     p.add_argument("--given", default="", help="make variables set explicitly (refused where this run ignores them)")
+    p.add_argument("--eval", default="1", help="worker 0 evaluates the model every N-th step (0: only before the "
+                   "first and after the last)")
     p.add_argument("--gpt", default="", help='MODEL=gpt: its size as JSON, e.g. \'{"d": 64, "layers": 2}\'')
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
@@ -617,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
                            batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
                            thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
                            leaves=args.leaves, optimizers=args.optimizers, script=args.script,
-                           script_args=args.args, gpt=args.gpt, given=args.given)
+                           script_args=args.args, gpt=args.gpt, eval_every=args.eval, given=args.given)
         if args.up and not cfg.script:
             raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
         old = None

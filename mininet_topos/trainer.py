@@ -41,13 +41,18 @@ class Evaluations:
     gradients meanwhile), on a copy of the parameters and a model of its own; at most one runs,
     and lines come out in step order, each with the time its step ended."""
 
-    def __init__(self, evaluate):
+    def __init__(self, evaluate, every: int = 1, last: int = -1):
         self.evaluate = evaluate
+        self.every, self.last = every, last  # evaluated: the model before the first step, every
+        # `every`-th step (0: none) and step `last`
         self.pool = ThreadPoolExecutor(max_workers=1) if evaluate is not None else None
         self.pending: Future | None = None
 
+    def wanted(self, step: int) -> bool:
+        return self.pool is not None and (step < 0 or step == self.last or (self.every > 0 and (step + 1) % self.every == 0))
+
     def line(self, params: dict, **fields) -> None:
-        if self.pool is None:
+        if not self.wanted(fields["step"]):
             emit(**fields)
             return
         self.wait()
@@ -79,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="FILE",
                    help="resume file, kept current at every received chunk: if it exists the worker goes on "
                         "where it was (step, parameters, chunks answered, loss scale), whatever --first-step says")
-    p.add_argument("--eval", action="store_true", help="evaluate after every step (worker 0)")
+    p.add_argument("--eval-every", type=int, metavar="N",
+                   help="evaluate the model before the first step, after every N-th (0: none) and after the last")
     p.add_argument("--deadline", type=float, default=RtoConfig.deadline)
     # A slot completes only when every worker's chunk is in, so one worker's round trip includes the
     # others' queueing and recovery: a 20 ms floor retransmits spuriously behind a software switch,
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.check_digests()
         start = layout.unflatten(agent.current[: layout.total])  # fp16: --init's, or the resume file's
         step_fn = _torch_step(wl, agent, start, resumed) if wl.model != "mlp" else _numpy_step(wl, agent)
-        evaluate = workload.model_eval(wl) if args.eval else None
+        evaluate = workload.model_eval(wl) if args.eval_every is not None else None
     except (ConfigError, TopologyError, workload.WorkloadError, rawsock.SocketError, ValueError, ImportError) as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
         return 2
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({int(np.count_nonzero(resume.answered_in(agent.step)[0]))} chunk(s) of it answered)",
               file=sys.stderr, flush=True)
 
-    lines = Evaluations(evaluate)
+    lines = Evaluations(evaluate, args.eval_every or 0, args.steps - 1)
 
     def status(step: int, **extra) -> None:
         lines.line(params, ev="step", job=args.job, worker=args.worker, step=step, t=time.time(),
@@ -177,13 +183,14 @@ def main(argv: list[str] | None = None) -> int:
     except (StepTimeout, digest.DigestError) as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
         code = 1
+    trained = time.time()  # the run's training time ends here: evaluating the last step is not training
     lines.wait()
     if code == 0:  # after a failed step the parameters are not the run's result
         np.savez(args.out, **params)
     stats = {k: int(v) for k, v in agent.stats.items()}
     if faults:
         stats.update(dropped_send=faults.dropped_send, dropped_recv=faults.dropped_recv)
-    emit(ev="done", job=args.job, worker=args.worker, t=time.time(), stats=stats, rto=agent.rtt.rto)
+    emit(ev="done", job=args.job, worker=args.worker, t=trained, stats=stats, rto=agent.rtt.rto)
     return code
 
 

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if "--worker" in rest:
             print("mindp.torch.launch: the worker id is the torchrun rank; do not give --worker", file=sys.stderr)
             return 2
-        rest += ["--worker", str(rank)] + (["--eval"] if rank == 0 and "--eval" not in rest else [])
+        rest += ["--worker", str(rank)] + (["--eval-every", "1"] if rank == 0 and "--eval-every" not in rest else [])
         cmd = [sys.executable, "-m", "mininet_topos.trainer", *rest]
         where = tuple(rest[rest.index(flag) + 1] if flag in rest and rest.index(flag) + 1 < len(rest) else ""
                       for flag in ("--topology", "--job"))

@@ -8,6 +8,7 @@ started is left behind.
 from __future__ import annotations
 
 import ast
+import csv
 import json
 import os
 import pathlib
@@ -190,11 +191,16 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
 @needs_root
 def test_embedded_run_with_loss_is_still_bit_exact(tmp_path):
     run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "4", "--loss", "0.05",
-              "--p4", "committed", "--seed", "3")
+              "--p4", "committed", "--seed", "3", "--eval", "2")
     assert run.run() == 0, run.err
     s = run.summary()
     check_summary(s, "embedded", 2, 4)
     assert s["loss_rate"] == 0.05 and s["retransmissions"] > 0
+    # EVAL=2: worker 0 evaluated the model before the first step and after steps 1 and 3 only.
+    with open(run.run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows if r["loss"] not in ("", "nan")] == [1, 3], rows
+    assert len(rows) == 4 and s["initial_loss"] > s["final_loss"] > 0
     assert_clean(run)
 
 
