@@ -68,14 +68,33 @@ def snapshot(cells: dict[str, dict[int, tuple[int, int]]], time: float, job_ids)
             c.resent_sums = _cell(cells.get(n.RESENT_SUMS, {}), row)[0]
             c.param_packets, c.param_bytes = _cell(cells.get(n.PARAM_PACKETS, {}), row)
             c.rewrite_misses = _cell(cells.get(n.REWRITE_MISSES, {}), row)[0]
-        drops = cells.get(n.DROPS, {})
-        for reason in n.DropReason:
-            v = _cell(drops, n.drop_cell(row, reason))[0]
-            if v:
-                c.drops[reason.name] = v
+        c.drops = row_drops(cells.get(n.DROPS, {}), row)
         return c
 
     return Snapshot(time, {j: job(j) for j in sorted(job_ids)}, job(n.NO_JOB_ROW))
+
+
+def row_drops(drop_cells: dict[int, tuple[int, int]], row: int) -> dict[str, int]:
+    """One row's (a job's, or the no-job row's) drops by reason name, nonzero only, from the DROPS counter's cells."""
+    out = {}
+    for reason in n.DropReason:
+        v = _cell(drop_cells, n.drop_cell(row, reason))[0]
+        if v:
+            out[reason.name] = v
+    return out
+
+
+def job_drops(per_switch: list[dict[int, tuple[int, int]]], job_ids) -> dict[int, dict[str, int]]:
+    """Each job's drops by reason summed over switches (the DROPS counter's cells of each): what a
+    run reads after each step (one counter read a switch)."""
+    out: dict[int, dict[str, int]] = {}
+    for j in sorted(job_ids):
+        total: dict[str, int] = {}
+        for cells in per_switch:
+            for reason, v in row_drops(cells, j).items():
+                total[reason] = total.get(reason, 0) + v
+        out[j] = total
+    return out
 
 
 def rates(before: Snapshot, after: Snapshot) -> dict[int, dict[str, float]]:

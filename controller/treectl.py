@@ -116,6 +116,16 @@ class TreeController:
             out[name] = dict(ctl.jobs)
         return out
 
+    def job_drops(self, job_ids, timeout: float) -> dict[int, dict[str, int]]:
+        """Each job's drops by reason summed over every switch, each read within `timeout` s."""
+        cells = []
+        for name, ctl in self.switches.items():
+            try:
+                cells.append(ctl.drop_cells(timeout))
+            except SwitchError as exc:
+                raise type(exc)(f"switch {name}: {exc}") from None
+        return statsmodel.job_drops(cells, job_ids)
+
     def stats(self) -> dict[str, statsmodel.Snapshot]:
         return {name: ctl.stats() for name, ctl in self.switches.items()}
 

@@ -10,6 +10,7 @@ import math
 import pathlib
 import signal
 import sys
+import time
 
 from mindp.protocol import MAX_WORKERS
 from mindp.topology import Topology, TopologyError
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a sum before the recent parameters are sent again (0: never)")
     p.add_argument("--export", help="write the final master parameters to this .npz")
     p.add_argument("--stats", help="write counters as JSON here at exit")
+    p.add_argument("--step-lines", action="store_true",
+                   help="print a JSON line per committed step: its elements updated, the seconds spent updating "
+                        "them, frames rejected so far (make run's metrics.csv)")
     p.add_argument("--plan", action="store_true",
                    help="print the residency plan for this state and --ram-budget and the step time it predicts "
                         "(measures the disk, memory and update rate: a few seconds), then exit")
@@ -228,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     skipped = []
     core = NodeCore(store, args.job, n_workers, slots, on_nonfinite=lambda s, c: skipped.append((s, c)),
                     max_workers=args.max_workers)
+    if args.step_lines:
+        core.on_commit = lambda step, elements, seconds: print(json.dumps({
+            "ev": "commit", "job": args.job, "shard": args.shard or 0, "step": step, "t": time.time(),
+            "elements": elements, "seconds": round(seconds, 6),
+            "rejected": sum(v for k, v in core.stats.items() if k.startswith("rejected_"))}), flush=True)
     faults = None
     if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:
         faults = agent_args.faults_from_args(args)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import collections
+import time
 from typing import Callable
 
 import numpy as np
@@ -41,6 +42,10 @@ class NodeCore:
         self.max_workers = max_workers
         self.slots = slots
         self.on_nonfinite = on_nonfinite
+        # Called at each commit with (step, elements updated, seconds spent updating them): the node's
+        # update rate per step (make run's metrics.csv).
+        self.on_commit: Callable[[int, int, float], None] | None = None
+        self._step_chunks, self._step_seconds = 0, 0.0
         self.rates = lr.Rates(self.cfg.lr, self.cfg.schedule)  # the lr of each step, its number from the state
         fused.warm(self.cfg)  # compile the kernel now, not on the first sum
         # A shard owns chunks lo..hi of the job's chunk space: headers carry job-wide chunk
@@ -160,6 +165,9 @@ class NodeCore:
             self.store.commit()
             self.digests.commit(self.store.committed, self.store.last_skipped)
             self.stats["steps"] += 1
+            if self.on_commit:
+                self.on_commit(self.store.committed, self._step_chunks * K, self._step_seconds)
+            self._step_chunks, self._step_seconds = 0, 0.0
 
     def _remember(self, step: int, chunks: np.ndarray | range, applied: np.ndarray) -> None:
         """After sorted `chunks` of `step` were applied (answer headers `applied`): each slot's last
@@ -235,6 +243,7 @@ class NodeCore:
     def _apply(self, step: int, chunks: np.ndarray | range, nworkers: np.ndarray, sums: np.ndarray) -> np.ndarray:
         """Sorted unique `chunks` of `step` updated with `sums` averaged over `nworkers` (float64,
         one per chunk) -> their fp16 parameters."""
+        t0 = time.perf_counter()
         store = self.store
         src, dst = store.copy_after(step - 1), store.copy_after(step)
         out = np.empty((len(chunks), K), dtype=np.float16)
@@ -259,6 +268,8 @@ class NodeCore:
             pos += n
         self.stats["applied"] += len(chunks)
         self.digests.add(np.asarray(chunks) + self.lo, out)
+        self._step_chunks += len(chunks)
+        self._step_seconds += time.perf_counter() - t0
         return out
 
     def committed_params(self, step: int, chunks: range) -> np.ndarray | None:

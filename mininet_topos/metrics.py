@@ -1,22 +1,29 @@
 """Per-step metrics of a run: runs/<ts>/metrics.csv for every run, TensorBoard event files where
 TensorBoard is installed (`.venv/bin/pip install tensorboard`; it is not a dependency).
 
-One row per job and step, from the workers' own records (mininet_topos.progress.Progress.marks and
-its curves): the step's loss and accuracy (where reported), its time on the workers' clocks (the last
-worker to finish it against the last to finish the step before), and the gradient frames and
-retransmissions the job's workers sent during it. Per-reason drops and the node's update rate are
-counted once, over the run (summary.json: switch_counters, optimizer_stats).
+One row per job and step, from the run's own records (mininet_topos.progress.Progress): the step's
+loss and accuracy (where reported), its time on the workers' clocks (the last worker to finish it
+against the last to finish the step before), the gradient frames, retransmissions and rejected
+frames of the job's hosts during it, the optimizer node's update rate in it (elements it updated
+per second spent updating them: kernel and state paging, on its clock; shards' rates summed), and
+the job's drops on its switch(es) by reason: the counters are read after each step the run sees
+finished (a few times a second), so a read that spans several steps counts them in the row of the
+last and leaves the rows between empty.
 """
 from __future__ import annotations
 
 import csv
 import math
 import pathlib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
+
+from mindp.switch_constants import DropReason
 
 from .progress import Progress
 
 NAN = float("nan")
+#: The drop reasons' columns, one per P4 drop reason (docs/P4.md), in the program's order.
+DROP_COLUMNS = [f"drop_{r.name.lower()}" for r in DropReason]
 
 
 @dataclass(frozen=True)
@@ -28,13 +35,43 @@ class StepRow:
     step_seconds: float
     grad_frames: int  # gradient frames the job's workers sent in this step (first sends)
     retransmissions: int  # and resent
+    host_rejected: int = 0  # frames the job's workers and node(s) received and rejected (every reason)
+    node_elements_per_s: float = NAN  # nan where the node reported no commit of the step
+    switch_drops: dict[str, int] | None = None  # reason name -> drops (nonzero); None: not read at this step
 
     @property
     def steps_per_second(self) -> float:
         return 1.0 / self.step_seconds if self.step_seconds > 0 else NAN
 
+    @property
+    def dropped(self) -> int | None:
+        return None if self.switch_drops is None else sum(self.switch_drops.values())
 
-COLUMNS = [f.name for f in fields(StepRow)]
+
+SCALARS = [f.name for f in fields(StepRow) if f.name != "switch_drops"]
+COLUMNS = [*SCALARS, "switch_drops", *DROP_COLUMNS]
+
+
+def _node(progress: Progress, job: int, s: int) -> tuple[float, int]:
+    """(elements updated per second, frames the node(s) rejected) in step s, from their commit lines."""
+    now = progress.commits.get((job, s))
+    if not now:
+        return NAN, 0
+    before = progress.commits.get((job, s - 1), {})
+    rate = sum(e / t for e, t, _ in now.values() if t > 0) if any(t > 0 for _, t, _ in now.values()) else NAN
+    return rate, sum(r - before.get(shard, (0, 0.0, 0))[2] for shard, (_, _, r) in now.items())
+
+
+def _drops(progress: Progress, job: int, s: int) -> dict[str, int] | None:
+    """The job's switch drops between the read after step s and the read before it; None when
+    no read followed step s."""
+    now = progress.drops.get((job, s))
+    if now is None:
+        return None
+    earlier = [k for (j, k) in progress.drops if j == job and k < s]
+    before = progress.drops[(job, max(earlier))] if earlier else {}
+    delta = {r: v - before.get(r, 0) for r, v in now.items()}
+    return {r: v for r, v in delta.items() if v}
 
 
 def rows(progress: Progress) -> list[StepRow]:
@@ -48,14 +85,20 @@ def rows(progress: Progress) -> list[StepRow]:
             if s < 0 or (job, s - 1) not in progress.marks or len(progress.marks[(job, s - 1)]) != n:
                 continue
             now, before = progress.marks[(job, s)].values(), progress.marks[(job, s - 1)].values()
+
+            def delta(i: int) -> int:
+                return sum(m[i] for m in now) - sum(m[i] for m in before)
+
             x, a = loss.get(s, (NAN, NAN))
-            out.append(StepRow(job, s, x, a, max(t for t, _, _ in now) - max(t for t, _, _ in before),
-                               sum(f for _, f, _ in now) - sum(f for _, f, _ in before),
-                               sum(r for _, _, r in now) - sum(r for _, _, r in before)))
+            rate, node_rejected = _node(progress, job, s)
+            out.append(StepRow(job, s, x, a, max(m[0] for m in now) - max(m[0] for m in before), delta(1), delta(2),
+                               delta(3) + node_rejected, rate, _drops(progress, job, s)))
     return out
 
 
 def _cell(v) -> str:
+    if v is None:
+        return ""
     if isinstance(v, float):
         return "" if not math.isfinite(v) else f"{v:.6g}"
     return str(v)
@@ -66,25 +109,38 @@ def write_csv(path: pathlib.Path, table: list[StepRow]) -> None:
         w = csv.writer(f)
         w.writerow(COLUMNS)
         for r in table:
-            w.writerow([_cell(v) for v in asdict(r).values()])
+            drops = r.switch_drops
+            w.writerow([_cell(getattr(r, c)) for c in SCALARS] + [_cell(r.dropped)] +
+                       ["" if drops is None else str(drops.get(r_.name, 0)) for r_ in DropReason])
+
+
+def _row(r: dict) -> StepRow:
+    num = {c: float(r.get(c) or "nan") for c in ("loss", "accuracy", "step_seconds", "node_elements_per_s")}
+    drops = None
+    if r.get("switch_drops"):
+        drops = {reason.name: int(r[c]) for reason, c in zip(DropReason, DROP_COLUMNS) if r.get(c) and int(r[c])}
+    return StepRow(int(r["job"]), int(r["step"]), num["loss"], num["accuracy"], num["step_seconds"],
+                   int(r["grad_frames"]), int(r["retransmissions"]), int(r.get("host_rejected") or 0),
+                   num["node_elements_per_s"], drops)
 
 
 def read_csv(path: pathlib.Path) -> list[StepRow]:
-    """metrics.csv back (empty cells: nan); a bad file raises ValueError naming it."""
+    """metrics.csv back (empty cells: nan, or no read); an older run's file without the host, node
+    and drop columns reads with them empty; a bad file raises ValueError naming it."""
     try:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
-            if reader.fieldnames != COLUMNS:
-                raise ValueError(f"{path}: not a mindp metrics.csv (columns {reader.fieldnames})")
-            return [StepRow(int(r["job"]), int(r["step"]), *(float(r[c] or "nan") for c in COLUMNS[2:5]),
-                            int(r["grad_frames"]), int(r["retransmissions"])) for r in reader]
-    except (OSError, KeyError, TypeError, csv.Error) as exc:
+            if reader.fieldnames is None or reader.fieldnames[:7] != COLUMNS[:7]:
+                raise ValueError(f"not a mindp metrics.csv (columns {reader.fieldnames})")
+            return [_row(r) for r in reader]
+    except (OSError, KeyError, TypeError, ValueError, csv.Error) as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
 def write_tensorboard(logdir: pathlib.Path, table: list[StepRow]) -> bool:
-    """Scalars per job (loss, accuracy, step time, frames, retransmissions) with TensorBoard's own
-    writer; False (nothing written) where TensorBoard is not installed."""
+    """Scalars per job (loss, accuracy, step time, frames, retransmissions, rejected frames, the
+    node's update rate, switch drops) with TensorBoard's own writer; False (nothing written) where
+    TensorBoard is not installed."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # torch absent, or tensorboard absent (torch's writer imports it)
@@ -93,9 +149,9 @@ def write_tensorboard(logdir: pathlib.Path, table: list[StepRow]) -> bool:
     try:
         for r in table:
             w = writers.get(r.job) or writers.setdefault(r.job, SummaryWriter(str(logdir / f"job{r.job}")))
-            for name in ("loss", "accuracy", "step_seconds", "grad_frames", "retransmissions"):
+            for name in [*SCALARS[2:], "dropped"]:
                 v = getattr(r, name)
-                if not (isinstance(v, float) and not math.isfinite(v)):
+                if v is not None and not (isinstance(v, float) and not math.isfinite(v)):
                     w.add_scalar(name, v, r.step)
     finally:
         for w in writers.values():

@@ -5,7 +5,9 @@ SCRIPT= run (the comparison with the script's reference when it defines one).
 
 Each command enters its Mininet host (mnexec -a: the host's network namespace, as a machine cabled
 to that switch port) and starts torchrun's static rendezvous with node rank r; rank 0's host is the
-rendezvous master, reached through the P4 switch like any other traffic (docs/TORCH.md).
+rendezvous master, reached through the P4 switch like any other traffic (docs/TORCH.md). torchrun
+keeps each rank's output under logs/torchrun/node<r>/ (--log-dir) and shows it too (--tee, lines
+prefixed [default0]:), so that rank 0's JSON lines {"loss": x} reach the progress line and the curve.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ RDZV_PORT = 29400
 
 
 def commands(script: str, argv: list[str], workers: dict[int, str], host_pids: dict[str, int], master_ip: str,
-             env: dict[str, str], python: str) -> list[str]:
-    """One shell command per worker (rank r on its host), in rank order (pure)."""
+             env: dict[str, str], python: str, log_dir: pathlib.Path) -> list[str]:
+    """One shell command per worker (rank r on its host; its torchrun's files in log_dir/node<r>), in
+    rank order (pure)."""
     torchrun = str(pathlib.Path(python).parent / "torchrun")
     env_words = [f"{k}={v}" for k, v in sorted(env.items()) if k != "MINDP_IFACE"]  # init finds the interface
     out = []
@@ -31,7 +34,7 @@ def commands(script: str, argv: list[str], workers: dict[int, str], host_pids: d
     for r, host in sorted(workers.items()):
         words = ["mnexec", "-a", str(host_pids[host]), "env", *env_words, torchrun, "--nnodes", str(n), "--node-rank",
                  str(r), "--nproc-per-node", "1", "--rdzv-backend", "static", "--master-addr", master_ip,
-                 "--master-port", str(RDZV_PORT), script, *argv]
+                 "--master-port", str(RDZV_PORT), "--log-dir", str(log_dir / f"node{r}"), "--tee", "3", script, *argv]
         out.append(shlex.join(words))
     return out
 
@@ -41,7 +44,8 @@ class UpRun(ScriptRun):
         self.start_node()
         pids = {h: self.net.get(h).pid for h in self.job.workers.values()}
         master = self.topo.hosts[self.job.workers[0]].ip
-        lines = commands(self.cfg.script, self.argv, self.job.workers, pids, master, self.rank_env, sys.executable)
+        lines = commands(self.cfg.script, self.argv, self.job.workers, pids, master, self.rank_env, sys.executable,
+                         self.logs / "torchrun")
         (self.dir / "torchrun-commands.sh").write_text("".join(f"{c} &\n" for c in lines) + "wait\n")
         self.console.say("  up: the network, switch, controller and optimizer node wait for your torchrun; one "
                          "command per worker host (as root, from this directory; all of them at once: "
@@ -51,20 +55,30 @@ class UpRun(ScriptRun):
         self.console.say("  Ctrl-C or make stop ends the run and reports what the ranks did.")
 
     def train(self) -> tuple[Progress, float]:
-        """Follow the ranks' figures until Ctrl-C / make stop (no stall limit: the ranks are the user's to
-        start); the switch and the node must stay up."""
+        """Follow the ranks' figures and rank 0's JSON loss lines until Ctrl-C / make stop (no stall limit:
+        the ranks are the user's to start); the switch and the node must stay up."""
         self.progress = progress = Progress({1: self.job.n_workers}, 0)
         tails = [LogTail(self.metrics_dir / f"rank{r}.jsonl") for r in range(self.job.n_workers)]
+        tails += [o.tail for o in self.agents.optimizers]  # the node's lines: its commits
+        rank0 = self.logs / "torchrun" / "node0"
+        outputs: dict[pathlib.Path, LogTail] = {}  # rank 0's stdout.log: one per torchrun (attempt) the user starts
         t0 = time.monotonic()
         tty = sys.stdout.isatty()
         shown = -1
+
+        def read() -> None:
+            for tail in tails:
+                for line in tail.lines():
+                    progress.feed(line)
+            for path in sorted(rank0.glob("*/attempt_*/0/stdout.log")):
+                for line in outputs.setdefault(path, LogTail(path)).lines():
+                    progress.feed_output(line)
+
         try:
             while True:
-                for tail in tails:
-                    for line in tail.lines():
-                        progress.feed(line)
+                read()
                 self.check_alive()
-                self.probe_switch()
+                self.probe_switch(progress)
                 if tty:
                     print("\r  " + progress.bar() + "\x1b[K", end="", flush=True)
                 elif progress.step != shown:
@@ -72,7 +86,9 @@ class UpRun(ScriptRun):
                     shown = progress.step
                 time.sleep(0.5)
         except (KeyboardInterrupt, Stopped):
-            self.console.say(("\r" if tty else "") + f"  stopped after {progress.step} step(s) of your ranks")
+            read()  # what the ranks said before the signal came
+            self.console.say(("\r" if tty else "") + "  " + progress.bar())
+            self.console.say(f"  stopped after {progress.step} step(s) of your ranks")
         self.agents.stop_optimizers()
         return progress, progress.span() or (time.monotonic() - t0)
 

@@ -3,14 +3,18 @@
 `Progress.feed(line)` takes one line of a worker's log; `bar()` renders one line
 of status: step, loss, accuracy, steps/s, the workers' gradient packets/s and retransmissions
 (summary.json adds the optimizer nodes' parameter frames and resends). `marks` keeps each
-worker's clock and counters at each step (metrics.csv). A "log" record (a script's
-mindp.torch.log) gives a step's loss (and acc) apart from its "step" record; the curves are
-worker 0's (the built-in workers' evaluating one, a script's rank 0).
+worker's clock and counters at each step, `commits` each node's update figures per step (its
+"commit" lines, host_agent.node --step-lines), `drops` the switches' drop counters read after each
+step (`drops_due`, `feed_drops`): metrics.csv. A "log" record (a script's mindp.torch.log) gives a
+step's loss (and acc) apart from its "step" record; so does a JSON line {"loss": x, ...} of a
+script's rank 0 (`feed_output`). The curves are worker 0's (the built-in workers' evaluating one, a
+script's rank 0).
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 from dataclasses import dataclass, field
 
@@ -41,8 +45,14 @@ class Progress:
         self.workers = {(j, w): WorkerProgress() for j, n in jobs.items() for w in range(n)}
         self.curves = {j: Curve() for j in jobs}
         self.samples: list[tuple[float, int, int]] = []  # (time, steps done, packets), for rates
-        # (job, step) -> worker -> (its clock, gradient frames sent, retransmitted) when it finished the step
-        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int]]] = {}
+        # (job, step) -> worker -> (its clock, gradient frames sent, retransmitted, frames rejected) when
+        # it finished the step
+        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int, int]]] = {}
+        # (job, step) -> shard -> (elements updated in the step, seconds spent on them, frames rejected so far)
+        self.commits: dict[tuple[int, int], dict[int, tuple[int, float, int]]] = {}
+        # (job, step) -> the job's drops by reason on its switches (cumulative), read after the step
+        self.drops: dict[tuple[int, int], dict[str, int]] = {}
+        self._drops_at: dict[int, int] = {}  # job -> the step of its latest read
         self.bad_lines = 0
 
     def feed(self, line: str) -> None:
@@ -51,6 +61,10 @@ class Progress:
             return
         try:
             rec = json.loads(line)
+            if isinstance(rec, dict) and rec.get("ev") == "commit":  # an optimizer node's step
+                self.commits.setdefault((int(rec["job"]), int(rec["step"])), {})[int(rec["shard"])] = (
+                    int(rec["elements"]), float(rec["seconds"]), int(rec.get("rejected", 0)))
+                return
             key = (int(rec["job"]), int(rec["worker"]))
             wp = self.workers[key]
         except (ValueError, KeyError, TypeError):
@@ -64,7 +78,8 @@ class Progress:
             wp.step = max(wp.step, int(rec["step"]))
             wp.sent, wp.retx = int(rec.get("sent", 0)), int(rec.get("retx", 0))
             if "t" in rec:
-                self.marks.setdefault((key[0], int(rec["step"])), {})[key[1]] = (float(rec["t"]), wp.sent, wp.retx)
+                self.marks.setdefault((key[0], int(rec["step"])), {})[key[1]] = (
+                    float(rec["t"]), wp.sent, wp.retx, int(rec.get("rej", 0)))
         if rec.get("ev") in ("step", "log") and "loss" in rec and key[1] == 0:  # the curve is worker 0's
             try:
                 point = int(rec["step"]), float(rec["loss"]), float(rec.get("acc", "nan"))
@@ -81,6 +96,38 @@ class Progress:
             wp.done = rec
             stats = rec.get("stats", {})
             wp.sent, wp.retx = int(stats.get("sent", wp.sent)), int(stats.get("retransmitted", wp.retx))
+
+    def feed_output(self, text: str, job: int = 1) -> bool:
+        """A line a script's rank 0 printed: a JSON object with a numeric "loss" (and "acc", "step":
+        else the step the rank finished last) is a loss sample, as mindp.torch.log(loss=...) is.
+        False for any other line (to be shown as it is)."""
+        try:
+            rec = json.loads(text)
+            if not isinstance(rec, dict) or "loss" not in rec:
+                return False
+            step = int(rec["step"]) if "step" in rec else self.workers[(job, 0)].step
+            point = {"loss": float(rec["loss"]), **({"acc": float(rec["acc"])} if "acc" in rec else {})}
+        except (ValueError, TypeError, KeyError):
+            return False
+        self.feed(json.dumps({"ev": "log", "job": job, "worker": 0, "step": step, **point}))
+        return True
+
+    def job_step(self, job: int) -> int:
+        """The last step every worker of `job` finished (-1: none)."""
+        return min(wp.step for (j, _), wp in self.workers.items() if j == job)
+
+    def drops_due(self) -> bool:
+        """A job finished a step since its switches' drops were last read."""
+        return any(self.job_step(j) > self._drops_at.get(j, -2) for j in self.curves)
+
+    def feed_drops(self, by_job: dict[int, dict[str, int]]) -> None:
+        """The switches' drops by reason per job (cumulative), read now: kept at each job's last
+        finished step, the first read after it."""
+        for j, drops in by_job.items():
+            s = self.job_step(j) if j in self.curves else None
+            if s is not None and s > self._drops_at.get(j, -2):
+                self.drops[(j, s)] = dict(drops)
+                self._drops_at[j] = s
 
     @property
     def step(self) -> int:
@@ -161,6 +208,8 @@ class LogTail:
     def lines(self) -> list[str]:
         try:
             with open(self.path, "r", errors="replace") as f:
+                if os.fstat(f.fileno()).st_size < self.pos:  # written anew (torchrun's attempt directory)
+                    self.pos, self.partial = 0, ""
                 f.seek(self.pos)
                 data = f.read()
                 self.pos = f.tell()

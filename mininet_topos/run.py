@@ -335,13 +335,18 @@ class Run:
                            f"see {self.logs / 'switch.log'}")
         self.agents.check_alive()
 
-    def probe_switch(self) -> None:
-        """Raise RunError when a switch does not answer the controller within SWITCH_DEADLINE."""
+    def probe_switch(self, progress: Progress | None = None) -> None:
+        """Raise RunError when a switch does not answer the controller within SWITCH_DEADLINE. After
+        each step `progress` saw finished, the probe is the read of the jobs' drops (metrics.csv)."""
         now = time.monotonic()
-        if now - self.probed < PROBE_SECONDS:
+        due = progress is not None and progress.drops_due()
+        if not due and now - self.probed < PROBE_SECONDS:
             return
         try:
-            self.ctl.check_switch(SWITCH_DEADLINE)
+            if due:
+                progress.feed_drops(self.ctl.job_drops(progress.curves, SWITCH_DEADLINE))
+            else:
+                self.ctl.check_switch(SWITCH_DEADLINE)
         except Exception as exc:  # the controller's errors carry P4Runtime's (e.g. DEADLINE_EXCEEDED)
             self.ctl_logger.error("%s: %s", type(exc).__name__, exc)
             # A dying switch closes its gRPC socket before it can be reaped: name the crash, not
@@ -363,11 +368,11 @@ class Run:
         watch = pace.StallWatch(pace.activity(*(hp.proc.pid for hp in self.agents.workers + self.agents.optimizers)),
                                 STALL_SECONDS)
         while True:
-            for hp in self.agents.workers:
+            for hp in self.agents.workers + self.agents.optimizers:  # the nodes' lines: their commits
                 for line in hp.tail.lines():
                     progress.feed(line)
             self.check_alive()
-            self.probe_switch()
+            self.probe_switch(progress)
             now = time.monotonic()
             watch.look(progress.step)
             if progress.all_done() and self.agents.workers_exited():
@@ -458,7 +463,7 @@ class Run:
         if self.progress is None:
             return
         p = self.progress
-        for hp in self.agents.workers if self.agents else []:  # what they said before the signal came
+        for hp in self.agents.workers + self.agents.optimizers if self.agents else []:  # said before the signal
             for line in hp.tail.lines():
                 p.feed(line)
         results.write_summary(self.dir / "summary.json", {

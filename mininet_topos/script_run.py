@@ -98,7 +98,7 @@ class ScriptRun(Run):
             "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path), "--job", "1",
             "--state-dir", str(state_dir), "--init", str(self.spec_dir / "init.npz"),
             "--optimizer-spec", str(self.spec_dir / "optimizer.json"), "--export", str(self.master_path),
-            "--stats", str(self.job_dir / "optimizer-stats.json"), *a._faults(self.job.optimizers[0])])
+            "--stats", str(self.job_dir / "optimizer-stats.json"), "--step-lines", *a._faults(self.job.optimizers[0])])
         a.optimizers = [node]
         a.wait_started([node])
 
@@ -116,20 +116,14 @@ class ScriptRun(Run):
             self.rank_env)
 
     def show(self, line: str, progress: Progress, tty: bool) -> None:
-        """A line of torchrun's log: rank 0's JSON {"step", "loss"} feeds the curve (as mindp.torch.log
-        does); its other lines are shown prefixed [rank0]; other ranks' stay in the log."""
+        """A line of torchrun's log: rank 0's JSON {"loss", ...} feeds the curve (Progress.feed_output, as
+        mindp.torch.log does); its other lines are shown prefixed [rank0]; other ranks' stay in the log."""
         m = rankerrors.RANK_LINE.match(line)
         if not m or m.group(1) != "0":
             return
         text = m.group(2)
-        try:
-            rec = json.loads(text)
-            acc = {"acc": float(rec["acc"])} if "acc" in rec else {}
-            progress.feed(json.dumps({"ev": "log", "job": 1, "worker": 0, "step": int(rec["step"]),
-                                      "loss": float(rec["loss"]), **acc}))
+        if progress.feed_output(text):
             return
-        except (ValueError, KeyError, TypeError):
-            pass
         self.console.say(("\r\x1b[K" if tty else "") + "[rank0] " + text)
 
     def train(self) -> tuple[Progress, float]:
@@ -143,7 +137,7 @@ class ScriptRun(Run):
                                 STALL_SECONDS)
         last_print, shown = 0.0, -1
         while True:
-            for tail in tails:
+            for tail in tails + [o.tail for o in self.agents.optimizers]:  # the node's lines: its commits
                 for line in tail.lines():
                     progress.feed(line)
             for line in hp.tail.lines():
@@ -152,7 +146,7 @@ class ScriptRun(Run):
             if rc is not None:
                 break
             self.check_alive()  # the switch and the node
-            self.probe_switch()
+            self.probe_switch(progress)
             watch.look(progress.step)
             if watch.stalled():
                 raise self.stalled()
@@ -164,7 +158,7 @@ class ScriptRun(Run):
             time.sleep(0.2)
         for line in hp.tail.lines():
             self.show(line, progress, tty)
-        for tail in tails:
+        for tail in tails + [o.tail for o in self.agents.optimizers]:
             for line in tail.lines():
                 progress.feed(line)
         self.console.say(("\r  " if tty else "  ") + progress.bar() + ("\x1b[K" if tty else ""))

@@ -94,7 +94,7 @@ class Optimizer:
         """One JSON line of this rank's figures (make run's progress, metrics.csv)."""
         if self.metrics:
             line = {"job": self.job, "worker": self.rank, "t": time.time(), "sent": self.agent.stats["sent"],
-                    "retx": self.agent.stats["retransmitted"], **rec}
+                    "retx": self.agent.stats["retransmitted"], "rej": self.agent.rejected, **rec}
             with open(self.metrics, "a") as f:
                 f.write(json.dumps(line) + "\n")
 

@@ -107,6 +107,9 @@ def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path):
     s = latest(tmp_path)
     assert s["steps"] == 3 and s["max_abs_param_diff_vs_reference"] == 0.0
     assert "rank 1 (w1_1): mnexec -a" in run.out
+    # the example prints {"step", "loss"} lines (no mindp.torch.log): rank 0's output is the curve
+    assert [st for st, _ in s["loss_curve"]] == [0, 1, 2], s["loss_curve"]
+    assert '{"step": 2, "loss": ' in ranks.stdout and f"steps done 3  loss {s['loss_curve'][-1][1]:.4f}" in run.out
     assert_clean(run)
 
 

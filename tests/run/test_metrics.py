@@ -1,11 +1,13 @@
-"""Per-step metrics (metrics.csv) from the workers' records, the chart's legend out of the lines'
-way, and `make compare` (tools/compare.py) drawing several runs in one chart."""
+"""Per-step metrics (metrics.csv) from the workers', nodes' and switches' records, the chart's legend
+out of the lines' way, and `make compare` (tools/compare.py) drawing several runs in one chart."""
 import json
 import math
 import re
 
 import pytest
 
+from controller import p4info_names as n
+from controller.stats import job_drops
 from mininet_topos import metrics, results, svgplot
 from mininet_topos.progress import Progress
 from tools import compare
@@ -15,14 +17,27 @@ def rec(**kw):
     return json.dumps({"ev": "step", "job": 1, **kw})
 
 
+DROP_READS = {-1: {}, 0: {"DUPLICATE": 1}, 2: {"DUPLICATE": 3, "STALE": 1}}  # none after step 1
+
+
 def fed(steps: int = 3, retx_at: int = 1, loss0: float = 2.0) -> Progress:
+    """Two workers' step records, the node's commits of steps 0 and 1, the switch's drops read after
+    steps -1, 0 and 2 (as the orchestrator reads them: whenever it sees a step finished)."""
     p = Progress({1: 2}, steps)
     for s in range(-1, steps):
         for w in (0, 1):
             sent = 10 * (s + 1)
             retx = 1 if (w == 1 and s >= retx_at) else 0
             extra = dict(loss=loss0 - 0.5 * (s + 1), acc=0.1 * (s + 2)) if w == 0 else {}
-            p.feed(rec(worker=w, step=s, t=100.0 + 2 * (s + 1) + w * 0.5, sent=sent, retx=retx, **extra))
+            p.feed(rec(worker=w, step=s, t=100.0 + 2 * (s + 1) + w * 0.5, sent=sent, retx=retx, rej=w * (s + 1),
+                       **extra))
+        if s in (0, 1):
+            p.feed(json.dumps({"ev": "commit", "job": 1, "shard": 0, "step": s, "t": 1.0, "elements": 4096,
+                               "seconds": 0.5, "rejected": 2 * (s + 1)}))
+        if s in DROP_READS:
+            assert p.drops_due()
+            p.feed_drops({1: DROP_READS[s]})
+            assert not p.drops_due()  # until the job finishes another step
     return p
 
 
@@ -33,6 +48,34 @@ def test_rows_are_per_step_deltas_of_every_worker():
     assert (r0.loss, r0.accuracy) == (1.5, pytest.approx(0.2))
     assert r0.step_seconds == 2.0  # the last worker to finish step 0 against the last to be ready
     assert (r0.grad_frames, r0.retransmissions, r1.retransmissions, table[2].retransmissions) == (20, 0, 1, 0)
+
+
+def test_rows_count_rejections_the_nodes_update_rate_and_the_switch_drops_between_reads():
+    r0, r1, r2 = metrics.rows(fed())
+    assert [r.host_rejected for r in (r0, r1, r2)] == [1 + 2, 1 + 2, 1]  # worker 1's, and the node's per commit
+    assert (r0.node_elements_per_s, r1.node_elements_per_s) == (8192.0, 8192.0) and math.isnan(r2.node_elements_per_s)
+    assert r0.switch_drops == {"DUPLICATE": 1} and r0.dropped == 1
+    assert r1.switch_drops is None and r1.dropped is None  # no read after step 1: counted in step 2's row
+    assert r2.switch_drops == {"DUPLICATE": 2, "STALE": 1}
+
+
+def test_two_shards_rates_add_up_and_a_read_of_a_job_is_kept_at_its_own_step():
+    p = Progress({1: 1, 2: 1}, 1)
+    for s in (-1, 0):
+        for j in (1, 2):
+            p.feed(rec(job=j, worker=0, step=s, t=float(s + 2), sent=0, retx=0))
+    for shard, secs in ((0, 0.25), (1, 0.5)):
+        p.feed(json.dumps({"ev": "commit", "job": 1, "shard": shard, "step": 0, "t": 1.0, "elements": 1000,
+                           "seconds": secs}))
+    p.feed_drops({1: {}, 2: {}, 3: {"STALE": 9}})  # a job the run does not know is left out
+    assert p.drops == {(1, 0): {}, (2, 0): {}}
+    assert metrics.rows(p)[0].node_elements_per_s == 1000 / 0.25 + 1000 / 0.5
+
+
+def test_a_jobs_drops_are_summed_over_its_switches_and_reasons_named():
+    leaf = {n.drop_cell(1, n.DropReason.DUPLICATE): (2, 0), n.drop_cell(2, n.DropReason.STALE): (7, 0)}
+    spine = {n.drop_cell(1, n.DropReason.DUPLICATE): (1, 0), n.drop_cell(1, n.DropReason.FUTURE_STEP): (4, 0)}
+    assert job_drops([leaf, spine], [1, 2]) == {1: {"DUPLICATE": 3, "FUTURE_STEP": 4}, 2: {"STALE": 7}}
 
 
 def test_a_script_log_record_gives_the_loss_without_accuracy_and_a_step_is_kept_once():
@@ -49,12 +92,27 @@ def test_a_script_log_record_gives_the_loss_without_accuracy_and_a_step_is_kept_
 def test_csv_round_trip_and_a_foreign_file_is_one_line(tmp_path):
     table = metrics.rows(fed())
     metrics.write_csv(tmp_path / "metrics.csv", table)
-    assert (tmp_path / "metrics.csv").read_text().splitlines()[0] == ",".join(metrics.COLUMNS)
+    lines = (tmp_path / "metrics.csv").read_text().splitlines()
+    assert lines[0] == ",".join(metrics.COLUMNS)
+    assert "drop_duplicate" in metrics.COLUMNS and len(metrics.DROP_COLUMNS) == len(n.DropReason)
+    cells = dict(zip(metrics.COLUMNS, lines[2].split(",")))  # step 1: no read, so its drop cells are empty
+    assert cells["switch_drops"] == cells["drop_duplicate"] == "" and cells["node_elements_per_s"] == "8192"
     back = metrics.read_csv(tmp_path / "metrics.csv")
-    assert [(r.step, r.loss, r.grad_frames) for r in back] == [(r.step, r.loss, r.grad_frames) for r in table]
+    assert [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in back] \
+        == [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in table]
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a mindp metrics.csv"):
         metrics.read_csv(tmp_path / "x.csv")
+    (tmp_path / "bad.csv").write_text(",".join(metrics.COLUMNS[:7]) + "\n1,x,1,1,1,1,1\n")
+    with pytest.raises(ValueError, match="^" + str(tmp_path / "bad.csv")):
+        metrics.read_csv(tmp_path / "bad.csv")
+
+
+def test_an_older_runs_metrics_without_the_new_columns_still_reads(tmp_path):
+    (tmp_path / "old.csv").write_text(",".join(metrics.COLUMNS[:7]) + "\n1,0,2.5,0.5,0.1,151,0\n")
+    (r,) = metrics.read_csv(tmp_path / "old.csv")
+    assert (r.loss, r.grad_frames, r.host_rejected, r.switch_drops) == (2.5, 151, 0, None)
+    assert math.isnan(r.node_elements_per_s)
 
 
 def test_tensorboard_files_only_where_it_is_installed(tmp_path):
@@ -140,4 +198,5 @@ def test_tensorboard_scalars_go_through_its_own_writer(tmp_path, monkeypatch):
     (w,) = made
     assert w.logdir == str(tmp_path / "tb" / "job1") and w.closed
     assert ("loss", 1.5, 0) in w.scalars and ("retransmissions", 1, 1) in w.scalars
-    assert len(w.scalars) == 3 * 5
+    assert ("node_elements_per_s", 4096 / 0.5, 0) in w.scalars and ("dropped", 3, 2) in w.scalars
+    assert len(w.scalars) == 3 * 6 + 2 + 2  # no rate where the node reported none, drops where read (steps 0, 2)

@@ -1,6 +1,7 @@
 """make run RESUME=<run> (the earlier run found, its settings kept, its committed state copied and
 read back) and UP=1 (one torchrun command per worker host), without a network."""
 import json
+import pathlib
 import shlex
 
 import numpy as np
@@ -63,7 +64,8 @@ def test_resume_refusals_are_one_line(tmp_path):
 def test_up_prints_one_torchrun_per_worker_host_in_its_namespace():
     lines = commands("/w/train.py", ["--steps", "5", "--gpt", '{"d": 16}'], {0: "w1_0", 1: "w1_1"},
                      {"w1_0": 101, "w1_1": 102}, "10.0.1.1", {"MINDP_JOB": "1", "MINDP_IFACE": "eth0",
-                                                             "MINDP_TOPOLOGY": "/r/topology.json"}, "/v/bin/python")
+                                                             "MINDP_TOPOLOGY": "/r/topology.json"}, "/v/bin/python",
+                     pathlib.Path("/r/logs/torchrun"))
     assert len(lines) == 2
     words = shlex.split(lines[1])
     assert words[:3] == ["mnexec", "-a", "102"] and "MINDP_TOPOLOGY=/r/topology.json" in words
@@ -72,3 +74,5 @@ def test_up_prints_one_torchrun_per_worker_host_in_its_namespace():
     assert words[i:i + 13] == ["/v/bin/torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
                                "--rdzv-backend", "static", "--master-addr", "10.0.1.1", "--master-port", "29400"]
     assert words[-4:] == ["--steps", "5", "--gpt", '{"d": 16}']
+    i = words.index("--log-dir")  # rank 1's output kept apart from rank 0's (whose JSON loss lines are read)
+    assert words[i:i + 4] == ["--log-dir", "/r/logs/torchrun/node1", "--tee", "3"]
