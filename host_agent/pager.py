@@ -9,6 +9,12 @@ the buffer, no page-cache copy to drop). Writes are buffered pwrites of the call
 killed process loses nothing it wrote); a retired page is written back with sync_file_range and
 then dropped from the page cache, and counts against the budget until then.
 
+When the budget is full of pages in use (sums of one slot stalled while the others ran through the
+model leave every page partly applied), room is made from what can be re-read: the least recently
+used buffer is evicted (its applied records are in the destination, the others in the source),
+else a partly written page is written back early (its records are in the file). The caller waits
+for disk I/O at worst, never for the network: no sum is refused and no deadlock is possible.
+
 In RAM (the budget holds both copies), `MappedFile` maps a file whole and the caller updates it in
 place: no copy at all.
 
@@ -98,6 +104,7 @@ class PagerStats:
     prefetched: int = 0
     evictions: int = 0  # resident pages dropped to make room (not retired)
     writebacks: int = 0
+    early_writebacks: int = 0  # pages written back before retired, to make room
     peak_pages: int = 0  # most budget units in use: resident buffers + pages in the page cache
     read_bytes: int = 0
     written_bytes: int = 0
@@ -151,7 +158,8 @@ class Pager:
         self._tokens = 0
         self._loading: dict[int, int] = {}  # page -> slot, being read by the reader thread
         self._unused: set[int] = set()  # prefetched, not yet used by the caller
-        self._cached: set[tuple[int, int]] = set()  # (file, page) with records in the page cache
+        # (file, page) with records in the page cache, in order of their first write
+        self._cached: dict[tuple[int, int], None] = {}
         self._wb: collections.deque[tuple[int, int]] = collections.deque()  # retired, to write back
         self.ahead = max(1, self.max_pages // 2 if ahead is None else ahead)
         self._want: list[tuple[int, int]] = []  # (file, page) to read next, in order
@@ -174,7 +182,7 @@ class Pager:
 
     def _room(self, keep: int | None) -> None:
         """Make one budget unit free (cv held): wait for write-back, else evict the least recently
-        used resident page (never `keep`)."""
+        used resident page, else write back the page written first (never `keep`'s)."""
         while self._used() >= self.max_pages:
             if self.error:
                 raise self.error
@@ -182,13 +190,19 @@ class Pager:
                 self._cv.wait(0.05)
                 continue
             victim = next((p for p in self.slot if p != keep), None)
-            if victim is None:
-                if self._loading:
-                    self._cv.wait(0.05)
-                    continue
-                raise PagerError("RAM budget exhausted by pages in use")
-            self._release(victim)
-            self.stats.evictions += 1
+            if victim is not None:
+                self._release(victim)
+                self.stats.evictions += 1
+                continue
+            if self._loading:
+                self._cv.wait(0.05)
+                continue
+            # Every unit is a partly written page: `keep` holds at most 2 (its buffer, its records)
+            # of the budget's MIN_PAGES, so another page's records are there to write back.
+            early = next(k for k in self._cached if k[1] != keep)
+            self._wb.append(early)
+            self.stats.early_writebacks += 1
+            self._cv.notify_all()
 
     def _take_slot(self, keep: int | None) -> int:
         self._room(keep)
@@ -257,9 +271,13 @@ class Pager:
         fl = self.files[f]
         mv = memoryview(data).cast("B")
         with self._cv:
+            while (f, page) in self._wb:  # written back early: counted again once that is done
+                if self.error:
+                    raise self.error
+                self._cv.wait()
             if (f, page) not in self._cached:
                 self._room(page)
-                self._cached.add((f, page))
+                self._cached[f, page] = None
                 self._note_peak()
         done = 0
         while done < len(mv):
@@ -276,7 +294,7 @@ class Pager:
             self._want = [w for w in self._want if w[1] != page]
             if not keep and page in self.slot:
                 self._release(page)
-            if f is not None and (f, page) in self._cached:
+            if f is not None and (f, page) in self._cached and (f, page) not in self._wb:
                 self._wb.append((f, page))
             self._cv.notify_all()
 
@@ -423,6 +441,6 @@ class Pager:
                 if err and err != 38:  # ENOSYS: no sync_file_range here; fsync at commit covers it
                     self.error = self.error or _fail("write-back (sync_file_range)", fl.path, err)
                 else:
-                    self._cached.discard((f, page))
+                    self._cached.pop((f, page), None)
                     self.stats.writebacks += 1
                 self._cv.notify_all()

@@ -14,7 +14,10 @@ RAM budget is shared by
   - the rest: resident pages, the first in arrival order (it hides the first read of each step,
     which nothing else can overlap) and the others evenly spaced after it (`spread`).
 
-A budget that holds both copies maps the files whole (no copies at all).
+A budget that holds both copies maps the files whole (no copies at all). Sums out of order beyond
+the window (one slot's chain stalled while the others run through the model) find the budget full
+of partly applied pages: the pager then makes room itself (pager.py), at the cost of reads and
+writes this plan does not count.
 
 Step time: the disk moves the streamed reads and all writes (at its measured mixed rate while
 both run, the reader and writer threads being concurrent, then alone), the CPU

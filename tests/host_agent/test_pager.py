@@ -97,6 +97,32 @@ def test_kept_pages_stay_and_others_make_room(tmp_path):
     pager.close()
 
 
+def test_pages_left_partly_written_make_room_by_early_write_back(tmp_path):
+    """Every page half updated and written before any is finished (a stalled slot's chunks left
+    out of each), 8 pages through a budget of 4: the buffers are evicted, then the half-written
+    pages written back early; each page is finished later from a buffer read again. Never more than
+    the budget in use, never an error, and the file ends with every record updated once."""
+    n = 8 * PAGE_RECS
+    rng = np.random.default_rng(1)
+    src = rng.standard_normal((n, 3, 32)).astype(np.float32)
+    paths = make_files(tmp_path, n, fill=[src, np.zeros_like(src)])
+    pager = Pager(paths, PAGE, 4 * PAGE, prefetch=False)
+    half = PAGE // 2
+    for part in (0, 1):
+        for page in range(8):
+            buf = pager.load(0, page)[part * half : (part + 1) * half].view(np.float32)
+            buf *= 2
+            pager.write(1, page * PAGE + part * half, buf, page)
+            if part:
+                pager.retire(1, page, keep=False)
+            assert pager._used() <= 4
+    assert pager.stats.evictions > 0 and pager.stats.early_writebacks >= 4
+    assert pager.stats.read_bytes == 16 * PAGE  # each page read again to be finished
+    pager.close()
+    assert pager.stats.peak_pages <= 4
+    assert np.array_equal(np.fromfile(paths[1], np.float32).reshape(n, 3, 32), 2 * src)
+
+
 def test_mapped_file_flush_makes_writes_durable(tmp_path):
     n = 4 * PAGE_RECS
     paths = make_files(tmp_path, n, 1)
