@@ -414,26 +414,38 @@ def init_pieces(layout: Layout, init: dict[str, np.ndarray] | None = None, seed:
         yield arr.reshape(-1)
 
 
-def read_committed(state_dir: str | pathlib.Path) -> tuple[dict, OptimizerConfig, Layout, np.ndarray]:
-    """Another process's view of a whole-model state at its last commit, read-only and without the
-    node's cooperation: (commit.json, optimizer, layout, records (n_chunks, lanes, K) float32, a
-    read-only map). Between two steps of the job (a worker that holds a step's parameters and has not
-    sent the next step's gradients) it is exactly the node's state."""
+def read_state(state_dir: str | pathlib.Path, before_commit: bool = False
+               ) -> tuple[dict, OptimizerConfig, Layout, tuple[int, int] | None, np.ndarray]:
+    """Another process's view of a state, a whole model's or a shard's, read-only and without the
+    node's cooperation: (commit.json, optimizer, layout, the job's chunks lo..hi it holds (None: the
+    whole model), records (chunks, lanes, K) float32, a read-only map) at its last commit, or with
+    `before_commit` after the step before it: the copy the committed step read, unchanged until the
+    node applies the next step (which no worker sends before every shard committed this one)."""
     d = pathlib.Path(state_dir)
     try:
         meta = json.loads((d / "meta.json").read_text())
         commit = json.loads((d / "commit.json").read_text())
         cfg = OptimizerConfig.from_dict(meta["optimizer"])
         layout = optim.layout_from_json(meta["layout"])
-        if "chunks" in meta:
-            raise ConfigError(f"{d} holds one shard of a sharded job; read each shard's state")
-        lanes = record_lanes(meta)
+        chunks = (int(meta["chunks"][0]), int(meta["chunks"][1])) if "chunks" in meta else None
+        lo, hi = chunks or (0, layout.n_chunks - 1)
         updates = int(commit.get("updates", int(commit["step"]) + 1))
-        records = np.memmap(d / f"state{updates % 2}.bin", dtype=np.float32, mode="r",
-                            shape=(layout.n_chunks, lanes, K))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        held = updates - 1 if before_commit and not commit.get("skipped") else updates  # a skipped step wrote none
+        records = np.memmap(d / f"state{held % 2}.bin", dtype=np.float32, mode="r",
+                            shape=(hi - lo + 1, record_lanes(meta), K))
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
         raise ConfigError(f"state directory {d} is not usable: {exc}") from None
-    return {**commit, "updates": updates}, cfg, layout, records
+    return {**commit, "updates": updates}, cfg, layout, chunks, records
+
+
+def read_committed(state_dir: str | pathlib.Path) -> tuple[dict, OptimizerConfig, Layout, np.ndarray]:
+    """A whole-model state at its last commit (read_state): (commit.json, optimizer, layout, records).
+    Between two steps of the job (a worker that holds a step's parameters and has not sent the next
+    step's gradients) it is exactly the node's state."""
+    commit, cfg, layout, chunks, records = read_state(state_dir)
+    if chunks is not None:
+        raise ConfigError(f"{state_dir} holds one shard of a sharded job; read each shard's state")
+    return commit, cfg, layout, records
 
 
 def create_at(state_dir: str | pathlib.Path, layout: Layout, cfg: OptimizerConfig, lanes: dict[int, np.ndarray],

@@ -7,6 +7,11 @@ from the parameters the node committed (the fp16 values they held then), so the 
 same bits as one that was never interrupted: the comparison with the reference trainer (from the
 earlier run's initial parameters, over all steps) says so. A SCRIPT= run resumes the same way: its
 ranks take the node's step (opt.step_number) and weights from MINDP_STATE.
+
+A leaf-spine job's shards commit each on its own: one may be a step ahead of another (never more:
+no worker sends step s + 1 before every shard committed s). The workers start after the earliest
+commit, with the ahead shard's chunks from the copy its last step read (host_agent.state.read_state);
+that shard answers the step it committed already by resending its parameters, as after a lost answer.
 """
 from __future__ import annotations
 
@@ -19,13 +24,19 @@ import numpy as np
 
 from host_agent import state
 from host_agent.optim import ConfigError
+from mindp.protocol import K
 
 from .config import RunConfig, RunConfigError
 
 #: What may differ from the resumed run: none of them changes a bit of the training.
 MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "RESUME")
-#: A node's state directory in a job directory (one node per job: sharded jobs are not resumed).
+#: A node's state directory in a job directory; a sharded job's are STATE-shard<i> (agents.JobFiles).
 STATE = "optimizer-state"
+
+
+def state_dirs(job_dir: pathlib.Path) -> list[pathlib.Path]:
+    """The job's node state directories: STATE, or one per shard."""
+    return sorted(d for d in job_dir.glob(STATE + "*") if d.is_dir())
 
 
 @dataclass(frozen=True)
@@ -45,11 +56,12 @@ def find(name: str, runs_dir: pathlib.Path) -> Resumed:
         cfg = json.loads((d / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise RunConfigError(f"RESUME={name}: {d} has no readable config.json ({exc})") from None
-    if cfg.get("topo", "star") != "star":
-        raise RunConfigError(f"RESUME={name}: a leaf-spine run (sharded node state) cannot be resumed")
+    nodes = int(cfg.get("optimizers", 1))
     for j in range(1, int(cfg.get("jobs", 1)) + 1):
-        if not state.exists(d / f"job{j}" / STATE):
-            raise RunConfigError(f"RESUME={name}: {d / f'job{j}' / STATE} holds no committed state")
+        dirs = [p for p in state_dirs(d / f"job{j}") if state.exists(p)]
+        if len(dirs) != nodes:
+            raise RunConfigError(f"RESUME={name}: {d / f'job{j}'} holds the committed state of {len(dirs)} of its "
+                                 f"{nodes} optimizer node(s) ({STATE}*)")
     return Resumed(d, cfg)
 
 
@@ -70,17 +82,27 @@ def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
 
 
 def take_state(old: Resumed, job: int, job_dir: pathlib.Path) -> tuple[int, dict[str, np.ndarray]]:
-    """Copy the job's node state into the new run; returns (first step to train, the committed
-    parameters the workers start from)."""
-    src, dst = old.run / f"job{job}" / STATE, job_dir / STATE
-    shutil.copytree(src, dst)
+    """Copy the job's node state (every shard's) into the new run; returns (first step to train, the
+    committed parameters the workers start from)."""
+    src = old.run / f"job{job}"
+    for d in state_dirs(src):
+        shutil.copytree(d, job_dir / d.name)
     for name in ("init.npz", "workload.json"):  # the reference trains from the same start
-        if (old.run / f"job{job}" / name).exists():
-            shutil.copy2(old.run / f"job{job}" / name, job_dir / name)
+        if (src / name).exists():
+            shutil.copy2(src / name, job_dir / name)
     try:
-        commit, _, layout, records = state.read_committed(dst)
+        reads = [state.read_state(d) for d in state_dirs(job_dir)]
+        step = min(int(commit["step"]) for commit, *_ in reads)
+        layout = reads[0][2]
+        flat = np.zeros(layout.n_chunks * K, np.float32)
+        for d, (commit, _, _, chunks, records) in zip(state_dirs(job_dir), reads):
+            if int(commit["step"]) not in (step, step + 1):
+                raise ConfigError(f"{d.name} committed step {commit['step']}, more than one after {step}")
+            if int(commit["step"]) > step:  # a step ahead: its chunks after `step`
+                records = state.read_state(d, before_commit=True)[4]
+            lo = chunks[0] if chunks else 0
+            flat[lo * K : lo * K + records.shape[0] * K] = records[:, state.MASTER, :].reshape(-1)
     except ConfigError as exc:
         raise RunConfigError(f"RESUME: {exc}") from None
-    flat = np.array(records[:, state.MASTER, :].reshape(-1)[: layout.total])
-    params = {s.name: flat[layout.offsets[s.name]:][: s.size].reshape(s.shape) for s in layout.specs}
-    return int(commit["step"]) + 1, params
+    params = {s.name: flat[layout.offsets[s.name]:][: s.size].reshape(s.shape).copy() for s in layout.specs}
+    return step + 1, params

@@ -30,6 +30,22 @@ def test_mlp_run_resumed_with_more_steps_is_bit_exact_with_all_steps(tmp_path):
     assert_clean(again)
 
 
+@needs_root
+def test_leafspine_run_with_sharded_nodes_resumed_is_bit_exact_with_all_steps(tmp_path):
+    first = MakeRun(tmp_path, "--target", "embedded", "--topo", "leafspine", "--leaves", "2", "--workers", "1",
+                    "--optimizers", "2", "--steps", "3", "--p4", "committed")
+    assert first.run() == 0, first.err + first.out
+    old = first.run_dir
+    again = MakeRun(tmp_path, "--steps", "5", "--loss", "0.02", "--p4", "committed", "--resume", "latest",
+                    "--given", "RESUME STEPS LOSS")
+    assert again.run() == 0, again.err + again.out
+    s = latest(tmp_path)
+    assert s["resumed_from"] == {"run": str(old.resolve()), "first_step": 3}
+    assert (s["steps"], s["workers"], s["max_abs_param_diff_vs_reference"]) == (5, 2, 0.0)
+    assert f"resuming {old.resolve()} after its node's commit: from step 3" in again.out
+    assert_clean(again)
+
+
 STOPPING_SCRIPT = '''
 import os, pathlib, sys
 sys.path.insert(0, {examples!r})

@@ -52,12 +52,12 @@ def test_resume_refusals_are_one_line(tmp_path):
         resume.settings(old, config.parse(), ["RESUME", "WORKERS", "SEED"])
     with pytest.raises(config.RunConfigError, match="STEPS=2 is fewer than the run's own 3"):
         resume.settings(old, config.parse(steps="2"), ["RESUME", "STEPS"])
-    old_run(tmp_path / "r2", topo="leafspine")
-    with pytest.raises(config.RunConfigError, match="leaf-spine run"):
+    old_run(tmp_path / "r2", topo="leafspine", optimizers=2)  # one shard's state only
+    with pytest.raises(config.RunConfigError, match="holds the committed state of 1 of its 2 optimizer node"):
         resume.find("latest", tmp_path / "r2")
     (runs / "empty").mkdir()
     (runs / "empty" / "config.json").write_text("{}")
-    with pytest.raises(config.RunConfigError, match="holds no committed state"):
+    with pytest.raises(config.RunConfigError, match="holds the committed state of 0 of its 1 optimizer node"):
         resume.find("empty", runs)
 
 
