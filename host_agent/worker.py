@@ -22,7 +22,7 @@ from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, digest, rawsock, reference, shards
+from . import agent_args, digest, gradframes, rawsock, reference, shards
 from .optim import ConfigError
 from .resume import ResumeFile
 from .window import RtoConfig, RttEstimator, StepTimeout, Window
@@ -31,7 +31,6 @@ FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
 CHUNK_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["chunk"][1]
 STEP_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["step"][1]
 VER_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["ver"][1]
-BODY_OFFSET = codec.PREFIX_LEN + codec.HEADER_LEN
 
 
 slot_and_version = schedule.slots_and_versions  # the slot schedule lives in mindp.schedule only
@@ -176,7 +175,7 @@ class StepHandle:
     def __init__(self, agent: WorkerAgent):
         self.agent = agent
         lay = agent.layout
-        self.flat = np.zeros(lay.n_chunks * K, dtype=np.float16)
+        self.bad = np.zeros(lay.n_chunks, dtype=np.uint8)  # chunks given a non-finite gradient
         self.params = np.zeros(lay.n_chunks * K, dtype=np.float16)
         self.pending = agent.pending0.copy()
         self.put_names: set[str] = set()
@@ -203,12 +202,12 @@ class StepHandle:
         if name in self.put_names:
             raise ValueError(f"gradient {name!r} given twice in step {a.step}")
         spec = next(s for s in a.layout.specs if s.name == name)
-        g = reference.to_fp16(grad)
+        g = gradframes.as_array(grad)
         if tuple(g.shape) != spec.shape:
             raise ValueError(f"{name}: gradient shape {g.shape} != layout {spec.shape}")
         self.put_names.add(name)
-        off = a.layout.offsets[name]
-        self.flat[off : off + spec.size] = g.reshape(-1)
+        # Rounded to fp16 straight into the chunks' frames: a chunk is sent only once all of it is in.
+        gradframes.put(a.frames, a.layout.offsets[name], g, self.bad)
         if name in a.tensor_chunks:
             lo, hi = a.tensor_chunks[name]
             self.pending[lo:hi] -= 1
@@ -219,18 +218,16 @@ class StepHandle:
         self.pump(0.0)
 
     def _encode(self, chunks: np.ndarray) -> None:
-        """This step's fields and gradients into the chunks' prebuilt frames, in place (a run of
+        """This step's fields into the chunks' frames (put wrote their gradients), in place (a run of
         consecutive chunks, the usual case, as one slice)."""
         a = self.agent
         w = self.window
         _, ver = slot_and_version(w.step, chunks, w.n, a.cfg.slots)
         rows = slice(int(chunks[0]), int(chunks[-1]) + 1) if chunks[-1] - chunks[0] == len(chunks) - 1 else chunks
-        body = self.flat.reshape(-1, K)[rows]
         f = a.frames
         f[rows, STEP_OFFSET : STEP_OFFSET + 4] = np.array([w.step], dtype=">u4").view(np.uint8)
         f[rows, VER_OFFSET] = ver
-        f[rows, FLAGS_OFFSET] = np.where(np.isfinite(body).all(axis=1), 0, int(Flag.NONFINITE))
-        f[rows, BODY_OFFSET:] = body.astype(codec.ELEMENT_DTYPE[Kind.GRAD]).view(np.uint8)
+        f[rows, FLAGS_OFFSET] = np.where(self.bad[rows], int(Flag.NONFINITE), 0)
 
     def pump(self, timeout: float) -> None:
         """_pump, riding out a link that went down (ENETDOWN/ENXIO/ENODEV): one line, retried with

@@ -31,18 +31,25 @@ def test_mlp_run_resumed_with_more_steps_is_bit_exact_with_all_steps(tmp_path):
 
 
 @needs_root
-def test_leafspine_run_with_sharded_nodes_resumed_is_bit_exact_with_all_steps(tmp_path):
+def test_leafspine_run_whose_shards_committed_apart_resumes_bit_exact_with_all_steps(tmp_path):
+    """Shard 0's commit is taken back one step (as if the run died after shard 1 committed step 2,
+    before shard 0 did; the copy after step 1 is still there, step 2 read it): the workers start
+    at step 2, shard 1 answers it from its commit, and the run ends on the reference's bits."""
     first = MakeRun(tmp_path, "--target", "embedded", "--topo", "leafspine", "--leaves", "2", "--workers", "1",
                     "--optimizers", "2", "--steps", "3", "--p4", "committed")
     assert first.run() == 0, first.err + first.out
     old = first.run_dir
+    commit = old / "job1" / "optimizer-state-shard0" / "commit.json"
+    c = json.loads(commit.read_text())
+    assert c["step"] == 2 and not c.get("skipped")
+    commit.write_text(json.dumps({**c, "step": 1, "updates": c["updates"] - 1}))
     again = MakeRun(tmp_path, "--steps", "5", "--loss", "0.02", "--p4", "committed", "--resume", "latest",
                     "--given", "RESUME STEPS LOSS")
     assert again.run() == 0, again.err + again.out
     s = latest(tmp_path)
-    assert s["resumed_from"] == {"run": str(old.resolve()), "first_step": 3}
+    assert s["resumed_from"] == {"run": str(old.resolve()), "first_step": 2}
     assert (s["steps"], s["workers"], s["max_abs_param_diff_vs_reference"]) == (5, 2, 0.0)
-    assert f"resuming {old.resolve()} after its node's commit: from step 3" in again.out
+    assert f"resuming {old.resolve()} after its node's commit: from step 2" in again.out
     assert_clean(again)
 
 
