@@ -210,7 +210,7 @@ if not NUMPY_ONLY:
         """The constant v in every lane of ty (or v, for a scalar type)."""
         return ir.Constant(ty, [v] * ty.count) if isinstance(ty, ir.VectorType) else ir.Constant(ty, v)
 
-    def _half_bits(builder, f):
+    def half_lanes(builder, f):
         """float32 lanes (a vector or a scalar) -> IEEE binary16 bits (int16 lanes) by numpy's
         npy_floatbits_to_halfbits rule: F16C's conversion (round to nearest even, as numpy) for
         every value but a signalling NaN, which the hardware quiets and numpy does not (it keeps
@@ -255,7 +255,7 @@ if not NUMPY_ONLY:
                 for j in range(K):
                     g[i - lo, j] = np.float32(_f64(sums[i, j]) * _INV_SCALE / d)
 
-    def _row_pointer(context, builder, aty, arr, ity, i):
+    def row_pointer(context, builder, aty, arr, ity, i):
         """The address of arr[i, 0, ...] (no bounds check: i may be past the end)."""
         zero = context.get_constant(types.intp, 0)
         at = [context.cast(builder, i, ity, types.intp)] + [zero] * (aty.ndim - 1)
@@ -271,8 +271,8 @@ if not NUMPY_ONLY:
         code: numba's loops convert integers to floats one at a time."""
         def codegen(context, builder, sig, args):
             sty, ity, gty, gity, _ = sig.args
-            ps = _row_pointer(context, builder, sty, args[0], ity, args[1])
-            pg = _row_pointer(context, builder, gty, args[2], gity, args[3])
+            ps = row_pointer(context, builder, sty, args[0], ity, args[1])
+            pg = row_pointer(context, builder, gty, args[2], gity, args[3])
             i32 = ir.IntType(32)
             wide, narrow = ir.VectorType(ir.IntType(64), K), ir.VectorType(i32, K)
             floats = ir.VectorType(ir.FloatType(), K)
@@ -307,7 +307,7 @@ if not NUMPY_ONLY:
             def codegen(context, builder, sig, args):
                 aty, ity = sig.args
                 i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
-                row = builder.bitcast(_row_pointer(context, builder, aty, args[0], ity, args[1]), i8p)
+                row = builder.bitcast(row_pointer(context, builder, aty, args[0], ity, args[1]), i8p)
                 fn = cgutils.get_or_insert_function(
                     builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
                 for line in range(lines):  # read, data cache
@@ -340,7 +340,7 @@ if not NUMPY_ONLY:
         """An intrinsic updating record i: its first n_lanes lanes of K float32 read from src[i]
         as 8-float vectors, with gradients g[gi] and the n_scalars of c, by
         lanes_of(builder, scalars, decay, g, *lanes) -> new lanes (the first the master); the
-        new lanes written to dst[i], out[i] = their master's fp16 bits (_half_bits).
+        new lanes written to dst[i], out[i] = their master's fp16 bits (half_lanes).
 
         Records are C-contiguous (update_records checks). dst[i] takes non-temporal stores when
         `far` (dst is not the source: the other state copy, not in cache, whose lines the step
@@ -357,11 +357,11 @@ if not NUMPY_ONLY:
                 f8, h8 = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.IntType(16), 8)
 
                 def row(arg, aty, index, index_ty, vector):  # args[arg][index] as a pointer to vectors
-                    ptr = _row_pointer(context, builder, aty, args[arg], index_ty, index)
+                    ptr = row_pointer(context, builder, aty, args[arg], index_ty, index)
                     return builder.bitcast(ptr, vector.as_pointer())
                 ps, pd, po = row(0, sty, args[2], ity, f8), row(1, dty, args[2], ity, f8), row(5, oty, args[2], ity, h8)
                 pg = row(3, gty, args[4], gity, f8)
-                pc = _row_pointer(context, builder, cty, args[6], types.intp, context.get_constant(types.intp, 0))
+                pc = row_pointer(context, builder, cty, args[6], types.intp, context.get_constant(types.intp, 0))
                 scalars = []
                 for k in range(n_scalars):
                     one = builder.insert_element(ir.Constant(f8, ir.Undefined), builder.load(builder.gep(pc, [i64(k)])),
@@ -373,7 +373,7 @@ if not NUMPY_ONLY:
                     old = [builder.load(builder.gep(ps, [i64(lane * per_lane + q)]), align=4) for lane in range(n_lanes)]
                     lanes = lanes_of(builder, scalars, args[7], builder.load(builder.gep(pg, [i64(q)]), align=4), *old)
                     new += [(lane * per_lane + q, v) for lane, v in enumerate(lanes)]
-                    builder.store(_half_bits(builder, lanes[0]), builder.gep(po, [i64(q)]), align=2)
+                    builder.store(half_lanes(builder, lanes[0]), builder.gep(po, [i64(q)]), align=2)
                 new.sort(key=lambda kv: kv[0])
                 aligned = builder.icmp_unsigned("==", builder.and_(builder.ptrtoint(pd, i64), i64(31)), i64(0))
                 nontemporal = builder.module.add_metadata([ir.Constant(i32, 1)])
@@ -598,13 +598,13 @@ if not NUMPY_ONLY:
 
     @intrinsic
     def _half8(typingctx, f, out, i):
-        """out[i:i + 8] = _half_bits(f[i:i + 8]): the kernel's conversion, for tests."""
+        """out[i:i + 8] = half_lanes(f[i:i + 8]): the kernel's conversion, for tests."""
         def codegen(context, builder, sig, args):
             fty, oty, ity = sig.args
             f8, h8 = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.IntType(16), 8)
-            pf = builder.bitcast(_row_pointer(context, builder, fty, args[0], ity, args[2]), f8.as_pointer())
-            po = builder.bitcast(_row_pointer(context, builder, oty, args[1], ity, args[2]), h8.as_pointer())
-            builder.store(_half_bits(builder, builder.load(pf, align=4)), po, align=2)
+            pf = builder.bitcast(row_pointer(context, builder, fty, args[0], ity, args[2]), f8.as_pointer())
+            po = builder.bitcast(row_pointer(context, builder, oty, args[1], ity, args[2]), h8.as_pointer())
+            builder.store(half_lanes(builder, builder.load(pf, align=4)), po, align=2)
             return context.get_dummy_value()
         return types.void(f, out, i), codegen
 

@@ -1,0 +1,152 @@
+"""A worker's gradients straight into its GRAD frames: one pass over a tensor rounds each element to
+fp16, writes it big-endian into its frame row in place and marks the rows holding a non-finite
+value (the frame's NONFINITE flag), with no per-frame Python work.
+
+The rounding is numpy's `astype(float16)` bit for bit, NaN payloads included. float32 (torch's and
+most models' gradients) is converted in the kernel: 8 lanes at a time by F16C where the node's
+kernel is AVX2 (fused.half_lanes), else element by element (portable.half_bits). fp16 is taken as
+it is; other dtypes are rounded by fixedpoint.to_fp16 first. Without numba, numpy does the same in
+a few whole-array passes (numpy's fp16 cast and isfinite cost 10-12 ns an element; F16C 0.4).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mindp import codec, fixedpoint
+from mindp.protocol import K, Kind
+
+from . import fused
+
+#: Where a GRAD frame's elements start, in uint16 units of the frame (its length and this are even).
+BODY16 = (codec.PREFIX_LEN + codec.HEADER_LEN) // 2
+assert (codec.PREFIX_LEN + codec.HEADER_LEN) % 2 == 0 and codec.frame_len(Kind.GRAD) % 2 == 0
+
+if not fused.NUMPY_ONLY:
+    import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from .portable import half_bits
+
+    @intrinsic
+    def _lanes8(typingctx, src, i, out, o):
+        """out[o:o + 8] = the big-endian fp16 bits of float32 src[i:i + 8] (fused.half_lanes: F16C, to
+        numpy's bits); returns nonzero if one of them is Inf or NaN. Both 1-D, any alignment."""
+        def codegen(context, builder, sig, args):
+            sty, ity, oty, _ = sig.args
+            f8, h8 = ir.VectorType(ir.FloatType(), 8), ir.VectorType(ir.IntType(16), 8)
+            ps = builder.bitcast(fused.row_pointer(context, builder, sty, args[0], ity, args[1]), f8.as_pointer())
+            po = builder.bitcast(fused.row_pointer(context, builder, oty, args[2], ity, args[3]), h8.as_pointer())
+            h = fused.half_lanes(builder, builder.load(ps, align=4))
+            bswap = cgutils.get_or_insert_function(builder.module, ir.FunctionType(h8, [h8]), "llvm.bswap.v8i16")
+            builder.store(builder.call(bswap, [h]), po, align=2)
+            exp = ir.Constant(h8, [0x7C00] * 8)
+            bad = builder.icmp_unsigned("==", builder.and_(h, exp), exp)
+            return builder.zext(builder.bitcast(bad, ir.IntType(8)), ir.IntType(64))
+        return types.int64(src, i, out, o), codegen
+
+    @numba.njit(inline="always")
+    def _swap(h):
+        return ((h & 0xFF) << 8) | (h >> 8)
+
+    @numba.njit(nogil=True, cache=True)
+    def _put_avx2(src, bits, out, width, off, nonfinite):
+        """src (float32; bits: its uint32 view) at flat element `off` on: into out (the frames' uint16
+        view, flat; `width` uint16 a frame) as big-endian fp16, 8 elements at a time where a row's
+        part allows; nonfinite[row] = 1 where a rounded value is Inf or NaN."""
+        i, size = 0, src.shape[0]
+        while i < size:
+            row, col = divmod(off + i, K)
+            m = min(K - col, size - i)
+            at = row * width + BODY16 + col
+            bad = 0
+            j = 0
+            while j + 8 <= m:
+                bad |= _lanes8(src, i + j, out, at + j)
+                j += 8
+            while j < m:
+                h = half_bits(np.int64(bits[i + j]))
+                bad |= ((h & 0x7C00) + 0x400) >> 15  # 1 for an all-ones exponent
+                out[at + j] = np.uint16(_swap(h))
+                j += 1
+            if bad:
+                nonfinite[row] = 1
+            i += m
+
+    @numba.njit(nogil=True, cache=True)
+    def _put_bits(bits, half, out, width, off, nonfinite):
+        """_put_avx2 one element at a time in integer arithmetic (any CPU): bits are float32 bits
+        (half False: rounded by portable.half_bits) or fp16 bits already rounded (half True)."""
+        i, size = 0, bits.shape[0]
+        while i < size:
+            row, col = divmod(off + i, K)
+            m = min(K - col, size - i)
+            at = row * width + BODY16 + col
+            bad = 0
+            for j in range(m):
+                h = np.int64(bits[i + j]) if half else half_bits(np.int64(bits[i + j]))
+                bad |= ((h & 0x7C00) + 0x400) >> 15
+                out[at + j] = np.uint16(_swap(h))
+            if bad:
+                nonfinite[row] = 1
+            i += m
+
+
+def as_array(grad) -> np.ndarray:
+    """A numpy array, or a torch tensor as reference.to_fp16 reads it (float32 on the CPU)."""
+    if hasattr(grad, "detach"):
+        grad = grad.detach().cpu().float().numpy()
+    return np.asarray(grad)
+
+
+def put(frames: np.ndarray, off: int, grad: np.ndarray, nonfinite: np.ndarray, kernel: str | None = None) -> None:
+    """Elements off .. off + grad.size of the frames' flat element space (K a row) = grad rounded to
+    fp16, big-endian; nonfinite[row] set to 1 for rows that received an Inf or NaN (never cleared).
+
+    frames: (n, GRAD frame length) uint8, C-contiguous; nonfinite: (n,) uint8; kernel: fused's
+    'avx2', 'portable' or 'numpy' (default: fused.selected(), as the node's)."""
+    flat = np.ravel(grad)
+    if not flat.size:
+        return
+    if frames.ndim != 2 or frames.shape[1] != codec.frame_len(Kind.GRAD) or not frames.flags.c_contiguous:
+        raise ValueError("frames must be C-contiguous rows of GRAD frames")
+    if not 0 <= off <= len(frames) * K - flat.size or nonfinite.shape != (len(frames),):
+        raise ValueError(f"{flat.size} elements at {off} do not fit {len(frames)} frames")
+    kernel = kernel or fused.selected()
+    out, width = frames.view(np.uint16), frames.shape[1] // 2
+    if kernel == "numpy":
+        _put_numpy(out, off, flat, nonfinite)
+    elif flat.dtype == np.float32:
+        flat = np.ascontiguousarray(flat)
+        if kernel == "avx2":
+            _put_avx2(flat, flat.view(np.uint32), out.reshape(-1), width, off, nonfinite)
+        else:
+            _put_bits(flat.view(np.uint32), False, out.reshape(-1), width, off, nonfinite)
+    else:
+        _put_bits(_fp16_bits(flat), True, out.reshape(-1), width, off, nonfinite)
+
+
+def _fp16_bits(flat: np.ndarray) -> np.ndarray:
+    # fp16 input is taken as it is (fixedpoint.to_fp16 scales its subnormals in fp16 and overflows).
+    # An overflow to Inf is no warning: it is the frame's NONFINITE flag.
+    if flat.dtype != np.float16:
+        with np.errstate(over="ignore", invalid="ignore"):
+            flat = fixedpoint.to_fp16(flat)
+    return np.ascontiguousarray(flat).view(np.uint16)
+
+
+def _put_numpy(out: np.ndarray, off: int, flat: np.ndarray, nonfinite: np.ndarray) -> None:
+    """put in whole-array passes: the first row's part, whole rows, the last row's part."""
+    bits = _fp16_bits(flat)
+    bad = (bits & 0x7C00) == 0x7C00
+    bits = bits.byteswap()
+    i = 0
+    while i < len(bits):
+        row, col = divmod(off + i, K)
+        m = min(K - col, len(bits) - i) if col or len(bits) - i < K else (len(bits) - i) // K * K
+        rows = -(-m // K)
+        out[row : row + rows, BODY16 + col : BODY16 + col + min(m, K)] = bits[i : i + m].reshape(rows, -1)
+        nonfinite[row : row + rows] |= bad[i : i + m].reshape(rows, -1).any(axis=1)
+        i += m

@@ -1,0 +1,72 @@
+"""Gradients rounded straight into GRAD frames (host_agent.gradframes): numpy's fp16 bits, big-endian,
+in place, every kernel; the rows given an Inf or NaN marked, nothing else of the frames touched."""
+import numpy as np
+import pytest
+
+from host_agent import fused, gradframes
+from mindp import codec
+from mindp.protocol import K, Kind
+
+KERNELS = ["numpy"] + ([] if fused.NUMPY_ONLY else ["portable"]) + (["avx2"] if fused.host_has_avx2() else [])
+BODY = codec.PREFIX_LEN + codec.HEADER_LEN
+ROWS = 5
+
+
+def hard_values(rng, n, dtype=np.float32):
+    """Ordinary, fp16-subnormal, float32-subnormal, overflowing, infinite and NaN values (a
+    signalling NaN among them: numpy keeps its payload)."""
+    x = (rng.standard_normal(n) * 1e-2).astype(dtype)
+    x[::5] *= dtype(1e-4)  # fp16 subnormals
+    x[::11] = dtype(65519.0)  # rounds to the largest fp16
+    x[::13] = dtype(65520.0)  # rounds to Inf
+    x[::17] = dtype(1e-40) if dtype == np.float32 else dtype(1e-310)
+    if dtype == np.float32:
+        x.view(np.uint32)[::19] = 0x7F800001
+    return x
+
+
+def frames_of(rng):
+    """Random bytes everywhere: whatever put must not touch stays as it was."""
+    return rng.integers(0, 256, (ROWS, codec.frame_len(Kind.GRAD)), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("off,size", [(0, ROWS * K), (3, 1), (5, 7), (K - 3, K + 9), (K + 8, 2 * K - 8), (1, ROWS * K - 2)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_put_writes_numpys_fp16_bits_big_endian_in_place(kernel, off, size, dtype):
+    rng = np.random.default_rng(off * 7 + size)
+    x = hard_values(rng, size, np.float64 if dtype == np.float16 else dtype)
+    if dtype == np.float16:
+        with np.errstate(over="ignore"):
+            x = x.astype(np.float16)
+    frames = frames_of(rng)
+    want = frames.copy()
+    elements = want[:, BODY:].copy().view(">u2").reshape(-1)  # the frames' flat element space
+    with np.errstate(over="ignore"):
+        elements[off : off + size] = x.astype(np.float16).view(np.uint16)
+    want[:, BODY:] = elements.view(np.uint8).reshape(ROWS, -1)
+    bad = np.zeros(ROWS, np.uint8)
+    bad[0] = 1  # marks are never cleared
+    gradframes.put(frames, off, x.reshape(1, -1), bad, kernel)
+    assert np.array_equal(frames, want)
+    with np.errstate(over="ignore"):
+        at = off + np.flatnonzero(~np.isfinite(x.astype(np.float16)))
+    want_bad = np.zeros(ROWS, bool)
+    want_bad[at // K] = True
+    want_bad[0] = True
+    assert np.array_equal(bad.astype(bool), want_bad)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_finite_gradients_mark_nothing(kernel):
+    frames, bad = frames_of(np.random.default_rng(1)), np.zeros(ROWS, np.uint8)
+    gradframes.put(frames, 0, np.full(ROWS * K, 65504.0, np.float32), bad, kernel)
+    assert not bad.any()
+
+
+def test_put_refuses_what_does_not_fit():
+    frames, bad = frames_of(np.random.default_rng(2)), np.zeros(ROWS, np.uint8)
+    with pytest.raises(ValueError):
+        gradframes.put(frames, ROWS * K - 3, np.ones(4, np.float32), bad)
+    with pytest.raises(ValueError):
+        gradframes.put(frames[:, 1:], 0, np.ones(4, np.float32), bad)
