@@ -121,6 +121,20 @@ def required_mtu(k: int = K) -> int:
     return frame_len(Kind.SUM, k) - ETH_LEN
 
 
+#: BMv2's simple_switch gives a received packet this many bytes to grow by (simple_switch.cpp:
+#: PacketBuffer(len + 512)) and aborts beyond them; a GRAD frame grows into a SUM or PARTIAL.
+BMV2_HEADROOM = 512
+
+
+def bmv2_fits(k: int) -> bool:
+    """A GRAD frame of k elements may become a SUM in BMv2 (6 more bytes an element)."""
+    return frame_len(Kind.SUM, k) - frame_len(Kind.GRAD, k) <= BMV2_HEADROOM
+
+
+#: The largest K BMv2 runs (a multiple of 8, as every K).
+BMV2_MAX_K = max(k for k in range(8, MAX_K + 1, 8) if bmv2_fits(k))
+
+
 def link_mtu(k: int = K) -> int:
     """The MTU mindp gives the links it creates: Ethernet's 1500 while k's frames fit it with room
     for VLAN tags to spare, else a data-centre jumbo 9000 (or what k's frames need, and the spare)."""

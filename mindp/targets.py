@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from . import progress
+from . import progress, protocol
 
 #: embedded-python: the embedded switch on its Python pipeline only (the reference the compiled one equals)
 TARGETS = ("auto", "bmv2", "embedded", "embedded-python")
@@ -40,14 +40,20 @@ def find_bmv2() -> str | None:
     return find_tool("simple_switch_grpc")
 
 
-def resolve(target: str) -> str:
-    """auto -> bmv2 when installed, else embedded; bmv2 must be installed."""
+def resolve(target: str, k: int | None = None) -> str:
+    """auto -> bmv2 when installed (and `k`, if given, fits it), else embedded; bmv2 must be
+    installed and run `k`."""
     if target not in TARGETS:
         raise TargetError(f"unknown target {target!r}: choose one of {', '.join(TARGETS)}")
+    fits = k is None or protocol.bmv2_fits(k)
     if target == "auto":
-        return "bmv2" if find_bmv2() else "embedded"
+        return "bmv2" if find_bmv2() and fits else "embedded"
     if target == "bmv2" and not find_bmv2():
         raise TargetError("TARGET=bmv2 but simple_switch_grpc is not installed (PATH or /opt/p4tools/bin)")
+    if target == "bmv2" and not fits:
+        raise TargetError(f"BMv2 runs K up to {protocol.BMV2_MAX_K}, not {k}: it lets a packet grow by "
+                          f"{protocol.BMV2_HEADROOM} bytes and a GRAD becomes a SUM 6 bytes an element longer "
+                          "(TARGET=embedded runs any K)")
     return target
 
 

@@ -120,7 +120,7 @@ def preflight(cfg: config.RunConfig) -> str:
         if not shutil.which(tool):
             raise RunError(f"{tool} not found: install the Debian package {package} (make setup does)")
     try:
-        target = targets.resolve(cfg.target)
+        target = targets.resolve(cfg.target, protocol.K)
     except targets.TargetError as exc:
         raise RunError(str(exc)) from None
     switches = cfg.leaves + 1 if cfg.topo == "leafspine" else 1  # each switch: the next gRPC and Thrift port
@@ -139,6 +139,8 @@ def target_reason(asked: str, target: str) -> str:
         return ""
     if target == "bmv2":
         return f" (TARGET=auto: BMv2 is installed, {targets.find_bmv2()}; TARGET=embedded runs the embedded one)"
+    if targets.find_bmv2():
+        return f" (TARGET=auto: BMv2 is installed but runs K up to {protocol.BMV2_MAX_K})"
     return " (TARGET=auto: BMv2 is not installed)"
 
 
@@ -595,6 +597,11 @@ def run_k(k: str, target: str) -> int:
             return protocol.k_from_env({protocol.K_ENV: k})
         except SystemExit as exc:
             raise config.RunConfigError(f"K={k}: {str(exc).split(': ', 1)[1]}") from None
+        if target == "bmv2" and not protocol.bmv2_fits(n):
+            raise config.RunConfigError(f"K={n}: BMv2 runs K up to {protocol.BMV2_MAX_K} (it lets a packet grow "
+                                        f"by {protocol.BMV2_HEADROOM} bytes; a GRAD becomes a SUM 6 bytes an element "
+                                        "longer): TARGET=embedded runs any K")
+        return n
     try:
         resolved = targets.resolve(target)
     except targets.TargetError:

@@ -17,14 +17,14 @@ import pytest  # noqa: E402
 from controller.p4runtime import TIMEOUT_ENV  # noqa: E402
 from mindp import progress, protocol, targets, testbed  # noqa: E402
 
-#: The embedded switch always; BMv2 simple_switch_grpc wherever it is installed, at K = 32 (BMv2's
-#: K, as make run's; the second pass at the large K is the embedded switch's).
+#: The embedded switch always; BMv2 simple_switch_grpc wherever it is installed, at a K it can run
+#: (up to protocol.BMV2_MAX_K: make test's first pass; the second, at the large K, is the embedded switch's).
 TARGET_PARAMS = [
     pytest.param("embedded"),
     pytest.param("bmv2", marks=[
         pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed"),
-        pytest.mark.skipif(protocol.K != protocol.HARDWARE_K,
-                           reason=f"BMv2 runs K = {protocol.HARDWARE_K} (make test's first pass)")]),
+        pytest.mark.skipif(not protocol.bmv2_fits(protocol.K),
+                           reason=f"BMv2 runs K up to {protocol.BMV2_MAX_K} (its packets grow by 512 bytes at most)")]),
 ]
 
 # Each xdist worker (gw0, gw1, ...) gets its own slice of TCP ports, and every test process a name
@@ -37,6 +37,8 @@ _worker = os.environ.get("PYTEST_XDIST_WORKER", "")
 if _worker.startswith("gw"):
     _index = int(_worker[2:])
     os.environ[targets.PORTS_ENV] = targets.slice_of(_index, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ[testbed.TAG_ENV] = testbed.claim_tag()
+elif testbed.TAG_ENV not in os.environ:  # a run without xdist is apart from every other run too
     os.environ[testbed.TAG_ENV] = testbed.claim_tag()
 
 

@@ -173,3 +173,21 @@ def test_target_auto_says_which_switch_it_chose_and_why():
         assert why.startswith(" (TARGET=auto: BMv2 is installed, ") and targets.find_bmv2() in why
     else:
         assert why == " (TARGET=auto: BMv2 is not installed)"
+
+
+def test_k_beyond_bmv2s_packet_headroom_is_refused_on_bmv2_and_auto_takes_the_embedded_switch():
+    from mindp import protocol, targets
+    from mininet_topos import run as orchestrator
+
+    big = protocol.BMV2_MAX_K + 8
+    assert protocol.bmv2_fits(protocol.BMV2_MAX_K) and not protocol.bmv2_fits(big)
+    assert protocol.bmv2_fits(protocol.HARDWARE_K) and not protocol.bmv2_fits(protocol.DEFAULT_K)
+    assert orchestrator.run_k(str(protocol.BMV2_MAX_K), "bmv2") == protocol.BMV2_MAX_K
+    assert orchestrator.run_k(str(big), "embedded") == big
+    with pytest.raises(config.RunConfigError, match=rf"^K={big}: BMv2 runs K up to {protocol.BMV2_MAX_K} "):
+        orchestrator.run_k(str(big), "bmv2")
+    assert targets.resolve("auto", big) == "embedded"
+    if targets.find_bmv2():
+        assert targets.resolve("auto", protocol.HARDWARE_K) == "bmv2"
+        with pytest.raises(targets.TargetError, match=rf"^BMv2 runs K up to {protocol.BMV2_MAX_K}, not {big}"):
+            targets.resolve("bmv2", big)

@@ -218,7 +218,7 @@ def test_two_jobs_share_the_switch_both_bit_exact(tmp_path):
 @needs_root
 @pytest.mark.bmv2
 @pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed")
-@pytest.mark.skipif(protocol.K != protocol.HARDWARE_K, reason="BMv2 runs K = 32 (make test's first pass)")
+@pytest.mark.skipif(not protocol.bmv2_fits(protocol.K), reason=f"BMv2 runs K up to {protocol.BMV2_MAX_K}")
 def test_bmv2_short_run_is_bit_exact_and_learns(tmp_path):
     run = MakeRun(tmp_path, "--target", "bmv2", "--workers", "2", "--steps", "4", "--loss", "0.02")
     assert run.run() == 0, run.err
