@@ -542,10 +542,12 @@ class SwitchConnection:
         self._write(OpKind.MODIFY, ent, f"write of counter {name}[{index}]")
 
     # --- reads --------------------------------------------------------------
-    def _read(self, entity: p4runtime_pb2.Entity, what: str, timeout: float = 30.0) -> list[p4runtime_pb2.Entity]:
+    def _read(self, entity: p4runtime_pb2.Entity | list[p4runtime_pb2.Entity], what: str,
+              timeout: float = 30.0) -> list[p4runtime_pb2.Entity]:
+        """One Read of one entity, or of several (in one request)."""
         req = p4runtime_pb2.ReadRequest()
         req.device_id = self.device_id
-        req.entities.append(entity)
+        req.entities.extend(entity if isinstance(entity, list) else [entity])
         try:
             return [e for rep in self.client.stub.Read(req, timeout=timeout) for e in rep.entities]
         except grpc.RpcError as exc:
@@ -589,6 +591,20 @@ class SwitchConnection:
         if index is not None:
             ent.counter_entry.index.index = index
         got = self._read(ent, f"read of counter {name}", timeout)
+        return {e.counter_entry.index.index: (e.counter_entry.data.packet_count, e.counter_entry.data.byte_count)
+                for e in got}
+
+    def read_counter_cells(self, name: str, indices: list[int], timeout: float = 30.0) -> dict[int, tuple[int, int]]:
+        """index -> (packets, bytes) of the given cells of one counter, in one Read (a whole large
+        counter costs a switch far more: BMv2 and the embedded switch take ~0.2 s for 2,080 cells)."""
+        cid = self._id(P4Type.counter, name)
+        ents = []
+        for i in indices:
+            ent = p4runtime_pb2.Entity()
+            ent.counter_entry.counter_id = cid
+            ent.counter_entry.index.index = i
+            ents.append(ent)
+        got = self._read(ents, f"read of counter {name}", timeout)
         return {e.counter_entry.index.index: (e.counter_entry.data.packet_count, e.counter_entry.data.byte_count)
                 for e in got}
 

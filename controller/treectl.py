@@ -121,7 +121,7 @@ class TreeController:
         cells = []
         for name, ctl in self.switches.items():
             try:
-                cells.append(ctl.drop_cells(timeout))
+                cells.append(ctl.drop_cells(job_ids, timeout))
             except SwitchError as exc:
                 raise type(exc)(f"switch {name}: {exc}") from None
         return statsmodel.job_drops(cells, job_ids)
