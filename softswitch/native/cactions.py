@@ -113,7 +113,7 @@ def register_read(cb, params, widths, e):
 def register_write(cb, params, widths, e):
     register = cb.py.register(params[0])
     index = e.nonneg(_node(cb, params[1], widths), "a register index")
-    value = e.code(_node(cb, params[2], widths))
+    value = e.modular(_node(cb, params[2], widths))
     width = cb.reg_widths[register]
     if width > FIELD_BITS:
         raise UnsupportedConstruct(f"register {register!r} of {width} bits")

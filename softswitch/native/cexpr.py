@@ -6,7 +6,12 @@ and ~ that is the Python path's arbitrary precision once p4c's masks apply. An o
 the true value (comparisons, >>, /, %, casts, truthiness, indexes) refuses, as an unsupported
 construct, an operand that might need more than MAX_BITS; the program then runs on the Python path.
 A subtree whose every value is bounded by NARROW_BITS (`bits`) is computed in `int64_t` instead,
-where no operation can overflow, so it is exact too, at a fraction of the cost.
+where no operation can overflow, so it is exact too, at a fraction of the cost. A value stored into a
+field or register (at most 64 bits) is computed modulo 2^64 in `uint64_t` (`modular`): +, -, *, &, |,
+^, ~, << and the arms of ?: need only their operands' low 64 bits for that, whatever the width of the
+intermediate (p4c's bit<64> masks and sums would otherwise take __int128). ?: there and in int64_t
+subtrees is a branch-free select: a gradient's signs are random, and a branch on each mispredicted
+half the time (most of a large K's per-element time).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ MAX_BITS = 126  # a value of at most this many bits (and a sign) is exact in an 
 NARROW_BITS = 62  # a subtree of values this small computes exactly in int64_t
 FIELD_BITS = 64  # fields, parameters, registers and lookaheads wider than this are not compiled
 HUGE = 1 << 20
+U64 = (1 << 64) - 1
 
 
 def c_const(v: int, narrow: bool = False) -> str:
@@ -170,6 +176,8 @@ class CExpr:
             cond = self.exact(n[1])
             self._conditional += 1
             try:
+                if self._narrow:
+                    return f"x64_sel(({cond}) != 0, {self.code(n[2])}, {self.code(n[3])})"
                 return f"({cond} ? {self.code(n[2])} : {self.code(n[3])})"
             finally:
                 self._conditional -= 1
@@ -213,9 +221,66 @@ class CExpr:
             return f"(({t})({left} {'&&' if op == 'and' else '||'} {right}))"
         raise UnsupportedConstruct(f"expression operator {op!r}")
 
+    def narrow64(self, n) -> str | None:
+        """n's exact value as int64_t C text, or None where it might not fit (`fits`)."""
+        if not self.fits(n):
+            return None
+        self._narrow = True
+        try:
+            return self._code(n)
+        finally:
+            self._narrow = False
+
+    def modular(self, n) -> str:
+        """n's value modulo 2^64 as uint64_t C text, for a consumer of at most its low 64 bits."""
+        k = n[0]
+        if k == "c":
+            return f"{n[1] & U64}ULL"
+        if k == "f":
+            if self.layout.widths[n[1]] > FIELD_BITS:
+                raise UnsupportedConstruct(f"a field of {self.layout.widths[n[1]]} bits")
+            return f"f[{n[1]}]"  # a signed field is stored sign-extended: its value modulo 2^64
+        if k == "a" and n[2] <= FIELD_BITS:
+            return f"a[{n[1]}]"
+        narrow = self.narrow64(n)
+        if narrow is not None:
+            return f"((uint64_t){narrow})"
+        if k == "?":
+            cond = self.narrow64(n[1]) or self.exact(n[1])
+            self._conditional += 1
+            try:
+                return f"u64_sel(({cond}) != 0, {self.modular(n[2])}, {self.modular(n[3])})"
+            finally:
+                self._conditional -= 1
+        if k == "~":
+            return f"(~{self.modular(n[2])})"
+        if k == "two_comp_mod":
+            w = n[2][1]
+            h, m = (1 << (w - 1)) & U64, ((1 << w) - 1) & U64
+            return f"((({self.modular(n[1])} + {h}ULL) & {m}ULL) - {h}ULL)"
+        if k in ("+", "-", "*", "&", "|", "^"):
+            return f"({self.modular(n[1])} {k} {self.modular(n[2])})"
+        if k == "<<":
+            if self.x.width(n[2]) is None:
+                raise UnsupportedConstruct("a shift amount that may be negative")
+            amount = self.narrow64(n[2])
+            if amount is not None:
+                return f"u64_shl({self.modular(n[1])}, {amount})"
+            return f"u64_shl({self.modular(n[1])}, (int64_t)x_min({self.exact(n[2])}, 64))"
+        return f"((uint64_t){self.exact(n)})"
+
     def store(self, slot: int, n) -> str:
         """`f[slot] = value`, truncated (unsigned) or wrapped (signed) to the field's width."""
-        return f"f[{slot}] = {self.stored(slot, self.code(n))};"
+        w = self.layout.widths[slot]
+        if w > FIELD_BITS:
+            raise UnsupportedConstruct(f"a field of {w} bits")
+        code = self.modular(n)
+        if w == 64:
+            return f"f[{slot}] = {code};"
+        if self.layout.signed[slot]:  # wrapped, then stored sign-extended
+            h = 1 << (w - 1)
+            return f"f[{slot}] = (({code} + {h}ULL) & {mask_u64(w)}) - {h}ULL;"
+        return f"f[{slot}] = {code} & {mask_u64(w)};"
 
     def stored(self, slot: int, code: str) -> str:
         w = self.layout.widths[slot]

@@ -28,6 +28,10 @@ typedef unsigned __int128 u128;
 ARITHMETIC(i128, u128, 128, x_)
 ARITHMETIC(int64_t, uint64_t, 64, x64_)
 #define N64(v) ((i128)(int64_t)(v)) /* an int64_t subexpression where an i128 is expected */
+/* c ? a : b without a branch (both arms are pure: cexpr), and << modulo 2^64 (cexpr's `modular`) */
+static inline int64_t x64_sel(int c, int64_t a, int64_t b) { int64_t m = -(int64_t)c; return (a & m) | (b & ~m); }
+static inline uint64_t u64_sel(int c, uint64_t a, uint64_t b) { uint64_t m = -(uint64_t)c; return (a & m) | (b & ~m); }
+static inline uint64_t u64_shl(uint64_t a, int64_t b) { return b >= 64 ? 0 : a << (int)b; }
 static inline i128 x_hmod(i128 h, i128 size) { return size > 0 ? h % size : h; }
 
 /* width bits at bit offset `bit` of p, big-endian (width <= 64). A whole byte-aligned 8, 16, 32 or
