@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Callable
 from ..compiler.layout import hex_value
 from ..compiler_errors import UnsupportedConstruct
 from .cexpr import FIELD_BITS, CExpr, mask_u64
+from .croll import roll
 
 if TYPE_CHECKING:
     from .cprogram import CBuilder
@@ -20,9 +21,9 @@ def generate_action(cb: CBuilder, action: dict) -> None:
         raise UnsupportedConstruct(f"an action parameter wider than 64 bits in action {action['name']!r}")
     cb.emit(f"static int {cb.py.action_fn[action['id']]}(uint64_t *f, const uint64_t *a) {{")
     cb.emit("(void)f; (void)a;", 1)
-    for p in action.get("primitives", []):
-        for line in generate_primitive(cb, p, widths, CExpr(cb.exprs)):
-            cb.emit(line, 1)
+    lines = [line for p in action.get("primitives", []) for line in generate_primitive(cb, p, widths, CExpr(cb.exprs))]
+    for line in roll(lines):
+        cb.emit(line, 1)
     cb.emit("return 0;", 1)
     cb.emit("}")
 
@@ -107,7 +108,7 @@ def register_read(cb, params, widths, e):
         raise UnsupportedConstruct(f"register_read of {register!r} into a narrower field")
     index = e.nonneg(_node(cb, params[2], widths), "a register index")
     number = cb.exprs.register_index[register]
-    return [f"{{ i128 _i = {index}; if (_i < {cb.registers[register]}) f[{slot}] = R_{number}[(int64_t)_i]; }}"]
+    return [f"{{ i128 _i = {index}; if (_i < {cb.registers[register]}) f[{slot}] = REG({number})[(int64_t)_i]; }}"]
 
 
 def register_write(cb, params, widths, e):
@@ -119,7 +120,7 @@ def register_write(cb, params, widths, e):
         raise UnsupportedConstruct(f"register {register!r} of {width} bits")
     number = cb.exprs.register_index[register]
     masked = f"(uint64_t)({value}) & {mask_u64(width)}" if width < 64 else f"(uint64_t)({value})"
-    return [f"{{ i128 _i = {index}; if (_i < {cb.registers[register]}) R_{number}[(int64_t)_i] = {masked}; }}"]
+    return [f"{{ i128 _i = {index}; if (_i < {cb.registers[register]}) REG({number})[(int64_t)_i] = {masked}; }}"]
 
 
 def count(cb, params, widths, e):

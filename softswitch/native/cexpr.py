@@ -170,7 +170,7 @@ class CExpr:
         if k == "reg":
             number = self.x.register_index[n[1]]
             idx = self.nonneg(n[2], "a register index")
-            return (f"({{ {t} _i = {idx}; _i < {self.x.registers[n[1]]} ? ({t})R_{number}[(int64_t)_i]"
+            return (f"({{ {t} _i = {idx}; _i < {self.x.registers[n[1]]} ? ({t})REG({number})[(int64_t)_i]"
                     f" : ({t})0; }})")
         if k == "?":
             cond = self.exact(n[1])

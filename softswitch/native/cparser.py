@@ -9,6 +9,7 @@ from ..compiler.layout import HeaderLayout, hex_value
 from ..compiler_errors import UnsupportedConstruct
 from .cactions import PRIMITIVES, generate_primitive
 from .cexpr import FIELD_BITS, MAX_BITS, CExpr, c_const
+from .croll import roll
 
 if TYPE_CHECKING:
     from .cprogram import CBuilder
@@ -197,6 +198,7 @@ def generate_extract(cb: CBuilder, header: HeaderLayout, indent: int) -> None:
     nbytes = header.nbits // 8
     cb.emit(f"if (off + {nbytes} > len) {_raise(cb.exprs.too_short)}", indent)
     bit = 0
+    lines = []
     for i, (_, width, signed) in enumerate(header.fields):
         if width > FIELD_BITS:
             raise UnsupportedConstruct(f"field {header.name}.{header.fields[i][0]} of {width} bits")
@@ -204,8 +206,10 @@ def generate_extract(cb: CBuilder, header: HeaderLayout, indent: int) -> None:
         if signed:
             h = 1 << (width - 1)
             value = f"(uint64_t)(int64_t)(((i128){value} + {c_const(h)} & {c_const((1 << width) - 1)}) - {c_const(h)})"
-        cb.emit(f"f[{header.first + i}] = {value};", indent)
+        lines.append(f"f[{header.first + i}] = {value};")
         bit += width
+    for line in roll(lines):
+        cb.emit(line, indent)
     cb.emit(f"f[{header.valid}] = 1; off += {nbytes};", indent)
 
 
@@ -225,7 +229,11 @@ def generate_deparser(cb: CBuilder, deparser: dict) -> None:
         for i, (_, width, _) in enumerate(h.fields):
             puts.append(f"put_bits(p, {bit}, {width}, f[{h.first + i}]);")
             bit += width
-        cb.emit(f"if (f[{h.valid}]) {{ {' '.join(puts)} p += {h.nbits // 8}; }}", 1)
+        cb.emit(f"if (f[{h.valid}]) {{", 1)
+        for line in roll(puts):
+            cb.emit(line, 2)
+        cb.emit(f"p += {h.nbits // 8};", 2)
+        cb.emit("}", 1)
     cb.emit("memcpy(p, data + off, (size_t)(len - off));", 1)
     cb.emit("return total;", 1)
     cb.emit("}")

@@ -83,8 +83,7 @@ class CBuilder:
         self.emit(f"uint64_t *cp[{max(1, layout.ncounters)}]; uint64_t *cb[{max(1, layout.ncounters)}];", 1)
         self.emit("} ctx_t;")
         self.emit("static const ctx_t *C;")
-        for i in range(layout.nregisters):
-            self.emit(f"#define R_{i} (C->reg[{i}])")
+        self.emit("#define REG(i) (C->reg[i])")
         for i in range(layout.ncounters):
             self.emit(f"#define CP_{i} (C->cp[{i}])")
             self.emit(f"#define CB_{i} (C->cb[{i}])")

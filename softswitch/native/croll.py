@@ -1,0 +1,114 @@
+"""Runs of generated statements that differ only by integers in arithmetic progression, rolled
+into loops. A program's per-element code (K elements of a chunk: the same statements over the next
+field, temporary and register each time) becomes one loop of a few statements instead of K copies:
+the same statements in the same order, so the same semantics, in a function the instruction cache
+holds and the C compiler builds in a fraction of the time and may vectorise.
+
+A statement qualifies when it is complete on its line (balanced brackets, ending in `;` or `}`) and
+cannot mean something else inside a loop (no `break`, `continue`, `case`, label or `return`).
+Integer literals are the only parts that vary: identifiers never do (registers are `REG(n)`).
+
+A field the loop reads or writes at the same slot every time (a flag it ORs into, the cell index of
+every register access) is held in a local for the loop's duration when no other access of the loop can
+reach its slot: otherwise the C compiler, which cannot tell, would load and store it each time round.
+"""
+from __future__ import annotations
+
+import re
+
+NUMBER = re.compile(r"(?<![\w.])(\d+)([A-Za-z]*)")
+BARRED = re.compile(r"\b(break|continue|case|default|return|goto)\b|^\s*\w+:")
+MIN_REPEATS = 8  # fewer copies are left as they are (a short header's fields)
+MAX_PERIOD = 16  # statements a repeated group may hold
+LOOP_VAR = "_e"
+FIXED = re.compile(r"\bf\[(\d+)\]")
+STEPPED = re.compile(r"\bf\[\((\d+) ([+-]) (\d+) \* _e\)\]")
+OTHER = re.compile(r"\bf\b(?!\[(\d+\]|\(\d+ [+-] \d+ \* _e\)\]))")
+
+
+def _shape(line: str) -> tuple[str, tuple[int, ...]] | None:
+    """(the line with its integers blanked, the integers), or None when it may not be rolled."""
+    if BARRED.search(line) or not line.rstrip().endswith((";", "}")) or LOOP_VAR in line:
+        return None
+    if any(line.count(a) != line.count(b) for a, b in ("()", "[]", "{}")):
+        return None
+    return NUMBER.sub(lambda m: "#" + m.group(2), line), tuple(int(m.group(1)) for m in NUMBER.finditer(line))
+
+
+def _run(shapes, start: int, period: int) -> int:
+    """How many times the group of `period` statements at `start` repeats with every integer in
+    arithmetic progression (1 when it does not)."""
+    first = shapes[start:start + period]
+    if len(first) < period or any(s is None for s in first):
+        return 1
+    nxt = shapes[start + period:start + 2 * period]
+    if len(nxt) < period or any(s is None or s[0] != f[0] for s, f in zip(nxt, first)):
+        return 1
+    steps = [tuple(b - a for a, b in zip(f[1], s[1])) for f, s in zip(first, nxt)]
+    n = 2
+    while True:
+        group = shapes[start + n * period:start + (n + 1) * period]
+        if len(group) < period or any(
+                s is None or s[0] != f[0] or any(v != a + n * d for v, a, d in zip(s[1], f[1], st))
+                for s, f, st in zip(group, first, steps)):
+            return n
+        n += 1
+
+
+def _body(line: str, values: tuple[int, ...], steps: tuple[int, ...]) -> str:
+    it = iter(zip(values, steps))
+
+    def term(m: re.Match) -> str:
+        value, step = next(it)
+        suffix = m.group(2)
+        if step == 0:
+            return m.group(0)
+        sign = "+" if step > 0 else "-"
+        return f"({value}{suffix} {sign} {abs(step)}{suffix} * {LOOP_VAR})"
+    return NUMBER.sub(term, line)
+
+
+def roll(lines: list[str], indent: str = "") -> list[str]:
+    """`lines` with each run of at least MIN_REPEATS repeated groups as one loop."""
+    shapes = [_shape(line) for line in lines]
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        best = (1, 1)  # (repeats, period)
+        if shapes[i] is not None:
+            for period in range(1, MAX_PERIOD + 1):
+                n = _run(shapes, i, period)
+                if n >= MIN_REPEATS and n * period > best[0] * best[1]:
+                    best = (n, period)
+        n, period = best
+        if n < MIN_REPEATS:
+            out.append(lines[i])
+            i += 1
+            continue
+        body = []
+        for j in range(period):
+            values = shapes[i + j][1]
+            steps = tuple(b - a for a, b in zip(values, shapes[i + period + j][1]))
+            body.append(_body(lines[i + j].strip(), values, steps))
+        out.extend(_loop(body, n, indent))
+        i += n * period
+    return out
+
+
+def _loop(body: list[str], n: int, indent: str) -> list[str]:
+    """The loop of `body` n times, its fixed slots held in locals where that is safe."""
+    head = f"for (int64_t {LOOP_VAR} = 0; {LOOP_VAR} < {n}; {LOOP_VAR}++) {{"
+    text = "\n".join(body)
+    held: list[int] = []
+    if not OTHER.search(text):
+        reached = {int(a) + (1 if sign == "+" else -1) * int(d) * e
+                   for a, sign, d in STEPPED.findall(text) for e in range(n)}
+        held = sorted({int(c) for c in FIXED.findall(text)} - reached)
+    if not held:
+        return [f"{indent}{head}", *(f"{indent}    {line}" for line in body), f"{indent}}}"]
+    body = [FIXED.sub(lambda m: f"_f{m.group(1)}" if int(m.group(1)) in held else m.group(0), line) for line in body]
+    written = [c for c in held if re.search(rf"\b_f{c} = ", text.replace(f"f[{c}] = ", f"_f{c} = "))]
+    return [f"{indent}{{ uint64_t {', '.join(f'_f{c} = f[{c}]' for c in held)};",
+            f"{indent}{head}", *(f"{indent}    {line}" for line in body), f"{indent}}}",
+            *([f"{indent}{' '.join(f'f[{c}] = _f{c};' for c in written)}"] if written else []),
+            f"{indent}}}"]
