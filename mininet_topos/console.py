@@ -12,9 +12,10 @@ class RunError(RuntimeError):
     """Why the run cannot go on, in one line that names the log to read."""
 
 
-class Stopped(Exception):
+class Stopped(BaseException):
     """SIGTERM/SIGHUP: `make stop` or a closed terminal. Defined here, not in run.py, which runs as
-    __main__: a class of its own there would not be the one its modules catch."""
+    __main__: a class of its own there would not be the one its modules catch. A BaseException, as
+    KeyboardInterrupt: a signal that comes during a switch probe is no switch failure."""
 
 
 def one_line(text: str) -> str:
