@@ -13,18 +13,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindp import codec
-from mindp.protocol import Kind
+from mindp.protocol import K, Kind
 
 from . import digest, rawsock, shards
 from .node_core import NodeCore
 from .rawsock import LINK_BACKOFF, LINK_ERRNOS
 
 
-#: Frames the node takes per poll at most (its receive buffer, 5 MB; the socket's buffer holds
-#: more, rawsock.prepare). Each batch costs ~100 us besides the kernel (header pass, a kernel call
-#: waking its threads, bookkeeping, its share of the commit): at 4096 sums a batch that was a third
-#: of a 4M-element step's time, at 16384 about a quarter of the kernel's.
-RECV_ROWS = 16384
+#: Elements the node takes per poll at most, in RECV_ROWS whole SUM frames (its receive buffer,
+#: 4-5 MB at any K from 32 on; the socket's buffer holds more, rawsock.prepare). Each batch costs ~100 us
+#: besides the kernel (header pass, a kernel call waking its threads, bookkeeping, its share of the
+#: commit): at 131,072 elements a batch that was a third of a 4M-element step's time, at 524,288
+#: about a quarter of the kernel's. Counted in elements, so the batch's work and the buffer's
+#: memory stay the same as K changes (16,384 frames at K = 32, 1,024 at K = 512).
+RECV_ELEMENTS = 1 << 19
+RECV_ROWS = max(1, RECV_ELEMENTS // K)
 
 
 @dataclass

@@ -142,7 +142,7 @@ def node_update(cfg: OptimizerConfig | None = None, elements: int = 4_000_000, b
     try:
         layout = Layout([TensorSpec("p", (elements,))])
         state.create(tmp, layout, state.init_pieces(layout, seed=0), cfg,
-                     page_chunks=max(1, PAGE_ELEMENTS // K))
+                     page_chunks=state.page_chunks_for(PAGE_ELEMENTS))
         whole = 4 * elements * state.record(cfg.lanes).itemsize // K + (64 << 20)
         store = state.Store(tmp, whole // 40, drop_cache=False)
         n = layout.n_chunks

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import mmap
 import os
 import pathlib
@@ -43,7 +44,18 @@ MASTER, M, V = 0, 1, 2
 PROGRESS_MAGIC = b"MINDPRG1"
 PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, non-finite flag 1, pad
 NONFINITE_AT = 52
-DEFAULT_PAGE_CHUNKS = 512  # 192 KiB pages (a multiple of the 4 KiB OS page)
+#: Elements a state page holds by default, at any K: 192 KiB of AdamW records (128 KiB of SGD's).
+PAGE_ELEMENTS = 1 << 14
+
+
+def page_chunks_for(elements: int, k: int = K) -> int:
+    """Chunks of k elements a page of about `elements` holds: a multiple of the least count whose
+    records fill whole OS pages (records of 4 * k bytes a lane, any lanes), at least one such."""
+    unit = mmap.PAGESIZE // math.gcd(mmap.PAGESIZE, 4 * k)
+    return max(1, round(elements / k / unit)) * unit
+
+
+DEFAULT_PAGE_CHUNKS = page_chunks_for(PAGE_ELEMENTS)  # 512 at K = 32, 32 at K = 512
 FORMAT = 2  # 2: meta.json names the record's lanes (format 1: always 3)
 
 

@@ -157,8 +157,10 @@ def run_killed(d: pathlib.Path, steps: int, budget: int, kill_step: int, kill_fr
     return out
 
 
-def bench(tmp: pathlib.Path, params: int, budget: int, steps: int = 3, page_chunks: int = 2048) -> None:
-    """The 1B-parameter figure of bench/ooc.py: uninterrupted, then killed mid-step and resumed."""
+def bench(tmp: pathlib.Path, params: int, budget: int, steps: int = 3, page_elements: int = 1 << 16) -> None:
+    """The 1B-parameter figure of bench/ooc.py: uninterrupted, then killed mid-step and resumed
+    (pages of `page_elements`: 768 KiB of records at any K)."""
+    page_chunks = state.page_chunks_for(page_elements)
     per_copy = -(-params // K) * state.record(OptimizerConfig().lanes).itemsize
     free = shutil.disk_usage(tmp).free
     print(f"scale: {params:,} parameters, {per_copy / 1e9:.1f} GB per copy ({2 * per_copy / 1e9:.1f} GB on disk), "
