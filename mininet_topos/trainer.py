@@ -107,7 +107,8 @@ def _scaler_state(scaler) -> list[float]:
     return [scaler.scale, float(scaler.growth_tracker), 1.0, 0.0]
 
 
-def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, resumed: bool):
+def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, resumed: bool, timing: dict):
+    """timing["compute"]: the last step's forward and backward seconds (its step line's)."""
     from mindp.lossscale import LossScaler
     from mindp.torch import DataParallel, models, tasks
 
@@ -129,7 +130,12 @@ def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, re
 
     def step_fn(worker: int, step: int, params: dict) -> dict:
         x, y = tasks.batch(wl, worker, step)
-        return dp.step(models.loss_of(wl.model, net, x, y))
+        t = time.perf_counter()
+        loss = models.loss_of(wl.model, net, x, y)
+        forward = time.perf_counter() - t
+        params = dp.step(loss)
+        timing["compute"] = round(forward + dp.backward_seconds, 6)
+        return params
 
     return step_fn
 
@@ -156,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                             initial={n: a.astype(np.float16) for n, a in init.items()}, resume=resume)
         agent.check_digests()
         start = layout.unflatten(agent.current[: layout.total])  # fp16: --init's, or the resume file's
-        step_fn = _torch_step(wl, agent, start, resumed) if wl.model != "mlp" else _numpy_step(wl, agent)
+        timing: dict = {}
+        step_fn = _torch_step(wl, agent, start, resumed, timing) if wl.model != "mlp" else _numpy_step(wl, agent)
         evaluate = workload.model_eval(wl) if args.eval_every is not None else None
     except (ConfigError, TopologyError, workload.WorkloadError, rawsock.SocketError, ValueError, ImportError) as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
@@ -179,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         while agent.step < args.steps:
             step = agent.step
             params = step_fn(args.worker, step, params)
-            status(step)
+            status(step, **timing)
     except (StepTimeout, digest.DigestError) as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)
         code = 1

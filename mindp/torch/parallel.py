@@ -2,6 +2,8 @@
 (the package docstring, mindp/torch/__init__.py, shows its use)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
@@ -45,6 +47,7 @@ class DataParallel:
         if [s.name for s in agent.layout.specs] != want:
             raise ValueError("the agent's layout is not layout_of(module) (names or order differ)")
         self._handle = None
+        self.backward_seconds = 0.0  # step()'s last backward
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
 
@@ -98,11 +101,13 @@ class DataParallel:
         write them into the module. Returns them as fp16 numpy arrays. A step whose gradients were
         non-finite anywhere changes no parameter; the scale then backs off."""
         self.begin()
+        t = time.perf_counter()
         try:
             (loss * self.scaler.scale if self.scaler else loss).backward()
         except BaseException:
             self._handle = None
             raise
+        self.backward_seconds = time.perf_counter() - t  # with the hooks' sends it overlaps
         return self.finish()
 
     def close(self) -> None:
