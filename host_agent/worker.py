@@ -256,6 +256,8 @@ class StepHandle:
         self._just_sent = new + again
         a.stats["timeouts"] += w.timeouts - timeouts
         a.stats["fast_retransmits"] += w.fast_retransmits - fast
+        if a.digest and w.timeouts > timeouts:  # a node restarted meanwhile holds no earlier query
+            a.digest.ask(w.step)
         if new:
             sent, failed = rawsock.send_rows(a.sock, a.frames, new, a.faults)
             a.stats["sent"] += sent
@@ -297,7 +299,7 @@ class StepHandle:
             ok = np.ones(len(frames), dtype=bool)
             for lo, hi, want in a.param_src:
                 ok &= np.ascontiguousarray(frames[:, lo:hi]).view(f">u{hi - lo}").ravel() == want
-            frames = frames[ok]
+            frames = frames if ok.all() else frames[ok]
         else:
             mac, ip, length = a.param_src_mac, a.param_src_ip, a.param_len
             frames = [f for f in frames if len(f) != length or (f[6:12] == mac and f[26:30] == ip)]
@@ -331,7 +333,7 @@ class StepHandle:
         flags = h["flags"][idx]
         fresh = w.on_params(c[idx], time.monotonic(), (flags & Flag.RETRANSMIT) == 0)
         take = idx[fresh]
-        self.params.reshape(-1, K)[c[take]] = dec.elements[take]
+        self.params.reshape(-1, K)[c[take]] = dec.elements if len(take) == len(h) else dec.elements[take]
         if a.resume is not None:  # after the parameters: a kill in between only loses the mark
             a.resume.record(w.step, c[take], (h["flags"][take] & Flag.NONFINITE) != 0)
         st["params_received"] += len(take)
