@@ -31,7 +31,8 @@ def frames_of(rng):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("off,size", [(0, ROWS * K), (3, 1), (5, 7), (K - 3, K + 9), (K + 8, 2 * K - 8), (1, ROWS * K - 2)])
+@pytest.mark.parametrize("off,size", [(0, ROWS * K), (3, 1), (5, 7), (K - 3, K + 9), (K + 8, 2 * K - 8),
+                                      (1, ROWS * K - 2)])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 def test_put_writes_numpys_fp16_bits_big_endian_in_place(kernel, off, size, dtype):
     rng = np.random.default_rng(off * 7 + size)
