@@ -22,7 +22,7 @@ from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, digest, gradframes, rawsock, reference, shards
+from . import agent_args, digest, fused, gradframes, rawsock, reference, shards
 from .optim import ConfigError
 from .resume import ResumeFile
 from .window import RtoConfig, RttEstimator, StepTimeout, Window
@@ -121,6 +121,7 @@ class WorkerAgent:
         self.rx = np.zeros((4096, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row (a burst)
         self.auxdata = rawsock.enable_auxdata(sock)
         self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
+        self.kernel = fused.selected()  # for the gradients' fp16 rounding, as the node's (raises KernelError)
         n = layout.n_chunks
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
         # Every chunk's GRAD frame, built once: a step rewrites only its step, ver, flags and body.
@@ -207,7 +208,7 @@ class StepHandle:
             raise ValueError(f"{name}: gradient shape {g.shape} != layout {spec.shape}")
         self.put_names.add(name)
         # Rounded to fp16 straight into the chunks' frames: a chunk is sent only once all of it is in.
-        gradframes.put(a.frames, a.layout.offsets[name], g, self.bad)
+        gradframes.put(a.frames, a.layout.offsets[name], g, self.bad, a.kernel)
         if name in a.tensor_chunks:
             lo, hi = a.tensor_chunks[name]
             self.pending[lo:hi] -= 1
