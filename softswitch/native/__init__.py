@@ -6,6 +6,7 @@ shared object cached by the source's hash, and run a batch of frames per call.
   cactions   actions, one generator per primitive
   cparser    parser, calculations, checksums, deparser
   cpipeline  control flow, tables, and the packet path over a batch (Engine's)
+  croll      runs of per-element statements rolled into loops (a large K's per-element code)
   cprogram   the glue: the C translation unit and the context layout
   build      compile, cache on disk, load
   state      the flat tables and groups the C code reads, shared registers/counters, the call

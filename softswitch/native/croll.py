@@ -23,6 +23,11 @@ MAX_PERIOD = 16  # statements a repeated group may hold
 LOOP_VAR = "_e"
 FIXED = re.compile(r"\bf\[(\d+)\]")
 STEPPED = re.compile(r"\bf\[\((\d+) ([+-]) (\d+) \* _e\)\]")
+LOCAL = re.compile(r"\b_f\d+\b")
+HELD_STORE = re.compile(r"_f\d+ = ")
+ASSIGNED = re.compile(r"(_f\d+|\bf\[[^\]]*\]) = ")
+OR_FOLD = re.compile(r"^(_f\d+) = \(\(uint64_t\)\(\(\(int64_t\)\1\) \| (.*)\)\) & (\d+ULL);$")
+OR_FOLD_U64 = re.compile(r"^(_f\d+) = \(\1 \| (.*)\) & (\d+ULL);$")
 OTHER = re.compile(r"\bf\b(?!\[(\d+\]|\(\d+ [+-] \d+ \* _e\)\]))")
 
 
@@ -97,18 +102,73 @@ def roll(lines: list[str], indent: str = "") -> list[str]:
 
 def _loop(body: list[str], n: int, indent: str) -> list[str]:
     """The loop of `body` n times, its fixed slots held in locals where that is safe."""
-    head = f"for (int64_t {LOOP_VAR} = 0; {LOOP_VAR} < {n}; {LOOP_VAR}++) {{"
     text = "\n".join(body)
     held: list[int] = []
     if not OTHER.search(text):
-        reached = {int(a) + (1 if sign == "+" else -1) * int(d) * e
-                   for a, sign, d in STEPPED.findall(text) for e in range(n)}
-        held = sorted({int(c) for c in FIXED.findall(text)} - reached)
+        held = sorted({int(c) for c in FIXED.findall(text)} - _slots(STEPPED.findall(text), n))
     if not held:
-        return [f"{indent}{head}", *(f"{indent}    {line}" for line in body), f"{indent}}}"]
+        return _for(body, n, indent)
     body = [FIXED.sub(lambda m: f"_f{m.group(1)}" if int(m.group(1)) in held else m.group(0), line) for line in body]
-    written = [c for c in held if re.search(rf"\b_f{c} = ", text.replace(f"f[{c}] = ", f"_f{c} = "))]
-    return [f"{indent}{{ uint64_t {', '.join(f'_f{c} = f[{c}]' for c in held)};",
-            f"{indent}{head}", *(f"{indent}    {line}" for line in body), f"{indent}}}",
-            *([f"{indent}{' '.join(f'f[{c}] = _f{c};' for c in written)}"] if written else []),
-            f"{indent}}}"]
+    written = [c for c in held if f"_f{c}" in _writes("\n".join(body), n)]
+    return [f"{indent}{{ uint64_t {', '.join(f'_f{c} = f[{c}]' for c in held)};", *_split(body, n, indent),
+            *([f"{indent}{' '.join(f'f[{c}] = _f{c};' for c in written)}"] if written else []), f"{indent}}}"]
+
+
+def _split(body: list[str], n: int, indent: str) -> list[str]:
+    """The loop, with the statements that only fold into a held local (a flag ORed over every
+    element) moved to a loop of their own after it when that cannot change what either computes:
+    they keep the main loop from vectorising."""
+    fold = [line for line in body if HELD_STORE.match(line) and "{" not in line and "REG(" not in line]
+    rest = [line for line in body if line not in fold]
+    if fold and rest:
+        rest_writes = _writes("\n".join(rest), n)
+        fold_writes = _writes("\n".join(fold), n)
+        if not _refs("\n".join(fold), n) & rest_writes and not _refs("\n".join(rest), n) & fold_writes:
+            return _for(rest, n, indent) + _or_folds(fold, n, indent)
+    return _for(body, n, indent)
+
+
+def _or_folds(fold: list[str], n: int, indent: str) -> list[str]:
+    """The fold loop, each `_f = (_f | x) & m` in it (p4c's flag |= condition) as an OR of the x's
+    applied once after it: the same value, since & m distributes over |, and an OR reduction the
+    compiler vectorises where the chain through _f it could not."""
+    before, after, body = [], [], []
+    for line in fold:
+        m = OR_FOLD.match(line) or OR_FOLD_U64.match(line)
+        local, x, mask = m.groups() if m else (None, None, None)
+        if m is None or not _balanced(x) or sum(f.count(local) for f in fold) != 2:
+            body.append(line)
+            continue
+        acc = "_o" + local[2:]
+        before.append(f"uint64_t {acc} = 0;")
+        body.append(f"{acc} |= (uint64_t)({x});")
+        after.append(f"{local} = ({local} | {acc}) & {mask};")
+    return [f"{indent}{line}" for line in before] + _for(body, n, indent) + [f"{indent}{line}" for line in after]
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for ch in text:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def _for(body: list[str], n: int, indent: str) -> list[str]:
+    head = f"for (int64_t {LOOP_VAR} = 0; {LOOP_VAR} < {n}; {LOOP_VAR}++) {{"
+    return [f"{indent}{head}", *(f"{indent}    {line}" for line in body), f"{indent}}}"]
+
+
+def _slots(stepped, n: int) -> set[int]:
+    return {int(a) + (1 if sign == "+" else -1) * int(d) * e for a, sign, d in stepped for e in range(n)}
+
+
+def _refs(text: str, n: int) -> set:
+    """Every slot (int) and held local (name) `text` names."""
+    return {int(c) for c in FIXED.findall(text)} | _slots(STEPPED.findall(text), n) | set(LOCAL.findall(text))
+
+
+def _writes(text: str, n: int) -> set:
+    """Every slot and held local `text` assigns."""
+    return set().union(*(_refs(target, n) for target in ASSIGNED.findall(text)))

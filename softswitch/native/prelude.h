@@ -75,6 +75,17 @@ static inline void put_bits(uint8_t *p, int64_t bit, int width, uint64_t value) 
     for (int i = nbytes - 1; i >= 0; i--) { q[i] = (uint8_t)v; v >>= 8; }
 }
 
+/* A whole byte-aligned field: what get_bits and put_bits do for one, where the offset is a loop's
+ * (cparser's per-element fields) and not a constant they could test. */
+#define BYTES(W, T, SWAP) \
+    static inline uint64_t get_be##W(const uint8_t *b) { T v; memcpy(&v, b, sizeof v); return SWAP(v); } \
+    static inline void put_be##W(uint8_t *b, uint64_t value) { T v = SWAP((T)value); memcpy(b, &v, sizeof v); }
+#define NO_SWAP(v) (v)
+BYTES(8, uint8_t, NO_SWAP)
+BYTES(16, uint16_t, __builtin_bswap16)
+BYTES(32, uint32_t, __builtin_bswap32)
+BYTES(64, uint64_t, __builtin_bswap64)
+
 /* A bit string built MSB first for a calculation's inputs. */
 typedef struct { uint8_t b[512]; int64_t n; } bits_t;
 static inline void bits_put(bits_t *s, int width, uint64_t value) {
