@@ -170,6 +170,7 @@ class Server:
         self.sock = bound_udp(bind, port)
         self.held: dict[int, set] = collections.defaultdict(set)  # step -> addresses waiting for it
         self.stats = book.stats
+        self.last_query = time.monotonic()  # a node told to end after its steps waits for queries to stop
 
     def poll(self, committed: int) -> None:
         """Answer what came; then any held query whose step is now committed."""
@@ -184,7 +185,9 @@ class Server:
                 _, job, step = _QUERY.unpack(data)
                 if job != self.job_id:
                     self.stats["digest_rejected"] += 1
-                elif step <= committed:
+                    continue
+                self.last_query = time.monotonic()
+                if step <= committed:
                     self._answer(step, committed, addr)
                 elif sum(map(len, self.held.values())) < MAX_HELD:
                     self.held[step].add(addr)
@@ -195,6 +198,7 @@ class Server:
                 if job != self.job_id:
                     self.stats["digest_rejected"] += 1
                 else:
+                    self.last_query = time.monotonic()
                     self._chunks(step, committed, first, n, addr)
             else:
                 self.stats["digest_rejected"] += 1

@@ -198,9 +198,15 @@ class OptimizerNode:
         self._stall_resends += 1
         self.stats["stall_resends"] += self._send(*self.core.recent_params())
 
+    def _settled(self, now: float, linger: float) -> bool:
+        """No query held, and none came for `linger` s: no worker is still checking a step."""
+        d = self.digests
+        return d is None or (not d.held and now - d.last_query >= linger)
+
     def serve(self, steps: int | None = None, linger: float = 5.0, idle_timeout: float | None = None) -> None:
-        """Serve until `steps` steps are committed and no sum came for `linger` s (late resends
-        are answered meanwhile), until stop(), or until idle for `idle_timeout` s."""
+        """Serve until `steps` steps are committed and neither a sum nor a step digest's query came
+        for `linger` s (late resends and checks are answered meanwhile); until stop(); or until
+        idle for `idle_timeout` s."""
         self.core.store.prefetch_from(0)
         last = time.monotonic()
         while not self._stop:
@@ -209,7 +215,7 @@ class OptimizerNode:
             now = time.monotonic()
             self.check_stall(now)
             idle = now - last
-            if steps is not None and self.core.committed + 1 >= steps and idle >= linger:
+            if steps is not None and self.core.committed + 1 >= steps and self._settled(now, linger) and idle >= linger:
                 return
             if idle_timeout is not None and idle >= idle_timeout:
                 return

@@ -257,6 +257,8 @@ class StepHandle:
         self._just_sent = new + again
         a.stats["timeouts"] += w.timeouts - timeouts
         a.stats["fast_retransmits"] += w.fast_retransmits - fast
+        if a.digest and w.timeouts > timeouts:  # a node restarted meanwhile holds no earlier query
+            a.digest.ask(w.step)
         if new:
             sent, failed = rawsock.send_rows(a.sock, a.frames, new, a.faults)
             a.stats["sent"] += sent

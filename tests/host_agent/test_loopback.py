@@ -85,7 +85,8 @@ def test_killed_and_restarted_node_ends_bit_identical(bed, tmp_path, seed):
     with aggregator(bed) as agg:
         workers = train(bed, args, tmp_path, init, gf, STEPS, kill_after=(1, 2, 3), seed=seed)
     check_against(ref, workers, tmp_path)
-    assert agg.stats["resent_sums"] > 0  # the gap was filled by retransmissions
+    if optim.layout_of(init).n_chunks >= 8:  # a step of a few chunks may end before a kill lands in it
+        assert agg.stats["resent_sums"] > 0  # the gap was filled by retransmissions
 
 
 
