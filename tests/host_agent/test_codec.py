@@ -36,3 +36,13 @@ def test_rows_of_a_wider_buffer_decode_too():
     wide[:, : rows.shape[1]] = rows
     dec = codec.decode(wide[:, : rows.shape[1]], Kind.PARAM)  # rows not contiguous with each other
     assert np.array_equal(dec.elements, values) and not dec.rejects
+
+
+@pytest.mark.parametrize("kind,dtype", [(Kind.PARAM, np.float16), (Kind.PARAM, np.float32), (Kind.SUM, np.int64)])
+def test_encode_casts_elements_into_the_rows_as_astype_does(kind, dtype):
+    rng = np.random.default_rng(3)
+    values = (rng.standard_normal((4, K)) * 1e-3).astype(dtype) if dtype != np.int64 else \
+        rng.integers(-(1 << 62), 1 << 62, (4, K))
+    rows = codec.encode(kind, codec.header_array(4), values, ADDRS)
+    body = rows[:, codec.PREFIX_LEN + codec.HEADER_LEN :]
+    assert np.array_equal(body, values.astype(codec.ELEMENT_DTYPE[kind]).view(np.uint8).reshape(4, -1))
