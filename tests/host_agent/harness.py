@@ -61,6 +61,14 @@ class NodeProcess:
         finally:
             self.log.close()
 
+    def finish(self) -> int:
+        """The workers are done: SIGTERM (the node exports its state and exits), then its exit code.
+        Tests end their nodes so, as make run does: a node left to end by itself (--steps, --linger)
+        may go before a worker starved by a busy machine has taken its last parameters."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        return self.wait()
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
@@ -68,11 +76,12 @@ class NodeProcess:
 
 
 def node_args(topo_path, state_dir, init_path, steps, export, stats, budget="8M", extra=()) -> list[str]:
-    """The node ends after its steps; its idle timeout (which starts at its start) is only a hang guard:
-    a 60 s one ended nodes before workers that took that long to import torch on a busy machine."""
+    """The node serves until told to stop (NodeProcess.finish); its linger and idle timeout are only
+    hang guards: a 60 s idle timeout ended nodes before workers that took that long to import torch
+    on a busy machine, a 1.5 s linger one before a starved worker's last retransmission."""
     return ["--iface", "eth0", "--topology", str(topo_path), "--job", "1", "--state-dir", str(state_dir),
             "--ram-budget", budget, "--init", str(init_path), "--steps", str(steps), "--export", str(export),
-            "--stats", str(stats), "--page-chunks", "32", "--linger", "1.5", "--idle-timeout", str(progress.CAP), *extra]
+            "--stats", str(stats), "--page-chunks", "32", "--linger", str(progress.CAP), "--idle-timeout", str(progress.CAP), *extra]
 
 
 def run_files(tmp_path, topo, init, steps) -> list[str]:
@@ -277,7 +286,7 @@ def train(bed_topo, args, tmp_path, init, grad_fn, steps, *, kill_after=(), seed
             node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
             assert "resuming after step" in node.banner
         workers.join()
-        assert node.wait() == 0
+        assert node.finish() == 0
     finally:
         node.stop()
     return workers

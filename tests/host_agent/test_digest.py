@@ -117,7 +117,7 @@ def test_diverged_worker_is_caught_in_its_step_and_repaired(bed, tmp_path, capfd
 
             client.check = corrupt_then_check
             workers.start().join()
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             node.stop()
     stats = check_against(ref, workers, tmp_path)

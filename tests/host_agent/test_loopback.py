@@ -117,7 +117,7 @@ def test_console_scripts_train_to_reference_bits(bed, tmp_path, monkeypatch, ker
     monkeypatch.setenv("MINDP_KERNEL", kernel)
     b, topo = bed
     init = small_model()
-    args = run_files(tmp_path, topo, init, STEPS)
+    args = run_files(tmp_path, topo, init, STEPS) + ["--linger", "1.5"]  # the CLI's own end, after its steps
     ref = reference.train(init, reference.synthetic_grads(5), N, STEPS, OptimizerConfig())
     with aggregator(bed):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()

@@ -128,7 +128,7 @@ def test_worker_link_down_and_up_mid_step(bed, tmp_path, target):
             w2.host.exec("ip", "link", "set", "dev", "eth0", "up", check=True)
             workers.join()
             w2.wait()
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             node.stop()
             if w2.proc and w2.proc.poll() is None:
@@ -176,7 +176,7 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
                 procs[1].start(steps)
             for p in procs:
                 p.wait()
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             node.stop()
             for p in procs:
@@ -248,7 +248,7 @@ def test_workers_added_and_removed_between_steps(bed, tmp_path, target):
                 workers.join()
                 assert sorted(workers.results) == ids
                 params = workers.results[ids[-1]]
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             node.stop()
     stats = check_against(ref, workers, tmp_path)
@@ -277,7 +277,7 @@ def test_switch_killed_and_restarted_mid_step(bed, tmp_path, target):
                 time.sleep(0.03)
                 assert "rewrote" in " ".join(fab.restart())
             workers.join()
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             node.stop()
     stats = check_against(ref, workers, tmp_path)
@@ -309,7 +309,7 @@ def test_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_path, targ
                 w2.start(steps)
             workers.join()
             w2.wait()
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             node.stop()
             if w2.proc and w2.proc.poll() is None:
@@ -369,7 +369,7 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
             w2.start(steps)  # the same command line with the job's new step count
             last.join()
             w2.wait()
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             node.stop()
             if w2.proc and w2.proc.poll() is None:

@@ -129,7 +129,7 @@ def run_sharded(bed, tmp_path, init, gf, steps, kill=None, seed=0, **worker_kw):
             assert "resuming after step" in nodes[i].banner
         workers.join()
         for node in nodes:
-            assert node.wait() == 0
+            assert node.finish() == 0
     finally:
         for node in nodes:
             node.stop()

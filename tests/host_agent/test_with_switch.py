@@ -100,7 +100,7 @@ def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
         try:
             workers = Workers(b, topo, init, gf, 1).start()
             workers.join()
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             node.stop()
     stats = check_against(ref, workers, tmp_path, master=False)

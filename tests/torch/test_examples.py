@@ -69,7 +69,7 @@ def test_example_under_torchrun_matches_its_reference(bed, tmp_path, target, nam
                                    "--steps", str(STEPS), *EXAMPLES[name], "--out", str(tmp_path / "ckpt.pt")],
                                   capture_output=True, text=True, env=run_env)
             assert proc.returncode == 0, proc.stderr[-3000:]
-            assert node.wait(60) == 0
+            assert node.finish() == 0
         finally:
             node.stop()
     ref = scriptref.script_reference(script, N, ["--steps", str(STEPS), *EXAMPLES[name]])
@@ -198,7 +198,7 @@ def test_checkpoint_restored_into_a_fresh_node_resumes_bit_exactly(bed, tmp_path
                                       capture_output=True, text=True,
                                       env={**env, "MINDP_STATE": str(tmp_path / state)})
                 assert proc.returncode == 0, proc.stderr[-3000:]
-                assert node.wait(60) == 0
+                assert node.finish() == 0
             finally:
                 node.stop()
     ref = scriptref.script_reference(REPO / "examples" / "train_cnn.py", N, ["--steps", "6"])

@@ -68,7 +68,7 @@ def test_torch_models_through_the_switch_are_bit_identical(bed, tmp_path, target
             for w, p in enumerate(procs):
                 code = progress.wait_process(p, stall=STALL, progress=progress.file_sizes(tmp_path / f"w{w}.log"))
                 assert code == 0, (tmp_path / f"w{w}.log").read_text()[-2000:]
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             for p in procs:
                 if p.poll() is None:

@@ -53,7 +53,7 @@ def train_with_torchrun(bed, tmp_path, agents: list[tuple[list[str], str]]) -> s
             outs = [progress.communicate(p, stall=STALL, progress=everyone) for p in procs]
             for p, (_, err) in zip(procs, outs):
                 assert p.returncode == 0, err[-2000:]
-            assert node.wait() == 0
+            assert node.finish() == 0
         finally:
             for p in procs:
                 if p.poll() is None:
