@@ -594,7 +594,7 @@ def run_k(k: str, target: str) -> int:
     k = k or os.environ.get(protocol.K_ENV, "").strip()
     if k:
         try:
-            return protocol.k_from_env({protocol.K_ENV: k})
+            n = protocol.k_from_env({protocol.K_ENV: k})
         except SystemExit as exc:
             raise config.RunConfigError(f"K={k}: {str(exc).split(': ', 1)[1]}") from None
         if target == "bmv2" and not protocol.bmv2_fits(n):
