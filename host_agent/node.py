@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mindp-optimizer: {exc}", file=sys.stderr, flush=True)
         return 3
     stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pages.peak_pages,
-                 page_bytes=store.pages.page_bytes, rss_start_kb=rss_start, vm_hwm_kb=proc_status_kb("VmHWM"))
+                 page_bytes=store.pages.page_bytes, rss_start_kb=rss_start, vm_hwm_kb=proc_status_kb("VmHWM"),
+                 **store.pages.paging)
     if args.export:
         store.export(args.export)
     store.close()

@@ -59,6 +59,15 @@ class PagedState:
     def peak_pages(self) -> int:
         return self.n_pages * 2 if self.mapped else self.pager.stats.peak_pages
 
+    @property
+    def paging(self) -> dict[str, int]:
+        """The pager's counts for the node's --stats (none when the state is mapped whole)."""
+        if self.mapped:
+            return {}
+        s = self.pager.stats
+        return {"page_faults": s.faults, "pages_prefetched": s.prefetched, "evictions": s.evictions,
+                "writebacks": s.writebacks, "early_writebacks": s.early_writebacks}
+
     def chunks_in(self, page: int) -> int:
         return min(self.page_chunks, self.n_chunks - page * self.page_chunks)
 

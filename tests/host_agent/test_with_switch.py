@@ -105,4 +105,5 @@ def test_ram_budget_holds_through_the_switch(bed, tmp_path, target):
             node.stop()
     stats = check_against(ref, workers, tmp_path, master=False)
     assert 0 < stats["peak_pages"] * stats["page_bytes"] <= budget
+    assert stats["writebacks"] > 0 and stats["pages_prefetched"] > 0  # streamed: the pager's counts are out
     assert (stats["vm_hwm_kb"] - stats["rss_start_kb"]) * 1024 < state_bytes / 2
