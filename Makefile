@@ -102,8 +102,8 @@ torch: $(STAMP_APT)
 # then the packet-level tests again at the embedded switch's default K: each committed program end
 # to end. MINDP_K=N runs the first pass at N instead.
 LARGE_K_TESTS := tests/dataplane tests/softswitch/test_native.py tests/softswitch/test_executor.py \
-  tests/host_agent/test_loopback.py tests/host_agent/test_with_switch.py tests/run/test_make_run.py \
-  tests/test_mtu.py tests/test_wire.py
+  tests/host_agent/test_loopback.py tests/host_agent/test_with_switch.py tests/host_agent/test_gradframes.py \
+  tests/host_agent/test_codec.py tests/host_agent/test_state.py tests/run/test_make_run.py tests/test_mtu.py tests/test_wire.py
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
 	MINDP_K=$$($(PY) -c 'from mindp.protocol import DEFAULT_K; print(DEFAULT_K)') $(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=5 $(LARGE_K_TESTS) $(PYTEST_ARGS)
