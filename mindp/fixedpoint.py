@@ -38,6 +38,8 @@ def to_fp16(values: np.ndarray) -> np.ndarray:
     multiples of 2**-24, so rounding |x| * 2**24 (exact: a power of two) to an integer is the
     conversion."""
     x = np.asarray(values)
+    if x.dtype == np.float16:  # nothing to round (and 2**24 below is no fp16)
+        return x.copy()
     mag = np.abs(x)
     small = mag < 2.0**-14  # False for NaN: astype keeps its payload
     if np.count_nonzero(small) * 10 < small.size:  # a few: the scalar loop costs less than the passes below

@@ -79,3 +79,4 @@ def test_to_fp16_is_numpys_rounding_bit_for_bit():
         values = (rng.standard_normal(20000) * scale).astype(np.float32)
         values[::97] = nans[0]
         assert same_bits(values) and same_bits(values.reshape(100, 200))
+        assert same_bits(values, np.float16)  # fp16 in (mostly subnormal at 1e-6): taken as it is
