@@ -267,7 +267,8 @@ def main() -> int:
                     help="sums per NodeCore.handle call in RAM (at most the node's receive batch, "
                          "node_socket.RECV_ROWS)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
-    ap.add_argument("--page-chunks", type=integer(1), default=2048, help="pager page size in chunks (out of core)")
+    ap.add_argument("--page-chunks", type=integer(1), default=state.page_chunks_for(1 << 16),
+                    help="pager page size in chunks (out of core; default: 64Ki elements a page)")
     ap.add_argument("--only", choices=("send", "ram", "ooc"), action="append",
                     help="run only these figures (repeatable; default all); 'ram' needs neither root nor veths")
     args = ap.parse_args()

@@ -120,7 +120,8 @@ def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 8, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--elements", type=integer(K), default=16_000_000, help="model size for the budget figures")
-    ap.add_argument("--page-chunks", type=integer(1), default=2048, help="chunks per page (768 KiB)")
+    ap.add_argument("--page-chunks", type=integer(1), default=state.page_chunks_for(1 << 16),
+                    help="chunks per page (default: 64Ki elements, 768 KiB of AdamW records, at any K)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--scale", action=argparse.BooleanOptionalAction,
                     default=os.environ.get("MINDP_BENCH_SCALE") != "0",
