@@ -130,7 +130,8 @@ def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str]:
     return float(outs[0][0].split()[-1]), ""
 
 
-def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str) -> tuple[float, str, int]:
+def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str,
+               timeout: float = 3600) -> tuple[float, str, int]:
     """(steps/s, '' or why it failed, the run's K) of make run's orchestrator, MODEL=gpt, on `target`."""
     runs = tmp / target
     k = protocol.HARDWARE_K if target == "bmv2" else protocol.DEFAULT_K  # make run's choice without K=
@@ -140,11 +141,18 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
            "--runs-dir", str(runs), "--state-file", str(tmp / f"{target}-state.json"),
            "--grpc-port", str(targets.free_port()), "--thrift-port", str(targets.free_port()),
            "--if-prefix", "mnb-", "--eval", "0"] + (["--gpt", gpt] if gpt != "{}" else [])
-    p = subprocess.run(cmd, cwd=REPO, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=600)
+    p = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        _, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.terminate()  # make run tears down what it started on SIGTERM
+        p.communicate()
+        return 0.0, f"no result within {timeout:.0f} s", k
     try:
         s = json.loads(next(runs.glob("2*/summary.json")).read_text())
     except (StopIteration, OSError, ValueError):
-        return 0.0, (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1], k
+        return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], k
     if s["max_abs_param_diff_vs_reference"] != 0.0:
         return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})", k
     with open(next(runs.glob("2*/metrics.csv"))) as f:
@@ -159,8 +167,14 @@ def main() -> int:
     ap.add_argument("--local-steps", type=integer(1), default=10, help="timed steps of one process and of DDP")
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)  # a DDP worker, started by ddp_run
     ap.add_argument("--ddp-master", help=argparse.SUPPRESS)
+    ap.add_argument("--targets", default="embedded,bmv2", help="switch targets to run, comma-separated (BMv2 at "
+                    "K = 32 takes minutes a step for a model of millions of parameters)")
     ap.add_argument("--gpt", default="{}", help="the gpt's size as JSON, as make run's GPT=, e.g. '{\"d\": 512, \"layers\": 8}'")
     args = ap.parse_args()
+    unknown = set(args.targets.split(",")) - {"embedded", "bmv2"}
+    if unknown:
+        print(f"torch_gpt: --targets {args.targets!r}: choose from embedded, bmv2")
+        return 2
     try:
         gpt = json.loads(args.gpt)
         workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
@@ -189,7 +203,7 @@ def main() -> int:
         return 1
     print(f"  {label:<34} {ddp:8.3f} steps/s  ratio {ddp / base:.3f} of one process")
     with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
-        for target in ("embedded", "bmv2"):
+        for target in [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]:
             label = f"make run MODEL=gpt TARGET={target}"
             if target == "bmv2" and targets.find_bmv2() is None:
                 print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
