@@ -150,8 +150,10 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
         p.communicate()
         return 0.0, f"no result within {timeout:.0f} s", k
     try:
-        s = json.loads(next(runs.glob("2*/summary.json")).read_text())
+        s = json.loads(next(runs.glob("2*/summary.json")).read_text()) if p.returncode == 0 else None
     except (StopIteration, OSError, ValueError):
+        s = None
+    if s is None or "max_abs_param_diff_vs_reference" not in s:  # failed, or stopped: no result
         return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], k
     if s["max_abs_param_diff_vs_reference"] != 0.0:
         return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})", k
