@@ -6,9 +6,9 @@ loss and accuracy (where reported), its time on the workers' clocks (the last wo
 against the last to finish the step before), the gradient frames, retransmissions and rejected
 frames of the job's hosts during it, the optimizer node's update rate in it (elements it updated
 per second spent updating them: kernel and state paging, on its clock; shards' rates summed), and
-the job's drops on its switch(es) by reason: the counters are read after each step the run sees
-finished (a few times a second), so a read that spans several steps counts them in the row of the
-last and leaves the rows between empty.
+the job's drops on its switch(es) by reason: the counters are read once a step has finished, at
+most once a second, and after the last step, so a read that spans several steps counts them in the
+row of the last and leaves the rows between empty.
 """
 from __future__ import annotations
 

@@ -54,6 +54,7 @@ STALL_SECONDS = 60.0
 # Every PROBE_SECONDS the controller reads a counter, which the switch must answer within
 # SWITCH_DEADLINE: a hung switch (alive, but not answering) ends the run as a crashed one does.
 PROBE_SECONDS = 2.0
+DROPS_SECONDS = 1.0
 SWITCH_DEADLINE = 5.0
 CRASH_GRACE = 2.0
 
@@ -337,11 +338,16 @@ class Run:
                            f"see {self.logs / 'switch.log'}")
         self.agents.check_alive()
 
-    def probe_switch(self, progress: Progress | None = None) -> None:
-        """Raise RunError when a switch does not answer the controller within SWITCH_DEADLINE. After
-        each step `progress` saw finished, the probe is the read of the jobs' drops (metrics.csv)."""
+    def probe_switch(self, progress: Progress | None = None, last: bool = False) -> None:
+        """Raise RunError when a switch does not answer the controller within SWITCH_DEADLINE. Once
+        `progress` saw a step finished, and at most every DROPS_SECONDS, the probe is the read of the
+        jobs' drops (metrics.csv): a read holds the switch's packet loop a moment, and one after
+        every step of a fast model stalled it past the workers' RTO (spurious retransmissions).
+        `last`: training is over, the drops are read now if any step is unread."""
         now = time.monotonic()
-        due = progress is not None and progress.drops_due()
+        due = progress is not None and progress.drops_due() and (last or now - self.probed >= DROPS_SECONDS)
+        if last and not due:
+            return
         if not due and now - self.probed < PROBE_SECONDS:
             return
         try:
@@ -378,6 +384,7 @@ class Run:
             now = time.monotonic()
             watch.look(progress.step)
             if progress.all_done() and self.agents.workers_exited():
+                self.probe_switch(progress, last=True)  # the last steps' drops, in the last step's row
                 break
             if watch.stalled():
                 raise self.stalled()
