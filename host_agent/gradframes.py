@@ -48,8 +48,10 @@ if not fused.NUMPY_ONLY:
         return types.int64(src, i, out, o), codegen
 
     @numba.njit(inline="always")
-    def _swap(h):
-        return ((h & 0xFF) << 8) | (h >> 8)
+    def _store(out, at, h):
+        """fp16 bits h into out[at] big-endian; 1 if h is Inf or NaN (an all-ones exponent), else 0."""
+        out[at] = np.uint16(((h & 0xFF) << 8) | (h >> 8))
+        return ((h & 0x7C00) + 0x400) >> 15
 
     @numba.njit(nogil=True, cache=True)
     def _put_avx2(src, bits, out, width, off, nonfinite):
@@ -67,9 +69,7 @@ if not fused.NUMPY_ONLY:
                 bad |= _lanes8(src, i + j, out, at + j)
                 j += 8
             while j < m:
-                h = half_bits(np.int64(bits[i + j]))
-                bad |= ((h & 0x7C00) + 0x400) >> 15  # 1 for an all-ones exponent
-                out[at + j] = np.uint16(_swap(h))
+                bad |= _store(out, at + j, half_bits(np.int64(bits[i + j])))
                 j += 1
             if bad:
                 nonfinite[row] = 1
@@ -86,9 +86,7 @@ if not fused.NUMPY_ONLY:
             at = row * width + BODY16 + col
             bad = 0
             for j in range(m):
-                h = np.int64(bits[i + j]) if half else half_bits(np.int64(bits[i + j]))
-                bad |= ((h & 0x7C00) + 0x400) >> 15
-                out[at + j] = np.uint16(_swap(h))
+                bad |= _store(out, at + j, np.int64(bits[i + j]) if half else half_bits(np.int64(bits[i + j])))
             if bad:
                 nonfinite[row] = 1
             i += m
