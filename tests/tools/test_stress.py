@@ -1,0 +1,128 @@
+"""make stress's pieces without a network: the scenarios it draws (families, BMv2's K, controller
+kills, small socket buffers, make run's models and scripts), what it skips and why, make run's
+command line and verdict, and the small-buffer wrapper; as root, one switch scenario end to end
+with its controller and switch killed."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shlex
+import socket
+
+import pytest
+
+from mindp import protocol, targets
+from tools import stress, stress_makerun, stress_sockbuf
+from tools.stress_config import BMV2_KS, FAMILIES, SCRIPTS, SMALL_GPT, SWITCH_FAMILIES, Config, Event, random_config
+
+
+def drawn(family: str, n: int = 200) -> list[Config]:
+    rng = random.Random(family)
+    return [random_config(rng, family) for _ in range(n)]
+
+
+def test_bmv2_scenarios_run_a_k_bmv2_runs_and_inject_no_switch_faults():
+    cfgs = drawn("bmv2")
+    assert {c.k for c in cfgs} == set(BMV2_KS) and all(protocol.bmv2_fits(c.k) for c in cfgs)
+    assert all(c.fabric_drop == c.fabric_dup == c.fabric_reorder == 0.0 for c in cfgs)
+
+
+def test_controller_kills_only_on_a_switch():
+    for family in FAMILIES:
+        events = [e for c in drawn(family) for e in c.events]
+        on_ctl = [e for e in events if e.target == "controller"]
+        if family in SWITCH_FAMILIES:
+            assert on_ctl and all(e.action == "kill" for e in on_ctl)
+        else:
+            assert not on_ctl
+
+
+def test_small_socket_buffers_are_drawn_but_not_for_make_run():
+    assert any(c.sockbuf for c in drawn("loopback")) and any(not c.sockbuf for c in drawn("loopback"))
+    assert not any(c.sockbuf or c.events for c in drawn("makerun"))
+
+
+def test_makerun_draws_gpt_scripts_and_bmv2():
+    cfgs = drawn("makerun", 400)
+    scripts = [c for c in cfgs if c.script]
+    assert {c.script for c in scripts} == set(SCRIPTS) and all(c.workers == 2 and c.jobs == 1 for c in scripts)
+    assert all(c.gpt == SMALL_GPT for c in cfgs if c.model == "gpt" or c.script.endswith("gpt.py"))
+    bmv2 = [c for c in cfgs if c.target == "bmv2"]
+    assert bmv2 and all(c.model == "mlp" and protocol.bmv2_fits(c.k) for c in bmv2)
+    assert all(c.jobs == 1 for c in cfgs if c.topo == "leafspine")
+
+
+def test_config_round_trips_and_old_configs_still_load(tmp_path):
+    cfg = Config("bmv2", 5, k=32, sockbuf=65536, events=[Event(1.0, "kill", "controller", 0.2)])
+    cfg.dump(tmp_path / "config.json")
+    assert Config.load(tmp_path / "config.json") == cfg
+    (tmp_path / "old.json").write_text(json.dumps({"family": "embedded", "seed": 3, "workers": 2}))
+    old = Config.load(tmp_path / "old.json")
+    assert (old.k, old.sockbuf, old.target, old.script) == (0, 0, "embedded", "")
+
+
+def test_bmv2_scenarios_are_skipped_with_a_reason(monkeypatch):
+    monkeypatch.setattr(targets, "find_bmv2", lambda: "/usr/bin/simple_switch_grpc")
+    assert Config("bmv2", 1, k=32).skip_reason() is None
+    assert "BMv2 runs K up to 80, not 512" in Config("bmv2", 1, k=512).skip_reason()
+    assert Config("makerun", 1, target="bmv2", k=512).skip_reason().startswith("BMv2 runs K up to")
+    assert Config("makerun", 1, k=512).skip_reason() is None
+    monkeypatch.setattr(targets, "find_bmv2", lambda: None)
+    assert Config("bmv2", 1, k=32).skip_reason() == "BMv2 (simple_switch_grpc) is not installed"
+    verdict = stress.run_scenario(Config("bmv2", 1, k=32), None)
+    assert verdict == {"result": "skipped", "reason": "BMv2 (simple_switch_grpc) is not installed"}
+
+
+def test_makerun_command_for_a_script_gives_its_steps_and_gpt_as_its_arguments(tmp_path):
+    cmd = stress_makerun.command(Config("makerun", 7, workers=2, steps=3, model="script",
+                                        script="examples/train_gpt.py", gpt=SMALL_GPT), tmp_path)
+    assert "--model" not in cmd and "--steps" not in cmd and "--gpt" not in cmd
+    assert cmd[cmd.index("--script") + 1].endswith("examples/train_gpt.py")
+    assert shlex.split(cmd[cmd.index("--args") + 1]) == ["--steps", "3", "--gpt", SMALL_GPT]
+    cmd = stress_makerun.command(Config("makerun", 7, model="gpt", gpt=SMALL_GPT, target="bmv2", k=32), tmp_path)
+    assert cmd[cmd.index("--gpt") + 1] == SMALL_GPT and cmd[cmd.index("--target") + 1] == "bmv2"
+    assert cmd[cmd.index("--k") + 1] == "32" and cmd[:2] == ["flock", "-w"]
+
+
+@pytest.mark.parametrize("code, summary, result", [
+    (0, {"max_abs_param_diff_vs_reference": 0.0, "digest_mismatches": 0}, "exact"),
+    (1, {"max_abs_param_diff_vs_reference": 0.5}, "diverged"),
+    (0, {"max_abs_param_diff_vs_reference": 0.0, "digest_mismatches": 2}, "diverged"),
+    (1, {"steps_done": 3}, "failed"),  # stopped before comparing
+    (0, {"steps_done": 3}, "failed"),  # nothing says it is exact
+    (1, None, "failed"),
+    (stress_makerun.LOCK_BUSY, None, "skipped"),
+])
+def test_makerun_verdict(code, summary, result):
+    v = stress_makerun.verdict(code, summary)
+    assert v["result"] == result
+    assert ("reason" in v) == (result == "skipped")
+
+
+def test_sockbuf_wrapper_shrinks_the_buffers_of_every_prepared_socket(monkeypatch):
+    from host_agent import rawsock
+
+    monkeypatch.setattr(rawsock, "prepare", rawsock.prepare)  # restored after the test
+    monkeypatch.setattr(rawsock, "RING", True)
+    stress_sockbuf.shrink(8192)
+    assert rawsock.RING is False
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        rawsock.prepare(s)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) <= 2 * 8192
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) <= 2 * 8192
+        assert not s.getblocking()  # what prepare does besides is kept
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+def test_switch_scenario_with_its_controller_and_switch_killed_is_exact(tmp_path):
+    """The embedded switch with small socket buffers: its controller process killed (a new one
+    learns the job from the switch), then the switch (the new controller restores it)."""
+    cfg = Config("embedded", 4242, workers=2, steps=4, sockbuf=65536, events=[
+        Event(0.3, "kill", "controller", 0.1), Event(1.0, "kill", "switch", 0.1)])
+    cfg.dump(tmp_path / "config.json")
+    assert stress.main(["--replay", str(tmp_path / "config.json"), "--in-place"]) == stress.EXACT
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    assert verdict["faults"] == ["kill controller at 0.3 s for 0.1 s", "kill switch at 1.0 s for 0.1 s"]
+    lives = (tmp_path / "controller.log").read_text()
+    assert lives.count("--reconcile") == 1 and "restored: pushed the pipeline" in lives
