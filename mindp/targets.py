@@ -91,7 +91,7 @@ class SwitchConfig:
 
 
 def command(target: str, cfg: SwitchConfig) -> list[str]:
-    target = resolve(target)
+    target = resolve(target, protocol.K)  # the switch runs this process's K (the controller pushes it)
     if target == "bmv2":
         return [find_bmv2(), *([] if cfg.log_level else ["--log-level", "off"]), *cfg.args()]
     pipeline = ["--pipeline", "python"] if target == "embedded-python" else []
@@ -162,7 +162,7 @@ class SwitchProcess:
     """One running switch. Use as a context manager or call start()/stop()."""
 
     def __init__(self, target: str, cfg: SwitchConfig, *, prefix: list[str] | None = None):
-        self.target = resolve(target)
+        self.target = resolve(target, protocol.K)
         self.cfg = cfg
         self.cmd = [*(prefix or []), *command(self.target, cfg)]
         self.proc: subprocess.Popen | None = None

@@ -12,13 +12,15 @@ worker are killed and restarted on their state, and the controller is replaced b
 that learns the jobs from the switch. At the end every worker's parameters and every node's
 master must be bit-identical to the reference trainer's. Printed: each process's peak RSS per
 WINDOW steps (its growth after the first window, the warm-up, must stay within 5 %), every
-drop reason the switch counted over all its lives, and the faults injected. Exit 0 when all
-holds. Uses the namespaces sk-*: run one at a time (tests take /tmp/mindp-net.lock).
+drop reason the switch counted over all its lives, the workers' step-digest checks and
+mismatches (host_agent/digest.py: a mismatch is a divergence caught, so it fails the soak), and the
+faults injected. Exit 0 when all holds. Uses the namespaces sk-*: run one at a time (tests take /tmp/mindp-net.lock).
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import pathlib
 import random
@@ -36,15 +38,22 @@ from host_agent import optim, reference
 from host_agent.optim import OptimizerConfig
 from host_agent.resume import ResumeFile
 from mindp import targets, testbed
+from mindp.protocol import K
 from mindp.topology import star
 
 GROWTH_LIMIT = 1.05
+CHUNKS = 45  # a step of the soak's model
 FAULTS = ("switch", "node", "worker", "controller")
+#: A worker's line when its parameters differ from the step digest (host_agent/digest.py).
+MISMATCH_LINE = "parameters differ from the optimizer node's digest"
+#: In an agent's command line: the number of its life (0, then 1 after a restart, ...).
+LIFE = "{life}"
 
 
 @dataclass
 class Agent:
-    """One agent process in its host's namespace, restarted with the same command line."""
+    """One agent process in its host's namespace, restarted with the same command line (LIFE in it
+    becomes the life's number, so that each life keeps its own files)."""
     name: str
     host: testbed.NetHost
     argv: list[str]
@@ -54,7 +63,8 @@ class Agent:
 
     def start(self) -> Agent:
         with open(self.log, "ab") as f:
-            self.proc = self.host.popen(sys.executable, *self.argv, stdin=subprocess.DEVNULL, stdout=f,
+            argv = [a.replace(LIFE, str(self.restarts)) for a in self.argv]
+            self.proc = self.host.popen(sys.executable, *argv, stdin=subprocess.DEVNULL, stdout=f,
                                         stderr=subprocess.STDOUT)
         return self
 
@@ -77,6 +87,28 @@ class Report:
     faults: list[str] = field(default_factory=list)
 
 
+@dataclass
+class DigestTally:
+    checks: int = 0  # by the lives that ended (a killed life writes no stats)
+    mismatches: int = 0  # by every life (each prints its line when it happens)
+
+
+def digest_tally(stats: list[pathlib.Path], logs: list[pathlib.Path]) -> DigestTally:
+    """The workers' step-digest checks from their --stats files and mismatches from their logs."""
+    tally = DigestTally()
+    for path in stats:
+        try:
+            tally.checks += int(json.loads(path.read_text()).get("digest_checks", 0))
+        except (OSError, ValueError):
+            continue
+    for path in logs:
+        try:
+            tally.mismatches += path.read_text(errors="replace").count(MISMATCH_LINE)
+        except OSError:
+            continue
+    return tally
+
+
 def rss_kb(pid: int) -> int:
     try:
         for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -88,10 +120,11 @@ def rss_kb(pid: int) -> int:
 
 
 def model(seed: int) -> dict[str, np.ndarray]:
-    """A small model (about 45 chunks a step), its own per job."""
+    """A small model (about 45 chunks of this process's K a step), its own per job."""
     rng = np.random.default_rng(seed)
     return {"embed": rng.standard_normal((40, 17)).astype(np.float32) * 0.1,
-            "w": rng.standard_normal((33, 21)).astype(np.float32) * 0.1, "b": np.zeros(13, np.float32)}
+            "w": rng.standard_normal((max(1, (CHUNKS * K - 693) // 21), 21)).astype(np.float32) * 0.1,
+            "b": np.zeros(13, np.float32)}
 
 
 class Soak:
@@ -149,7 +182,8 @@ class Soak:
                     "-m", "host_agent.worker", "--topology", str(self.topo_path), "--job", str(j), "--worker", str(w),
                     "--init", str(self.work / f"init{j}.npz"), "--grad-seed", str(a.seed + j),
                     "--steps", str(a.steps), "--resume", str(self.resume_path(j, w)), "--deadline", "120",
-                    "--out", str(self.work / f"out{j}-{w}.npz"), *self.faults(host)],
+                    "--out", str(self.work / f"out{j}-{w}.npz"),
+                    "--stats", str(self.work / f"stats{j}-{w}-life{LIFE}.json"), *self.faults(host)],
                     self.work / f"worker-job{j}-{w}.log").start()
 
     def start_switch(self) -> None:
@@ -262,6 +296,9 @@ class Soak:
             return sorted(got.files) == sorted(want) and all(
                 np.array_equal(got[k].view(np.uint8), np.asarray(want[k]).view(np.uint8)) for k in want)
 
+    def digests(self) -> DigestTally:
+        return digest_tally(sorted(self.work.glob("stats*-life*.json")), [a.log for a in self.workers.values()])
+
     def close(self) -> None:
         for a in [*self.workers.values(), *self.nodes.values()]:
             a.kill()
@@ -285,7 +322,7 @@ def growth(report: Report, windows: int) -> dict[str, float]:
     return out
 
 
-def print_report(soak: Soak, exact: dict[int, bool], seconds: float) -> bool:
+def print_report(soak: Soak, exact: dict[int, bool], digests: DigestTally, seconds: float) -> bool:
     a, rep = soak.args, soak.report
     windows = (a.steps + a.window - 1) // a.window
     print(f"\nsoak: 2 jobs x {a.workers} workers, {a.steps} steps, loss {a.loss}, dup {a.dup}, reorder {a.reorder}, "
@@ -305,12 +342,14 @@ def print_report(soak: Soak, exact: dict[int, bool], seconds: float) -> bool:
         print(f"  {row:<7} {reason:<18} {v}")
     if not rep.drops:
         print("  none")
+    print(f"step digests: {digests.checks} checks by the workers' lives that ended, "
+          f"{digests.mismatches} mismatches")
     for j, ok in exact.items():
         print(f"job {j}: {'bit-exact with the reference trainer' if ok else 'DIFFERS from the reference trainer'}")
     grew = [n for n, g in grow.items() if g > GROWTH_LIMIT]
     if grew:
         print(f"RSS grew beyond {100 * (GROWTH_LIMIT - 1):.0f} % after warm-up: {', '.join(grew)}")
-    return all(exact.values()) and not grew
+    return all(exact.values()) and not grew and not digests.mismatches
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         finally:
             soak.close()
-        ok = print_report(soak, soak.exact(), time.monotonic() - t0)
+        ok = print_report(soak, soak.exact(), soak.digests(), time.monotonic() - t0)
     return 0 if ok else 1
 
 

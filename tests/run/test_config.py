@@ -191,3 +191,19 @@ def test_k_beyond_bmv2s_packet_headroom_is_refused_on_bmv2_and_auto_takes_the_em
         assert targets.resolve("auto", protocol.HARDWARE_K) == "bmv2"
         with pytest.raises(targets.TargetError, match=rf"^BMv2 runs K up to {protocol.BMV2_MAX_K}, not {big}"):
             targets.resolve("bmv2", big)
+
+
+def test_a_switch_process_runs_its_process_k_so_auto_never_starts_bmv2_beyond_its_headroom(monkeypatch):
+    """The controller pushes this process's K: `auto` with a K BMv2 cannot grow packets for starts
+    the embedded switch (it was BMv2, which aborted on the first GRAD), and `bmv2` is refused."""
+    from mindp import protocol, targets
+
+    monkeypatch.setattr(protocol, "K", protocol.BMV2_MAX_K + 8)
+    cfg = targets.SwitchConfig(ports={})
+    assert targets.command("auto", cfg)[1:3] == ["-m", "softswitch"]
+    assert targets.SwitchProcess("auto", cfg).target == "embedded"
+    if targets.find_bmv2():
+        with pytest.raises(targets.TargetError, match=r"^BMv2 runs K up to "):
+            targets.SwitchProcess("bmv2", cfg)
+        monkeypatch.setattr(protocol, "K", protocol.HARDWARE_K)
+        assert targets.SwitchProcess("auto", cfg).target == "bmv2"

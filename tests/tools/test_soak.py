@@ -24,3 +24,16 @@ def test_every_fault_kind_is_planned_inside_the_run(tmp_path):
     plan = soak.Soak(args, tmp_path).schedule()
     assert sorted(k for _, k in plan) == sorted(soak.FAULTS * 2)
     assert all(100 <= step <= 1900 for step, _ in plan) and plan == sorted(plan)
+
+
+def test_digest_tally_counts_every_life_and_a_mismatch_fails(tmp_path):
+    (tmp_path / "stats1-0-life0.json").write_text('{"digest_checks": 40, "sent": 9}')
+    (tmp_path / "stats1-0-life1.json").write_text('{"digest_checks": 7}')
+    (tmp_path / "stats1-1-life0.json").write_text("{")  # cut short: not counted, not a crash
+    log = tmp_path / "w.log"
+    log.write_text(f"mindp-worker 1/0: step 3: {soak.MISMATCH_LINE} in 2 chunk(s): 4, 5; taken again\n"
+                   "mindp-worker 1/0: done\n")
+    quiet = tmp_path / "q.log"
+    quiet.write_text("mindp-worker 1/1: done\n")
+    got = soak.digest_tally(sorted(tmp_path.glob("stats*.json")), [log, quiet, tmp_path / "missing.log"])
+    assert (got.checks, got.mismatches) == (47, 1)
