@@ -26,7 +26,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 from mindp.topology import JobSpec, Topology, TopologyError  # noqa: E402
 
 from . import p4info_names as n  # noqa: E402
-from . import stats as statsmodel  # noqa: E402
+from . import digests, stats as statsmodel  # noqa: E402
 from .controller import Controller, ControllerError  # noqa: E402
 from .jobs import AttachedHost, JobError, JobState  # noqa: E402
 from .p4runtime import (DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection,  # noqa: E402
@@ -227,6 +227,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--watch", type=positive_float, nargs="?", const=1.0, metavar="SECONDS",
                    help="print rates every SECONDS (default 1) until Ctrl-C")
     s.add_argument("--count", type=positive_int, help="with --watch: stop after this many updates")
+    s.add_argument("--run", metavar="DIR", help="also the step-digest counters of this make run (its workers' logs)")
     s = command(sub, "tables", help="raw dump of table entries and multicast groups")
     s.add_argument("--table", help="one table (full or short name)")
     s = command(sub, "cells", help="a job's aggregation cells, decoded (over the switch's Thrift port)",
@@ -455,15 +456,14 @@ def stats_text(snap: statsmodel.Snapshot, rates: dict | None = None) -> str:
     text = table(rows, head) if rows else "no jobs"
     if snap.no_job.drops:
         text += "\nwithout a valid job: " + ", ".join(f"{r} {v}" for r, v in sorted(snap.no_job.drops.items()))
-    return text
+    return text + digests.text(snap)
 
 
 def cmd_stats(args, ctl: Controller, topo) -> None:
     jobs = args.job
-    if jobs:
-        for j in jobs:
-            ctl.job(j)
-    snap = ctl.stats(jobs)
+    for j in jobs or ():
+        ctl.job(j)
+    snap = digests.attach(ctl.stats(jobs), args.run)
     if args.watch is None:
         emit(args, snap.to_dict(), stats_text(snap))
         return
@@ -471,7 +471,7 @@ def cmd_stats(args, ctl: Controller, topo) -> None:
     try:
         while args.count is None or updates < args.count:
             time.sleep(args.watch)
-            now = ctl.stats(jobs)
+            now = digests.attach(ctl.stats(jobs), args.run)
             rates = statsmodel.rates(snap, now)
             if args.json:
                 print(json.dumps({"time": now.time, "interval": now.time - snap.time,

@@ -47,10 +47,14 @@ class Snapshot:
     time: float
     jobs: dict[int, JobCounters]
     no_job: JobCounters  # drops of packets without a valid job id (and ordinary frames: NO_ROUTE)
+    digests: dict[int, dict] = field(default_factory=dict)  # a run's step-digest counters (controller.digests)
+    run_dir: str = ""
 
     def to_dict(self) -> dict:
         return {"time": self.time, "jobs": {str(j): c.to_dict() for j, c in sorted(self.jobs.items())},
-                "no_job": {"drops": dict(self.no_job.drops), "dropped": self.no_job.dropped}}
+                "no_job": {"drops": dict(self.no_job.drops), "dropped": self.no_job.dropped},
+                **({"digests": {str(j): c for j, c in self.digests.items()}, "run": self.run_dir}
+                   if self.digests else {})}
 
 
 def _cell(cells: dict[int, tuple[int, int]], index: int) -> tuple[int, int]:
