@@ -55,15 +55,16 @@ EXACT, DIVERGED, FAILED, SKIPPED = 0, 1, 2, 75
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
-def run_scenario(cfg: Config, work: pathlib.Path) -> dict:
-    """One scenario's verdict (a dict, as verdict.json holds it)."""
+def run_scenario(cfg: Config, work: pathlib.Path, in_loop: bool = False) -> dict:
+    """One scenario's verdict (a dict, as verdict.json holds it); in_loop: the stress loop's (a
+    makerun waits briefly for make run's lock)."""
     reason = cfg.skip_reason()
     if reason:
         return {"result": "skipped", "reason": reason}
     if cfg.family == "makerun":
-        from tools.stress_makerun import make_run
+        from tools.stress_makerun import LOCK_WAIT, LOOP_LOCK_WAIT, make_run
 
-        return make_run(cfg, work)
+        return make_run(cfg, work, LOOP_LOCK_WAIT if in_loop else LOCK_WAIT)
     from tools.stress_scenario import Scenario
 
     return Scenario(cfg, work).run()
@@ -79,7 +80,7 @@ def replay(config: pathlib.Path, in_place: bool) -> int:
                   {**os.environ, protocol.K_ENV: str(cfg.k)})
     work = config.parent if in_place else config.parent / f"replay-{time.strftime('%Y%m%d-%H%M%S')}"
     work.mkdir(parents=True, exist_ok=True)
-    verdict = run_scenario(cfg, work)
+    verdict = run_scenario(cfg, work, in_place)
     (work / "verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
     print(f"{cfg.family} seed {cfg.seed}: {verdict['result']}"
           + (f" ({', '.join(verdict['differs'])} differ; digest mismatches {verdict['digest_mismatches']})"

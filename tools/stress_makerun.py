@@ -16,17 +16,19 @@ from tools.stress_config import SCENARIO_CAP, Config
 
 #: Exit code of flock when make run's lock stayed busy (the scenario is skipped).
 LOCK_BUSY = 75
-#: Seconds a makerun scenario waits for the machine's Mininet lock before it is skipped.
-LOCK_WAIT = 600
+#: Seconds a makerun scenario waits for the machine's Mininet lock before it is skipped: a replay
+#: waits long; the stress loop briefly, and runs its other families meanwhile (the lock may be
+#: held by long runs of other users).
+LOCK_WAIT, LOOP_LOCK_WAIT = 600, 60
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 
-def command(c: Config, work: pathlib.Path) -> list[str]:
+def command(c: Config, work: pathlib.Path, lock_wait: int = LOCK_WAIT) -> list[str]:
     """make run's command line for the configuration (SCRIPT=: the example's own steps and gpt)."""
     what = ["--script", str(REPO / c.script),
             "--args", f"--steps {c.steps}" + (f" --gpt {shlex.quote(c.gpt)}" if c.gpt else "")] if c.script else \
         ["--model", c.model, "--steps", str(c.steps), *(["--gpt", c.gpt] if c.gpt else [])]
-    return ["flock", "-w", str(LOCK_WAIT), "-E", str(LOCK_BUSY), "/tmp/mindp-run.lock", sys.executable, "-m",
+    return ["flock", "-w", str(lock_wait), "-E", str(LOCK_BUSY), "/tmp/mindp-run.lock", sys.executable, "-m",
             "mininet_topos.run", "--target", c.target, *(["--k", str(c.k)] if c.k else []), *what,
             "--workers", str(c.workers), "--loss", str(c.agent_loss), "--jobs", str(c.jobs), "--seed", str(c.seed % 1000),
             "--pcap", "1", "--cli", "0", "--topo", c.topo, "--optimizers", str(c.optimizers),
@@ -34,11 +36,11 @@ def command(c: Config, work: pathlib.Path) -> list[str]:
             "--runs-dir", str(work / "runs"), "--state-file", str(work / "runstate.json")]
 
 
-def verdict(code: int, summary: dict | None) -> dict:
+def verdict(code: int, summary: dict | None, lock_wait: int = LOCK_WAIT) -> dict:
     """The scenario's verdict from make run's exit code and summary.json (None: it wrote none)."""
     out: dict = {"codes": {"make run": code}, "faults": [], "differs": [], "digest_mismatches": {}}
     if code == LOCK_BUSY:
-        out["result"], out["reason"] = "skipped", f"make run's lock stayed busy {LOCK_WAIT} s"
+        out["result"], out["reason"] = "skipped", f"make run's lock stayed busy {lock_wait} s"
         return out
     if summary is None:
         out["result"] = "failed"
@@ -54,14 +56,14 @@ def verdict(code: int, summary: dict | None) -> dict:
     return out
 
 
-def make_run(c: Config, work: pathlib.Path) -> dict:
+def make_run(c: Config, work: pathlib.Path, lock_wait: int = LOCK_WAIT) -> dict:
     """`make run` with the configuration's variables beside its busy loops; its summary's verdict."""
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(c.busy_loops)]
     run = None
     try:
         with open(work / "make-run.log", "wb") as log:
             # its own process group: stopped by SIGTERM as a whole (make run cleans up), flock and all
-            run = subprocess.Popen(command(c, work), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            run = subprocess.Popen(command(c, work, lock_wait), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                                    start_new_session=True)
         try:
             code = run.wait(timeout=SCENARIO_CAP)
@@ -74,7 +76,7 @@ def make_run(c: Config, work: pathlib.Path) -> dict:
             p.terminate()
             p.wait()
     summaries = sorted((work / "runs").glob("*/summary.json"))
-    return verdict(code, json.loads(summaries[-1].read_text()) if summaries else None)
+    return verdict(code, json.loads(summaries[-1].read_text()) if summaries else None, lock_wait)
 
 
 def stop(run: subprocess.Popen) -> None:
