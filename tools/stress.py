@@ -11,7 +11,7 @@ the step digest checked) and the mindp-optimizer node, in namespaces on veths, t
 - `threads`: the same aggregator with the workers as threads of the scenario's process, as the
   tests run them (tests/host_agent/harness.py: one GIL for all workers and the aggregator), or
 - `embedded`: the embedded switch (its own loss, duplicates and reordering), or
-- `bmv2`: BMv2's simple_switch_grpc at a K it runs (32, 64 or 80; skipped where it is not installed),
+- `bmv2`: BMv2's simple_switch_grpc at a K it runs and that has a committed program (32; skipped where it is not installed),
   each configured by a controller process (tools.stress_ctl); switch and controller may be killed,
 or `makerun`: `make run` itself (mininet_topos.run under `flock /tmp/mindp-run.lock`: the mlp, the
 cnn or a small gpt, 1 or 2 jobs, a star or a leaf-spine with 1 or 2 optimizer shards, LOSS, the

@@ -8,12 +8,14 @@ import random
 from dataclasses import asdict, dataclass, field
 
 from mindp import protocol
+from p4src import artifacts
 
 FAMILIES = ("loopback", "threads", "embedded", "bmv2", "makerun")
 #: Families on a switch (the embedded one or BMv2) configured by a controller process of their own.
 SWITCH_FAMILIES = ("embedded", "bmv2")
-#: The K a bmv2 scenario draws from: BMv2 runs K up to protocol.BMV2_MAX_K (80).
-BMV2_KS = (32, 64, protocol.BMV2_MAX_K)
+#: The K a bmv2 scenario draws from: those BMv2 runs (up to protocol.BMV2_MAX_K, 80) with a
+#: committed compiled program (p4src/compiled/k<K>/: the controller pushes it; no p4c call mid-run).
+BMV2_KS = tuple(k for k in artifacts.COMMITTED_K if protocol.bmv2_fits(k))
 #: make run's torchrun examples a makerun scenario may run (SCRIPT=), with their arguments' sizes.
 SCRIPTS = ("examples/train_cnn.py", "examples/train_gpt.py")
 #: A gpt small enough for a busy 2-core machine (MODEL=gpt's GPT=, train_gpt.py's --gpt).
@@ -82,6 +84,9 @@ class Config:
             k = self.k or protocol.K
             if not protocol.bmv2_fits(k):
                 return f"BMv2 runs K up to {protocol.BMV2_MAX_K}, not {k}"
+        k = self.k or protocol.K
+        if self.family in SWITCH_FAMILIES and not artifacts.program(k).exists():
+            return f"no compiled program for K = {k} (p4src/compiled/k{k}/: make p4 K={k})"
         return None
 
 

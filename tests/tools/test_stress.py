@@ -68,6 +68,8 @@ def test_bmv2_scenarios_are_skipped_with_a_reason(monkeypatch):
     assert "BMv2 runs K up to 80, not 512" in Config("bmv2", 1, k=512).skip_reason()
     assert Config("makerun", 1, target="bmv2", k=512).skip_reason().startswith("BMv2 runs K up to")
     assert Config("makerun", 1, k=512).skip_reason() is None
+    assert Config("embedded", 1, k=64).skip_reason().startswith("no compiled program for K = 64")
+    assert Config("loopback", 1, k=64).skip_reason() is None  # no switch, no program
     monkeypatch.setattr(targets, "find_bmv2", lambda: None)
     assert Config("bmv2", 1, k=32).skip_reason() == "BMv2 (simple_switch_grpc) is not installed"
     verdict = stress.run_scenario(Config("bmv2", 1, k=32), None)
