@@ -9,6 +9,8 @@ import os
 import random
 import shlex
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -123,7 +125,10 @@ def test_switch_scenario_with_its_controller_and_switch_killed_is_exact(tmp_path
     cfg = Config("embedded", 4242, workers=2, steps=4, sockbuf=65536, events=[
         Event(0.3, "kill", "controller", 0.1), Event(1.0, "kill", "switch", 0.1)])
     cfg.dump(tmp_path / "config.json")
-    assert stress.main(["--replay", str(tmp_path / "config.json"), "--in-place"]) == stress.EXACT
+    # its own process, as the stress loop runs each scenario (it sets signal handlers and may re-exec)
+    run = subprocess.run([sys.executable, "-m", "tools.stress", "--replay", str(tmp_path / "config.json"), "--in-place"],
+                         cwd=stress.REPO, capture_output=True, text=True)
+    assert run.returncode == stress.EXACT, run.stdout + run.stderr
     verdict = json.loads((tmp_path / "verdict.json").read_text())
     assert verdict["faults"] == ["kill controller at 0.3 s for 0.1 s", "kill switch at 1.0 s for 0.1 s"]
     lives = (tmp_path / "controller.log").read_text()
