@@ -20,7 +20,8 @@ class RtoConfig:
     # answered since it was sent (Window._hold): a window late as a whole waits for a peer or the
     # node (a step's start, a commit), which the round trips between such stalls do not measure;
     # a loss takes single chunks, which later chunks' answers show (fast retransmit) or which time
-    # out after the RTO once something was answered.
+    # out after the RTO once something was answered. Before the first round trip such a window
+    # waits the longest any timer does (RttEstimator.cap): see Window._hold.
     initial: float = 1.0
     min: float = 0.02
     # Cap of the timeouts' back-off, not of the measured RTO: when round trips are longer (more
@@ -162,6 +163,7 @@ class Window:
         self._changed = True  # something became ready or done since the last scan for new chunks
         self.n_done = 0
         self.last_progress = now
+        self.heard = False  # a chunk of this step was answered: every peer is in it
         self.timeouts = 0
         self.fast_retransmits = 0
         self.fast_due: list[int] = []  # chunks found overdue by a later chunk's parameters
@@ -248,13 +250,19 @@ class Window:
         A timer was set at its send from the RTO then; the RTO has grown since where this step's
         round trips grew (RtoConfig.peak): it counts from the send at today's RTO. While nothing was
         answered since a chunk was sent (the whole window late) it waits at least `initial`,
-        doubled per resend."""
+        doubled per resend; in a first step (no round trip measured yet), until the first answer,
+        it waits the cap (a quarter of the deadline) per try. The workers' first steps start
+        seconds apart (each builds and evaluates the model on shared cores), a wait no timer can
+        tell from a loss, with nothing to resend for: a loss takes single frames, which the first
+        answers show (fast retransmit, and the timers from then on). Only a window lost whole
+        (every frame of a small one, a switch restarted) waits that long, a few tries a deadline."""
         rtt, att = self.rtt, self.attempts[late]
         at = self.sent_at[late]
         due = at + np.minimum(rtt.cap, rtt.rto * 2.0 ** (att - 1))
         whole = self.last_progress <= at
         if whole.any():
-            hold = np.minimum(rtt.cfg.deadline / 4, rtt.cfg.initial * 2.0 ** (att[whole] - 1))
+            hold = (rtt.cap if rtt.srtt is None and not self.heard else
+                    np.minimum(rtt.cfg.deadline / 4, rtt.cfg.initial * 2.0 ** (att[whole] - 1)))
             due[whole] = np.maximum(due[whole], at[whole] + hold)
         wait = due > now
         self.expiry[late[wait]] = due[wait]
@@ -300,6 +308,7 @@ class Window:
         self.done[fc] = True
         self.n_done += len(fc)
         self.last_progress = now
+        self.heard = True
         self._changed = True
         gap = self.rtt.cfg.fast_after
         if gap:
