@@ -46,6 +46,10 @@ class NodeCore:
         # update rate per step (make run's metrics.csv).
         self.on_commit: Callable[[int, int, float], None] | None = None
         self._step_chunks, self._step_seconds = 0, 0.0
+        # True: handle() leaves a completed step's commit (its write-back and fsync) to
+        # commit_if_complete(), which the socket calls once the step's last answers are sent, so the
+        # workers' wait for them does not include the disk.
+        self.defer_commit = False
         self.rates = lr.Rates(self.cfg.lr, self.cfg.schedule)  # the lr of each step, its number from the state
         fused.warm(self.cfg)  # compile the kernel now, not on the first sum
         # A shard owns chunks lo..hi of the job's chunk space: headers carry job-wide chunk
@@ -126,7 +130,7 @@ class NodeCore:
             self.stats["resent"] += len(resend)
             out_vals.append(np.stack([self._params_of(int(headers["step"][i]), int(headers["chunk"][i]))
                                       for i in resend]))
-        if len(uniq):
+        if len(uniq) and not self.defer_commit:
             self._commit_if_complete()
         # A sum's RETRANSMIT (completed by a retransmitted gradient) stays on its parameters so
         # that workers take no round-trip sample from them; resent parameters carry it always.
@@ -156,9 +160,17 @@ class NodeCore:
         lo = int(headers["chunk"][0]) - self.lo
         chunks = range(lo, lo + len(hdr))  # (sorted and consecutive: no array needed)
         out = self._apply(cur, chunks, nworkers, sums)
-        self._commit_if_complete()
+        if not self.defer_commit:
+            self._commit_if_complete()
         self._remember(cur, chunks, hdr)
         return hdr, out
+
+    def commit_if_complete(self) -> None:
+        """The commit handle() left (defer_commit), if the step is complete; then the next step's
+        first pages are read ahead."""
+        if self.store.step_complete:
+            self._commit_if_complete()
+            self.store.prefetch_from(0)
 
     def _commit_if_complete(self) -> None:
         if self.store.step_complete:

@@ -54,6 +54,7 @@ class OptimizerNode:
         self.addrs = codec.Addresses(addr.mac, "ff:ff:ff:ff:ff:ff", addr.ip, "255.255.255.255")
         self.faults = faults
         self.stats = core.stats
+        core.defer_commit = True  # committed in _handle, after the answers left
         self.stall_resend = stall_resend
         self.mac = bytes.fromhex(addr.mac.replace(":", ""))
         self.ip = socket.inet_aton(addr.ip)
@@ -139,6 +140,7 @@ class OptimizerNode:
             self._last_sum = time.monotonic()
             self._stall_resends = 0
             self._send(*self.core.handle(dec.headers, dec.elements))
+            self.core.commit_if_complete()
         return len(frames)
 
     def _rows_from_switch(self, rows: np.ndarray) -> np.ndarray:

@@ -510,3 +510,26 @@ def test_streamed_node_survives_one_slot_stalled_while_the_others_run_through(tm
     assert 0 < stats.peak_pages <= pages.plan.budget_pages
     assert stats.early_writebacks > 0  # every page was partly written: buffers alone made too little room
     core.store.close()
+
+
+def test_deferred_commit_answers_first_then_commits_as_handle_does(tmp_path):
+    """defer_commit (the socket's way: the last answers leave before the disk is synced): a step's
+    last sums are answered without committing; commit_if_complete commits, and two steps give the
+    same bits as a core that commits inside handle()."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cores = [open_core(tmp_path / name, init, OptimizerConfig()) for name in ("inline", "deferred")]
+    cores[1].defer_commit = True
+    params = initial_fp16(init)
+    for step in range(2):
+        sums, nf = step_sums(lay, reference.synthetic_grads(1), N, step, params)
+        chunks = np.arange(lay.n_chunks)
+        answers = [core.handle(sum_headers(JOB, step, chunks, lay, S, N, nf), sums) for core in cores]
+        assert answers[0][1].view(np.uint16).tobytes() == answers[1][1].view(np.uint16).tobytes()
+        assert answers[0][0].tobytes() == answers[1][0].tobytes()
+        assert cores[0].committed == step and cores[1].committed == step - 1
+        cores[1].commit_if_complete()
+        assert cores[1].committed == step
+        cores[1].commit_if_complete()  # nothing more to commit
+        assert cores[1].committed == step
+        params = assemble(lay, {int(h["chunk"]): [(0, v)] for h, v in zip(*answers[0])}, params)
