@@ -5,15 +5,23 @@ import numpy as np
 
 from host_agent import optim, reference, worker
 from mindp import codec
-from mindp.protocol import Flag, Kind
+from mindp.protocol import K, Flag, Kind
+
+
+#: A size in elements written for K = 32 times this is as many chunks at this process's K: the
+#: tests' chunk indices, pages and slots hold at the large K too.
+SCALE = max(1, K // 32)
+#: A node's RAM budget that maps the small model's state whole (1 MiB at K = 32: 85 pages of 32 chunks).
+BUDGET = SCALE << 20
 
 
 def small_model(seed: int = 1) -> dict[str, np.ndarray]:
+    """44 chunks (at any K a multiple of 32), no tensor a whole number of them."""
     rng = np.random.default_rng(seed)
     return {
-        "embed": rng.standard_normal((40, 17)).astype(np.float32) * 0.1,
-        "w": rng.standard_normal((33, 21)).astype(np.float32) * 0.1,
-        "b": np.zeros(13, np.float32),
+        "embed": rng.standard_normal((40, 17 * SCALE)).astype(np.float32) * 0.1,
+        "w": rng.standard_normal((33, 21 * SCALE)).astype(np.float32) * 0.1,
+        "b": np.zeros(13 * SCALE, np.float32),
     }
 
 

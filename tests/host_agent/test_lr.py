@@ -9,7 +9,7 @@ import pytest
 from host_agent import lr, node_core, optim, reference, state
 from host_agent.optim import ConfigError, OptimizerConfig, Schedule
 
-from .helpers import initial_fp16, same_bits, small_model
+from .helpers import BUDGET, initial_fp16, same_bits, small_model
 from .test_node_core import JOB, N, S, assemble, run_step
 
 torch = pytest.importorskip("torch")
@@ -93,7 +93,7 @@ def test_node_applies_the_schedule_across_a_restart(tmp_path, kind):
     rng = random.Random(0)
     for step in range(6):
         if step in (0, 3):
-            core = node_core.NodeCore(state.Store(tmp_path, 1 << 20), JOB, N, S)
+            core = node_core.NodeCore(state.Store(tmp_path, BUDGET), JOB, N, S)
         params = assemble(lay, run_step(core, lay, gf, step, params, rng), params)
         if step == 2:
             core.store.close()
@@ -106,7 +106,7 @@ def test_schedule_round_trips_through_the_state(tmp_path):
     cfg = OptimizerConfig(schedule=Schedule("step", step_size=4, gamma=0.5))
     lay = optim.layout_of(small_model())
     state.create(tmp_path, lay, state.init_pieces(lay, small_model()), cfg, page_chunks=32)
-    store = state.Store(tmp_path, 1 << 20)
+    store = state.Store(tmp_path, BUDGET)
     assert store.cfg == cfg and store.cfg.schedule.step_size == 4
     store.close()
 

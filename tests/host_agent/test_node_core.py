@@ -10,12 +10,12 @@ from host_agent import fused, node_core, optim, reference, state
 from host_agent.optim import OptimizerConfig
 from mindp.protocol import K, Flag
 
-from .helpers import initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
+from .helpers import BUDGET, SCALE, initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
 
 N, S, JOB = 3, 8, 1
 
 
-def open_core(tmp_path, init, cfg, budget=1 << 20, create=True, **kw):
+def open_core(tmp_path, init, cfg, budget=BUDGET, create=True, **kw):
     lay = optim.layout_of(init)
     if create:
         state.create(tmp_path, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
@@ -270,7 +270,7 @@ def test_crash_mid_step_resumes_without_double_apply(tmp_path):
 
 
 def test_state_larger_than_budget_pages_within_budget(tmp_path):
-    init = {"big": np.random.default_rng(0).standard_normal(200_000).astype(np.float32)}
+    init = {"big": np.random.default_rng(0).standard_normal(200_000 * SCALE).astype(np.float32)}
     lay = optim.layout_of(init)
     cfg = OptimizerConfig()
     gf = reference.synthetic_grads(1)
@@ -365,14 +365,14 @@ def test_crash_at_each_point_of_the_apply_and_commit_path(tmp_path, monkeypatch,
         assert same_bits({k: z[k] for k in z.files}, ref.master)
 
 
-@pytest.mark.parametrize("budget", [1 << 20, 60 << 10], ids=["mapped", "paged"])
+@pytest.mark.parametrize("budget", [BUDGET, (60 << 10) * SCALE], ids=["mapped", "paged"])
 def test_in_order_batches_take_the_compiled_path_and_answer_as_the_general_one(tmp_path, monkeypatch, budget):
     """The same sums (in order, each batch a run of 6 or 150 consecutive chunks, the long ones
     across blocks of the kernel's parallel loop; some batches spoiled by a hostile or repeated row
     after the first hundred, or led by chunks applied already with other sums; a non-finite chunk
     in step 1) to two nodes, one with the compiled in-order path, one without: the same answers,
     counters and state, and the in-order path taken by the clean batches."""
-    init = {"w": np.random.default_rng(5).standard_normal((300, 41)).astype(np.float32) * np.float32(0.1),
+    init = {"w": np.random.default_rng(5).standard_normal((300, 41 * SCALE)).astype(np.float32) * np.float32(0.1),
             "b": np.zeros(13, np.float32)}
     lay = optim.layout_of(init)
     cfg = OptimizerConfig()
@@ -449,7 +449,7 @@ def test_sgd_records_hold_no_v_and_a_format_1_state_with_it_trains_alike(tmp_pat
         three.tofile(old / f"state{i}.bin")
     (old / "meta.json").write_text(json.dumps({**{k: v for k, v in meta.items() if k != "lanes"}, "format": 1}))
     for d in (new, old):
-        core = node_core.NodeCore(state.Store(d, 1 << 20, map_whole=map_whole), JOB, N, S)
+        core = node_core.NodeCore(state.Store(d, BUDGET, map_whole=map_whole), JOB, N, S)
         assert core.store.record.shape == ((2 if d == new else 3), K)
         for step in range(3):
             params = reference.train(init, gf, N, step, cfg).params
@@ -461,7 +461,7 @@ def test_sgd_records_hold_no_v_and_a_format_1_state_with_it_trains_alike(tmp_pat
         assert same_bits(got, reference.train(init, gf, N, 3, cfg).master)
     (new / "meta.json").write_text(json.dumps({**meta, "optimizer": OptimizerConfig(kind="adamw").to_dict()}))
     with pytest.raises(optim.ConfigError, match="records of 2 lanes for adamw"):
-        state.Store(new, 1 << 20)
+        state.Store(new, BUDGET)
 
 
 def test_streamed_node_survives_one_slot_stalled_while_the_others_run_through(tmp_path):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from host_agent import state
+from mindp.protocol import K
 
 from .test_node_core import *  # noqa: F401,F403 - the same tests, collected here under the fixture below
 from .test_storage import (test_a_disk_too_small_for_both_copies_is_refused_at_creation,  # noqa: F401
@@ -42,7 +43,7 @@ def test_buffers_kept_across_steps_are_not_read_again(tmp_path, streamed):
     """With every page resident, the second step reads nothing from disk; with 4 pages, every page
     of the source is read once per step (give or take an evicted page), and no destination page is
     ever read."""
-    init = {"w": np.random.default_rng(0).standard_normal(20 * 32 * 32).astype(np.float32)}  # 20 pages
+    init = {"w": np.random.default_rng(0).standard_normal(20 * 32 * K).astype(np.float32)}  # 20 pages
     lay = optim.layout_of(init)
     state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
     store = state.Store(tmp_path, 64 * PAGE)

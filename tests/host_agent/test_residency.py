@@ -4,8 +4,10 @@ import pytest
 
 from host_agent.optim import ConfigError
 from host_agent.residency import Machine, PlanError, Workload, decide, predict
+from host_agent.state import page_chunks_for
+from mindp.protocol import K
 
-W = Workload(n_chunks=100 * 2048, page_chunks=2048, window=64)  # 100 pages of 768 KiB per copy
+W = Workload(n_chunks=100 * 2048, page_chunks=2048, window=64)  # 100 pages per copy (of 768 KiB at K = 32)
 PAGE = W.page_bytes
 DISK = Machine(disk_read=500e6, disk_write=300e6, update=1e9)  # the disk is the bottleneck
 CPU = Machine(disk_read=5e9, disk_write=5e9, update=10e6)  # the update is
@@ -65,7 +67,7 @@ def test_predicted_step_follows_the_bottleneck():
     assert ps.step_time == pytest.approx(ps.disk_time + PAGE / 500e6 - ps.compute_time / 100 + PAGE / 300e6)
     assert ps.step_time - ps.disk_time < p.step_time - p.disk_time
     c = predict(r, W, CPU)
-    assert c.bound == "compute" and c.compute_time == pytest.approx(W.n_chunks * 32 / 10e6)
+    assert c.bound == "compute" and c.compute_time == pytest.approx(W.n_chunks * K / 10e6)
     slow_net = Workload(W.n_chunks, W.page_chunks, arrival=W.n_chunks / 60.0)
     assert predict(decide(10 * PAGE, slow_net), slow_net, DISK).bound == "arrival"
 
@@ -88,7 +90,8 @@ def test_plan_cli_prints_the_residency_and_predicted_step_time(tmp_path, capsys)
 
     layout = tmp_path / "layout.json"
     layout.write_text('[["w", [8000000]]]')
-    args = ["--state-dir", str(tmp_path / "s"), "--layout", str(layout), "--page-chunks", "2048", "--plan"]
+    page_chunks = page_chunks_for(1 << 16)  # pages of 768 KiB at any K
+    args = ["--state-dir", str(tmp_path / "s"), "--layout", str(layout), "--page-chunks", str(page_chunks), "--plan"]
     assert node.main(args + ["--ram-budget", "20M"]) == 0
     out = capsys.readouterr().out
     assert "plan: stream, 13 of 123 pages resident across steps, 2 read ahead, 8 written behind" in out

@@ -5,18 +5,19 @@ process stays within the budget plus its fixed overhead."""
 import shutil
 
 from host_agent import synthetic
-from host_agent.state import RECORD
+from host_agent.state import RECORD, page_chunks_for
+from mindp.protocol import K
 
 PARAMS = 10_000_000
 BUDGET = 8 << 20
-PAGE_CHUNKS = 512
+PAGE_CHUNKS = page_chunks_for(1 << 14)  # pages of 192 KiB at any K: 42 in the budget
 
 
 def test_killed_mid_step_and_resumed_equals_uninterrupted(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     synthetic.create(straight, PARAMS, PAGE_CHUNKS)
     shutil.copytree(straight, killed)  # the same initial state for both runs
-    n_chunks = PARAMS // 32
+    n_chunks = -(-PARAMS // K)
     assert 2 * n_chunks * RECORD.itemsize >= 25 * BUDGET
 
     ref = synthetic.run(straight, 3, BUDGET)

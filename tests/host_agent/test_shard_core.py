@@ -10,7 +10,7 @@ from host_agent import node_core, optim, reference, shards, state
 from host_agent.optim import ConfigError, OptimizerConfig
 from mindp.protocol import K, Flag
 
-from .helpers import initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
+from .helpers import BUDGET, SCALE, initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
 
 N, S, JOB = 3, 8, 1
 
@@ -19,7 +19,7 @@ def split(n_chunks: int, m: int) -> list[tuple[int, int]]:
     return [(i * n_chunks // m, (i + 1) * n_chunks // m - 1) for i in range(m)]
 
 
-def open_shards(tmp_path, init, cfg, m, create=True, budget=1 << 20):
+def open_shards(tmp_path, init, cfg, m, create=True, budget=BUDGET):
     lay = optim.layout_of(init)
     cores = []
     for i, rng in enumerate(split(lay.n_chunks, m)):
@@ -103,7 +103,7 @@ def test_sharded_training_equals_the_reference_and_a_crash_touches_one_range(tmp
                 got.update(feed(core, lay, step, mine[: len(mine) // 2], sums, nf))
                 other = [c.store.dir.joinpath("commit.json").read_bytes() for c in cores[:-1]]
                 del core, cores[-1]  # no close: as if killed
-                cores.append(node_core.NodeCore(state.Store(tmp_path / f"shard{i}", 1 << 20), JOB, N, S))
+                cores.append(node_core.NodeCore(state.Store(tmp_path / f"shard{i}", BUDGET), JOB, N, S))
                 core = cores[-1]
                 assert core.stats["resumed_chunks"] == len(mine) // 2
                 assert [c.store.dir.joinpath("commit.json").read_bytes() for c in cores[:-1]] == other
@@ -143,9 +143,9 @@ def test_nonfinite_step_is_skipped_by_every_shard(tmp_path, bad_step, out_of_cor
     as skipped (durably: killed then, it resumes so). Both end on the reference's bits, also when the
     non-finite step is the last. Out of core: each shard's state is several times its RAM budget."""
     init = small_model()
-    budget = 1 << 20
+    budget = BUDGET
     if out_of_core:
-        init["w"] = np.random.default_rng(2).standard_normal((400, 100)).astype(np.float32) * 0.1
+        init["w"] = np.random.default_rng(2).standard_normal((400, 100 * SCALE)).astype(np.float32) * 0.1
         budget = 4 * 32 * state.RECORD.itemsize  # the minimum: 4 pages of 32 chunks
     lay = optim.layout_of(init)
     cfg = OptimizerConfig()

@@ -9,7 +9,7 @@ from host_agent import optim, shards
 from host_agent.window import RtoConfig
 from host_agent.worker import WorkerAgent, WorkerConfig
 from mindp import codec
-from mindp.protocol import Kind
+from mindp.protocol import Kind, frame_len
 from mindp.topology import Host, JobSpec, SwitchSpec, Topology
 
 from .helpers import small_model
@@ -31,7 +31,7 @@ class ShardEcho(threading.Thread):
         self.sock.settimeout(0.05)
         while not self.stop:
             try:
-                frame = self.sock.recv(4096)
+                frame = self.sock.recv(frame_len(Kind.GRAD))
             except socket.timeout:
                 continue
             h, g = codec.decode_one(frame, Kind.GRAD)

@@ -13,8 +13,9 @@ from host_agent import node_core, optim, reference, state
 from host_agent.optim import OptimizerConfig
 from host_agent.pager import StorageError
 from mindp.layout import Layout, TensorSpec
+from mindp.protocol import K
 
-from .helpers import initial_fp16, same_bits, small_model, step_sums, sum_headers
+from .helpers import BUDGET, initial_fp16, same_bits, small_model, step_sums, sum_headers
 
 N, S, JOB = 3, 8, 1
 PAGE_CHUNKS = 32
@@ -53,8 +54,8 @@ def feed_step(core, lay, gf, step, params):
     sums, nf = step_sums(lay, gf, N, step, params)
     chunks = np.arange(lay.n_chunks)
     hdr, vals = core.handle(sum_headers(JOB, step, chunks, lay, S, N, nf), sums)
-    flat = np.zeros(lay.n_chunks * 32, np.float16)
-    flat[hdr["chunk"].astype(np.int64)[:, None] * 32 + np.arange(32)] = vals
+    flat = np.zeros(lay.n_chunks * K, np.float16)
+    flat[hdr["chunk"].astype(np.int64)[:, None] * K + np.arange(K)] = vals
     return lay.unflatten(flat[: lay.total])
 
 
@@ -73,7 +74,7 @@ def test_disk_full_mid_run_is_a_clean_error_and_resume_elsewhere_is_exact(small_
     for name in ("state0.bin", "state1.bin"):  # every block reserved at creation: no hole to fill later
         st = os.stat(d / name)
         assert st.st_blocks * 512 >= st.st_size == state_bytes(lay)
-    core = node_core.NodeCore(state.Store(d, 1 << 20), JOB, N, S)
+    core = node_core.NodeCore(state.Store(d, BUDGET), JOB, N, S)
     params = feed_step(core, lay, gf, 0, initial_fp16(init))
     assert core.committed == 0
     fill(disk)
@@ -87,7 +88,7 @@ def test_disk_full_mid_run_is_a_clean_error_and_resume_elsewhere_is_exact(small_
     core.store.close()
     big = tmp_path / "big"
     shutil.copytree(d, big)
-    store = state.Store(big, 1 << 20)
+    store = state.Store(big, BUDGET)
     assert store.committed == 0
     core = node_core.NodeCore(store, JOB, N, S)  # step 1's chunks were all applied: it commits now
     assert core.committed == 1

@@ -67,7 +67,7 @@ def test_worker_cli_writes_no_out_after_a_failed_step(bed, tmp_path):
     topo_path = tmp_path / "topo.json"
     topo.dump(topo_path)
     init = tmp_path / "init.npz"
-    np.savez(init, a=np.zeros(40, np.float32))
+    np.savez(init, a=np.zeros(K + 8, np.float32))  # 2 chunks
     out = tmp_path / "final.npz"
     stats = tmp_path / "w.json"
     p = progress.run(["ip", "netns", "exec", b.hosts["w1_0"].netns, sys.executable, "-m", "host_agent.worker",

@@ -14,7 +14,7 @@ from host_agent.resume import ResumeFile
 from host_agent.window import RtoConfig
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version
 from mindp import INSTALL_TORCH, codec
-from mindp.protocol import K, Flag, Kind
+from mindp.protocol import K, Flag, Kind, frame_len
 
 from .helpers import small_model
 
@@ -37,7 +37,7 @@ class Echo(threading.Thread):
         self.sock.settimeout(0.05)
         while not self.stop:
             try:
-                frame = self.sock.recv(4096)
+                frame = self.sock.recv(frame_len(Kind.GRAD))
             except socket.timeout:
                 continue
             h, g = codec.decode_one(frame, Kind.GRAD)
@@ -119,9 +119,9 @@ def test_put_rejects_unknown_wrong_shape_and_repeated_tensors():
         h.put("nosuch", np.zeros(3))
     with pytest.raises(ValueError, match="shape"):
         h.put("b", np.zeros(4))
-    h.put("b", np.zeros(13))
+    h.put("b", np.zeros(init["b"].shape))
     with pytest.raises(ValueError, match="twice"):
-        h.put("b", np.zeros(13))
+        h.put("b", np.zeros(init["b"].shape))
     with pytest.raises(ValueError, match="no gradient given"):
         h.wait()
     a.close()
@@ -139,7 +139,7 @@ def param_frame(step, chunk, n, value, lay, addrs=NODE, flags=0):
 
 
 def test_parameters_for_unsent_chunks_and_from_a_foreign_source_are_ignored():
-    lay = optim.layout_of({"a": np.zeros(70, np.float32), "b": np.zeros(40, np.float32)})  # chunks 0-2 | 2-3
+    lay = optim.layout_of({"a": np.zeros(2 * K + 6, np.float32), "b": np.zeros(K + 8, np.float32)})  # chunks 0-2 | 2-3
     n = lay.n_chunks
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     agent = WorkerAgent(CFG, lay, a)
@@ -147,12 +147,12 @@ def test_parameters_for_unsent_chunks_and_from_a_foreign_source_are_ignored():
     b.send(param_frame(0, 0, n, 7.0, lay))  # before chunk 0 was sent: taking it would deadlock the job
     h.pump(0.05)
     assert agent.stats["unsent"] == 1 and not h.window.done[0]
-    h.put("a", np.ones(70, np.float32))  # chunks 0, 1 go; chunk 2 also holds b's first elements
+    h.put("a", np.ones(2 * K + 6, np.float32))  # chunks 0, 1 go; chunk 2 also holds b's first elements
     sent = set()
     b.setblocking(False)
     while True:
         try:
-            sent.add(int(codec.decode_one(b.recv(4096), Kind.GRAD)[0]["chunk"]))
+            sent.add(int(codec.decode_one(b.recv(frame_len(Kind.GRAD)), Kind.GRAD)[0]["chunk"]))
         except BlockingIOError:
             break
     assert sent == {0, 1}
@@ -164,7 +164,7 @@ def test_parameters_for_unsent_chunks_and_from_a_foreign_source_are_ignored():
     h.pump(0.05)
     assert agent.stats["unsent"] == 2 and agent.stats["rejected_source"] == 2
     assert not h.window.done[:3].any()
-    h.put("b", np.ones(40, np.float32))
+    h.put("b", np.ones(K + 8, np.float32))
     for c in range(n):
         b.send(param_frame(0, c, n, 3.0, lay))
     params = h.wait()
@@ -178,7 +178,7 @@ def drain(sock) -> None:
     sock.setblocking(False)
     while True:
         try:
-            sock.recv(4096)
+            sock.recv(frame_len(Kind.GRAD))
         except BlockingIOError:
             return
 
