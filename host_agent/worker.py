@@ -59,6 +59,10 @@ class WorkerConfig:
     coalesce: float = 0.0005
     coalesce_min: int = 256
 
+    def __post_init__(self) -> None:  # here, not in WorkerAgent: a bad option is told before any I/O
+        if self.slots < 1:
+            raise ConfigError("slots must be >= 1")
+
     @classmethod
     def from_topology(cls, topo: Topology, job_id: int, worker_id: int, **kw) -> WorkerConfig:
         jobs = {j.job_id: j for j in topo.jobs}
@@ -84,8 +88,6 @@ class WorkerAgent:
         parameters held before it (without them, a first step's answers are taken as they came).
         resume: the worker's resume file (host_agent.resume): the step, the parameters before it and
         the chunks of it already answered come from there, and it is kept current."""
-        if cfg.slots < 1:
-            raise ConfigError("slots must be >= 1")
         self.cfg = cfg
         self.layout = layout
         self.sock = sock

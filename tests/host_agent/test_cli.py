@@ -80,6 +80,8 @@ def test_optimizer_refuses_a_state_dir_made_for_another_optimizer(files):
     (["--layout", "nosuch.json"], "cannot read layout"),
     (["--init", "I", "--slots", "0", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
       "02:00:00:00:00:02", "--opt-ip", "10.0.0.2"], "slots must be >= 1"),
+    (["--init", "I", "--slots", "0", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
+      "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--iface", "ha-nosuch0"], "slots must be >= 1"),  # before any I/O
     (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
       "02:00:00:00:00:02", "--opt-ip", "10.0.0.2", "--iface", "ha-nosuch0"], "ha-nosuch0"),
     (["--init", "I", "--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
