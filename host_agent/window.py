@@ -33,10 +33,17 @@ class RtoConfig:
     # for every wait in the project (a software switch tracing every packet on a busy laptop can
     # go 15 s without answering, and nothing is stuck).
     deadline: float = progress.STALL
-    # Fast retransmit: a chunk sent once is resent at once when the parameters of a chunk this
-    # many places later arrived (0: off). Chunks are sent, aggregated and answered in order, so
-    # a later chunk's answer means this one's gradient, sum or parameters were lost.
+    # Fast retransmit: a chunk sent once is resent when the parameters of a chunk this many places
+    # later (and sent no earlier) arrived (0: off). Chunks are sent, aggregated and answered in
+    # order, so a later chunk's answer means this one's gradient, sum or parameters were lost.
     fast_after: int = 3
+    # A chunk found overdue so is resent only if still unanswered this many smoothed round trips
+    # later (RFC 8985's reordering window). A chunk is answered when its last worker sent it, and
+    # peers send in orders of their own: a chunk spanning two tensors leaves once both are put,
+    # which a peer may do in another order or pump (BMv2, cnn: chunks 80 and 116 answered up to
+    # 0.34 round trips after 83 and 119; 10-18 spurious resends a run at LOSS=0 with no wait, 0-4
+    # with a quarter). Still well before the RTO, which covers the longest round trips.
+    reorder: float = 1.0
     # At most this many chunks resent per timeout, the oldest; the others wait one RTO more. A
     # window that times out whole is rarely lost whole: its answers are late (a slow peer, a busy
     # switch), and resending it all makes them later (each resend of a completed chunk is
@@ -54,9 +61,11 @@ class RtoConfig:
         times = (self.initial, self.min, self.max, self.deadline)
         if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in times):
             raise ConfigError(f"retransmission times and the deadline must be finite and > 0, got {times}")
-        if self.min > self.max or self.fast_after < 0 or self.burst < 1 or not 0 <= self.peak < math.inf:
-            raise ConfigError(f"need rto min <= max (got {self.min} > {self.max}), fast_after >= 0, burst >= 1 "
-                              f"and a finite peak >= 0 (got {self.fast_after}, {self.burst}, {self.peak})")
+        if (self.min > self.max or self.fast_after < 0 or self.burst < 1 or not 0 <= self.peak < math.inf
+                or not 0 <= self.reorder < math.inf):
+            raise ConfigError(f"need rto min <= max (got {self.min} > {self.max}), fast_after >= 0, burst >= 1, "
+                              f"a finite peak >= 0 and reorder >= 0 (got {self.fast_after}, {self.burst}, "
+                              f"{self.peak}, {self.reorder})")
 
 
 class RttEstimator:
@@ -140,7 +149,8 @@ class Window:
     tensors are produced last-first still sends each chunk as soon as it is
     ready. An outstanding chunk is sent again, flagged RETRANSMIT, when its
     timeout expires, or once, early, when the parameters of a chunk
-    `fast_after` places later (and sent after it) arrived before its own.
+    `fast_after` places later (and sent after it) arrived before its own and
+    its own did not follow within the reordering window.
     """
 
     def __init__(self, step: int, n_chunks: int, slots: int, rtt: RttEstimator, now: float,
@@ -166,7 +176,7 @@ class Window:
         self.heard = False  # a chunk of this step was answered: every peer is in it
         self.timeouts = 0
         self.fast_retransmits = 0
-        self.fast_due: list[int] = []  # chunks found overdue by a later chunk's parameters
+        self.fast_due: list[tuple[float, int]] = []  # (when, chunk) found overdue by a later chunk's parameters
         # Shards (optimizer nodes owning contiguous chunk ranges, last chunk of each inclusive)
         # answer independently, so only a later chunk of the same shard says one was lost.
         self._his = np.asarray([n_chunks - 1] if shard_his is None else shard_his, dtype=np.int64)
@@ -233,8 +243,12 @@ class Window:
         if expired:
             self.rtt.on_timeout(now)
         gone = set(expired)
-        fast = [c for c in self.fast_due if self.expiry[c] != np.inf and c not in gone]
-        self.fast_due = []
+        fast, wait = [], []
+        for at, c in self.fast_due:  # still unanswered, not resent meanwhile by its timer
+            if self.expiry[c] != np.inf and self.attempts[c] == 1 and c not in gone:
+                (fast if at <= now else wait).append((at, c))
+        self.fast_due = wait
+        fast = [c for _, c in fast]
         again = expired + fast
         for c in again:
             self.attempts[c] += 1
@@ -310,8 +324,14 @@ class Window:
         self.last_progress = now
         self.heard = True
         self._changed = True
+        eligible = fc[np.asarray(sample, dtype=bool)[fresh]]
+        self.expiry[fc] = np.inf
+        if len(eligible):
+            sent = self.first_sent[eligible]
+            self.rtt.sample(now - float(sent.max()), now - float(sent.min()))
         gap = self.rtt.cfg.fast_after
         if gap:
+            at = now + self.rtt.cfg.reorder * (self.rtt.srtt or 0.0)
             owner = np.searchsorted(self._his, fc, side="left")
             for shard in np.unique(owner):
                 if shard >= len(self._his):
@@ -322,20 +342,14 @@ class Window:
                     # The shard's chunks below `top` sent no later than it are overdue; each is checked once.
                     overdue = lo + np.flatnonzero(~self.done[lo:hi] & (self.attempts[lo:hi] == 1)
                                                   & (self.first_sent[lo:hi] <= self.first_sent[top]))
-                    self.fast_due += overdue.tolist()
+                    self.fast_due += [(at, c) for c in overdue.tolist()]
                     self._fast_checked[shard] = hi
-        eligible = fc[np.asarray(sample, dtype=bool)[fresh]]
-        self.expiry[fc] = np.inf
-        if len(eligible):
-            sent = self.first_sent[eligible]
-            self.rtt.sample(now - float(sent.max()), now - float(sent.min()))
         return fresh
 
     def wake_at(self) -> float:
-        """When something is next due: now for a fast retransmit, the earliest expiry, or the deadline."""
-        if self.fast_due:
-            return self.last_progress
-        return min(self.last_progress + self.rtt.cfg.deadline, self._earliest)
+        """When something is next due: a fast retransmit, the earliest expiry, or the deadline."""
+        fast = min((at for at, _ in self.fast_due), default=float("inf"))
+        return min(self.last_progress + self.rtt.cfg.deadline, self._earliest, fast)
 
     def stalled(self, now: float) -> bool:
         return now - self.last_progress > self.rtt.cfg.deadline
