@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from host_agent import rawsock
-from mindp import mmsg, progress, targets, testbed
+from mindp import mmsg, progress, protocol, targets, testbed
 from mindp.topology import Host
 from softswitch.batch import Batch
 from softswitch.dataplane import DataPlane
@@ -122,11 +122,12 @@ def test_batched_receive_keeps_bytes_order_and_vlan_tags_up_to_the_slot(tmp_path
 def test_batched_send_keeps_order_and_counts_refused_frames(io_path, tmp_path):
     """The rows asked, in that order, each with its own length; a frame over the link's MTU is
     refused by the kernel, counted in tx_errors and missing from the pcap; the rest go."""
-    tx = Batch.empty(12, 2048)
+    over = protocol.link_mtu() + 14 + 86  # over what the testbed's links take (1,500 or a jumbo MTU)
+    tx = Batch.empty(12, over)
     for i in range(12):
         assert tx.append(MACS + b"\x88\xb5" + body(46 + 97 * i, i), 1)
     too_big = 11
-    tx.lens[too_big] = 1600  # over the 1,514 bytes a 1,500-byte MTU takes
+    tx.lens[too_big] = over
     rows = np.array([3, 0, 7, too_big, 7, 10, 5])
     with testbed.Testbed("bio") as bed:
         h = bed.add(H1)

@@ -15,7 +15,7 @@ from controller.p4runtime import load_p4info
 from mindp import progress, targets
 from p4src import artifacts
 from softswitch.engine import Engine
-from softswitch.p4runtime_server import Server, SwitchService
+from softswitch.p4runtime_server import MAX_MESSAGE, Server, SwitchService
 from softswitch.p4runtime_stream import STREAM_QUEUE, Outbox
 
 from . import compiled
@@ -41,7 +41,9 @@ class Client:
     """A bare P4Runtime client: one stream, one election id."""
 
     def __init__(self, addr: str, election: int, device_id: int = 0):
-        self.channel = grpc.insecure_channel(addr)
+        # a large K's program (10.7 MB at K = 512) is larger than gRPC's 4 MB default message
+        self.channel = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", MAX_MESSAGE),
+                                                            ("grpc.max_send_message_length", MAX_MESSAGE)])
         self.stub = p4runtime_pb2_grpc.P4RuntimeStub(self.channel)
         self.election = election
         self.requests = []

@@ -9,7 +9,7 @@ import sys
 import pytest
 from p4.v1 import p4runtime_pb2
 
-from mindp import bmthrift, progress, targets
+from mindp import bmthrift, progress, protocol, targets
 from mindp.bmthrift import ThriftClient, ThriftError
 from p4src import artifacts
 from softswitch.engine import Engine
@@ -132,7 +132,9 @@ def test_a_used_thrift_port_is_refused(switch):
 # --- the switch as a process: the same client (and the real simple_switch_CLI) on each target ---
 
 TARGETS = [pytest.param("embedded"),
-           pytest.param("bmv2", marks=pytest.mark.skipif(not targets.find_bmv2(), reason="BMv2 not installed"))]
+           pytest.param("bmv2", marks=[pytest.mark.skipif(not targets.find_bmv2(), reason="BMv2 not installed"),
+                                       pytest.mark.skipif(not protocol.bmv2_fits(protocol.K),
+                                                          reason=f"BMv2 runs K up to {protocol.BMV2_MAX_K}")])]
 
 
 def started(target: str, tmp_path) -> targets.SwitchProcess:
