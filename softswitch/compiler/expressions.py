@@ -13,6 +13,7 @@ Nodes:
 from __future__ import annotations
 
 from ..compiler_errors import ProgramError, UnsupportedConstruct
+from . import registers as reg_store
 from . import shape
 from .layout import FieldLayout, hex_value
 from .runtime import SHIFT_CAP
@@ -38,6 +39,12 @@ class ExpressionCompiler:
         self.registers = registers
         self.reg_widths = reg_widths
         self.register_index = {name: i for i, name in enumerate(registers)}
+        self.placement = reg_store.place(registers, reg_widths)
+
+    def register_cell(self, name: str, index: str) -> str:
+        """Python text of register `name`'s cell `index` in its group's buffer (registers.py)."""
+        p = self.placement[name]
+        return f"G_{p.group}[({index}) * {p.stride} + {p.offset}]"
 
     # JSON -> node
     def node(self, tv, params: list[int] | None = None):
@@ -244,7 +251,7 @@ class ExpressionEmitter:
             name = n[1]
             size = self.compiler.registers[name]
             idx = sub(n[2])
-            return f"(R_{self.compiler.register_index[name]}[{idx}] if {idx} < {size} else 0)"
+            return f"({self.compiler.register_cell(name, idx)} if {idx} < {size} else 0)"
         if k == "?":
             return f"({sub(n[2])} if {sub(n[1])} else {sub(n[3])})"
         if k in UNARY:

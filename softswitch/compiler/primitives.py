@@ -136,7 +136,7 @@ def register_read(builder, params, widths, emitter):
     index = _value(builder, emitter, params[2], widths)
     out = emitter.take_pre()
     out += [f"if {index} < {builder.registers[register]}:",
-            f"    f[{slot}] = R_{builder.exprs.register_index[register]}[{index}]"]
+            f"    f[{slot}] = {builder.exprs.register_cell(register, index)}"]
     emitter.invalidate([slot])
     return out
 
@@ -152,9 +152,10 @@ def register_write(builder, params, widths, emitter):
         value = f"{value} & {(1 << width) - 1}"
     number = builder.exprs.register_index[register]
     out = emitter.take_pre()
-    out += [f"if {index} < {builder.registers[register]}:", f"    R_{number}[{index}] = {value}"]
+    cell = builder.exprs.register_cell(register, index)
+    out += [f"if {index} < {builder.registers[register]}:", f"    {cell} = {value}"]
     if builder.traced:
-        out.append(f"    _trace.reg({number}, {index}, R_{number}[{index}])")
+        out.append(f"    _trace.reg({number}, {index}, {cell})")
     return out  # no temporary reads a register (ExpressionEmitter.expr binds none): none to forget
 
 

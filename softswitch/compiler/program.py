@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from .. import hashing
 from ..compiler_errors import ProgramError, UnsupportedConstruct
 from ..tables import Table, noop
+from . import registers as reg_store
 from . import runtime, shape
 from .calculations import generate_calculation
 from .deparser import generate_deparser
@@ -18,6 +19,7 @@ from .layout import FieldLayout, build_layout, header_struct
 from .parser import generate_parser
 from .pipeline import ControlFlow, make_table
 from .primitives import generate_action
+from .registers import RegisterCells
 from .trace import Tracer
 
 DEFAULT_DROP_PORT = 511
@@ -42,7 +44,8 @@ class CompiledProgram:
     layout: FieldLayout
     tables: dict[str, Table]
     tables_by_id: dict[int, Table]
-    registers: dict[str, list]
+    registers: dict[str, RegisterCells]
+    register_buffers: list  # per group of registers.py: its cells, interleaved
     reg_widths: dict[str, int]
     counters: dict[str, tuple[list, list]]
     counter_direct: dict[str, str]  # direct counter name -> table name
@@ -94,7 +97,7 @@ def _load(json_bytes: bytes | str, drop_port: int) -> CompiledProgram:
 
 class ProgramBuilder:
     """Generated source names every function and object by an index the builder assigns
-    (A_<n> actions, P_<n> parser states, K_<n> calculations, T_<n> tables, R_<n> registers,
+    (A_<n> actions, P_<n> parser states, K_<n> calculations, T_<n> tables, G_<n> register groups,
     CP_/CB_<n> counters, S_<n> header structs, H_<n> hash algorithms); names and ids of the
     JSON are data only. With `traced`, the source also calls the Tracer `_trace`."""
 
@@ -128,12 +131,12 @@ class ProgramBuilder:
     # --- building --------------------------------------------------------------
     def build(self) -> CompiledProgram:
         source = self.generate()
-        # array('Q'): one store the Python path, the compiled path (by address) and the servers share
-        registers = {name: array("Q", bytes(8 * size)) if self.reg_widths[name] <= 64 else [0] * size
-                     for name, size in self.registers.items()}
+        # one store the Python path, the compiled path (by address) and the servers share (registers.py)
+        buffers = reg_store.allocate(self.registers, self.exprs.placement, self.reg_widths)
+        registers = reg_store.views(self.registers, self.exprs.placement, buffers)
         counters = {name: (array("Q", bytes(8 * c["size"])), array("Q", bytes(8 * c["size"])))
                     for name, c in self.counters.items()}
-        ns = self.namespace(registers, counters, {})
+        ns = self.namespace(buffers, counters, {})
         runtime.run(source, ns)
         tables = {}
         for name, spec in self.table_specs.items():
@@ -144,27 +147,27 @@ class ProgramBuilder:
             if header.metadata:
                 init[header.valid] = 1
         return CompiledProgram(source, ns, self.layout, tables, {t.id: t for t in tables.values()}, registers,
-                               self.reg_widths, counters, self.direct_counters, self.actions, init, self.drop_port,
-                               self.slots, self.j, analysis=self)
+                               buffers, self.reg_widths, counters, self.direct_counters, self.actions, init,
+                               self.drop_port, self.slots, self.j, analysis=self)
 
     def build_traced(self, plain: CompiledProgram) -> dict:
         """The traced namespace over `plain`'s tables, registers and counters."""
         source = self.generate()
-        ns = self.namespace(plain.registers, plain.counters, plain.tables)
+        ns = self.namespace(plain.register_buffers, plain.counters, plain.tables)
         ns["_trace"] = Tracer(self, plain.tables)
         ns["_actions"] = {-1: noop}  # JSON action id -> traced action function
         runtime.run(source, ns)
         ns["_actions"].update({aid: ns[fn] for aid, fn in self.action_fn.items()})
         return ns
 
-    def namespace(self, registers: dict, counters: dict, tables: dict) -> dict:
+    def namespace(self, register_buffers: list, counters: dict, tables: dict) -> dict:
         ns = runtime.base_namespace()
         ns["_rng"] = random.Random()
         ns["_hmod"] = hashing.hmod
         for i, calculation in enumerate(self.calcs.values()):
             ns[f"H_{i}"] = hashing.ALGOS[calculation["algo"]]
-        for i, cells in enumerate(registers.values()):
-            ns[f"R_{i}"] = cells
+        for g, cells in enumerate(register_buffers):
+            ns[f"G_{g}"] = cells
         for i, (packets, octets) in enumerate(counters.values()):
             ns[f"CP_{i}"] = packets
             ns[f"CB_{i}"] = octets

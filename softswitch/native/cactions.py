@@ -1,4 +1,4 @@
-"""Actions as C functions `static int A_<n>(uint64_t *f, const uint64_t *a)` (1: exit was called),
+"""Actions as C functions `static int A_<n>(uint64_t *restrict f, const uint64_t *a)` (1: exit was called),
 one generator per BMv2 primitive, each the counterpart of softswitch.compiler.primitives."""
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def generate_action(cb: CBuilder, action: dict) -> None:
     widths = [rd["bitwidth"] for rd in action.get("runtime_data", [])]
     if any(w > FIELD_BITS for w in widths):
         raise UnsupportedConstruct(f"an action parameter wider than 64 bits in action {action['name']!r}")
-    cb.emit(f"static int {cb.py.action_fn[action['id']]}(uint64_t *f, const uint64_t *a) {{")
-    cb.emit("(void)f; (void)a;", 1)
+    cb.emit(f"static int {cb.py.action_fn[action['id']]}(uint64_t *restrict f, const uint64_t *a) {{")
+    cb.emit("(void)f; (void)a; GROUPS", 1)
     lines = [line for p in action.get("primitives", []) for line in generate_primitive(cb, p, widths, CExpr(cb.exprs))]
     for line in roll(lines):
         cb.emit(line, 1)
@@ -107,8 +107,8 @@ def register_read(cb, params, widths, e):
     if cb.reg_widths[register] > cb.layout.widths[slot]:
         raise UnsupportedConstruct(f"register_read of {register!r} into a narrower field")
     index = e.nonneg(_node(cb, params[2], widths), "a register index")
-    number = cb.exprs.register_index[register]
-    return [f"{{ i128 _i = {index}; if (_i < {cb.registers[register]}) f[{slot}] = REG({number})[(int64_t)_i]; }}"]
+    cell = cb.reg_cell(register, "(int64_t)_i")
+    return [f"{{ i128 _i = {index}; if (_i < {cb.registers[register]}) f[{slot}] = {cell}; }}"]
 
 
 def register_write(cb, params, widths, e):
@@ -118,9 +118,9 @@ def register_write(cb, params, widths, e):
     width = cb.reg_widths[register]
     if width > FIELD_BITS:
         raise UnsupportedConstruct(f"register {register!r} of {width} bits")
-    number = cb.exprs.register_index[register]
     masked = f"(uint64_t)({value}) & {mask_u64(width)}" if width < 64 else f"(uint64_t)({value})"
-    return [f"{{ i128 _i = {index}; if (_i < {cb.registers[register]}) REG({number})[(int64_t)_i] = {masked}; }}"]
+    cell = cb.reg_cell(register, "(int64_t)_i")
+    return [f"{{ i128 _i = {index}; if (_i < {cb.registers[register]}) {cell} = {masked}; }}"]
 
 
 def count(cb, params, widths, e):

@@ -168,10 +168,10 @@ class CExpr:
             self.lookaheads.append((n[1], n[2]))
             return f"(({t})get_bits(data + off, {n[1]}, {n[2]}))"
         if k == "reg":
-            number = self.x.register_index[n[1]]
             idx = self.nonneg(n[2], "a register index")
-            return (f"({{ {t} _i = {idx}; _i < {self.x.registers[n[1]]} ? ({t})REG({number})[(int64_t)_i]"
-                    f" : ({t})0; }})")
+            p = self.x.placement[n[1]]
+            return (f"({{ {t} _i = {idx}; _i < {self.x.registers[n[1]]} ? "
+                    f"({t})G_{p.group}[(int64_t)_i * {p.stride} + {p.offset}] : ({t})0; }})")
         if k == "?":
             cond = self.exact(n[1])
             self._conditional += 1

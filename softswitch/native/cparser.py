@@ -78,7 +78,7 @@ def generate_checksums(cb: CBuilder, verify: bool, indent: int) -> None:
 def generate_parser(cb: CBuilder, parser: dict) -> None:
     states = {s["name"]: i for i, s in enumerate(parser["parse_states"])}
     cb.emit("static int64_t parse(uint64_t *f, const uint8_t *data, int64_t len) {")
-    cb.emit("int64_t off = 0; int64_t err = 0; i128 k = 0; (void)k; (void)err;", 1)
+    cb.emit("int64_t off = 0; int64_t err = 0; i128 k = 0; (void)k; (void)err; GROUPS", 1)
     cb.emit(f"goto P_{states[parser['init_state']]};", 1)
     for number, state in enumerate(parser["parse_states"]):
         cb.emit(f"P_{number}:", 0)
@@ -218,6 +218,7 @@ def generate_deparser(cb: CBuilder, deparser: dict) -> None:
     """deparse(): the frame into `out` (cap bytes); its length, or -1 when it does not fit."""
     cb.emit("static int64_t deparse(uint64_t *f, const uint8_t *data, int64_t len, int64_t off, uint8_t *out, "
             "int64_t cap) {")
+    cb.emit("GROUPS", 1)
     generate_checksums(cb, verify=False, indent=1)
     headers = [cb.layout.headers[name] for name in deparser["order"]]
     size = " + ".join(f"(f[{h.valid}] ? {h.nbits // 8} : 0)" for h in headers) or "0"

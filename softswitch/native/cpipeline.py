@@ -3,6 +3,7 @@ arrays of state.py, then the v1model packet path (parser, ingress, the packet re
 egress, deparser) over a batch, the counterpart of softswitch.compiler.pipeline and Engine."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from ..compiler.layout import hex_value
@@ -52,6 +53,7 @@ class CControlFlow:
     def generate(self) -> None:
         cb = self.cb
         cb.emit(f"static void pipe_{self.pipeline['name']}(uint64_t *f) {{")
+        cb.emit("GROUPS", 1)
         cb.emit(self.goto(self.pipeline.get("init_table")), 1)
         for name, (kind, node) in self.flow.nodes.items():
             cb.emit(f"{self.label[name]}: {{", 0)
@@ -116,16 +118,44 @@ class CControlFlow:
             cb.emit(self.goto(self.flow.join_point(name)), 1)
 
 
+FIXED_REF = re.compile(r"\bf\[(\d+)\]")
+STEPPED_REF = re.compile(r"\bf\[\((\d+) ([+-]) (\d+) \* _e\)\]")
+LOOP_BOUND = re.compile(r"\b_e < (\d+);")
+ZEROED = re.compile(r"memset\(f \+ \d+, 0, \d+\);")  # a header made valid: written, not read
+MOVED = re.compile(r"memmove\(f \+ \d+, f \+ (\d+), (\d+)\);")  # a header copied: its source read
+INDIRECT_REF = re.compile(r"\bf \+|\bf\[[^\d(]")  # anything else: a stack's computed index
+
+
+def may_read(program_text: str, slot: int) -> bool:
+    """Whether the program's code may see `slot`: named, in a per-element loop's run, copied, or
+    through any other indirect reference (then yes)."""
+    if any(int(src) <= slot < int(src) + int(n) // 8 for src, n in MOVED.findall(program_text)):
+        return True
+    program_text = MOVED.sub("", ZEROED.sub("", program_text))
+    if INDIRECT_REF.search(program_text) or slot in {int(c) for c in FIXED_REF.findall(program_text)}:
+        return True
+    rounds = max(map(int, LOOP_BOUND.findall(program_text)), default=0)  # no loop runs longer
+    for base, sign, step in STEPPED_REF.findall(program_text):
+        d = (slot - int(base)) * (1 if sign == "+" else -1)
+        if d >= 0 and d % int(step) == 0 and d // int(step) < rounds:
+            return True
+    return False
+
+
 def generate_packet_path(cb: CBuilder) -> None:
-    """process() of one frame and mindp_run_batch(), Engine.run_batch's contract."""
+    """process() of one frame and mindp_run_batch(), Engine.run_batch's contract. A timestamp no
+    code of the program reads is left unset: its clock read was a tenth of a large K's packet path."""
     s = cb.slots
     drop = cb.py.drop_port
+    program_text = "\n".join(cb.lines[cb.program_start:])
+    timestamps = {name: s[name] for name in ("ingress_global_timestamp", "egress_global_timestamp")
+                  if name in s and may_read(program_text, s[name])}
     cb.emit("typedef struct { uint8_t *buf; int32_t *lens, *ports; int64_t slot, cap, *n; uint64_t *stats; } tx_t;")
     cb.emit("static void egress_one(uint64_t *f, int64_t port, const uint8_t *data, int64_t len, int64_t off, "
             "tx_t *tx) {")
     cb.emit(f"f[{s['egress_port']}] = (uint64_t)port; f[{s['egress_spec']}] = {drop + 1}; "
             f"f[{s['packet_length']}] = f[{cb.layout.plen}];", 1)
-    if "egress_global_timestamp" in s:
+    if "egress_global_timestamp" in timestamps:
         cb.emit(f"f[{s['egress_global_timestamp']}] = (uint64_t)now_us(C->t0_ns);", 1)
     cb.emit("pipe_egress(f);", 1)
     cb.emit(f"if (f[{s['egress_spec']}] == {drop}) {{ tx->stats[{STAT_DROPPED}]++; return; }}", 1)
@@ -142,7 +172,7 @@ def generate_packet_path(cb: CBuilder) -> None:
     cb.emit(f"uint64_t f[{len(cb.init)}]; memset(f, 0, sizeof f); {ones}", 1)
     cb.emit(f"f[{s['ingress_port']}] = (uint64_t)port; f[{s['packet_length']}] = (uint64_t)len; "
             f"f[{cb.layout.ilen}] = (uint64_t)len; f[{cb.layout.plen}] = (uint64_t)len;", 1)
-    if "ingress_global_timestamp" in s:
+    if "ingress_global_timestamp" in timestamps:
         cb.emit(f"f[{s['ingress_global_timestamp']}] = (uint64_t)now_us(C->t0_ns);", 1)
     cb.emit("int64_t off = parse(f, data, len);", 1)
     cb.emit("pipe_ingress(f);", 1)

@@ -6,7 +6,8 @@ holds and the C compiler builds in a fraction of the time and may vectorise.
 
 A statement qualifies when it is complete on its line (balanced brackets, ending in `;` or `}`) and
 cannot mean something else inside a loop (no `break`, `continue`, `case`, label or `return`).
-Integer literals are the only parts that vary: identifiers never do (registers are `REG(n)`).
+Integer literals are the only parts that vary: identifiers never do (a register's cell is
+`G_<group>[i * <stride> + <offset>]`).
 
 A field the loop reads or writes at the same slot every time (a flag it ORs into, the cell index of
 every register access) is held in a local for the loop's duration when no other access of the loop can
@@ -28,6 +29,7 @@ HELD_STORE = re.compile(r"_f\d+ = ")
 ASSIGNED = re.compile(r"(_f\d+|\bf\[[^\]]*\]) = ")
 OR_FOLD = re.compile(r"^(_f\d+) = \(\(uint64_t\)\(\(\(int64_t\)\1\) \| (.*)\)\) & (\d+ULL);$")
 OR_FOLD_U64 = re.compile(r"^(_f\d+) = \(\1 \| (.*)\) & (\d+ULL);$")
+REGISTER = re.compile(r"\bG_\d+\[")
 OTHER = re.compile(r"\bf\b(?!\[(\d+\]|\(\d+ [+-] \d+ \* _e\)\]))")
 
 
@@ -118,7 +120,7 @@ def _split(body: list[str], n: int, indent: str) -> list[str]:
     """The loop, with the statements that only fold into a held local (a flag ORed over every
     element) moved to a loop of their own after it when that cannot change what either computes:
     they keep the main loop from vectorising."""
-    fold = [line for line in body if HELD_STORE.match(line) and "{" not in line and "REG(" not in line]
+    fold = [line for line in body if HELD_STORE.match(line) and "{" not in line and not REGISTER.search(line)]
     rest = [line for line in body if line not in fold]
     if fold and rest:
         rest_writes = _writes("\n".join(rest), n)

@@ -1,8 +1,8 @@
 """The compiled program's view of the switch state, and the batch call.
 
 Registers, counters and direct counters are the SAME memory for both paths and for the servers:
-`array('Q')` objects of CompiledProgram (and of each table entry) whose buffers the C code gets by
-address. Tables and multicast groups are flattened into numpy arrays here, rebuilt when a table's
+`array('Q')` objects of CompiledProgram (each register group's buffer, each counter's, each table
+entry's) whose buffers the C code gets by address. Tables and multicast groups are flattened into numpy arrays here, rebuilt when a table's
 `version` or the groups' `version` moved, before a batch and under the engine's lock (held by the
 P4Runtime server for a whole Write), so a batch sees all of a write or none of it."""
 from __future__ import annotations
@@ -131,8 +131,8 @@ class NativeRunner:
         self.tables = list(program.tables.values())
         self.ctx = np.zeros(layout.words, np.uint64)
         self.ctx[0] = int(engine._t0 * 1e9) & U64
-        for i, cells in enumerate(program.registers.values()):
-            self.ctx[layout.register(i)] = _address(_cells(cells))
+        for g, cells in enumerate(program.register_buffers):
+            self.ctx[layout.group(g)] = _address(_cells(cells))
         for i, (packets, octets) in enumerate(program.counters.values()):
             self.ctx[layout.packets(i)] = _address(_cells(packets))
             self.ctx[layout.octets(i)] = _address(_cells(octets))
