@@ -218,7 +218,9 @@ class StepHandle:
             if len(ready):
                 self._encode(ready)
                 self.window.set_ready(ready)
-        self.pump(0.0)
+                # A put that completed no chunk (a bias sharing its chunk with the next tensor)
+                # leaves the pump to the next put, or to wait(): a pump a hook costs a receive.
+                self.pump(0.0)
 
     def _encode(self, chunks: np.ndarray) -> None:
         """This step's fields into the chunks' frames (put wrote their gradients), in place (a run of

@@ -81,8 +81,8 @@ class DataParallel:
         if self.scaler:
             self.scaler.update(bool(self.agent.nonfinite_chunks))
         with torch.no_grad():
-            for name, p in self.named.items():
-                p.copy_(torch.from_numpy(params[name].astype(np.float32)))
+            for name, p in self.named.items():  # fp16 to float32 in the copy (exact), no temporary
+                p.copy_(torch.from_numpy(params[name]))
         self.module.zero_grad(set_to_none=True)
         return params
 
