@@ -97,9 +97,9 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def tree(pid: int) -> list[int]:
-    """`pid` and all its live descendants."""
-    kids, out, todo = _children(), [], [pid]
+def tree(pid: int, kids: dict[int, list[int]] | None = None) -> list[int]:
+    """`pid` and all its live descendants (`kids`: _children(), read once for several trees)."""
+    kids, out, todo = _children() if kids is None else kids, [], [pid]
     while todo:
         p = todo.pop()
         out.append(p)
@@ -121,7 +121,10 @@ def activity(*pids: int) -> Callable[[], int]:
     """A progress measure: the CPU time used by these processes' trees (default: this process's,
     without the calling thread, which only polls)."""
     if pids:
-        return lambda: cpu_ticks(p for pid in pids for p in tree(pid))
+        def of_pids() -> int:
+            kids = _children()  # one scan of /proc for every tree: each scan reads every process's stat
+            return cpu_ticks(p for pid in pids for p in tree(pid, kids))
+        return of_pids
 
     me, tid = os.getpid(), threading.get_native_id()
 
