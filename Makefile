@@ -103,7 +103,12 @@ torch: $(STAMP_APT)
 # to end. MINDP_K=N runs the first pass at N instead.
 LARGE_K_TESTS := tests/dataplane tests/softswitch/test_native.py tests/softswitch/test_executor.py \
   tests/host_agent/test_loopback.py tests/host_agent/test_with_switch.py tests/host_agent/test_gradframes.py \
-  tests/host_agent/test_codec.py tests/host_agent/test_state.py tests/run/test_make_run.py tests/test_mtu.py tests/test_wire.py
+  tests/host_agent/test_codec.py tests/host_agent/test_state.py tests/host_agent/test_worker_io.py \
+  tests/host_agent/test_worker_guard.py tests/host_agent/test_shard_worker.py tests/host_agent/test_fused.py \
+  tests/host_agent/test_node_core.py tests/host_agent/test_shard_core.py tests/host_agent/test_digest.py \
+  tests/host_agent/test_rawsock_ring.py tests/host_agent/test_rawsock_batch.py tests/host_agent/test_storage.py \
+  tests/host_agent/test_residency.py tests/host_agent/test_optim.py \
+  tests/run/test_make_run.py tests/test_mtu.py tests/test_wire.py
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)
 	MINDP_K=$$($(PY) -c 'from mindp.protocol import DEFAULT_K; print(DEFAULT_K)') $(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=5 $(LARGE_K_TESTS) $(PYTEST_ARGS)
