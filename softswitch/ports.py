@@ -25,6 +25,7 @@ from mindp.rxring import SOL_PACKET, TAG, RxRing
 from .batch import Batch
 
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
+PACKET_VNET_HDR = 15
 SNAPLEN = 262144  # a pcap's snapshot length: libpcap's maximum, so no frame (up to a slot) is cut
 log = logging.getLogger("softswitch")
 
@@ -66,6 +67,7 @@ class Port:
             s.close()
             raise PortError(f"port {number}: interface {iface!r}: receive ring: {exc.strerror or exc}") from None
         self.sock = s
+        self.paged_sock = paged_sender(iface)
         self.pcap_in = self.pcap_out = None
         if pcap_dir:
             try:
@@ -189,7 +191,27 @@ class Port:
     def close(self) -> None:
         self.ring.close()
         self.sock.close()
+        if self.paged_sock:
+            self.paged_sock.close()
         self._close_pcaps()
+
+
+def paged_sender(iface: str) -> socket.socket | None:
+    """A socket that only sends on `iface`, each frame after a virtio_net_hdr (PACKET_VNET_HDR): the C
+    packet loop's way out for frames of a page or more (io.h says why); None where the kernel has
+    no such option (the frames then take the port's socket)."""
+    try:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    except OSError:
+        return None
+    try:
+        s.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+        s.bind((iface, 0))  # protocol 0: it receives nothing
+    except OSError:
+        s.close()
+        return None
+    return s
 
 
 class Pcap:

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <sys/socket.h>
 #include <linux/if_packet.h>
+#include <linux/virtio_net.h>
 
 #define SERVE_MAX 1024 /* UIO_MAXIOV: messages per call, and the most slots a batch may have */
 #define SERVE_TAG 4    /* bytes of a VLAN tag put back: a slot keeps room for them */
@@ -24,10 +25,18 @@ typedef struct {
     uint8_t *tbuf; int32_t *tlens, *tports; int64_t tslot, tcap;
     uint64_t *stats;                /* mindp_run_batch's */
     uint64_t *io;                   /* rx, tx, frames for a port the switch lacks */
+    const int32_t *paged_fds;       /* per port: its send socket for paged frames (PACKET_VNET_HDR), or -1 */
 } serve_t;
 
+/* A frame of about a page or more leaves by the port's second socket, with a virtio_net_hdr whose
+ * hdr_len is the whole frame: the kernel then builds it as one linear buffer. Sent as plain, it
+ * is built in pages, and a link without scatter-gather (mindp's veths) copies it into one buffer
+ * again before it goes: 2.1 against 1.45 us of CPU a 4,170-byte frame (a K = 512 SUM) here. */
+#define SERVE_PAGED 3840
+
 static struct mmsghdr serve_msgs[SERVE_MAX];
-static struct iovec serve_iov[SERVE_MAX];
+static struct iovec serve_iov[SERVE_MAX][2];
+static struct virtio_net_hdr serve_vnet[SERVE_MAX];
 
 /* One slot's frame into `row` (RxRing._take): its length, -1 when longer than `limit`, -2 when a
  * frame that waited whole in the socket's queue is gone (the link went down). */
@@ -77,32 +86,55 @@ static int64_t serve_recv(serve_t *s, int64_t p, int64_t *kept_out) {
     return taken;
 }
 
-/* Output frames 0..n-1 out, one sendmmsg per egress port, in batch order within each port. A frame
- * the kernel refuses is skipped and counted (tx_errors); one for a port the switch lacks too. */
+/* Messages from..to-1 of serve_msgs out of fd; the ones the kernel refused. */
+static int64_t serve_flush(int fd, int64_t from, int64_t to) {
+    int64_t failed = 0;
+    for (int64_t i = from; i < to;) {
+        int r = sendmmsg(fd, serve_msgs + i, (unsigned)(to - i), 0);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            failed++;
+            r = 1;
+        }
+        i += r;
+    }
+    return failed;
+}
+
+/* Output frames 0..n-1 out, one sendmmsg per egress port and socket, in batch order within each
+ * port (a run of paged frames, then of others: each call hands its frames to the link before it
+ * returns). A frame the kernel refuses is skipped and counted (tx_errors); one for a port the
+ * switch lacks too. */
 static void serve_send(serve_t *s, int64_t n) {
     int64_t matched = 0;
     for (int64_t p = 0; p < s->nports && matched < n; p++) {
-        int64_t m = 0;
+        int64_t m = 0, run = 0, failed = 0;
+        int run_paged = 0;
         for (int64_t i = 0; i < n; i++) {
             if (s->tports[i] != s->numbers[p]) continue;
-            serve_iov[m].iov_base = s->tbuf + i * s->tslot;
-            serve_iov[m].iov_len = (size_t)s->tlens[i];
+            int paged = s->paged_fds[p] >= 0 && s->tlens[i] >= SERVE_PAGED;
+            if (m > run && paged != run_paged) {
+                failed += serve_flush(run_paged ? s->paged_fds[p] : s->fds[p], run, m);
+                run = m;
+            }
+            run_paged = paged;
+            struct iovec *v = serve_iov[m];
+            if (paged) {
+                memset(&serve_vnet[m], 0, sizeof serve_vnet[m]);
+                serve_vnet[m].hdr_len = (uint16_t)s->tlens[i];
+                v->iov_base = &serve_vnet[m];
+                v->iov_len = sizeof serve_vnet[m];
+                v++;
+            }
+            v->iov_base = s->tbuf + i * s->tslot;
+            v->iov_len = (size_t)s->tlens[i];
             memset(&serve_msgs[m].msg_hdr, 0, sizeof serve_msgs[m].msg_hdr);
-            serve_msgs[m].msg_hdr.msg_iov = &serve_iov[m];
-            serve_msgs[m].msg_hdr.msg_iovlen = 1;
+            serve_msgs[m].msg_hdr.msg_iov = serve_iov[m];
+            serve_msgs[m].msg_hdr.msg_iovlen = paged ? 2 : 1;
             m++;
         }
+        if (m > run) failed += serve_flush(run_paged ? s->paged_fds[p] : s->fds[p], run, m);
         matched += m;
-        int64_t failed = 0;
-        for (int64_t i = 0; i < m;) {
-            int r = sendmmsg(s->fds[p], serve_msgs + i, (unsigned)(m - i), 0);
-            if (r < 0) {
-                if (errno == EINTR) continue;
-                failed++;
-                r = 1;
-            }
-            i += r;
-        }
         s->counts[4 * p + 1] += (uint64_t)(m - failed);
         s->counts[4 * p + 2] += (uint64_t)failed;
         s->io[1] += (uint64_t)(m - failed);

@@ -14,7 +14,7 @@ from mindp import rxring
 
 from ..batch import Batch
 
-WORDS = 21  # serve_t of io.h
+WORDS = 22  # serve_t of io.h
 BUDGET = 64  # batches per call: the control plane waits for the GIL at most this long
 
 
@@ -24,6 +24,7 @@ class ServeLoop:
     def __init__(self, ports: dict, rx: Batch, tx: Batch):
         self.ports = list(ports.values())
         self.fds = np.array([p.fileno() for p in self.ports], np.int32)
+        self.paged_fds = np.array([p.paged_sock.fileno() if p.paged_sock else -1 for p in self.ports], np.int32)
         self.numbers = np.array([p.number for p in self.ports], np.int32)
         self.rings = np.array([p.ring.address for p in self.ports], np.uint64)
         self.heads = np.array([p.ring.head.ctypes.data for p in self.ports], np.uint64)
@@ -41,7 +42,8 @@ class ServeLoop:
                              self.counts.ctypes.data, self.rings.ctypes.data, self.heads.ctypes.data, rxring.FRAMES,
                              rxring.FRAME, rx.buf.ctypes.data, rx.lens.ctypes.data,
                              rx.ports.ctypes.data, rx.slot, rx.capacity, tx.buf.ctypes.data, tx.lens.ctypes.data,
-                             tx.ports.ctypes.data, tx.slot, tx.capacity, stats_address, self.io.ctypes.data]
+                             tx.ports.ctypes.data, tx.slot, tx.capacity, stats_address, self.io.ctypes.data,
+                             self.paged_fds.ctypes.data]
             self._stats = stats_address
         return self.words.ctypes.data
 
