@@ -74,7 +74,7 @@ def _blocks(uses: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
         if step <= 1:
             continue
         block = min(b for b, s, n in uses if (s, n) == (step, rounds) and 0 <= base - b < step)
-        if any(b for b, s, n in uses if (s, n) == (step, rounds) and block - step < b < block):
+        if any((s, n) == (step, rounds) and block - step < b < block for b, s, n in uses):
             continue  # base's run belongs to a block further down
         end = block + step * rounds
         mine = [(b, s, n) for b, s, n in uses if (s, n) == (step, rounds) and block <= b < block + step]
