@@ -211,10 +211,21 @@ class Scenario:
         return codes
 
     def _wait(self) -> dict[str, int]:
-        """Each agent's exit code; an agent restarted by an event is waited for in its new life."""
+        """Each agent's exit code; an agent restarted by an event is waited for in its new life.
+        Once every worker has ended, the node still serving LINGER s later is told to end (SIGTERM:
+        it exports and exits, as make run ends it): after failed workers it served to the cap."""
         deadline = time.monotonic() + SCENARIO_CAP
+        workers_gone = None
         while time.monotonic() < deadline:
             codes = {n: a.proc.poll() for n, a in self.procs.items()}
+            now = time.monotonic()
+            if any(v is None for n, v in codes.items() if n != "node"):
+                workers_gone = None
+            elif workers_gone is None:
+                workers_gone = now
+            elif codes["node"] is None and now - workers_gone > LINGER:
+                with contextlib.suppress(ProcessLookupError):
+                    self.procs["node"].proc.terminate()  # `ip netns exec` execs: the node's own PID
             if all(v is not None for v in codes.values()):
                 time.sleep(0.5)  # an event may be restarting one right now
                 again = {n: a.proc.poll() for n, a in self.procs.items()}

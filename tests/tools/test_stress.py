@@ -133,3 +133,38 @@ def test_switch_scenario_with_its_controller_and_switch_killed_is_exact(tmp_path
     assert verdict["faults"] == ["kill controller at 0.3 s for 0.1 s", "kill switch at 1.0 s for 0.1 s"]
     lives = (tmp_path / "controller.log").read_text()
     assert lives.count("--reconcile") == 1 and "restored: pushed the pipeline" in lives
+
+
+class FakeProc:
+    """A process that ends by itself after `polls` polls (None: never), or when terminated."""
+
+    def __init__(self, polls: int | None, code: int = 0):
+        self.polls, self.code, self.terminated = polls, code, False
+
+    def poll(self):
+        if self.terminated:
+            return -15
+        if self.polls is None:
+            return None
+        self.polls -= 1
+        return self.code if self.polls < 0 else None
+
+    def terminate(self):
+        self.terminated = True
+
+
+def test_a_node_whose_workers_have_ended_is_told_to_end(monkeypatch, tmp_path):
+    """Workers that failed leave the node serving (its steps never done): the scenario ends it
+    LINGER s after the last worker, not at the scenario's cap."""
+    from tools import stress_scenario
+
+    clock = [0.0]
+    monkeypatch.setattr(stress_scenario.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(stress_scenario.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    sc = stress_scenario.Scenario(Config("loopback", 1, workers=2), tmp_path)
+    node = FakeProc(None)
+    sc.procs = {"node": type("A", (), {"proc": node})(), "worker0": type("A", (), {"proc": FakeProc(3, 1)})(),
+                "worker1": type("A", (), {"proc": FakeProc(5, 1)})()}
+    codes = sc._wait()
+    assert node.terminated and codes == {"node": -15, "worker0": 1, "worker1": 1}
+    assert stress_scenario.LINGER < clock[0] < stress_scenario.LINGER + 5  # not SCENARIO_CAP
