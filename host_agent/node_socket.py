@@ -198,7 +198,12 @@ class OptimizerNode:
         if now - self._last_sum < self.stall_resend * (2 ** (self._stall_resends + 1) - 1):
             return
         self._stall_resends += 1
-        self.stats["stall_resends"] += self._send(*self.core.recent_params())
+        try:
+            self.stats["stall_resends"] += self._send(*self.core.recent_params())
+        except OSError as exc:  # the link went down between polls: as in poll(), one line and a wait
+            if exc.errno not in LINK_ERRNOS:
+                raise
+            self._link_down(exc)
 
     def _settled(self, now: float, linger: float) -> bool:
         """No query held, and none came for `linger` s: no worker is still checking a step."""
