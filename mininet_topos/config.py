@@ -147,7 +147,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         log=log_text,
         **_tree(topo, leaves, optimizers),
         **_script(script, script_args),
-        model_args=_gpt(gpt, model_name),
+        model_args={} if str(script).strip() else _gpt(gpt, model_name),  # SCRIPT: GPT refused by _unused
         eval_every=_int("EVAL", eval_every, 0, MAX_STEPS),
     )
     _unused(cfg, str(given or "").split())

@@ -29,6 +29,8 @@ def test_eval_every_is_a_count_of_steps_and_not_for_a_script():
     script = str(REPO / "examples" / "train_cnn.py")
     with pytest.raises(config.RunConfigError, match=r"^EVAL is not used with SCRIPT="):
         config.parse(script=script, given="SCRIPT EVAL")
+    with pytest.raises(config.RunConfigError, match=r"^GPT is not used with SCRIPT="):
+        config.parse(script=script, gpt='{"d": 64}', given="SCRIPT GPT")
 
 
 def test_slots_auto_follow_the_target_and_the_jobs_must_fit_the_pool():
