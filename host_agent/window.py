@@ -42,7 +42,8 @@ class RtoConfig:
     # peers send in orders of their own: a chunk spanning two tensors leaves once both are put,
     # which a peer may do in another order or pump (BMv2, cnn: chunks 80 and 116 answered up to
     # 0.34 round trips after 83 and 119; 10-18 spurious resends a run at LOSS=0 with no wait, 0-4
-    # with a quarter). Still well before the RTO, which covers the longest round trips.
+    # with a quarter). At most the RTO's floor: under loss the round trips include peers'
+    # recoveries, and a longer wait slowed recovery further (BMv2 cnn at LOSS=0.02).
     reorder: float = 1.0
     # At most this many chunks resent per timeout, the oldest; the others wait one RTO more. A
     # window that times out whole is rarely lost whole: its answers are late (a slow peer, a busy
@@ -331,7 +332,7 @@ class Window:
             self.rtt.sample(now - float(sent.max()), now - float(sent.min()))
         gap = self.rtt.cfg.fast_after
         if gap:
-            at = now + self.rtt.cfg.reorder * (self.rtt.srtt or 0.0)
+            at = now + min(self.rtt.cfg.reorder * (self.rtt.srtt or 0.0), self.rtt.cfg.min)
             owner = np.searchsorted(self._his, fc, side="left")
             for shard in np.unique(owner):
                 if shard >= len(self._his):
