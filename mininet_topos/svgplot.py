@@ -42,7 +42,8 @@ def _panel(p: Panel, x0: float) -> list[str]:
     xs = [x for xv, _ in p.series.values() for x in xv] or [0.0, 1.0]
     ys = [y for _, yv in p.series.values() for y in yv if math.isfinite(y)] or [p.ylo + 1.0]
     xt = ticks(min(xs), max(xs), integer=True)
-    yt = ticks(p.ylo, p.yhi if p.yhi is not None else max(max(ys), p.ylo + 1e-9))
+    top = max(ys) if max(ys) > p.ylo else p.ylo + 1.0  # all at ylo (no retransmissions): a 0..1 axis, not 0..1e-9
+    yt = ticks(p.ylo, p.yhi if p.yhi is not None else top)
     (xa, xb), (ya, yb) = (xt[0], xt[-1]), (yt[0], yt[-1])
     w, h = PANEL_W - MARGIN_L - 10, PANEL_H - TOP - MARGIN_B
     left, bottom = x0 + MARGIN_L, TOP + h

@@ -151,6 +151,12 @@ def write_run(root, name: str, loss0: float, model: str = "mlp (4,810 parameters
     return d
 
 
+def test_an_all_zero_series_gets_a_readable_axis():
+    svg = svgplot.chart([svgplot.Panel("step", "retransmissions", {"run": ([0, 1, 2], [0.0, 0.0, 0.0])})], "t")
+    texts = re.findall(r"<text[^>]*>([^<]*)</text>", svg)
+    assert "1" in texts and not any("e-" in t for t in texts)  # was 0 .. 1e-09
+
+
 def test_compare_draws_every_run_with_a_legend_naming_it(tmp_path, capsys):
     write_run(tmp_path, "20261128-010101", 2.0)
     write_run(tmp_path, "20261128-020202", 3.0, "gpt (1.3M parameters)")
