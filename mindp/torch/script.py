@@ -42,7 +42,8 @@ from .parallel import DataParallel, GradientChanged, layout_arrays, layout_of, t
 from .spec import optimizer_config
 
 CLIP_REFUSED = ("{} is not supported through mindp: the switch sums each gradient as backward() produces it and "
-                "the node applies each chunk as its sum arrives, before the step's norm is known (docs/TORCH.md)")
+                "the node applies each chunk as its sum arrives, so clipping after backward() would change nothing; drop "
+                "the call (docs/TORCH.md)")
 #: The directory where each rank appends its per-step figures (rank<r>.jsonl; make run sets it).
 METRICS_ENV = "MINDP_METRICS"
 _owned: set[int] = set()  # ids of the parameters a mindp Optimizer trains: clipping them is refused
