@@ -494,7 +494,7 @@ class Run:
         self.console.say(results.table(summ))
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0
         self.console.say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
-                         f"curve: {self.dir / 'curve.svg'}")
+                         f"curve: {self.dir / 'curve.svg'}, metrics: {self.dir / 'metrics.csv'}")
         return 0 if exact else 1
 
     # -- after training --

@@ -37,7 +37,7 @@ def check(run: MakeRun, model: str, target: str, workers: int, steps: int, loss:
     assert j["switch_counters"]["completions"] == steps * optim.layout_of(init).n_chunks
     config = json.loads((run.run_dir / "config.json").read_text())
     assert config["model"] == model
-    assert "bit-exact with the reference trainer" in run.out
+    assert "bit-exact with the reference trainer" in run.out and "metrics.csv" in run.out  # the summary names it
     assert_clean(run)
     return s
 
