@@ -84,10 +84,10 @@ class ScriptRun(Run):
 
     @property
     def rank_env(self) -> dict[str, str]:
-        """What every rank's mindp.torch.init reads: topology, job, node state, where its figures go."""
+        """What every rank's mindp.torch.init reads: topology, job, node state, where its figures go, the run's K."""
         return {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1",
                 "MINDP_STATE": str(self.job_dir / "optimizer-state"), "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1",
-                "MINDP_METRICS": str(self.logs / "ranks")}
+                "MINDP_METRICS": str(self.logs / "ranks"), "MINDP_K": str(protocol.K)}  # UP=1's printed commands too
 
     def start_node(self) -> None:
         self.agents = a = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt)

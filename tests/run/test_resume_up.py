@@ -76,3 +76,15 @@ def test_up_prints_one_torchrun_per_worker_host_in_its_namespace():
     assert words[-4:] == ["--steps", "5", "--gpt", '{"d": 16}']
     i = words.index("--log-dir")  # rank 1's output kept apart from rank 0's (whose JSON loss lines are read)
     assert words[i:i + 4] == ["--log-dir", "/r/logs/torchrun/node1", "--tee", "3"]
+
+
+def test_the_ranks_env_carries_the_runs_k_so_up_commands_match_the_switch(monkeypatch):
+    from types import SimpleNamespace
+
+    from mindp import protocol
+    from mininet_topos.script_run import ScriptRun
+
+    monkeypatch.setattr(protocol, "K", 32)  # BMv2's K; a rank without MINDP_K would take the default 512
+    run = SimpleNamespace(topo_path=pathlib.Path("/r/topology.json"), job_dir=pathlib.Path("/r/job1"),
+                          logs=pathlib.Path("/r/logs"))
+    assert ScriptRun.rank_env.fget(run)["MINDP_K"] == "32"
