@@ -172,14 +172,15 @@ class ScriptRun(Run):
         """summary.json, curve.svg, metrics.csv and the comparison with the script's reference; exit 0
         when bit-exact (or when the script defines no reference: then the loss curve is the result)."""
         master = optim.load_npz(self.master_path)
+        stats = json.loads((self.job_dir / "optimizer-stats.json").read_text()) \
+            if (self.job_dir / "optimizer-stats.json").exists() else {}
+        done = int(stats.get("committed", progress.step - 1)) + 1  # the node's steps: a stopped run has fewer
         try:
-            ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, self.argv)
+            ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, self.argv, steps=done)
             diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
         except scriptref.NoReference:
             ref, diff = None, None
         curve = progress.curves[1]
-        stats = json.loads((self.job_dir / "optimizer-stats.json").read_text()) \
-            if (self.job_dir / "optimizer-stats.json").exists() else {}
         summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "k": protocol.K, "workers": self.job.n_workers,
                 "model": model, "steps": progress.step,
                 "loss_curve": [[s, x] for s, x in zip(curve.steps, curve.loss)],  # s: the script's 0-based step
@@ -204,6 +205,6 @@ class ScriptRun(Run):
             self.console.say("  the script defines no mindp_reference(argv): no reference to compare with "
                              "(docs/TORCH.md)")
             return 0
-        self.console.say("  final weights " + ("bit-exact with the script's single-process reference" if diff == 0.0
+        self.console.say(f"  final weights after {done} step(s) " + ("bit-exact with the script's single-process reference" if diff == 0.0
                                                else f"DIFFER from the script's reference (max |diff| {diff:g})"))
         return 0 if diff == 0.0 else 1

@@ -42,8 +42,10 @@ def load_script(path: str | pathlib.Path):
     return mod
 
 
-def script_reference(path: str | pathlib.Path, world: int, argv: list[str]) -> reference.Result:
-    """Train the script's reference for `world` ranks; NoReference if it defines none (a script
+def script_reference(path: str | pathlib.Path, world: int, argv: list[str],
+                     steps: int | None = None) -> reference.Result:
+    """Train the script's reference for `world` ranks: its step count, or its first `steps` (a run
+    stopped early is compared with the steps it did); NoReference if it defines none (a script
     without one is not imported: its training may run at import)."""
     if "def mindp_reference" not in pathlib.Path(path).read_text(errors="replace"):
         raise NoReference(f"{path} defines no mindp_reference(argv)")
@@ -63,4 +65,5 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str]) -> r
         parts["loss"](net, *parts["batch"](rank, step)).backward()
         return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in trained(net)}
 
-    return reference.train(init, grad_fn, world, int(parts["steps"]), cfg)
+    total = int(parts["steps"])
+    return reference.train(init, grad_fn, world, total if steps is None else min(steps, total), cfg)
