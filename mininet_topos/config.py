@@ -28,6 +28,8 @@ AUTO_SLOTS = {"embedded": POOL_SLOTS // 2, "bmv2": 64}
 
 #: Variables a SCRIPT= run does not use: the script brings its own model and step count.
 NOT_WITH_SCRIPT = ("MODEL", "STEPS", "GPT", "EVAL")
+#: RunConfig's fields only the built-in trainer reads: a SCRIPT= run's config.json leaves them out.
+BUILTIN_ONLY = ("model", "steps", "hidden", "batch", "lr", "model_args", "eval_every")
 #: Variables only a leaf-spine run uses.
 ONLY_LEAFSPINE = ("LEAVES", "OPTIMIZERS")
 
@@ -69,6 +71,11 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def recorded(self) -> dict:
+        """The settings a run's config.json keeps: a SCRIPT= run's without the built-in trainer's
+        (its script brings its own model and steps; RESUME takes the defaults for them)."""
+        return {k: v for k, v in asdict(self).items() if not (self.script and k in BUILTIN_ONLY)}
 
     def on(self, target: str) -> RunConfig:
         """This run on the resolved `target`: --slots auto made a number."""

@@ -48,7 +48,7 @@ class ScriptRun(Run):
 
     def prepare_files(self) -> None:
         self.topo.dump(self.topo_path)
-        (self.dir / "config.json").write_text(json.dumps({**self.cfg.to_dict(), "target": self.target, "k": protocol.K}, indent=1) + "\n")
+        (self.dir / "config.json").write_text(json.dumps({**self.cfg.recorded(), "target": self.target, "k": protocol.K}, indent=1) + "\n")
         self.job_dir = self.dir / "job1"
         self.spec_dir = self.job_dir / "spec"
         self.job_dir.mkdir()

@@ -212,3 +212,17 @@ def test_a_switch_process_runs_its_process_k_so_auto_never_starts_bmv2_beyond_it
             targets.SwitchProcess("bmv2", cfg)
         monkeypatch.setattr(protocol, "K", protocol.HARDWARE_K)
         assert targets.SwitchProcess("auto", cfg).target == "bmv2"
+
+
+def test_a_script_runs_config_json_records_no_built_in_model_or_steps_and_still_resumes(tmp_path):
+    """config.json of a SCRIPT= run held the built-in trainer's defaults ("model": "mlp", "steps": 60)
+    though the script brings its own; RESUME still reads it back into the run's settings."""
+    from mininet_topos import resume
+
+    script = config.RunConfig(script="examples/train_cnn.py", script_args="--steps 3", workers=2)
+    got = script.recorded()
+    assert not set(config.BUILTIN_ONLY) & set(got) and got["script"] == "examples/train_cnn.py"
+    assert got["workers"] == 2 and got["script_args"] == "--steps 3"
+    assert set(config.RunConfig(model="cnn").recorded()) >= set(config.BUILTIN_ONLY)  # a built-in run keeps them
+    back = resume.settings(resume.Resumed(tmp_path, got), config.RunConfig(), [])
+    assert (back.script, back.script_args, back.workers) == (script.script, script.script_args, 2)
