@@ -126,6 +126,14 @@ def put(frames: np.ndarray, off: int, grad: np.ndarray, nonfinite: np.ndarray, k
         _put_bits(_fp16_bits(flat), True, out.reshape(-1), width, off, nonfinite)
 
 
+def warm(kernel: str | None = None) -> None:
+    """Compile (or load from numba's cache) put()'s kernel for float32 gradients now: a first put
+    that compiled it held a worker's first gradients for minutes on a loaded machine, longer than
+    its peers' step deadline."""
+    put(np.zeros((1, codec.frame_len(Kind.GRAD)), np.uint8), 0, np.zeros(K, np.float32), np.zeros(1, np.uint8),
+        kernel)
+
+
 def _fp16_bits(flat: np.ndarray) -> np.ndarray:
     # fp16 input is taken as it is (fixedpoint.to_fp16 scales its subnormals in fp16 and overflows).
     # An overflow to Inf is no warning: it is the frame's NONFINITE flag.

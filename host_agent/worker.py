@@ -124,6 +124,7 @@ class WorkerAgent:
         self.auxdata = rawsock.enable_auxdata(sock)
         self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
         self.kernel = fused.selected()  # for the gradients' fp16 rounding, as the node's (raises KernelError)
+        gradframes.warm(self.kernel)
         n = layout.n_chunks
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
         # Every chunk's GRAD frame, built once: a step rewrites only its step, ver, flags and body.

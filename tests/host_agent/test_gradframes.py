@@ -1,5 +1,8 @@
 """Gradients rounded straight into GRAD frames (host_agent.gradframes): numpy's fp16 bits, big-endian,
 in place, every kernel; the rows given an Inf or NaN marked, nothing else of the frames touched."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -71,3 +74,18 @@ def test_put_refuses_what_does_not_fit():
         gradframes.put(frames, ROWS * K - 3, np.ones(4, np.float32), bad)
     with pytest.raises(ValueError):
         gradframes.put(frames[:, 1:], 0, np.ones(4, np.float32), bad)
+
+
+def test_warm_compiles_the_float32_kernel_before_any_gradient():
+    """A worker warms put()'s kernel when it is made (a first put compiling it held a worker's first
+    gradients for 8 minutes under load, past its peers' step deadline)."""
+    code = ("from host_agent import fused, gradframes as g\n"
+            "k = fused.selected()\n"
+            "fn = g._put_avx2 if k == 'avx2' else g._put_bits if k == 'portable' else None\n"
+            "before = len(fn.signatures) if fn else 0\n"
+            "g.warm(k)\n"
+            "print(k, before, len(fn.signatures) if fn else 0)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    if out[0] == "numpy":
+        pytest.skip("no compiled kernel on this CPU")
+    assert out[1:] == ["0", "1"]
