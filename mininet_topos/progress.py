@@ -38,11 +38,11 @@ class WorkerProgress:
 
 
 class Progress:
-    def __init__(self, jobs: dict[int, int], steps: int):
-        """jobs: job id -> worker count."""
+    def __init__(self, jobs: dict[int, int], steps: int, first: int = 0):
+        """jobs: job id -> worker count; first: the steps a resumed run's earlier run did."""
         self.steps = steps
         self.last_t = 0.0  # latest worker clock seen: rates use the workers' time, not when we read
-        self.workers = {(j, w): WorkerProgress() for j, n in jobs.items() for w in range(n)}
+        self.workers = {(j, w): WorkerProgress(step=first - 1) for j, n in jobs.items() for w in range(n)}
         self.curves = {j: Curve() for j in jobs}
         self.samples: list[tuple[float, int, int]] = []  # (time, steps done, packets), for rates
         # (job, step) -> worker -> (its clock, gradient frames sent, retransmitted, frames rejected) when

@@ -369,7 +369,8 @@ class Run:
         self.agents.start(self.jobs)
 
     def train(self) -> tuple[Progress, float]:
-        self.progress = progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps)
+        self.progress = progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps,
+                                            self.first_step())
         tty = sys.stdout.isatty()
         t0 = time.monotonic()
         last_print, shown = 0.0, -1

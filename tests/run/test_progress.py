@@ -75,3 +75,12 @@ def test_span_runs_from_the_last_worker_ready_to_the_latest_record():
     p.feed(line(job=1, worker=1, step=-1, sent=0, retx=0, t=12.0))
     p.feed(line(job=1, worker=0, step=0, sent=5, retx=0, t=15.5))
     assert p.span() == 3.5
+
+
+def test_a_resumed_run_counts_from_the_steps_its_earlier_run_did():
+    p = Progress({1: 2}, steps=8, first=5)
+    assert p.step == 5 and "step 5/8" in p.bar(width=8)  # was 0/8 until the first step ended
+    p.feed(line(job=1, worker=0, step=5, sent=10, retx=0))
+    assert p.step == 5
+    p.feed(line(job=1, worker=1, step=5, sent=10, retx=0))
+    assert p.step == 6 and "step 6/8" in p.bar(width=8)
