@@ -142,7 +142,9 @@ def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path)
 
     from mindp import progress
 
-    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "40", "--p4", "committed").start()
+    # 400 steps: the mlp runs 35 steps/s here, so 40 steps were done before a check at step 3 could
+    # send SIGINT (the run ended 0, not 130)
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "400", "--p4", "committed").start()
     log = tmp_path / "runs" / "latest" / "logs" / "worker-job1-0.log"
 
     def at_step_3() -> bool:
@@ -160,5 +162,5 @@ def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path)
     assert again.run() == 0, again.err + again.out
     s = latest(tmp_path)
     assert s["resumed_from"]["run"] == str(old) and s["resumed_from"]["first_step"] >= 3
-    assert s["steps"] == 40 and s["max_abs_param_diff_vs_reference"] == 0.0
+    assert s["steps"] == 400 and s["max_abs_param_diff_vs_reference"] == 0.0
     assert_clean(again)
