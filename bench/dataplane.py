@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import subprocess
 import sys
 import tempfile
 
@@ -22,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from controller.p4runtime import SwitchConnection  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
 from mindp import targets  # noqa: E402
-from mindp.protocol import MAX_K  # noqa: E402
+from mindp.protocol import K, K_ENV, MAX_K  # noqa: E402
 from mindp.loadgen import aggregation_entries, closed_loop, forward_frames, gradient_frames  # noqa: E402
 from mindp.testbed import Testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
@@ -51,7 +52,7 @@ def measure(target: str, k: int, program: tuple[str, str], packets: int, window:
         cfg = targets.SwitchConfig(ports=bed.ports(), grpc_addr=f"127.0.0.1:{targets.free_port()}",
                                    log_file=os.path.join(logdir, f"switch-{target}-k{k}.log"),
                                    thrift_port=targets.free_port())
-        with targets.SwitchProcess(target, cfg), SwitchConnection(cfg.grpc_addr, p4info_path=program[0]) as sw:
+        with targets.SwitchProcess(target, cfg, k=k), SwitchConnection(cfg.grpc_addr, p4info_path=program[0]) as sw:
             sw.push_pipeline(program[0], program[1])
             for e in aggregation_entries(SENDER, SINK):
                 sw.insert(e)
@@ -67,22 +68,36 @@ def main() -> int:
     ap.add_argument("--k", type=integer(8, MAX_K), nargs="+", default=list(artifacts.COMMITTED_K))
     ap.add_argument("--packets", type=integer(2), default=6000)
     ap.add_argument("--window", type=integer(2), default=48, help="frames in flight (BMv2 queues hold 64)")
+    ap.add_argument("--row", action="store_true", help="one K, this process's: its row only")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench/dataplane.py needs root (network namespaces)")
         return 1
-    target = targets.resolve(args.target)
-    print(f"switch throughput on {target}: closed loop, window {args.window}, {args.packets} packets per figure")
-    print(f"{'K':>4} {'forward pps':>12} {'aggregate pps':>14} {'agg/fwd':>8} {'elements/s':>12}")
-    with tempfile.TemporaryDirectory() as tmp:
+    if not args.row:  # each K in a process of that K, as the controller pushes only its own K's program
+        print(f"switch throughput (TARGET={args.target}: BMv2 where it runs K): closed loop, window {args.window}, "
+              f"{args.packets} packets per figure")
+        print(f"{'K':>4} {'forward pps':>12} {'aggregate pps':>14} {'agg/fwd':>8} {'elements/s':>12}  switch",
+              flush=True)
         for k in args.k:
+            try:
+                targets.resolve(args.target, k)
+            except targets.TargetError as exc:
+                print(f"{k:>4} skipped: {exc}", flush=True)
+                continue
+            subprocess.run([sys.executable, __file__, "--target", args.target, "--k", str(k), "--packets",
+                            str(args.packets), "--window", str(args.window), "--row"],
+                           env={**os.environ, K_ENV: str(k)}, check=True)
+        return 0
+    target = targets.resolve(args.target, K)
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in [K]:
             program = program_for(k, pathlib.Path(tmp))
             if program is None:
                 print(f"{k:>4} skipped: p4c-bm2-ss not installed to compile K={k}")
                 continue
             r = measure(target, k, program, args.packets, args.window, tmp)
             print(f"{k:>4} {r['forward_pps']:12,.0f} {r['aggregate_pps']:14,.0f} "
-                  f"{r['aggregate_pps'] / r['forward_pps']:8.2f} {r['aggregate_pps'] * k:12,.0f}")
+                  f"{r['aggregate_pps'] / r['forward_pps']:8.2f} {r['aggregate_pps'] * k:12,.0f}  {target}")
     return 0
 
 

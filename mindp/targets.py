@@ -90,8 +90,10 @@ class SwitchConfig:
         return args + self.grpc_args
 
 
-def command(target: str, cfg: SwitchConfig) -> list[str]:
-    target = resolve(target, protocol.K)  # the switch runs this process's K (the controller pushes it)
+def command(target: str, cfg: SwitchConfig, k: int | None = None) -> list[str]:
+    """The switch's command line for a program of `k` elements a frame (default: this process's K,
+    which its controller pushes)."""
+    target = resolve(target, protocol.K if k is None else k)
     if target == "bmv2":
         return [find_bmv2(), *([] if cfg.log_level else ["--log-level", "off"]), *cfg.args()]
     pipeline = ["--pipeline", "python"] if target == "embedded-python" else []
@@ -161,10 +163,12 @@ def free_port() -> int:
 class SwitchProcess:
     """One running switch. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, target: str, cfg: SwitchConfig, *, prefix: list[str] | None = None):
-        self.target = resolve(target, protocol.K)
+    def __init__(self, target: str, cfg: SwitchConfig, *, prefix: list[str] | None = None, k: int | None = None):
+        """k: the elements a frame of the program it will run (default: this process's K)."""
+        k = protocol.K if k is None else k
+        self.target = resolve(target, k)
         self.cfg = cfg
-        self.cmd = [*(prefix or []), *command(self.target, cfg)]
+        self.cmd = [*(prefix or []), *command(self.target, cfg, k)]
         self.proc: subprocess.Popen | None = None
 
     @property

@@ -226,3 +226,14 @@ def test_a_script_runs_config_json_records_no_built_in_model_or_steps_and_still_
     assert set(config.RunConfig(model="cnn").recorded()) >= set(config.BUILTIN_ONLY)  # a built-in run keeps them
     back = resume.settings(resume.Resumed(tmp_path, got), config.RunConfig(), [])
     assert (back.script, back.script_args, back.workers) == (script.script, script.script_args, 2)
+
+
+def test_a_switch_process_for_another_k_than_its_process_says_so(monkeypatch):
+    """bench/dataplane.py starts BMv2 for its K = 32 program from a process of K = 512."""
+    from mindp import protocol, targets
+
+    monkeypatch.setattr(protocol, "K", protocol.DEFAULT_K)
+    if targets.find_bmv2():
+        sw = targets.SwitchProcess("bmv2", targets.SwitchConfig(ports={}), k=protocol.HARDWARE_K)
+        assert sw.target == "bmv2" and sw.cmd[0] == targets.find_bmv2()
+    assert targets.SwitchProcess("auto", targets.SwitchConfig(ports={}), k=protocol.DEFAULT_K).target == "embedded"
