@@ -12,8 +12,8 @@ import json
 import pathlib
 from dataclasses import asdict, dataclass
 
-#: The line a worker prints when its parameters differed from the node's digest (host_agent.digest).
-MISMATCH_LINE = "parameters differ from the optimizer node's digest"
+from host_agent.digest import MISMATCH_LINE
+
 
 
 @dataclass

@@ -32,6 +32,9 @@ from mindp.protocol import K, UDP_PORT
 
 #: UDP port of the digest messages (node side; workers send from any port).
 DIGEST_PORT = UDP_PORT + 2
+#: What a worker's line says when its parameters differ from the step digest (read back from
+#: logs by mindp-ctl stats --run and make soak).
+MISMATCH_LINE = "parameters differ from the optimizer node's digest"
 #: Block digests per node range: a mismatch is narrowed to 1/BLOCKS of the range before fetching.
 BLOCKS = 64
 #: Digests of this many recent committed steps are kept by the node.
@@ -387,7 +390,7 @@ class Client:
                 changed.append(c)
         stats["digest_repaired_chunks"] += len(changed)
         shown = ", ".join(map(str, changed[:8])) + (" ..." if len(changed) > 8 else "")
-        print(f"{self.name}: step {step}: parameters differ from the optimizer node's digest in {len(changed)} "
+        print(f"{self.name}: step {step}: {MISMATCH_LINE} in {len(changed)} "
               f"chunk(s): {shown}; taken again from the node", file=sys.stderr, flush=True)
         for s, blocks, differ in bad:
             if (blocks.of(flat)[differ] != self.answers[(step, s.ip)][differ]).any():

@@ -35,6 +35,7 @@ import numpy as np
 
 from controller.controller import Controller
 from host_agent import optim, reference
+from host_agent.digest import MISMATCH_LINE
 from host_agent.optim import OptimizerConfig
 from host_agent.resume import ResumeFile
 from mindp import targets, testbed
@@ -44,8 +45,6 @@ from mindp.topology import star
 GROWTH_LIMIT = 1.05
 CHUNKS = 45  # a step of the soak's model
 FAULTS = ("switch", "node", "worker", "controller")
-#: A worker's line when its parameters differ from the step digest (host_agent/digest.py).
-MISMATCH_LINE = "parameters differ from the optimizer node's digest"
 #: In an agent's command line: the number of its life (0, then 1 after a restart, ...).
 LIFE = "{life}"
 
