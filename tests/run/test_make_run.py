@@ -48,9 +48,13 @@ class MakeRun:
         self.proc: subprocess.Popen | None = None
         self.out = self.err = ""
 
-    def start(self) -> MakeRun:
+    def start(self, ctrl_c: bool = False) -> MakeRun:
+        """ctrl_c: the run takes SIGINT as a terminal's foreground job does. A shell without job
+        control starts background commands with SIGINT ignored, and Python then keeps it ignored:
+        a `make test &` would otherwise hand that on to the run, which would train through it."""
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                     stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if ctrl_c else None)
         return self
 
     def wait(self) -> int:

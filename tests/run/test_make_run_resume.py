@@ -142,9 +142,9 @@ def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path)
 
     from mindp import progress
 
-    # 400 steps: the mlp runs 35 steps/s here, so 40 steps were done before a check at step 3 could
-    # send SIGINT (the run ended 0, not 130)
-    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "400", "--p4", "committed").start()
+    # 400 steps (the mlp runs about 35 a second here): the SIGINT comes well before the last
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "400", "--p4", "committed"
+                  ).start(ctrl_c=True)
     log = tmp_path / "runs" / "latest" / "logs" / "worker-job1-0.log"
 
     def at_step_3() -> bool:
