@@ -4,7 +4,9 @@ The switch does not see digests (they go between the workers and the optimizer n
 the counters come from the run's worker logs (DIR/logs/worker-job<J>-<W>.log, what summary.json
 sums too): a worker that finished wrote a `done` record with its digest_checks and
 digest_mismatches; one still running is counted by the one line it prints at each mismatch
-(its checks are known once it is done).
+(its checks are known once it is done). A SCRIPT= run's torchrun ranks write their `done` record to
+DIR/logs/ranks/rank<r>.jsonl as they exit (their mismatch lines go to torchrun's log: a running rank
+counts none).
 """
 from __future__ import annotations
 
@@ -44,15 +46,30 @@ def read_run(run_dir: str | pathlib.Path, job_ids) -> dict[int, DigestCounts]:
     logs = pathlib.Path(run_dir) / "logs"
     if not logs.is_dir():
         raise FileNotFoundError(f"{run_dir}: not a make run directory (no logs/ in it)")
+    ranks: dict[int, list[list[str]]] = {}  # a SCRIPT= run's torchrun ranks, by the job their records name
+    for path in sorted((logs / "ranks").glob("rank*.jsonl")):
+        lines = path.read_text(errors="replace").splitlines()
+        ranks.setdefault(record_job(lines), []).append(lines)
     out = {}
     for j in sorted(job_ids):
         c = DigestCounts()
-        for path in sorted(logs.glob(f"worker-job{j}-*.log")):
-            checks, mismatches, done = worker_counts(path.read_text(errors="replace").splitlines())
+        workers = [p.read_text(errors="replace").splitlines() for p in sorted(logs.glob(f"worker-job{j}-*.log"))]
+        for lines in workers + ranks.get(j, []):
+            checks, mismatches, done = worker_counts(lines)
             c.checks, c.mismatches = c.checks + checks, c.mismatches + mismatches
             c.workers_done, c.workers = c.workers_done + done, c.workers + 1
         out[j] = c
     return out
+
+
+def record_job(lines: list[str]) -> int | None:
+    """The job a rank's figures (logs/ranks/rank<r>.jsonl, mindp.torch) belong to: its first record's."""
+    for line in lines:
+        try:
+            return int(json.loads(line)["job"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def attach(snap, run_dir: str | None):

@@ -22,6 +22,8 @@ does this before it starts the node (mindp-optimizer --init DIR/init.npz --optim
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import pathlib
@@ -89,15 +91,28 @@ class Optimizer:
         _owned.update(id(p) for _, p in trained(module))
         _guard_clipping()
         _current[:] = [self]
+        self.last_t = 0.0
         self.record(ev="step", step=agent.step - 1)  # ready: the step before the first this process trains
+        if self.metrics:
+            atexit.register(self.done)
 
     def record(self, **rec) -> None:
         """One JSON line of this rank's figures (make run's progress, metrics.csv)."""
         if self.metrics:
-            line = {"job": self.job, "worker": self.rank, "t": time.time(), "sent": self.agent.stats["sent"],
+            self.last_t = time.time()
+            line = {"job": self.job, "worker": self.rank, "t": self.last_t, "sent": self.agent.stats["sent"],
                     "retx": self.agent.stats["retransmitted"], "rej": self.agent.rejected, **rec}
             with open(self.metrics, "a") as f:
                 f.write(json.dumps(line) + "\n")
+
+    def done(self) -> None:
+        """The rank's last line as it exits, as a built-in worker's: its counters, the step digest's
+        checks among them (summary.json, mindp-ctl stats --run), timed at its last step's record
+        (what the script does after its last step is not training)."""
+        stats = {k: int(self.agent.stats[k]) for k in ("sent", "retransmitted", "digest_checks", "digest_mismatches")}
+        with contextlib.suppress(OSError), open(self.metrics, "a") as f:
+            f.write(json.dumps({"ev": "done", "job": self.job, "worker": self.rank, "t": self.last_t,
+                                "step": self.agent.step - 1, "stats": stats}) + "\n")
 
     @property
     def step_number(self) -> int:

@@ -59,3 +59,17 @@ def test_mindp_ctl_stats_run(switch, topo, tmp_path):
     assert cli.json("stats", "--run", str(run))["digests"]["1"]["mismatches"] == 2
     assert "digests" not in cli.json("stats")
     cli.fails("stats", "--run", str(tmp_path), match="not a make run directory (no logs/ in it)")
+
+
+def test_a_script_runs_ranks_count_by_their_exit_records(tmp_path):
+    """SCRIPT= runs: torchrun's ranks write logs/ranks/rank<r>.jsonl; a rank that exited wrote its
+    done record; one still running (no done record) has no checks known yet."""
+    run = run_dir(tmp_path)
+    ranks = run / "logs" / "ranks"
+    ranks.mkdir()
+    step = json.dumps({"ev": "step", "job": 2, "worker": 0, "step": 4})
+    (ranks / "rank0.jsonl").write_text(f"{step}\n" + done(5, 1).replace('"job": 1', '"job": 2') + "\n")
+    (ranks / "rank1.jsonl").write_text(f"{step}\n")
+    got = digests.read_run(run, [1, 2])
+    assert got[2] == digests.DigestCounts(checks=5, mismatches=1, workers_done=1, workers=3)
+    assert got[1] == digests.DigestCounts(checks=8, mismatches=2, workers_done=2, workers=3)

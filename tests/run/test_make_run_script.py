@@ -33,6 +33,8 @@ def test_cnn_example_is_bit_exact_with_its_reference(tmp_path, target):
     s = run.summary()
     assert s["max_abs_param_diff_vs_reference"] == 0.0 and s["steps"] == 5 and s["target"] == target
     assert [step for step, _ in s["loss_curve"]] == list(range(5))
+    # every rank checked every step against the node's step digest, as a built-in worker does
+    assert (s["digest_checks"], s["digest_mismatches"]) == (2 * 5, 0)
     assert "bit-exact with the script's single-process reference" in run.out
     assert "train_cnn.py (3,818 parameters, adamw lr 0.003, schedule cosine)" in run.out
     assert json.loads((run.run_dir / "job1" / "spec" / "optimizer.json").read_text())["schedule"]["warmup"] == 1
