@@ -30,6 +30,13 @@ RECV_ELEMENTS = 1 << 19
 RECV_ROWS = max(1, RECV_ELEMENTS // K)
 
 
+def stall_due(n: int, gap_max: int) -> int:
+    """When resend n (from 0) of a stall is due, in stall_resend periods after the last sum: gaps of
+    1, 2, 4, ... periods, at most gap_max (a power of two) each."""
+    k = gap_max.bit_length() - 1  # doublings before the cap
+    return 2 ** (n + 1) - 1 if n < k else 2 ** k - 1 + (n - k + 1) * gap_max
+
+
 @dataclass
 class NodeAddress:
     mac: str
@@ -39,8 +46,12 @@ class NodeAddress:
 class OptimizerNode:
     """NodeCore on a raw socket: SUM frames in, PARAM frames out to the switch (broadcast address)."""
 
-    #: Resends of one stall: at 1, 3, 7, ... times stall_resend seconds without a sum.
-    STALL_RESENDS = 6
+    #: A stall's resends: after 1, 3, 7, ... times stall_resend s without a sum, the gap doubling up
+    #: to this many times stall_resend, then kept for as long as no sum comes. Never given up: a
+    #: switch restored after the series ended (its restart and pipeline push took longer on a busy
+    #: machine) absorbs a retransmitted gradient of a chunk some workers already had as a new, never
+    #: completed use (they will not resend it), so no sum comes and only a resend can answer it.
+    STALL_GAP_MAX = 8
 
     def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None,
                  stall_resend: float = 1.0, sources: list[tuple[str, str]] | None = None,
@@ -193,9 +204,8 @@ class OptimizerNode:
         """No sum for stall_resend s (then 3x, 7x, ...): send the recent parameters again. Covers
         a switch that lost its partial sums (restart) while some workers had a chunk's parameters
         and others not, and a lost last parameter chunk of the run."""
-        if not self.stall_resend or self._stall_resends >= self.STALL_RESENDS:
-            return
-        if now - self._last_sum < self.stall_resend * (2 ** (self._stall_resends + 1) - 1):
+        if not self.stall_resend or now - self._last_sum < self.stall_resend * stall_due(self._stall_resends,
+                                                                                          self.STALL_GAP_MAX):
             return
         self._stall_resends += 1
         try:
