@@ -108,6 +108,14 @@ def digest_tally(stats: list[pathlib.Path], logs: list[pathlib.Path]) -> DigestT
     return tally
 
 
+def switch_fault_args(args) -> list[str]:
+    """The embedded switch's duplicates and reordering (BMv2 has none), for the target this
+    process's K resolves to: TARGET=auto takes the embedded switch at a K BMv2 cannot run."""
+    if targets.resolve(args.target, K) != "embedded":
+        return []
+    return ["--dup-prob", str(args.dup), "--reorder-prob", str(args.reorder), "--seed", str(args.seed)]
+
+
 def rss_kb(pid: int) -> int:
     try:
         for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -152,10 +160,9 @@ class Soak:
         self.bed = testbed.Testbed("sk-")
         for h in self.topo.hosts.values():
             self.bed.add(h)
-        switch_faults = ["--dup-prob", str(a.dup), "--reorder-prob", str(a.reorder), "--seed", str(a.seed)]
         cfg = targets.SwitchConfig(ports=self.bed.ports(), grpc_addr=self.topo.switch.grpc_addr,
                                    log_file=str(self.work / "switch.log"), thrift_port=targets.free_port(),
-                                   fault_args=switch_faults if targets.resolve(a.target) == "embedded" else [])
+                                   fault_args=switch_fault_args(a))
         self.switch = targets.SwitchProcess(a.target, cfg)
         self.start_switch()
         self.ctl = Controller(cfg.grpc_addr, topology=self.topo)
@@ -253,9 +260,22 @@ class Soak:
             if kb:
                 self.report.rss[(name, window)] = max(self.report.rss.get((name, window), 0), kb)
 
+    def standing(self) -> list[str]:
+        """Where each worker stands (its resume file): for a soak that stopped moving."""
+        out = []
+        for (j, w) in sorted(self.workers):
+            try:
+                f = ResumeFile(self.resume_path(j, w), j, w, self.layout)
+                done = int(f.answered_in(f.step)[0].sum())
+                out.append(f"  worker {w} of job {j}: step {f.step}, {done} of {self.layout.n_chunks} chunks answered")
+            except (OSError, ValueError):
+                out.append(f"  worker {w} of job {j}: no resume file")
+        return out
+
     def run(self) -> None:
         plan = self.schedule()
         last, last_change, shown = -1, time.monotonic(), -1
+        late = (0.0, 0.0)  # the longest this loop overslept its poll (not run: a machine stall), and when
         while True:
             steps = self.progress()
             step = min(steps.values())
@@ -270,12 +290,17 @@ class Soak:
             for a in [*self.nodes.values(), *self.workers.values()]:
                 rc = a.proc.poll()
                 if rc not in (None, 0):
-                    raise SystemExit(f"soak: {a.name} failed (exit {rc}); see {a.log}")
+                    raise SystemExit("\n".join([f"soak: {a.name} failed (exit {rc}); see {a.log}", *self.standing()]))
             if all(a.proc.poll() == 0 for a in [*self.workers.values(), *self.nodes.values()]):
                 break
             if time.monotonic() - last_change > 180:
-                raise SystemExit(f"soak: no step for 180 s at step {step}; see {self.work}")
+                when = time.strftime("%H:%M:%S", time.localtime(late[1]))
+                raise SystemExit("\n".join([
+                    f"soak: no step for 180 s at step {step}; see {self.work}", *self.standing(),
+                    f"  this process overslept its poll by up to {late[0]:.1f} s (at {when})"]))
+            t = time.monotonic()
             time.sleep(0.2)
+            late = max(late, (time.monotonic() - t - 0.2, time.time()))
         self.bank_counters()
 
     # --- verdict -----------------------------------------------------------------------------

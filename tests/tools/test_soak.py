@@ -1,5 +1,11 @@
 """The soak's verdicts (tools/soak.py), without a network: RSS growth after warm-up and the fault plan."""
 import argparse
+import subprocess
+import sys
+
+import numpy as np
+
+from host_agent import resume
 
 from tools import soak
 
@@ -37,3 +43,44 @@ def test_digest_tally_counts_every_life_and_a_mismatch_fails(tmp_path):
     quiet.write_text("mindp-worker 1/1: done\n")
     got = soak.digest_tally(sorted(tmp_path.glob("stats*.json")), [log, quiet, tmp_path / "missing.log"])
     assert (got.checks, got.mismatches) == (47, 1)
+
+
+def test_the_embedded_switch_gets_its_faults_wherever_it_is_the_one_started(monkeypatch):
+    args = argparse.Namespace(target="auto", dup=0.01, reorder=0.02, seed=5)
+    monkeypatch.setattr(soak.targets, "find_bmv2", lambda: "/opt/p4tools/bin/simple_switch_grpc")
+    monkeypatch.setattr(soak, "K", 512)  # a K BMv2 cannot run: auto starts the embedded switch
+    assert soak.switch_fault_args(args) == ["--dup-prob", "0.01", "--reorder-prob", "0.02", "--seed", "5"]
+    monkeypatch.setattr(soak, "K", 32)  # BMv2 runs it: no switch faults (BMv2 has none)
+    assert soak.switch_fault_args(args) == []
+    assert soak.switch_fault_args(argparse.Namespace(target="embedded", dup=0.0, reorder=0.0, seed=0))[:2] == \
+        ["--dup-prob", "0.0"]
+
+
+def test_a_stopped_soak_says_where_each_worker_stands(tmp_path):
+    args = argparse.Namespace(steps=2000, workers=2, seed=3, faults=1, loss=0.05)
+    s = soak.Soak(args, tmp_path)
+    s.workers = {(1, 0): None, (1, 1): None}
+    path = s.resume_path(1, 0)
+    resume.create(path, 1, 0, s.layout, np.zeros(s.layout.total, np.float16), 75, None)
+    f = resume.ResumeFile(path, 1, 0, s.layout)
+    f.record(75, np.array([0, 4]), np.array([False, False]))
+    assert s.standing() == [f"  worker 0 of job 1: step 75, 2 of {s.layout.n_chunks} chunks answered",
+                            "  worker 1 of job 1: no resume file"]
+
+
+def test_the_rss_rule_catches_a_process_that_keeps_what_it_takes():
+    """Real RSS read as the soak reads it: a process holding 16 MB more each window fails the rule,
+    one that frees what it takes passes."""
+    code = ("import sys\nheld = []\nfor line in sys.stdin:\n    b = bytearray(16 << 20)\n"
+            "    if line.strip() == 'keep':\n        held.append(b)\n    del b\n    print('ok', flush=True)\n")
+    for how, grows in (("keep", True), ("free", False)):
+        with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True) as proc:
+            rep = soak.Report()
+            for window in range(4):
+                proc.stdin.write(how + "\n")
+                proc.stdin.flush()
+                assert proc.stdout.readline() == "ok\n"
+                rep.rss[("p", window)] = soak.rss_kb(proc.pid)
+            proc.stdin.close()
+        assert (soak.growth(rep, 4)["p"] > soak.GROWTH_LIMIT) is grows, rep.rss
