@@ -163,7 +163,7 @@ SOAK_LOSS ?= 0.05
 soak:
 	@[ "$$(id -u)" = 0 ] || { echo "make soak: must run as root (network namespaces)" >&2; exit 1; }
 	@$(MAKE) -s --no-print-directory setup
-	@$(PY) -m tools.soak --steps $(SOAK_STEPS) --window $(SOAK_WINDOW) --loss $(SOAK_LOSS) --target $(TARGET) --seed $(SEED)
+	@$(PY) -m tools.soak --steps $(SOAK_STEPS) --window $(SOAK_WINDOW) --loss $(SOAK_LOSS) --target $(TARGET) --seed $(SEED) $(if $(SOAK_KEEP),--keep $(SOAK_KEEP))
 
 # make stress MINUTES=N: bit-exact scenarios with random seeds, faults and contention (docs/RUN.md).
 MINUTES ?= 10
