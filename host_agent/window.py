@@ -17,11 +17,12 @@ class RtoConfig:
     """Retransmission timing (seconds). RTO follows RFC 6298 from round trips of chunks sent once."""
 
     # RFC 6298 2.1. Also the least a chunk waits (doubled per resend) while nothing at all was
-    # answered since it was sent (Window._hold): a window late as a whole waits for a peer or the
-    # node (a step's start, a commit), which the round trips between such stalls do not measure;
-    # a loss takes single chunks, which later chunks' answers show (fast retransmit) or which time
-    # out after the RTO once something was answered. Before the first round trip such a window
-    # waits the longest any timer does (RttEstimator.cap): see Window._hold.
+    # answered since it was sent (Window._hold), until resends prove frames lost (RttEstimator.hold):
+    # a window late as a whole waits for a peer or the node (a step's start, a commit), which the
+    # round trips between such stalls do not measure; a loss takes single chunks, which later
+    # chunks' answers show (fast retransmit) or which time out after the RTO once something was
+    # answered. Before the first round trip such a window waits the longest any timer does
+    # (RttEstimator.cap): see Window._hold.
     initial: float = 1.0
     min: float = 0.02
     # Cap of the timeouts' back-off, not of the measured RTO: when round trips are longer (more
@@ -70,8 +71,9 @@ class RtoConfig:
 
 
 class RttEstimator:
-    """RFC 6298's smoothed round trip and variance, and the longest round trip of the current and
-    the previous step (`peaks`): the RTO covers both (RtoConfig.peak)."""
+    """RFC 6298's smoothed round trip and variance, the longest round trip of the current and the
+    previous step (`peaks`): the RTO covers both (RtoConfig.peak); and the hold of a window late as
+    a whole (`hold`), learnt from the answers to resends."""
 
     def __init__(self, cfg: RtoConfig):
         self.cfg = cfg
@@ -82,6 +84,7 @@ class RttEstimator:
         self.peaks = [0.0, 0.0]  # the longest round trip of the previous step, of this step
         self.step: int | None = None
         self._backed_off_at = float("-inf")
+        self.hold = cfg.initial  # the least a window late as a whole waits (Window._hold)
 
     @property
     def cap(self) -> float:
@@ -124,6 +127,19 @@ class RttEstimator:
         self.measured = min(self.cfg.deadline / 4,
                             max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar), self.cfg.peak * max(self.peaks)))
         self.rto = min(self.cap, self.measured)
+
+    def resends_answered(self, needed: int, spurious: int) -> None:
+        """Answers to chunks this worker resent. A flagged one says a frame was lost (a resend
+        completed the chunk): each halves the hold, since on a lossy network a window late as a
+        whole is mostly a lost last frame, which the hold only delays (a small model's step is a
+        few frames: every loss cost >= `initial`). An unflagged one proves the resend spurious (the
+        first sends completed the chunk: the window was only late) and restores the hold to
+        `initial`, as TCP's Eifel response restores its state (RFC 4015). So without evidence of
+        loss (LOSS=0) the hold stays whole."""
+        if spurious:
+            self.hold = self.cfg.initial
+        elif needed:
+            self.hold = max(self.cfg.min, self.hold / 2 ** needed)
 
     def backoff(self, attempts: int) -> float:
         """Timeout of a chunk sent `attempts` times: doubled per retransmission, capped."""
@@ -175,6 +191,8 @@ class Window:
         self.n_done = 0
         self.last_progress = now
         self.heard = False  # a chunk of this step was answered: every peer is in it
+        self.heard_at = float("inf")  # when first
+        self.behind = False  # before that, a peer was seen still in the previous step (peer_behind)
         self.timeouts = 0
         self.fast_retransmits = 0
         self.fast_due: list[tuple[float, int]] = []  # (when, chunk) found overdue by a later chunk's parameters
@@ -264,9 +282,10 @@ class Window:
         """Of the chunks whose timers expired, those to resend now; the others' timers move on.
         A timer was set at its send from the RTO then; the RTO has grown since where this step's
         round trips grew (RtoConfig.peak): it counts from the send at today's RTO. While nothing was
-        answered since a chunk was sent (the whole window late) it waits at least `initial`,
-        doubled per resend; in a first step (no round trip measured yet), until the first answer,
-        it waits the cap (a quarter of the deadline) per try. The workers' first steps start
+        answered since a chunk was sent (the whole window late) it waits at least the learnt hold
+        (RttEstimator.hold: `initial` until resends prove frames lost, and while a peer is behind:
+        peer_behind), doubled per resend; in a first step (no round trip measured yet), until the
+        first answer, it waits the cap (a quarter of the deadline) per try. The workers' first steps start
         seconds apart (each builds and evaluates the model on shared cores), a wait no timer can
         tell from a loss, with nothing to resend for: a loss takes single frames, which the first
         answers show (fast retransmit, and the timers from then on). Only a window lost whole
@@ -276,8 +295,9 @@ class Window:
         due = at + np.minimum(rtt.cap, rtt.rto * 2.0 ** (att - 1))
         whole = self.last_progress <= at
         if whole.any():
+            learnt = rtt.cfg.initial if self.behind and not self.heard else rtt.hold
             hold = (rtt.cap if rtt.srtt is None and not self.heard else
-                    np.minimum(rtt.cfg.deadline / 4, rtt.cfg.initial * 2.0 ** (att[whole] - 1)))
+                    np.minimum(rtt.cfg.deadline / 4, learnt * 2.0 ** (att[whole] - 1)))
             due[whole] = np.maximum(due[whole], at[whole] + hold)
         wait = due > now
         self.expiry[late[wait]] = due[wait]
@@ -296,6 +316,17 @@ class Window:
             self._flush = True  # all of them at once: known lost, not late
         self.last_progress = now
 
+    def peer_behind(self) -> None:
+        """Parameters of an earlier step came flagged RETRANSMIT: a peer's resend of it was answered,
+        so a peer is still recovering that step (a lost frame) and this step's first chunks wait for
+        it. Their round trips measure that recovery, not this worker's path: no samples (through
+        RtoConfig.peak they made each loss's wait longer for every peer, and each longer recovery
+        longer round trips again: RTOs of 0.7-2 s at LOSS=0.02), and a window late as a whole
+        meanwhile waits the full `initial`, being late for a known reason. Once something of the
+        step is answered every peer is in it, and this no longer applies."""
+        if not self.heard:
+            self.behind = True
+
     def on_param(self, chunk: int, now: float, sample: bool = True) -> bool:
         """Parameters for `chunk` arrived; False if already had them. `sample`: False when a
         retransmission (any worker's) completed the chunk or was answered (the RETRANSMIT flag), so
@@ -312,7 +343,8 @@ class Window:
         from the chunk's first send even when this worker resent it meanwhile: it proves that
         resend spurious and says how long the answer really took, as TCP's timestamps do (Eifel,
         RFC 3522). Excluding every resent chunk instead left the estimate blind to exactly the
-        stalls that caused the resends: they recurred every step."""
+        stalls that caused the resends: they recurred every step. Answers to this worker's resends
+        teach the hold of a window late as a whole (RttEstimator.resends_answered)."""
         chunks = np.asarray(chunks, dtype=np.int64)
         fresh = np.zeros(len(chunks), dtype=bool)
         uniq, first = np.unique(chunks, return_index=True)
@@ -320,12 +352,19 @@ class Window:
         fc = chunks[fresh]
         if not len(fc):
             return fresh
+        if not self.heard:
+            self.heard, self.heard_at = True, now
+        flagged = ~np.asarray(sample, dtype=bool)[fresh]
+        # This worker's round trips: unflagged, and not spent waiting for a peer behind (peer_behind).
+        timed = ~flagged & ~(self.behind & (self.first_sent[fc] < self.heard_at))
+        resent = self.attempts[fc] > 1
+        if resent.any():
+            self.rtt.resends_answered(int(np.count_nonzero(resent & flagged)), int(np.count_nonzero(resent & timed)))
         self.done[fc] = True
         self.n_done += len(fc)
         self.last_progress = now
-        self.heard = True
         self._changed = True
-        eligible = fc[np.asarray(sample, dtype=bool)[fresh]]
+        eligible = fc[timed]
         self.expiry[fc] = np.inf
         if len(eligible):
             sent = self.first_sent[eligible]
