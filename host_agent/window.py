@@ -201,6 +201,7 @@ class Window:
         self._his = np.asarray([n_chunks - 1] if shard_his is None else shard_his, dtype=np.int64)
         self._fast_checked = np.concatenate(([0], self._his[:-1] + 1))  # per shard: checked below
         self._flush = False  # the next timeouts resend every expired chunk (the link came back)
+        self._held = False  # some timer was pushed past the RTO by the hold (Window._hold)
 
     def set_ready(self, chunks) -> None:
         self.ready[chunks] = True
@@ -299,6 +300,7 @@ class Window:
             hold = (rtt.cap if rtt.srtt is None and not self.heard else
                     np.minimum(rtt.cfg.deadline / 4, learnt * 2.0 ** (att[whole] - 1)))
             due[whole] = np.maximum(due[whole], at[whole] + hold)
+            self._held = True
         wait = due > now
         self.expiry[late[wait]] = due[wait]
         return late[~wait]
@@ -369,6 +371,15 @@ class Window:
         if len(eligible):
             sent = self.first_sent[eligible]
             self.rtt.sample(now - float(sent.max()), now - float(sent.min()))
+        if self._held:
+            # The silence the hold waited out ended: the held timers go by the RTO again (a frame
+            # lost meanwhile, a tail one that no later answer shows, waited the hold: 1 s).
+            self._held = False
+            out = np.flatnonzero(self.expiry != np.inf)
+            if len(out):
+                self.expiry[out] = np.minimum(self.expiry[out], self.sent_at[out] + np.minimum(
+                    self.rtt.cap, self.rtt.rto * 2.0 ** (self.attempts[out] - 1)))
+                self._earliest = min(self._earliest, float(self.expiry[out].min()))
         gap = self.rtt.cfg.fast_after
         if gap:
             at = now + min(self.rtt.cfg.reorder * (self.rtt.srtt or 0.0), self.rtt.cfg.min)

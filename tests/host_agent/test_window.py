@@ -461,3 +461,19 @@ def test_a_peer_still_in_the_previous_step_is_waited_for_and_not_timed():
     resent, rtt = step(behind=False)  # an unexplained silence: resent at the short hold, and timed
     assert resent == [0, 1, 2, 3] and rtt.peaks[1] == pytest.approx(0.6) and rtt.rto == pytest.approx(1.2)
     assert rtt.hold == 1.0  # the resend proved spurious: the hold is whole again
+
+
+def test_a_frame_lost_while_the_window_was_held_is_resent_by_the_rto_once_answers_come():
+    """The window waited for a peer behind (held `initial`); its last chunk's gradient was lost.
+    When the peer comes the other chunks are answered, and the lost one's timer, pushed to the
+    hold's end, goes by the RTO again: resent at once, not a second after its send."""
+    rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
+    for _ in range(8):
+        rtt.sample(0.01)
+    w = Window(1, 4, 4, rtt, 0.0)
+    w.set_ready(range(4))
+    assert w.due(0.0)[0] == [0, 1, 2, 3]
+    w.peer_behind()
+    assert w.due(0.2) == ([], []) and w.wake_at() == pytest.approx(1.0)
+    w.on_params(np.arange(3), 0.3, np.ones(3, bool))  # the peer came; chunk 3's gradient was lost
+    assert w.wake_at() <= 0.3 and w.due(0.3) == ([], [3])
