@@ -26,7 +26,6 @@ import numpy as np
 
 from host_agent import optim
 from mindp import progress as pace, protocol
-from mindp.torch import scriptref
 
 from . import rankerrors, results, resume
 from .agents import REPO, Agents
@@ -175,6 +174,8 @@ class ScriptRun(Run):
         stats = json.loads((self.job_dir / "optimizer-stats.json").read_text()) \
             if (self.job_dir / "optimizer-stats.json").exists() else {}
         done = int(stats.get("committed", progress.step - 1)) + 1  # the node's steps: a stopped run has fewer
+        from mindp.torch import scriptref  # torch: imported by SCRIPT= runs only (make torch)
+
         try:
             ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, self.argv, steps=done)
             diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)

@@ -22,10 +22,14 @@ def test_defaults_and_make_style_values():
     assert (config.parse(cli="1", log="DEBUG").cli, config.parse(log="DEBUG").log) == ("1", "debug")
 
 
-def test_eval_every_is_a_count_of_steps_and_not_for_a_script():
+def test_eval_every_is_a_count_of_steps():
     assert (config.parse().eval_every, config.parse(eval_every=" 0").eval_every) == (1, 0)
     with pytest.raises(config.RunConfigError, match=r"^EVAL must be an integer in 0\.\.\d+, got 'often'$"):
         config.parse(eval_every="often")
+
+
+def test_eval_and_gpt_are_refused_with_a_script():
+    pytest.importorskip("torch")  # SCRIPT= needs it (without it, that is the refusal)
     script = str(REPO / "examples" / "train_cnn.py")
     with pytest.raises(config.RunConfigError, match=r"^EVAL is not used with SCRIPT="):
         config.parse(script=script, given="SCRIPT EVAL")

@@ -92,6 +92,7 @@ if __name__ == "__main__":
 
 @needs_root
 def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path):
+    pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING_SCRIPT.format(examples=str(REPO / "examples"), flag=str(tmp_path / "flag")))
     args = ("--target", "embedded", "--workers", "2", "--p4", "committed", "--script", str(script),
@@ -112,6 +113,7 @@ def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path):
 def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path):
     """UP=1: the printed commands (one per worker host) train examples/train_cnn.py through the switch;
     make stop's SIGTERM ends the run, which reports the ranks' steps bit-exact with the reference."""
+    pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     import signal
 
     from mindp import progress
