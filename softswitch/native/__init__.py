@@ -7,6 +7,8 @@ shared object cached by the source's hash, and run a batch of frames per call.
   cparser    parser, calculations, checksums, deparser
   cpipeline  control flow, tables, and the packet path over a batch (Engine's)
   croll      runs of per-element statements rolled into loops (a large K's per-element code)
+  cspread    interleaved per-element temporaries laid out side by side
+  clocal     per-element temporaries whose old value is dead held in a loop's locals
   cprogram   the glue: the C translation unit and the context layout
   build      compile, cache on disk, load
   state      the flat tables and groups the C code reads, shared registers/counters, the call

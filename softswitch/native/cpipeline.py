@@ -142,6 +142,17 @@ def may_read(program_text: str, slot: int) -> bool:
     return False
 
 
+def _live(cb: CBuilder, template: str) -> str:
+    """`template` (a zeroing or a copy) over each run of the packet state's slots that some code uses."""
+    out, a = [], 0
+    for i in range(len(cb.init) + 1):
+        if i == len(cb.init) or i in cb.dead:
+            if i > a:
+                out.append(template.format(a=a, n=8 * (i - a)))
+            a = i + 1
+    return " ".join(out)
+
+
 def generate_packet_path(cb: CBuilder) -> None:
     """process() of one frame and mindp_run_batch(), Engine.run_batch's contract. A timestamp no
     code of the program reads is left unset: its clock read was a tenth of a large K's packet path."""
@@ -169,7 +180,7 @@ def generate_packet_path(cb: CBuilder) -> None:
     # zeroed, then the few nonzero initial values (metadata valid bits): half the memory traffic of
     # copying a constant image of thousands of slots (a large K's fields and temporaries)
     ones = " ".join(f"f[{i}] = {v}ULL;" for i, v in enumerate(cb.init) if v)
-    cb.emit(f"uint64_t f[{len(cb.init)}]; memset(f, 0, sizeof f); {ones}", 1)
+    cb.emit(f"uint64_t f[{len(cb.init)}]; {_live(cb, 'memset(f + {a}, 0, {n});')} {ones}", 1)
     cb.emit(f"f[{s['ingress_port']}] = (uint64_t)port; f[{s['packet_length']}] = (uint64_t)len; "
             f"f[{cb.layout.ilen}] = (uint64_t)len; f[{cb.layout.plen}] = (uint64_t)len;", 1)
     if "ingress_global_timestamp" in timestamps:
@@ -184,7 +195,7 @@ def generate_packet_path(cb: CBuilder) -> None:
                 "return; }", 2)
         cb.emit("for (int64_t r = C->pre.first[g]; r < C->pre.first[g + 1]; r++) {", 2)
         rid = f" h[{s['egress_rid']}] = (uint64_t)C->pre.rid[r];" if "egress_rid" in s else ""
-        cb.emit(f"uint64_t h[{len(cb.init)}]; memcpy(h, f, sizeof h);{rid}", 3)
+        cb.emit(f"uint64_t h[{len(cb.init)}]; {_live(cb, 'memcpy(h + {a}, f + {a}, {n});')}{rid}", 3)
         cb.emit("egress_one(h, C->pre.port[r], data, len, off, tx);", 3)
         cb.emit("}", 2)
         cb.emit("return;", 2)

@@ -11,6 +11,7 @@ from ..compiler import CompiledProgram
 from ..compiler_errors import UnsupportedConstruct
 from .cactions import generate_action
 from .cexpr import FIELD_BITS
+from .clocal import localize
 from .cparser import generate_calculation, generate_deparser, generate_parser
 from .cpipeline import CControlFlow, generate_packet_path
 from .cspread import spread
@@ -64,6 +65,7 @@ class CBuilder:
         self.init = program.init
         self.lines: list[str] = []
         self.program_start = 0
+        self.dead: set[int] = set()  # slots of the packet state no code uses (clocal): never zeroed or copied
 
     def reserved(self) -> set[int]:
         """Slots the packet path names itself, or starts nonzero: they keep their numbers (cspread)."""
@@ -118,6 +120,7 @@ class CBuilder:
             CControlFlow(self, pipeline).generate()
         generate_deparser(self, self.j["deparsers"][0])
         self.lines[self.program_start:] = spread(self.lines[self.program_start:], self.reserved())
+        self.lines[self.program_start:], self.dead = localize(self.lines[self.program_start:], self.reserved())
         generate_packet_path(self)
         self.lines.append(IO.read_text())
         return "\n".join(self.lines) + "\n", layout
