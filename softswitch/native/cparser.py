@@ -3,6 +3,7 @@ softswitch.compiler.parser, .calculations and .deparser. A parser error leaves `
 state that raised it started extracting, as the Python path's ParserError does."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from ..compiler.layout import HeaderLayout, hex_value
@@ -116,6 +117,7 @@ def _generate_op(cb: CBuilder, state: dict, op: dict) -> None:
         generate_extract(cb, layout.headers[params[0]["value"]], 1)
     elif kind == "set":
         slot = cb.py.lvalue(params[0])
+        cb.parser_writes.add(slot)
         line = e.store(slot, cb.exprs.node(params[1]))
         for pre in e.precheck(too_short):
             cb.emit(pre, 1)
@@ -137,6 +139,7 @@ def _generate_op(cb: CBuilder, state: dict, op: dict) -> None:
         if primitive["op"] not in PRIMITIVES or primitive["op"] == "exit":
             raise UnsupportedConstruct(f"primitive {primitive['op']!r} in parser state {state['name']!r}")
         lines = generate_primitive(cb, primitive, None, e)
+        cb.parser_writes.update(int(c) for line in lines for c in re.findall(r"\bf\[(\d+)\]", line))
         for line in e.precheck(too_short) + lines:
             cb.emit(line, 1)
     else:

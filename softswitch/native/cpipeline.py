@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from ..compiler.layout import hex_value
+from ..compiler.layout import HeaderLayout, hex_value
 from ..compiler.pipeline import ControlFlow, next_nodes
 from ..compiler.program import INSTANCE_NORMAL, INSTANCE_REPLICATION
 from ..compiler_errors import UnsupportedConstruct
@@ -142,11 +142,58 @@ def may_read(program_text: str, slot: int) -> bool:
     return False
 
 
-def _live(cb: CBuilder, template: str) -> str:
-    """`template` (a zeroing or a copy) over each run of the packet state's slots that some code uses."""
+EXTRACT_LINE = re.compile(r"^\s*f\[(\d+|\(\d+ \+ 1 \* _e\))\] = ([^;]*);$")
+LOOP_HEAD = re.compile(r"^\s*for \(int64_t _e = 0; _e < (\d+); _e\+\+\) \{$")
+
+
+def extracted_whole(cb: CBuilder) -> list[HeaderLayout]:
+    """Headers the parser writes only by extracting them whole (no set or primitive names a field,
+    nothing but an extract sets the validity bit) and whose fields it never reads: after parse()
+    each is valid with every field written, or untouched, so process() zeroes its fields after
+    parse() only where it is not valid (a large K's chunk header: 4 KB a frame not written twice)."""
+    lines = cb.lines[cb.program_start:]
+    start = next((i for i, line in enumerate(lines) if line.startswith("static int64_t parse(")), None)
+    if start is None:
+        return []
+    end = next(i for i in range(start, len(lines)) if lines[i] == "}")
+    body = lines[start + 1:end]
+    if INDIRECT_REF.search("\n".join(body)) or "memset" in "\n".join(body) or "memmove" in "\n".join(body):
+        return []
+    reached: list[tuple[set[int], str]] = []  # (slots a line names, the line)
+    rounds = 1
+    for line in body:
+        m = LOOP_HEAD.match(line)
+        rounds = int(m.group(1)) if m else rounds
+        slots = {int(c) for c in FIXED_REF.findall(line)}
+        for base, sign, step in STEPPED_REF.findall(line):
+            slots |= {int(base) + (1 if sign == "+" else -1) * int(step) * e for e in range(rounds)}
+        reached.append((slots, line))
+    in_stacks = {h.name for _, elements in cb.layout.stacks.values() for h in elements}
+    whole = []
+    for h in cb.layout.headers.values():
+        fields = set(range(h.first, h.end))
+        if h.metadata or h.name in in_stacks or not fields or fields & cb.parser_writes or \
+                any(cb.init[i] for i in fields):
+            continue
+        ok = True
+        for slots, line in reached:
+            if slots & fields:
+                m = EXTRACT_LINE.match(line)
+                ok = ok and m is not None and slots <= fields and not re.search(r"\bf\b", m.group(2))
+            if h.valid in slots:
+                writes = re.findall(rf"\bf\[{h.valid}\] (\S*)= ([^;]*);", line)
+                ok = ok and all(op == "" and value == "1" for op, value in writes)
+        if ok:
+            whole.append(h)
+    return whole
+
+
+def _live(cb: CBuilder, template: str, skip: set[int] = frozenset()) -> str:
+    """`template` (a zeroing or a copy) over each run of the packet state's slots that some code uses,
+    but those in `skip`."""
     out, a = [], 0
     for i in range(len(cb.init) + 1):
-        if i == len(cb.init) or i in cb.dead:
+        if i == len(cb.init) or i in cb.dead or i in skip:
             if i > a:
                 out.append(template.format(a=a, n=8 * (i - a)))
             a = i + 1
@@ -180,12 +227,16 @@ def generate_packet_path(cb: CBuilder) -> None:
     # zeroed, then the few nonzero initial values (metadata valid bits): half the memory traffic of
     # copying a constant image of thousands of slots (a large K's fields and temporaries)
     ones = " ".join(f"f[{i}] = {v}ULL;" for i, v in enumerate(cb.init) if v)
-    cb.emit(f"uint64_t f[{len(cb.init)}]; {_live(cb, 'memset(f + {a}, 0, {n});')} {ones}", 1)
+    whole = extracted_whole(cb)
+    later = {i for h in whole for i in range(h.first, h.end)}
+    cb.emit(f"uint64_t f[{len(cb.init)}]; {_live(cb, 'memset(f + {a}, 0, {n});', later)} {ones}", 1)
     cb.emit(f"f[{s['ingress_port']}] = (uint64_t)port; f[{s['packet_length']}] = (uint64_t)len; "
             f"f[{cb.layout.ilen}] = (uint64_t)len; f[{cb.layout.plen}] = (uint64_t)len;", 1)
     if "ingress_global_timestamp" in timestamps:
         cb.emit(f"f[{s['ingress_global_timestamp']}] = (uint64_t)now_us(C->t0_ns);", 1)
     cb.emit("int64_t off = parse(f, data, len);", 1)
+    for h in whole:
+        cb.emit(f"if (!f[{h.valid}]) memset(f + {h.first}, 0, {8 * len(h.fields)});", 1)
     cb.emit("pipe_ingress(f);", 1)
     if "mcast_grp" in s:
         cb.emit(f"if (f[{s['mcast_grp']}]) {{", 1)

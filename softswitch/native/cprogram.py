@@ -66,6 +66,7 @@ class CBuilder:
         self.lines: list[str] = []
         self.program_start = 0
         self.dead: set[int] = set()  # slots of the packet state no code uses (clocal): never zeroed or copied
+        self.parser_writes: set[int] = set()  # slots the parser's set and primitive operations name
 
     def reserved(self) -> set[int]:
         """Slots the packet path names itself, or starts nonzero: they keep their numbers (cspread)."""
