@@ -22,6 +22,7 @@ BARRED = re.compile(r"\b(break|continue|case|default|return|goto)\b|^\s*\w+:")
 MIN_REPEATS = 8  # fewer copies are left as they are (a short header's fields)
 MAX_PERIOD = 16  # statements a repeated group may hold
 LOOP_VAR = "_e"
+REDUCED = "_o"  # an OR reduction's accumulator: _o<slot>
 FIXED = re.compile(r"\bf\[(\d+)\]")
 STEPPED = re.compile(r"\bf\[\((\d+) ([+-]) (\d+) \* _e\)\]")
 LOCAL = re.compile(r"\b_f\d+\b")
@@ -118,22 +119,28 @@ def _loop(body: list[str], n: int, indent: str) -> list[str]:
 
 def _split(body: list[str], n: int, indent: str) -> list[str]:
     """The loop, with the statements that only fold into a held local (a flag ORed over every
-    element) moved to a loop of their own after it when that cannot change what either computes:
-    they keep the main loop from vectorising."""
+    element) moved after the others when that cannot change what either computes: each such fold
+    becomes an OR reduction (`_or_folds`) kept in the loop, or, when some fold is not one, a loop of
+    their own after it. A chain through the held local keeps a loop from vectorising; a reduction
+    does not, and in the same loop its operands are read once."""
     fold = [line for line in body if HELD_STORE.match(line) and "{" not in line and not REGISTER.search(line)]
     rest = [line for line in body if line not in fold]
     if fold and rest:
         rest_writes = _writes("\n".join(rest), n)
         fold_writes = _writes("\n".join(fold), n)
         if not _refs("\n".join(fold), n) & rest_writes and not _refs("\n".join(rest), n) & fold_writes:
-            return _for(rest, n, indent) + _or_folds(fold, n, indent)
+            before, folded, after = _or_folds(fold)
+            loops = _for(rest + folded, n, indent) if all(line.startswith(REDUCED) for line in folded) else \
+                _for(rest, n, indent) + _for(folded, n, indent)
+            return [f"{indent}{line}" for line in before] + loops + [f"{indent}{line}" for line in after]
     return _for(body, n, indent)
 
 
-def _or_folds(fold: list[str], n: int, indent: str) -> list[str]:
-    """The fold loop, each `_f = (_f | x) & m` in it (p4c's flag |= condition) as an OR of the x's
-    applied once after it: the same value, since & m distributes over |, and an OR reduction the
-    compiler vectorises where the chain through _f it could not."""
+def _or_folds(fold: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(before, the fold statements, after): each `_f = (_f | x) & m` of `fold` (p4c's flag |=
+    condition) as an OR of the x's applied once after the loop: the same value, since & m
+    distributes over |, and an OR reduction the compiler vectorises where the chain through _f it
+    could not."""
     before, after, body = [], [], []
     for line in fold:
         m = OR_FOLD.match(line) or OR_FOLD_U64.match(line)
@@ -141,11 +148,11 @@ def _or_folds(fold: list[str], n: int, indent: str) -> list[str]:
         if m is None or not _balanced(x) or sum(f.count(local) for f in fold) != 2:
             body.append(line)
             continue
-        acc = "_o" + local[2:]
+        acc = REDUCED + local[2:]
         before.append(f"uint64_t {acc} = 0;")
         body.append(f"{acc} |= (uint64_t)({x});")
         after.append(f"{local} = ({local} | {acc}) & {mask};")
-    return [f"{indent}{line}" for line in before] + _for(body, n, indent) + [f"{indent}{line}" for line in after]
+    return before, body, after
 
 
 def _balanced(text: str) -> bool:
