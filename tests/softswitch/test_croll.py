@@ -30,7 +30,8 @@ CASES = {
     # not an arithmetic progression: left as it is
     "no progression": [f"f[{20 + i * i % 7}] = f[{40 + i}];" for i in range(K)],
     # a fold that is no OR: a loop of its own after the elements'
-    "a flag XORed": [line for i in range(K) for line in (f"f[{20 + i}] = f[{40 + i}] + 1;", f"f[1] = f[1] ^ f[{40 + i}];")],
+    "a flag XORed": [line for i in range(K) for line in (f"f[{20 + i}] = f[{40 + i}] + 1;",
+                                                         f"f[1] = f[1] ^ f[{40 + i}];")],
     # the flag's value is read by the run: the fold must stay in the loop
     "a flag read back": [line for i in range(K) for line in (
         f"f[1] = (f[1] | (f[{40 + i}] & 1)) & 1ULL;", f"f[{20 + i}] = f[1];")],
