@@ -286,11 +286,12 @@ class Window:
         answered since a chunk was sent (the whole window late) it waits at least the learnt hold
         (RttEstimator.hold: `initial` until resends prove frames lost, and while a peer is behind:
         peer_behind), doubled per resend; in a first step (no round trip measured yet), until the
-        first answer, it waits the cap (a quarter of the deadline) per try. The workers' first steps start
-        seconds apart (each builds and evaluates the model on shared cores), a wait no timer can
-        tell from a loss, with nothing to resend for: a loss takes single frames, which the first
-        answers show (fast retransmit, and the timers from then on). Only a window lost whole
-        (every frame of a small one, a switch restarted) waits that long, a few tries a deadline."""
+        first answer, it waits the cap (a quarter of the deadline) per try. The workers' first
+        steps start seconds apart (each builds and evaluates the model on shared cores), a wait no
+        timer can tell from a loss, with nothing to resend for: a loss takes single frames, which
+        the first answers show (fast retransmit, and the timers from then on). Only a window lost
+        whole (every frame of a small one, a switch restarted) waits that long, a few tries a
+        deadline."""
         rtt, att = self.rtt, self.attempts[late]
         at = self.sent_at[late]
         due = at + np.minimum(rtt.cap, rtt.rto * 2.0 ** (att - 1))
