@@ -141,6 +141,13 @@ class RttEstimator:
         elif needed:
             self.hold = max(self.cfg.min, self.hold / 2 ** needed)
 
+    @property
+    def lossy(self) -> bool:
+        """Resends proved frames lost since the last one proved spurious (a shortened hold): only
+        then do the rules for losses apply (Window.peer_behind, the held timers' return to the
+        RTO); without that evidence (LOSS=0) every wait stays as long as a stall may take."""
+        return self.hold < self.cfg.initial
+
     def backoff(self, attempts: int) -> float:
         """Timeout of a chunk sent `attempts` times: doubled per retransmission, capped."""
         return min(self.cap, self.rto * 2 ** (attempts - 1))
@@ -201,7 +208,7 @@ class Window:
         self._his = np.asarray([n_chunks - 1] if shard_his is None else shard_his, dtype=np.int64)
         self._fast_checked = np.concatenate(([0], self._his[:-1] + 1))  # per shard: checked below
         self._flush = False  # the next timeouts resend every expired chunk (the link came back)
-        self._held = False  # some timer was pushed past the RTO by the hold (Window._hold)
+        self._held = False  # on a lossy network, a timer was pushed past the RTO by the hold (_hold)
 
     def set_ready(self, chunks) -> None:
         self.ready[chunks] = True
@@ -301,7 +308,8 @@ class Window:
             hold = (rtt.cap if rtt.srtt is None and not self.heard else
                     np.minimum(rtt.cfg.deadline / 4, learnt * 2.0 ** (att[whole] - 1)))
             due[whole] = np.maximum(due[whole], at[whole] + hold)
-            self._held = True
+            if (rtt.lossy or self.behind) and not (rtt.srtt is None and not self.heard):
+                self._held = True
         wait = due > now
         self.expiry[late[wait]] = due[wait]
         return late[~wait]
@@ -326,8 +334,11 @@ class Window:
         RtoConfig.peak they made each loss's wait longer for every peer, and each longer recovery
         longer round trips again: RTOs of 0.7-2 s at LOSS=0.02), and a window late as a whole
         meanwhile waits the full `initial`, being late for a known reason. Once something of the
-        step is answered every peer is in it, and this no longer applies."""
-        if not self.heard:
+        step is answered every peer is in it, and this no longer applies. Only on a lossy network
+        (RttEstimator.lossy): the node's stall resends are flagged frames of the previous step too
+        (a 25M gpt's steps leave it a second without sums), and at LOSS=0 the round trips of a
+        step's start are what the peak must learn."""
+        if not self.heard and self.rtt.lossy:
             self.behind = True
 
     def on_param(self, chunk: int, now: float, sample: bool = True) -> bool:
@@ -373,8 +384,8 @@ class Window:
             sent = self.first_sent[eligible]
             self.rtt.sample(now - float(sent.max()), now - float(sent.min()))
         if self._held:
-            # The silence the hold waited out ended: the held timers go by the RTO again (a frame
-            # lost meanwhile, a tail one that no later answer shows, waited the hold: 1 s).
+            # The silence the hold waited out ended: on a lossy network the held timers go by the
+            # RTO again (a frame lost meanwhile, a tail one no later answer shows, waited the hold).
             self._held = False
             out = np.flatnonzero(self.expiry != np.inf)
             if len(out):

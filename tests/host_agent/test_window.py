@@ -467,13 +467,23 @@ def test_a_frame_lost_while_the_window_was_held_is_resent_by_the_rto_once_answer
     """The window waited for a peer behind (held `initial`); its last chunk's gradient was lost.
     When the peer comes the other chunks are answered, and the lost one's timer, pushed to the
     hold's end, goes by the RTO again: resent at once, not a second after its send."""
-    rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
-    for _ in range(8):
-        rtt.sample(0.01)
-    w = Window(1, 4, 4, rtt, 0.0)
-    w.set_ready(range(4))
-    assert w.due(0.0)[0] == [0, 1, 2, 3]
-    w.peer_behind()
-    assert w.due(0.2) == ([], []) and w.wake_at() == pytest.approx(1.0)
-    w.on_params(np.arange(3), 0.3, np.ones(3, bool))  # the peer came; chunk 3's gradient was lost
+    def step(lossy: bool) -> Window:
+        rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
+        for _ in range(8):
+            rtt.sample(0.01)
+        if lossy:  # resends answered flagged: frames are lost on this network
+            rtt.resends_answered(needed=2, spurious=0)
+        w = Window(1, 4, 4, rtt, 0.0)
+        w.set_ready(range(4))
+        assert w.due(0.0)[0] == [0, 1, 2, 3]
+        w.peer_behind()
+        assert w.due(0.2) == ([], []) and w.wake_at() == pytest.approx(1.0)  # held: the peer is late
+        w.on_params(np.arange(3), 0.3, np.ones(3, bool))  # the peer came; chunk 3's gradient was lost
+        return w
+    w = step(lossy=True)
     assert w.wake_at() <= 0.3 and w.due(0.3) == ([], [3])
+    # No loss seen yet (LOSS=0): the late peer is a stall like any, its wait a round trip to learn
+    # (RtoConfig.peak), and the whole window's timers keep the hold they were given.
+    w = step(lossy=False)
+    assert w.wake_at() == pytest.approx(1.0) and w.due(0.99) == ([], []) and w.due(1.0) == ([], [3])
+    assert w.rtt.peaks[1] == pytest.approx(0.3)
