@@ -370,6 +370,8 @@ class StepHandle:
             rawsock.raise_pending_error(a.sock)  # (a ring read makes no system call to report it)
             return
         rejects = a.params_in.rejects
+        if rejects[gradframes.REJECTS.index("stale")]:  # resent parameters of an earlier step
+            w.peer_behind()
         for i in np.flatnonzero(rejects[1:]).tolist():
             st[gradframes.REJECTS[i + 1]] += int(rejects[i + 1])
         if len(chunks):  # all fresh: not done, and taken once
