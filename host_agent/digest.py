@@ -11,7 +11,8 @@ odd) mixed with the chunk's number, so equal chunks at different places do not c
 
 It travels over plain UDP on DIGEST_PORT, beside the data plane (whose frames it does not touch):
 a worker asks the node owning a chunk range for step s's digest (QUERY) as the step starts, again
-while unanswered; the node answers at once for a committed step, else when it commits (DIGEST).
+while unanswered; the node answers at once for a committed step, else as soon as the step's last
+chunk is applied, before its commit's write-back (DIGEST).
 A worker whose blocks differ asks for those blocks' chunks (FETCH) and gets one CHUNK datagram per
 chunk, compares them to its own to name the first differing chunks, and takes the node's.
 """
@@ -133,14 +134,22 @@ class Book:
         self.blocks.add(self.acc, chunks, chunk_hashes(chunks, params))
         self.hashed += len(params)
 
-    def commit(self, step: int, skipped: bool) -> None:
-        """`step` committed (skipped: its parameters are the previous step's). A step whose chunks
-        this process did not all see is read back from the state if a worker asks (`get`)."""
+    def complete(self, step: int, skipped: bool) -> bool:
+        """`step`'s last chunk was applied (skipped: its parameters are the previous step's): its
+        digest is kept now, before the commit's write-back, since it does not depend on durability
+        (a node killed before the commit re-applies the same sums to the same bits). False if this
+        process cannot tell it without the state (it did not see the step, or the one before, whole)."""
         self.done.pop(step, None)
         if skipped and step - 1 in self.done:
             self._keep(step, self.done[step - 1].copy())
         elif not skipped and self.hashed == self.blocks.hi - self.blocks.lo + 1:
             self._keep(step, self.acc.copy())
+        return step in self.done
+
+    def commit(self, step: int, skipped: bool) -> None:
+        """`step` committed (skipped: as in `complete`). A step whose chunks this process did not
+        all see is read back from the state if a worker asks (`get`)."""
+        self.complete(step, skipped)
         self.acc[:] = 0
         self.hashed = 0
 
@@ -154,6 +163,10 @@ class Book:
         while len(self.done) > KEEP:
             self.done.popitem(last=False)
 
+    def ready(self, step: int, committed: int) -> bool:
+        """A query of `step` is answered now (its digest, or GONE), not held."""
+        return step <= committed or step in self.done
+
     def get(self, step: int, committed: int) -> np.ndarray | None:
         """The block digests of committed `step` (read back if this process has none), or None."""
         if step not in self.done and step == committed and committed >= 0:
@@ -162,8 +175,8 @@ class Book:
 
 
 class Server:
-    """The node's side: answers QUERY with the DIGEST of a committed step (held until the step
-    commits) and FETCH with the parameters of a committed step's chunks, one CHUNK each.
+    """The node's side: answers QUERY with the DIGEST of a step (held until its last chunk is
+    applied, `Book.complete`, or it commits) and FETCH with the parameters of a committed step's chunks, one CHUNK each.
     `params_of(step, chunks) -> (n, K) fp16 or None` reads them (None: the step is not held)."""
 
     def __init__(self, job_id: int, book: Book, params_of, bind: str = "0.0.0.0", port: int = DIGEST_PORT):
@@ -176,7 +189,7 @@ class Server:
         self.last_query = time.monotonic()  # a node told to end after its steps waits for queries to stop
 
     def poll(self, committed: int) -> None:
-        """Answer what came; then any held query whose step is now committed."""
+        """Answer what came; then any held query whose step's digest is now known."""
         while True:
             try:
                 data, addr = self.sock.recvfrom(64)
@@ -190,7 +203,7 @@ class Server:
                     self.stats["digest_rejected"] += 1
                     continue
                 self.last_query = time.monotonic()
-                if step <= committed:
+                if self.book.ready(step, committed):
                     self._answer(step, committed, addr)
                 elif sum(map(len, self.held.values())) < MAX_HELD:
                     self.held[step].add(addr)
@@ -208,7 +221,8 @@ class Server:
         self.flush(committed)
 
     def flush(self, committed: int) -> None:
-        for step in [s for s in self.held if s <= committed]:
+        """Answer the held queries whose step's digest is now known."""
+        for step in [s for s in self.held if self.book.ready(s, committed)]:
             for addr in self.held.pop(step):
                 self._answer(step, committed, addr)
 

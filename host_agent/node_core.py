@@ -165,6 +165,11 @@ class NodeCore:
         self._remember(cur, chunks, hdr)
         return hdr, out
 
+    def complete_digest(self) -> bool:
+        """A complete step's digest, kept before its commit (digest.Book.complete): True if its held
+        queries can be answered now, while the commit writes back."""
+        return self.store.step_complete and self.digests.complete(self.store.current, self.store.step_nonfinite)
+
     def commit_if_complete(self) -> None:
         """The commit handle() left (defer_commit), if the step is complete; then the next step's
         first pages are read ahead."""

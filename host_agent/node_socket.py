@@ -151,6 +151,8 @@ class OptimizerNode:
             self._last_sum = time.monotonic()
             self._stall_resends = 0
             self._send(*self.core.handle(dec.headers, dec.elements))
+            if self.digests and self.core.complete_digest():  # the workers' wait ends before the fsyncs
+                self.digests.flush(self.core.committed)
             self.core.commit_if_complete()
         return len(frames)
 

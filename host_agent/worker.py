@@ -195,7 +195,7 @@ class StepHandle:
         self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0,
                              agent.param_sources.his if agent.param_sources is not None else None)
         self._just_sent: list[int] = []  # by the last pump (chunks first sent, then resent)
-        if agent.digest:  # held by the node until the step commits
+        if agent.digest:  # held by the node until the step is applied
             agent.digest.ask(agent.step)
         if agent.resume is not None:  # received straight into the resume file
             self.params = agent.resume.answers(agent.step)

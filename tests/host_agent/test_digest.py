@@ -13,8 +13,8 @@ from mindp.protocol import K
 
 from .aggregator import Aggregator
 from .harness import NodeProcess, Workers, check_against, job_bed, load_stats, run_files
-from .helpers import initial_fp16, small_model, with_nonfinite
-from .test_node_core import open_core, run_step
+from .helpers import initial_fp16, small_model, step_sums, sum_headers, with_nonfinite
+from .test_node_core import JOB, S, open_core, run_step
 
 N = 3
 
@@ -82,6 +82,131 @@ def test_node_digest_equals_the_workers_in_any_order_skipped_and_resumed(tmp_pat
     flat.view(np.uint16)[last * K] ^= 0x8000
     diff = np.flatnonzero(core.digests.get(3, core.committed) != blocks.of(flat))
     assert diff.tolist() == [last // blocks.size]
+
+
+class Killed(Exception):
+    """The node's process ending at its commit (before the write-back)."""
+
+
+class DigestNode:
+    """An OptimizerNode fed SUM frames by hand (no raw socket), its digest server on 127.0.0.1 and a
+    worker's digest socket: what the worker holds when the node commits is recorded, scripted, no
+    timing (a datagram sent on loopback is queued on its receiver before sendto returns)."""
+
+    def __init__(self, core, monkeypatch, kill_at_commit: bool = False):
+        import socket
+
+        from host_agent import node_socket
+
+        monkeypatch.setattr(node_socket.rawsock, "enable_auxdata", lambda s: False)  # no receive ring here
+        self.core = core
+        self.server = digest.Server(JOB, core.digests, core.committed_params, bind="127.0.0.1", port=0)
+        addr = node_socket.NodeAddress("02:00:00:00:00:09", "10.0.0.9")
+        self.node = node_socket.OptimizerNode(core, None, addr, stall_resend=0, digests=self.server)
+        self.node._send = self._sent
+        self.params: dict[int, np.ndarray] = {}  # chunk -> its first answer of the step
+        self.worker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.worker.bind(("127.0.0.1", 0))
+        self.worker.setblocking(False)
+        self.at_commit: list[tuple[int, int, np.ndarray | None]] = []  # (committing step, step, blocks)
+        commit = core.store.commit
+
+        def recording_commit():
+            self.at_commit += [(core.store.current, *answer) for answer in self.answers()]
+            if kill_at_commit:
+                raise Killed
+            commit()
+
+        core.store.commit = recording_commit
+
+    def _sent(self, hdr, vals, held=True):
+        for h, v in zip(hdr, vals):
+            self.params.setdefault(int(h["chunk"]), v.copy())
+        return len(hdr)
+
+    def ask(self, step: int) -> None:
+        self.worker.sendto(digest._QUERY.pack(digest.QUERY, JOB, step), self.server.sock.getsockname())
+        self.server.poll(self.core.committed)
+
+    def answers(self) -> list[tuple[int, np.ndarray | None]]:
+        out = []
+        while True:
+            try:
+                data = self.worker.recv(65536)
+            except BlockingIOError:
+                return out
+            _, _, step, status, _, _, n = digest._DIGEST.unpack_from(data)
+            out.append((step, np.frombuffer(data, ">u8", n, digest._DIGEST.size).astype(np.uint64)
+                        if status == digest.OK else None))
+
+    def feed(self, lay, sums, nf, step: int, batches: int = 3) -> None:
+        from mindp import codec
+        from mindp.protocol import Kind
+
+        from .test_node_core import N as SUMMED
+
+        self.params = {}
+        addrs = codec.Addresses("02:00:00:00:00:01", "02:00:00:00:00:09", "10.0.0.1", "10.0.0.9")
+        for part in np.array_split(np.arange(lay.n_chunks), batches):
+            hdr = sum_headers(JOB, step, part, lay, S, SUMMED, nf)
+            self.node._handle(codec.encode(Kind.SUM, hdr, sums[part], addrs))
+
+    def close(self) -> None:
+        self.worker.close()
+        self.server.close()
+
+
+def test_a_held_query_is_answered_once_the_step_is_applied_before_its_commit(tmp_path, monkeypatch):
+    """The worker's query, held since its step started, is answered right when the step's last chunk is
+    applied, before the commit's write-back and fsyncs: with the digest of the parameters the workers
+    took, for an applied step and for a skipped (non-finite) one (the step before's)."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    gf = with_nonfinite(reference.synthetic_grads(4), 1, 1, "w", 3)
+    core = open_core(tmp_path, init, OptimizerConfig())
+    d = DigestNode(core, monkeypatch)
+    blocks = digest.Blocks(0, lay.n_chunks - 1)
+    flat = flat_of(lay, initial_fp16(init))
+    try:
+        for step in range(3):
+            d.ask(step)
+            assert d.answers() == [] and d.server.held[step]
+            sums, nf = step_sums(lay, gf, 3, step, lay.unflatten(flat[: lay.total]))
+            d.feed(lay, sums, nf, step)
+            flat = held(lay, {c: [(0, v)] for c, v in d.params.items()}, flat, skipped=step == 1)
+            assert [(c, s) for c, s, _ in d.at_commit] == [(step, step)], step
+            assert (d.at_commit[0][2] == blocks.of(flat)).all(), step
+            assert core.committed == step and not d.server.held
+            d.at_commit.clear()
+    finally:
+        d.close()
+        core.store.close()
+
+
+def test_a_node_killed_after_answering_before_its_commit_resumes_to_the_same_digest(tmp_path, monkeypatch):
+    """The digest answered before the commit is the one the node gives after a restart: killed at the
+    commit, the node resumes the complete step from its state, commits it and reads back the same."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    core = open_core(tmp_path, init, OptimizerConfig())
+    d = DigestNode(core, monkeypatch, kill_at_commit=True)
+    flat = flat_of(lay, initial_fp16(init))
+    d.ask(0)
+    sums, nf = step_sums(lay, reference.synthetic_grads(4), 3, 0, lay.unflatten(flat[: lay.total]))
+    with pytest.raises(Killed):
+        d.feed(lay, sums, nf, 0)
+    d.close()
+    core.store.close()
+    (_, step, early), = d.at_commit
+    flat = held(lay, {c: [(0, v)] for c, v in d.params.items()}, flat, skipped=False)
+    assert step == 0 and (early == digest.Blocks(0, lay.n_chunks - 1).of(flat)).all()
+    again = open_core(tmp_path, init, OptimizerConfig(), create=False)
+    try:
+        assert again.committed == 0
+        assert (again.digests.get(0, again.committed) == early).all()
+        assert again.stats["digests_read_back"] == 1
+    finally:
+        again.store.close()
 
 
 @pytest.fixture(scope="module")
