@@ -123,6 +123,8 @@ STEPPED_REF = re.compile(r"\bf\[\((\d+) ([+-]) (\d+) \* _e\)\]")
 LOOP_BOUND = re.compile(r"\b_e < (\d+);")
 ZEROED = re.compile(r"memset\(f \+ \d+, 0, \d+\);")  # a header made valid: written, not read
 MOVED = re.compile(r"memmove\(f \+ \d+, f \+ (\d+), (\d+)\);")  # a header copied: its source read
+#: the fewest slots a zeroing or copy leaves out (1 KB): a call more costs about as much as a shorter run
+MIN_GAP = 128
 INDIRECT_REF = re.compile(r"\bf \+|\bf\[[^\d(]")  # anything else: a stack's computed index
 
 
@@ -189,15 +191,26 @@ def extracted_whole(cb: CBuilder) -> list[HeaderLayout]:
 
 
 def _live(cb: CBuilder, template: str, skip: set[int] = frozenset()) -> str:
-    """`template` (a zeroing or a copy) over each run of the packet state's slots that some code uses,
-    but those in `skip`."""
+    """`template` (a zeroing or a copy) over the packet state but runs of at least MIN_GAP slots no
+    code uses or in `skip`."""
+    gaps = _runs(sorted((cb.dead | skip) & set(range(len(cb.init)))))
     out, a = [], 0
-    for i in range(len(cb.init) + 1):
-        if i == len(cb.init) or i in cb.dead or i in skip:
-            if i > a:
-                out.append(template.format(a=a, n=8 * (i - a)))
-            a = i + 1
+    for start, end in [g for g in gaps if g[1] - g[0] >= MIN_GAP] + [(len(cb.init), len(cb.init))]:
+        if start > a:
+            out.append(template.format(a=a, n=8 * (start - a)))
+        a = end
     return " ".join(out)
+
+
+def _runs(slots: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each run of consecutive slots."""
+    runs: list[tuple[int, int]] = []
+    for i in slots:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def generate_packet_path(cb: CBuilder) -> None:
@@ -227,7 +240,7 @@ def generate_packet_path(cb: CBuilder) -> None:
     # zeroed, then the few nonzero initial values (metadata valid bits): half the memory traffic of
     # copying a constant image of thousands of slots (a large K's fields and temporaries)
     ones = " ".join(f"f[{i}] = {v}ULL;" for i, v in enumerate(cb.init) if v)
-    whole = extracted_whole(cb)
+    whole = [h for h in extracted_whole(cb) if len(h.fields) >= MIN_GAP]
     later = {i for h in whole for i in range(h.first, h.end)}
     cb.emit(f"uint64_t f[{len(cb.init)}]; {_live(cb, 'memset(f + {a}, 0, {n});', later)} {ones}", 1)
     cb.emit(f"f[{s['ingress_port']}] = (uint64_t)port; f[{s['packet_length']}] = (uint64_t)len; "
