@@ -328,9 +328,10 @@ class Window:
         self.last_progress = now
 
     def peer_behind(self) -> None:
-        """Parameters of an earlier step came flagged RETRANSMIT: a peer's resend of it was answered,
-        so a peer is still recovering that step (a lost frame) and this step's first chunks wait for
-        it. Their round trips measure that recovery, not this worker's path: no samples (through
+        """Parameters of an earlier step came: resent ones (flagged RETRANSMIT; a worker leaves a
+        step only with all its parameters), so a peer's resend of it was answered and a peer is
+        still recovering that step (a lost frame): this step's first chunks wait for it. Their
+        round trips measure that recovery, not this worker's path: no samples (through
         RtoConfig.peak they made each loss's wait longer for every peer, and each longer recovery
         longer round trips again: RTOs of 0.7-2 s at LOSS=0.02), and a window late as a whole
         meanwhile waits the full `initial`, being late for a known reason. Once something of the
