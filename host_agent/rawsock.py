@@ -122,13 +122,6 @@ def ring_of(s: socket.socket) -> rxring.RxRing | None:
     return r.ring if r is not None else None
 
 
-def ring_alone(s: socket.socket) -> rxring.RxRing | None:
-    """`s`'s receive ring once the frames queued before it was set up are all handed out (None: no
-    ring, or some still queued): a reader of the ring alone then misses nothing."""
-    r = _rings.get(s)
-    return r.ring if r is not None and not r.queued else None
-
-
 def ring_size() -> tuple[int, int]:
     """An agent's ring: (bytes of a slot, slots)."""
     frame = rxring.slot_bytes(frame_len(Kind.SUM))
@@ -156,7 +149,7 @@ def _attach_ring(s: socket.socket) -> bool:
     return ring is not None
 
 
-def raise_pending_error(s: socket.socket) -> None:
+def _raise_pending_error(s: socket.socket) -> None:
     """A ring receive makes no system call, so a socket error the kernel set (ENETDOWN: the link
     went down) is never reported by one: read it where the ring had nothing, and raise it as a
     receive call would have (select keeps waking for it until it is read)."""
@@ -179,7 +172,7 @@ def recv_batch(s: socket.socket, limit: int = 1024) -> list[bytes]:
     if ring is not None:
         frames += ring.frames_waiting(limit - len(frames))[0]
         if not frames:
-            raise_pending_error(s)
+            _raise_pending_error(s)
         return frames
     while len(frames) < limit:
         try:
@@ -219,7 +212,7 @@ def recv_batch_untagged(s: socket.socket, limit: int = 1024) -> tuple[list[bytes
     if ring is not None:
         more, tagged = ring.frames_waiting(limit - len(frames))
         if not frames and not more and not tagged:
-            raise_pending_error(s)
+            _raise_pending_error(s)
         return frames + more, tagged
     tagged = 0
     recvmsg = s.recvmsg
@@ -291,7 +284,7 @@ def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver 
     if ring is not None:
         n, t, o = ring.receive_rows(buf, rows)
         if not (rows or n or t or o):
-            raise_pending_error(s)
+            _raise_pending_error(s)
         return rows + n, tagged + t, other + o
     if receiver is not None and _MMSG and not rows:
         return receiver.receive(s.fileno())

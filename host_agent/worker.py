@@ -31,7 +31,6 @@ FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
 CHUNK_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["chunk"][1]
 STEP_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["step"][1]
 VER_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["ver"][1]
-RETRANSMIT, NONFINITE = int(Flag.RETRANSMIT), int(Flag.NONFINITE)
 
 
 slot_and_version = schedule.slots_and_versions  # the slot schedule lives in mindp.schedule only
@@ -128,12 +127,6 @@ class WorkerAgent:
         gradframes.warm(self.kernel)
         n = layout.n_chunks
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
-        # Parameters straight from the socket's ring into the step's (gradframes.ParamReader: the
-        # checks and counters of _receive in one compiled pass) where numba runs and every chunk
-        # comes from one node; otherwise rows through _receive.
-        ring = rawsock.ring_of(sock) if self.auxdata else None
-        self.params_in = (gradframes.ParamReader(ring, self.counts, self.param_src_mac + self.param_src_ip, cfg.job_id)
-                          if ring is not None and n and not cfg.shards and self.kernel != "numpy" else None)
         # Every chunk's GRAD frame, built once: a step rewrites only its step, ver, flags and body.
         chunks = np.arange(n)
         self.frames = codec.encode(Kind.GRAD, codec.header_array(
@@ -286,9 +279,6 @@ class StepHandle:
                 return
             if a.cfg.coalesce > 0 and w.n_sent - w.n_done >= a.cfg.coalesce_min:
                 time.sleep(a.cfg.coalesce)
-        if a.params_in is not None and not a.faults and rawsock.ring_alone(a.sock) is not None:
-            self._take_params()
-            return
         if not a.faults and (a.auxdata or a.receiver):
             n, tagged, other = rawsock.recv_rows_untagged(a.sock, a.rx, a.receiver)
             _count(a.stats, "rejected_tagged", tagged)
@@ -360,29 +350,6 @@ class StepHandle:
         nonfinite = take[(h["flags"][take] & Flag.NONFINITE) != 0]
         if len(nonfinite):
             self.nonfinite.update(c[nonfinite].tolist())
-
-    def _take_params(self) -> None:
-        """_receive's work on the frames waiting in the socket's ring, by a.params_in."""
-        a, w = self.agent, self.window
-        st = a.stats
-        used, chunks, flags, passed = a.params_in.take(w.step, w.attempts, w.done, self.params)
-        if not used:
-            rawsock.raise_pending_error(a.sock)  # (a ring read makes no system call to report it)
-            return
-        rejects = a.params_in.rejects
-        if rejects[gradframes.REJECTS.index("stale")]:  # resent parameters of an earlier step
-            w.peer_behind()
-        for i in np.flatnonzero(rejects[1:]).tolist():
-            st[gradframes.REJECTS[i + 1]] += int(rejects[i + 1])
-        if len(chunks):  # all fresh: not done, and taken once
-            w.on_params(chunks, time.monotonic(), (flags & RETRANSMIT) == 0)
-            bad = (flags & NONFINITE) != 0
-            if a.resume is not None:
-                a.resume.record(w.step, chunks, bad)
-            if bad.any():
-                self.nonfinite.update(chunks[bad].tolist())
-        st["params_received"] += len(chunks)
-        st["duplicates"] += passed - len(chunks)
 
     def _digest_idle(self, timeout: float) -> bool:
         """Waiting for the step's digest: its answer, or frames on the raw socket (late duplicates,

@@ -90,11 +90,7 @@ class RxRing:
         sock.setsockopt(SOL_PACKET, PACKET_RX_RING,
                         struct.pack("IIII", per_block * frame, frames // per_block, frame, frames))
         self.mem = mmap.mmap(sock.fileno(), frames * frame)
-        self._map(np.frombuffer(self.mem, np.uint8))
-
-    def _map(self, raw: np.ndarray) -> None:
-        """The slots and their headers over `raw`, the ring's memory (a test gives a plain buffer)."""
-        frames, frame = self.frames, self.frame
+        raw = np.frombuffer(self.mem, np.uint8)
         self.slots = raw.reshape(frames, frame)
         header = raw.view(header_dtype(frame))
         self.status, self.lens, self.snaplens = header["status"], header["len"], header["snaplen"]

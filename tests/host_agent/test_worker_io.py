@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from host_agent import fused, gradframes, optim, rawsock
+from host_agent import optim
 from host_agent.optim import ConfigError
 from host_agent.resume import ResumeFile
 from host_agent.window import RtoConfig
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version
-from mindp import INSTALL_TORCH, codec, rxring
+from mindp import INSTALL_TORCH, codec
 from mindp.protocol import K, Flag, Kind, frame_len
 
 from .helpers import small_model
@@ -129,7 +129,6 @@ def test_put_rejects_unknown_wrong_shape_and_repeated_tensors():
 
 
 NODE = codec.Addresses("02:00:00:00:00:09", "ff:ff:ff:ff:ff:ff", "10.0.0.9", "255.255.255.255")
-NODE_SRC = bytes.fromhex("020000000009") + bytes([10, 0, 0, 9])  # its MAC and IP, as a frame carries them
 
 
 def param_frame(step, chunk, n, value, lay, addrs=NODE, flags=0):
@@ -307,97 +306,3 @@ def test_a_worker_waits_to_read_a_batch_only_with_many_chunks_unanswered(monkeyp
     assert np.array_equal(out["w"], (grad["w"].astype(np.float16).astype(np.float32) * 2).astype(np.float16))
     assert (len(slept) > 0) == waits
     assert all(s == coalesce for s in slept)
-
-
-def ring_over_buffer(slots: int = 64) -> rxring.RxRing:
-    """A receive ring over plain memory (no socket): the test writes its slots as the kernel does."""
-    ring = object.__new__(rxring.RxRing)
-    ring.frame, ring.frames = rawsock.ring_size()[0], slots
-    ring._map(np.zeros(slots * ring.frame, np.uint8))
-    return ring
-
-
-def deliver(ring: rxring.RxRing, frames) -> None:
-    """Frames into the slots from the ring's head on, handed to the reader: (frame, status bits,
-    VLAN tci, pkttype, snaplen or None) each."""
-    for i, (f, status, tci, pkttype, snap) in enumerate(frames):
-        k = (int(ring.head[0]) + i) % ring.frames
-        n = len(f) if snap is None else snap
-        ring.slots[k, rxring.MAC_OFFSET : rxring.MAC_OFFSET + n] = np.frombuffer(f, np.uint8)[:n]
-        ring.lens[k], ring.snaplens[k], ring.macs[k] = len(f), n, rxring.MAC_OFFSET
-        ring.tcis[k], ring.pkttypes[k] = tci, pkttype
-        ring.status[k] = rxring.TP_STATUS_USER | status
-
-
-@pytest.mark.skipif(fused.NUMPY_ONLY, reason="the compiled receive needs numba")
-def test_parameters_read_from_the_ring_in_one_pass_equal_the_numpy_path():
-    """Every kind of frame a worker can receive, through gradframes.ParamReader (the compiled pass
-    over the ring) and through the rows and numpy checks of _receive: the same parameters, window,
-    non-finite chunks and counters, every slot handed back."""
-    lay = optim.layout_of({"a": np.zeros(5 * K + 3, np.float32)})
-    n = lay.n_chunks
-    good = [param_frame(1, c, n, float(c + 1), lay) for c in range(n)]  # step 1: one before it
-
-    def edit(frame: bytes, at: int, value: int) -> bytes:
-        b = bytearray(frame)
-        b[at] = value
-        return bytes(b)
-
-    def field(frame: bytes, name: str, value: int) -> bytes:
-        hdr, el = codec.decode_one(frame, Kind.PARAM)
-        hdr = hdr.copy()
-        hdr[name] = value
-        return codec.encode(Kind.PARAM, np.array([hdr]), el[None, :], NODE)[0].tobytes()
-
-    spoof = codec.Addresses("02:00:00:00:00:66", "ff:ff:ff:ff:ff:ff", "10.0.0.9", "255.255.255.255")
-    other_ip = codec.Addresses("02:00:00:00:00:09", "ff:ff:ff:ff:ff:ff", "10.0.0.66", "255.255.255.255")
-    sum_frame = codec.encode(Kind.SUM, codec.header_array(1, job=CFG.job_id), np.zeros((1, K), np.int64), NODE)[0]
-    plain = (0, 0, 0, None)
-    first = [
-        (good[0], *plain), (good[0], *plain),  # a duplicate in the same read
-        (param_frame(1, 1, n, 2.0, lay, flags=int(Flag.RETRANSMIT)), *plain),  # no round-trip sample
-        (param_frame(1, 2, n, 3.0, lay, flags=int(Flag.NONFINITE)), *plain),
-        (param_frame(1, 3, n, 9.0, lay, spoof), *plain), (param_frame(1, 3, n, 9.0, lay, other_ip), *plain),
-        (edit(good[3], 12, 0x86), *plain), (edit(good[3], 14, 0x46), *plain), (edit(good[3], 23, 6), *plain),
-        (edit(good[3], 37, 0), *plain), (edit(good[3], codec.PREFIX_LEN, 9), *plain),
-        (edit(good[3], codec.PREFIX_LEN + 1, int(Kind.GRAD)), *plain),
-        (field(good[3], "job", CFG.job_id + 1), *plain), (field(good[3], "step", 0), *plain), (field(good[3], "step", 2), *plain),
-        (field(good[3], "chunk", n + 5), *plain), (field(good[3], "count", 7), *plain),
-        (good[n - 1], *plain),  # chunk n - 1 is not sent: taking it would hang the job
-        (good[3], rxring.TP_STATUS_VLAN_VALID, 0, 0, None), (good[3], 0, 5, 0, None),  # tagged
-        (sum_frame.tobytes(), *plain),  # a mindp frame of another length
-        (bytes(60), *plain),  # not mindp: ignored
-        (good[3], 0, 0, rxring.PACKET_OUTGOING, None),  # our own send (old kernels): ignored
-        (good[3], 0, 0, 0, 100),  # cut short
-        (good[3], *plain),
-    ]
-    second = [(good[0], *plain), (good[1], *plain), (good[4], *plain), (good[3], *plain)]
-    agents = []
-    for fast in (True, False):
-        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-        agent = WorkerAgent(replace(CFG, first_step=1), lay, a)
-        ring = ring_over_buffer()
-        rawsock._rings[a] = rawsock._Ring(ring)
-        agent.auxdata = True
-        agent.params_in = gradframes.ParamReader(ring, agent.counts, NODE_SRC, CFG.job_id) if fast else None
-        h = agent.start_step()
-        h.window.attempts[: n - 1] = 1
-        for frames in (first, second):
-            deliver(ring, frames)
-            h._pump(0.0)
-            assert not (ring.status & rxring.TP_STATUS_USER).any()
-        agents.append((agent, h, ring, (a, b)))
-    (fa, fh, fring, _), (na, nh, nring, _) = agents
-    assert dict(fa.stats) == dict(na.stats)
-    assert fa.stats["stale"] == fa.stats["future"] == fa.stats["unsent"] == fa.stats["rejected_job"] == 1
-    assert fa.stats["rejected_source"] == 2 and fa.stats["rejected_tagged"] == 2 and fa.stats["rejected_length"] == 2
-    assert fa.stats["rejected_chunk"] == 2 and fa.stats["duplicates"] == 4 and fa.stats["params_received"] == 5
-    for reason in ("ethertype", "ipv4", "udp", "port", "version", "kind"):
-        assert fa.stats[f"rejected_{reason}"] == 1
-    assert np.array_equal(fh.params.view(np.uint16), nh.params.view(np.uint16))
-    assert np.array_equal(fh.window.done, nh.window.done) and fh.window.done[: n - 1].all()
-    assert fh.nonfinite == nh.nonfinite == {2}
-    assert fh.window.rtt.srtt is not None and fring.head[0] == nring.head[0] == len(first) + len(second)
-    for agent, _, _, socks in agents:
-        for s in socks:
-            s.close()
