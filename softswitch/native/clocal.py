@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import re
 
+from .croll import FIXED, STEPPED
+
 FOR = re.compile(r"^(\s*)for \(int64_t _e = 0; _e < (\d+); _e\+\+\) \{$")
-STEPPED = re.compile(r"\bf\[\((\d+) ([+-]) (\d+) \* _e\)\]")
-FIXED = re.compile(r"\bf\[(\d+)\]")
 RANGES = re.compile(r"mem(?:set|move)\(f \+ (\d+), (?:0|f \+ (\d+)), (\d+)\);")
 INDIRECT = re.compile(r"\bf \+|\bf\[[^\d(]|&f\b")
 THING = re.compile(r"\bf\[\(\d+ [+-] \d+ \* _e\)\]|\bf\[\d+\]|\b_[fo]\d+\b")

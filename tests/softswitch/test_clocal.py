@@ -2,13 +2,14 @@
 what it holds when a round begins can reach nothing, and the code then computes the same fields."""
 from __future__ import annotations
 
-import ctypes
 import random
 
 import pytest
 
-from softswitch.native import build, cprogram
+from softswitch.native import build
 from softswitch.native.clocal import localize
+
+from .cstatements import run
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler")
 
@@ -49,14 +50,6 @@ CASES = {
     "a fold": (["{ uint64_t _f2 = f[2];", *loop("_f2 = (_f2 | f[(8 + 1 * _e)]) & 1ULL;", "f[(8 + 1 * _e)] = 1ULL;"),
                 "f[2] = _f2;", "}"], set()),
 }
-
-
-def run(lines: list[str], cells: list[int]) -> list[int]:
-    source = cprogram.PRELUDE.read_text() + "void run(uint64_t *f) {\n" + "\n".join(lines) + "\n}\n"
-    lib = ctypes.CDLL(str(build.build(source)))
-    array = (ctypes.c_uint64 * SLOTS)(*cells)
-    lib.run(array)
-    return list(array)
 
 
 @pytest.mark.parametrize("name", list(CASES))

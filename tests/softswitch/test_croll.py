@@ -3,13 +3,14 @@ statements one after another compute (both compiled and run on the same fields),
 be rolled, held in a local or moved is left as it was."""
 from __future__ import annotations
 
-import ctypes
 import random
 
 import pytest
 
-from softswitch.native import build, cprogram
+from softswitch.native import build
 from softswitch.native.croll import roll
+
+from .cstatements import run
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler")
 
@@ -36,14 +37,6 @@ CASES = {
     "a flag read back": [line for i in range(K) for line in (
         f"f[1] = (f[1] | (f[{40 + i}] & 1)) & 1ULL;", f"f[{20 + i}] = f[1];")],
 }
-
-
-def run(lines: list[str], cells: list[int]) -> list[int]:
-    source = cprogram.PRELUDE.read_text() + "void run(uint64_t *f) {\n" + "\n".join(lines) + "\n}\n"
-    lib = ctypes.CDLL(str(build.build(source)))
-    array = (ctypes.c_uint64 * SLOTS)(*cells)
-    lib.run(array)
-    return list(array)
 
 
 @pytest.mark.parametrize("name", list(CASES))
