@@ -37,6 +37,7 @@ import torch
 from host_agent import optim, rawsock, state
 from host_agent.optim import ConfigError
 from host_agent.worker import WorkerAgent, WorkerConfig
+from mindp import progress
 from mindp.topology import Topology, TopologyError
 
 from . import checkpoint
@@ -141,7 +142,27 @@ class Optimizer:
         between steps)."""
         if not self.state_dir:
             raise MindpError("save needs the node's state directory: set MINDP_STATE")
+        self._await_commit(self.agent.step - 1)
         return checkpoint.save(self.state_dir, path, self.module)
+
+    def _await_commit(self, step: int) -> None:
+        """Until the node committed `step`, the last this rank finished: the node answers a step's last
+        chunks and its digest before its commit (docs/STATE.md), so a save right after step() could
+        read the step before."""
+        commit = pathlib.Path(self.state_dir) / "commit.json"
+
+        def committed() -> int:
+            try:
+                return int(json.loads(commit.read_text())["step"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return -2
+
+        try:
+            progress.wait(lambda: committed() >= step, committed, stall=progress.STALL,
+                          what=f"the node's commit of step {step}")
+        except progress.Stalled:
+            raise MindpError(f"save: the node did not commit step {step} in {progress.STALL:.0f} s "
+                             f"({commit} says step {committed()})") from None
 
     def close(self) -> None:
         self.dp.close()
