@@ -292,9 +292,16 @@ def train(bed_topo, args, tmp_path, init, grad_fn, steps, *, kill_after=(), seed
     return workers
 
 
-def check_against(ref, workers, tmp_path, master=True) -> dict:
+def check_against(ref, workers, tmp_path, master=True, mismatches: dict[int, int] | None = None) -> dict:
     """Every worker's parameters (and the node's exported master) bit-identical to the reference
-    run; returns the node's stats."""
+    run, and no worker's digest check found its parameters differing from the node's in any step
+    but the `mismatches` ({worker: count}) a test injected: the check repairs what it finds, so a
+    divergence would otherwise end bit-identical and pass unseen. Returns the node's stats."""
+    found = {w: a.stats["digest_mismatches"] for w, a in getattr(workers, "agents", {}).items()
+             if a.stats["digest_mismatches"]}
+    assert found == (mismatches or {}), (
+        f"digest mismatches {found} (expected {mismatches or {}}): a worker's parameters differed from the "
+        f"node's in a step (the check repaired them; the worker's stderr names the step and chunks)")
     differ = sorted(w for w, params in workers.results.items() if not same_bits(params, ref.params))
     master_differs = master and not same_bits(load_npz(tmp_path / "final.npz"), ref.master)
     # All of it in one line: one worker differing alone (it took other parameters than the rest) and

@@ -245,7 +245,7 @@ def test_diverged_worker_is_caught_in_its_step_and_repaired(bed, tmp_path, capfd
             assert node.finish() == 0
         finally:
             node.stop()
-    stats = check_against(ref, workers, tmp_path)
+    stats = check_against(ref, workers, tmp_path, mismatches={2: 1})
     for w, a in workers.agents.items():
         assert a.stats["digest_checks"] == steps
         assert a.stats["digest_mismatches"] == (w == 2) and a.stats["digest_repaired_chunks"] == (w == 2)
