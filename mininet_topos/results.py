@@ -41,6 +41,18 @@ def digest_counts(done: list[dict | None]) -> dict[str, int]:
     return {k: sum(int(s.get(k, 0)) for s in stats) for k in DIGEST_FIELDS}
 
 
+def digest_warning(summ: dict, logs) -> str | None:
+    """The line a run ends with when a worker's parameters differed from the node's in some step: the
+    check fetched them again, so the run can still end bit-exact, but a divergence is a mindp bug and
+    never passes silently."""
+    n = summ.get("digest_mismatches") or 0
+    if not n:
+        return None
+    return (f"  WARNING: {n} of {summ.get('digest_checks', 0)} step digest check(s) found a worker's parameters "
+            f"differing from the optimizer node's; they were fetched again (the workers' logs in {logs} name the "
+            f"steps and chunks: please report it)")
+
+
 def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     """Largest |a - b| over all named arrays (inf when names or shapes differ, or a value is non-finite)."""
     if a.keys() != b.keys():

@@ -496,6 +496,9 @@ class Run:
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0
         self.console.say(f"  {'bit-exact with the reference trainer' if exact else 'DIFFERS from the reference trainer'}; "
                          f"curve: {self.dir / 'curve.svg'}, metrics: {self.dir / 'metrics.csv'}")
+        warning = results.digest_warning(summ, self.logs)
+        if warning:
+            self.console.say(warning)
         return 0 if exact else 1
 
     # -- after training --

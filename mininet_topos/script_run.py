@@ -203,6 +203,9 @@ class ScriptRun(Run):
                          f"{summ['packets_sent']:,} frames, "
                          f"{summ['retransmissions']} retransmitted; curve: {self.dir / 'curve.svg'}, "
                          f"metrics: {self.dir / 'metrics.csv'}")
+        warning = results.digest_warning(summ, self.logs)
+        if warning:
+            self.console.say(warning)
         if diff is None:
             self.console.say("  the script defines no mindp_reference(argv): no reference to compare with "
                              "(docs/TORCH.md)")

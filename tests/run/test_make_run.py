@@ -88,7 +88,12 @@ class MakeRun:
         return d
 
     def summary(self) -> dict:
-        return json.loads((self.run_dir / "summary.json").read_text())
+        """The run's summary.json; a worker's digest mismatch fails here, in every test that reads it:
+        the check repairs the worker, so the run would otherwise end bit-exact with the divergence
+        unseen (no test here injects one)."""
+        s = json.loads((self.run_dir / "summary.json").read_text())
+        assert not s.get("digest_mismatches"), f"{s['digest_mismatches']} digest mismatch(es): see {self.run_dir}"
+        return s
 
     def state(self) -> RunState | None:
         return RunState.load(self.state_file)

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.net
 
 
 def latest(tmp_path) -> dict:
-    return json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
+    s = json.loads((tmp_path / "runs" / "latest" / "summary.json").read_text())
+    assert not s.get("digest_mismatches"), f"{s['digest_mismatches']} digest mismatch(es)"  # as MakeRun.summary
+    return s
 
 
 @needs_root

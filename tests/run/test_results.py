@@ -97,3 +97,9 @@ def test_digest_counters_are_summed_from_the_workers_done_records():
     cfg = {"target": "embedded", "workers": 2, "steps": 4, "loss": 0.0, "seed": 0}
     s = results.summary(cfg, [dataclasses.replace(job(1), **counts), job(2)], 1.0, 0.0, "mlp", 10)
     assert (s["digest_checks"], s["digest_mismatches"]) == (8, 1)
+
+
+def test_a_run_with_a_digest_mismatch_ends_with_a_warning_naming_the_logs():
+    assert results.digest_warning({"digest_checks": 8, "digest_mismatches": 0}, "runs/x/logs") is None
+    line = results.digest_warning({"digest_checks": 8, "digest_mismatches": 1}, "runs/x/logs")
+    assert line.startswith("  WARNING: 1 of 8 step digest check(s)") and "runs/x/logs" in line
