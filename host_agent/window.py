@@ -361,9 +361,12 @@ class Window:
         stalls that caused the resends: they recurred every step. Answers to this worker's resends
         teach the hold of a window late as a whole (RttEstimator.resends_answered)."""
         chunks = np.asarray(chunks, dtype=np.int64)
-        fresh = np.zeros(len(chunks), dtype=bool)
-        uniq, first = np.unique(chunks, return_index=True)
-        fresh[first[~self.done[uniq]]] = True
+        if len(chunks) < 2 or (chunks[1:] > chunks[:-1]).all():  # each once (the usual batch): no sort
+            fresh = ~self.done[chunks]
+        else:
+            fresh = np.zeros(len(chunks), dtype=bool)
+            uniq, first = np.unique(chunks, return_index=True)
+            fresh[first[~self.done[uniq]]] = True
         fc = chunks[fresh]
         if not len(fc):
             return fresh
@@ -396,11 +399,12 @@ class Window:
         gap = self.rtt.cfg.fast_after
         if gap:
             at = now + min(self.rtt.cfg.reorder * (self.rtt.srtt or 0.0), self.rtt.cfg.min)
-            owner = np.searchsorted(self._his, fc, side="left")
-            for shard in np.unique(owner):
-                if shard >= len(self._his):
-                    continue
-                top = int(fc[owner == shard].max())
+            if len(self._his) == 1:  # one node owns every chunk (np.unique's sort cost more than the rest)
+                tops = [(0, int(fc.max()))]
+            else:
+                owner = np.searchsorted(self._his, fc, side="left")
+                tops = [(s, int(fc[owner == s].max())) for s in np.unique(owner).tolist() if s < len(self._his)]
+            for shard, top in tops:
                 lo, hi = int(self._fast_checked[shard]), top - gap + 1
                 if hi > lo:
                     # The shard's chunks below `top` sent no later than it are overdue; each is checked once.

@@ -41,6 +41,16 @@ def test_chunks_leave_in_any_order_as_produced_within_the_slot_rule():
     assert w.n_sent == 10 and all(w.sent(c) for c in range(10))
 
 
+def test_a_batch_of_parameters_is_fresh_once_per_chunk_in_order_or_not():
+    w = window(n=10, slots=10)
+    w.set_ready(range(10))
+    w.due(0.0)
+    assert w.on_params(np.array([1, 3, 4]), 0.01, np.ones(3, bool)).tolist() == [True, True, True]
+    assert w.on_params(np.array([2, 3, 5]), 0.02, np.ones(3, bool)).tolist() == [True, False, True]  # 3 had
+    assert w.on_params(np.array([7, 6, 7, 1, 6]), 0.03, np.ones(5, bool)).tolist() == [True, True, False, False, False]
+    assert w.n_done == 7 and w.missing() == [0, 8, 9]
+
+
 def test_chunks_wait_until_produced():
     w = window(slots=8)
     w.set_ready([0, 1, 3])
