@@ -13,6 +13,11 @@ switch run's worker 0 evaluates only the first and the last model (make run EVAL
 and the one process evaluate nothing). A switch run's steps/s comes from its metrics.csv (each
 step's time on the workers' clocks) and the run must end bit-exact; DDP's is rank 0's, over
 --local-steps steps, as the one-process figure.
+
+Under DDP and each switch run, per process and timed step: its CPU ms (utime + stime, every thread),
+its voluntary context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its
+own clock (a worker's `compute`). On two cores the sum of CPU is what a step costs; a worker's
+forward+backward above a rank's is the other processes' CPU and wake-ups taken from it.
 """
 from __future__ import annotations
 
@@ -21,10 +26,13 @@ import csv
 import json
 import os
 import pathlib
+import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -81,25 +89,63 @@ def ddp_worker(rank: int, world: int, master: str, steps: int, gpt: dict) -> Non
     net = DistributedDataParallel(tasks.model(wl))  # one torch thread, as a mindp worker
     opt = torch.optim.AdamW(net.parameters(), lr=config.DEFAULT_LR["gpt"], weight_decay=0.01)
 
+    compute = []
+
     def step(s: int) -> None:
         x, y = tasks.batch(wl, rank, s)
         opt.zero_grad(set_to_none=True)
-        models.loss_of("gpt", net, x, y).backward()
+        t = time.perf_counter()
+        models.loss_of("gpt", net, x, y).backward()  # (gloo's allreduce overlaps the backward)
+        compute.append(time.perf_counter() - t)
         opt.step()
 
     step(0)
     dist.barrier()
-    t = time.perf_counter()
+    compute.clear()
+    t, cpu = time.perf_counter(), _cpu_self()
     for s in range(1, steps + 1):
         step(s)
     dist.barrier()
-    if rank == 0:
-        print(f"{steps / (time.perf_counter() - t):.6f}", flush=True)
+    wall, (busy, wakeups) = time.perf_counter() - t, _minus(_cpu_self(), cpu)
+    # steps/s, then this rank's forward+backward (wall), CPU and voluntary context switches a step
+    print(f"{steps / wall:.6f} {sum(compute) / steps:.6f} {busy / steps:.6f} {wakeups / steps:.1f}", flush=True)
     dist.destroy_process_group()
 
 
-def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str]:
-    """(steps/s, '' or why it failed) of DDP with `workers` ranks on veth hosts joined by a bridge."""
+def _cpu_self() -> tuple[float, int]:
+    """(CPU seconds, voluntary context switches) of this process, all its threads."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_nvcsw
+
+
+def _minus(a: tuple, b: tuple) -> tuple:
+    return tuple(x - y for x, y in zip(a, b))
+
+
+@dataclass
+class Usage:
+    """One process's figures a timed step: CPU ms, voluntary context switches (its wake-ups), and
+    for a rank or worker its forward+backward ms (wall, as its own clock saw them)."""
+    role: str
+    cpu_ms: float
+    wakeups: float
+    compute_ms: float | None = None
+
+
+def usage_lines(usages: list[Usage]) -> list[str]:
+    """CPU ms a step per process (and in all), wake-ups, forward+backward, as printed under a side."""
+    if not usages:
+        return ["(too few steps for per-process figures)"]
+    cpu = ", ".join(f"{u.role} {u.cpu_ms:.0f}" for u in usages)
+    wake = ", ".join(f"{u.role} {u.wakeups:.0f}" for u in usages)
+    fb = ", ".join(f"{u.role} {u.compute_ms:.0f}" for u in usages if u.compute_ms is not None)
+    return [f"CPU ms a step: {cpu}; all {sum(u.cpu_ms for u in usages):.0f}",
+            f"voluntary context switches a step: {wake}", f"forward+backward ms (wall): {fb}"]
+
+
+def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str, list[Usage]]:
+    """(steps/s, '' or why it failed, each rank's Usage) of DDP with `workers` ranks on veth hosts
+    joined by a bridge."""
     bridge = "tgbr"
     hosts = [Host(f"d{r}", f"02:00:00:00:07:{r + 1:02x}", f"10.0.7.{r + 1}", r + 1) for r in range(workers)]
     master = f"{hosts[0].ip}:{targets.free_port()}"
@@ -121,18 +167,112 @@ def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str]:
                 for p in procs:
                     p.kill()
                     p.wait()
-                return 0.0, "no result within 600 s"
+                return 0.0, "no result within 600 s", []
     finally:
         testbed.sh("ip", "link", "del", bridge, check=False)
     for p, (_, err) in zip(procs, outs):
         if p.returncode:
-            return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
-    return float(outs[0][0].split()[-1]), ""
+            return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], []
+    figures = [[float(x) for x in out.split()[-4:]] for out, _ in outs]
+    ranks = [Usage(f"rank {r}", f[2] * 1e3, f[3], f[1] * 1e3) for r, f in enumerate(figures)]
+    return figures[0][0], "", ranks
+
+
+#: make run's processes by a word of their command lines (the controller runs in the orchestrator's).
+ROLES = (("mininet_topos.trainer", "worker"), ("host_agent.node", "node"), ("softswitch", "switch"),
+         ("mininet_topos.run", "orchestrator"))
+
+
+def _proc_usage(pid: int) -> tuple[str, float, int] | None:
+    """(role, CPU seconds, voluntary context switches of all its threads) of one of make run's processes."""
+    try:
+        cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        role = next((r for word, r in ROLES if word in cmd), None)
+        if role is None or "python" not in cmd.split(" ", 1)[0]:
+            return None
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        vol = 0
+        for task in pathlib.Path(f"/proc/{pid}/task").iterdir():  # (status counts the main thread's only)
+            status = (task / "status").read_text()
+            vol += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+    return role, (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), vol
+
+
+def _tree(root: int) -> list[int]:
+    """`root` and its descendants, from one scan of /proc."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        try:
+            kids.setdefault(int(pathlib.Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d))
+        except (OSError, ValueError, IndexError):
+            pass
+    out, todo = [], [root]
+    while todo:
+        out.append(todo.pop())
+        todo += kids.get(out[-1], [])
+    return out
+
+
+class Sampler(threading.Thread):
+    """Each process's CPU time and wake-ups when worker 0 logs its step 1 and each later step (its
+    log polled every 20 ms; /proc read only then): the figures a step between the first and the last."""
+
+    def __init__(self, root: int, runs: pathlib.Path):
+        super().__init__(daemon=True)
+        self.root, self.runs = root, runs
+        self.done = threading.Event()
+        self.first: tuple[int, dict] | None = None
+        self.last: tuple[int, dict] | None = None
+
+    def run(self) -> None:
+        log, pos, step = None, 0, 0
+        while not self.done.wait(0.02):
+            if log is None:
+                log = next(self.runs.glob("2*/logs/worker-job1-0.log"), None)
+                continue
+            with open(log) as f:
+                f.seek(pos)
+                lines = f.readlines()
+                pos = f.tell() if lines and lines[-1].endswith("\n") else pos
+            for line in lines if pos else []:
+                try:
+                    j = json.loads(line)
+                except ValueError:
+                    continue
+                step = max(step, j.get("step", -1) if j.get("ev") == "step" else -1)
+            if step >= 1 and (self.last is None or step > self.last[0]):
+                snap = {pid: u for pid in _tree(self.root) if (u := _proc_usage(pid)) is not None}
+                self.last = (step, snap)
+                self.first = self.first or self.last
+
+    def usages(self) -> list[Usage]:
+        """Per process, its figures a step between the first and the last snapshot (with each
+        worker's mean forward+backward over those steps from its log); [] if too few steps."""
+        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+            return []
+        (s0, a), (s1, b) = self.first, self.last
+        n = s1 - s0
+        logs = {}
+        for path in self.runs.glob("2*/logs/worker-job1-*.log"):
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
+            computed = [j["compute"] for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1 and "compute" in j]
+            logs[int(path.stem.rsplit("-", 1)[1])] = sum(computed) / len(computed) * 1e3 if computed else None
+        out, w = [], 0
+        for pid in sorted(set(a) & set(b), key=lambda q: [r for _, r in ROLES].index(b[q][0])):
+            role, cpu, vol = b[pid]
+            label, compute = role, None
+            if role == "worker":
+                label, compute, w = f"worker {w}", logs.get(w), w + 1
+            out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute))
+        return out
 
 
 def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str,
-               timeout: float = 3600) -> tuple[float, str, int]:
-    """(steps/s, '' or why it failed, the run's K) of make run's orchestrator, MODEL=gpt, on `target`."""
+               timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
+    """(steps/s, '' or why it failed, the run's K, each process's Usage) of make run's orchestrator,
+    MODEL=gpt, on `target`."""
     runs = tmp / target
     k = protocol.HARDWARE_K if target == "bmv2" else protocol.DEFAULT_K  # make run's choice without K=
     p4 = "committed" if artifacts.staleness(k=k) is None else "auto"
@@ -143,23 +283,28 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
            "--if-prefix", "mnb-", "--eval", "0"] + (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
+    sampler = Sampler(p.pid, runs)
+    sampler.start()
     try:
         _, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         p.terminate()  # make run tears down what it started on SIGTERM
         p.communicate()
-        return 0.0, f"no result within {timeout:.0f} s", k
+        return 0.0, f"no result within {timeout:.0f} s", k, []
+    finally:
+        sampler.done.set()
+        sampler.join()
     try:
         s = json.loads(next(runs.glob("2*/summary.json")).read_text()) if p.returncode == 0 else None
     except (StopIteration, OSError, ValueError):
         s = None
     if s is None or "max_abs_param_diff_vs_reference" not in s:  # failed, or stopped: no result
-        return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], k
+        return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], k, []
     if s["max_abs_param_diff_vs_reference"] != 0.0:
-        return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})", k
+        return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})", k, []
     with open(next(runs.glob("2*/metrics.csv"))) as f:
         timed = [float(r["step_seconds"]) for r in csv.DictReader(f) if int(r["step"]) >= 1]
-    return len(timed) / sum(timed), "", k
+    return len(timed) / sum(timed), "", k, sampler.usages()
 
 
 def main() -> int:
@@ -198,25 +343,29 @@ def main() -> int:
     if os.geteuid() != 0:
         print("  through the network: skipped (namespaces and make run need root)")
         return 0
-    ddp, err = ddp_run(args.workers, args.local_steps, args.gpt)
+    ddp, err, ranks = ddp_run(args.workers, args.local_steps, args.gpt)
     label = f"PyTorch DDP (gloo), {args.workers} namespaces"
     if err:
         print(f"  {label:<34} failed: {err}")
         return 1
     print(f"  {label:<34} {ddp:8.3f} steps/s  ratio {ddp / base:.3f} of one process")
+    for line in usage_lines(ranks):
+        print(f"      {line}")
     with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
         for target in [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]:
             label = f"make run MODEL=gpt TARGET={target}"
             if target == "bmv2" and targets.find_bmv2() is None:
                 print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
                 continue
-            rate, err, k = switch_run(target, args.workers, args.steps, pathlib.Path(tmp), args.gpt)
+            rate, err, k, usages = switch_run(target, args.workers, args.steps, pathlib.Path(tmp), args.gpt)
             label += f" K={k}"
             if err:
                 print(f"  {label:<34} failed: {err}")
                 return 1
             print(f"  {label:<34} {rate:8.3f} steps/s  ratio {rate / base:.3f} of one process (bit-exact), "
                   f"mindp / DDP {rate / ddp:.3f}")
+            for line in usage_lines(usages):
+                print(f"      {line}")
     return 0
 
 
