@@ -8,7 +8,8 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from mindp import codec
+from controller import p4info_names as N
+from mindp import codec, progress
 from mindp.fixedpoint import exact_sum
 from mindp.layers import Mindp
 from mindp.protocol import K, Flag, Kind, UDP_PORT
@@ -226,7 +227,12 @@ def test_two_jobs_at_once_on_disjoint_slots(fabric, job1, job2):
 def test_recreated_job_starts_from_clean_slots(fabric, job1):
     """A new epoch overwrites cells left half-filled by an earlier incarnation of the job."""
     g = np.ones(K, np.float16)
+    counted = fabric.counter(N.GRAD_PACKETS, 1)
     fabric.send("w1_0", fabric.grad(job1, 0, g, step=60, chunk=0))  # never completed
+    # In the cell before the job goes: processed after its new entries, the frame would claim the
+    # cell for the new epoch at step 60 and make step 0 stale (a busy BMv2 lags its sender).
+    progress.wait(lambda: fabric.counter(N.GRAD_PACKETS, 1) > counted, lambda: 0, stall=progress.STALL,
+                  what="the switch counting the old incarnation's gradient")
     fabric.remove_job(job1)
     again = fabric.install_job(1, job1.workers, "opt1", slot_base=100, slots=4, epoch=job1.epoch + 1000)
     job1.entries = again.entries
