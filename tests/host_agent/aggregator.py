@@ -1,8 +1,10 @@
 """A tiny in-test aggregator (the unit-test seam the issue allows): exact sums per
 (step, chunk) on raw sockets at the root ends of the hosts' veths, with seeded
-loss, duplication and reordering. Other frames (ARP, the step digest's UDP) it
-forwards as a learning-free L2 switch: by destination MAC, broadcasts to every other
-port. It is not the switch; the with-switch tests use the real one."""
+loss, duplication and reordering. A gradient counts only at its worker's port, as the
+switch admits it (P4.md's admission.workers: ingress port, job, worker). Other frames
+(ARP, the step digest's UDP) it forwards as a learning-free L2 switch: by destination
+MAC, broadcasts to every other port. It is not the switch; the with-switch tests use
+the real one."""
 from __future__ import annotations
 
 import random
@@ -35,7 +37,7 @@ class Aggregator:
         self.cells: dict[tuple[int, int], dict] = {}
         self.held: list[tuple[int, bytes]] = []
         self.stats = {"grads": 0, "sums": 0, "resent_sums": 0, "params": 0, "dropped": 0, "duplicated": 0,
-                      "reordered": 0, "forwarded": 0}
+                      "reordered": 0, "forwarded": 0, "refused": 0}
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -68,11 +70,17 @@ class Aggregator:
         except OSError:
             pass
 
-    def _grads(self, frames: list[bytes]) -> None:
+    def _grads(self, frames: list[bytes], port: int | None = None) -> None:
+        """GRAD frames that came in at `port` (None: any port)."""
         dec = codec.decode(frames, Kind.GRAD)
         for h, g in zip(dec.headers, dec.elements):
-            if h["job"] == self.job:
-                self._grad(h, g)
+            if h["job"] != self.job:
+                continue
+            w = self.workers.get(int(h["worker"]))
+            if port is not None and (w is None or w.port != port):  # another worker's, or a stray
+                self.stats["refused"] += 1
+                continue
+            self._grad(h, g)
 
     def _grad(self, h, g) -> None:
         self.stats["grads"] += 1
@@ -133,7 +141,7 @@ class Aggregator:
     def _from_port(self, port: int, frames: list[bytes]) -> None:
         """mindp frames that came in at `port`: gradients from workers, parameters from the node."""
         if port != self.optimizer.port:
-            self._grads(frames)
+            self._grads(frames, port)
         else:
             for frame in frames:
                 self._param(frame)

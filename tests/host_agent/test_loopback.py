@@ -75,6 +75,35 @@ def test_workers_and_node_match_reference(bed, tmp_path, faults, overlap):
         assert stats.get("resent", 0) > 0  # duplicate sums were answered from stored parameters
 
 
+def test_the_aggregator_sums_a_gradient_only_at_its_workers_port(bed):
+    """As the switch admits gradients (ingress port, job, worker): one that comes in at another
+    worker's port is refused, never summed; at its own port each worker's counts once. So is a
+    stray of another test on the machine where it comes in at another worker's port (issue 44's
+    divergence: frames a raw socket caught before its bind, cb31d87)."""
+    topo = bed[1]
+    agg = aggregator(bed)  # its thread not started: frames are handed to it here
+    sent = []
+    agg._send = lambda port, frame: sent.append((port, frame))
+    try:
+        ws = topo.jobs[0].workers
+
+        def grad(w, value):
+            h = topo.host(ws[w])
+            addrs = codec.Addresses(h.mac, topo.host("opt1").mac, h.ip, topo.host("opt1").ip)
+            hdr = codec.header_array(1, job=1, worker=w, step=0, chunk=0, count=K)
+            return codec.encode(Kind.GRAD, hdr, np.full((1, K), value, np.float16), addrs)[0].tobytes()
+
+        agg._from_port(topo.host(ws[1]).port, [grad(0, 8.0)])  # worker 0's gradient at worker 1's port
+        assert agg.stats["refused"] == 1 and not agg.cells
+        for w in range(N):
+            agg._from_port(topo.host(ws[w]).port, [grad(w, 1.0)])
+        assert agg.stats["sums"] == 1 and [p for p, _ in sent] == [topo.host("opt1").port]
+        assert (codec.decode_one(sent[0][1], Kind.SUM)[1] == N << 24).all()  # 1.0 at scale 2^24, N times
+    finally:
+        for s in agg.socks.values():
+            s.close()
+
+
 @pytest.mark.parametrize("seed", [7, 8])
 def test_killed_and_restarted_node_ends_bit_identical(bed, tmp_path, seed):
     topo = bed[1]
