@@ -128,7 +128,9 @@ def test_switch_scenario_with_its_controller_and_switch_killed_is_exact(tmp_path
     # its own process, as the stress loop runs each scenario (it sets signal handlers and may re-exec)
     run = subprocess.run([sys.executable, "-m", "tools.stress", "--replay", str(tmp_path / "config.json"), "--in-place"],
                          cwd=stress.REPO, capture_output=True, text=True)
-    assert run.returncode == stress.EXACT, run.stdout + run.stderr
+    assert run.returncode == stress.EXACT, run.stdout + run.stderr + "".join(
+        f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(tmp_path.glob("*.log"))
+        + [tmp_path / "verdict.json"] if p.exists())
     verdict = json.loads((tmp_path / "verdict.json").read_text())
     assert verdict["faults"] == ["kill controller at 0.3 s for 0.1 s", "kill switch at 1.0 s for 0.1 s"]
     lives = (tmp_path / "controller.log").read_text()
