@@ -69,7 +69,7 @@ class ShardAggregator(Aggregator):
 
     def _from_port(self, port: int, frames: list[bytes]) -> None:
         if port not in self.node_ports:
-            self._grads(frames)
+            self._grads(frames, port)
             return
         for frame in frames:
             dec = codec.decode([frame], Kind.PARAM)
