@@ -216,6 +216,8 @@ class Scenario:
         it exports and exits, as make run ends it): after failed workers it served to the cap."""
         deadline = time.monotonic() + SCENARIO_CAP
         workers_gone = None
+        told = None  # the node process told to end (once: a second SIGTERM in its interpreter's
+        # shutdown, after it exported, would kill it by the signal, exit -15: a failed scenario)
         while time.monotonic() < deadline:
             codes = {n: a.proc.poll() for n, a in self.procs.items()}
             now = time.monotonic()
@@ -223,9 +225,10 @@ class Scenario:
                 workers_gone = None
             elif workers_gone is None:
                 workers_gone = now
-            elif codes["node"] is None and now - workers_gone > LINGER:
+            elif codes["node"] is None and now - workers_gone > LINGER and told is not self.procs["node"].proc:
+                told = self.procs["node"].proc
                 with contextlib.suppress(ProcessLookupError):
-                    self.procs["node"].proc.terminate()  # `ip netns exec` execs: the node's own PID
+                    told.terminate()  # `ip netns exec` execs: the node's own PID
             if all(v is not None for v in codes.values()):
                 time.sleep(0.5)  # an event may be restarting one right now
                 again = {n: a.proc.poll() for n, a in self.procs.items()}

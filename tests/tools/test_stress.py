@@ -170,3 +170,35 @@ def test_a_node_whose_workers_have_ended_is_told_to_end(monkeypatch, tmp_path):
     codes = sc._wait()
     assert node.terminated and codes == {"node": -15, "worker0": 1, "worker1": 1}
     assert stress_scenario.LINGER < clock[0] < stress_scenario.LINGER + 5  # not SCENARIO_CAP
+
+
+class ExportingNode:
+    """A node that, told to end, exports for `polls` polls and exits 0; told again meanwhile, it dies
+    by the signal (as a second SIGTERM in its interpreter's shutdown kills it)."""
+
+    def __init__(self, polls: int):
+        self.polls, self.told = polls, 0
+
+    def poll(self):
+        if self.told > 1:
+            return -15
+        if not self.told:
+            return None
+        self.polls -= 1
+        return 0 if self.polls < 0 else None
+
+    def terminate(self):
+        self.told += 1
+
+
+def test_a_node_told_to_end_is_told_once_and_exits_as_it_does(monkeypatch, tmp_path):
+    from tools import stress_scenario
+
+    clock = [0.0]
+    monkeypatch.setattr(stress_scenario.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(stress_scenario.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    sc = stress_scenario.Scenario(Config("loopback", 1, workers=1), tmp_path)
+    node = ExportingNode(polls=20)  # 2 s of the loop's 0.1 s polls: a slow export on a busy machine
+    sc.procs = {"node": type("A", (), {"proc": node})(), "worker0": type("A", (), {"proc": FakeProc(3)})()}
+    assert sc._wait() == {"node": 0, "worker0": 0}
+    assert node.told == 1
