@@ -61,6 +61,12 @@ static int64_t serve_recv(serve_t *s, int64_t p, int64_t *kept_out) {
         uint32_t status = __atomic_load_n(&h->tp_status, __ATOMIC_ACQUIRE);
         if (!(status & TP_STATUS_USER)) break;
         uint8_t *row = s->rbuf + kept * s->rslot;
+        /* The next slot's frame, guessed as long as this one, is fetched while this one is copied:
+         * another core's softirq wrote it, and a copy that waits for each of a large frame's lines
+         * in turn stalls. A prefetch never faults; a wrong guess costs only the lines. */
+        const uint8_t *next = ring + ((*head + 1) % s->frames) * s->frame;
+        int64_t span = h->tp_mac + h->tp_len < s->frame ? h->tp_mac + h->tp_len : s->frame;
+        for (int64_t l = 0; l < span; l += 64) __builtin_prefetch(next + l);
         int64_t len = serve_take(h, status, s->fds[p], row, s->rslot - SERVE_TAG);
         unsigned tci = h->tp_vlan_tci, tpid = h->tp_vlan_tpid;
         __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);
