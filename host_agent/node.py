@@ -264,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     except StorageError as exc:  # disk full / EIO: nothing after the last commit is trusted; restart resumes
         print(f"mindp-optimizer: {exc}", file=sys.stderr, flush=True)
         return 3
+    finally:
+        # Served: the rest runs to its end. A SIGTERM from now on (a run ending a node that ends by
+        # itself) would otherwise land in the interpreter's shutdown, which restores the default
+        # action, and turn exit 0 into death by the signal.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pages.peak_pages,
                  page_bytes=store.pages.page_bytes, rss_start_kb=rss_start, vm_hwm_kb=proc_status_kb("VmHWM"),
                  **store.pages.paging)

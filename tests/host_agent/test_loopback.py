@@ -2,7 +2,10 @@
 seam: bit-identical to the reference, also with loss, duplicates, reordering,
 overlapped steps and a killed and restarted optimizer node; a worker without an
 optimizer fails its step by the deadline."""
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -234,3 +237,20 @@ def test_node_refuses_tagged_and_foreign_sums(bed, tmp_path):
     outer.close()
     stats = check_against(ref, workers, tmp_path)
     assert stats["rejected_tagged"] == 1 and stats["rejected_source"] == 3
+
+
+def test_a_node_told_to_end_again_and_again_exports_and_exits_0(bed, tmp_path):
+    """SIGTERM every millisecond until the node is gone (a run ending a node that is ending by
+    itself): it exports its state and exits 0, never killed by a signal in its shutdown."""
+    b, topo = bed
+    init = small_model()
+    node = NodeProcess(b.hosts["opt1"], run_files(tmp_path, topo, init, STEPS), tmp_path / "node.log").start()
+    try:
+        while node.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(node.proc.pid, signal.SIGTERM)
+            time.sleep(0.001)
+        assert node.wait() == 0, (tmp_path / "node.log").read_text()
+    finally:
+        node.stop()
+    assert (tmp_path / "final.npz").exists() and load_stats(tmp_path / "stats.json")["committed"] == -1
