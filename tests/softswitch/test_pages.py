@@ -1,27 +1,10 @@
-"""The embedded switch's large buffers on transparent huge pages: a hint that never changes what
-they hold (the kernel may or may not grant the pages, so only the contents and the layout are
-asserted)."""
+"""The register pool on transparent huge pages: a hint that never changes what the cells hold (the
+kernel may or may not grant the pages, so only the contents and the buffer are asserted)."""
 from array import array
 
 import numpy as np
 
-from softswitch.batch import HUGE_PAGE, Batch, zeroed
-from softswitch.native.state import huge_pages
-
-
-def test_a_large_batch_is_zeroed_aligned_and_writable():
-    batch = Batch.empty(64)
-    assert batch.buf.shape == (64, 65544) and batch.buf.dtype == np.uint8
-    assert batch.buf.ctypes.data % HUGE_PAGE == 0
-    assert not batch.buf.any()
-    batch.buf[63, -1] = 7
-    batch.buf[0, 0] = 9
-    assert batch.buf.sum() == 16
-
-
-def test_a_small_buffer_is_plain_zeros():
-    small = zeroed((4, 100), np.uint32)
-    assert small.shape == (4, 100) and small.dtype == np.uint32 and not small.any()
+from softswitch.native.state import HUGE_PAGE, huge_pages
 
 
 def test_huge_pages_keep_the_register_cells():
@@ -33,3 +16,9 @@ def test_huge_pages_keep_the_register_cells():
     assert np.array_equal(np.frombuffer(cells, np.uint64), values)
     cells[-1] = 3  # still the array's own memory, writable
     assert cells[-1] == 3
+
+
+def test_a_pool_smaller_than_a_huge_page_is_left_alone():
+    cells = array("Q", range(1000))
+    huge_pages(cells)
+    assert list(cells) == list(range(1000))
