@@ -228,14 +228,19 @@ class OptimizerNode:
         idle for `idle_timeout` s."""
         self.core.store.prefetch_from(0)
         last = time.monotonic()
-        while not self._stop:
-            if self.poll(0.05):
-                last = time.monotonic()
-            now = time.monotonic()
-            self.check_stall(now)
-            idle = now - last
-            if steps is not None and self.core.committed + 1 >= steps and self._settled(now, linger) and idle >= linger:
-                return
-            if idle_timeout is not None and idle >= idle_timeout:
-                return
+        try:
+            while not self._stop:
+                if self.poll(0.05):
+                    last = time.monotonic()
+                now = time.monotonic()
+                self.check_stall(now)
+                idle = now - last
+                if steps is not None and self.core.committed + 1 >= steps and self._settled(now, linger) and idle >= linger:
+                    return
+                if idle_timeout is not None and idle >= idle_timeout:
+                    return
+        finally:
+            ring = rawsock.ring_of(self.sock) if self.auxdata else None
+            if ring is not None:  # frames the kernel dropped on a full ring (the node fell behind)
+                self.stats["ring_drops"] += ring.dropped()
 
