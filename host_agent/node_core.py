@@ -87,6 +87,7 @@ class NodeCore:
 
     def handle(self, headers: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A batch of SUM headers and (n, K) int64 sums -> PARAM headers and (m, K) fp16 to send."""
+        headers = fused.wire_order(headers)  # answers are remembered (for resends) as the wire's bytes
         self.stats["sums"] += len(headers)
         if not self.store.step_nonfinite:
             usual = self._handle_in_order(headers, sums)

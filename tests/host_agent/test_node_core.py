@@ -143,6 +143,21 @@ def test_recent_params_are_each_slots_last_answer(tmp_path):
         assert np.array_equal(v.view(np.uint16), first.view(np.uint16))
 
 
+def test_headers_in_native_byte_order_are_remembered_as_sent(tmp_path):
+    """handle() given headers numpy made native-endian (np.concatenate does) answers and remembers
+    them as the wire's big-endian ones: the resends name the chunks applied, not byte-swapped ones."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    core = open_core(tmp_path, init, OptimizerConfig())
+    sums, nf = step_sums(lay, reference.synthetic_grads(7), N, 0, initial_fp16(init))
+    for chunks in (np.arange(0, lay.n_chunks, 2), np.arange(1, lay.n_chunks, 2)):  # scattered, then the rest
+        wire = sum_headers(JOB, 0, chunks, lay, S, N, nf)
+        hdr, _ = core.handle(wire.astype(wire.dtype.newbyteorder("=")), sums[chunks])
+        assert [int(c) for c in hdr["chunk"]] == chunks.tolist()
+        resent, _ = core.recent_params()
+        assert set(resent["step"].tolist()) == {0} and set(resent["chunk"].tolist()) <= set(range(lay.n_chunks))
+
+
 def as_worker(lay, sent, previous):
     """What a worker keeps after a step: the answers, or its parameters before the step when any
     answer said NONFINITE (common rule of issue 13.2)."""
