@@ -4,7 +4,7 @@ optimizer node) through the embedded switch and through BMv2 (when installed), a
 model and global batch trained by one process with torch.optim.AdamW, and by PyTorch DDP (gloo,
 one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
-    sudo .venv/bin/python bench/torch_gpt.py [--steps 4] [--workers 2] [--local-steps 10] [--gpt '{"d": 512, "layers": 8}']
+    sudo .venv/bin/python bench/torch_gpt.py [--steps 4] [--workers 2] [--local-steps 10] [--rounds 1] [--gpt '{"d": 512, "layers": 8}']
 
 Each make run line names the K (elements a frame) it ran: the target's default (make run K=).
 
@@ -18,6 +18,9 @@ Under DDP and each switch run, per process and timed step: its CPU ms (utime + s
 its voluntary context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its
 own clock (a worker's `compute`). On two cores the sum of CPU is what a step costs; a worker's
 forward+backward above a rank's is the other processes' CPU and wake-ups taken from it.
+
+--rounds N runs every side N times in turn and ends with the median of each round's ratios: the
+host's speed drifts from minute to minute, so a ratio is taken within a round, never across.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import json
 import os
 import pathlib
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -307,11 +311,63 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
     return len(timed) / sum(timed), "", k, sampler.usages()
 
 
+def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path) -> dict[str, float] | None:
+    """One round, each side in turn, its lines printed: {side: steps/s} ("one process", "DDP",
+    each target run), or None when a side failed (said in its line)."""
+    wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
+    base = single_process(wl, base_steps)
+    print(f"  {'one process, torch.optim.AdamW':<34} {base:8.3f} steps/s  (torch threads {torch.get_num_threads()})")
+    rates = {"one process": base}
+    if os.geteuid() != 0:
+        return rates
+    ddp, err, ranks = ddp_run(args.workers, args.local_steps, args.gpt)
+    label = f"PyTorch DDP (gloo), {args.workers} namespaces"
+    if err:
+        print(f"  {label:<34} failed: {err}")
+        return None
+    print(f"  {label:<34} {ddp:8.3f} steps/s  ratio {ddp / base:.3f} of one process")
+    for line in usage_lines(ranks):
+        print(f"      {line}")
+    rates["DDP"] = ddp
+    tmp.mkdir(parents=True, exist_ok=True)
+    for target in [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]:
+        label = f"make run MODEL=gpt TARGET={target}"
+        if target == "bmv2" and targets.find_bmv2() is None:
+            print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
+            continue
+        rate, err, k, usages = switch_run(target, args.workers, args.steps, tmp, args.gpt)
+        label += f" K={k}"
+        if err:
+            print(f"  {label:<34} failed: {err}")
+            return None
+        print(f"  {label:<34} {rate:8.3f} steps/s  ratio {rate / base:.3f} of one process (bit-exact), "
+              f"mindp / DDP {rate / ddp:.3f}")
+        for line in usage_lines(usages):
+            print(f"      {line}")
+        rates[label] = rate
+    return rates
+
+
+def summary_lines(rounds: list[dict[str, float]]) -> list[str]:
+    """Per switch run, the median over rounds of its ratios to DDP and to one process, each taken
+    within its round, and every round's pair: what to quote, the spread beside it."""
+    out = []
+    for side in [s for s in rounds[0] if s.startswith("make run")]:
+        vs_ddp = [r[side] / r["DDP"] for r in rounds]
+        vs_one = [r[side] / r["one process"] for r in rounds]
+        pairs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(vs_ddp, vs_one))
+        out.append(f"{side}: median mindp / DDP {statistics.median(vs_ddp):.3f}, of one process "
+                   f"{statistics.median(vs_one):.3f} (rounds: {pairs})")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=integer(2), default=4, help="steps of each switch run (the first is not timed)")
     ap.add_argument("--workers", type=integer(1), default=2)
     ap.add_argument("--local-steps", type=integer(1), default=10, help="timed steps of one process and of DDP")
+    ap.add_argument("--rounds", type=integer(1), default=1, help="run every side this many times in turn and print "
+                    "the median of each round's ratios (the host's speed drifts between minutes)")
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)  # a DDP worker, started by ddp_run
     ap.add_argument("--ddp-master", help=argparse.SUPPRESS)
     ap.add_argument("--targets", default="embedded,bmv2", help="switch targets to run, comma-separated (BMv2 at "
@@ -335,37 +391,22 @@ def main() -> int:
         ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps, gpt)
         return 0
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
-    init = workload.init_params(wl)
-    print(f"{workload.describe(wl, init)}, {args.workers} workers x {wl.batch} windows, AdamW lr "
+    print(f"{workload.describe(wl, workload.init_params(wl))}, {args.workers} workers x {wl.batch} windows, AdamW lr "
           f"{config.DEFAULT_LR['gpt']}, {args.steps} steps")
-    base = single_process(wl, args.local_steps)
-    print(f"  {'one process, torch.optim.AdamW':<34} {base:8.3f} steps/s  (torch threads {torch.get_num_threads()})")
+    rounds = []
+    with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
+        for i in range(args.rounds):
+            if args.rounds > 1:
+                print(f" round {i + 1} of {args.rounds}")
+            rates = one_round(args, gpt, args.local_steps, pathlib.Path(tmp) / f"round{i}")
+            if rates is None:
+                return 1
+            rounds.append(rates)
     if os.geteuid() != 0:
         print("  through the network: skipped (namespaces and make run need root)")
-        return 0
-    ddp, err, ranks = ddp_run(args.workers, args.local_steps, args.gpt)
-    label = f"PyTorch DDP (gloo), {args.workers} namespaces"
-    if err:
-        print(f"  {label:<34} failed: {err}")
-        return 1
-    print(f"  {label:<34} {ddp:8.3f} steps/s  ratio {ddp / base:.3f} of one process")
-    for line in usage_lines(ranks):
-        print(f"      {line}")
-    with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
-        for target in [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]:
-            label = f"make run MODEL=gpt TARGET={target}"
-            if target == "bmv2" and targets.find_bmv2() is None:
-                print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
-                continue
-            rate, err, k, usages = switch_run(target, args.workers, args.steps, pathlib.Path(tmp), args.gpt)
-            label += f" K={k}"
-            if err:
-                print(f"  {label:<34} failed: {err}")
-                return 1
-            print(f"  {label:<34} {rate:8.3f} steps/s  ratio {rate / base:.3f} of one process (bit-exact), "
-                  f"mindp / DDP {rate / ddp:.3f}")
-            for line in usage_lines(usages):
-                print(f"      {line}")
+    elif args.rounds > 1:
+        for line in summary_lines(rounds):
+            print(f"  {line}")
     return 0
 
 
