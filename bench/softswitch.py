@@ -1,6 +1,6 @@
 """Embedded switch throughput, side by side in one run on the same frames, for each K.
 
-    python bench/softswitch.py [--k K [K ...]] [--packets N] [--windows W [W ...]]
+    python bench/softswitch.py [--k K [K ...]] [--packets N] [--windows W [W ...]] [--rounds N]
 
 For each K (default: every committed program's) one process at MINDP_K=K runs the comparison
 below on frames of that K; then a table gives elements/s per K for each contender and the
@@ -27,7 +27,9 @@ Closed loop with a fixed window of frames in flight (sent and received in bursts
 in C through PACKET_MMAP rings, bench/loops.c, where a compiler is found), so the switch, not its
 queues or the load generator, sets the pace. Each of (a)-(c) runs at every window of --windows and its best counts:
 BMv2 is fastest with few frames queued, a batching switch with many, and every contender gets
-the same number of tries.
+the same number of tries. --rounds N runs every K N times in turn and prints the median of the
+ratios taken within each round: the host's packet I/O drifts from run to run more than the goal's
+margin.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ import argparse
 import ctypes
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -265,6 +268,8 @@ def main() -> int:
                     help="gradient frames per run at K = 32 (fewer at a larger K: the same elements / 8)")
     ap.add_argument("--windows", type=integer(2), nargs="+", default=[16, 64, 4 * BATCH, 16 * BATCH],
                     help="frames in flight: every switch and loop runs at each, its best counts")
+    ap.add_argument("--rounds", type=integer(1), default=1,
+                    help="run every K this many times in turn and print the median of each round's ratios")
     ap.add_argument("--this-k", action="store_true", help=argparse.SUPPRESS)  # a per-K child
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -273,6 +278,24 @@ def main() -> int:
     if args.this_k:
         print(RESULT + json.dumps(compare_one_k(args)), flush=True)
         return 0
+    rounds = []
+    for i in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {i + 1} of {args.rounds}")
+        per_k = run_children(args)
+        if not per_k:
+            return 1
+        print_table(per_k)
+        rounds.append(per_k)
+    if args.rounds > 1:
+        for (what, k), each in per_round_ratios(rounds).items():
+            print(f"  {what}, K={k} / K={HARDWARE_K}, median of {len(each)} rounds (goal >= 10 at the default K): "
+                  f"{statistics.median(each):.2f} (rounds: {', '.join(f'{x:.2f}' for x in each)})")
+    return 0
+
+
+def run_children(args) -> dict[int, dict[str, float]]:
+    """One run per K, each in its own process at MINDP_K=K (its lines printed): K -> packets/s per contender."""
     per_k = {}
     for k in args.k or list(artifacts.COMMITTED_K):
         # The same elements at every K would take a large K's run below a timer's grain: an eighth.
@@ -287,23 +310,44 @@ def main() -> int:
                 print(line)
         if proc.returncode != 0 or k not in per_k:
             print(f"K={k}: the run failed (exit {proc.returncode})")
-    if not per_k:
-        return 1
+    return per_k
+
+
+RATIOS = ((EMBEDDED, "embedded elements/s"), (SWITCH_CPU, "embedded elements a switch CPU-second"))
+
+
+def ratios(per_k: dict[int, dict[str, float]]) -> dict[tuple[str, int], float]:
+    """(what, K) -> the embedded switch's elements/s (or a CPU-second) at K over its K = 32 figure."""
+    out = {}
+    if HARDWARE_K in per_k:
+        for name, what in RATIOS:
+            if name not in per_k[HARDWARE_K]:
+                continue
+            base = per_k[HARDWARE_K][name] * HARDWARE_K
+            for k, r in per_k.items():
+                if k != HARDWARE_K and name in r:
+                    out[what, k] = r[name] * k / base
+    return out
+
+
+def per_round_ratios(rounds: list[dict[int, dict[str, float]]]) -> dict[tuple[str, int], list[float]]:
+    """Each ratio of `ratios`, taken within each round in turn (the host's I/O drifts between runs)."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for per_k in rounds:
+        for key, x in ratios(per_k).items():
+            out.setdefault(key, []).append(x)
+    return out
+
+
+def print_table(per_k: dict[int, dict[str, float]]) -> None:
     names = [n for n in (EMBEDDED, SWITCH_CPU, "compiled pipeline alone (no I/O)", BMV2, CEILING)
              if any(n in r for r in per_k.values())]
     print("elements/s per K (packets/s x K):")
     print(f"  {'K':>6} " + " ".join(f"{n[:24]:>26}" for n in names))
     for k, r in per_k.items():
         print(f"  {k:>6} " + " ".join(f"{r[n] * k:26,.0f}" if n in r else f"{'n/a':>26}" for n in names))
-    if HARDWARE_K in per_k:
-        for name, what in ((EMBEDDED, "embedded elements/s"), (SWITCH_CPU, "embedded elements a switch CPU-second")):
-            if name not in per_k[HARDWARE_K]:
-                continue
-            base = per_k[HARDWARE_K][name] * HARDWARE_K
-            for k, r in per_k.items():
-                if k != HARDWARE_K and name in r:
-                    print(f"  {what}, K={k} / K={HARDWARE_K} (goal >= 10 at the default K): {r[name] * k / base:.2f}")
-    return 0
+    for (what, k), x in ratios(per_k).items():
+        print(f"  {what}, K={k} / K={HARDWARE_K} (goal >= 10 at the default K): {x:.2f}")
 
 
 if __name__ == "__main__":

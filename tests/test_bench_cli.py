@@ -26,6 +26,7 @@ BAD = [
     ("scale.py", ["--elements", "64"]),
     ("softswitch.py", ["--windows", "16", "0"]),
     ("softswitch.py", ["--packets", "1.5"]),
+    ("softswitch.py", ["--rounds", "0"]),
     ("torch_gpt.py", ["--workers", "0"]),
     ("torch_gpt.py", ["--rounds", "0"]),
     ("wire.py", ["--scapy-packets", "0"]),
@@ -48,11 +49,16 @@ def test_integer_bounds():
             parse(text)
 
 
-def test_torch_gpt_quotes_the_median_of_ratios_taken_within_each_round(monkeypatch):
-    spec = importlib.util.spec_from_file_location("torch_gpt", REPO / "bench" / "torch_gpt.py")
+def load(script: str, monkeypatch):
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", REPO / "bench" / f"{script}.py")
     bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, bench)  # (its dataclasses look their module up)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # (dataclasses look their module up)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_torch_gpt_quotes_the_median_of_ratios_taken_within_each_round(monkeypatch):
+    bench = load("torch_gpt", monkeypatch)
     side = "make run MODEL=gpt TARGET=embedded K=512"
     # The host slows down 3x in the second round: the ratios within rounds stay, medians of rates would not.
     rounds = [{"one process": 4.0, "DDP": 4.0, side: 3.0}, {"one process": 1.0, "DDP": 1.25, side: 1.0},
@@ -60,3 +66,14 @@ def test_torch_gpt_quotes_the_median_of_ratios_taken_within_each_round(monkeypat
     (line,) = bench.summary_lines(rounds)
     assert line.startswith(f"{side}: median mindp / DDP 0.800, of one process 1.000 ")
     assert "(rounds: 0.750/0.750, 0.800/1.000, 1.000/1.000)" in line
+
+
+def test_softswitch_takes_each_ratio_within_its_round(monkeypatch):
+    bench = load("softswitch", monkeypatch)
+    emb, cpu = bench.EMBEDDED, bench.SWITCH_CPU
+    # Packets/s: the second round's host is twice as slow at K = 32 only in the first round's terms.
+    rounds = [{32: {emb: 1000.0, cpu: 2000.0}, 512: {emb: 700.0, cpu: 1250.0}},
+              {32: {emb: 500.0, cpu: 1000.0}, 512: {emb: 400.0, cpu: 700.0}}]
+    got = bench.per_round_ratios(rounds)
+    assert got == {("embedded elements/s", 512): [11.2, 12.8],
+                   ("embedded elements a switch CPU-second", 512): [10.0, 11.2]}
