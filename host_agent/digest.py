@@ -31,6 +31,8 @@ import numpy as np
 from mindp.netutil import bound_udp
 from mindp.protocol import K, UDP_PORT
 
+from . import fused
+
 #: UDP port of the digest messages (node side; workers send from any port).
 DIGEST_PORT = UDP_PORT + 2
 #: What a worker's line says when its parameters differ from the step digest (read back from
@@ -72,12 +74,15 @@ def _fmix(x: np.ndarray) -> np.ndarray:
     return x
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # mixes the chunk's number into its hash
+
+
 def chunk_hashes(chunks, params: np.ndarray) -> np.ndarray:
     """(n,) job-wide chunk numbers and their (n, K) fp16 parameters -> (n,) uint64 hashes."""
     p = np.ascontiguousarray(params, dtype=np.float16)
     words = p.reshape(len(p), -1).view(np.uint64)
     h = words @ _multipliers(words.shape[1]) if len(p) else np.zeros(0, np.uint64)
-    h ^= (np.asarray(chunks, dtype=np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+    h ^= (np.asarray(chunks, dtype=np.uint64) + np.uint64(1)) * _GOLDEN
     return _fmix(h)
 
 
@@ -115,6 +120,24 @@ class Blocks:
         return acc
 
 
+if not fused.NUMPY_ONLY:
+    from numba import njit
+
+    @njit(nogil=True, cache=True)
+    def _add_hashes(acc, chunks, words, mult, lo, size):
+        """acc[block of chunk] += chunk_hashes(chunks, params) (params as uint64 words), row by row."""
+        for i in range(words.shape[0]):
+            h = np.uint64(0)
+            for j in range(words.shape[1]):
+                h += words[i, j] * mult[j]
+            h ^= (np.uint64(chunks[i]) + np.uint64(1)) * _GOLDEN
+            for m in (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)):
+                h ^= h >> np.uint64(33)
+                h *= m
+            h ^= h >> np.uint64(33)
+            acc[(chunks[i] - lo) // size] += h
+
+
 class Book:
     """The node's digests: the current step's, summed chunk by chunk as they are applied, and the
     last KEEP committed steps'. `from_state(step)` reads a step's parameters back (only when the
@@ -131,7 +154,12 @@ class Book:
 
     def add(self, chunks, params: np.ndarray) -> None:
         """Sorted job-wide `chunks` of the current step were applied, giving fp16 `params`."""
-        self.blocks.add(self.acc, chunks, chunk_hashes(chunks, params))
+        if fused.NUMPY_ONLY:
+            self.blocks.add(self.acc, chunks, chunk_hashes(chunks, params))
+        else:  # chunk_hashes and Blocks.add in one compiled pass: ~45 us of numpy calls a node batch
+            words = np.ascontiguousarray(params, dtype=np.float16).view(np.uint64)
+            _add_hashes(self.acc, np.asarray(chunks, dtype=np.int64), words, _multipliers(words.shape[1]),
+                        self.blocks.lo, self.blocks.size)
         self.hashed += len(params)
 
     def complete(self, step: int, skipped: bool) -> bool:

@@ -4,6 +4,7 @@ restarts (the stall resend) and a sharded job's non-finite agreement (shards).
 """
 from __future__ import annotations
 
+import collections
 import select
 import socket
 import sys
@@ -13,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindp import codec
-from mindp.protocol import K, Kind
+from mindp.protocol import ELEMENT_DTYPE, ETHERTYPE_IPV4, HEADER_LEN, IPPROTO_UDP, PROTOCOL_VERSION, UDP_PORT, K, Kind
 
-from . import digest, rawsock, shards
+from . import digest, fused, rawsock, shards
 from .node_core import NodeCore
 from .rawsock import LINK_BACKOFF, LINK_ERRNOS
 
@@ -35,6 +36,56 @@ def stall_due(n: int, gap_max: int) -> int:
     1, 2, 4, ... periods, at most gap_max (a power of two) each."""
     k = gap_max.bit_length() - 1  # doublings before the cap
     return 2 ** (n + 1) - 1 if n < k else 2 ** k - 1 + (n - k + 1) * gap_max
+
+
+#: Why the node drops a received row of SUM length, in the order its checks run: not from the
+#: switch to us (counted as rejected_source), then codec.decode's reasons past the length.
+ROW_REJECTS = ("source", *codec.REJECT_REASONS[1:])
+_P, _SUM = codec.PREFIX_LEN, int(Kind.SUM)
+
+if not fused.NUMPY_ONLY:
+    from numba import njit
+
+    @njit(nogil=True, cache=True)
+    def _row_rejects(rows, me, sources, any_source, ok, bad):
+        """ok[r]: row r is a SUM for us (`me`: our MAC and IP) from one of `sources` (each a MAC and
+        IP; or any_source) that codec.decode would keep; else bad[reason] += 1, the reason its first
+        failed check (ROW_REJECTS)."""
+        for r in range(rows.shape[0]):
+            row = rows[r]
+            mine = True
+            for b in range(6):
+                mine &= row[b] == me[b]
+            for b in range(4):
+                mine &= row[30 + b] == me[6 + b]
+            if mine and not any_source:
+                known = False
+                for s in range(len(sources)):
+                    same = True
+                    for b in range(6):
+                        same &= row[6 + b] == sources[s, b]
+                    for b in range(4):
+                        same &= row[26 + b] == sources[s, 6 + b]
+                    known |= same
+                mine = known
+            reason = -1
+            if not mine:
+                reason = 0
+            elif (row[12] << 8 | row[13]) != ETHERTYPE_IPV4:
+                reason = 1
+            elif row[14] != 0x45:
+                reason = 2
+            elif row[23] != IPPROTO_UDP:
+                reason = 3
+            elif (row[36] << 8 | row[37]) != UDP_PORT:
+                reason = 4
+            elif row[_P] != PROTOCOL_VERSION:
+                reason = 5
+            elif row[_P + 1] != _SUM:
+                reason = 6
+            ok[r] = reason < 0
+            if reason >= 0:
+                bad[reason] += 1
 
 
 @dataclass
@@ -76,6 +127,8 @@ class OptimizerNode:
         self.rx = np.zeros((RECV_ROWS, codec.frame_len(Kind.SUM)), dtype=np.uint8)
         self.receiver = rawsock.RowReceiver(self.rx, True) if rawsock.MMSG and self.auxdata else None
         self._src_keys = None if self.sources is None else [int.from_bytes(m + i, "big") for m, i in self.sources]
+        self._me = np.frombuffer(self.mac + self.ip, np.uint8)
+        self._src_rows = np.array([list(m + i) for m, i in sorted(self.sources or ())], np.uint8).reshape(-1, 10)
         self._stop = False
         self._last_sum = time.monotonic()
         self._stall_resends = 0
@@ -129,8 +182,12 @@ class OptimizerNode:
             self.stats["rejected_tagged"] += int(tagged)  # (numpy counts would not go into --stats' JSON)
             self.stats["rejected_length"] += int(other)
             rows = self.rx[:n]
-            mine = self._rows_from_switch(rows)
-            return self._handle(rows if mine.all() else rows[mine])  # (a copy of megabytes at large K)
+            if fused.NUMPY_ONLY:
+                mine = self._rows_from_switch(rows)
+                return self._handle(rows if mine.all() else rows[mine])  # (a copy of megabytes at large K)
+            dec = self._decode_rows(rows)
+            self._handle_decoded(dec)
+            return len(dec.headers) + sum(dec.rejects.values())  # the rows from the switch, as _handle counts
         if self.auxdata:
             frames, tagged = rawsock.recv_batch_untagged(self.sock)
             if tagged:
@@ -144,7 +201,24 @@ class OptimizerNode:
 
     def _handle(self, frames) -> int:
         """Received frames (bytes, or rows of SUM length) -> answers sent; returns how many."""
-        dec = codec.decode(frames, Kind.SUM)
+        self._handle_decoded(codec.decode(frames, Kind.SUM))
+        return len(frames)
+
+    def _decode_rows(self, rows: np.ndarray) -> codec.Decoded:
+        """_rows_from_switch, then codec.decode, over received rows of SUM length: their checks in one
+        compiled pass (~100 us of numpy calls a batch of 40 frames before)."""
+        ok = np.empty(len(rows), np.bool_)
+        bad = np.zeros(len(ROW_REJECTS), np.int64)
+        _row_rejects(rows, self._me, self._src_rows, self.sources is None, ok, bad)
+        rejects = collections.Counter({reason: int(n) for reason, n in zip(ROW_REJECTS, bad.tolist()) if n})
+        if "source" in rejects:
+            self.stats["rejected_source"] += rejects.pop("source")
+        arr = rows if ok.all() else rows[ok]
+        headers = arr[:, _P : _P + HEADER_LEN].copy().view(codec.HEADER_DTYPE).reshape(-1)
+        body = arr[:, _P + HEADER_LEN :].view(ELEMENT_DTYPE[Kind.SUM])
+        return codec.Decoded(headers, body.astype(body.dtype.newbyteorder("=")), rejects)
+
+    def _handle_decoded(self, dec: codec.Decoded) -> None:
         for reason, n in dec.rejects.items():
             self.stats[f"rejected_{reason}"] += n
         if len(dec.headers):
@@ -154,7 +228,6 @@ class OptimizerNode:
             if self.digests and self.core.complete_digest():  # the workers' wait ends before the fsyncs
                 self.digests.flush(self.core.committed)
             self.core.commit_if_complete()
-        return len(frames)
 
     def _rows_from_switch(self, rows: np.ndarray) -> np.ndarray:
         """_from_switch over rows of SUM length, vectorised: which rows to keep."""

@@ -8,6 +8,7 @@ prefix is built once and broadcast.
 from __future__ import annotations
 
 import collections
+import functools
 import ipaddress
 import struct
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ def ipv4_checksum(header: bytes) -> int:
     return ~total & 0xFFFF
 
 
+@functools.lru_cache(maxsize=64)  # an agent encodes a batch at a time, always to the same few addresses
 def frame_prefix(kind: Kind, addrs: Addresses, k: int = K) -> bytes:
     """The Ethernet, IPv4 and UDP headers shared by every frame of a batch."""
     udp_len = UDP_LEN + payload_len(kind, k)

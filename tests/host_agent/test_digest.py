@@ -47,6 +47,20 @@ def test_chunk_hash_sees_any_change_and_the_place():
     assert len(set(digest.chunk_hashes(np.array([0, 1]), same).tolist())) == 2
 
 
+def test_book_adds_what_chunk_hashes_and_blocks_add():
+    """The node's Book.add (one compiled pass) sums the same block digests as a worker's numpy
+    chunk_hashes and Blocks.add, over runs within and across blocks, of one chunk and of many."""
+    rng = np.random.default_rng(4)
+    book = digest.Book(100, 2639, None)
+    want = np.zeros(book.blocks.count, np.uint64)
+    for lo, n in ((100, 40), (140, 1), (141, 300), (900, 64), (2600, 40)):
+        chunks, p = np.arange(lo, lo + n), rng.standard_normal((n, K)).astype(np.float16)
+        book.add(range(lo, lo + n), p)
+        book.blocks.add(want, chunks, digest.chunk_hashes(chunks, p))
+        assert book.acc.tolist() == want.tolist()
+    assert book.hashed == 445 and want.any()
+
+
 def test_blocks_cover_the_range_once():
     for lo, hi in [(0, 0), (0, 63), (0, 64), (5, 1000), (100, 10_000)]:
         b = digest.Blocks(lo, hi)

@@ -69,3 +69,42 @@ def test_frames_the_kernel_dropped_on_a_full_ring_are_counted_at_exit(tmp_path):
     finally:
         tx.close()
         sock.close()
+
+
+def test_received_rows_are_checked_as_the_numpy_path_checks_them(tmp_path, monkeypatch):
+    """The node's compiled pass over received rows keeps and counts exactly what _rows_from_switch
+    and codec.decode do: a row for every reason to drop one, with and without known sources."""
+    import numpy as np
+
+    from mindp import codec
+    from mindp.protocol import K, Kind
+
+    init = small_model()
+    lay = optim.layout_of(init)
+    state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
+    monkeypatch.setattr(node_socket.rawsock, "enable_auxdata", lambda s: False)
+    me, w, other = ("02:00:00:00:00:09", "10.0.0.9"), ("02:00:00:00:00:01", "10.0.0.1"), ("02:00:00:00:00:02", "10.0.0.2")
+    n = 14
+    hdr = codec.header_array(n, kind=Kind.SUM, job=1, step=0, chunk=np.arange(n), nworkers=2)
+    sums = np.random.default_rng(5).integers(-(1 << 40), 1 << 40, size=(n, K))
+    rows = codec.encode(Kind.SUM, hdr, sums, codec.Addresses(w[0], me[0], w[1], me[1]))
+    rows[1] = codec.encode(Kind.SUM, hdr[1:2], sums[1:2], codec.Addresses(other[0], me[0], other[1], me[1]))[0]
+    rows[2, 6] ^= 1  # another source MAC
+    rows[3, 29] ^= 1  # another source IP
+    rows[4, 0] ^= 1  # not our MAC
+    rows[5, 33] ^= 1  # not our IP
+    for i, (at, flip) in enumerate([(12, 1), (14, 1), (23, 1), (37, 1), (42, 1), (43, 1)]):  # ethertype .. kind
+        rows[6 + i, at] ^= flip
+    store = state.Store(tmp_path, BUDGET)
+    for sources in (None, [w], [w, other]):
+        node = node_socket.OptimizerNode(NodeCore(store, 1, 2, 8), None, node_socket.NodeAddress(*me), stall_resend=0,
+                                         sources=sources)
+        got = node._decode_rows(rows.copy())
+        compiled = dict(node.stats)
+        node.stats.clear()
+        mine = node._rows_from_switch(rows.copy())
+        want = codec.decode(rows[mine], Kind.SUM)
+        assert dict(node.stats) == compiled and got.rejects == want.rejects
+        assert got.headers.tobytes() == want.headers.tobytes() and np.array_equal(got.elements, want.elements)
+        assert len(want.headers) == {None: 6, 1: 3, 2: 4}[sources and len(sources)]  # rows 0-3 from any source, 12, 13
+    store.close()
