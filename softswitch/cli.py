@@ -1,7 +1,7 @@
 """Command line shaped like simple_switch_grpc:
 
   mindp-softswitch [--device-id N] [--log-file F] [--log-console] [-L LEVEL] [--pcap DIR]
-      [--thrift-port N] [-i PORT@IFACE ...] [--drop-prob P --dup-prob P
+      [--thrift-port N] [--rx-usecs US --rx-frames N] [-i PORT@IFACE ...] [--drop-prob P --dup-prob P
       --reorder-prob P --seed S] (JSON | --no-p4)
       [-- --grpc-server-addr HOST:PORT --cpu-port N --drop-port N
           --grpc-server-ssl --grpc-server-cacert F --grpc-server-cert F --grpc-server-key F
@@ -17,6 +17,9 @@ import sys
 
 DEFAULT_GRPC = "127.0.0.1:9559"
 DEFAULT_THRIFT = 9090  # as BMv2
+# receive coalescing (dataplane.RxCoalesce), off: in bench/torch_gpt.py 100 us won with 2 workers, lost with 4
+RX_USECS = 0
+RX_FRAMES = 1
 # BMv2's -L values (and two Python spellings); debug and trace turn on the per-packet lines that
 # the engine logs on "softswitch.trace", as BMv2 logs them at debug
 LEVELS = {"off": None, "critical": logging.CRITICAL, "error": logging.ERROR, "warn": logging.WARNING,
@@ -57,6 +60,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--pcap", nargs="?", const=".", metavar="DIR")
     p.add_argument("--thrift-port", type=int, help=f"simple_switch_CLI's port (read-only subset; default "
                    f"{DEFAULT_THRIFT}, on the gRPC address's host)")
+    p.add_argument("--rx-usecs", type=int, default=RX_USECS, metavar="US",
+                   help="receive coalescing: after a serve of --rx-frames frames or more, the next serve waits "
+                        "until US microseconds have passed (fewer, larger batches; e.g. 100; default %(default)s: off)")
+    p.add_argument("--rx-frames", type=int, default=RX_FRAMES, metavar="N", help="the frames a serve takes to hold "
+                   "the next one back (default %(default)s)")
     p.add_argument("--drop-prob", type=float, default=0.0)
     p.add_argument("--dup-prob", type=float, default=0.0)
     p.add_argument("--reorder-prob", type=float, default=0.0)
@@ -106,6 +114,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             raise SwitchUsageError(f"port {num} is the drop port")
         ports[num] = iface
     args.ports = ports
+    if args.rx_usecs < 0:
+        raise SwitchUsageError(f"--rx-usecs {args.rx_usecs}: must be 0 (off) or more")
+    if args.rx_frames < 1:
+        raise SwitchUsageError(f"--rx-frames {args.rx_frames}: must be 1 or more")
     for name in ("drop_prob", "dup_prob", "reorder_prob"):
         v = getattr(args, name)
         if not 0.0 <= v <= 1.0:
@@ -169,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     # imported here so that --help and usage errors are instant
     from . import compiler
     from .compiler_errors import ProgramError
-    from .dataplane import DataPlane
+    from .dataplane import DataPlane, RxCoalesce
     from .engine import Engine
     from .faults import FaultConfig, LinkFaults
     from .p4runtime_server import Server, SwitchService, server_credentials
@@ -195,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s; port not added (frames to it are counted as dropped)", exc)
     faults = LinkFaults(FaultConfig(args.drop_prob, args.dup_prob, args.reorder_prob, args.seed))
     service = SwitchService(engine, args.device_id, args.drop_port, args.cpu_port)
-    dp = DataPlane(engine, ports, faults, args.cpu_port, service.packet_in)
+    dp = DataPlane(engine, ports, faults, args.cpu_port, service.packet_in, RxCoalesce(args.rx_usecs, args.rx_frames))
     service.inject = dp.inject
     try:
         server = Server(service, args.grpc_server_addr, server_credentials(*args.tls) if args.tls else None)

@@ -11,6 +11,7 @@ import logging
 import os
 import select
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,9 +28,24 @@ BATCH = 64  # frames taken from a port per poll: one recvmmsg
 TX_SLOTS = 256  # output frames per sendmmsg round: room for a batch and its replicas
 
 
+@dataclass(frozen=True)
+class RxCoalesce:
+    """Receive coalescing, as a NIC's interrupt moderation: once the C loop has served at least
+    `frames` frames, it serves again no sooner than `usecs` later, so a burst is taken in a few
+    large batches rather than a wake-up a frame (each wake-up takes a core from a busy worker on
+    a small machine). A frame after a quiet spell is served at once. usecs 0: off (the switch
+    program's default is its command line's)."""
+    usecs: int = 0
+    frames: int = 1
+
+    def __post_init__(self) -> None:
+        if self.usecs < 0 or self.frames < 1:
+            raise ValueError(f"receive coalescing: usecs {self.usecs} (>= 0), frames {self.frames} (>= 1)")
+
+
 class DataPlane:
     def __init__(self, engine: Engine, ports: dict[int, Port], faults: LinkFaults | None = None,
-                 cpu_port: int | None = None, packet_in=None):
+                 cpu_port: int | None = None, packet_in=None, coalesce: RxCoalesce = RxCoalesce()):
         self.engine = engine
         self.ports = ports
         self.faults = faults if faults and faults.cfg.active else None
@@ -44,6 +60,8 @@ class DataPlane:
         self.rx = Batch.empty(BATCH)
         self.tx = Batch.empty(TX_SLOTS)
         self._loop = None  # ServeLoop over the ports, made at the first serve
+        self.coalesce = coalesce
+        self.served_frames = 0  # by the last serve
 
     def inject(self, frame: bytes, port: int) -> None:
         """Packet-out (any thread): processed as if received on `port`."""
@@ -69,6 +87,8 @@ class DataPlane:
             by_fd[p.fileno()] = p
         ep.register(self._wake_r, select.EPOLLIN)
         last_flush = time.monotonic()
+        hold = self.coalesce.usecs * 1e-6
+        held_until = 0.0  # no serve before this (monotonic): the last one took a burst
         try:
             while not self.stopping:
                 timeout = 0.001 if self.faults and self.faults.held else 0.2
@@ -85,7 +105,11 @@ class DataPlane:
                         if not events & select.EPOLLIN:
                             continue
                     if served is None:  # one call serves every port; where it cannot, none will
+                        if held_until and (wait := held_until - time.monotonic()) > 0:
+                            time.sleep(wait)
                         served = self.serve() is not None
+                        held_until = time.monotonic() + hold if hold and served and \
+                            self.served_frames >= self.coalesce.frames else 0.0
                     if not served:
                         self._port_ready(by_fd[fd])
                 while self._injected:
@@ -122,6 +146,7 @@ class DataPlane:
             got = native.serve(loop)
         finally:
             rx, tx, no_port = loop.collect()
+            self.served_frames = rx
             self.engine.stats.rx += rx
             self.engine.stats.tx += tx
             self.no_port += no_port

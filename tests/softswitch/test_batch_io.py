@@ -465,3 +465,44 @@ def test_after_a_link_goes_down_and_up_the_packet_loop_waits_and_forwards_again(
             s.close()
             dp.close()
     assert len(got) == 1 and got[0][14:18] == sent[14:18]
+
+
+@pytest.mark.skipif(mmsg.CALLS is None, reason="no sendmmsg on this platform")
+def test_the_running_loop_with_receive_coalescing_forwards_every_frame():
+    """The packet loop running with receive coalescing on, its hold (20 ms) far longer than a
+    burst takes to come, so bursts wait in the rings between serves: 4,000 numbered frames in
+    bursts of 1,000 from two hosts at once, then a lone frame, each reflected by the exprs program:
+    every frame back once, in order, on its own port."""
+    from softswitch.dataplane import RxCoalesce
+
+    from .test_executor import engine
+
+    bursts, each = 4, 1000
+    frames = np.zeros((bursts * each + 1, 24), np.uint8)
+    frames[:, :14] = np.frombuffer(MACS + b"\x88\xb5", np.uint8)
+    frames[:, 14:18] = np.arange(len(frames), dtype=">u4").view(np.uint8).reshape(-1, 4)
+    got = {1: [], 2: []}
+    with testbed.Testbed("bio") as bed:
+        nets = {1: bed.add(H1), 2: bed.add(H2)}
+        ports = {n: Port(n, h.switch_iface) for n, h in nets.items()}
+        socks = {n: h.socket() for n, h in nets.items()}
+        dp = DataPlane(engine("exprs", "compiled"), ports, coalesce=RxCoalesce(usecs=20_000, frames=1))
+        loop = threading.Thread(target=dp.run, daemon=True)
+        loop.start()
+        try:
+            for b in range(bursts + 1):
+                rows = range(b * each, min((b + 1) * each, len(frames)))
+                for s in socks.values():
+                    assert rawsock.send_rows(s, frames, rows) == (len(rows), 0)
+                for n, s in socks.items():
+                    got[n] += drain(s, len(rows))
+        finally:
+            dp.stop()
+            loop.join()
+            for s in socks.values():
+                s.close()
+            dp.close()
+    assert dp.engine.stats.rx == 2 * len(frames)
+    for n in got:
+        assert [g[14:18] for g in got[n]] == [f.tobytes()[14:18] for f in frames]
+        assert ports[n].rx == ports[n].tx == len(frames)

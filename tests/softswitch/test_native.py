@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import struct
+import sys
 import threading
 
 import numpy as np
 import pytest
 
 from controller.p4runtime import SwitchConnection
-from mindp import codec, targets
+from mindp import codec, progress, targets
 from mindp.protocol import Kind
 from mindp.topology import Host, star
 from p4src import artifacts
@@ -295,3 +296,13 @@ def test_command_line_chooses_the_pipeline():
         parse_args(["--pipeline", "jit", "--no-p4"])
     assert targets.command("embedded-python", targets.SwitchConfig(ports={}))[3:5] == ["--pipeline", "python"]
     assert "--pipeline" not in targets.command("embedded", targets.SwitchConfig(ports={}))
+
+
+def test_command_line_sets_receive_coalescing_and_rejects_a_negative_value_in_one_line():
+    from softswitch.cli import RX_FRAMES, RX_USECS, parse_args
+    args = parse_args(["--no-p4"])
+    assert (args.rx_usecs, args.rx_frames) == (RX_USECS, RX_FRAMES)
+    assert (parse_args(["--rx-usecs", "100", "--no-p4"]).rx_usecs, parse_args(["--rx-frames", "8", "--no-p4"]).rx_frames) == (100, 8)
+    for flag, value, why in (("--rx-usecs", "-1", "must be 0 (off) or more"), ("--rx-frames", "0", "must be 1 or more")):
+        r = progress.run([sys.executable, "-m", "softswitch", flag, value, "--no-p4"], capture_output=True, text=True)
+        assert (r.returncode, r.stderr) == (2, f"mindp-softswitch: {flag} {value}: {why}\n")
