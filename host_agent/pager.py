@@ -37,7 +37,9 @@ from .residency import MIN_PAGES
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 MS_SYNC = 4
+MADV_HUGEPAGE, MADV_POPULATE_READ = 14, 22
 SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
 OS_PAGE = mmap.PAGESIZE
 
@@ -74,12 +76,17 @@ class MappedFile:
             os.close(self.fd)
             raise PagerError(f"{self.path}: {size} bytes, expected at least {n_records * self.record_bytes}")
         self.size = size
-        # Populated at once: the state is to be resident, and faulting it in page by page during
-        # the first step cost that step half its speed.
-        self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
-                            mmap.PROT_READ | mmap.PROT_WRITE)
+        # Read in as large folios (MADV_HUGEPAGE, the file's clean cached pages dropped first): each
+        # commit's write-back write-protects the mapping again, and the next step's writes fault once
+        # a folio instead of once a 4 KiB page (those faults were a third of the node's CPU). Populated
+        # at once: faulting the state in during the first step cost that step half its speed.
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # (dirty pages stay: nothing is lost)
+        self.mm = mmap.mmap(self.fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self.bytes = np.frombuffer(self.mm, dtype=np.uint8)
         self.addr = self.bytes.ctypes.data
+        _libc.madvise(self.addr, size, MADV_HUGEPAGE)
+        if _libc.madvise(self.addr, size, MADV_POPULATE_READ):
+            self.bytes[::OS_PAGE].sum()  # read a byte a page
         base, shape = (record_dtype.subdtype or (record_dtype, ()))
         self.records = self.bytes[: n_records * self.record_bytes].view(base).reshape(n_records, *shape)
 

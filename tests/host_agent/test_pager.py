@@ -134,6 +134,39 @@ def test_mapped_file_flush_makes_writes_durable(tmp_path):
     mf.close()
 
 
+def test_mapped_files_fault_once_a_large_folio_however_they_were_made(tmp_path):
+    """The state's copies, one written by write() and one only reserved (fallocate, as state.create
+    makes them), are mapped in large folios both: a step's writes after a commit (the write-back
+    leaves the mapping write-protected) fault once a folio, not once a 4 KiB page."""
+    import os
+    import resource
+
+    n = 32768  # 12 MiB of records
+    raw = np.random.default_rng(7).standard_normal((n, 3, 32)).astype(np.float32)
+    neg = -raw
+    written, reserved = tmp_path / "w.bin", tmp_path / "r.bin"
+    raw.tofile(written)
+    with open(reserved, "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, raw.nbytes)
+    faults = {}
+    for path in (written, reserved):
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        mf = MappedFile(str(path), REC, n)
+        mf.records[:] = raw
+        mf.flush()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        mf.records[:] = neg
+        faults[path.name] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        mf.flush()
+        assert np.array_equal(np.fromfile(path, np.float32).reshape(n, 3, 32), neg)
+        mf.close()
+    pages = raw.nbytes // 4096
+    if faults["w.bin"] >= pages // 4:
+        pytest.skip(f"no large folios here: {faults['w.bin']} faults for {pages} pages written")
+    assert faults["r.bin"] < pages // 4, faults
+
+
 def test_budget_below_four_pages_is_refused(tmp_path):
     paths = make_files(tmp_path, PAGE_RECS, 1)
     with pytest.raises(PagerError, match="need >= 4"):
