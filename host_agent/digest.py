@@ -64,12 +64,14 @@ def _multipliers(words: int) -> np.ndarray:
     return _MULT[words]
 
 
+_FMIX = (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))  # the finaliser's multipliers
+
+
 def _fmix(x: np.ndarray) -> np.ndarray:
     """MurmurHash3's 64-bit finaliser, in place on a uint64 array."""
-    x ^= x >> np.uint64(33)
-    x *= np.uint64(0xFF51AFD7ED558CCD)
-    x ^= x >> np.uint64(33)
-    x *= np.uint64(0xC4CEB9FE1A85EC53)
+    for m in _FMIX:
+        x ^= x >> np.uint64(33)
+        x *= m
     x ^= x >> np.uint64(33)
     return x
 
@@ -131,7 +133,7 @@ if not fused.NUMPY_ONLY:
             for j in range(words.shape[1]):
                 h += words[i, j] * mult[j]
             h ^= (np.uint64(chunks[i]) + np.uint64(1)) * _GOLDEN
-            for m in (np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53)):
+            for m in _FMIX:
                 h ^= h >> np.uint64(33)
                 h *= m
             h ^= h >> np.uint64(33)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindp import codec
-from mindp.protocol import ELEMENT_DTYPE, ETHERTYPE_IPV4, HEADER_LEN, IPPROTO_UDP, PROTOCOL_VERSION, UDP_PORT, K, Kind
+from mindp.protocol import ETHERTYPE_IPV4, IPPROTO_UDP, PROTOCOL_VERSION, UDP_PORT, K, Kind
 
 from . import digest, fused, rawsock, shards
 from .node_core import NodeCore
@@ -213,10 +213,7 @@ class OptimizerNode:
         rejects = collections.Counter({reason: int(n) for reason, n in zip(ROW_REJECTS, bad.tolist()) if n})
         if "source" in rejects:
             self.stats["rejected_source"] += rejects.pop("source")
-        arr = rows if ok.all() else rows[ok]
-        headers = arr[:, _P : _P + HEADER_LEN].copy().view(codec.HEADER_DTYPE).reshape(-1)
-        body = arr[:, _P + HEADER_LEN :].view(ELEMENT_DTYPE[Kind.SUM])
-        return codec.Decoded(headers, body.astype(body.dtype.newbyteorder("=")), rejects)
+        return codec.decoded_rows(rows if ok.all() else rows[ok], Kind.SUM, rejects)
 
     def _handle_decoded(self, dec: codec.Decoded) -> None:
         for reason, n in dec.rejects.items():

@@ -210,8 +210,11 @@ def decode(frames, kind: Kind) -> Decoded:
     # One pass over the elements: read in place (rows, big-endian), written once in native order.
     # Every copy more allocates fresh memory for each batch, and at large K its page faults cost
     # more than the copies (360 a batch of 512 PARAM frames at K = 512: 11 us a frame).
-    if not ok.all():
-        arr = arr[ok]
+    return decoded_rows(arr if ok.all() else arr[ok], kind, rejects)
+
+
+def decoded_rows(arr: np.ndarray, kind: Kind, rejects: collections.Counter) -> Decoded:
+    """Rows of `kind` that passed every check of decode -> their headers and native-order elements."""
     arr = np.ascontiguousarray(arr)
     headers = arr[:, PREFIX_LEN : PREFIX_LEN + HEADER_LEN].copy().view(HEADER_DTYPE).reshape(-1)
     body = arr[:, PREFIX_LEN + HEADER_LEN :].view(ELEMENT_DTYPE[kind]).reshape(len(arr), K)
