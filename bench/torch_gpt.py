@@ -188,19 +188,27 @@ ROLES = (("mininet_topos.trainer", "worker"), ("host_agent.node", "node"), ("sof
 
 
 def _proc_usage(pid: int) -> tuple[str, float, int] | None:
-    """(role, CPU seconds, voluntary context switches of all its threads) of one of make run's processes."""
+    """(role, CPU seconds, voluntary context switches of all its threads) of one of make run's
+    processes; a worker's role is "worker N", N its id."""
     try:
-        cmd = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        cmd = " ".join(argv)
         role = next((r for word, r in ROLES if word in cmd), None)
-        if role is None or "python" not in cmd.split(" ", 1)[0]:
+        if role is None or "python" not in argv[0]:
             return None
+        if role == "worker" and "--worker" in argv:
+            role = f"worker {argv[argv.index('--worker') + 1]}"
         stat = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        vol = 0
-        for task in pathlib.Path(f"/proc/{pid}/task").iterdir():  # (status counts the main thread's only)
-            status = (task / "status").read_text()
-            vol += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
     except (OSError, IndexError, ValueError):
         return None
+    vol = 0
+    for task in tasks:  # (status counts the main thread's only)
+        try:
+            status = (task / "status").read_text()
+        except OSError:  # a thread that ended meanwhile: the process is still sampled
+            continue
+        vol += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
     return role, (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), vol
 
 
@@ -263,12 +271,16 @@ class Sampler(threading.Thread):
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
             computed = [j["compute"] for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1 and "compute" in j]
             logs[int(path.stem.rsplit("-", 1)[1])] = sum(computed) / len(computed) * 1e3 if computed else None
-        out, w = [], 0
-        for pid in sorted(set(a) & set(b), key=lambda q: [r for _, r in ROLES].index(b[q][0])):
-            role, cpu, vol = b[pid]
-            label, compute = role, None
-            if role == "worker":
-                label, compute, w = f"worker {w}", logs.get(w), w + 1
+        order = [r for _, r in ROLES]
+
+        def rank(pid: int) -> tuple[int, int]:
+            role = b[pid][0].split()
+            return order.index(role[0]), int(role[1]) if len(role) > 1 else 0
+
+        out = []
+        for pid in sorted(set(a) & set(b), key=rank):
+            label, cpu, vol = b[pid]
+            compute = logs.get(int(label.split()[1])) if label.startswith("worker ") else None
             out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute))
         return out
 

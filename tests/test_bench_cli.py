@@ -77,3 +77,19 @@ def test_softswitch_takes_each_ratio_within_its_round(monkeypatch):
     got = bench.per_round_ratios(rounds)
     assert got == {("embedded elements/s", 512): [11.2, 12.8],
                    ("embedded elements a switch CPU-second", 512): [10.0, 11.2]}
+
+
+def test_torch_gpt_samples_each_worker_by_its_id_while_its_threads_come_and_go(monkeypatch):
+    """A worker whose threads end between listing and reading them is still sampled (the 25.5M gpt's
+    workers went missing from the per-process lines), under its own worker id."""
+    bench = load("torch_gpt", monkeypatch)
+    churn = ("import threading, time\nprint('up', flush=True)\n"
+             "while True:\n    threading.Thread(target=time.sleep, args=(0.0005,)).start()\n")
+    p = subprocess.Popen([sys.executable, "-c", churn, "mininet_topos.trainer", "--worker", "3"], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"up\n"
+        seen = [bench._proc_usage(p.pid) for _ in range(300)]
+    finally:
+        p.kill()
+        p.wait()
+    assert all(u is not None and u[0] == "worker 3" for u in seen), [u for u in seen if u is None or u[0] != "worker 3"][:1]
