@@ -17,7 +17,8 @@ import sys
 
 DEFAULT_GRPC = "127.0.0.1:9559"
 DEFAULT_THRIFT = 9090  # as BMv2
-# receive coalescing (dataplane.RxCoalesce), off: in bench/torch_gpt.py 100 us won with 2 workers, lost with 4
+# receive coalescing (dataplane.RxCoalesce), off by default: it trades latency for fewer wake-ups,
+# and whether that pays depends on the load (docs/SOFTSWITCH.md)
 RX_USECS = 0
 RX_FRAMES = 1
 # BMv2's -L values (and two Python spellings); debug and trace turn on the per-packet lines that
