@@ -143,7 +143,7 @@ class JobState:
 
     def shard_entries(self) -> list[Entry]:
         return [Entry(n.SHARDS, {n.MF_JOB: self.job_id, n.MF_CHUNK: (s.lo, s.hi)}, n.TO_SHARD,
-                      {"port": s.node.port, "mac": s.node.mac, "ip": s.node.ip}, n.SHARD_PRIORITY)
+                      {"port": s.node.port, "mac": s.node.mac, "ip": s.node.ip, "hi": s.hi}, n.SHARD_PRIORITY)
                 for s in self.shards]
 
     def member_entries(self) -> list[Entry]:
@@ -371,6 +371,8 @@ def rebuild(entries: list[Entry], groups: list[Group] | None, topology: Topology
         job_shards = []
         for se in sorted(shards.pop(job_id, []), key=lambda e: e.match[n.MF_CHUNK]):
             lo, hi = se.match[n.MF_CHUNK]
+            if int(se.params.get("hi", -1)) != int(hi):
+                out.problems.append(f"job {job_id}: shard {lo}..{hi} bounds multi-chunk PARAMs at {se.params['hi']}")
             mac = str(se.params["mac"])
             job_shards.append(Shard(int(lo), int(hi), AttachedHost(int(se.params["port"]), mac, str(se.params["ip"]),
                                                                   by_mac.get(mac))))

@@ -47,7 +47,7 @@ ADMIT_WORKER = "MindpIngress.admission.admit_worker"  # workers: a worker host, 
 ADMIT_CHILD = "MindpIngress.admission.admit_child"  # workers: a child switch, sends PARTIAL (max_nworkers)
 ALLOW = "MindpIngress.forwarding.allow"  # sources
 SET_WORKER_ADDRESS = "MindpEgress.rewrite.set_worker_address"  # (mac, ip)
-TO_SHARD = "MindpIngress.shards.to_shard"  # (port, mac, ip)
+TO_SHARD = "MindpIngress.shards.to_shard"  # (port, mac, ip, hi: the range's last chunk, as the match's)
 #: Priority of every shards entry: a job's chunk ranges are disjoint, so one level suffices.
 SHARD_PRIORITY = 1
 

@@ -85,7 +85,7 @@ HEADER_FIELDS: tuple[tuple[str, int], ...] = (
     ("step", 32),
     ("chunk", 32),
     ("nworkers", 16),  # SUM, PARTIAL: contributions (workers' gradients) in the sum; else 0
-    ("reserved", 16),
+    ("more", 16),  # PARAM: chunks it carries after `chunk` (0..PARAM_MORE_MAX); else 0
 )
 
 HEADER_LEN = sum(w for _, w in HEADER_FIELDS) // 8
@@ -101,6 +101,13 @@ ELEMENT_DTYPE = {Kind.GRAD: np.dtype(">f2"), Kind.PARAM: np.dtype(">f2"), Kind.S
 #: Kinds whose elements are exact int64 sums (the rest carry fp16).
 INT64_KINDS = frozenset(k for k, dt in ELEMENT_DTYPE.items() if dt.kind == "i")
 
+#: Chunks one PARAM frame may carry (consecutive, each K elements): as many as make it no longer
+#: than a SUM frame, so the links' MTU stays what the sums need. Fewer frames for the node to send,
+#: the switch to replicate and the workers to take (docs/PROTOCOL.md, "Parameters, several chunks a
+#: frame"). Every chunk of a PARAM carrying more than one is full (count K).
+PARAM_CHUNKS_MAX = ELEMENT_DTYPE[Kind.SUM].itemsize // ELEMENT_DTYPE[Kind.PARAM].itemsize
+PARAM_MORE_MAX = PARAM_CHUNKS_MAX - 1
+
 ETH_LEN, IPV4_LEN, UDP_LEN = 14, 20, 8
 ETHERTYPE_IPV4 = 0x0800
 IPPROTO_UDP = 17
@@ -114,6 +121,11 @@ def payload_len(kind: Kind, k: int = K) -> int:
 def frame_len(kind: Kind, k: int = K) -> int:
     """Length of a whole Ethernet frame of this kind (no FCS)."""
     return ETH_LEN + IPV4_LEN + UDP_LEN + payload_len(kind, k)
+
+
+def param_frame_len(chunks: int, k: int = K) -> int:
+    """Length of a PARAM frame carrying `chunks` chunks of k elements (1..PARAM_CHUNKS_MAX)."""
+    return frame_len(Kind.PARAM, chunks * k)
 
 
 def required_mtu(k: int = K) -> int:
@@ -157,7 +169,7 @@ class Header:
     flags: int = 0
     nworkers: int = 0
     version: int = PROTOCOL_VERSION
-    reserved: int = 0
+    more: int = 0
 
     def as_tuple(self) -> tuple[int, ...]:
         return tuple(getattr(self, name) for name, _ in HEADER_FIELDS)

@@ -89,13 +89,22 @@ control Admission(inout headers_t hdr, inout metadata_t meta,
     }
 
     apply {
+        /* A PARAM's further chunks (more <= PARAM_MORE_MAX, checked first) lengthen it; only the
+         * first chunk is parsed, the rest rides along as payload. */
+        bit<16> more_len = hdr.mindp.more * FP16_CHUNK_LEN;
         if (hdr.mindp.version != MINDP_VERSION) {
             reject(DROP_BAD_VERSION);
         } else if (hdr.mindp.kind != KIND_GRAD && hdr.mindp.kind != KIND_PARAM
                    && hdr.mindp.kind != KIND_PARTIAL) {
             reject(DROP_BAD_KIND);
-        } else if ((hdr.mindp.kind != KIND_PARTIAL && (standard_metadata.packet_length != FRAME_LEN_FP16
-                       || hdr.ipv4.totalLen != IPV4_LEN_FP16 || hdr.udp.length != UDP_LEN_FP16))
+        } else if (hdr.mindp.more > PARAM_MORE_MAX
+                   || (hdr.mindp.more != 0 && (hdr.mindp.kind != KIND_PARAM || hdr.mindp.count != MINDP_K))) {
+            /* Only a PARAM carries further chunks, and then every chunk is full. */
+            reject(DROP_BAD_LENGTH);
+        } else if ((hdr.mindp.kind != KIND_PARTIAL
+                       && (standard_metadata.packet_length != FRAME_LEN_FP16 + (bit<32>) more_len
+                           || hdr.ipv4.totalLen != IPV4_LEN_FP16 + more_len
+                           || hdr.udp.length != UDP_LEN_FP16 + more_len))
                    || (hdr.mindp.kind == KIND_PARTIAL && (standard_metadata.packet_length != FRAME_LEN_SUM
                        || hdr.ipv4.totalLen != IPV4_LEN_SUM || hdr.udp.length != UDP_LEN_SUM))
                    || hdr.mindp.count == 0 || hdr.mindp.count > MINDP_K) {

@@ -50,6 +50,11 @@ const bit<32> FRAME_LEN_SUM = {P.ETH_LEN + P.IPV4_LEN + P.UDP_LEN + sum_len};
 const bit<16> UDP_LEN_SUM = {P.UDP_LEN + sum_len};
 const bit<16> IPV4_LEN_SUM = {P.IPV4_LEN + P.UDP_LEN + sum_len};
 
+/* A PARAM may carry `more` (at most PARAM_MORE_MAX) full chunks after its first, each
+ * FP16_CHUNK_LEN bytes longer. */
+const bit<16> PARAM_MORE_MAX = {P.PARAM_MORE_MAX};
+const bit<16> FP16_CHUNK_LEN = {P.ELEMENT_DTYPE[P.Kind.PARAM].itemsize * k};
+
 header mindp_t {{
 {hdr}
 }}

@@ -93,6 +93,7 @@ struct metadata_t {
     port_t shard_port;
     mac_t shard_mac;
     ip4_t shard_ip;
+    bit<32> shard_hi;          /* the shard's last chunk */
     /* Aggregation. */
     bit<32> cell;              /* (slot_base + slot) * 2 + ver */
     bit<32> worker_bit;

@@ -11,8 +11,10 @@
 
 control ShardRouting(inout headers_t hdr, inout metadata_t meta,
                      inout standard_metadata_t standard_metadata) {
-    action to_shard(port_t port, mac_t mac, ip4_t ip) {
+    /* hi: the range's last chunk, which a PARAM of several chunks must not pass. */
+    action to_shard(port_t port, mac_t mac, ip4_t ip, bit<32> hi) {
         meta.shard_hit = 1;
+        meta.shard_hi = hi;
         meta.shard_port = port;
         meta.shard_mac = mac;
         meta.shard_ip = ip;
@@ -33,8 +35,12 @@ control ShardRouting(inout headers_t hdr, inout metadata_t meta,
     apply {
         shards.apply();
         if (hdr.mindp.kind == KIND_PARAM) {
+            /* Every chunk it carries (chunk .. chunk + more) must be the sender's: without a
+             * shard entry the job's optimizer endpoint owns them all. */
             port_t owner = (meta.shard_hit == 1) ? meta.shard_port : meta.optimizer_port;
-            if (standard_metadata.ingress_port != owner) {
+            if (standard_metadata.ingress_port != owner
+                || (meta.shard_hit == 1
+                    && (bit<33>) hdr.mindp.chunk + (bit<33>) hdr.mindp.more > (bit<33>) meta.shard_hi)) {
                 meta.dropped = 1;
                 meta.drop_reason = DROP_NOT_OWNER;
             }

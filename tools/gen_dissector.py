@@ -22,7 +22,7 @@ OUT = pathlib.Path(__file__).resolve().parent / "mindp.lua"
 LABELS = {
     "version": "Protocol version", "kind": "Kind", "flags": "Flags", "ver": "Slot version", "job": "Job",
     "worker": "Worker", "slot": "Slot", "count": "Valid elements", "step": "Step", "chunk": "Chunk",
-    "nworkers": "Contributions in the sum", "reserved": "Reserved",
+    "nworkers": "Contributions in the sum", "more": "Further chunks (PARAM)",
 }
 
 
@@ -95,7 +95,8 @@ def render() -> str:
         "        kind, v.job, v.worker, v.step, v.chunk, v.slot, v.ver, v.count)",
         '    t:append_text(string.format(", %s, job %d, step %d, chunk %d", kind, v.job, v.step, v.chunk))',
         "    if el == nil then return HEADER_LEN end",
-        "    local n = math.min(v.count, math.floor((tvb:len() - HEADER_LEN) / el.size))",
+        "    -- a PARAM of several chunks carries them all full (count K each)",
+        "    local n = math.min(v.count * (1 + v.more), math.floor((tvb:len() - HEADER_LEN) / el.size))",
         '    local elems = tree:add(mindp, tvb(HEADER_LEN), string.format("%d elements", n))',
         "    for i = 0, n - 1 do",
         "        local r = tvb(HEADER_LEN + i * el.size, el.size)",

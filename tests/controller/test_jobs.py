@@ -215,7 +215,8 @@ def test_spine_job_routes_shards_and_admits_each_node():
     job = spine_job()
     check_job(job, {}, link_ports=frozenset({1, 2}))
     shards = [e for e in job.entries() if e.table == n.SHARDS]
-    assert [(e.match[n.MF_CHUNK], e.params["port"], e.priority) for e in shards] == [((0, 19), 9, 1), ((20, 39), 10, 1)]
+    assert [(e.match[n.MF_CHUNK], e.params["port"], e.params["hi"], e.priority) for e in shards] == \
+        [((0, 19), 9, 19, 1), ((20, 39), 10, 39, 1)]  # hi: the last chunk a node's PARAM may carry
     assert [e.match[n.MF_INGRESS_PORT] for e in job.entries() if e.table == n.OPTIMIZERS] == [9, 10]
     assert job.job_entry().params["uplink"] == 0 and job.job_entry().params["workers"] == 2
     assert job.to_dict()["shards"][1] == {"lo": 20, "hi": 39, "node": NODE2.to_dict()}
@@ -254,6 +255,10 @@ def test_rebuild_recovers_leaf_and_sharded_spine_roles():
     got = rebuild(half, [])
     assert len(got.orphans) == 2 and any("shard routes for job 3" in p for p in got.problems)
     assert len(orphan_plan(3, got)) == 2
+    loose = [replace(e, params={**e.params, "hi": 25}) if e.table == n.SHARDS and e.params["hi"] == 19 else e
+             for e in spine_job().entries()]
+    got = rebuild(loose, [spine_job().mcast_group()])
+    assert got.problems == ["job 3: shard 0..19 bounds multi-chunk PARAMs at 25"]
 
 
 def test_tree_roles_are_checked():

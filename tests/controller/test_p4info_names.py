@@ -68,6 +68,15 @@ def test_tables_match_fields_and_actions_exist(p4info):
     assert sizes[n.JOBS] == n.MAX_JOBS
 
 
+def test_shard_routes_carry_their_last_chunk_as_wide_as_the_chunk(p4info):
+    """to_shard's hi bounds a PARAM of several chunks (controller.jobs writes the range's hi)."""
+    table = next(t for t in p4info.tables if t.preamble.name == n.SHARDS)
+    chunk = next(mf for mf in table.match_fields if mf.name == n.MF_CHUNK)
+    action = next(a for a in p4info.actions if a.preamble.name == n.TO_SHARD)
+    assert chunk.match_type == p4info_pb2.MatchField.RANGE
+    assert [(p.name, p.bitwidth) for p in action.params] == [("port", 9), ("mac", 48), ("ip", 32), ("hi", chunk.bitwidth)]
+
+
 def test_address_params_and_fields_are_48_and_32_bits(p4info):
     widths = {p.name: p.bitwidth for a in p4info.actions for p in a.params}
     widths.update({mf.name: mf.bitwidth for t in p4info.tables for mf in t.match_fields})

@@ -169,3 +169,20 @@ def random_fp16(rng, n=K, subnormal_share=0.2):
     sub = rng.random(n) < subnormal_share
     v[sub] = (rng.integers(-1023, 1024, size=sub.sum()) * 2.0**-24).astype(np.float16)
     return v
+
+
+def param_frame(src: Host, values, *, kind: Kind = Kind.PARAM, **fields) -> bytes:
+    """One frame from host `src` carrying len(values) / K chunks (to the broadcast address: the switch
+    rewrites each replica's); `more` is chunks - 1 and `count` K unless given."""
+    values = np.asarray(values, np.float16)
+    fields.setdefault("more", values.size // K - 1)
+    addrs = codec.Addresses(src.mac, "ff:ff:ff:ff:ff:ff", src.ip, "255.255.255.255")
+    return codec.encode(kind, codec.header_array(1, **fields), values.reshape(1, -1), addrs, k=values.size)[0].tobytes()
+
+
+def unchanged_but_addresses(out: bytes, sent: bytes) -> bool:
+    """`out` is `sent` with only its destination MAC and IPv4 address (and so its IPv4 checksum) rewritten."""
+    def kept(b: bytes) -> bytes:
+        return b[6:24] + b[26:30] + b[34:]
+
+    return len(out) == len(sent) and kept(out) == kept(sent)

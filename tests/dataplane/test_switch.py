@@ -12,9 +12,9 @@ from controller import p4info_names as N
 from mindp import codec, progress
 from mindp.fixedpoint import exact_sum
 from mindp.layers import Mindp
-from mindp.protocol import K, Flag, Kind, UDP_PORT
+from mindp.protocol import K, Flag, Kind, UDP_PORT, param_frame_len
 
-from .conftest import random_fp16
+from .conftest import param_frame, random_fp16, unchanged_but_addresses
 
 pytestmark = pytest.mark.net
 
@@ -315,6 +315,57 @@ def test_parameters_are_multicast_to_exactly_the_jobs_workers(fabric, job1, job2
         assert (hdr["job"], hdr["step"], hdr["slot"], hdr["ver"]) == (1, 80, 2, 1)
         assert np.array_equal(elems.view(np.uint16), params.view(np.uint16))
     assert fabric.counter("MindpIngress.multicast.param_packets", 1) == sent + 1
+
+
+@pytest.mark.parametrize("chunks", [2, 4])
+def test_parameters_of_several_chunks_reach_every_worker_whole(fabric, job1, chunks):
+    """The first chunk is parsed, the rest rides along as payload: every replica is the node's frame
+    byte for byte but for its worker's addresses."""
+    opt = fabric.hosts["opt1"]
+    values = random_fp16(np.random.default_rng(chunks), chunks * K)
+    frame = param_frame(opt, values, job=1, step=81, chunk=6, slot=2, ver=1)
+    assert len(frame) == param_frame_len(chunks)
+    sent = fabric.counter("MindpIngress.multicast.param_packets", 1)
+    fabric.send("opt1", frame)
+    got = fabric.collect(3)
+    assert {h for h, f in got.items() if f} == set(job1.workers)
+    for name in job1.workers:
+        assert len(got[name]) == 1
+        out = got[name][0]
+        check_ip(out)
+        pkt = Ether(out)
+        assert pkt.dst == fabric.hosts[name].mac and pkt[IP].dst == fabric.hosts[name].ip
+        assert unchanged_but_addresses(out, frame)
+    assert fabric.counter("MindpIngress.multicast.param_packets", 1) == sent + 1
+
+
+#: A `more` that wraps more * 2K (16 bits) to 0, so a one-chunk frame's lengths would match it.
+WRAPPING_MORE = (1 << 16) // (2 * K) if (1 << 16) % (2 * K) == 0 else None
+
+
+@pytest.mark.parametrize("case", ["more for 3 chunks on 2", "more 1 on 1 chunk", "UDP length of 1 chunk less",
+                                  "more 4", "more wrapping the length", "count below K", "gradient with more"])
+def test_frames_of_several_chunks_that_are_not_full_params_are_dropped(fabric, job1, case):
+    if case == "more wrapping the length" and WRAPPING_MORE is None:
+        pytest.skip(f"no more wraps 2K = {2 * K} to 0")
+    opt, w = fabric.hosts["opt1"], fabric.hosts["w1_0"]
+    ones = np.ones(K, np.float16)
+    fields = dict(job=1, step=82, chunk=0)
+    frame = {
+        "more for 3 chunks on 2": lambda: param_frame(opt, np.tile(ones, 2), more=2, **fields),
+        "more 1 on 1 chunk": lambda: param_frame(opt, ones, more=1, **fields),
+        "UDP length of 1 chunk less": lambda: param_frame(opt, np.tile(ones, 4), **fields),
+        "more 4": lambda: param_frame(opt, np.tile(ones, 5), **fields),  # its lengths those of more = 4
+        "more wrapping the length": lambda: param_frame(opt, ones, more=WRAPPING_MORE, **fields),
+        "count below K": lambda: param_frame(opt, np.tile(ones, 2), count=K - 1, **fields),
+        "gradient with more": lambda: param_frame(w, np.tile(ones, 2), kind=Kind.GRAD, worker=0, **fields),
+    }[case]()
+    if case == "UDP length of 1 chunk less":
+        frame = frame[:38] + struct.pack("!H", struct.unpack("!H", frame[38:40])[0] - 2 * K) + frame[40:]
+    before = fabric.drops("BAD_LENGTH", 1)
+    fabric.send("w1_0" if case == "gradient with more" else "opt1", frame)
+    assert not any(fabric.collect(0).values()), case
+    assert fabric.drops("BAD_LENGTH", 1) == before + 1, case
 
 
 # Last in the module: the kernels' ARP traffic it starts must not reach the tests above.

@@ -13,7 +13,7 @@ from mindp import codec
 from mindp.fixedpoint import exact_sum
 from mindp.protocol import K, Flag, Kind
 
-from .conftest import _epoch, random_fp16
+from .conftest import _epoch, param_frame, random_fp16, unchanged_but_addresses
 
 pytestmark = pytest.mark.net
 
@@ -314,3 +314,24 @@ def test_parameters_are_admitted_only_from_the_owning_node(fabric, sharded):
         got = fabric.collect(2)
         assert sorted(h for h, f in got.items() if f) == ["w2_0", "w2_1"]
         assert codec.decode_one(got["w2_0"][0], Kind.PARAM)[0]["chunk"] == chunk
+
+
+def test_parameters_of_several_chunks_must_all_be_the_senders(fabric, sharded):
+    """A PARAM carries chunk .. chunk + more: one reaching past its node's range (opt2: 0..9, x: 10..19)
+    is NOT_OWNER, even though its first chunk is the node's; one inside it reaches the workers whole."""
+    values = random_fp16(np.random.default_rng(31), 4 * K)
+    fields = dict(job=5, step=2, slot=0)
+    crossing = [("opt2", 8, 3), ("opt2", 9, 2), ("opt2", 7, 4), ("x", 17, 4)]  # (node, first chunk, chunks)
+    inside = [("opt2", 8, 2), ("opt2", 6, 4), ("x", 16, 4), ("x", 10, 2)]
+    before = fabric.drops("NOT_OWNER", 5)
+    for src, chunk, n in crossing:
+        fabric.send(src, param_frame(fabric.hosts[src], values[: n * K], chunk=chunk, **fields))
+    assert not any(fabric.collect(0).values())
+    assert fabric.drops("NOT_OWNER", 5) == before + len(crossing)
+    for src, chunk, n in inside:
+        frame = param_frame(fabric.hosts[src], values[: n * K], chunk=chunk, **fields)
+        fabric.send(src, frame)
+        got = fabric.collect(2)
+        assert sorted(h for h, f in got.items() if f) == ["w2_0", "w2_1"]
+        assert all(len(got[w]) == 1 and unchanged_but_addresses(got[w][0], frame) for w in ("w2_0", "w2_1"))
+    assert fabric.drops("NOT_OWNER", 5) == before + len(crossing)

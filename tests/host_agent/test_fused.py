@@ -303,13 +303,13 @@ def test_in_order_batch_answers_a_clean_run_and_refuses_any_deviation():
                                count=np.where(chunks == hi, 7, K), nworkers=np.arange(len(chunks)) % 4 + 1, worker=9)
     clean["flags"][::3] = Flag.RETRANSMIT
     clean["version"] = 0xA5
-    clean["reserved"] = 0xBEEF
+    clean["more"] = 0xBEEF
     applied = np.zeros(hi - lo + 1, np.bool_)
     args = (3, 4, lo, hi, n_total, slots, 7, step)
     out, nw = fused.in_order_batch(clean, *args, applied)
     assert (out["kind"] == Kind.PARAM).all() and not out["nworkers"].any() and not out["worker"].any()
     assert np.array_equal(out["flags"], clean["flags"]) and np.array_equal(nw, clean["nworkers"])
-    for field in ("chunk", "step", "slot", "ver", "count", "job", "version", "reserved"):
+    for field in ("chunk", "step", "slot", "ver", "count", "job", "version", "more"):
         assert np.array_equal(out[field], clean[field])
     # Headers in native byte order (np.concatenate makes them), or not 8-byte aligned (a view into
     # received rows), are read as the same fields.
