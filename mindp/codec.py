@@ -24,12 +24,14 @@ from .protocol import (
     INT64_KINDS,
     IPPROTO_UDP,
     IPV4_LEN,
+    PARAM_CHUNKS_MAX,
     PROTOCOL_VERSION,
     UDP_LEN,
     UDP_PORT,
     K,
     Kind,
     frame_len,
+    param_frame_len,
     payload_len,
 )
 
@@ -47,8 +49,25 @@ class WireError(ValueError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
 
 
+#: decode's checks of a frame of the right length, in the order they run: (reason, offset, bytes,
+#: the big-endian value they must hold); row_checks adds the kind's. The node's compiled receive
+#: checks run the same table (host_agent/node_socket.py).
+HEADER_CHECKS: tuple[tuple[str, int, int, int], ...] = (
+    ("ethertype", 12, 2, ETHERTYPE_IPV4),
+    ("ipv4", 14, 1, 0x45),  # version 4, no options
+    ("udp", 23, 1, IPPROTO_UDP),
+    ("port", 36, 2, UDP_PORT),
+    ("version", ETH_LEN + IPV4_LEN + UDP_LEN, 1, PROTOCOL_VERSION),
+)
+
+
+def row_checks(kind: Kind) -> tuple[tuple[str, int, int, int], ...]:
+    """HEADER_CHECKS and the check that a frame is of `kind`."""
+    return (*HEADER_CHECKS, ("kind", ETH_LEN + IPV4_LEN + UDP_LEN + 1, 1, int(kind)))
+
+
 #: Why a frame is rejected, in the order the checks run.
-REJECT_REASONS = ("length", "ethertype", "ipv4", "udp", "port", "version", "kind")
+REJECT_REASONS = ("length", *(reason for reason, *_ in row_checks(Kind.GRAD)))
 
 
 @dataclass(frozen=True)
@@ -188,19 +207,23 @@ def decode(frames, kind: Kind) -> Decoded:
             if len(frames):
                 rejects["length"] += len(frames)
             arr = np.empty((0, length), dtype=np.uint8)
+    elif kind == Kind.PARAM and any(len(f) != length for f in frames):
+        widest = param_frame_len(PARAM_CHUNKS_MAX)
+        good = [f for f in frames if length <= len(f) <= widest]
+        if len(good) != len(frames):
+            rejects["length"] += len(frames) - len(good)
+        rows = np.zeros((len(good), widest), dtype=np.uint8)
+        for row, f in zip(rows, good):
+            row[: len(f)] = np.frombuffer(f, dtype=np.uint8)
+        arr = split_params(rows, np.array([len(f) for f in good], dtype=np.int64), rejects)
     else:
         good = [f for f in frames if len(f) == length]
         if len(good) != len(frames):
             rejects["length"] += len(frames) - len(good)
         arr = np.frombuffer(b"".join(good), dtype=np.uint8).reshape(len(good), length)
-    checks = (
-        ("ethertype", (arr[:, 12].astype(np.uint16) << 8 | arr[:, 13]) == ETHERTYPE_IPV4),
-        ("ipv4", arr[:, 14] == 0x45),
-        ("udp", arr[:, 23] == IPPROTO_UDP),
-        ("port", (arr[:, 36].astype(np.uint16) << 8 | arr[:, 37]) == UDP_PORT),
-        ("version", arr[:, PREFIX_LEN] == PROTOCOL_VERSION),
-        ("kind", arr[:, PREFIX_LEN + 1] == kind),
-    )
+    checks = [(reason, _field(arr, at, size) == value) for reason, at, size, value in row_checks(kind)]
+    if kind == Kind.PARAM:  # one chunk's length, yet it says it carries more
+        checks.append(("length", _field(arr, _MORE, 2) == 0))
     ok = np.ones(len(arr), dtype=bool)
     for reason, passed in checks:
         bad = ok & ~passed
@@ -211,6 +234,81 @@ def decode(frames, kind: Kind) -> Decoded:
     # Every copy more allocates fresh memory for each batch, and at large K its page faults cost
     # more than the copies (360 a batch of 512 PARAM frames at K = 512: 11 us a frame).
     return decoded_rows(arr if ok.all() else arr[ok], kind, rejects)
+
+
+def _field(rows: np.ndarray, at: int, size: int) -> np.ndarray:
+    """The big-endian unsigned field of `size` bytes at `at` of every row."""
+    v = rows[:, at].astype(np.uint32)
+    for i in range(1, size):
+        v = v << 8 | rows[:, at + i]
+    return v
+
+
+_HEADER = PREFIX_LEN + HEADER_LEN
+_MORE = PREFIX_LEN + HEADER_DTYPE.fields["more"][1]
+_COUNT = PREFIX_LEN + HEADER_DTYPE.fields["count"][1]
+
+
+def split_params(rows: np.ndarray, lens: np.ndarray, rejects: collections.Counter) -> np.ndarray:
+    """PARAM frames of one chunk or several (the first lens[i] bytes of rows[i]) -> one row of
+    frame_len(PARAM) a chunk, in order: a frame carrying 1 + more chunks gives 1 + more rows, each with
+    the frame's header, chunk + i and more = 0, and the i-th K elements. A frame longer than one chunk
+    whose length is not its `more`'s, or whose count is not K, is counted in rejects["length"]; frames
+    of one chunk's length pass as they are (decode checks them)."""
+    one, block = frame_len(Kind.PARAM), K * ELEMENT_DTYPE[Kind.PARAM].itemsize
+    lens = np.asarray(lens, dtype=np.int64)
+    width = rows.shape[1]
+    if (lens == one).all():
+        return np.ascontiguousarray(rows[:, :one])
+    more = _field(rows, _MORE, 2).astype(np.int64)
+    count = _field(rows, _COUNT, 2).astype(np.int64)
+    extra = lens - one
+    several = extra > 0
+    ok = (extra == 0) | (several & (extra == more * block) & (more < PARAM_CHUNKS_MAX) & (count == K)
+                         & (lens <= width))
+    if not ok.all():
+        rejects["length"] += int(np.count_nonzero(~ok))
+    take = np.flatnonzero(ok)
+    chunks = np.where(several[take], more[take] + 1, 1)
+    src = np.repeat(take, chunks)
+    nth = np.arange(len(src)) - np.repeat(np.cumsum(chunks) - chunks, chunks)
+    out = np.empty((len(src), one), dtype=np.uint8)
+    out[:, :_HEADER] = rows[src, :_HEADER]
+    for i in range(int(chunks.max(initial=1))):
+        at = np.flatnonzero(nth == i)
+        out[at, _HEADER:] = rows[src[at], _HEADER + i * block : _HEADER + (i + 1) * block]
+    hdr = out[:, PREFIX_LEN:_HEADER].view(HEADER_DTYPE).reshape(-1)
+    hdr["chunk"] += nth.astype(np.uint32)
+    hdr["more"][several[src]] = 0
+    return out
+
+
+def param_frames(headers: np.ndarray, elements: np.ndarray, addrs: Addresses) -> list[tuple[int, np.ndarray]]:
+    """PARAM answers (headers (n,), elements (n, K)) -> frames, consecutive full chunks of one step,
+    job and flags sharing a frame up to PARAM_CHUNKS_MAX: (chunks a frame, (frames, width) array) for
+    each size present. Each frame has its first chunk's header with `more` set."""
+    h = np.asarray(headers, dtype=HEADER_DTYPE)
+    n = len(h)
+    if not n:
+        return []
+    full = h["count"] == K
+    joins = np.zeros(n, dtype=bool)
+    joins[1:] = (full[1:] & full[:-1] & (h["chunk"][1:] == h["chunk"][:-1] + 1) & (h["step"][1:] == h["step"][:-1])
+                 & (h["job"][1:] == h["job"][:-1]) & (h["flags"][1:] == h["flags"][:-1]))
+    run_start = np.maximum.accumulate(np.where(joins, 0, np.arange(n)))
+    starts = np.flatnonzero((np.arange(n) - run_start) % PARAM_CHUNKS_MAX == 0)
+    sizes = np.diff(np.append(starts, n))
+    out = []
+    for size in range(1, PARAM_CHUNKS_MAX + 1):
+        first = starts[sizes == size]
+        if not len(first):
+            continue
+        hdr = h[first].copy()
+        hdr["more"] = size - 1
+        rows = first if size == 1 else (first[:, None] + np.arange(size)).ravel()
+        vals = np.asarray(elements)[rows].reshape(len(first), size * K)
+        out.append((size, encode(Kind.PARAM, hdr, vals, addrs, k=size * K)))
+    return out
 
 
 def decoded_rows(arr: np.ndarray, kind: Kind, rejects: collections.Counter) -> Decoded:

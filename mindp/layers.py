@@ -21,7 +21,7 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, bind_layers
 
-from .protocol import HEADER_FIELDS, INT64_KINDS, K, MAX_K, UDP_PORT, Header, Kind
+from .protocol import HEADER_FIELDS, INT64_KINDS, PARAM_CHUNKS_MAX, K, MAX_K, UDP_PORT, Header, Kind
 
 _FIELD_BY_WIDTH = {8: ByteField, 16: ShortField, 32: IntField, 64: LongField}
 
@@ -45,11 +45,18 @@ class Mindp(Packet):
         return Packet.guess_payload_class(self, payload)
 
 
+def _fp16_count(pkt) -> int:
+    """K, or K for each chunk of a PARAM carrying several (the header's `more`)."""
+    under = pkt.underlayer
+    return K * (1 + under.more) if isinstance(under, Mindp) and under.kind == Kind.PARAM else K
+
+
 class Fp16Chunk(Packet):
-    """K fp16 elements: a gradient or a parameter chunk."""
+    """K fp16 elements: a gradient or a parameter chunk (a PARAM's several chunks, K each)."""
 
     name = "mindp fp16 chunk"
-    fields_desc = [FieldListField("elements", [0] * K, Fp16Field("e", 0), count_from=lambda pkt: K, max_count=MAX_K)]
+    fields_desc = [FieldListField("elements", [0] * K, Fp16Field("e", 0), count_from=_fp16_count,
+                                  max_count=MAX_K * PARAM_CHUNKS_MAX)]
 
 
 class Int64Chunk(Packet):
@@ -63,13 +70,14 @@ bind_layers(UDP, Mindp, dport=UDP_PORT)
 bind_layers(UDP, Mindp, sport=UDP_PORT)
 
 
-def elements_layer(kind: int, elements: np.ndarray) -> Packet:
-    """The element layer for `kind` holding `elements` padded with zeros to K."""
+def elements_layer(kind: int, elements: np.ndarray, chunks: int = 1) -> Packet:
+    """The element layer for `kind` holding `elements` padded with zeros to K (a PARAM: to K for each
+    of its `chunks`)."""
     if Kind(kind) in INT64_KINDS:
         vals = np.zeros(K, dtype=np.int64)
         vals[: len(elements)] = elements
         return Int64Chunk(elements=[int(v) for v in vals])
-    bits = np.zeros(K, dtype=np.uint16)
+    bits = np.zeros(K * chunks, dtype=np.uint16)
     bits[: len(elements)] = np.asarray(elements, dtype=np.float16).view(np.uint16)
     return Fp16Chunk(elements=[int(v) for v in bits])
 
@@ -90,5 +98,5 @@ def build_frame(
         / IP(src=src_ip, dst=dst_ip, id=ip_id, flags="DF", ttl=64)
         / UDP(sport=UDP_PORT, dport=UDP_PORT, chksum=0)
         / Mindp(**{name: getattr(header, name) for name, _ in HEADER_FIELDS})
-        / elements_layer(header.kind, elements)
+        / elements_layer(header.kind, elements, 1 + header.more)
     )

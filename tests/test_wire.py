@@ -4,7 +4,7 @@ import pytest
 from scapy.layers.l2 import Ether
 
 from mindp import codec, layers
-from mindp.protocol import HEADER_FIELDS, INT64_KINDS, K, Flag, Header, Kind, frame_len
+from mindp.protocol import HEADER_FIELDS, INT64_KINDS, PARAM_CHUNKS_MAX, K, Flag, Header, Kind, frame_len, param_frame_len
 
 ADDRS = codec.Addresses("02:00:00:00:00:01", "02:00:00:00:00:09", "10.0.0.1", "10.0.0.9", ip_id=0x1234)
 
@@ -12,7 +12,7 @@ ADDRS = codec.Addresses("02:00:00:00:00:01", "02:00:00:00:00:09", "10.0.0.1", "1
 def random_headers(rng, n):
     fields = {}
     for name, width in HEADER_FIELDS:
-        if name in ("version", "kind"):
+        if name in ("version", "kind", "more"):  # more: a PARAM of several chunks (tested below)
             continue
         fields[name] = rng.integers(0, 2**width, size=n, dtype=np.uint64)
     return codec.header_array(n, **fields)
@@ -124,3 +124,80 @@ def test_batch_decode_counts_rejects_and_keeps_good_frames():
 def test_encode_rejects_wrong_element_shape():
     with pytest.raises(ValueError):
         codec.encode(Kind.GRAD, codec.header_array(2), np.zeros((2, K + 1)), ADDRS)
+
+
+def param_answers(chunks, counts=None, steps=None, flags=None):
+    n = len(chunks)
+    hdr = codec.header_array(n, job=5, step=steps if steps is not None else 3, chunk=np.asarray(chunks, np.uint32),
+                             count=counts if counts is not None else K, flags=flags if flags is not None else 0)
+    vals = np.random.default_rng(n).standard_normal((n, K)).astype(np.float16)
+    return hdr, vals
+
+
+def test_param_frames_pack_consecutive_full_chunks_and_decode_splits_them_back():
+    chunks = [0, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13]
+    counts = np.full(len(chunks), K, np.uint16)
+    counts[6] = 7  # chunk 6, a tensor's last: alone
+    steps = np.full(len(chunks), 3)
+    steps[-1] = 4  # chunk 13, another step's: never shares a frame
+    flags = np.zeros(len(chunks), np.uint8)
+    flags[-2] = Flag.RETRANSMIT  # chunk 12: resent, alone
+    hdr, vals = param_answers(chunks, counts, steps, flags)
+    groups = codec.param_frames(hdr, vals, ADDRS)
+    assert sorted(size for size, _ in groups) == [1, 2, 3, 4]
+    assert all(g.shape[1] == param_frame_len(size) for size, g in groups)
+    frames = [f.tobytes() for _, g in groups for f in g]
+    # 0-3 | 4-5 | 6 | 9-11 | 12 | 13
+    assert sorted(len(f) for f in frames) == sorted(param_frame_len(c) for c in (4, 2, 1, 3, 1, 1))
+    dec = codec.decode(frames, Kind.PARAM)
+    order = np.argsort(dec.headers["chunk"])
+    assert not dec.rejects
+    assert list(dec.headers["chunk"][order]) == chunks
+    assert list(dec.headers["count"][order]) == list(counts)
+    assert list(dec.headers["step"][order]) == list(steps)
+    assert list(dec.headers["flags"][order]) == list(flags)
+    assert not dec.headers["more"].any()
+    assert np.array_equal(dec.elements[order].view(np.uint16), vals.view(np.uint16))
+
+
+def test_a_param_of_several_chunks_equals_scapys_build_and_scapy_dissects_it():
+    hdr, vals = param_answers(range(10, 10 + PARAM_CHUNKS_MAX))
+    ((_, frames),) = codec.param_frames(hdr, vals, ADDRS)
+    first = hdr[0].copy()
+    first["more"] = PARAM_CHUNKS_MAX - 1
+    assert frames[0].tobytes() == scapy_frame(Kind.PARAM, first, vals.reshape(-1))
+    pkt = Ether(frames[0].tobytes())
+    assert pkt[layers.Mindp].more == PARAM_CHUNKS_MAX - 1
+    got = np.array(pkt[layers.Fp16Chunk].elements, dtype=np.uint16)
+    assert np.array_equal(got, vals.reshape(-1).view(np.uint16))
+
+
+def _with(frame: bytes, offset: int, value: int) -> bytes:
+    b = bytearray(frame)
+    b[offset : offset + 2] = value.to_bytes(2, "big")
+    return bytes(b)
+
+
+def test_params_whose_length_or_count_contradicts_more_are_counted_not_split():
+    more_at = codec.PREFIX_LEN + 22
+    count_at = codec.PREFIX_LEN + 10
+    hdr, vals = param_answers(range(4))
+    four = codec.param_frames(hdr, vals, ADDRS)[0][1][0].tobytes()
+    hdr1, vals1 = param_answers([7])
+    one = codec.param_frames(hdr1, vals1, ADDRS)[0][1][0].tobytes()
+    bad = [
+        four[: param_frame_len(3)],  # says 4 chunks, carries 3
+        _with(four, more_at, PARAM_CHUNKS_MAX),  # more than a PARAM may carry
+        _with(four, count_at, K - 1),  # several chunks, yet not full
+        _with(one, more_at, 1),  # one chunk's length, says two
+        four + b"\0",  # longer than any PARAM
+    ]
+    dec = codec.decode(bad + [four, one], Kind.PARAM)
+    assert dec.rejects == {"length": len(bad)}
+    assert sorted(dec.headers["chunk"]) == [0, 1, 2, 3, 7]
+    rows = np.zeros((len(bad), param_frame_len(PARAM_CHUNKS_MAX) + 1), np.uint8)
+    for r, f in zip(rows, bad):
+        r[: len(f)] = np.frombuffer(f, np.uint8)
+    rejects = codec.collections.Counter()
+    split = codec.split_params(rows, np.array([len(f) for f in bad]), rejects)
+    assert rejects["length"] == len(bad) - 1 and len(split) == 1  # the one-chunk frame: decode's to refuse
