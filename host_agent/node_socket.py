@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindp import codec
-from mindp.protocol import ETHERTYPE_IPV4, IPPROTO_UDP, PROTOCOL_VERSION, UDP_PORT, K, Kind
+from mindp.protocol import K, Kind
 
 from . import digest, fused, rawsock, shards
 from .node_core import NodeCore
@@ -39,18 +39,19 @@ def stall_due(n: int, gap_max: int) -> int:
 
 
 #: Why the node drops a received row of SUM length, in the order its checks run: not from the
-#: switch to us (counted as rejected_source), then codec.decode's reasons past the length.
-ROW_REJECTS = ("source", *codec.REJECT_REASONS[1:])
-_P, _SUM = codec.PREFIX_LEN, int(Kind.SUM)
+#: switch to us (counted as rejected_source), then codec.decode's checks of a SUM (codec.row_checks).
+_CHECKS = codec.row_checks(Kind.SUM)
+ROW_REJECTS = ("source", *(reason for reason, *_ in _CHECKS))
+_CHECK_TABLE = np.array([(at, size, value) for _, at, size, value in _CHECKS], dtype=np.int64)
 
 if not fused.NUMPY_ONLY:
     from numba import njit
 
     @njit(nogil=True, cache=True)
-    def _row_rejects(rows, me, sources, any_source, ok, bad):
+    def _row_rejects(rows, me, sources, any_source, checks, ok, bad):
         """ok[r]: row r is a SUM for us (`me`: our MAC and IP) from one of `sources` (each a MAC and
-        IP; or any_source) that codec.decode would keep; else bad[reason] += 1, the reason its first
-        failed check (ROW_REJECTS)."""
+        IP; or any_source) that passes `checks` (_CHECK_TABLE: offset, bytes, value); else
+        bad[reason] += 1, the reason its first failed check (ROW_REJECTS)."""
         for r in range(rows.shape[0]):
             row = rows[r]
             mine = True
@@ -68,21 +69,15 @@ if not fused.NUMPY_ONLY:
                         same &= row[26 + b] == sources[s, 6 + b]
                     known |= same
                 mine = known
-            reason = -1
-            if not mine:
-                reason = 0
-            elif (row[12] << 8 | row[13]) != ETHERTYPE_IPV4:
-                reason = 1
-            elif row[14] != 0x45:
-                reason = 2
-            elif row[23] != IPPROTO_UDP:
-                reason = 3
-            elif (row[36] << 8 | row[37]) != UDP_PORT:
-                reason = 4
-            elif row[_P] != PROTOCOL_VERSION:
-                reason = 5
-            elif row[_P + 1] != _SUM:
-                reason = 6
+            reason = -1 if mine else 0
+            c = 0
+            while reason < 0 and c < checks.shape[0]:
+                v = 0
+                for b in range(checks[c, 1]):
+                    v = v << 8 | row[checks[c, 0] + b]
+                if v != checks[c, 2]:
+                    reason = 1 + c
+                c += 1
             ok[r] = reason < 0
             if reason >= 0:
                 bad[reason] += 1
@@ -209,7 +204,7 @@ class OptimizerNode:
         compiled pass (~100 us of numpy calls a batch of 40 frames before)."""
         ok = np.empty(len(rows), np.bool_)
         bad = np.zeros(len(ROW_REJECTS), np.int64)
-        _row_rejects(rows, self._me, self._src_rows, self.sources is None, ok, bad)
+        _row_rejects(rows, self._me, self._src_rows, self.sources is None, _CHECK_TABLE, ok, bad)
         rejects = collections.Counter({reason: int(n) for reason, n in zip(ROW_REJECTS, bad.tolist()) if n})
         if "source" in rejects:
             self.stats["rejected_source"] += rejects.pop("source")
