@@ -239,9 +239,10 @@ class RowReceiver:
         self.auxdata = auxdata
         self.vectors = mmsg.Vectors(buf, control=auxdata)
 
-    def receive(self, fd: int) -> tuple[int, int, int]:
+    def receive(self, fd: int, lens: np.ndarray | None = None) -> tuple[int, int, int]:
         """Frames waiting on `fd` into buf's rows, the good ones first; (rows filled, tagged
-        frames dropped, frames of another length dropped)."""
+        frames dropped, frames of another length dropped). With `lens`, frames of up to the
+        rows' width, their lengths into `lens`."""
         vec, n = self.vectors, len(self.buf)
         rows = tagged = other = 0
         while rows < n:
@@ -249,7 +250,9 @@ class RowReceiver:
             got = vec.recv(fd, rows, want)
             if not got:
                 break
-            good = (vec.lens[rows : rows + got] == self.width) & ((vec.flags[rows : rows + got] & socket.MSG_TRUNC) == 0)
+            good = (vec.flags[rows : rows + got] & socket.MSG_TRUNC) == 0  # a longer frame is cut to its row
+            if lens is None:
+                good &= vec.lens[rows : rows + got] == self.width
             n_vlan = 0
             if self.auxdata:
                 vlan = vec.aux_valid(rows, got) & (((vec.status[rows : rows + got] & TP_STATUS_VLAN_VALID) != 0)
@@ -261,33 +264,39 @@ class RowReceiver:
             other += got - keep - n_vlan
             if keep < got:  # close the gaps: good rows stay contiguous
                 self.buf[rows : rows + keep] = self.buf[rows : rows + got][good]
+            if lens is not None:
+                lens[rows : rows + keep] = vec.lens[rows : rows + got][good]
             rows += keep
             if got < want:
                 break
         return rows, tagged, other
 
 
-def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver | None = None) -> tuple[int, int, int]:
+def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver | None = None,
+                       lens: np.ndarray | None = None) -> tuple[int, int, int]:
     """Receive frames of exactly buf.shape[1] bytes straight into the rows of `buf` (no bytes
     object per frame), as recv_batch_untagged does; returns (rows filled, tagged frames dropped,
-    frames of another length dropped). From the socket's ring where it has one; else with
-    `receiver` (over the same buffer) by recvmmsg, else frame by frame."""
+    frames of another length dropped). With `lens` (one per row of `buf`), frames of up to
+    buf.shape[1] bytes, their lengths into `lens`. From the socket's ring where it has one; else
+    with `receiver` (over the same buffer) by recvmmsg, else frame by frame."""
     width = buf.shape[1]
     rows = tagged = other = 0
     queued, ring = _queued(s, len(buf))
     for f in queued:
-        if len(f) == width:
-            buf[rows] = np.frombuffer(f, np.uint8)
+        if len(f) == width or (lens is not None and len(f) < width):
+            buf[rows, : len(f)] = np.frombuffer(f, np.uint8)
+            if lens is not None:
+                lens[rows] = len(f)
             rows += 1
         else:
             other += 1
     if ring is not None:
-        n, t, o = ring.receive_rows(buf, rows)
+        n, t, o = ring.receive_rows(buf, rows, lens)
         if not (rows or n or t or o):
             _raise_pending_error(s)
         return rows + n, tagged + t, other + o
     if receiver is not None and _MMSG and not rows:
-        return receiver.receive(s.fileno())
+        return receiver.receive(s.fileno(), lens)
     mv = memoryview(buf).cast("B")
     recvmsg_into = s.recvmsg_into
     limit = len(buf)
@@ -298,9 +307,11 @@ def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver 
             break
         if anc and was_tagged(anc):
             tagged += 1
-        elif n != width or flags & socket.MSG_TRUNC:
+        elif flags & socket.MSG_TRUNC or (n != width and lens is None):
             other += 1
         else:
+            if lens is not None:
+                lens[rows] = n
             rows += 1
     return rows, tagged, other
 

@@ -73,6 +73,20 @@ def header_dtype(frame: int) -> np.dtype:
                      "offsets": [0, 4, 8, 12, 24, 26, 42], "itemsize": frame})
 
 
+#: Bytes of a frame that tell a mindp frame: Ethernet, IPv4 and UDP up to the destination port.
+MINDP_PREFIX = 38
+
+
+def is_mindp(rows: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Which rows hold a mindp frame (IPv4, UDP to mindp's port; the first lens[i] bytes of row i),
+    whatever its length: a frame of another length counts as rejected only then. The host's other
+    traffic (ARP, the step digest's UDP, ICMP) comes through the same socket and is no error."""
+    if rows.shape[1] < MINDP_PREFIX:
+        return np.zeros(len(rows), bool)
+    f = rows[:, :MINDP_PREFIX]
+    return ((np.asarray(lens) >= MINDP_PREFIX) & (f[:, 12] == 0x08) & (f[:, 13] == 0x00) & (f[:, 23] == IPPROTO_UDP)
+            & ((f[:, 36].astype(np.uint16) << 8 | f[:, 37]) == UDP_PORT))
+
 
 class RxRing:
     """The receive ring of packet socket `sock` (bound, not yet receiving through a ring): `frames`
@@ -130,12 +144,14 @@ class RxRing:
         owned = (status[k : k + lo] & TP_STATUS_USER) != 0
         return lo if owned.all() else int(owned.argmin())
 
-    def receive_rows(self, buf: np.ndarray, start: int = 0) -> tuple[int, int, int]:
+    def receive_rows(self, buf: np.ndarray, start: int = 0, lens: np.ndarray | None = None) -> tuple[int, int, int]:
         """Waiting frames of exactly buf.shape[1] bytes into rows start.. of `buf`, in order, up to
-        its end; (rows filled, tagged frames dropped, frames of another length dropped). A frame
-        that carried a VLAN tag is never taken (the kernel strips the tag: it would look like an
-        untagged one); our own transmissions (kernels before 4.20) are left out uncounted."""
-        width = buf.shape[1]
+        its end; (rows filled, tagged frames dropped, frames of another length dropped). With
+        `lens`, frames of up to buf.shape[1] bytes, their lengths into `lens` (a row's bytes past its
+        frame are left as they were). A frame that carried a VLAN tag is never taken (the kernel
+        strips the tag: it would look like an untagged one); our own transmissions (kernels before
+        4.20) are left out uncounted."""
+        width, out = buf.shape[1], lens
         rows, tagged, other = start, 0, 0
         while rows < len(buf):
             head = int(self.head[0])
@@ -147,17 +163,22 @@ class RxRing:
             lens = self.lens[s]
             tag = ((self.status[s] & TP_STATUS_VLAN_VALID) != 0) | (self.tcis[s] != 0)
             mine = self.pkttypes[s] != PACKET_OUTGOING
-            good = (lens == width) & (self.snaplens[s] == lens) & ~tag & mine
+            fits = (lens == width) if out is None else (lens <= width)
+            good = fits & (self.snaplens[s] == lens) & ~tag & mine
             keep = int(np.count_nonzero(good))
             macs = self.macs[s]
             mac = int(macs[0])
+            # Only the longest frame's bytes: a batch of short frames in wide rows copies no more.
+            w = width if out is None or not keep else int(lens.max(initial=0, where=good))
             if keep == m and (macs == mac).all():  # the usual case: one strided copy
-                buf[rows : rows + m] = self.slots[s, mac : mac + width]
+                buf[rows : rows + m, :w] = self.slots[s, mac : mac + w]
             elif keep:
                 at = rows + np.cumsum(good) - 1
                 for mac in np.unique(macs[good]).tolist():
                     sel = np.flatnonzero(good & (macs == mac))
-                    buf[at[sel]] = self.slots[k + sel, mac : mac + width]
+                    buf[at[sel], :w] = self.slots[k + sel, mac : mac + w]
+            if out is not None:
+                out[rows : rows + keep] = lens if keep == m else lens[good]
             tagged += int(np.count_nonzero(tag & mine))
             odd = np.flatnonzero(~good & ~tag & mine)
             other += sum(self._mindp(k + int(i)) for i in odd)  # rare: a frame at a time
@@ -167,13 +188,9 @@ class RxRing:
         return rows - start, tagged, other
 
     def _mindp(self, k: int) -> bool:
-        """Slot k holds a mindp frame (IPv4, UDP to mindp's port), whatever its length: a frame of
-        another length counts as rejected only then. The host's other traffic (ARP, the step
-        digest's UDP, ICMP) comes through the same socket and is no error."""
-        mac, n = int(self.macs[k]), int(self.snaplens[k])
-        f = self.slots[k, mac:mac + min(n, 38)]
-        return (len(f) >= 38 and f[12] == 0x08 and f[13] == 0x00 and f[23] == IPPROTO_UDP
-                and (int(f[36]) << 8 | int(f[37])) == UDP_PORT)
+        """Slot k holds a mindp frame (is_mindp), whatever its length."""
+        mac = int(self.macs[k])
+        return bool(is_mindp(self.slots[k : k + 1, mac : mac + MINDP_PREFIX], self.snaplens[k : k + 1])[0])
 
     def frames_waiting(self, limit: int) -> tuple[list[bytes], int]:
         """Up to `limit` waiting frames as bytes, in order: (frames that carried no VLAN tag, frames

@@ -86,6 +86,26 @@ def test_batched_and_plain_paths_agree(pair, monkeypatch):
 
 
 @needs_mmsg
+def test_with_lens_frames_up_to_the_width_are_taken_with_their_lengths(pair, monkeypatch):
+    """recvmmsg and the per-frame loop alike: frames of any length up to the rows' width in order,
+    their lengths recorded; a longer one (cut to its row) counted and left out."""
+    a, b = pair
+    f = frames(300)
+    sizes = [WIDTH - (i % 5) * 10 for i in range(300)]
+    for mmsg in (rawsock._MMSG, None):
+        monkeypatch.setattr(rawsock, "_MMSG", mmsg)
+        for row, size in zip(f, sizes):
+            a.send(row.tobytes()[:size])
+            if size == WIDTH - 40:
+                a.send(row.tobytes() + b"xx")
+        buf = np.zeros((1024, WIDTH), np.uint8)
+        lens = np.zeros(1024, np.int64)
+        n, tagged, other = rawsock.recv_rows_untagged(b, buf, rawsock.RowReceiver(buf, auxdata=False), lens)
+        assert (n, tagged, other) == (300, 0, 60)
+        assert lens[:n].tolist() == sizes
+        assert [bytes(buf[i, : lens[i]]) for i in range(n)] == [r.tobytes()[:s] for r, s in zip(f, sizes)]
+
+@needs_mmsg
 @pytest.mark.net
 def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
     """A burst of node_socket.RECV_ROWS SUM frames sent before the node reads any is all held by its

@@ -166,6 +166,32 @@ def test_receive_rows_takes_frames_of_its_width_in_order_across_the_ring_end():
     assert ring.receive_rows(buf) == (1, 0, 0) and bytes(buf[0]) == frames[1]
 
 
+def test_rows_of_several_lengths_are_taken_from_the_ring_with_their_lengths():
+    """receive_rows with `lens`: frames up to the rows' width, each length recorded; a longer mindp
+    frame (cut short in its slot) counted; only the longest frame's bytes copied into a row."""
+    from mindp.protocol import UDP_PORT
+
+    ring = FakeRing(8, frame=256)
+    width = 96
+    mindp = bytearray(120)
+    mindp[12:14], mindp[23], mindp[36:38] = b"\x08\x00", 17, UDP_PORT.to_bytes(2, "big")
+    frames = [bytes([1]) * 60, bytes([2]) * 96, bytes([3]) * 40]
+    for k, f in enumerate(frames):
+        ring.put(k, f)
+    ring.put(3, bytes(mindp))
+    ring.snaplens[3] = 100  # cut short
+    buf = np.full((8, width), 0xEE, np.uint8)
+    lens = np.zeros(8, np.int64)
+    assert ring.receive_rows(buf, 0, lens) == (3, 0, 1)
+    assert lens[:3].tolist() == [60, 96, 40]
+    assert [bytes(buf[i, : lens[i]]) for i in range(3)] == frames
+    ring.put(4, frames[0])
+    ring.put(5, frames[2])
+    buf[:] = 0xEE
+    assert ring.receive_rows(buf, 0, lens) == (2, 0, 0)
+    assert (buf[:2, 60:] == 0xEE).all()  # no byte past the longest frame of the batch
+
+
 @pytest.mark.net
 def test_a_link_going_down_is_reported_by_a_ring_receive_as_by_a_receive_call():
     """The ring makes no system call, so the socket's pending error (ENETDOWN) is read where the
