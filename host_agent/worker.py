@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from mindp import codec, schedule
+from mindp import codec, rxring, schedule
 from mindp.layout import Layout
-from mindp.protocol import HEADER_DTYPE, K, Flag, Kind
+from mindp.protocol import HEADER_DTYPE, PARAM_CHUNKS_MAX, K, Flag, Kind, param_frame_len
 from mindp.topology import Topology, TopologyError
 
 from . import agent_args, digest, fused, gradframes, rawsock, reference, shards
@@ -110,17 +110,19 @@ class WorkerAgent:
         self.stats = collections.Counter()
         self.step_times: list[float] = []
         self.addrs = codec.Addresses(cfg.mac, cfg.optimizer_mac, cfg.ip, cfg.optimizer_ip)
-        # PARAM frames come from the job's optimizer node only (the switch forwards them unchanged).
-        self.param_src_mac = bytes.fromhex(cfg.optimizer_mac.replace(":", ""))
-        self.param_src_ip = ipaddress.IPv4Address(cfg.optimizer_ip).packed
-        self.param_len = codec.frame_len(Kind.PARAM)
-        # The source MAC and IP as integers (bytes 6-9 and 10-11 of the frame, 26-29), compared per
-        # row far faster than byte by byte.
-        self.param_src = [(lo, hi, np.frombuffer(b, dtype=f">u{hi - lo}")[0]) for lo, hi, b in
-                          ((6, 10, self.param_src_mac[:4]), (10, 12, self.param_src_mac[4:]), (26, 30, self.param_src_ip))]
+        # PARAM frames come from the job's optimizer node only (the switch forwards them unchanged):
+        # its MAC and IP as integers (bytes 6-9 and 10-11 of the frame, 26-29), compared per row far
+        # faster than byte by byte.
+        mac, ip = bytes.fromhex(cfg.optimizer_mac.replace(":", "")), ipaddress.IPv4Address(cfg.optimizer_ip).packed
+        self.param_src = [(lo, hi, np.frombuffer(b, dtype=f">u{hi - lo}")[0])
+                          for lo, hi, b in ((6, 10, mac[:4]), (10, 12, mac[4:]), (26, 30, ip))]
         self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
         self.digest: digest.Client | None = None  # check_digests() turns the step digest's check on
-        self.rx = np.zeros((4096, self.param_len), dtype=np.uint8)  # receive buffer, one frame per row (a burst)
+        # A PARAM frame carries 1..PARAM_CHUNKS_MAX chunks: received one a row (a burst) into rows of
+        # the longest, their lengths beside, then cut into rows of one chunk (codec.split_params).
+        self.param_lens = np.array([param_frame_len(n) for n in range(1, PARAM_CHUNKS_MAX + 1)])
+        self.rx = np.zeros((4096, self.param_lens[-1]), dtype=np.uint8)
+        self.rx_lens = np.zeros(len(self.rx), dtype=np.int64)
         self.auxdata = rawsock.enable_auxdata(sock)
         self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
         self.kernel = fused.selected()  # for the gradients' fp16 rounding, as the node's (raises KernelError)
@@ -280,35 +282,55 @@ class StepHandle:
             if a.cfg.coalesce > 0 and w.n_sent - w.n_done >= a.cfg.coalesce_min:
                 time.sleep(a.cfg.coalesce)
         if not a.faults and (a.auxdata or a.receiver):
-            n, tagged, other = rawsock.recv_rows_untagged(a.sock, a.rx, a.receiver)
+            n, tagged, other = rawsock.recv_rows_untagged(a.sock, a.rx, a.receiver, a.rx_lens)
             _count(a.stats, "rejected_tagged", tagged)
             _count(a.stats, "rejected_length", other)
             if n:
-                self._receive(a.rx[:n])
+                self._receive(a.rx[:n], a.rx_lens[:n])
             return
         if a.auxdata:
             frames, tagged = rawsock.recv_batch_untagged(a.sock)
             _count(a.stats, "rejected_tagged", tagged)
         else:
             frames = rawsock.recv_batch(a.sock)
-        if frames:
-            self._receive(frames)
-
-    def _receive(self, frames: list[bytes]) -> None:
-        a = self.agent
         if a.faults:
             frames = a.faults.filter_recv(frames)
+        if frames:
+            self._receive(*self._as_rows(frames))
+
+    def _as_rows(self, frames: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+        """Frames received one at a time into the receive buffer's rows, and their lengths; a mindp
+        frame longer than a row is counted and left out."""
+        a = self.agent
+        width = a.rx.shape[1]
+        fit = [f for f in frames if len(f) <= width]
+        if len(fit) < len(frames):
+            heads = [f[: rxring.MINDP_PREFIX] for f in frames if len(f) > width]
+            _count(a.stats, "rejected_length", int(rxring.is_mindp(
+                np.frombuffer(b"".join(heads), np.uint8).reshape(len(heads), -1), np.full(len(heads), width)).sum()))
+        for row, f in zip(a.rx, fit):
+            row[: len(f)] = np.frombuffer(f, np.uint8)
+        a.rx_lens[: len(fit)] = [len(f) for f in fit]
+        return a.rx[: len(fit)], a.rx_lens[: len(fit)]
+
+    def _receive(self, rows: np.ndarray, lens: np.ndarray) -> None:
+        """Frames received (the first lens[i] bytes of rows[i]) -> the step's parameters, checked."""
+        a = self.agent
+        ours = np.isin(lens, a.param_lens)
+        if not ours.all():  # a mindp frame of another length is counted (split_params); other traffic is not
+            keep = ours | rxring.is_mindp(rows, lens)
+            rows, lens = rows[keep], lens[keep]
+        rejects = collections.Counter()
+        frames = codec.split_params(rows, lens, rejects)  # one PARAM chunk a row
+        _count(a.stats, "rejected_length", rejects["length"])
         n_in = len(frames)
         if a.param_sources is not None:  # sharded: each chunk from the node owning it
             frames = self._from_owners(frames)
-        elif isinstance(frames, np.ndarray):  # rows of PARAM length, received in place
+        else:
             ok = np.ones(len(frames), dtype=bool)
             for lo, hi, want in a.param_src:
                 ok &= np.ascontiguousarray(frames[:, lo:hi]).view(f">u{hi - lo}").ravel() == want
             frames = frames if ok.all() else frames[ok]
-        else:
-            mac, ip, length = a.param_src_mac, a.param_src_ip, a.param_len
-            frames = [f for f in frames if len(f) != length or (f[6:12] == mac and f[26:30] == ip)]
         _count(a.stats, "rejected_source", n_in - len(frames))
         dec = codec.decode(frames, Kind.PARAM)
         for reason, n in dec.rejects.items():
@@ -361,22 +383,10 @@ class StepHandle:
             self.pump(0.0)
         return a.link.down
 
-    def _from_owners(self, frames):
-        """PARAM-sized frames whose source (MAC, IP) is the node owning their chunk; others kept
-        for decode to count."""
-        a = self.agent
-        rows = frames if isinstance(frames, np.ndarray) else None
-        if rows is None:
-            sized = [f for f in frames if len(f) == a.param_len]
-            if not sized:
-                return frames
-            rows = np.frombuffer(b"".join(sized), dtype=np.uint8).reshape(len(sized), a.param_len)
+    def _from_owners(self, rows: np.ndarray) -> np.ndarray:
+        """The rows (one PARAM chunk each) whose source (MAC, IP) is the node owning their chunk."""
         chunk = np.ascontiguousarray(rows[:, CHUNK_OFFSET : CHUNK_OFFSET + 4]).view(">u4").ravel()
-        ok = a.param_sources.match(chunk, rows[:, 6:12], rows[:, 26:30])
-        if isinstance(frames, np.ndarray):
-            return frames[ok]
-        keep = iter(ok.tolist())
-        return [f for f in frames if len(f) != a.param_len or next(keep)]
+        return rows[self.agent.param_sources.match(chunk, rows[:, 6:12], rows[:, 26:30])]
 
     def wait(self) -> dict[str, np.ndarray]:
         """Block until every parameter chunk of the step is in; raises StepTimeout past the deadline."""
