@@ -120,8 +120,11 @@ class WorkerAgent:
         self.digest: digest.Client | None = None  # check_digests() turns the step digest's check on
         # A PARAM frame carries 1..PARAM_CHUNKS_MAX chunks: received one a row (a burst) into rows of
         # the longest, their lengths beside, then cut into rows of one chunk (codec.split_params).
-        self.param_lens = np.array([param_frame_len(n) for n in range(1, PARAM_CHUNKS_MAX + 1)])
-        self.rx = np.zeros((4096, self.param_lens[-1]), dtype=np.uint8)
+        # is_param[n]: n is such a frame's length (a look-up: np.isin costs more than the rest of a check).
+        widest = param_frame_len(PARAM_CHUNKS_MAX)
+        self.is_param = np.zeros(widest + 1, dtype=bool)
+        self.is_param[[param_frame_len(n) for n in range(1, PARAM_CHUNKS_MAX + 1)]] = True
+        self.rx = np.zeros((4096, widest), dtype=np.uint8)
         self.rx_lens = np.zeros(len(self.rx), dtype=np.int64)
         self.auxdata = rawsock.enable_auxdata(sock)
         self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
@@ -316,7 +319,7 @@ class StepHandle:
     def _receive(self, rows: np.ndarray, lens: np.ndarray) -> None:
         """Frames received (the first lens[i] bytes of rows[i]) -> the step's parameters, checked."""
         a = self.agent
-        ours = np.isin(lens, a.param_lens)
+        ours = a.is_param[lens]  # lens are at most the rows' width
         if not ours.all():  # a mindp frame of another length is counted (split_params); other traffic is not
             keep = ours | rxring.is_mindp(rows, lens)
             rows, lens = rows[keep], lens[keep]

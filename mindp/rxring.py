@@ -160,7 +160,7 @@ class RxRing:
             if not m:
                 break
             s = slice(k, k + m)
-            lens = self.lens[s]
+            lens = self.lens[s].copy()  # one pass over the slots' headers (a page apart at large K)
             tag = ((self.status[s] & TP_STATUS_VLAN_VALID) != 0) | (self.tcis[s] != 0)
             mine = self.pkttypes[s] != PACKET_OUTGOING
             fits = (lens == width) if out is None else (lens <= width)
@@ -169,7 +169,7 @@ class RxRing:
             macs = self.macs[s]
             mac = int(macs[0])
             # Only the longest frame's bytes: a batch of short frames in wide rows copies no more.
-            w = width if out is None or not keep else int(lens.max(initial=0, where=good))
+            w = width if out is None or not keep else int(lens.max() if keep == m else lens[good].max())
             if keep == m and (macs == mac).all():  # the usual case: one strided copy
                 buf[rows : rows + m, :w] = self.slots[s, mac : mac + w]
             elif keep:
