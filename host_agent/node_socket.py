@@ -261,11 +261,11 @@ class OptimizerNode:
             hdr, vals = self.agreement.outgoing(hdr, vals)
         if not len(hdr):
             return 0
-        out = codec.encode(Kind.PARAM, hdr, vals, self.addrs)
-        sent, failed = rawsock.send_rows(self.sock, out, range(len(out)), self.faults)
-        self.stats["params_sent"] += sent
-        self.stats["send_errors"] += failed
-        return sent
+        out = codec.param_frames(hdr, vals, self.addrs)  # up to PARAM_CHUNKS_MAX chunks a frame
+        _, failed = rawsock.send_rows(self.sock, out.frames, range(len(out.frames)), self.faults, out.lens)
+        self.stats["params_sent"] += len(hdr)
+        self.stats["send_errors"] += failed  # frames
+        return len(hdr)
 
     def check_stall(self, now: float) -> None:
         """No sum for stall_resend s (then 3x, 7x, ...): send the recent parameters again. Covers

@@ -393,7 +393,7 @@ class Faults:
         return kept
 
 
-def _send_mmsg(fd: int, frames: np.ndarray, rows) -> tuple[int, int]:
+def _send_mmsg(fd: int, frames: np.ndarray, rows, lens=None) -> tuple[int, int]:
     """_send_plain by sendmmsg: the message vector over frames' rows built with numpy, then one
     system call per up to 1024 frames; a frame the kernel refuses (full queue, link down) is
     counted and skipped, as by _send_plain."""
@@ -404,26 +404,27 @@ def _send_mmsg(fd: int, frames: np.ndarray, rows) -> tuple[int, int]:
     width = frames.shape[1]
     iov = np.empty(n, mmsg.IOVEC)
     iov["base"] = frames.ctypes.data + rows * np.uint64(width)
-    iov["len"] = width
+    iov["len"] = width if lens is None else np.asarray(lens)[rows.astype(np.intp)]
     msgs = np.zeros(n, mmsg.MMSGHDR)
     msgs["iov"] = iov.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(mmsg.IOVEC.itemsize)
     msgs["iovlen"] = 1
     return n, len(mmsg.send(fd, msgs, SEND_ERRNOS))
 
 
-def _send_plain(send, frames: np.ndarray, rows) -> tuple[int, int]:
+def _send_plain(send, frames: np.ndarray, rows, lens=None) -> tuple[int, int]:
     """send_rows without fault injection: slices of one flat memoryview (no numpy row objects),
     one try block for the whole batch (re-entered only after a failed send)."""
     width = frames.shape[1]
     mv = memoryview(frames).cast("B")
     rows = list(rows)
+    sizes = [width] * len(rows) if lens is None else [int(lens[r]) for r in rows]
     failed = 0
     i = 0
     while i < len(rows):
         try:
             for i in range(i, len(rows)):
                 o = rows[i] * width
-                send(mv[o : o + width])
+                send(mv[o : o + sizes[i]])
             break
         except OSError as exc:
             if exc.errno not in SEND_ERRNOS:
@@ -433,23 +434,26 @@ def _send_plain(send, frames: np.ndarray, rows) -> tuple[int, int]:
     return len(rows), failed
 
 
-def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None = None) -> tuple[int, int]:
-    """Send frames[rows]; returns (sent, failed). A full queue counts as a loss (retransmission covers it)."""
+def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None = None,
+              lens=None) -> tuple[int, int]:
+    """Send frames[rows] (each its first lens[row] bytes, if given); returns (sent, failed). A full
+    queue counts as a loss (retransmission covers it)."""
     if faults is None and frames.flags.c_contiguous:
         if _MMSG:
-            return _send_mmsg(s.fileno(), frames, rows)
-        return _send_plain(s.send, frames, rows)
+            return _send_mmsg(s.fileno(), frames, rows, lens)
+        return _send_plain(s.send, frames, rows, lens)
     sent = failed = 0
     send = s.send
     held = []
     if faults is not None:
         held, faults.held = faults.held, []
     for r in rows:
-        n = 1 if faults is None else faults.copies(frames[r])
+        frame = frames[r] if lens is None else frames[r, : int(lens[r])]
+        n = 1 if faults is None else faults.copies(frame)
         sent += 1  # as far as the sender knows, it left
         for _ in range(n):
             try:
-                send(frames[r])
+                send(frame)
             except OSError as exc:
                 if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN):
                     raise

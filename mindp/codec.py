@@ -283,31 +283,40 @@ def split_params(rows: np.ndarray, lens: np.ndarray, rejects: collections.Counte
     return out
 
 
-def param_frames(headers: np.ndarray, elements: np.ndarray, addrs: Addresses) -> list[tuple[int, np.ndarray]]:
+@dataclass
+class ParamFrames:
+    """PARAM frames in the order of their first chunks: row i holds frame i in its first lens[i]
+    bytes and carries chunks[i] chunks."""
+
+    frames: np.ndarray
+    lens: np.ndarray
+    chunks: np.ndarray
+
+
+def param_frames(headers: np.ndarray, elements: np.ndarray, addrs: Addresses) -> ParamFrames:
     """PARAM answers (headers (n,), elements (n, K)) -> frames, consecutive full chunks of one step,
-    job and flags sharing a frame up to PARAM_CHUNKS_MAX: (chunks a frame, (frames, width) array) for
-    each size present. Each frame has its first chunk's header with `more` set."""
+    job and flags sharing a frame up to PARAM_CHUNKS_MAX, each with its first chunk's header and
+    `more` set. In chunk order, as the answers came: a worker takes a later chunk answered before
+    an earlier one for a sign of loss (fast retransmit)."""
     h = np.asarray(headers, dtype=HEADER_DTYPE)
     n = len(h)
-    if not n:
-        return []
     full = h["count"] == K
     joins = np.zeros(n, dtype=bool)
     joins[1:] = (full[1:] & full[:-1] & (h["chunk"][1:] == h["chunk"][:-1] + 1) & (h["step"][1:] == h["step"][:-1])
                  & (h["job"][1:] == h["job"][:-1]) & (h["flags"][1:] == h["flags"][:-1]))
-    run_start = np.maximum.accumulate(np.where(joins, 0, np.arange(n)))
+    run_start = np.maximum.accumulate(np.where(joins, 0, np.arange(n))) if n else np.zeros(0, np.int64)
     starts = np.flatnonzero((np.arange(n) - run_start) % PARAM_CHUNKS_MAX == 0)
     sizes = np.diff(np.append(starts, n))
-    out = []
-    for size in range(1, PARAM_CHUNKS_MAX + 1):
-        first = starts[sizes == size]
-        if not len(first):
-            continue
+    out = ParamFrames(np.empty((len(starts), param_frame_len(int(sizes.max(initial=1)))), np.uint8),
+                      np.array([param_frame_len(int(c)) for c in range(PARAM_CHUNKS_MAX + 1)])[sizes], sizes)
+    for size in np.unique(sizes).tolist():
+        at = np.flatnonzero(sizes == size)
+        first = starts[at]
         hdr = h[first].copy()
         hdr["more"] = size - 1
         rows = first if size == 1 else (first[:, None] + np.arange(size)).ravel()
         vals = np.asarray(elements)[rows].reshape(len(first), size * K)
-        out.append((size, encode(Kind.PARAM, hdr, vals, addrs, k=size * K)))
+        out.frames[at, : param_frame_len(size)] = encode(Kind.PARAM, hdr, vals, addrs, k=size * K)
     return out
 
 

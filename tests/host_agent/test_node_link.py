@@ -108,3 +108,44 @@ def test_received_rows_are_checked_as_the_numpy_path_checks_them(tmp_path, monke
         assert got.headers.tobytes() == want.headers.tobytes() and np.array_equal(got.elements, want.elements)
         assert len(want.headers) == {None: 6, 1: 3, 2: 4}[sources and len(sources)]  # rows 0-3 from any source, 12, 13
     store.close()
+
+
+def test_the_node_sends_consecutive_full_chunks_several_to_a_frame(tmp_path, monkeypatch):
+    """Answers for consecutive full chunks leave in PARAM frames of up to PARAM_CHUNKS_MAX chunks, and
+    split back they are the answers NodeCore gives chunk by chunk, bit for bit; a tensor's last chunk
+    (count < K) goes alone."""
+    import numpy as np
+
+    from host_agent import reference
+    from mindp import codec
+    from mindp.protocol import PARAM_CHUNKS_MAX, K, Kind, param_frame_len
+
+    from .helpers import initial_fp16, step_sums, sum_headers
+    from .test_node_core import JOB, N, S, open_core
+
+    init = small_model()
+    lay = optim.layout_of(init)
+    gf = reference.synthetic_grads(0)
+    sums, _ = step_sums(lay, gf, N, 0, initial_fp16(init))
+    chunks = np.arange(lay.n_chunks)
+    hdr = sum_headers(JOB, 0, chunks, lay, S, N).astype(codec.HEADER_DTYPE)
+    want_hdr, want_vals = open_core(tmp_path / "a", init, OptimizerConfig()).handle(hdr, sums)
+
+    sent = []
+    monkeypatch.setattr(node_socket.rawsock, "send_rows", lambda sock, frames, rows, faults, lens: (
+        sent.extend(frames[r, : lens[r]].tobytes() for r in rows), (len(rows), 0))[1])
+    monkeypatch.setattr(node_socket.rawsock, "enable_auxdata", lambda s: False)
+    node = node_socket.OptimizerNode(open_core(tmp_path / "b", init, OptimizerConfig()), None,
+                                     node_socket.NodeAddress("02:00:00:00:00:09", "10.0.0.9"), stall_resend=0)
+    node._handle_decoded(codec.Decoded(hdr, sums))
+    full = [int(c) for c in chunks if lay.chunk_count(int(c)) == K]
+    assert len(sent) < len(chunks) and max(len(f) for f in sent) == param_frame_len(PARAM_CHUNKS_MAX)
+    assert sum(len(f) == codec.frame_len(Kind.PARAM) for f in sent) >= len(chunks) - len(full)
+    assert node.stats["params_sent"] == len(chunks)
+    got = codec.decode(sent, Kind.PARAM)
+    assert not got.rejects
+    assert list(got.headers["chunk"]) == sorted(got.headers["chunk"])  # sent in chunk order
+    order = np.argsort(got.headers["chunk"])
+    assert list(got.headers["chunk"][order]) == list(want_hdr["chunk"])
+    assert list(got.headers["count"][order]) == list(want_hdr["count"])
+    assert got.elements[order].view(np.uint16).tobytes() == np.asarray(want_vals, np.float16).view(np.uint16).tobytes()

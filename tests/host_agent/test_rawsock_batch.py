@@ -133,3 +133,21 @@ def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
         finally:
             for s in socks:
                 s.close()
+
+
+@needs_mmsg
+def test_rows_sent_with_lens_go_as_their_first_lens_bytes_on_every_send_path(pair, monkeypatch):
+    """The node's PARAM frames of 1-4 chunks share one array: each row goes as its own length, in
+    order, by sendmmsg, by send and through fault injection alike."""
+    a, b = pair
+    f = frames(40)
+    lens = np.random.default_rng(1).integers(20, WIDTH + 1, size=40)
+    rows = [5, 0, 39, 12]
+    want = [f[r, : lens[r]].tobytes() for r in rows]
+    assert rawsock.send_rows(a, f, rows, None, lens) == (4, 0)
+    assert drain(b) == want
+    monkeypatch.setattr(rawsock, "_MMSG", None)
+    assert rawsock.send_rows(a, f, rows, None, lens) == (4, 0)
+    assert drain(b) == want
+    assert rawsock.send_rows(a, f, rows, rawsock.Faults(), lens) == (4, 0)
+    assert drain(b) == want
