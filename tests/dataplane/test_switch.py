@@ -295,26 +295,33 @@ def test_bad_packets_are_dropped_and_counted(fabric, job1, case, reason, row):
     assert fabric.drops(reason, row) == before + 1, case
 
 
+def multicast(fabric, job, frame) -> dict[str, bytes]:
+    """The node's PARAM `frame` sent from opt1: exactly one replica to each of the job's workers,
+    addressed to it, counted once; the replicas by worker."""
+    sent = fabric.counter("MindpIngress.multicast.param_packets", job.job_id)
+    fabric.send("opt1", frame)
+    got = fabric.collect(3)
+    assert {h for h, f in got.items() if f} == set(job.workers)
+    for name in job.workers:
+        assert len(got[name]) == 1
+        check_ip(got[name][0])
+        pkt = Ether(got[name][0])
+        assert pkt.dst == fabric.hosts[name].mac and pkt[IP].dst == fabric.hosts[name].ip
+    assert fabric.counter("MindpIngress.multicast.param_packets", job.job_id) == sent + 1
+    return {name: got[name][0] for name in job.workers}
+
+
 def test_parameters_are_multicast_to_exactly_the_jobs_workers(fabric, job1, job2):
     opt = fabric.hosts["opt1"]
     params = np.linspace(-2, 2, K).astype(np.float16)
     frame = codec.encode_tensor(Kind.PARAM, params, codec.Addresses(opt.mac, "ff:ff:ff:ff:ff:ff", opt.ip,
                                 "255.255.255.255"), job=1, step=80, slot=2, ver=1)[0].tobytes()
-    sent = fabric.counter("MindpIngress.multicast.param_packets", 1)
-    fabric.send("opt1", frame)
-    got = fabric.collect(3)
-    assert {h for h, f in got.items() if f} == set(job1.workers)
-    for name in job1.workers:
-        assert len(got[name]) == 1
-        out = got[name][0]
-        check_ip(out)
+    for out in multicast(fabric, job1, frame).values():
         pkt = Ether(out)
-        assert pkt.dst == fabric.hosts[name].mac and pkt[IP].dst == fabric.hosts[name].ip
         assert pkt.src == opt.mac and pkt[IP].src == opt.ip
         hdr, elems = codec.decode_one(out, Kind.PARAM)
         assert (hdr["job"], hdr["step"], hdr["slot"], hdr["ver"]) == (1, 80, 2, 1)
         assert np.array_equal(elems.view(np.uint16), params.view(np.uint16))
-    assert fabric.counter("MindpIngress.multicast.param_packets", 1) == sent + 1
 
 
 @pytest.mark.parametrize("chunks", [2, 4])
@@ -325,18 +332,8 @@ def test_parameters_of_several_chunks_reach_every_worker_whole(fabric, job1, chu
     values = random_fp16(np.random.default_rng(chunks), chunks * K)
     frame = param_frame(opt, values, job=1, step=81, chunk=6, slot=2, ver=1)
     assert len(frame) == param_frame_len(chunks)
-    sent = fabric.counter("MindpIngress.multicast.param_packets", 1)
-    fabric.send("opt1", frame)
-    got = fabric.collect(3)
-    assert {h for h, f in got.items() if f} == set(job1.workers)
-    for name in job1.workers:
-        assert len(got[name]) == 1
-        out = got[name][0]
-        check_ip(out)
-        pkt = Ether(out)
-        assert pkt.dst == fabric.hosts[name].mac and pkt[IP].dst == fabric.hosts[name].ip
+    for out in multicast(fabric, job1, frame).values():
         assert unchanged_but_addresses(out, frame)
-    assert fabric.counter("MindpIngress.multicast.param_packets", 1) == sent + 1
 
 
 #: A `more` that wraps more * 2K (16 bits) to 0, so a one-chunk frame's lengths would match it.
