@@ -235,8 +235,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.runs = root, runs
         self.done = threading.Event()
-        self.first: tuple[int, dict] | None = None
-        self.last: tuple[int, dict] | None = None
+        self.snaps: list[tuple[int, dict]] = []  # (worker 0's step, each process's figures then)
 
     def run(self) -> None:
         log, pos, step = None, 0, 0
@@ -254,17 +253,18 @@ class Sampler(threading.Thread):
                 except ValueError:
                     continue
                 step = max(step, j.get("step", -1) if j.get("ev") == "step" else -1)
-            if step >= 1 and (self.last is None or step > self.last[0]):
-                snap = {pid: u for pid in _tree(self.root) if (u := _proc_usage(pid)) is not None}
-                self.last = (step, snap)
-                self.first = self.first or self.last
+            if step >= 1 and (not self.snaps or step > self.snaps[-1][0]):
+                self.snaps.append((step, {pid: u for pid in _tree(self.root) if (u := _proc_usage(pid)) is not None}))
 
     def usages(self) -> list[Usage]:
         """Per process, its figures a step between the first and the last snapshot (with each
         worker's mean forward+backward over those steps from its log); [] if too few steps."""
-        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+        if len(self.snaps) < 2:
             return []
-        (s0, a), (s1, b) = self.first, self.last
+        # The last snapshot every process of the first is still in: the other workers may have
+        # ended while worker 0 still evaluated its last model (at 25M parameters, seconds).
+        (s0, a), (s1, b) = self.snaps[0], next((x for x in reversed(self.snaps[1:]) if set(self.snaps[0][1]) <= set(x[1])),
+                                               self.snaps[-1])
         n = s1 - s0
         logs = {}
         for path in self.runs.glob("2*/logs/worker-job1-*.log"):

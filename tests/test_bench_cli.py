@@ -80,8 +80,8 @@ def test_softswitch_takes_each_ratio_within_its_round(monkeypatch):
 
 
 def test_torch_gpt_samples_each_worker_by_its_id_while_its_threads_come_and_go(monkeypatch):
-    """A worker whose threads end between listing and reading them is still sampled (the 25.5M gpt's
-    workers went missing from the per-process lines), under its own worker id."""
+    """A worker whose threads end between listing and reading them is still sampled, under its own
+    worker id."""
     bench = load("torch_gpt", monkeypatch)
     churn = ("import threading, time\nprint('up', flush=True)\n"
              "while True:\n    threading.Thread(target=time.sleep, args=(0.0005,)).start()\n")
@@ -93,3 +93,16 @@ def test_torch_gpt_samples_each_worker_by_its_id_while_its_threads_come_and_go(m
         p.kill()
         p.wait()
     assert all(u is not None and u[0] == "worker 3" for u in seen), [u for u in seen if u is None or u[0] != "worker 3"][:1]
+
+
+def test_torch_gpt_takes_each_process_s_figures_up_to_the_last_step_all_were_running(monkeypatch, tmp_path):
+    """The other workers end while worker 0 still evaluates its last model (seconds at 25.5M
+    parameters): the figures run to the last snapshot holding every process, so that each worker
+    is listed, and a step's CPU is that snapshot's."""
+    bench = load("torch_gpt", monkeypatch)
+    sampler = bench.Sampler(0, tmp_path)
+    both = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5), 11: ("worker 1", cpu1, 7), 12: ("node", node, 9)}
+    sampler.snaps = [(1, both(1.0, 2.0, 0.5)), (3, both(1.6, 2.4, 0.7)),
+                     (4, {10: ("worker 0", 9.0, 5), 12: ("node", 0.8, 9)})]
+    got = {u.role: round(u.cpu_ms) for u in sampler.usages()}
+    assert got == {"worker 0": 300, "worker 1": 200, "node": 100}
