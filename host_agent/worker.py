@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ipaddress
 import json
 import pathlib
 import select
@@ -22,13 +21,12 @@ from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, PARAM_CHUNKS_MAX, K, Flag, Kind, param_frame_len
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, digest, fused, gradframes, rawsock, reference, shards
+from . import agent_args, digest, fused, gradframes, param_rx, rawsock, reference, shards
 from .optim import ConfigError
 from .resume import ResumeFile
 from .window import RtoConfig, RttEstimator, StepTimeout, Window
 
 FLAGS_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["flags"][1]
-CHUNK_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["chunk"][1]
 STEP_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["step"][1]
 VER_OFFSET = codec.PREFIX_LEN + HEADER_DTYPE.fields["ver"][1]
 
@@ -110,21 +108,13 @@ class WorkerAgent:
         self.stats = collections.Counter()
         self.step_times: list[float] = []
         self.addrs = codec.Addresses(cfg.mac, cfg.optimizer_mac, cfg.ip, cfg.optimizer_ip)
-        # PARAM frames come from the job's optimizer node only (the switch forwards them unchanged):
-        # its MAC and IP as integers (bytes 6-9 and 10-11 of the frame, 26-29), compared per row far
-        # faster than byte by byte.
-        mac, ip = bytes.fromhex(cfg.optimizer_mac.replace(":", "")), ipaddress.IPv4Address(cfg.optimizer_ip).packed
-        self.param_src = [(lo, hi, np.frombuffer(b, dtype=f">u{hi - lo}")[0])
-                          for lo, hi, b in ((6, 10, mac[:4]), (10, 12, mac[4:]), (26, 30, ip))]
+        # PARAM frames come from the job's optimizer node only (the switch forwards them unchanged),
+        # in a sharded job from the node owning their chunk.
         self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
         self.digest: digest.Client | None = None  # check_digests() turns the step digest's check on
         # A PARAM frame carries 1..PARAM_CHUNKS_MAX chunks: received one a row (a burst) into rows of
-        # the longest, their lengths beside, then cut into rows of one chunk (codec.split_params).
-        # is_param[n]: n is such a frame's length (a look-up: np.isin costs more than the rest of a check).
-        widest = param_frame_len(PARAM_CHUNKS_MAX)
-        self.is_param = np.zeros(widest + 1, dtype=bool)
-        self.is_param[[param_frame_len(n) for n in range(1, PARAM_CHUNKS_MAX + 1)]] = True
-        self.rx = np.zeros((4096, widest), dtype=np.uint8)
+        # the longest, their lengths beside, then checked and taken chunk by chunk (param_rx).
+        self.rx = np.zeros((4096, param_frame_len(PARAM_CHUNKS_MAX)), dtype=np.uint8)
         self.rx_lens = np.zeros(len(self.rx), dtype=np.int64)
         self.auxdata = rawsock.enable_auxdata(sock)
         self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
@@ -132,6 +122,8 @@ class WorkerAgent:
         gradframes.warm(self.kernel)
         n = layout.n_chunks
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
+        self.param_rx = param_rx.ParamReceiver(cfg.job_id, self.counts, cfg.optimizer_mac, cfg.optimizer_ip,
+                                               self.param_sources, len(self.rx))
         # Every chunk's GRAD frame, built once: a step rewrites only its step, ver, flags and body.
         chunks = np.arange(n)
         self.frames = codec.encode(Kind.GRAD, codec.header_array(
@@ -319,62 +311,7 @@ class StepHandle:
     def _receive(self, rows: np.ndarray, lens: np.ndarray) -> None:
         """Frames received (the first lens[i] bytes of rows[i]) -> the step's parameters, checked."""
         a = self.agent
-        ours = a.is_param[lens]  # lens are at most the rows' width
-        if not ours.all():  # a mindp frame of another length is counted (split_params); other traffic is not
-            keep = ours | rxring.is_mindp(rows, lens)
-            rows, lens = rows[keep], lens[keep]
-        rejects = collections.Counter()
-        frames = codec.split_params(rows, lens, rejects)  # one PARAM chunk a row
-        _count(a.stats, "rejected_length", rejects["length"])
-        n_in = len(frames)
-        if a.param_sources is not None:  # sharded: each chunk from the node owning it
-            frames = self._from_owners(frames)
-        else:
-            ok = np.ones(len(frames), dtype=bool)
-            for lo, hi, want in a.param_src:
-                ok &= np.ascontiguousarray(frames[:, lo:hi]).view(f">u{hi - lo}").ravel() == want
-            frames = frames if ok.all() else frames[ok]
-        _count(a.stats, "rejected_source", n_in - len(frames))
-        dec = codec.decode(frames, Kind.PARAM)
-        for reason, n in dec.rejects.items():
-            a.stats[f"rejected_{reason}"] += n
-        h = dec.headers
-        w = self.window
-        if not len(h) or not w.n:
-            return
-        st = a.stats
-        ok = h["job"] == a.cfg.job_id
-        _count(st, "rejected_job", int((~ok).sum()))
-        step = h["step"].astype(np.int64)
-        stale = ok & (step < w.step)
-        _count(st, "stale", int(stale.sum()))
-        if (stale & ((h["flags"] & Flag.RETRANSMIT) != 0)).any():
-            w.peer_behind()
-        _count(st, "future", int((ok & (step > w.step)).sum()))
-        ok &= step == w.step
-        c = h["chunk"].astype(np.int64)
-        cc = np.where(c < w.n, c, 0)
-        good = (c < w.n) & (h["count"] == a.counts[cc])
-        _count(st, "rejected_chunk", int((ok & ~good).sum()))
-        ok &= good
-        # Parameters for a gradient we have not sent: taking them would mean never sending it,
-        # and the chunk could then never complete for the other workers.
-        unsent = ok & (w.attempts[cc] == 0)
-        _count(st, "unsent", int(unsent.sum()))
-        idx = np.flatnonzero(ok & ~unsent)
-        if not len(idx):
-            return
-        flags = h["flags"][idx]
-        fresh = w.on_params(c[idx], time.monotonic(), (flags & Flag.RETRANSMIT) == 0)
-        take = idx[fresh]
-        self.params.reshape(-1, K)[c[take]] = dec.elements if len(take) == len(h) else dec.elements[take]
-        if a.resume is not None:  # after the parameters: a kill in between only loses the mark
-            a.resume.record(w.step, c[take], (h["flags"][take] & Flag.NONFINITE) != 0)
-        st["params_received"] += len(take)
-        st["duplicates"] += len(idx) - len(take)
-        nonfinite = take[(h["flags"][take] & Flag.NONFINITE) != 0]
-        if len(nonfinite):
-            self.nonfinite.update(c[nonfinite].tolist())
+        self.nonfinite.update(a.param_rx.receive(rows, lens, self.window, self.params, a.stats, a.resume))
 
     def _digest_idle(self, timeout: float) -> bool:
         """Waiting for the step's digest: its answer, or frames on the raw socket (late duplicates,
@@ -385,11 +322,6 @@ class StepHandle:
         if a.sock in ready:
             self.pump(0.0)
         return a.link.down
-
-    def _from_owners(self, rows: np.ndarray) -> np.ndarray:
-        """The rows (one PARAM chunk each) whose source (MAC, IP) is the node owning their chunk."""
-        chunk = np.ascontiguousarray(rows[:, CHUNK_OFFSET : CHUNK_OFFSET + 4]).view(">u4").ravel()
-        return rows[self.agent.param_sources.match(chunk, rows[:, 6:12], rows[:, 26:30])]
 
     def wait(self) -> dict[str, np.ndarray]:
         """Block until every parameter chunk of the step is in; raises StepTimeout past the deadline."""
