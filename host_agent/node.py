@@ -18,7 +18,7 @@ from mindp.topology import Topology, TopologyError
 from . import agent_args, digest, fused, optim, probe, rawsock, shards, state
 from .agent_args import finite
 from .node_core import NodeCore
-from .node_socket import NodeAddress, OptimizerNode
+from .node_socket import COALESCE_MIN, RX_USECS, NodeAddress, OptimizerNode
 from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError, StorageError
 from .window import RtoConfig
@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds of quiet after the last step before exiting (more than the workers' largest RTO, "
                         "so a worker whose last parameters were lost is still answered)")
     p.add_argument("--idle-timeout", type=finite, help="exit after this many seconds without a sum")
+    p.add_argument("--rx-usecs", type=int, default=RX_USECS, metavar="US",
+                   help="receive coalescing: while %d or more chunks of a step are to come, wait US "
+                        "microseconds after a wake-up before reading (0: off)" % COALESCE_MIN)
     p.add_argument("--stall-resend", type=finite, default=1.0,
                    help="seconds without a sum before the recent parameters are sent again (0: never)")
     p.add_argument("--export", help="write the final master parameters to this .npz")
@@ -218,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 seconds")
         if not 1 <= args.max_workers <= MAX_WORKERS:
             raise ConfigError(f"--max-workers must be in 1..{MAX_WORKERS}")
+        if args.rx_usecs < 0:
+            raise ConfigError("--rx-usecs must be >= 0 (0: off)")
         store = open_state(args, chunks)
         if chunks and args.topology and Topology.load(args.topology).job(args.job).chunks != store.layout.n_chunks:
             store.close()
@@ -248,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mindp-optimizer: step digests not served (UDP port {digest.DIGEST_PORT}: {exc.strerror})",
               file=sys.stderr, flush=True)
         digests = None
-    node = OptimizerNode(core, sock, addr, faults, args.stall_resend, sum_sources(args), agreement, digests)
+    node = OptimizerNode(core, sock, addr, faults, args.stall_resend, sum_sources(args), agreement, digests,
+                         args.rx_usecs)
     signal.signal(signal.SIGTERM, lambda *_: node.stop())
     rss_start = proc_status_kb("VmRSS")
     owned = f"chunks {store.chunks[0]}..{store.chunks[1]} of {store.layout.n_chunks}" if store.sharded else \

@@ -29,6 +29,12 @@ from .rawsock import LINK_BACKOFF, LINK_ERRNOS
 #: memory stay the same as K changes (16,384 frames at K = 32, 1,024 at K = 512).
 RECV_ELEMENTS = 1 << 19
 RECV_ROWS = max(1, RECV_ELEMENTS // K)
+#: Receive coalescing, as the workers' (WorkerConfig.coalesce): woken by sums while at least
+#: COALESCE_MIN chunks of its step are still to come, the node waits --rx-usecs before reading, so
+#: that one read takes a larger batch and the per-batch cost is paid fewer times. A step's last
+#: chunks, which the workers wait for, are read at once.
+RX_USECS = 500
+COALESCE_MIN = 256
 
 
 def stall_due(n: int, gap_max: int) -> int:
@@ -101,9 +107,11 @@ class OptimizerNode:
 
     def __init__(self, core: NodeCore, sock, addr: NodeAddress, faults: rawsock.Faults | None = None,
                  stall_resend: float = 1.0, sources: list[tuple[str, str]] | None = None,
-                 agreement: shards.NonfiniteAgreement | None = None, digests: digest.Server | None = None):
+                 agreement: shards.NonfiniteAgreement | None = None, digests: digest.Server | None = None,
+                 rx_usecs: int = RX_USECS):
         """agreement: a shard's non-finite agreement with the job's other shards (host_agent.shards);
-        digests: the step digest's server (host_agent.digest), answered beside the sums."""
+        digests: the step digest's server (host_agent.digest), answered beside the sums;
+        rx_usecs: receive coalescing (RX_USECS; 0: off)."""
         self.core = core
         self.agreement = agreement
         self.digests = digests
@@ -113,6 +121,7 @@ class OptimizerNode:
         self.stats = core.stats
         core.defer_commit = True  # committed in _handle, after the answers left
         self.stall_resend = stall_resend
+        self.hold = rx_usecs * 1e-6
         self.mac = bytes.fromhex(addr.mac.replace(":", ""))
         self.ip = socket.inet_aton(addr.ip)
         self.sources = None if sources is None else {(bytes.fromhex(m.replace(":", "")), socket.inet_aton(i))
@@ -172,6 +181,10 @@ class OptimizerNode:
                 self._send(hdr, vals, held=False)
         if self.sock not in ready:
             return 0
+        store = self.core.store
+        if self.hold and store.n_chunks - store.n_applied >= COALESCE_MIN:
+            time.sleep(self.hold)
+        self.stats["receives"] += 1
         if self.receiver is not None and not self.faults:
             n, tagged, other = rawsock.recv_rows_untagged(self.sock, self.rx, self.receiver)
             self.stats["rejected_tagged"] += int(tagged)  # (numpy counts would not go into --stats' JSON)

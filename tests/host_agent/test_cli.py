@@ -54,6 +54,7 @@ EXPLICIT = ["--workers", "2", "--slots", "8", "--mac", "02:00:00:00:00:09", "--i
     (["--state-dir", "S", *EXPLICIT, "--init", "I", "--ram-budget", "infG"], "bad size"),
     (["--state-dir", "S", *EXPLICIT, "--init", "I", "--ram-budget", "nan"], "bad size"),
     (["--state-dir", "S", *EXPLICIT, "--init", "I", "--linger", "-1"], "--linger must be >= 0"),
+    (["--state-dir", "S", *EXPLICIT, "--init", "I", "--rx-usecs", "-1"], "--rx-usecs must be >= 0"),
     (["--state-dir", "S", *EXPLICIT, "--init", "I", "--stall-resend", "inf"], "finite number"),
     (["--state-dir", "S", *EXPLICIT, "--init", "I", "--max-workers", "33"], "--max-workers must be in 1..32"),
 ])

@@ -149,3 +149,41 @@ def test_the_node_sends_consecutive_full_chunks_several_to_a_frame(tmp_path, mon
     assert list(got.headers["chunk"][order]) == list(want_hdr["chunk"])
     assert list(got.headers["count"][order]) == list(want_hdr["count"])
     assert got.elements[order].view(np.uint16).tobytes() == np.asarray(want_vals, np.float16).view(np.uint16).tobytes()
+
+
+@pytest.mark.parametrize("rx_usecs", [500, 0])
+def test_a_wake_up_mid_step_waits_rx_usecs_before_reading_and_the_step_s_last_chunks_do_not(
+        tmp_path, monkeypatch, rx_usecs):
+    """Receive coalescing: woken while COALESCE_MIN or more chunks of the step are to come, the node
+    sleeps --rx-usecs before it reads (one read then takes the burst); near the step's end, or with
+    0, it reads at once. Each read is counted in `receives`."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
+    proto = 0x88B7  # a test ethertype: only our frames reach this socket
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(proto))
+    sock.bind(("lo", 0))
+    sock.setblocking(False)
+    tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+    tx.bind(("lo", 0))
+    slept = []
+    monkeypatch.setattr(node_socket.time, "sleep", slept.append)
+    monkeypatch.setattr(node_socket, "COALESCE_MIN", 3)
+    try:
+        store = state.Store(tmp_path, BUDGET)
+        assert store.n_chunks >= 4
+        node = node_socket.OptimizerNode(NodeCore(store, 1, 2, 8), sock,
+                                         node_socket.NodeAddress("02:00:00:00:00:09", "10.0.0.9"),
+                                         stall_resend=0, rx_usecs=rx_usecs)
+        frame = b"\xff" * 6 + b"\x02" * 6 + proto.to_bytes(2, "big") + bytes(46)
+        tx.send(frame)
+        node.poll(5.0)
+        assert slept == ([rx_usecs * 1e-6] if rx_usecs else [])
+        store.n_applied = store.n_chunks - 2  # the step's last two chunks are still to come
+        tx.send(frame)
+        node.poll(5.0)
+        assert len(slept) == (1 if rx_usecs else 0)
+        assert node.stats["receives"] == 2
+    finally:
+        tx.close()
+        sock.close()
