@@ -42,7 +42,7 @@ _FIELDS = np.array([codec.PREFIX_LEN + HEADER_DTYPE.fields[f][1] for f in
 _BODY = codec.PREFIX_LEN + HEADER_LEN  # where a frame's elements start
 _BLOCK = K * ELEMENT_DTYPE[Kind.PARAM].itemsize  # bytes of one chunk's elements
 _OUT = 4  # columns of an accepted chunk: row, offset of its elements, chunk, flags
-_RETRANSMIT = int(Flag.RETRANSMIT)
+_RETRANSMIT, _NONFINITE = int(Flag.RETRANSMIT), int(Flag.NONFINITE)  # (an enum's attribute costs 1 us)
 _MINDP_PREFIX = rxring.MINDP_PREFIX
 
 
@@ -90,15 +90,19 @@ class ParamReceiver:
         """Frames received (the first lens[i] bytes of rows[i]) -> `params` (n_chunks * K fp16) for
         the chunks `window` takes fresh, recorded in `resume` if given; rejects counted in `stats`.
         Returns the fresh chunks flagged NONFINITE."""
-        if self.compiled:
+        # (The compiled pass reads rows of the widest frame only: the agents' receive buffers.)
+        if self.compiled and rows.shape[1] == len(self.is_param) - 1:
             return self._receive_compiled(rows, lens, window, params, stats, resume)
         return self._receive_numpy(rows, lens, window, params, stats, resume)
 
     def _receive_compiled(self, rows, lens, w, params, stats, resume) -> list[int]:
+        if len(rows) * PARAM_CHUNKS_MAX > len(self.out):
+            self.out = np.zeros((len(rows) * PARAM_CHUNKS_MAX, _OUT), dtype=np.int64)
         self.rejects[:] = 0
         self.step_args[:] = (self.job_id, w.step, w.n)
-        n, behind = _scan(rows, lens, self.is_param, _CHECK_TABLE, _MINDP_TABLE, _FIELDS, self.src_rows,
-                          self.src_his, self.step_args, self.counts, w.attempts, self.out, self.rejects)
+        n, behind, nonfinite_any = _scan(rows, lens, self.is_param, _CHECK_TABLE, _MINDP_TABLE, _FIELDS,
+                                         self.src_rows, self.src_his, self.step_args, self.counts, w.attempts,
+                                         self.out, self.rejects)
         if self.rejects.any():
             for key, v in zip(STAT_KEYS, self.rejects.tolist()):
                 if v:
@@ -109,11 +113,11 @@ class ParamReceiver:
             return []
         out = self.out[:n]
         chunks, flags = out[:, 2], out[:, 3]
-        fresh = w.on_params(chunks, monotonic(), (flags & Flag.RETRANSMIT) == 0)
+        fresh = w.on_params(chunks, monotonic(), (flags & _RETRANSMIT) == 0)
         taken = _copy(rows, out, fresh, np.asarray(params).view(np.uint16))
         nonfinite: list[int] = []
-        if resume is not None or (flags & Flag.NONFINITE).any():
-            c, nf = chunks[fresh], (flags[fresh] & Flag.NONFINITE) != 0
+        if resume is not None or nonfinite_any:
+            c, nf = chunks[fresh], (flags[fresh] & _NONFINITE) != 0
             if resume is not None:  # after the parameters: a kill in between only loses the mark
                 resume.record(w.step, c, nf)
             nonfinite = c[nf].tolist()
@@ -198,7 +202,8 @@ if not fused.NUMPY_ONLY:
         docstring, as _receive_numpy runs them: rejects[i] += 1 per chunk (per frame for its
         length) failing STAT_KEYS[i] first; each accepted chunk's row, element offset, chunk and
         flags into out, in the rows' and the chunks' order. Returns (chunks accepted, whether a
-        stale one flagged RETRANSMIT came: a peer is behind)."""
+        stale one flagged RETRANSMIT came (a peer is behind), whether an accepted one is flagged
+        NONFINITE)."""
         job, step, n_chunks = step_args[0], step_args[1], step_args[2]
         at_flags, at_job, at_count, at_step, at_chunk, at_more = fields[0], fields[1], fields[2], fields[3], \
             fields[4], fields[5]
@@ -206,7 +211,7 @@ if not fused.NUMPY_ONLY:
         n_checks = checks.shape[0]
         job_r, stale_r = 2 + n_checks, 3 + n_checks
         n = 0
-        behind = False
+        behind = nonfinite = False
         for r in range(rows.shape[0]):
             row = rows[r]
             length = lens[r]
@@ -270,7 +275,8 @@ if not fused.NUMPY_ONLY:
                         out[n, 2] = chunk
                         out[n, 3] = flags
                         n += 1
-        return n, behind
+                        nonfinite = nonfinite or (flags & _NONFINITE) != 0
+        return n, behind, nonfinite
 
     @njit(nogil=True, cache=True)
     def _copy(rows, out, fresh, params):

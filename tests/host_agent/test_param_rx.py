@@ -33,7 +33,7 @@ class Recorder:
         self.records.append((step, np.asarray(chunks).tolist(), np.asarray(nonfinite).tolist()))
 
 
-def receiver(sharded: bool, compiled: bool, rows: int = 64) -> param_rx.ParamReceiver:
+def receiver(sharded: bool, compiled: bool, rows: int = 8) -> param_rx.ParamReceiver:  # batches grow it
     rx = param_rx.ParamReceiver(JOB, COUNTS, *OPT, shards.ParamSources(SHARDS) if sharded else None, rows)
     rx.compiled = compiled
     return rx
@@ -59,8 +59,10 @@ def source(sharded: bool, chunk: int) -> tuple[str, str]:
 def frame(chunk: int, chunks: int, step: int, src=OPT, job: int = JOB, flags: int = 0, count: int | None = None,
           more: int | None = None) -> np.ndarray:
     """A PARAM frame of `chunks` chunks from `chunk` on (elements random but finite)."""
+    if count is None:
+        count = K if chunks > 1 or chunk >= N else int(COUNTS[chunk])
     hdr = codec.header_array(1, job=job, step=step, chunk=chunk % 2**32, flags=flags,
-                             more=chunks - 1 if more is None else more, count=(K if chunks > 1 or chunk >= N else int(COUNTS[chunk])) if count is None else count)
+                             more=chunks - 1 if more is None else more, count=count)
     vals = np.random.default_rng(chunk + 7 * step).standard_normal((1, chunks * K)).astype(np.float16)
     return codec.encode(Kind.PARAM, hdr, vals, codec.Addresses(src[0], "ff:ff:ff:ff:ff:ff", src[1], "255.255.255.255"),
                         k=chunks * K)[0]
@@ -137,7 +139,7 @@ def test_the_compiled_receive_is_the_numpy_receive(monkeypatch, sharded):
         step = 5 + rnd
         attempts = rng.choice([0, 1, 1, 1, 2], size=N).astype(np.int32)
         held = {c: (window(step, attempts, lossy=rnd % 2 == 1), np.zeros(N * K, np.float16), collections.Counter(),
-                    Recorder(), []) for c in paths}
+                    Recorder() if rnd % 3 else None, []) for c in paths}
         for rows, lens in batches(rng, sharded, step, 60):
             for c, (w, params, stats, rec, nonfinite) in held.items():
                 nonfinite.append(paths[c].receive(rows.copy(), lens.copy(), w, params, stats, rec))
@@ -145,7 +147,7 @@ def test_the_compiled_receive_is_the_numpy_receive(monkeypatch, sharded):
             assert s1 == s0
             assert p1.tobytes() == p0.tobytes()
             assert state(w1) == state(w0)
-            assert r1.records == r0.records and n1 == n0
+            assert n1 == n0 and (r1 is None or r1.records == r0.records)
         seen.update(s1)
     # Every check was met (else a check dropped from one path could pass unseen).
     assert {k for k, v in seen.items() if v} >= {*param_rx.STAT_KEYS, "params_received", "duplicates"}
