@@ -37,8 +37,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_agent import node, node_core, node_socket, probe, residency, state, synthetic  # noqa: E402
-from host_agent.agent_args import integer  # noqa: E402
+from host_agent import node_core, node_socket, probe, residency, state, synthetic  # noqa: E402
+from host_agent.agent_args import integer, parse_size  # noqa: E402
 from host_agent.optim import ConfigError, OptimizerConfig  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
 from mindp.protocol import K  # noqa: E402
@@ -128,7 +128,7 @@ def main() -> int:
                     help="the 1-billion-parameter run (minutes; needs 2 x 12 GB free; default on unless "
                          "MINDP_BENCH_SCALE=0)")
     ap.add_argument("--params", type=integer(K), default=1_000_000_000, help="parameters of the scale run")
-    ap.add_argument("--budget", type=node.parse_size, default=node.parse_size("1G"), help="RAM budget of the scale run")
+    ap.add_argument("--budget", type=parse_size, default=parse_size("1G"), help="RAM budget of the scale run")
     args = ap.parse_args()
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-ooc-", dir=args.dir or "/var/tmp"))
     try:

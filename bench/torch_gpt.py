@@ -4,13 +4,15 @@ optimizer node) through the embedded switch and through BMv2 (when installed), a
 model and global batch trained by one process with torch.optim.AdamW, and by PyTorch DDP (gloo,
 one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
-    sudo .venv/bin/python bench/torch_gpt.py [--steps 4] [--workers 2] [--local-steps 10] [--rounds 1] [--gpt '{"d": 512, "layers": 8}']
+    sudo .venv/bin/python bench/torch_gpt.py [--steps 4] [--workers 2] [--local-steps 10] [--rounds 1] [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE]
 
 Each make run line names the K (elements a frame) it ran: the target's default (make run K=).
 
 Like is compared with like: every side times the steps after its first (warm-up) one, and the
 switch run's worker 0 evaluates only the first and the last model (make run EVAL=0; DDP's ranks
-and the one process evaluate nothing). A switch run's steps/s comes from its metrics.csv (each
+and the one process evaluate nothing), and the optimizer node holds its whole state in RAM as
+each DDP rank holds its own (make run NODE_RAM=; --node-ram 256M, make run's default, streams a
+25M-parameter model's state from disk instead). A switch run's steps/s comes from its metrics.csv (each
 step's time on the workers' clocks) and the run must end bit-exact; DDP's is rank 0's, over
 --local-steps steps, as the one-process figure.
 
@@ -47,7 +49,8 @@ try:
 except ImportError:
     torch = None
 
-from host_agent.agent_args import integer  # noqa: E402
+from host_agent import optim, residency, state  # noqa: E402
+from host_agent.agent_args import integer, parse_size  # noqa: E402
 from mindp import INSTALL_TORCH, protocol, targets, testbed, workload  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from mininet_topos import config  # noqa: E402
@@ -285,10 +288,17 @@ class Sampler(threading.Thread):
         return out
 
 
-def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str,
+def state_in_ram(wl: workload.WorkloadConfig) -> int:
+    """The node's RAM budget that holds its whole AdamW state (as each DDP rank holds its own)."""
+    n_chunks = optim.layout_of(workload.init_params(wl)).n_chunks
+    return residency.mapped_budget(residency.Workload(n_chunks, state.DEFAULT_PAGE_CHUNKS,
+                                                      record_bytes=state.record(3).itemsize))
+
+
+def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int,
                timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
     """(steps/s, '' or why it failed, the run's K, each process's Usage) of make run's orchestrator,
-    MODEL=gpt, on `target`."""
+    MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes."""
     runs = tmp / target
     k = protocol.HARDWARE_K if target == "bmv2" else protocol.DEFAULT_K  # make run's choice without K=
     p4 = "committed" if artifacts.staleness(k=k) is None else "auto"
@@ -296,7 +306,7 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
            "--workers", str(workers), "--steps", str(steps), "--cli", "0", "--p4", p4,
            "--runs-dir", str(runs), "--state-file", str(tmp / f"{target}-state.json"),
            "--grpc-port", str(targets.free_port()), "--thrift-port", str(targets.free_port()),
-           "--if-prefix", "mnb-", "--eval", "0"] + (["--gpt", gpt] if gpt != "{}" else [])
+           "--if-prefix", "mnb-", "--eval", "0", "--node-ram", str(node_ram)] + (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     sampler = Sampler(p.pid, runs)
@@ -347,7 +357,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path) -> dict[str, 
         if target == "bmv2" and targets.find_bmv2() is None:
             print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
             continue
-        rate, err, k, usages = switch_run(target, args.workers, args.steps, tmp, args.gpt)
+        rate, err, k, usages = switch_run(target, args.workers, args.steps, tmp, args.gpt, args.node_ram)
         label += f" K={k}"
         if err:
             print(f"  {label:<34} failed: {err}")
@@ -384,6 +394,9 @@ def main() -> int:
     ap.add_argument("--ddp-master", help=argparse.SUPPRESS)
     ap.add_argument("--targets", default="embedded,bmv2", help="switch targets to run, comma-separated (BMv2 at "
                     "K = 32 takes minutes a step for a model of millions of parameters)")
+    ap.add_argument("--node-ram", type=parse_size, help="the optimizer node's RAM budget (default: one holding its "
+                    "whole state, as each DDP rank holds its own; 256M, make run's default, streams a large "
+                    "model's state from disk)")
     ap.add_argument("--gpt", default="{}", help="the gpt's size as JSON, as make run's GPT=, e.g. '{\"d\": 512, \"layers\": 8}'")
     args = ap.parse_args()
     unknown = set(args.targets.split(",")) - {"embedded", "bmv2"}
@@ -403,8 +416,11 @@ def main() -> int:
         ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps, gpt)
         return 0
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
+    whole = state_in_ram(wl)
+    args.node_ram = whole if args.node_ram is None else args.node_ram
     print(f"{workload.describe(wl, workload.init_params(wl))}, {args.workers} workers x {wl.batch} windows, AdamW lr "
-          f"{config.DEFAULT_LR['gpt']}, {args.steps} steps")
+          f"{config.DEFAULT_LR['gpt']}, {args.steps} steps; the node's RAM budget {args.node_ram / 2**20:,.0f} MiB "
+          f"({'its whole state' if args.node_ram >= whole else 'out of core'})")
     rounds = []
     with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
         for i in range(args.rounds):

@@ -26,6 +26,20 @@ def finite(text: str) -> float:
     return value
 
 
+def parse_size(text: str) -> int:
+    """A size in bytes: 64M, 1G, 512k, 1.5GiB (units of 1,024)."""
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        value = float(t[: len(t) - len(unit)])
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 64M, 1G)")
+    return int(value * units[unit])
+
+
 def integer(low: int, high: int | None = None):
     """An argparse type: an integer in [low, high] (no upper bound without `high`)."""
     def parse(text: str) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import signal
 import sys
@@ -16,7 +15,7 @@ from mindp.protocol import MAX_WORKERS
 from mindp.topology import Topology, TopologyError
 
 from . import agent_args, digest, fused, optim, probe, rawsock, shards, state
-from .agent_args import finite
+from .agent_args import finite, parse_size
 from .node_core import NodeCore
 from .node_socket import COALESCE_MIN, RX_USECS, NodeAddress, OptimizerNode
 from .optim import ConfigError, OptimizerConfig
@@ -26,19 +25,6 @@ from .window import RtoConfig
 #: Default linger: twice the workers' largest RTO plus a second, so that a worker whose last
 #: parameters were lost retransmits (and is answered) before the node exits.
 LINGER = 2 * RtoConfig.max + 1.0
-
-
-def parse_size(text: str) -> int:
-    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    unit = t[-1] if t and t[-1] in units else ""
-    try:
-        value = float(t[: len(t) - len(unit)])
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"bad size {text!r} (e.g. 64M, 1G)")
-    return int(value * units[unit])
 
 
 def build_parser() -> argparse.ArgumentParser:

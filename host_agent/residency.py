@@ -119,11 +119,16 @@ class Prediction:
     bound: str  # "disk", "compute" or "arrival"
 
 
+def mapped_budget(w: Workload) -> int:
+    """The least RAM budget that maps the whole state (both copies) instead of streaming it."""
+    return 2 * w.copy_bytes
+
+
 def decide(budget_bytes: int, w: Workload, map_whole: bool = True) -> Residency:
     """The residency and prefetch depth for a RAM budget (bytes of state buffers); map_whole=False
     streams even a state that fits (tests of the pipeline)."""
     pages = budget_bytes // w.page_bytes
-    if map_whole and budget_bytes >= 2 * w.copy_bytes:
+    if map_whole and budget_bytes >= mapped_budget(w):
         return Residency("mapped", pages, resident=frozenset(range(w.n_pages)))
     if pages < MIN_PAGES:
         raise PlanError(f"RAM budget {budget_bytes} B holds {pages} pages of {w.page_bytes} B; need >= {MIN_PAGES}")

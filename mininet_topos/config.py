@@ -5,8 +5,10 @@ import json
 import math
 import pathlib
 import shlex
+from argparse import ArgumentTypeError
 from dataclasses import asdict, dataclass, field, replace
 
+from host_agent.agent_args import parse_size
 from mindp import INSTALL_TORCH
 from mindp.protocol import MAX_WORKERS
 from mindp.switch_constants import MAX_SHARDS, POOL_SLOTS
@@ -24,6 +26,7 @@ DEFAULT_LR = {"mlp": 0.01, "cnn": 0.01, "gpt": 0.003}
 # steps/s with 64, 0.33 with 512. BMv2 drops what its queues cannot hold: with 512 its gpt run
 # retransmitted 45,771 times in 3 steps (160 with 64) at the same speed.
 AUTO_SLOTS = {"embedded": POOL_SLOTS // 2, "bmv2": 64}
+NODE_RAM_DEFAULT = "256M"  # NODE_RAM, as mindp-optimizer's --ram-budget
 
 
 #: Variables a SCRIPT= run does not use: the script brings its own model and step count.
@@ -63,6 +66,9 @@ class RunConfig:
     script_args: str = ""  # ARGS: its arguments (one string, split as a shell would)
     model_args: dict = field(default_factory=dict)  # GPT: the gpt's size, e.g. {"d": 64, "layers": 2}
     eval_every: int = 1  # EVAL: worker 0 evaluates every N-th step (0: only before the first and after the last)
+    # NODE_RAM: each optimizer node's RAM budget for its state (mindp-optimizer --ram-budget): a
+    # state larger than half of it (two copies) is streamed from disk, out of core (docs/STATE.md).
+    node_ram: int = parse_size(NODE_RAM_DEFAULT)
 
     @property
     def total_workers(self) -> int:
@@ -118,7 +124,8 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
           jobs: str = "1", seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "auto",
           slots: str = "auto", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
-          script_args: str = "", gpt: str = "", eval_every: str = "1", given: str = "") -> RunConfig:
+          script_args: str = "", gpt: str = "", eval_every: str = "1", node_ram: str = NODE_RAM_DEFAULT,
+          given: str = "") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig. `given`: the
     make variables set on make's command line or in the environment (not defaults), space-separated:
     one the run would not use is refused rather than silently ignored."""
@@ -156,6 +163,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         **_script(script, script_args),
         model_args={} if str(script).strip() else _gpt(gpt, model_name),  # SCRIPT: GPT refused by _unused
         eval_every=_int("EVAL", eval_every, 0, MAX_STEPS),
+        node_ram=_size("NODE_RAM", node_ram),
     )
     _unused(cfg, str(given or "").split())
     if cfg.script and (cfg.jobs != 1 or cfg.topo != "star"):
@@ -172,6 +180,13 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
     if cfg.grpc_port == cfg.thrift_port:
         raise RunConfigError("--grpc-port and --thrift-port must differ")
     return cfg
+
+
+def _size(name: str, text: str) -> int:
+    try:
+        return parse_size(str(text))
+    except ArgumentTypeError as exc:
+        raise RunConfigError(f"{name}: {exc}") from None
 
 
 TOPOS = ("star", "leafspine")

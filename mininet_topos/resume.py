@@ -29,7 +29,7 @@ from mindp.protocol import K
 from .config import RunConfig, RunConfigError
 
 #: What may differ from the resumed run: none of them changes a bit of the training.
-MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "RESUME")
+MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "RESUME")
 #: A node's state directory in a job directory; a sharded job's are STATE-shard<i> (agents.JobFiles).
 STATE = "optimizer-state"
 
@@ -77,7 +77,7 @@ def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
     if steps < base.steps:
         raise RunConfigError(f"RESUME: STEPS={steps} is fewer than the run's own {base.steps}")
     return replace(base, target=now.target if "TARGET" in given else base.target, loss=now.loss, pcap=now.pcap,
-                   log=now.log, cli=now.cli, steps=steps, grpc_port=now.grpc_port, thrift_port=now.thrift_port,
+                   log=now.log, cli=now.cli, steps=steps, node_ram=now.node_ram if "NODE_RAM" in given else base.node_ram, grpc_port=now.grpc_port, thrift_port=now.thrift_port,
                    slots=base.slots if "TARGET" not in given else 0)
 
 

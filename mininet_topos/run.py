@@ -108,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval", default="1", help="worker 0 evaluates the model every N-th step (0: only before the "
                    "first and after the last)")
     p.add_argument("--gpt", default="", help='MODEL=gpt: its size as JSON, e.g. \'{"d": 64, "layers": 2}\'')
+    p.add_argument("--node-ram", default=config.NODE_RAM_DEFAULT, help="each optimizer node's RAM budget for its state (64M, 2G, ...; "
+                   "a state over half of it runs out of core)")
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
@@ -642,7 +644,8 @@ def main(argv: list[str] | None = None) -> int:
                            batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
                            thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
                            leaves=args.leaves, optimizers=args.optimizers, script=args.script,
-                           script_args=args.args, gpt=args.gpt, eval_every=args.eval, given=args.given)
+                           script_args=args.args, gpt=args.gpt, eval_every=args.eval, node_ram=args.node_ram,
+                           given=args.given)
         if args.up and not cfg.script:
             raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
         old = None

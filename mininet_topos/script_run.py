@@ -96,7 +96,8 @@ class ScriptRun(Run):
         node = a._popen(self.job.optimizers[0], "optimizer-job1", [
             "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path), "--job", "1",
             "--state-dir", str(state_dir), "--init", str(self.spec_dir / "init.npz"),
-            "--optimizer-spec", str(self.spec_dir / "optimizer.json"), "--export", str(self.master_path),
+            "--optimizer-spec", str(self.spec_dir / "optimizer.json"), "--ram-budget", str(self.cfg.node_ram),
+            "--export", str(self.master_path),
             "--stats", str(self.job_dir / "optimizer-stats.json"), "--step-lines", *a._faults(self.job.optimizers[0])])
         a.optimizers = [node]
         a.wait_started([node])

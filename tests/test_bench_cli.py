@@ -106,3 +106,18 @@ def test_torch_gpt_takes_each_process_s_figures_up_to_the_last_step_all_were_run
                      (4, {10: ("worker 0", 9.0, 5), 12: ("node", 0.8, 9)})]
     got = {u.role: round(u.cpu_ms) for u in sampler.usages()}
     assert got == {"worker 0": 300, "worker 1": 200, "node": 100}
+
+
+def test_torch_gpt_gives_the_node_a_budget_that_maps_its_whole_state_and_no_more(monkeypatch):
+    """Like DDP's ranks, which hold their AdamW state in RAM: the node's budget maps the whole state,
+    and a byte less would stream it (the budget is the least that maps it)."""
+    bench = load("torch_gpt", monkeypatch)
+    from host_agent import optim, residency, state
+    from mindp import workload
+
+    wl = workload.WorkloadConfig(n_workers=2, model="gpt", model_args={"d": 64, "layers": 2})
+    w = residency.Workload(optim.layout_of(workload.init_params(wl)).n_chunks, state.DEFAULT_PAGE_CHUNKS,
+                           record_bytes=state.record(3).itemsize)
+    budget = bench.state_in_ram(wl)
+    assert residency.decide(budget, w).mode == "mapped"
+    assert residency.decide(budget - 1, w).mode == "stream"

@@ -28,6 +28,46 @@ def test_eval_every_is_a_count_of_steps():
         config.parse(eval_every="often")
 
 
+def test_node_ram_is_a_size_and_reaches_every_node_s_command_line(tmp_path):
+    """NODE_RAM=2G: each optimizer node's --ram-budget, built-in and SCRIPT= runs alike; 256M unset;
+    a bad size is one line naming it; make passes it only when set."""
+    from mininet_topos.agents import Agents
+
+    assert (config.parse().node_ram, config.parse(node_ram="2G").node_ram) == (256 << 20, 2 << 30)
+    with pytest.raises(config.RunConfigError, match=r"^NODE_RAM: bad size 'lots' \(e\.g\. 64M, 1G\)$"):
+        config.parse(node_ram="lots")
+    started = []
+
+    class Rec(Agents):
+        def __init__(self, cfg):
+            self.cfg, self.topo_path = cfg, tmp_path / "t.json"
+            self.opt = type("Opt", (), {"kind": "adamw", "lr": 0.1, "weight_decay": 0.0})()
+            self.workers = []
+
+        def _popen(self, host, name, args):
+            started.append(args)
+            return None
+
+        def wait_started(self, optimizers):
+            pass
+
+        def _faults(self, host):
+            return []
+
+    job = type("Job", (), {"job_id": 1, "optimizers": ["opt1"], "workers": {}, "sharded": False})()
+    jf = type("JF", (), {"job": job, "dir": tmp_path, "init_path": tmp_path / "i.npz",
+                         "shard_suffix": lambda self, i: "", "shard_master_path": lambda self, i: tmp_path / "m.npz",
+                         "shard_stats_path": lambda self, i: tmp_path / "s.json"})()
+    Rec(config.parse(node_ram="2G")).start([jf])
+    (node,) = started
+    assert node[node.index("--ram-budget") + 1] == str(2 << 30)
+    env = {k: v for k, v in os.environ.items() if k not in config_module_vars()}
+    make = ["make", "-n", "-s", "--no-print-directory", "run"]
+    assert "--node-ram" not in subprocess.run(make, capture_output=True, text=True, cwd=REPO, env=env).stdout
+    out = subprocess.run(make + ["NODE_RAM=2G"], capture_output=True, text=True, cwd=REPO, env=env).stdout
+    assert '--node-ram "2G"' in out and "--given 'NODE_RAM'" in out
+
+
 def test_eval_and_gpt_are_refused_with_a_script():
     pytest.importorskip("torch")  # SCRIPT= needs it (without it, that is the refusal)
     script = str(REPO / "examples" / "train_cnn.py")
@@ -167,7 +207,7 @@ def test_make_passes_args_that_look_like_options_and_names_the_variables_given()
 
 def config_module_vars() -> tuple[str, ...]:
     """make run's variables, which this test's environment must not set."""
-    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
+    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "NODE_RAM", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
             "LEAVES", "OPTIMIZERS", "SCRIPT", "ARGS")
 
 

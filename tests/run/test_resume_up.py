@@ -33,6 +33,7 @@ def test_resume_finds_the_run_keeps_its_settings_and_copies_its_state(tmp_path):
     assert old.run == d.resolve()
     cfg = resume.settings(old, config.parse(steps="6", loss="0.02", cli="0"), ["RESUME", "STEPS", "LOSS", "CLI"])
     assert (cfg.workers, cfg.steps, cfg.loss, cfg.target, cfg.cli) == (2, 6, 0.02, "embedded", "0")
+    assert resume.settings(old, config.parse(node_ram="1G"), ["RESUME", "NODE_RAM"]).node_ram == 1 << 30
     new_job = tmp_path / "new" / "job1"
     new_job.mkdir(parents=True)
     first, got = resume.take_state(old, 1, new_job)
