@@ -185,9 +185,11 @@ def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str, list[Usage]
     return figures[0][0], "", ranks
 
 
-#: make run's processes by a word of their command lines (the controller runs in the orchestrator's).
+#: make run's processes by a word of their command lines (the controller runs in the orchestrator's):
+#: Python programs, and BMv2's switch.
 ROLES = (("mininet_topos.trainer", "worker"), ("host_agent.node", "node"), ("softswitch", "switch"),
-         ("mininet_topos.run", "orchestrator"))
+         ("simple_switch_grpc", "switch"), ("mininet_topos.run", "orchestrator"))
+BMV2 = "simple_switch_grpc"
 
 
 def _proc_usage(pid: int) -> tuple[str, float, int] | None:
@@ -197,7 +199,7 @@ def _proc_usage(pid: int) -> tuple[str, float, int] | None:
         argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
         cmd = " ".join(argv)
         role = next((r for word, r in ROLES if word in cmd), None)
-        if role is None or "python" not in argv[0]:
+        if role is None or ("python" not in argv[0] and not argv[0].endswith(BMV2)):  # not a wrapper (flock, sudo)
             return None
         if role == "worker" and "--worker" in argv:
             role = f"worker {argv[argv.index('--worker') + 1]}"
