@@ -44,18 +44,26 @@ def test_a_link_gone_at_a_stall_resend_is_one_line_and_a_wait_not_a_traceback(no
         node.check_stall(node._last_sum + 1000)
 
 
-def test_frames_the_kernel_dropped_on_a_full_ring_are_counted_at_exit(tmp_path):
-    """The node's receive ring overflows while it does not read (it fell behind): the kernel's count
-    of the frames it dropped (tp_drops) is in the node's stats when it stops serving."""
+def state_and_sockets(tmp_path, proto: int) -> tuple[socket.socket, socket.socket]:
+    """A small model's node state in tmp_path, and on lo a non-blocking socket receiving only
+    ethertype `proto` (a test's: only its frames reach it; non-blocking as rawsock.prepare leaves
+    the node's) and one to send with."""
     init = small_model()
     lay = optim.layout_of(init)
     state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
-    proto = 0x88B6  # a test ethertype: only our frames reach this socket
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(proto))
     sock.bind(("lo", 0))
-    sock.setblocking(False)  # as rawsock.prepare leaves the node's
+    sock.setblocking(False)
     tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
     tx.bind(("lo", 0))
+    return sock, tx
+
+
+def test_frames_the_kernel_dropped_on_a_full_ring_are_counted_at_exit(tmp_path):
+    """The node's receive ring overflows while it does not read (it fell behind): the kernel's count
+    of the frames it dropped (tp_drops) is in the node's stats when it stops serving."""
+    proto = 0x88B6
+    sock, tx = state_and_sockets(tmp_path, proto)
     addr = node_socket.NodeAddress("02:00:00:00:00:09", "10.0.0.9")
     try:
         node = node_socket.OptimizerNode(NodeCore(state.Store(tmp_path, BUDGET), 1, 2, 8), sock, addr, stall_resend=0)
@@ -157,15 +165,8 @@ def test_a_wake_up_mid_step_waits_rx_usecs_before_reading_and_the_step_s_last_ch
     """Receive coalescing: woken while COALESCE_MIN or more chunks of the step are to come, the node
     sleeps --rx-usecs before it reads (one read then takes the burst); near the step's end, or with
     0, it reads at once. Each read is counted in `receives`."""
-    init = small_model()
-    lay = optim.layout_of(init)
-    state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
-    proto = 0x88B7  # a test ethertype: only our frames reach this socket
-    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(proto))
-    sock.bind(("lo", 0))
-    sock.setblocking(False)
-    tx = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-    tx.bind(("lo", 0))
+    proto = 0x88B7
+    sock, tx = state_and_sockets(tmp_path, proto)
     slept = []
     monkeypatch.setattr(node_socket.time, "sleep", slept.append)
     monkeypatch.setattr(node_socket, "COALESCE_MIN", 3)
