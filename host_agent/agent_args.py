@@ -26,6 +26,11 @@ def finite(text: str) -> float:
     return value
 
 
+#: The optimizer node's RAM budget for its state when none is given (mindp-optimizer --ram-budget,
+#: make run's NODE_RAM).
+RAM_BUDGET = "256M"
+
+
 def parse_size(text: str) -> int:
     """A size in bytes: 64M, 1G, 512k, 1.5GiB (units of 1,024)."""
     units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}

@@ -15,7 +15,7 @@ from mindp.protocol import MAX_WORKERS
 from mindp.topology import Topology, TopologyError
 
 from . import agent_args, digest, fused, optim, probe, rawsock, shards, state
-from .agent_args import finite, parse_size
+from .agent_args import RAM_BUDGET, finite, parse_size
 from .node_core import NodeCore
 from .node_socket import COALESCE_MIN, RX_USECS, NodeAddress, OptimizerNode
 from .optim import ConfigError, OptimizerConfig
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunks", help="without --topology: the chunk range LO:HI (inclusive) this shard owns")
     p.add_argument("--peers", help="without --topology: the other shards' IPv4 addresses, comma-separated")
     p.add_argument("--state-dir", required=True, help="directory of the out-of-core state (resumed if present)")
-    p.add_argument("--ram-budget", type=parse_size, default=parse_size("256M"), help="resident state budget")
+    p.add_argument("--ram-budget", type=parse_size, default=parse_size(RAM_BUDGET), help="resident state budget")
     p.add_argument("--page-chunks", type=int, default=state.DEFAULT_PAGE_CHUNKS, help="chunks per page")
     agent_args.add_model_args(p)
     p.add_argument("--optimizer", choices=optim.KINDS, default="adamw")

@@ -8,7 +8,7 @@ import shlex
 from argparse import ArgumentTypeError
 from dataclasses import asdict, dataclass, field, replace
 
-from host_agent.agent_args import parse_size
+from host_agent.agent_args import RAM_BUDGET, parse_size
 from mindp import INSTALL_TORCH
 from mindp.protocol import MAX_WORKERS
 from mindp.switch_constants import MAX_SHARDS, POOL_SLOTS
@@ -26,7 +26,7 @@ DEFAULT_LR = {"mlp": 0.01, "cnn": 0.01, "gpt": 0.003}
 # steps/s with 64, 0.33 with 512. BMv2 drops what its queues cannot hold: with 512 its gpt run
 # retransmitted 45,771 times in 3 steps (160 with 64) at the same speed.
 AUTO_SLOTS = {"embedded": POOL_SLOTS // 2, "bmv2": 64}
-NODE_RAM_DEFAULT = "256M"  # NODE_RAM, as mindp-optimizer's --ram-budget
+NODE_RAM_DEFAULT = RAM_BUDGET  # NODE_RAM: mindp-optimizer's own default
 
 
 #: Variables a SCRIPT= run does not use: the script brings its own model and step count.
