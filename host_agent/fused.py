@@ -27,7 +27,6 @@ so the kernels `warm` compiles are the only ones the node ever runs.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -204,7 +203,7 @@ if not NUMPY_ONLY:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from . import portable
+    from . import jitpool, portable
 
     def _splat(ty, v):
         """The constant v in every lane of ty (or v, for a scalar type)."""
@@ -415,6 +414,14 @@ if not NUMPY_ONLY:
                     _sgd_record(src, dst, i, g, i - lo, out, c, decay, far)
             _sfence()
 
+    @numba.njit(nogil=True, cache=True)
+    def _kernel_alone(src, dst, sums, nw, c, decay, out, far, adamw):
+        """_kernel on the calling thread only (update_records: a batch below SERIAL_BELOW), its
+        threads given back after."""
+        threads = jitpool.swap_threads(1)
+        _kernel(src, dst, sums, nw, c, decay, out, far, adamw)
+        jitpool.swap_threads(threads)
+
     @numba.njit(inline="always")
     def _be(row, off, size):
         v = np.int64(0)
@@ -622,6 +629,17 @@ if not NUMPY_ONLY:
         return out[: len(bits)]
 
 
+_last_scalars: list = [None, None]  # (cfg, step, lr) -> scalars(), of the last call
+
+
+def _scalars(cfg: OptimizerConfig, step: int, lr: float | None) -> np.ndarray:
+    """scalars(), computed once for the many batches of a step."""
+    key = (cfg, step, lr)
+    if _last_scalars[0] != key:
+        _last_scalars[:] = key, scalars(cfg, step, lr)
+    return _last_scalars[1]
+
+
 def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers,
                    step: int, out: np.ndarray, kernel: str | None = None, lr: float | None = None) -> None:
     """dst = one optimizer step of src with the mean of `sums` over `nworkers` (an int or one count
@@ -641,27 +659,20 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
         if a.strides[1:] != inner:  # the kernel reads and writes whole rows as vectors
             raise ValueError(f"update_records: {name} must hold whole rows ({a.dtype} records or K elements), "
                              "each contiguous")
-    c, decay = scalars(cfg, step, lr), cfg.weight_decay != 0.0
-    with _threads_for(len(src)):
-        if kernel == "portable":
+    c, decay = _scalars(cfg, step, lr), cfg.weight_decay != 0.0
+    if kernel == "portable":
+        with jitpool.threads_for(len(src), SERIAL_BELOW):
             portable.update(cfg.kind, src, dst, sums, nw, c, decay, out.view(np.uint16))
+    else:
+        far = not np.may_share_memory(src, dst)  # else in place: in cache
+        # A small batch on the calling thread alone, the threads' count set and given back in
+        # compiled code (numba's Python calls for it were a third of a node batch's overhead).
+        if len(src) >= SERIAL_BELOW:
+            run = _kernel
         else:
-            far = not np.may_share_memory(src, dst)  # else in place: in cache
-            _kernel(src, dst, sums, nw, c, decay, out.view(np.uint16), far, cfg.kind == "adamw")
-
-
-@contextlib.contextmanager
-def _threads_for(records: int):
-    """The kernel's threads for a batch of `records`: all of them, or the calling thread alone."""
-    if records >= SERIAL_BELOW:
-        yield
-        return
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        yield
-    finally:
-        numba.set_num_threads(threads)
+            jitpool.start()
+            run = _kernel_alone
+        run(src, dst, sums, nw, c, decay, out.view(np.uint16), far, cfg.kind == "adamw")
 
 
 def warm(cfg: OptimizerConfig) -> None:

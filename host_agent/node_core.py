@@ -52,6 +52,7 @@ class NodeCore:
         self.defer_commit = False
         self.rates = lr.Rates(self.cfg.lr, self.cfg.schedule)  # the lr of each step, its number from the state
         fused.warm(self.cfg)  # compile the kernel now, not on the first sum
+        self.kernel = fused.selected()  # (read once: each batch's look-up of MINDP_KERNEL cost more than the rest)
         # A shard owns chunks lo..hi of the job's chunk space: headers carry job-wide chunk
         # numbers (slots and versions follow the whole model), the store holds records 0..hi-lo.
         self.lo, self.hi = store.chunks
@@ -278,14 +279,16 @@ class NodeCore:
                 old = store.records(src, lo, hi)
                 # Adam's bias correction counts updates, not steps: a skipped step is none.
                 fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
-                                     out[pos : pos + n], lr=self.rates.at(step))
+                                     out[pos : pos + n], self.kernel, lr=self.rates.at(step))
             for a, b in [(lo, hi)] if store.pages.mapped else page_cuts(lo, hi, store.page_chunks):
                 store.mark_applied(a, b)
             if not store.pages.mapped:  # a batch spans pages: keep the reads ahead of this one
                 store.prefetch_from(hi)
             pos += n
         self.stats["applied"] += len(chunks)
-        self.digests.add(np.asarray(chunks) + self.lo, out)
+        # (np.asarray of a range makes a Python int of each chunk)
+        job_chunks = np.arange(chunks.start, chunks.stop) if isinstance(chunks, range) else np.asarray(chunks)
+        self.digests.add(job_chunks + self.lo, out)
         self._step_chunks += len(chunks)
         self._step_seconds += time.perf_counter() - t0
         return out

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindp import codec
-from mindp.protocol import K, Kind
+from mindp.protocol import PARAM_CHUNKS_MAX, K, Kind, param_frame_len
 
 from . import digest, fused, rawsock, shards
 from .node_core import NodeCore
@@ -50,14 +50,44 @@ _CHECKS = codec.row_checks(Kind.SUM)
 ROW_REJECTS = ("source", *(reason for reason, *_ in _CHECKS))
 _CHECK_TABLE = np.array([(at, size, value) for _, at, size, value in _CHECKS], dtype=np.int64)
 
+_HEADER_AT = codec.PREFIX_LEN  # a frame's mindp header, then its elements
+_ELEMENTS_AT = codec.PREFIX_LEN + codec.HEADER_LEN
+_HF = codec.HEADER_DTYPE.fields
+_H_KIND, _H_FLAGS, _H_JOB = _HF["kind"][1], _HF["flags"][1], _HF["job"][1]
+_H_COUNT, _H_STEP, _H_CHUNK, _H_MORE = _HF["count"][1], _HF["step"][1], _HF["chunk"][1], _HF["more"][1]
+_PARAM_KIND = int(Kind.PARAM)
+
 if not fused.NUMPY_ONLY:
-    from numba import njit
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def _be_row(typingctx, rows, r, at, out, m):
+        """out[m] = the big-endian int64 words at byte `at` of rows[r] (any alignment), in native
+        order: one vector load and byte swap (a loop over the bytes was four times numpy's cast)."""
+        def codegen(context, builder, sig, args):
+            rty, ity, aty, oty, mty = sig.args
+            words = ir.VectorType(ir.IntType(64), K)
+            src = fused.row_pointer(context, builder, rty, args[0], ity, args[1])
+            src = builder.gep(src, [context.cast(builder, args[2], aty, types.intp)])
+            dst = fused.row_pointer(context, builder, oty, args[3], mty, args[4])
+            v = builder.load(builder.bitcast(src, words.as_pointer()), align=1)
+            swap = cgutils.get_or_insert_function(builder.module, ir.FunctionType(words, [words]),
+                                                  f"llvm.bswap.v{K}i64")
+            builder.store(builder.call(swap, [v]), builder.bitcast(dst, words.as_pointer()), align=8)
+            return context.get_dummy_value()
+        return types.void(rows, r, at, out, m), codegen
 
     @njit(nogil=True, cache=True)
-    def _row_rejects(rows, me, sources, any_source, checks, ok, bad):
-        """ok[r]: row r is a SUM for us (`me`: our MAC and IP) from one of `sources` (each a MAC and
-        IP; or any_source) that passes `checks` (_CHECK_TABLE: offset, bytes, value); else
+    def _take_sums(rows, me, sources, any_source, checks, bad, headers, sums):
+        """The rows that are a SUM for us (`me`: our MAC and IP) from one of `sources` (each a MAC
+        and IP; or any_source) and pass `checks` (_CHECK_TABLE: offset, bytes, value), in order:
+        their headers (wire bytes) into `headers`' rows and their big-endian elements into `sums`
+        in native order, as codec.decoded_rows gives them; returns how many. For every other row
         bad[reason] += 1, the reason its first failed check (ROW_REJECTS)."""
+        m = 0
         for r in range(rows.shape[0]):
             row = rows[r]
             mine = True
@@ -84,9 +114,60 @@ if not fused.NUMPY_ONLY:
                 if v != checks[c, 2]:
                     reason = 1 + c
                 c += 1
-            ok[r] = reason < 0
             if reason >= 0:
                 bad[reason] += 1
+                continue
+            headers[m, :] = row[_HEADER_AT:_ELEMENTS_AT]
+            _be_row(rows, r, _ELEMENTS_AT, sums, m)
+            m += 1
+        return m
+
+    @njit(inline="always")
+    def _field(h, at, size):
+        v = np.int64(0)
+        for b in range(size):
+            v = (v << 8) | np.int64(h[at + b])
+        return v
+
+    @njit(inline="always")
+    def _joins(a, b):
+        """Answer header b goes in the frame of the one before it, a (codec.param_frames): both full
+        chunks, consecutive, of one step, job and flags."""
+        return (_field(a, _H_COUNT, 2) == K and _field(b, _H_COUNT, 2) == K
+                and _field(b, _H_CHUNK, 4) == (_field(a, _H_CHUNK, 4) + 1) & 0xFFFFFFFF
+                and _field(a, _H_STEP, 4) == _field(b, _H_STEP, 4) and _field(a, _H_JOB, 2) == _field(b, _H_JOB, 2)
+                and a[_H_FLAGS] == b[_H_FLAGS])
+
+    @njit(nogil=True, cache=True)
+    def _pack_params(hb, vals, prefixes, frames, frames16, lens):
+        """codec.param_frames into the rows of `frames` (frame i in frames[i, :lens[i]]; frames16:
+        the same rows as uint16): answer headers `hb` (wire bytes) and their native fp16 bits
+        `vals`, a frame for up to PARAM_CHUNKS_MAX consecutive full chunks of one step, job and
+        flags, in order; prefixes[c - 1]: the Ethernet, IPv4 and UDP headers of a frame of c
+        chunks. Returns how many frames."""
+        n, most = hb.shape[0], prefixes.shape[0]
+        nf = f = 0
+        while f < n:
+            size = 1
+            while size < most and f + size < n and _joins(hb[f + size - 1], hb[f + size]):
+                size += 1
+            row = frames[nf]
+            row[:_HEADER_AT] = prefixes[size - 1]
+            row[_HEADER_AT:_ELEMENTS_AT] = hb[f]
+            row[_HEADER_AT + _H_KIND] = _PARAM_KIND
+            row[_HEADER_AT + _H_MORE] = 0
+            row[_HEADER_AT + _H_MORE + 1] = size - 1
+            out = frames16[nf]
+            at = _ELEMENTS_AT // 2
+            for c in range(f, f + size):
+                v = vals[c]
+                for j in range(v.shape[0]):  # big-endian on the wire
+                    out[at + j] = (v[j] >> np.uint16(8)) | (v[j] << np.uint16(8))
+                at += v.shape[0]
+            lens[nf] = 2 * at
+            nf += 1
+            f += size
+        return nf
 
 
 @dataclass
@@ -129,11 +210,21 @@ class OptimizerNode:
         self.auxdata = rawsock.enable_auxdata(sock)
         # Sums come in by recvmmsg straight into the rows of one buffer, a burst per poll.
         self.rx = np.zeros((RECV_ROWS, codec.frame_len(Kind.SUM)), dtype=np.uint8)
+        self._prefixes = np.array([np.frombuffer(codec.frame_prefix(Kind.PARAM, self.addrs, c * K), np.uint8)
+                                   for c in range(1, PARAM_CHUNKS_MAX + 1)])
         self.receiver = rawsock.RowReceiver(self.rx, True) if rawsock.MMSG and self.auxdata else None
         self._src_keys = None if self.sources is None else [int.from_bytes(m + i, "big") for m, i in self.sources]
         self._me = np.frombuffer(self.mac + self.ip, np.uint8)
         self._src_rows = np.array([list(m + i) for m, i in sorted(self.sources or ())], np.uint8).reshape(-1, 10)
+        if not fused.NUMPY_ONLY:  # compiled (or loaded) now: the first batch neither waits nor grows the process
+            _take_sums(self.rx[:0], self._me, self._src_rows, self.sources is None, _CHECK_TABLE,
+                       np.zeros(len(ROW_REJECTS), np.int64), np.empty((0, codec.HEADER_LEN), np.uint8),
+                       np.empty((0, K), np.int64))
+            frames = np.empty((0, param_frame_len(PARAM_CHUNKS_MAX)), np.uint8)
+            _pack_params(np.empty((0, codec.HEADER_LEN), np.uint8), np.empty((0, K), np.uint16), self._prefixes,
+                         frames, frames.view(np.uint16), np.empty(0, np.int64))
         self._stop = False
+        self._digest_ready = True
         self._last_sum = time.monotonic()
         self._stall_resends = 0
         self._down_since: float | None = None
@@ -146,6 +237,7 @@ class OptimizerNode:
         """Wait up to `timeout` for frames, handle one batch; returns frames received. A link that
         went down (ENETDOWN/ENXIO/ENODEV) is reported in one line and retried with backoff;
         frames lost meanwhile are recovered by the workers' retransmissions and the stall resend."""
+        self._digest_ready = True  # (unless select says otherwise)
         try:
             n = self._poll(timeout)
         except OSError as exc:
@@ -155,7 +247,10 @@ class OptimizerNode:
             return 0
         finally:
             if self.digests:  # queries that came, and those held for a step committed meanwhile
-                self.digests.poll(self.core.committed)
+                if self._digest_ready:
+                    self.digests.poll(self.core.committed)
+                elif self.digests.held:  # (its socket had nothing: a read would only raise EAGAIN)
+                    self.digests.flush(self.core.committed)
         if n and self._down_since is not None:
             print(f"mindp-optimizer: link back after {time.monotonic() - self._down_since:.1f} s", file=sys.stderr,
                   flush=True)
@@ -176,6 +271,7 @@ class OptimizerNode:
         if self.digests:
             peers.append(self.digests.sock)
         ready, _, _ = select.select([self.sock, *peers], [], [], timeout)
+        self._digest_ready = self.digests is not None and self.digests.sock in ready
         if self.agreement:  # notices, acknowledgements, resends; answers the peers released
             for hdr, vals in self.agreement.poll():
                 self._send(hdr, vals, held=False)
@@ -213,15 +309,18 @@ class OptimizerNode:
         return len(frames)
 
     def _decode_rows(self, rows: np.ndarray) -> codec.Decoded:
-        """_rows_from_switch, then codec.decode, over received rows of SUM length: their checks in one
-        compiled pass (~100 us of numpy calls a batch of 40 frames before)."""
-        ok = np.empty(len(rows), np.bool_)
+        """_rows_from_switch, then codec.decode, over received rows of SUM length: their checks,
+        headers and elements in one compiled pass (~100 us of numpy calls a batch of 40 frames
+        before)."""
+        heads, sums = np.empty((len(rows), codec.HEADER_LEN), np.uint8), np.empty((len(rows), K), np.int64)
         bad = np.zeros(len(ROW_REJECTS), np.int64)
-        _row_rejects(rows, self._me, self._src_rows, self.sources is None, _CHECK_TABLE, ok, bad)
-        rejects = collections.Counter({reason: int(n) for reason, n in zip(ROW_REJECTS, bad.tolist()) if n})
-        if "source" in rejects:
-            self.stats["rejected_source"] += rejects.pop("source")
-        return codec.decoded_rows(rows if ok.all() else rows[ok], Kind.SUM, rejects)
+        m = _take_sums(rows, self._me, self._src_rows, self.sources is None, _CHECK_TABLE, bad, heads, sums)
+        rejects = collections.Counter()
+        if m < len(rows):
+            rejects.update({reason: int(n) for reason, n in zip(ROW_REJECTS, bad.tolist()) if n})
+            if "source" in rejects:
+                self.stats["rejected_source"] += rejects.pop("source")
+        return codec.Decoded(heads[:m].view(codec.HEADER_DTYPE).reshape(-1), sums[:m], rejects)
 
     def _handle_decoded(self, dec: codec.Decoded) -> None:
         for reason, n in dec.rejects.items():
@@ -274,8 +373,17 @@ class OptimizerNode:
             hdr, vals = self.agreement.outgoing(hdr, vals)
         if not len(hdr):
             return 0
-        out = codec.param_frames(hdr, vals, self.addrs)  # up to PARAM_CHUNKS_MAX chunks a frame
-        _, failed = rawsock.send_rows(self.sock, out.frames, range(len(out.frames)), self.faults, out.lens)
+        if fused.NUMPY_ONLY:
+            out = codec.param_frames(hdr, vals, self.addrs)  # up to PARAM_CHUNKS_MAX chunks a frame
+            frames, lens = out.frames, out.lens
+        else:  # the same frames, built in one compiled pass
+            hb = np.ascontiguousarray(fused.wire_order(hdr)).view(np.uint8).reshape(len(hdr), codec.HEADER_LEN)
+            frames = np.empty((len(hdr), param_frame_len(PARAM_CHUNKS_MAX)), np.uint8)  # (rows past n untouched)
+            lens = np.empty(len(hdr), np.int64)
+            n = _pack_params(hb, np.ascontiguousarray(vals, np.float16).view(np.uint16), self._prefixes, frames,
+                             frames.view(np.uint16), lens)
+            frames, lens = frames[:n], lens[:n]
+        _, failed = rawsock.send_rows(self.sock, frames, range(len(frames)), self.faults, lens)
         self.stats["params_sent"] += len(hdr)
         self.stats["send_errors"] += failed  # frames
         return len(hdr)

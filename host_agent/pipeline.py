@@ -172,10 +172,14 @@ class PagedState:
             self.pager.drop(page)
         self.updated.clear()
 
-    def flush(self) -> None:
+    def flush(self, copy: int | None = None) -> None:
+        """Make the writes to the state durable: mapped whole, those to copy `copy` only (None:
+        both), the only one a step writes (the other, its source, was made durable by the commit
+        before); streamed, every page written back (each was written to the step's destination)."""
         if self.mapped:
-            for f in self.files:
-                f.flush()
+            for i, f in enumerate(self.files):
+                if copy is None or i == copy:
+                    f.flush()
         else:
             self.pager.flush()
 

@@ -318,7 +318,7 @@ class Store:
 
     def commit(self) -> None:
         """The current step is fully applied: make it durable, then advance."""
-        self.pages.flush()
+        self.pages.flush(self.copy_after(self.current))
         skipped = self.step_nonfinite
         updates = self.updates + (not skipped)
         _write_atomic(self.dir / "commit.json",

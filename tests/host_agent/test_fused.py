@@ -244,7 +244,8 @@ import json, sys
 from host_agent import fused, portable
 from host_agent.optim import OptimizerConfig
 fused.warm(OptimizerConfig(kind=sys.argv[1]))
-jitted = [fused._kernel, fused._check, fused._in_order] if fused.selected() == "avx2" else [portable.KERNELS[sys.argv[1]]]
+jitted = [fused._kernel, fused._kernel_alone, fused._check, fused._in_order] if fused.selected() == "avx2" \
+    else [portable.KERNELS[sys.argv[1]]]
 print(json.dumps([sum(f.stats.cache_misses.values()) for f in jitted]))
 """
 

@@ -1,7 +1,9 @@
 """The optimizer node when its link goes away between polls: its stall resend meets ENXIO (the
 interface was deleted and made again, as a soak's or a test's namespace teardown does)."""
+import collections
 import errno
 import socket
+from types import SimpleNamespace
 
 import pytest
 
@@ -157,6 +159,36 @@ def test_the_node_sends_consecutive_full_chunks_several_to_a_frame(tmp_path, mon
     assert list(got.headers["chunk"][order]) == list(want_hdr["chunk"])
     assert list(got.headers["count"][order]) == list(want_hdr["count"])
     assert got.elements[order].view(np.uint16).tobytes() == np.asarray(want_vals, np.float16).view(np.uint16).tobytes()
+
+
+@pytest.mark.skipif(node_socket.fused.NUMPY_ONLY, reason="the compiled packer needs numba")
+def test_the_node_s_compiled_param_frames_are_codec_param_frames_byte_for_byte(monkeypatch):
+    """Answers of every shape (runs longer than a frame, gaps, a short chunk, steps, jobs and flags
+    changing mid-run, a chunk number wrapping) leave in exactly the frames codec.param_frames builds."""
+    import numpy as np
+
+    from mindp import codec
+    from mindp.protocol import K, Kind
+
+    rng = np.random.default_rng(11)
+    sent = []
+    monkeypatch.setattr(node_socket.rawsock, "send_rows", lambda sock, frames, rows, faults, lens: (
+        sent.append([frames[r, : lens[r]].tobytes() for r in rows]), (len(rows), 0))[1])
+    monkeypatch.setattr(node_socket.rawsock, "enable_auxdata", lambda s: False)
+    core = SimpleNamespace(stats=collections.Counter())  # _send needs no state
+    node = node_socket.OptimizerNode(core, None, node_socket.NodeAddress("02:00:00:00:00:09", "10.0.0.9"),
+                                     stall_resend=0)
+    for n in (1, 2, 5, 9, 40, 300):
+        chunk = np.cumsum(rng.choice([1, 1, 1, 1, 2], n)).astype(np.int64) + 0xFFFFFFF0 - n // 2
+        hdr = codec.header_array(n, kind=Kind.PARAM, job=np.where(rng.random(n) < 0.05, 2, 1),
+                                 step=np.where(rng.random(n) < 0.05, 8, 7), chunk=chunk % (1 << 32),
+                                 flags=np.where(rng.random(n) < 0.1, 2, 0),
+                                 count=np.where(rng.random(n) < 0.05, K - 3, K), slot=rng.integers(0, 64, n))
+        vals = rng.integers(0, 1 << 16, (n, K), dtype=np.uint64).astype(np.uint16).view(np.float16)
+        want = codec.param_frames(hdr, vals, node.addrs)
+        node._send(hdr, vals)
+        assert sent.pop() == [want.frames[i, : want.lens[i]].tobytes() for i in range(len(want.lens))]
+    assert node.stats["params_sent"] == 357
 
 
 @pytest.mark.parametrize("rx_usecs", [500, 0])
