@@ -162,6 +162,7 @@ class NativeRunner:
         self.ctx_address = self.ctx.ctypes.data
         self.txn = (ctypes.c_int64 * 1)()
         self.stats = (ctypes.c_uint64 * 4)()
+        self.stats_address = ctypes.addressof(self.stats)
         self._rx = self._tx = None
         self.sync(force=True)
 
@@ -219,7 +220,7 @@ class NativeRunner:
             self.sync()
         if self.flat_groups is not None and self.flat_groups.most > loop.tx.capacity:
             return None
-        got = self.lib.mindp_serve(self.ctx_address, loop.address(ctypes.addressof(self.stats)))
+        got = self.lib.mindp_serve(self.ctx_address, loop.address(self.stats_address))
         self._fold_stats()
         if got < 0:
             raise error(got)
