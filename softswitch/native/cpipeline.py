@@ -257,11 +257,16 @@ def generate_packet_path(cb: CBuilder) -> None:
         cb.emit(f"int64_t g = pre_find(&C->pre, f[{s['mcast_grp']}]);", 2)
         cb.emit(f"if (g < 0 || C->pre.first[g] == C->pre.first[g + 1]) {{ tx->stats[{STAT_MCAST_EMPTY}]++; "
                 "return; }", 2)
-        cb.emit("for (int64_t r = C->pre.first[g]; r < C->pre.first[g + 1]; r++) {", 2)
+        # every replica but the last on a copy of the packet state; the last on f itself, which
+        # nothing reads after it: one copy (9 KB at K = 512) fewer a multicast packet
+        cb.emit("int64_t last = C->pre.first[g + 1] - 1;", 2)
+        cb.emit("for (int64_t r = C->pre.first[g]; r < last; r++) {", 2)
         rid = f" h[{s['egress_rid']}] = (uint64_t)C->pre.rid[r];" if "egress_rid" in s else ""
         cb.emit(f"uint64_t h[{len(cb.init)}]; {_live(cb, 'memcpy(h + {a}, f + {a}, {n});')}{rid}", 3)
         cb.emit("egress_one(h, C->pre.port[r], data, len, off, tx);", 3)
         cb.emit("}", 2)
+        rid = f"f[{s['egress_rid']}] = (uint64_t)C->pre.rid[last]; " if "egress_rid" in s else ""
+        cb.emit(f"{rid}egress_one(f, C->pre.port[last], data, len, off, tx);", 2)
         cb.emit("return;", 2)
         cb.emit("}", 1)
     cb.emit(f"if (f[{s['egress_spec']}] == {drop}) {{ tx->stats[{STAT_DROPPED}]++; return; }}", 1)
