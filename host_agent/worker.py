@@ -56,10 +56,18 @@ class WorkerConfig:
     # would only add latency. coalesce 0 turns it off.
     coalesce: float = 0.0005
     coalesce_min: int = 256
+    # Sends go in buckets, as DDP's allreduces do: put() sends (and takes what came) once at least
+    # this many chunks became ready since it last did, or a sixteenth of the step's chunks if fewer
+    # (a small model's sends still overlap its backward); wait() sends the rest. A pump (a send and
+    # a receive) costs ~0.5 ms of numpy and system calls whatever its size, and backward puts a
+    # tensor every few ms (the gpt's 53 tensors: 43 pumps a step; at 128, ~20). 1: every put.
+    bucket: int = 128
 
     def __post_init__(self) -> None:  # here, not in WorkerAgent: a bad option is told before any I/O
         if self.slots < 1:
             raise ConfigError("slots must be >= 1")
+        if self.bucket < 1:
+            raise ConfigError("bucket must be >= 1 (chunks)")
 
     @classmethod
     def from_topology(cls, topo: Topology, job_id: int, worker_id: int, **kw) -> WorkerConfig:
@@ -95,6 +103,10 @@ class WorkerAgent:
         self.on_nonfinite = on_nonfinite
         self.nonfinite_chunks: list[int] = []  # of the last completed step
         self.current: np.ndarray | None = None  # flat fp16 parameters held now (n_chunks * K)
+        # The buffer the step before the current one was received into, for the next step: a fresh
+        # one a step cost a page fault a 4 KiB of it (~630 a step at 1.3M parameters). wait()
+        # returns copies (Layout.unflatten), so nothing outside the agent holds it.
+        self.spare: np.ndarray | None = None
         if initial is not None:
             self.current = np.zeros(layout.n_chunks * K, dtype=np.float16)
             self.current[: layout.total] = layout.flatten(initial, dtype=np.float16)
@@ -121,6 +133,8 @@ class WorkerAgent:
         self.kernel = fused.selected()  # for the gradients' fp16 rounding, as the node's (raises KernelError)
         gradframes.warm(self.kernel)
         n = layout.n_chunks
+        self.spec_of = {s.name: s for s in layout.specs}
+        self.bucket = min(cfg.bucket, max(1, n // 16))
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
         self.param_rx = param_rx.ParamReceiver(cfg.job_id, self.counts, cfg.optimizer_mac, cfg.optimizer_ip,
                                                self.param_sources, len(self.rx))
@@ -177,17 +191,21 @@ class StepHandle:
         self.agent = agent
         lay = agent.layout
         self.bad = np.zeros(lay.n_chunks, dtype=np.uint8)  # chunks given a non-finite gradient
-        self.params = np.zeros(lay.n_chunks * K, dtype=np.float16)
+        if agent.resume is None:  # else received straight into the resume file (below)
+            self.params, agent.spare = (np.zeros(lay.n_chunks * K, dtype=np.float16) if agent.spare is None
+                                        else agent.spare), None
         self.pending = agent.pending0.copy()
         self.put_names: set[str] = set()
         self.nonfinite: set[int] = set()
         self.t0 = time.monotonic()
         self.window = Window(agent.step, lay.n_chunks, agent.cfg.slots, agent.rtt, self.t0,
                              agent.param_sources.his if agent.param_sources is not None else None)
+        self._encode()
         self._just_sent: list[int] = []  # by the last pump (chunks first sent, then resent)
+        self.unsent = 0  # chunks made ready since the last pump (WorkerConfig.bucket)
         if agent.digest:  # held by the node until the step is applied
             agent.digest.ask(agent.step)
-        if agent.resume is not None:  # received straight into the resume file
+        if agent.resume is not None:
             self.params = agent.resume.answers(agent.step)
             answered, nonfinite = agent.resume.answered_in(agent.step)
             if answered.any():
@@ -202,7 +220,7 @@ class StepHandle:
             raise KeyError(f"no tensor {name!r} in the layout")
         if name in self.put_names:
             raise ValueError(f"gradient {name!r} given twice in step {a.step}")
-        spec = next(s for s in a.layout.specs if s.name == name)
+        spec = a.spec_of[name]
         g = gradframes.as_array(grad)
         if tuple(g.shape) != spec.shape:
             raise ValueError(f"{name}: gradient shape {g.shape} != layout {spec.shape}")
@@ -214,23 +232,25 @@ class StepHandle:
             self.pending[lo:hi] -= 1
             ready = np.flatnonzero(self.pending[lo:hi] == 0) + lo
             if len(ready):
-                self._encode(ready)
+                bad = ready[self.bad[ready] != 0]
+                if len(bad):
+                    a.frames[bad, FLAGS_OFFSET] = int(Flag.NONFINITE)
                 self.window.set_ready(ready)
-                # A put that completed no chunk (a bias sharing its chunk with the next tensor)
-                # leaves the pump to the next put, or to wait(): a pump a hook costs a receive.
-                self.pump(0.0)
+                self.unsent += len(ready)
+                if self.unsent >= a.bucket:
+                    self.pump(0.0)
 
-    def _encode(self, chunks: np.ndarray) -> None:
-        """This step's fields into the chunks' frames (put wrote their gradients), in place (a run of
-        consecutive chunks, the usual case, as one slice)."""
+    def _encode(self) -> None:
+        """This step's fields into every chunk's frame, in place, once a step: put() writes the
+        gradients, and the NONFINITE flag of a chunk given one. No frame of the step before is sent
+        again once this one has begun (it ended with every chunk answered)."""
         a = self.agent
         w = self.window
-        _, ver = slot_and_version(w.step, chunks, w.n, a.cfg.slots)
-        rows = slice(int(chunks[0]), int(chunks[-1]) + 1) if chunks[-1] - chunks[0] == len(chunks) - 1 else chunks
+        _, ver = slot_and_version(w.step, np.arange(w.n), w.n, a.cfg.slots)
         f = a.frames
-        f[rows, STEP_OFFSET : STEP_OFFSET + 4] = np.array([w.step], dtype=">u4").view(np.uint8)
-        f[rows, VER_OFFSET] = ver
-        f[rows, FLAGS_OFFSET] = np.where(self.bad[rows], int(Flag.NONFINITE), 0)
+        f[:, STEP_OFFSET : STEP_OFFSET + 4] = np.array([w.step], dtype=">u4").view(np.uint8)
+        f[:, VER_OFFSET] = ver
+        f[:, FLAGS_OFFSET] = 0
 
     def pump(self, timeout: float) -> None:
         """_pump, riding out a link that went down (ENETDOWN/ENXIO/ENODEV): one line, retried with
@@ -261,6 +281,8 @@ class StepHandle:
         a.stats["fast_retransmits"] += w.fast_retransmits - fast
         if a.digest and w.timeouts > timeouts:  # a node restarted meanwhile holds no earlier query
             a.digest.ask(w.step)
+        a.stats["pumps"] += 1
+        self.unsent = 0
         if new:
             sent, failed = rawsock.send_rows(a.sock, a.frames, new, a.faults)
             a.stats["sent"] += sent
@@ -311,6 +333,7 @@ class StepHandle:
     def _receive(self, rows: np.ndarray, lens: np.ndarray) -> None:
         """Frames received (the first lens[i] bytes of rows[i]) -> the step's parameters, checked."""
         a = self.agent
+        a.stats["receives"] += 1
         self.nonfinite.update(a.param_rx.receive(rows, lens, self.window, self.params, a.stats, a.resume))
 
     def _digest_idle(self, timeout: float) -> bool:
@@ -355,6 +378,8 @@ class StepHandle:
         if a.digest:
             a.digest.idle = self._digest_idle
             a.digest.check(w.step, self.params, a.stats, max(a.rtt.rto, 0.05), a.cfg.rto.deadline)
+        if a.current is not None and a.current is not self.params and a.resume is None:
+            a.spare = a.current
         a.current = self.params
         a.step += 1
         return a.layout.unflatten(self.params[: a.layout.total])

@@ -142,7 +142,7 @@ def test_parameters_for_unsent_chunks_and_from_a_foreign_source_are_ignored():
     lay = optim.layout_of({"a": np.zeros(2 * K + 6, np.float32), "b": np.zeros(K + 8, np.float32)})  # chunks 0-2 | 2-3
     n = lay.n_chunks
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent = WorkerAgent(CFG, lay, a)
+    agent = WorkerAgent(replace(CFG, bucket=1), lay, a)  # each put sends at once
     h = agent.start_step()
     b.send(param_frame(0, 0, n, 7.0, lay))  # before chunk 0 was sent: taking it would deadlock the job
     h.pump(0.05)
@@ -170,6 +170,78 @@ def test_parameters_for_unsent_chunks_and_from_a_foreign_source_are_ignored():
     params = h.wait()
     assert (params["a"] == 3).all() and (params["b"] == 3).all()
     assert agent.stats["params_received"] == n
+    a.close()
+    b.close()
+
+
+def test_steps_reuse_a_receive_buffer_but_return_parameters_of_their_own():
+    """The agent receives a step into the buffer of the step before the last (no fresh pages a
+    step); what wait() returned for earlier steps stays as it was."""
+    lay = optim.layout_of({"a": np.zeros(2 * K + 6, np.float32)})
+    n = lay.n_chunks
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent = WorkerAgent(CFG, lay, a)
+    got, buffers = [], []
+    for step in range(4):
+        h = agent.start_step()
+        buffers.append(h.params)
+        h.put("a", np.ones(2 * K + 6, np.float32))
+        drain(b)
+        for c in range(n):
+            b.send(param_frame(step, c, n, float(step + 1), lay))
+        got.append(h.wait())
+    assert buffers[2] is buffers[0] and buffers[3] is buffers[1] and buffers[1] is not buffers[0]
+    assert [float(g["a"][0]) for g in got] == [1.0, 2.0, 3.0, 4.0]
+    assert all((g["a"] == i + 1).all() for i, g in enumerate(got))
+    a.close()
+    b.close()
+
+
+def test_puts_send_in_buckets_and_wait_sends_the_rest():
+    """put() sends once `bucket` chunks became ready since the last send (as DDP's buckets), or a
+    sixteenth of the step's chunks if fewer; a put that completes fewer leaves them for a later
+    put or for wait()."""
+    sizes = {"a": 3, "b": 2, "c": 58, "d": 1}  # chunks 0-2 | 3-4 | 5-62 | 63
+    lay = optim.layout_of({t: np.zeros(m * K, np.float32) for t, m in sizes.items()})
+    n = lay.n_chunks
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    agent = WorkerAgent(replace(CFG, slots=n, bucket=4), lay, a)
+    assert agent.bucket == 4 and WorkerAgent(replace(CFG, slots=n, bucket=5), lay, a).bucket == n // 16
+    h = agent.start_step()
+
+    def sent_now() -> list[int]:
+        out = []
+        while True:
+            try:
+                out.append(int(codec.decode_one(b.recv(frame_len(Kind.GRAD)), Kind.GRAD)[0]["chunk"]))
+            except BlockingIOError:
+                return sorted(out)
+
+    b.setblocking(False)
+    h.put("a", np.ones(3 * K, np.float32))
+    assert sent_now() == []  # 3 ready < 4
+    h.put("b", np.ones(2 * K, np.float32))
+    assert sent_now() == [0, 1, 2, 3, 4]
+    h.put("c", np.ones(58 * K, np.float32))
+    assert sent_now() == list(range(5, 63))
+    h.put("d", np.ones(K, np.float32))
+    assert sent_now() == []
+    for c in range(n - 1):
+        b.send(param_frame(0, c, n, 2.0, lay))
+    last = []
+
+    def node() -> None:  # answers chunk 63 once wait() has sent it
+        b.setblocking(True)
+        last.append(int(codec.decode_one(b.recv(frame_len(Kind.GRAD)), Kind.GRAD)[0]["chunk"]))
+        b.send(param_frame(0, n - 1, n, 2.0, lay))
+
+    done = threading.Thread(target=node)
+    done.start()
+    params = h.wait()
+    done.join()
+    assert last == [n - 1] and (params["d"] == 2).all()
+    with pytest.raises(ConfigError, match="bucket"):
+        replace(CFG, bucket=0)
     a.close()
     b.close()
 
