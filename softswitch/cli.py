@@ -18,7 +18,9 @@ import sys
 DEFAULT_GRPC = "127.0.0.1:9559"
 DEFAULT_THRIFT = 9090  # as BMv2
 # receive coalescing (dataplane.RxCoalesce), off by default: it trades latency for fewer wake-ups,
-# and whether that pays depends on the load (docs/SOFTSWITCH.md)
+# and whether that pays depends on the load (docs/SOFTSWITCH.md). Re-measured with make run's gpt
+# (11/2026, 2 and 4 workers): 100-500 us cut the switch's wake-ups 3-5 fold and its CPU ~15%, but
+# steps/s moved from -20% to +50% round to round on the loaded 2-core host: no win shown, so off
 RX_USECS = 0
 RX_FRAMES = 1
 # BMv2's -L values (and two Python spellings); debug and trace turn on the per-packet lines that
