@@ -680,7 +680,8 @@ def warm(cfg: OptimizerConfig) -> None:
     so that neither the first step waits nor the process grows after start-up."""
     if selected() == "numpy":
         return
-    rec = np.zeros((2, 3, K), np.float32)
-    update_records(cfg, rec, rec, np.zeros((2, K), np.int64), 1, 0, np.empty((2, K), np.float16))
+    for n in (2, SERIAL_BELOW):  # the calling thread's kernel, and the threads' (from the cache, each loads apart)
+        rec = np.zeros((n, 3, K), np.float32)
+        update_records(cfg, rec, rec, np.zeros((n, K), np.int64), 1, 0, np.empty((n, K), np.float16))
     check_sums(codec.header_array(1), 1, 1, 0, 0, 1, 1, K)
     in_order_batch(codec.header_array(1), 1, 1, 0, 0, 1, 1, K, 0, np.zeros(1, np.bool_))

@@ -223,12 +223,12 @@ def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(monkeypatch, 
     """Any other argument type would compile a new specialisation mid-run (time and memory)."""
     monkeypatch.setenv("MINDP_KERNEL", kernel)
     assert fused.selected() == kernel
-    compiled = fused._kernel if kernel == "avx2" else fused.portable.KERNELS[kind]
+    compiled = [fused._kernel, fused._kernel_alone] if kernel == "avx2" else [fused.portable.KERNELS[kind]]
     cfg = OptimizerConfig(kind=kind)
     fused.warm(cfg)
-    before = len(compiled.signatures)
+    before = [len(c.signatures) for c in compiled]
     rng = np.random.default_rng(4)
-    for n in (1, 300):
+    for n in (1, 300, fused.SERIAL_BELOW):  # both sides of the one-thread threshold at any K
         src = hard_records(rng, n)
         dst = np.empty_like(src)
         sums = rng.integers(-(1 << 30), 1 << 30, size=(n, K))
@@ -236,7 +236,7 @@ def test_the_kernels_warm_compiles_are_the_only_ones_the_node_runs(monkeypatch, 
         for nworkers in (2, rng.integers(1, 4, size=n), rng.integers(1, 4, size=n).astype(np.uint16)):
             fused.update_records(cfg, src, dst, sums, nworkers, 1, out)
             fused.update_records(cfg, dst, dst, sums, nworkers, 1, out)
-    assert len(compiled.signatures) == before == 1
+    assert [len(c.signatures) for c in compiled] == before == [1] * len(compiled)
 
 
 WARM_AND_COUNT = """
