@@ -192,8 +192,8 @@ class StepHandle:
         lay = agent.layout
         self.bad = np.zeros(lay.n_chunks, dtype=np.uint8)  # chunks given a non-finite gradient
         if agent.resume is None:  # else received straight into the resume file (below)
-            self.params, agent.spare = (np.zeros(lay.n_chunks * K, dtype=np.float16) if agent.spare is None
-                                        else agent.spare), None
+            self.params = agent.spare if agent.spare is not None else np.zeros(lay.n_chunks * K, dtype=np.float16)
+            agent.spare = None
         self.pending = agent.pending0.copy()
         self.put_names: set[str] = set()
         self.nonfinite: set[int] = set()
