@@ -132,11 +132,13 @@ def _minus(a: tuple, b: tuple) -> tuple:
 @dataclass
 class Usage:
     """One process's figures a timed step: CPU ms, voluntary context switches (its wake-ups), and
-    for a rank or worker its forward+backward ms (wall, as its own clock saw them)."""
+    for a rank or worker its forward+backward ms (wall, as its own clock saw them), and for a
+    worker the ms it then waited for the step's parameters."""
     role: str
     cpu_ms: float
     wakeups: float
     compute_ms: float | None = None
+    wait_ms: float | None = None
 
 
 def usage_lines(usages: list[Usage]) -> list[str]:
@@ -146,8 +148,10 @@ def usage_lines(usages: list[Usage]) -> list[str]:
     cpu = ", ".join(f"{u.role} {u.cpu_ms:.0f}" for u in usages)
     wake = ", ".join(f"{u.role} {u.wakeups:.0f}" for u in usages)
     fb = ", ".join(f"{u.role} {u.compute_ms:.0f}" for u in usages if u.compute_ms is not None)
+    waits = ", ".join(f"{u.role} {u.wait_ms:.0f}" for u in usages if u.wait_ms is not None)
     return [f"CPU ms a step: {cpu}; all {sum(u.cpu_ms for u in usages):.0f}",
-            f"voluntary context switches a step: {wake}", f"forward+backward ms (wall): {fb}"]
+            f"voluntary context switches a step: {wake}", f"forward+backward ms (wall): {fb}",
+            *([f"then waiting for the parameters, ms (wall): {waits}"] if waits else [])]
 
 
 def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str, list[Usage]]:
@@ -272,10 +276,14 @@ class Sampler(threading.Thread):
                                                self.snaps[-1])
         n = s1 - s0
         logs = {}
+
+        def mean_ms(lines: list[dict], key: str) -> float | None:
+            xs = [j[key] for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1 and key in j]
+            return sum(xs) / len(xs) * 1e3 if xs else None
+
         for path in self.runs.glob("2*/logs/worker-job1-*.log"):
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
-            computed = [j["compute"] for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1 and "compute" in j]
-            logs[int(path.stem.rsplit("-", 1)[1])] = sum(computed) / len(computed) * 1e3 if computed else None
+            logs[int(path.stem.rsplit("-", 1)[1])] = (mean_ms(lines, "compute"), mean_ms(lines, "wait"))
         order = [r for _, r in ROLES]
 
         def rank(pid: int) -> tuple[int, int]:
@@ -285,8 +293,8 @@ class Sampler(threading.Thread):
         out = []
         for pid in sorted(set(a) & set(b), key=rank):
             label, cpu, vol = b[pid]
-            compute = logs.get(int(label.split()[1])) if label.startswith("worker ") else None
-            out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute))
+            compute, wait = logs.get(int(label.split()[1]), (None, None)) if label.startswith("worker ") else (None, None)
+            out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute, wait))
         return out
 
 

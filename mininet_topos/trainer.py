@@ -108,7 +108,8 @@ def _scaler_state(scaler) -> list[float]:
 
 
 def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, resumed: bool, timing: dict):
-    """timing["compute"]: the last step's forward and backward seconds (its step line's)."""
+    """timing["compute"]: the last step's forward and backward seconds (its step line's); timing["wait"]:
+    the seconds it then waited for the step's parameters (the round trip not hidden by backward)."""
     from mindp.lossscale import LossScaler
     from mindp.torch import DataParallel, models, tasks
 
@@ -135,6 +136,7 @@ def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, re
         forward = time.perf_counter() - t
         params = dp.step(loss)
         timing["compute"] = round(forward + dp.backward_seconds, 6)
+        timing["wait"] = round(dp.wait_seconds, 6)
         return params
 
     return step_fn

@@ -48,6 +48,7 @@ class DataParallel:
             raise ValueError("the agent's layout is not layout_of(module) (names or order differ)")
         self._handle = None
         self.backward_seconds = 0.0  # step()'s last backward
+        self.wait_seconds = 0.0  # the last finish()'s wait for the step's parameters (after backward)
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
 
@@ -77,7 +78,9 @@ class DataParallel:
         for name, p in self.named.items():  # parameters the loss does not depend on
             if name not in h.put_names:
                 h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(p.grad))
+        t = time.perf_counter()
         params = h.wait()
+        self.wait_seconds = time.perf_counter() - t
         if self.scaler:
             self.scaler.update(bool(self.agent.nonfinite_chunks))
         with torch.no_grad():

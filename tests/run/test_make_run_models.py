@@ -58,6 +58,10 @@ def test_gpt_on_the_embedded_switch_is_bit_exact(tmp_path):
     assert run.run() == 0, run.err
     s = check(run, "gpt", "embedded", 2, 2)
     assert 1_000_000 <= s["parameters"] <= 5_000_000 and "M parameters)" in s["model"]
+    lines = [json.loads(x) for x in (run.run_dir / "logs" / "worker-job1-1.log").read_text().splitlines()
+             if x.startswith("{")]
+    steps = [j for j in lines if j.get("ev") == "step" and j["step"] >= 0]
+    assert len(steps) == 2 and all(j["compute"] > 0 and j["wait"] > 0 for j in steps)
 
 
 @needs_root

@@ -127,6 +127,7 @@ def test_hooks_push_gradients_during_backward_in_backward_order():
     assert all(float(p.detach().abs().max()) == 0 for p in net.parameters())  # parameters came back into the module
     assert set(params) == set(dict(net.named_parameters()))
     assert dp.backward_seconds > 0  # the step line's compute: forward and this
+    assert dp.wait_seconds > 0  # the step line's wait: finish()'s wait for the parameters
     dp.close()
 
 
