@@ -174,10 +174,12 @@ def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str, list[Usage]
                      for r, h in enumerate(hosts)]
             try:
                 outs = [p.communicate(timeout=600) for p in procs]
-            except subprocess.TimeoutExpired:
+            except (subprocess.TimeoutExpired, KeyboardInterrupt) as exc:
                 for p in procs:
                     p.kill()
                     p.wait()
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
                 return 0.0, "no result within 600 s", []
     finally:
         testbed.sh("ip", "link", "del", bridge, check=False)
@@ -327,6 +329,10 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
         p.terminate()  # make run tears down what it started on SIGTERM
         p.communicate()
         return 0.0, f"no result within {timeout:.0f} s", k, []
+    except KeyboardInterrupt:  # make run had the terminal's Ctrl-C too: it tears down, then ends
+        p.terminate()
+        p.communicate()
+        raise
     finally:
         sampler.done.set()
         sampler.join()
@@ -449,4 +455,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # what was started is ended above (testbed, make run, DDP's ranks)
+        print("torch_gpt: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -151,3 +152,15 @@ def test_torch_gpt_samples_bmv2_as_the_switch_and_no_wrapper(monkeypatch):
         for p in (bmv2, wrapper):
             p.kill()
             p.wait()
+
+
+def test_torch_gpt_ctrl_c_is_one_line_and_exit_130():
+    """Ctrl-C ends the bench with one line, not a traceback (what it started is ended on the way)."""
+    pytest.importorskip("torch")
+    p = subprocess.Popen([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--local-steps", "100000",
+                          "--targets", "embedded"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith("gpt (")  # its first line: the model; then one process trains
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate()
+    assert p.returncode == 130 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "torch_gpt: interrupted"
