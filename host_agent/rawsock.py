@@ -4,8 +4,8 @@ An agent's socket receives through a PACKET_MMAP ring (mindp.rxring), set up by 
 before traffic, in slots of the longest frame (SUM: K int64): every receive function here reads
 the ring where the socket has one. Elsewhere (the ring cannot be set up, RING off) and for sends,
 bursts go through sendmmsg/recvmmsg (ctypes, one system call for up to 1024 frames, the message
-vectors built with numpy over the rows of one buffer) where libc has them and pointers are 64-bit;
-elsewhere the same functions loop over send/recvmsg_into.
+vectors built once and only the rows of each call written, with numpy) where libc has them and
+pointers are 64-bit; elsewhere the same functions loop over send/recvmsg_into.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import os
 import random
 import socket
 import sys
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -393,22 +394,34 @@ class Faults:
         return kept
 
 
+_tx = threading.local()  # each thread's mmsg.SendVector
+
+
 def _send_mmsg(fd: int, frames: np.ndarray, rows, lens=None) -> tuple[int, int]:
-    """_send_plain by sendmmsg: the message vector over frames' rows built with numpy, then one
-    system call per up to 1024 frames; a frame the kernel refuses (full queue, link down) is
-    counted and skipped, as by _send_plain."""
-    rows = np.asarray(rows, dtype=np.uint64).reshape(-1)
-    n = len(rows)
+    """_send_plain by sendmmsg: this thread's reused message vector gets the addresses (kept per
+    buffer, mmsg.row_addresses) and lengths of just the rows asked, then one system call per up to
+    1024 frames; a frame the kernel refuses (full queue, link down) is counted and skipped, as by
+    _send_plain."""
+    at = mmsg.row_addresses(frames)
+    if type(rows) is range and rows.step > 0 and rows.start >= 0 and (not rows or rows[-1] < len(at)):
+        pick = slice(rows.start, rows.stop, rows.step)  # the same rows, as a slice: no index array
+        n = len(rows)
+    else:
+        pick = np.asarray(rows, dtype=np.intp).reshape(-1)
+        n = len(pick)
     if not n:
         return 0, 0
-    width = frames.shape[1]
-    iov = np.empty(n, mmsg.IOVEC)
-    iov["base"] = frames.ctypes.data + rows * np.uint64(width)
-    iov["len"] = width if lens is None else np.asarray(lens)[rows.astype(np.intp)]
-    msgs = np.zeros(n, mmsg.MMSGHDR)
-    msgs["iov"] = iov.ctypes.data + np.arange(n, dtype=np.uint64) * np.uint64(mmsg.IOVEC.itemsize)
-    msgs["iovlen"] = 1
-    return n, len(mmsg.send(fd, msgs, SEND_ERRNOS))
+    vec = getattr(_tx, "vec", None)
+    if vec is None:
+        vec = _tx.vec = mmsg.SendVector()
+    vec.reserve(n)
+    vec.base[:n] = at[pick]
+    if lens is None:
+        vec.set_lengths(n, frames.shape[1])
+    else:
+        vec.lens[:n] = np.asarray(lens)[pick]
+        vec.uniform = (0, 0)
+    return n, len(mmsg.send_at(fd, vec.address, n, SEND_ERRNOS))
 
 
 def _send_plain(send, frames: np.ndarray, rows, lens=None) -> tuple[int, int]:

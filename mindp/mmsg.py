@@ -13,6 +13,7 @@ import errno
 import os
 import socket
 import struct
+import weakref
 
 import numpy as np
 
@@ -53,6 +54,57 @@ CALLS = _libc_calls()  # (sendmmsg, recvmmsg) or None
 
 def _addresses(base: int, n: int, stride: int) -> np.ndarray:
     return np.uint64(base) + np.arange(n, dtype=np.uint64) * np.uint64(stride)
+
+
+class SendVector:
+    """A sendmmsg vector reused from send to send: message i always sends iovec i (wired once), so a
+    send writes only the base and length of its own messages' iovecs. Grows to the largest send.
+    Not shared between threads (host_agent.rawsock keeps one per thread)."""
+
+    def __init__(self, n: int = 64):
+        self._build(n)
+
+    def _build(self, n: int) -> None:
+        self.capacity = n
+        self.iov = np.zeros(n, IOVEC)
+        self.base, self.lens = self.iov["base"], self.iov["len"]
+        self.msgs = np.zeros(n, MMSGHDR)
+        self.msgs["iov"] = _addresses(self.iov.ctypes.data, n, IOVEC.itemsize)
+        self.msgs["iovlen"] = 1
+        self.address = self.msgs.ctypes.data
+        self.uniform = (0, 0)  # (length, count): iovecs 0..count-1 all have that length
+
+    def reserve(self, n: int) -> None:
+        """Room for n messages (their iovecs' contents are then unset)."""
+        if n > self.capacity:
+            self._build(max(n, 2 * self.capacity))
+
+    def set_lengths(self, n: int, length: int) -> None:
+        """Messages 0..n-1 send `length` bytes each (written only where not already so)."""
+        have, count = self.uniform
+        if have != length or count < n:
+            self.lens[:n] = length
+            self.uniform = (length, max(n, count) if have == length else n)
+
+
+_rows: dict[int, tuple] = {}  # id(buffer) -> (weakref to it, its shape, its rows' addresses)
+_ROWS_KEPT = 16
+
+
+def row_addresses(buf: np.ndarray) -> np.ndarray:
+    """The address of each row of C-contiguous `buf` (uint64), kept per buffer object: a weak
+    reference proves the buffer is the one the addresses were taken from (an array's data never
+    moves while it lives; a resize changes its shape, also checked), so a freed buffer whose id is
+    reused never gets stale addresses; its entry goes when it does."""
+    key = id(buf)
+    hit = _rows.get(key)
+    if hit is not None and hit[0]() is buf and hit[1] == buf.shape:
+        return hit[2]
+    if len(_rows) >= _ROWS_KEPT:
+        _rows.pop(next(iter(_rows)))
+    addresses = _addresses(buf.ctypes.data, buf.shape[0], buf.strides[0])
+    _rows[key] = (weakref.ref(buf, lambda _, key=key, rows=_rows: rows.pop(key, None)), buf.shape, addresses)
+    return addresses
 
 
 class Vectors:
@@ -104,8 +156,12 @@ def send(fd: int, msgs: np.ndarray, refused: tuple[int, ...] | None = None) -> l
     """sendmmsg every message of `msgs` (a contiguous MMSGHDR array), up to 1024 per call; the
     positions of the messages the kernel refused. A refused message is skipped, not retried twice:
     with `refused`, only those errnos are; any other raises."""
-    n = len(msgs)
-    base = msgs.ctypes.data
+    return send_at(fd, msgs.ctypes.data, len(msgs), refused)
+
+
+def send_at(fd: int, base: int, n: int, refused: tuple[int, ...] | None = None) -> list[int]:
+    """send over the n contiguous MMSGHDRs at address `base` (kept by the caller: an array's
+    .ctypes.data costs microseconds)."""
     failed = []
     i = 0
     while i < n:

@@ -151,3 +151,74 @@ def test_rows_sent_with_lens_go_as_their_first_lens_bytes_on_every_send_path(pai
     assert drain(b) == want
     assert rawsock.send_rows(a, f, rows, rawsock.Faults(), lens) == (4, 0)
     assert drain(b) == want
+
+
+@needs_mmsg
+def test_sendmmsg_with_the_reused_vector_sends_each_call_s_own_rows_and_lengths(pair):
+    """The message vector is kept from call to call: ranges (the node's rows) and lists (the
+    workers'), from 0 or not, with lengths then without (every row its full width again), more rows
+    than the vector held, another buffer's width: each call sends exactly its own rows."""
+    a, b = pair
+    f = frames(3000)
+    lens = np.random.default_rng(2).integers(20, WIDTH + 1, size=3000)
+    calls = [(range(5), None), (range(10, 20), lens), (range(0, 10), None), (range(2, 3000, 3), lens),
+             ([9, 1, 1], None), (range(0, 2900), None), (np.array([4, 2]), lens), (range(7, 7), lens)]
+    for rows, ls in calls:
+        assert rawsock.send_rows(a, f, rows, None, ls) == (len(rows), 0)
+        assert drain(b) == [f[r, : (WIDTH if ls is None else ls[r])].tobytes() for r in rows], rows
+    g = np.arange(2 * 40, dtype=np.uint8).reshape(2, 40)
+    assert rawsock.send_rows(a, g, range(2)) == (2, 0)
+    assert drain(b) == [g[0].tobytes(), g[1].tobytes()]
+    with pytest.raises(IndexError):  # a row past the buffer is never sent from beyond it
+        rawsock.send_rows(a, f, range(2999, 3001))
+    with pytest.raises(IndexError):
+        rawsock.send_rows(a, f, [3000])
+
+
+@needs_mmsg
+def test_a_new_buffer_at_a_freed_one_s_place_is_sent_from_its_own_memory(pair):
+    """Row addresses are kept per buffer: buffers of one shape made and freed in turn (the allocator
+    hands out the same memory and ids again) and a view of a live one each send their own bytes."""
+    a, b = pair
+    for i in range(20):
+        f = np.full((8, WIDTH), i, np.uint8)
+        assert rawsock.send_rows(a, f, range(8)) == (8, 0)
+        assert drain(b) == [bytes([i]) * WIDTH] * 8
+        del f
+    f = frames(8)
+    assert rawsock.send_rows(a, f[3:], range(2)) == (2, 0)
+    assert drain(b) == [f[3].tobytes(), f[4].tobytes()]
+
+
+@needs_mmsg
+def test_sendmmsg_skips_and_counts_refused_frames_retries_eintr_and_raises_other_errors(pair, monkeypatch):
+    """The kernel's answers scripted: EINTR is retried (nothing lost), a refused frame (ENOBUFS) is
+    counted and skipped, the rest of the batch still goes, in order; another errno raises."""
+    import ctypes
+    import errno
+
+    from mindp import mmsg
+
+    f = frames(10)
+    answers = [-errno.EINTR, 3, -errno.ENOBUFS, 2, -errno.EAGAIN, 100]
+    sent = []
+
+    def sendmmsg(fd, base, n, flags):
+        r = answers.pop(0)
+        if r < 0:
+            ctypes.set_errno(-r)
+            return -1
+        r = min(r, n)
+        for m in np.frombuffer(ctypes.string_at(base, r * mmsg.MMSGHDR.itemsize), mmsg.MMSGHDR):
+            iov = np.frombuffer(ctypes.string_at(int(m["iov"]), mmsg.IOVEC.itemsize), mmsg.IOVEC)[0]
+            sent.append(ctypes.string_at(int(iov["base"]), int(iov["len"])))
+        return r
+
+    monkeypatch.setattr(mmsg, "CALLS", (sendmmsg, mmsg.CALLS[1]))
+    rows = [9, 8, 7, 6, 5, 4, 3, 2, 1]
+    assert rawsock.send_rows(pair[0], f, rows) == (9, 2)
+    assert sent == [f[r].tobytes() for r in (9, 8, 7, 5, 4, 2, 1)]  # 6 and 3 refused
+    answers[:] = [-errno.EBADF]
+    with pytest.raises(OSError) as err:
+        rawsock.send_rows(pair[0], f, range(3))
+    assert err.value.errno == errno.EBADF
