@@ -47,6 +47,13 @@ BLOCK = 1 << 17  # the ring is allocated in blocks of about this many bytes (64 
 
 TOO_LONG, GONE = -1, -2  # RxRing._take's results other than a length
 
+#: A slot's first 44 bytes as 32-bit words: tp_status, tp_len, tp_snaplen, tp_mac | tp_net << 16,
+#: tp_sec, tp_nsec, tp_vlan_tci | tp_vlan_tpid << 16, tp_padding (zero), sll_family | sll_protocol
+#: << 16, sll_ifindex, sll_hatype | sll_pkttype << 16 | sll_halen << 24 (the source address after
+#: it differs from frame to frame). The words RxRing._take_run compares:
+HEAD_WORDS = 11
+STATUS, LEN, SNAPLEN, OFFSETS, TAG_WORD, LINK = 0, 1, 2, 3, 6, 10
+
 
 def slot_bytes(longest: int) -> int:
     """The slot that holds a frame of `longest` bytes with its header, and a byte more (a longer
@@ -104,12 +111,22 @@ class RxRing:
         sock.setsockopt(SOL_PACKET, PACKET_RX_RING,
                         struct.pack("IIII", per_block * frame, frames // per_block, frame, frames))
         self.mem = mmap.mmap(sock.fileno(), frames * frame)
-        raw = np.frombuffer(self.mem, np.uint8)
+        self._map(np.frombuffer(self.mem, np.uint8))
+        self.head = np.zeros(1, np.int64)  # the next slot to read (modulo frames); the switch's C loop moves it too
+
+    def _map(self, raw: np.ndarray) -> None:
+        """Views of the ring's memory `raw` (uint8, frames * frame bytes): slots, header fields."""
+        frames, frame = self.frames, self.frame
         self.slots = raw.reshape(frames, frame)
         header = raw.view(header_dtype(frame))
         self.status, self.lens, self.snaplens = header["status"], header["len"], header["snaplen"]
         self.macs, self.tcis, self.tpids, self.pkttypes = header["mac"], header["tci"], header["tpid"], header["pkttype"]
-        self.head = np.zeros(1, np.int64)  # the next slot to read (modulo frames); the switch's C loop moves it too
+        # Each slot's first HEAD_WORDS 32-bit words: receive_rows' common case is told by one
+        # comparison of a run's headers with its first. Status words read as Python ints (_run).
+        self._heads = np.lib.stride_tricks.as_strided(raw.view(np.uint32), (frames, HEAD_WORDS), (frame, 4),
+                                                      writeable=False)
+        self._words = memoryview(raw).cast("I")
+        self._stride = frame // 4
 
     def dropped(self) -> int:
         """Frames the kernel dropped since the last call because the ring was full (the reader fell
@@ -126,23 +143,30 @@ class RxRing:
         kernel hands slots over in order, so a binary search finds the end of the run; a frame still
         being copied on another CPU may sit before a later one already handed over, so the run is
         then checked slot by slot (vectorised)."""
+        return self._owned(k, self._run(k, most))
+
+    def _run(self, k: int, most: int) -> int:
+        """ready's binary search alone: the run's end, its slots not yet checked one by one."""
         most = min(most, self.frames - k)
-        status = self.status
-        if most <= 0 or not status[k] & TP_STATUS_USER:
+        words, stride = self._words, self._stride
+        if most <= 0 or not words[k * stride] & TP_STATUS_USER:
             return 0
         lo, hi = 1, most
-        if status[k + most - 1] & TP_STATUS_USER:
-            lo = most
-        else:
-            hi = most - 1
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if status[k + mid] & TP_STATUS_USER:
-                    lo = mid + 1
-                else:
-                    hi = mid
-        owned = (status[k : k + lo] & TP_STATUS_USER) != 0
-        return lo if owned.all() else int(owned.argmin())
+        if words[(k + most - 1) * stride] & TP_STATUS_USER:
+            return most
+        hi = most - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if words[(k + mid) * stride] & TP_STATUS_USER:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def _owned(self, k: int, run: int) -> int:
+        """How many of the `run` slots from k on the reader owns, in a row."""
+        owned = (self.status[k : k + run] & TP_STATUS_USER) != 0
+        return run if owned.all() else int(owned.argmin())
 
     def receive_rows(self, buf: np.ndarray, start: int = 0, lens: np.ndarray | None = None) -> tuple[int, int, int]:
         """Waiting frames of exactly buf.shape[1] bytes into rows start.. of `buf`, in order, up to
@@ -156,9 +180,15 @@ class RxRing:
         while rows < len(buf):
             head = int(self.head[0])
             k = head % self.frames
-            m = self.ready(k, len(buf) - rows)
+            m = self._run(k, len(buf) - rows)
             if not m:
                 break
+            if self._take_run(k, m, buf, rows, out):
+                self.status[k : k + m] = 0  # the slots go back to the kernel, after their frames were copied
+                self.head[0] = head + m
+                rows += m
+                continue
+            m = self._owned(k, m)
             s = slice(k, k + m)
             lens = self.lens[s].copy()  # one pass over the slots' headers (a page apart at large K)
             tag = ((self.status[s] & TP_STATUS_VLAN_VALID) != 0) | (self.tcis[s] != 0)
@@ -186,6 +216,40 @@ class RxRing:
             self.head[0] = head + m
             rows += keep
         return rows - start, tagged, other
+
+    def _take_run(self, k: int, m: int, buf: np.ndarray, row: int, out: np.ndarray | None) -> bool:
+        """receive_rows' common case, in a few numpy calls: the m slots from k on all owned, every
+        frame good (untagged, not ours, whole, of the rows' width; with `out`, of up to it) and at
+        one offset: their frames copied into rows row.. of `buf` (lengths into `out`); True. Else
+        nothing done, False (the general path sorts them out)."""
+        # Owned first, in a call of its own: a header is read only once its status said it is ours.
+        if not np.bitwise_and.reduce(self.status[k : k + m]) & TP_STATUS_USER:
+            return False
+        heads = self._heads[k : k + m]
+        first = heads[0]
+        same = (heads == first).all(axis=0).tolist()  # per word: the run's slots all alike
+        status, size, snap, at, _, _, tag, _, _, _, link = first.tolist()
+        if not (same[STATUS] and same[OFFSETS] and same[TAG_WORD] and same[LINK] and not tag
+                and not status & TP_STATUS_VLAN_VALID and (link >> 16) & 0xFF != PACKET_OUTGOING):
+            return False
+        width = buf.shape[1]
+        if same[LEN] and same[SNAPLEN]:
+            if snap != size or size > width or (out is None and size != width):
+                return False
+            w = size
+            if out is not None:
+                out[row : row + m] = size
+        else:
+            if out is None:
+                return False
+            sizes = heads[:, LEN]
+            w = int(sizes.max())
+            if w > width or not (sizes == heads[:, SNAPLEN]).all():
+                return False
+            out[row : row + m] = sizes
+        mac = at & 0xFFFF
+        buf[row : row + m, :w] = self.slots[k : k + m, mac : mac + w]
+        return True
 
     def _mindp(self, k: int) -> bool:
         """Slot k holds a mindp frame (is_mindp), whatever its length."""
@@ -264,5 +328,6 @@ class RxRing:
     def close(self) -> None:
         """Unmap the ring (the socket is closed by its owner)."""
         self.slots = self.status = self.lens = self.snaplens = None
-        self.macs = self.tcis = self.tpids = self.pkttypes = None
+        self.macs = self.tcis = self.tpids = self.pkttypes = self._heads = None
+        self._words.release()
         self.mem.close()

@@ -108,18 +108,26 @@ class FakeRing(rxring.RxRing):
 
     def __init__(self, frames: int, frame: int = 128):
         self.frame, self.frames = frame, frames
-        raw = np.zeros(frames * frame, np.uint8)
-        self.slots = raw.reshape(frames, frame)
-        header = raw.view(rxring.header_dtype(frame))
-        self.status, self.lens, self.snaplens = header["status"], header["len"], header["snaplen"]
-        self.macs, self.tcis, self.tpids, self.pkttypes = header["mac"], header["tci"], header["tpid"], header["pkttype"]
+        self._map(np.zeros(frames * frame, np.uint8))
         self.head = np.zeros(1, np.int64)
+        self.common = []  # what each _take_run said: True, the common path took the run
 
-    def put(self, k: int, frame: bytes, status: int = rxring.TP_STATUS_USER, tci: int = 0) -> None:
-        mac = rxring.MAC_OFFSET
+    def put(self, k: int, frame: bytes, status: int = rxring.TP_STATUS_USER, tci: int = 0,
+            mac: int = rxring.MAC_OFFSET) -> None:
         self.slots[k, mac : mac + len(frame)] = np.frombuffer(frame, np.uint8)
         self.lens[k] = self.snaplens[k] = len(frame)
         self.macs[k], self.tcis[k], self.status[k] = mac, tci, status
+
+    def _take_run(self, *args) -> bool:
+        self.common.append(super()._take_run(*args))
+        return self.common[-1]
+
+
+class GeneralRing(FakeRing):
+    """A FakeRing that never takes the common path."""
+
+    def _take_run(self, *args) -> bool:
+        return False
 
 
 @pytest.mark.parametrize("owned,most,expect", [
@@ -190,6 +198,97 @@ def test_rows_of_several_lengths_are_taken_from_the_ring_with_their_lengths():
     buf[:] = 0xEE
     assert ring.receive_rows(buf, 0, lens) == (2, 0, 0)
     assert (buf[:2, 60:] == 0xEE).all()  # no byte past the longest frame of the batch
+
+
+def test_a_run_of_good_frames_at_one_offset_is_copied_by_the_common_path_across_the_ring_end():
+    """The node's case: every frame of the rows' width, untagged, at one offset: each run (to the
+    ring's end, then from its start) taken by the common path, in order, the slots given back."""
+    ring = FakeRing(8)
+    ring.head[0] = 5 + 8 * 3
+    width = 48
+    frames = [bytes([i + 1]) * width for i in range(6)]
+    for i, f in enumerate(frames):
+        ring.put((5 + i) % 8, f)
+    buf = np.zeros((16, width), np.uint8)
+    assert ring.receive_rows(buf) == (6, 0, 0) and ring.common == [True, True]
+    assert [bytes(r) for r in buf[:6]] == frames
+    assert int(ring.head[0]) == 8 * 4 + 3 and not ring.status.any()
+
+
+def test_frames_of_several_lengths_take_the_common_path_with_lens_and_only_with_it():
+    """With `lens` (the workers' PARAM frames of 1-4 chunks) a run of several lengths is one strided
+    copy of its longest frame's bytes; without, the same run is sorted out by the general path."""
+    width = 96
+    frames = [bytes([1]) * 60, bytes([2]) * 96, bytes([3]) * 40]
+    for with_lens in (True, False):
+        ring = FakeRing(8, frame=256)
+        for k, f in enumerate(frames):
+            ring.put(k, f)
+        buf = np.full((8, width), 0xEE, np.uint8)
+        lens = np.zeros(8, np.int64)
+        if with_lens:
+            assert ring.receive_rows(buf, 0, lens) == (3, 0, 0) and ring.common == [True]
+            assert [bytes(buf[i, : lens[i]]) for i in range(3)] == frames and (buf[:3, 96:] == 0xEE).all()
+        else:
+            assert ring.receive_rows(buf) == (1, 0, 0) and ring.common == [False]
+            assert bytes(buf[0]) == frames[1]
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("with_lens", [False, True])
+def test_the_common_path_takes_what_the_general_path_takes(seed, with_lens):
+    """Scripted rings, all good, all of one other kind or mixed (tagged: status and tci, status
+    alone (VID 0) or tci alone; ours; short, long, cut short, only partly kept; another MAC offset;
+    another status bit; a slot still the kernel's before or after one handed over), read from a
+    random position in random-sized buffers: rows, lengths, counts, read position and slot states
+    are the same with the common path as with the general path alone; where all are good the
+    common path takes them."""
+    from mindp.protocol import UDP_PORT
+
+    rng = np.random.default_rng(seed)
+    n, frame, width = 16, 256, 96
+    rings = FakeRing(n, frame), GeneralRing(n, frame)
+    kinds = ["vlan", "vlan0", "tci", "ours", "short", "long", "cut", "snap", "mac", "losing", "kernel"]
+    # Slots all good (the common path's case), all of one other kind, or mixed.
+    mode = ["good", str(rng.choice(kinds)), "mixed", "mixed"][seed % 4]
+    plain = mode == "good"
+    start = int(rng.integers(0, 4 * n))
+    for i in range(n - int(rng.integers(0, 3))):
+        k = (start + i) % n
+        size = width if not with_lens or rng.random() < 0.5 else int(rng.integers(40, width + 1))
+        kind = mode if mode != "mixed" else "good" if rng.random() < 0.6 else rng.choice(kinds)
+        size = {"short": 30, "long": width + 8, "cut": width}.get(kind, size)
+        f = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+        f[12:14], f[23], f[36:38] = b"\x08\x00", 17, UDP_PORT.to_bytes(2, "big")
+        for ring in rings:
+            ring.put(k, bytes(f), mac=rxring.MAC_OFFSET + 4 * (kind == "mac"))
+            ring.status[k] |= {"vlan": rxring.TP_STATUS_VLAN_VALID, "vlan0": rxring.TP_STATUS_VLAN_VALID,
+                               "losing": 4}.get(kind, 0)
+            ring.tcis[k] = 5 if kind in ("vlan", "tci") else 0
+            ring.pkttypes[k] = rxring.PACKET_OUTGOING if kind == "ours" else 1
+            if kind == "cut":  # longer than its slot held
+                ring.lens[k] = width + 30
+            if kind == "snap":  # (only its first bytes kept)
+                ring.snaplens[k] = size - 20
+            if kind == "kernel":
+                ring.status[k] = 0
+            ring.head[0] = start
+    results = []
+    for ring in rings:
+        got = []
+        r = np.random.default_rng(seed + 1)
+        while True:
+            buf = np.full((int(r.integers(1, 12)), width), 0xEE, np.uint8)
+            lens = np.zeros(len(buf), np.int64) if with_lens else None
+            at = int(r.integers(0, len(buf)))
+            counts = ring.receive_rows(buf, at, lens)
+            got.append((counts, buf.tobytes(), None if lens is None else lens.tolist(), int(ring.head[0])))
+            if counts == (0, 0, 0):
+                break
+        results.append((got, ring.status.tolist()))
+    assert results[0] == results[1]
+    if plain:
+        assert True in rings[0].common
 
 
 @pytest.mark.net
