@@ -216,6 +216,9 @@ class OptimizerNode:
         self._src_keys = None if self.sources is None else [int.from_bytes(m + i, "big") for m, i in self.sources]
         self._me = np.frombuffer(self.mac + self.ip, np.uint8)
         self._src_rows = np.array([list(m + i) for m, i in sorted(self.sources or ())], np.uint8).reshape(-1, 10)
+        # The PARAM frames of a batch (compiled packer): built in these, grown to the largest batch.
+        self._tx = np.empty((0, param_frame_len(PARAM_CHUNKS_MAX)), np.uint8)
+        self._tx16, self._tx_lens = self._tx.view(np.uint16), np.empty(0, np.int64)
         if not fused.NUMPY_ONLY:  # compiled (or loaded) now: the first batch neither waits nor grows the process
             _take_sums(self.rx[:0], self._me, self._src_rows, self.sources is None, _CHECK_TABLE,
                        np.zeros(len(ROW_REJECTS), np.int64), np.empty((0, codec.HEADER_LEN), np.uint8),
@@ -375,15 +378,16 @@ class OptimizerNode:
             return 0
         if fused.NUMPY_ONLY:
             out = codec.param_frames(hdr, vals, self.addrs)  # up to PARAM_CHUNKS_MAX chunks a frame
-            frames, lens = out.frames, out.lens
+            frames, lens, n = out.frames, out.lens, len(out.frames)
         else:  # the same frames, built in one compiled pass
             hb = np.ascontiguousarray(fused.wire_order(hdr)).view(np.uint8).reshape(len(hdr), codec.HEADER_LEN)
-            frames = np.empty((len(hdr), param_frame_len(PARAM_CHUNKS_MAX)), np.uint8)  # (rows past n untouched)
-            lens = np.empty(len(hdr), np.int64)
+            if len(self._tx) < len(hdr):  # one buffer reused from batch to batch (rows past n untouched)
+                self._tx = np.empty((max(len(hdr), 2 * len(self._tx)), param_frame_len(PARAM_CHUNKS_MAX)), np.uint8)
+                self._tx16, self._tx_lens = self._tx.view(np.uint16), np.empty(len(self._tx), np.int64)
+            frames, lens = self._tx, self._tx_lens
             n = _pack_params(hb, np.ascontiguousarray(vals, np.float16).view(np.uint16), self._prefixes, frames,
-                             frames.view(np.uint16), lens)
-            frames, lens = frames[:n], lens[:n]
-        _, failed = rawsock.send_rows(self.sock, frames, range(len(frames)), self.faults, lens)
+                             self._tx16, lens)
+        _, failed = rawsock.send_rows(self.sock, frames, range(n), self.faults, lens)
         self.stats["params_sent"] += len(hdr)
         self.stats["send_errors"] += failed  # frames
         return len(hdr)

@@ -164,7 +164,8 @@ def test_the_node_sends_consecutive_full_chunks_several_to_a_frame(tmp_path, mon
 @pytest.mark.skipif(node_socket.fused.NUMPY_ONLY, reason="the compiled packer needs numba")
 def test_the_node_s_compiled_param_frames_are_codec_param_frames_byte_for_byte(monkeypatch):
     """Answers of every shape (runs longer than a frame, gaps, a short chunk, steps, jobs and flags
-    changing mid-run, a chunk number wrapping) leave in exactly the frames codec.param_frames builds."""
+    changing mid-run, a chunk number wrapping) leave in exactly the frames codec.param_frames builds,
+    a smaller batch after a larger one too (the frames' buffer is reused)."""
     import numpy as np
 
     from mindp import codec
@@ -178,7 +179,10 @@ def test_the_node_s_compiled_param_frames_are_codec_param_frames_byte_for_byte(m
     core = SimpleNamespace(stats=collections.Counter())  # _send needs no state
     node = node_socket.OptimizerNode(core, None, node_socket.NodeAddress("02:00:00:00:00:09", "10.0.0.9"),
                                      stall_resend=0)
-    for n in (1, 2, 5, 9, 40, 300):
+    kept = None
+    for n in (1, 2, 5, 9, 40, 300, 3, 17):  # batches growing the frames' buffer, then smaller ones in it
+        if n == 3:
+            kept = node._tx
         chunk = np.cumsum(rng.choice([1, 1, 1, 1, 2], n)).astype(np.int64) + 0xFFFFFFF0 - n // 2
         hdr = codec.header_array(n, kind=Kind.PARAM, job=np.where(rng.random(n) < 0.05, 2, 1),
                                  step=np.where(rng.random(n) < 0.05, 8, 7), chunk=chunk % (1 << 32),
@@ -188,7 +192,7 @@ def test_the_node_s_compiled_param_frames_are_codec_param_frames_byte_for_byte(m
         want = codec.param_frames(hdr, vals, node.addrs)
         node._send(hdr, vals)
         assert sent.pop() == [want.frames[i, : want.lens[i]].tobytes() for i in range(len(want.lens))]
-    assert node.stats["params_sent"] == 357
+    assert node.stats["params_sent"] == 377 and node._tx is kept  # reused, not made again
 
 
 @pytest.mark.parametrize("rx_usecs", [500, 0])
