@@ -11,6 +11,7 @@ import json
 import pathlib
 import select
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
@@ -23,6 +24,7 @@ from mindp.topology import Topology, TopologyError
 
 from . import agent_args, digest, fused, gradframes, param_rx, rawsock, reference, shards
 from .optim import ConfigError
+from .pumper import Pumper
 from .resume import ResumeFile
 from .window import RtoConfig, RttEstimator, StepTimeout, Window
 
@@ -62,6 +64,11 @@ class WorkerConfig:
     # a receive) costs ~0.5 ms of numpy and system calls whatever its size, and backward puts a
     # tensor every few ms (the gpt's 53 tensors: 43 pumps a step; at 128, ~20). 1: every put.
     bucket: int = 128
+    # Streaming: from a step's start to wait(), a thread of the agent's takes the answers as they
+    # come and sends each slot's next chunk at once (host_agent.pumper), where put()'s pumps alone
+    # left most of a large model's chunks for wait(); put() then only nudges it once a bucket is
+    # ready. False: put() pumps itself, wait() sends the rest (no thread).
+    stream: bool = True
 
     def __post_init__(self) -> None:  # here, not in WorkerAgent: a bad option is told before any I/O
         if self.slots < 1:
@@ -138,6 +145,10 @@ class WorkerAgent:
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
         self.param_rx = param_rx.ParamReceiver(cfg.job_id, self.counts, cfg.optimizer_mac, cfg.optimizer_ip,
                                                self.param_sources, len(self.rx))
+        self.pumper = Pumper(sock, cfg.coalesce, cfg.coalesce_min) if cfg.stream else None
+        # Held by every pump and by put() marking chunks ready (re-entered: the thread holds it
+        # around its pump's own).
+        self.lock = threading.RLock() if self.pumper is None else self.pumper.lock
         # Every chunk's GRAD frame, built once: a step rewrites only its step, ver, flags and body.
         chunks = np.arange(n)
         self.frames = codec.encode(Kind.GRAD, codec.header_array(
@@ -180,6 +191,12 @@ class WorkerAgent:
         """Overlap form: put() tensors as they are produced (sending starts at once), then wait()."""
         return StepHandle(self)
 
+    def close(self) -> None:
+        """End the pumping thread (the socket stays the caller's)."""
+        if self.pumper:
+            self.pumper.close()
+            self.pumper = None
+
 
 def _count(stats: collections.Counter, key: str, n: int) -> None:
     if n:
@@ -189,6 +206,8 @@ def _count(stats: collections.Counter, key: str, n: int) -> None:
 class StepHandle:
     def __init__(self, agent: WorkerAgent):
         self.agent = agent
+        if agent.pumper:  # a step abandoned before its wait() (backward raised) is pumped no more
+            agent.pumper.park()
         lay = agent.layout
         self.bad = np.zeros(lay.n_chunks, dtype=np.uint8)  # chunks given a non-finite gradient
         if agent.resume is None:  # else received straight into the resume file (below)
@@ -212,6 +231,8 @@ class StepHandle:
                 self.window.resume(answered)
                 self.nonfinite.update(np.flatnonzero(nonfinite).tolist())
                 agent.stats["resumed_chunks"] += int(np.count_nonzero(answered))
+        if agent.pumper:
+            agent.pumper.follow(self)
 
     def put(self, name: str, grad) -> None:
         """One named gradient (numpy or torch); its chunks leave as soon as the window allows."""
@@ -232,13 +253,17 @@ class StepHandle:
             self.pending[lo:hi] -= 1
             ready = np.flatnonzero(self.pending[lo:hi] == 0) + lo
             if len(ready):
-                bad = ready[self.bad[ready] != 0]
-                if len(bad):
-                    a.frames[bad, FLAGS_OFFSET] = int(Flag.NONFINITE)
-                self.window.set_ready(ready)
-                self.unsent += len(ready)
-                if self.unsent >= a.bucket:
-                    self.pump(0.0)
+                with a.lock:
+                    bad = ready[self.bad[ready] != 0]
+                    if len(bad):
+                        a.frames[bad, FLAGS_OFFSET] = int(Flag.NONFINITE)
+                    self.window.set_ready(ready)
+                    self.unsent += len(ready)
+                    if self.unsent >= a.bucket:
+                        if a.pumper:
+                            a.pumper.nudge()
+                        else:
+                            self.pump(0.0)
 
     def _encode(self) -> None:
         """This step's fields into every chunk's frame, in place, once a step: put() writes the
@@ -258,16 +283,17 @@ class StepHandle:
         send proves the link is back: parameters queued before it went down are still received."""
         a = self.agent
         st = a.stats
-        out, errors = st["sent"] + st["retransmitted"], st["send_errors"]
-        try:
-            self._pump(timeout)
-        except OSError as exc:
-            a.link.failed(exc)
-            st["link_down"] = a.link.downs
-            return
-        if a.link.down and st["sent"] + st["retransmitted"] - out > st["send_errors"] - errors:
-            a.link.alive()
-            self.window.link_back(time.monotonic(), self._just_sent)
+        with a.lock:
+            out, errors = st["sent"] + st["retransmitted"], st["send_errors"]
+            try:
+                self._pump(timeout)
+            except OSError as exc:
+                a.link.failed(exc)
+                st["link_down"] = a.link.downs
+                return
+            if a.link.down and st["sent"] + st["retransmitted"] - out > st["send_errors"] - errors:
+                a.link.alive()
+                self.window.link_back(time.monotonic(), self._just_sent)
 
     def _pump(self, timeout: float) -> None:
         """Send what is due, wait up to `timeout` for frames, take the parameters that came."""
@@ -350,6 +376,8 @@ class StepHandle:
         """Block until every parameter chunk of the step is in; raises StepTimeout past the deadline."""
         a = self.agent
         w = self.window
+        if a.pumper:  # from here this thread pumps (a pump of the thread's that failed raises here)
+            a.pumper.park()
         missing_grads = [s.name for s in a.layout.specs if s.name not in self.put_names]
         if missing_grads:
             raise ValueError(f"step {w.step}: no gradient given for {missing_grads}")

@@ -13,7 +13,7 @@ from host_agent.optim import ConfigError
 from host_agent.resume import ResumeFile
 from host_agent.window import RtoConfig
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version
-from mindp import INSTALL_TORCH, codec
+from mindp import INSTALL_TORCH, codec, progress
 from mindp.protocol import K, Flag, Kind, frame_len
 
 from .helpers import small_model
@@ -142,7 +142,7 @@ def test_parameters_for_unsent_chunks_and_from_a_foreign_source_are_ignored():
     lay = optim.layout_of({"a": np.zeros(2 * K + 6, np.float32), "b": np.zeros(K + 8, np.float32)})  # chunks 0-2 | 2-3
     n = lay.n_chunks
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent = WorkerAgent(replace(CFG, bucket=1), lay, a)  # each put sends at once
+    agent = WorkerAgent(replace(CFG, bucket=1, stream=False), lay, a)  # each put sends at once
     h = agent.start_step()
     b.send(param_frame(0, 0, n, 7.0, lay))  # before chunk 0 was sent: taking it would deadlock the job
     h.pump(0.05)
@@ -205,7 +205,7 @@ def test_puts_send_in_buckets_and_wait_sends_the_rest():
     lay = optim.layout_of({t: np.zeros(m * K, np.float32) for t, m in sizes.items()})
     n = lay.n_chunks
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
-    agent = WorkerAgent(replace(CFG, slots=n, bucket=4), lay, a)
+    agent = WorkerAgent(replace(CFG, slots=n, bucket=4, stream=False), lay, a)
     assert agent.bucket == 4 and WorkerAgent(replace(CFG, slots=n, bucket=5), lay, a).bucket == n // 16
     h = agent.start_step()
 
@@ -284,7 +284,8 @@ def test_a_worker_killed_mid_step_goes_on_from_its_resume_file(tmp_path):
             h.pump(0.01)
         answered = h.window.done.copy()
         assert 0 < answered.sum() < n
-        del agent, h, resume  # killed mid-step
+        agent.close()  # killed mid-step: its pumping thread ends with it
+        del agent, h, resume
         drain(a)
         sent_before = len(echo.headers)
         resume, existed = ResumeFile.open(path, CFG.job_id, CFG.worker_id, lay, before, first_step=7)
@@ -378,3 +379,30 @@ def test_a_worker_waits_to_read_a_batch_only_with_many_chunks_unanswered(monkeyp
     assert np.array_equal(out["w"], (grad["w"].astype(np.float16).astype(np.float32) * 2).astype(np.float16))
     assert (len(slept) > 0) == waits
     assert all(s == coalesce for s in slept)
+
+
+def test_a_streaming_agent_pumps_its_step_while_the_caller_computes():
+    """By default a thread of the agent's takes the answers as they come and sends each slot's next
+    chunk (and resends what was lost): the whole step is sent and answered before wait() is called,
+    where put()'s own pump sends only the first window (`slots` chunks)."""
+    init = {"a": np.zeros(12 * K, np.float32)}  # 12 chunks, 4 slots
+    lay = optim.layout_of(init)
+    n = lay.n_chunks
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    echo = Echo(b)  # (loses the first copy of chunks 0, 5 and 10)
+    echo.start()
+    agent = WorkerAgent(CFG, lay, a)
+    try:
+        h = agent.start_step()
+        h.put("a", np.full(12 * K, 0.5, np.float32))
+        progress.wait(lambda: h.window.complete, lambda: h.window.n_done, stall=30, what="the step")
+        sends = len(echo.headers)
+        params = h.wait()
+    finally:
+        echo.stop = True
+        echo.join()
+        agent.close()
+    assert (params["a"] == 1.0).all() and sends == len(echo.headers) >= n + 3
+    assert agent.stats["retransmitted"] >= 3
+    a.close()
+    b.close()
