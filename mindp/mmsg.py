@@ -100,8 +100,9 @@ def row_addresses(buf: np.ndarray) -> np.ndarray:
     hit = _rows.get(key)
     if hit is not None and hit[0]() is buf and hit[1] == buf.shape:
         return hit[2]
-    if len(_rows) >= _ROWS_KEPT:
-        _rows.pop(next(iter(_rows)))
+    if len(_rows) >= _ROWS_KEPT:  # the oldest go (a copy of the keys: another thread may send too)
+        for old in list(_rows)[: len(_rows) - _ROWS_KEPT + 1]:
+            _rows.pop(old, None)
     addresses = _addresses(buf.ctypes.data, buf.shape[0], buf.strides[0])
     _rows[key] = (weakref.ref(buf, lambda _, key=key, rows=_rows: rows.pop(key, None)), buf.shape, addresses)
     return addresses
