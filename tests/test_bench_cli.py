@@ -157,10 +157,18 @@ def test_torch_gpt_samples_bmv2_as_the_switch_and_no_wrapper(monkeypatch):
 def test_torch_gpt_ctrl_c_is_one_line_and_exit_130():
     """Ctrl-C ends the bench with one line, not a traceback (what it started is ended on the way)."""
     pytest.importorskip("torch")
+    # As from a terminal: SIGINT at its default (an xdist worker ignores it, and so would its
+    # children, Python installing no handler for an ignored signal).
     p = subprocess.Popen([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--local-steps", "100000",
-                          "--targets", "embedded"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "--targets", "embedded"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.stdout.readline().startswith("gpt (")  # its first line: the model; then one process trains
     p.send_signal(signal.SIGINT)
-    _, err = p.communicate()
+    try:
+        _, err = p.communicate(timeout=600)  # a hang guard: it ends within a second of the signal
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        pytest.fail("torch_gpt.py went on after Ctrl-C")
     assert p.returncode == 130 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == "torch_gpt: interrupted"
