@@ -23,11 +23,10 @@ class Pumper:
     """Pumps the followed StepHandle (its pump(0.0)) whenever frames arrive, put() nudges, or a
     timer of its window is due."""
 
-    def __init__(self, sock, coalesce: float, coalesce_min: int, gap: float = 0.001):
-        """coalesce / coalesce_min: as WorkerConfig's; gap: the least time between two pumps while
-        chunks are in flight (a pump costs ~0.1-0.5 ms of Python and system calls)."""
+    def __init__(self, sock, coalesce: float, coalesce_min: int):
+        """coalesce / coalesce_min: as WorkerConfig's (coalesce 0: off)."""
         self.sock = sock
-        self.coalesce = max(coalesce, gap)
+        self.coalesce = coalesce
         self.coalesce_min = coalesce_min
         self.lock = threading.RLock()  # held by whoever pumps the step, and by put() marking chunks ready
         self._cv = threading.Condition()
@@ -87,12 +86,15 @@ class Pumper:
                 timeout = max(0.0, min(w.wake_at() - time.monotonic(), 0.05))
                 busy = w.n_sent - w.n_done >= self.coalesce_min
             ready, _, _ = select.select([self.sock, self._r], [], [], timeout)
-            if self._r in ready:
+            nudged = self._r in ready
+            if nudged:
                 try:
                     os.read(self._r, 4096)
                 except BlockingIOError:
                     pass
-            if busy:  # a stream of answers is on its way: one pump takes a batch of them
+            # Woken by a stream of answers: one pump takes a batch of them. A nudge (chunks ready
+            # to leave) or a timer pumps at once.
+            if busy and not nudged and ready and self.coalesce > 0:
                 time.sleep(self.coalesce)
             with self.lock:
                 if self._handle is not h:
