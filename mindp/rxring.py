@@ -69,8 +69,9 @@ def slot_bytes(longest: int) -> int:
 #: or a whole SUM/PARTIAL frame of this K (a child switch's PARTIAL comes in at a parent), so no
 #: mindp frame takes the socket queue's slower path.
 FRAME = max(2048, slot_bytes(frame_len(Kind.SUM)))
-#: The switch's slots per port: 8 MiB, as much as the socket buffer the port had before.
-FRAMES = max(512, (8 << 20) // FRAME)
+#: The switch's slots per port: 8 MiB, as much as the socket buffer the port had before, in whole
+#: blocks (the ring a port makes has exactly these).
+FRAMES = -(-max(512, (8 << 20) // FRAME) // max(1, BLOCK // FRAME)) * max(1, BLOCK // FRAME)
 
 
 def header_dtype(frame: int) -> np.dtype:

@@ -11,7 +11,6 @@ import os
 
 import numpy as np
 
-from mindp import rxring
 
 from ..batch import Batch
 
@@ -29,6 +28,10 @@ class ServeLoop:
         self.numbers = np.array([p.number for p in self.ports], np.int32)
         self.rings = np.array([p.ring.address for p in self.ports], np.uint64)
         self.heads = np.array([p.ring.head.ctypes.data for p in self.ports], np.uint64)
+        # The C loop steps through every ring alike: the geometry each port's ring really has (a
+        # ring's slots are whole blocks of them), one for all, or the loop is not usable.
+        shapes = {(p.ring.frames, p.ring.frame) for p in self.ports}
+        self.shape = shapes.pop() if len(shapes) == 1 else None
         # ctypes, not numpy: read and cleared after every call, where numpy's per-call overhead
         # (any, tolist, .ctypes) was 13 of the 18 us a serve cost in Python, every wake-up
         self.counts = (ctypes.c_uint64 * (4 * len(self.ports)))()  # per port: rx, tx, tx_errors, rx_truncated
@@ -46,7 +49,7 @@ class ServeLoop:
             rx, tx = self.rx, self.tx
             self.words[:] = [len(self.ports), BUDGET, self.fds.ctypes.data, self.numbers.ctypes.data,
                              ctypes.addressof(self.counts), self.rings.ctypes.data, self.heads.ctypes.data,
-                             rxring.FRAMES, rxring.FRAME, rx.buf.ctypes.data, rx.lens.ctypes.data,
+                             *self.shape, rx.buf.ctypes.data, rx.lens.ctypes.data,
                              rx.ports.ctypes.data, rx.slot, rx.capacity, tx.buf.ctypes.data, tx.lens.ctypes.data,
                              tx.ports.ctypes.data, tx.slot, tx.capacity, stats_address, ctypes.addressof(self.io),
                              self.paged_fds.ctypes.data]
@@ -54,12 +57,12 @@ class ServeLoop:
         return self._words
 
     def usable(self) -> bool:
-        """Whether every port is one the C loop serves as the Python loop would: no capture, and
-        the kernel leaves out the switch's own transmissions. Once true, true for good: a port's
+        """Whether every port is one the C loop serves as the Python loop would: no capture, the
+        kernel leaves out the switch's own transmissions, and all rings have one geometry. Once true, true for good: a port's
         capture only ever stops (ports.py), and the rest is fixed when the port is made."""
         if not self._usable:
             self._usable = all(not (p.pcap_in or p.pcap_out or p.filter_outgoing) for p in self.ports) and \
-                self.rx.slot == self.tx.slot
+                self.rx.slot == self.tx.slot and self.shape is not None
         return self._usable
 
     def collect(self) -> tuple[int, int, int]:

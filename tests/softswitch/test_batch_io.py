@@ -339,14 +339,23 @@ def test_the_c_packet_loop_serves_as_the_python_loop():
 
 
 @pytest.mark.skipif(mmsg.CALLS is None, reason="no sendmmsg on this platform")
-def test_the_python_and_c_loops_take_turns_on_one_ring_as_it_wraps():
+@pytest.mark.parametrize("ring", ["default", "odd"])
+def test_the_python_and_c_loops_take_turns_on_one_ring_as_it_wraps(monkeypatch, ring):
     """13,000 numbered frames in bursts of 1,000 through the exprs program (each reflected to its
     port), the bursts read by the Python loop and the C loop in turn: every frame back once, in
-    order, while the ring (4,096 slots) wraps three times; the port's count and the ring's read
-    position agree."""
+    order, while the ring wraps three times or more; the port's count and the ring's read position
+    agree. 'odd': 12 KiB slots, 10 a block (K = 1,024's), 1,010 of them: the C loop stepped through
+    the rings by the module's default geometry and fell out of step with them (a K = 1,024 run
+    stalled at its second wrap)."""
+    from functools import partial
+
     from mindp import rxring
+    from softswitch import ports
 
     from .test_executor import engine
+
+    if ring == "odd":
+        monkeypatch.setattr(ports, "RxRing", partial(rxring.RxRing, frame=12288, frames=1003))
 
     bursts, each = 13, 1000
     frames = np.zeros((bursts * each, 24), np.uint8)
@@ -376,7 +385,7 @@ def test_the_python_and_c_loops_take_turns_on_one_ring_as_it_wraps():
         finally:
             s.close()
             dp.close()
-    assert len(frames) > 3 * rxring.FRAMES
+    assert len(frames) > 3 * port.ring.frames and port.ring.frames == (rxring.FRAMES if ring == "default" else 1010)
     assert [g[14:18] for g in got] == [f.tobytes()[14:18] for f in frames]
     assert port.rx == eng.stats.rx == len(frames) == int(port.ring.head[0])
 
