@@ -18,8 +18,12 @@ from mindp import codec
 from mindp.protocol import K, Flag, Kind, frame_len
 
 NODE = codec.Addresses("02:00:00:00:00:09", "ff:ff:ff:ff:ff:ff", "10.0.0.9", "255.255.255.255")
+# stream=False: no thread, so each step's wait() reads every frame the script sent for it and the
+# counts below are exact (a streaming thread may finish a step before its last second answer is
+# read, which the next step then counts as stale).
 CFG = WorkerConfig(3, 1, 8, "02:00:00:00:00:01", "10.0.0.1", NODE.src_mac, NODE.src_ip,
-                   rto=RtoConfig(initial=5.0, min=5.0, max=10.0, deadline=30.0))  # nothing resent: the script answers
+                   rto=RtoConfig(initial=5.0, min=5.0, max=10.0, deadline=30.0),  # nothing resent: the script answers
+                   stream=False)
 STEPS = 6
 NONFINITE_STEP = 3
 
