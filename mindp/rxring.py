@@ -69,9 +69,17 @@ def slot_bytes(longest: int) -> int:
 #: or a whole SUM/PARTIAL frame of this K (a child switch's PARTIAL comes in at a parent), so no
 #: mindp frame takes the socket queue's slower path.
 FRAME = max(2048, slot_bytes(frame_len(Kind.SUM)))
+
+
+def whole_blocks(frames: int, frame: int) -> tuple[int, int]:
+    """(slots a block, slots): at least `frames` slots of `frame` bytes, in whole blocks of ~BLOCK."""
+    per_block = max(1, BLOCK // frame)
+    return per_block, -(-frames // per_block) * per_block
+
+
 #: The switch's slots per port: 8 MiB, as much as the socket buffer the port had before, in whole
 #: blocks (the ring a port makes has exactly these).
-FRAMES = -(-max(512, (8 << 20) // FRAME) // max(1, BLOCK // FRAME)) * max(1, BLOCK // FRAME)
+FRAMES = whole_blocks(max(512, (8 << 20) // FRAME), FRAME)[1]
 
 
 def header_dtype(frame: int) -> np.dtype:
@@ -103,8 +111,7 @@ class RxRing:
 
     def __init__(self, sock: socket.socket, frame: int = FRAME, frames: int = FRAMES, copy_long: bool = True):
         self.sock = sock
-        per_block = max(1, BLOCK // frame)
-        frames = -(-frames // per_block) * per_block
+        per_block, frames = whole_blocks(frames, frame)
         self.frame, self.frames = frame, frames
         sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V2)
         if copy_long:
