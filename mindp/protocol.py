@@ -23,9 +23,10 @@ UDP_PORT = 49374
 #: the P4 program is compiled for one K (p4src/compiled/k<K>/) and every host of a run uses the same.
 #: A process takes it from MINDP_K (`make run K=...` sets it for all of a run's processes), else
 #: DEFAULT_K. HARDWARE_K is the size a Tofino-class pipeline's stateful ALUs bound (SwitchML, ATP),
-#: and BMv2's default, since BMv2 interprets every element.
+#: and BMv2's default, since BMv2 interprets every element. DEFAULT_K, the embedded switch's, is the
+#: largest power of two whose SUM frames (8,258 bytes) fit a data-centre link's 9,000-byte MTU.
 HARDWARE_K = 32
-DEFAULT_K = 512
+DEFAULT_K = 1024
 #: The largest K: a SUM frame (K int64) must fit an IPv4 datagram and a 64 KiB veth MTU.
 MAX_K = 8000
 K_ENV = "MINDP_K"

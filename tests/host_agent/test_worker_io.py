@@ -205,6 +205,8 @@ def test_puts_send_in_buckets_and_wait_sends_the_rest():
     lay = optim.layout_of({t: np.zeros(m * K, np.float32) for t, m in sizes.items()})
     n = lay.n_chunks
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for s in (a, b):  # c's 58 gradients, then 63 answers, queued at once at any K
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     agent = WorkerAgent(replace(CFG, slots=n, bucket=4, stream=False), lay, a)
     assert agent.bucket == 4 and WorkerAgent(replace(CFG, slots=n, bucket=5), lay, a).bucket == n // 16
     h = agent.start_step()

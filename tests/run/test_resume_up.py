@@ -85,7 +85,7 @@ def test_the_ranks_env_carries_the_runs_k_so_up_commands_match_the_switch(monkey
     from mindp import protocol
     from mininet_topos.script_run import ScriptRun
 
-    monkeypatch.setattr(protocol, "K", 32)  # BMv2's K; a rank without MINDP_K would take the default 512
+    monkeypatch.setattr(protocol, "K", 32)  # BMv2's K; a rank without MINDP_K would take the default K
     run = SimpleNamespace(topo_path=pathlib.Path("/r/topology.json"), job_dir=pathlib.Path("/r/job1"),
                           logs=pathlib.Path("/r/logs"))
     assert ScriptRun.rank_env.fget(run)["MINDP_K"] == "32"
