@@ -24,6 +24,7 @@ import struct
 import numpy as np
 
 from .protocol import IPPROTO_UDP, UDP_PORT, Kind, frame_len
+from .switch_constants import POOL_SLOTS
 
 SOL_PACKET = 263
 PACKET_RX_RING = 5
@@ -77,9 +78,11 @@ def whole_blocks(frames: int, frame: int) -> tuple[int, int]:
     return per_block, -(-frames // per_block) * per_block
 
 
-#: The switch's slots per port: 8 MiB, as much as the socket buffer the port had before, in whole
+#: The switch's slots per port: 8 MiB, as much as the socket buffer the port had before, and at
+#: least a slot for each of the pool's aggregation slots (no window of chunks in flight to a port
+#: outgrows its ring: 690 slots at K = 1,024 dropped frames of a 1,024-chunk window), in whole
 #: blocks (the ring a port makes has exactly these).
-FRAMES = whole_blocks(max(512, (8 << 20) // FRAME), FRAME)[1]
+FRAMES = whole_blocks(max(POOL_SLOTS, (8 << 20) // FRAME), FRAME)[1]
 
 
 def header_dtype(frame: int) -> np.dtype:
