@@ -23,7 +23,7 @@ import struct
 
 import numpy as np
 
-from .protocol import IPPROTO_UDP, UDP_PORT, Kind, frame_len
+from .protocol import IPPROTO_UDP, UDP_PORT, K, Kind, frame_len
 from .switch_constants import POOL_SLOTS
 
 SOL_PACKET = 263
@@ -66,10 +66,15 @@ def slot_bytes(longest: int) -> int:
     return -(-need // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
-#: The switch's slot: bytes, its header (struct tpacket2_hdr, struct sockaddr_ll) included: 2 KiB,
-#: or a whole SUM/PARTIAL frame of this K (a child switch's PARTIAL comes in at a parent), so no
-#: mindp frame takes the socket queue's slower path.
-FRAME = max(2048, slot_bytes(frame_len(Kind.SUM)))
+def switch_slot(k: int = K) -> int:
+    """A switch port's slot at K = k: bytes, its header (struct tpacket2_hdr, struct sockaddr_ll)
+    included: 2 KiB, or a whole SUM/PARTIAL frame of k (a child switch's PARTIAL comes in at a
+    parent), so no mindp frame takes the socket queue's slower path."""
+    return max(2048, slot_bytes(frame_len(Kind.SUM, k)))
+
+
+#: The switch's slot at this K.
+FRAME = switch_slot()
 
 
 def whole_blocks(frames: int, frame: int) -> tuple[int, int]:
@@ -78,11 +83,16 @@ def whole_blocks(frames: int, frame: int) -> tuple[int, int]:
     return per_block, -(-frames // per_block) * per_block
 
 
-#: The switch's slots per port: 8 MiB, as much as the socket buffer the port had before, and at
-#: least a slot for each of the pool's aggregation slots (no window of chunks in flight to a port
-#: outgrows its ring: 690 slots at K = 1,024 dropped frames of a 1,024-chunk window), in whole
-#: blocks (the ring a port makes has exactly these).
-FRAMES = whole_blocks(max(POOL_SLOTS, (8 << 20) // FRAME), FRAME)[1]
+def switch_frames(frame: int) -> int:
+    """A switch port's slots of `frame` bytes: 8 MiB, as much as the socket buffer the port had
+    before, and at least one for each of the pool's aggregation slots (no window of chunks in
+    flight to a port outgrows its ring: 690 slots at K = 1,024 dropped frames of a 1,024-chunk
+    window), in whole blocks (the ring a port makes has exactly these)."""
+    return whole_blocks(max(POOL_SLOTS, (8 << 20) // frame), frame)[1]
+
+
+#: The switch's slots per port at this K.
+FRAMES = switch_frames(FRAME)
 
 
 def header_dtype(frame: int) -> np.dtype:

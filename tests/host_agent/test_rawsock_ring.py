@@ -90,6 +90,18 @@ def test_an_agent_socket_receives_through_its_ring_at_each_k(k):
         assert r["in_order"] and r["tagged"] == r["other"] == r["bursts"] and r["dropped"] == 0, r
 
 
+@pytest.mark.parametrize("k", [8, 32, 512, 1024, 4096])
+def test_a_switch_ring_holds_every_slot_of_the_pool_at_any_k(k):
+    """A switch port's ring has a slot for each of the pool's aggregation slots, the most a port
+    has in flight, whatever K's slot size; in whole blocks (RxRing makes exactly that many)."""
+    from mindp.switch_constants import POOL_SLOTS
+
+    frame = rxring.switch_slot(k)
+    frames = rxring.switch_frames(frame)
+    per_block, _ = rxring.whole_blocks(1, frame)
+    assert frames >= POOL_SLOTS and frames % per_block == 0
+
+
 def test_an_old_kernel_or_a_socket_pair_gets_no_ring():
     """enable_auxdata on a socket that is not AF_PACKET: no ring, False, nothing read from it."""
     import socket
