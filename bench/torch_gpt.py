@@ -349,40 +349,56 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
     return len(timed) / sum(timed), "", k, sampler.usages()
 
 
-def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path) -> dict[str, float] | None:
-    """One round, each side in turn, its lines printed: {side: steps/s} ("one process", "DDP",
-    each target run), or None when a side failed (said in its line)."""
+def side_order(round_index: int, sides: list[str]) -> list[str]:
+    """The order a round runs its sides in: as listed in even rounds, reversed in odd ones, so a
+    host that speeds up or slows down over minutes favours no side (each round's ratios are taken
+    within it, and a drift's share of them changes sign from one round to the next)."""
+    return list(sides) if round_index % 2 == 0 else list(reversed(sides))
+
+
+def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 0) -> dict[str, float] | None:
+    """One round, its sides in side_order, each side's lines printed as it ends and its ratios at
+    the round's end: {side: steps/s} ("one process", "DDP", each target run), or None when a side
+    failed (said in its line)."""
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
-    base = single_process(wl, base_steps)
-    print(f"  {'one process, torch.optim.AdamW':<34} {base:8.3f} steps/s  (torch threads {torch.get_num_threads()})")
-    rates = {"one process": base}
     if os.geteuid() != 0:
-        return rates
-    ddp, err, ranks = ddp_run(args.workers, args.local_steps, args.gpt)
-    label = f"PyTorch DDP (gloo), {args.workers} namespaces"
-    if err:
-        print(f"  {label:<34} failed: {err}")
-        return None
-    print(f"  {label:<34} {ddp:8.3f} steps/s  ratio {ddp / base:.3f} of one process")
-    for line in usage_lines(ranks):
-        print(f"      {line}")
-    rates["DDP"] = ddp
+        base = single_process(wl, base_steps)
+        print(f"  {'one process, torch.optim.AdamW':<34} {base:8.3f} steps/s  (torch threads {torch.get_num_threads()})")
+        return {"one process": base}
     tmp.mkdir(parents=True, exist_ok=True)
-    for target in [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]:
-        label = f"make run MODEL=gpt TARGET={target}"
-        if target == "bmv2" and targets.find_bmv2() is None:
-            print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
+    switch_targets = [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]
+    rates: dict[str, float] = {}
+    labels: dict[str, str] = {}
+    order = side_order(index, ["one process", "DDP", *switch_targets])
+    for side in order:
+        if side == "one process":
+            rates[side] = single_process(wl, base_steps)
+            print(f"  {'one process, torch.optim.AdamW':<34} {rates[side]:8.3f} steps/s  "
+                  f"(torch threads {torch.get_num_threads()})")
             continue
-        rate, err, k, usages = switch_run(target, args.workers, args.steps, tmp, args.gpt, args.node_ram)
-        label += f" K={k}"
+        if side == "DDP":
+            ddp, err, usages = ddp_run(args.workers, args.local_steps, args.gpt)
+            label = f"PyTorch DDP (gloo), {args.workers} namespaces"
+        else:
+            label = f"make run MODEL=gpt TARGET={side}"
+            if side == "bmv2" and targets.find_bmv2() is None:
+                print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
+                continue
+            rate, err, k, usages = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram)
+            label += f" K={k}"
         if err:
             print(f"  {label:<34} failed: {err}")
             return None
-        print(f"  {label:<34} {rate:8.3f} steps/s  ratio {rate / base:.3f} of one process (bit-exact), "
-              f"mindp / DDP {rate / ddp:.3f}")
+        key = "DDP" if side == "DDP" else label
+        rates[key] = ddp if side == "DDP" else rate
+        labels[key] = label
+        print(f"  {label:<34} {rates[key]:8.3f} steps/s" + ("" if side == "DDP" else " (bit-exact)"))
         for line in usage_lines(usages):
             print(f"      {line}")
-        rates[label] = rate
+    base, ddp = rates["one process"], rates["DDP"]
+    print(f"  ratios (order {', '.join(order)}): DDP {ddp / base:.3f} "
+          f"of one process" + "".join(f"; {labels[s].split(' ', 2)[2]}: {r / base:.3f} of one process, mindp / DDP "
+                                      f"{r / ddp:.3f}" for s, r in rates.items() if s.startswith("make run")))
     return rates
 
 
@@ -434,7 +450,7 @@ def main() -> int:
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
     whole = state_in_ram(wl)
     args.node_ram = whole if args.node_ram is None else args.node_ram
-    print(f"{workload.describe(wl, workload.init_params(wl))}, {args.workers} workers x {wl.batch} windows, AdamW lr "
+    print(f"{workload.describe(wl, workload.init_params(wl))}, {args.workers} workers x {wl.batch} examples, AdamW lr "
           f"{config.DEFAULT_LR['gpt']}, {args.steps} steps; the node's RAM budget {args.node_ram / 2**20:,.0f} MiB "
           f"({'its whole state' if args.node_ram >= whole else 'out of core'})")
     rounds = []
@@ -442,7 +458,7 @@ def main() -> int:
         for i in range(args.rounds):
             if args.rounds > 1:
                 print(f" round {i + 1} of {args.rounds}")
-            rates = one_round(args, gpt, args.local_steps, pathlib.Path(tmp) / f"round{i}")
+            rates = one_round(args, gpt, args.local_steps, pathlib.Path(tmp) / f"round{i}", i)
             if rates is None:
                 return 1
             rounds.append(rates)

@@ -172,3 +172,11 @@ def test_torch_gpt_ctrl_c_is_one_line_and_exit_130():
         pytest.fail("torch_gpt.py went on after Ctrl-C")
     assert p.returncode == 130 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == "torch_gpt: interrupted"
+
+
+def test_torch_gpt_runs_its_sides_in_reverse_every_other_round(monkeypatch):
+    bench = load("torch_gpt", monkeypatch)
+    sides = ["one process", "DDP", "embedded", "bmv2"]
+    orders = [bench.side_order(i, sides) for i in range(4)]
+    assert orders[0] == orders[2] == sides
+    assert orders[1] == orders[3] == sides[::-1]
