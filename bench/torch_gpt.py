@@ -368,7 +368,6 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
     tmp.mkdir(parents=True, exist_ok=True)
     switch_targets = [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]
     rates: dict[str, float] = {}
-    labels: dict[str, str] = {}
     order = side_order(index, ["one process", "DDP", *switch_targets])
     for side in order:
         if side == "one process":
@@ -391,13 +390,12 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             return None
         key = "DDP" if side == "DDP" else label
         rates[key] = ddp if side == "DDP" else rate
-        labels[key] = label
         print(f"  {label:<34} {rates[key]:8.3f} steps/s" + ("" if side == "DDP" else " (bit-exact)"))
         for line in usage_lines(usages):
             print(f"      {line}")
     base, ddp = rates["one process"], rates["DDP"]
     print(f"  ratios (order {', '.join(order)}): DDP {ddp / base:.3f} "
-          f"of one process" + "".join(f"; {labels[s].split(' ', 2)[2]}: {r / base:.3f} of one process, mindp / DDP "
+          f"of one process" + "".join(f"; {s.removeprefix('make run ')}: {r / base:.3f} of one process, mindp / DDP "
                                       f"{r / ddp:.3f}" for s, r in rates.items() if s.startswith("make run")))
     return rates
 
