@@ -16,8 +16,8 @@ each DDP rank holds its own (make run NODE_RAM=; --node-ram 256M, make run's def
 step's time on the workers' clocks) and the run must end bit-exact; DDP's is rank 0's, over
 --local-steps steps, as the one-process figure.
 
-Under DDP and each switch run, per process and timed step: its CPU ms (utime + stime, every thread),
-its voluntary context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its
+Under DDP and each switch run, per process and timed step: its CPU ms (utime + stime, every thread;
+in brackets the share of the threads mindp names, e.g. a worker's pump thread), its voluntary context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its
 own clock (a worker's `compute`). On two cores the sum of CPU is what a step costs; a worker's
 forward+backward above a rank's is the other processes' CPU and wake-ups taken from it.
 
@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -51,7 +51,7 @@ except ImportError:
 
 from host_agent import optim, residency, state  # noqa: E402
 from host_agent.agent_args import integer, parse_size  # noqa: E402
-from mindp import INSTALL_TORCH, protocol, targets, testbed, workload  # noqa: E402
+from mindp import INSTALL_TORCH, protocol, targets, testbed, threadname, workload  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from mininet_topos import config  # noqa: E402
 from p4src import artifacts  # noqa: E402
@@ -139,13 +139,20 @@ class Usage:
     wakeups: float
     compute_ms: float | None = None
     wait_ms: float | None = None
+    threads: dict[str, float] = field(default_factory=dict)  # CPU ms of its threads mindp names (in cpu_ms)
+
+
+def _cpu_ms(u: Usage) -> str:
+    """'worker 0 274 (pump thread 14)': a process's CPU ms a step, and of the threads mindp names."""
+    threads = ", ".join(f"{name.removeprefix(threadname.PREFIX)} thread {ms:.0f}" for name, ms in u.threads.items())
+    return f"{u.role} {u.cpu_ms:.0f}" + (f" ({threads})" if threads else "")
 
 
 def usage_lines(usages: list[Usage]) -> list[str]:
     """CPU ms a step per process (and in all), wake-ups, forward+backward, as printed under a side."""
     if not usages:
         return ["(too few steps for per-process figures)"]
-    cpu = ", ".join(f"{u.role} {u.cpu_ms:.0f}" for u in usages)
+    cpu = ", ".join(_cpu_ms(u) for u in usages)
     wake = ", ".join(f"{u.role} {u.wakeups:.0f}" for u in usages)
     fb = ", ".join(f"{u.role} {u.compute_ms:.0f}" for u in usages if u.compute_ms is not None)
     waits = ", ".join(f"{u.role} {u.wait_ms:.0f}" for u in usages if u.wait_ms is not None)
@@ -198,9 +205,10 @@ ROLES = (("mininet_topos.trainer", "worker"), ("host_agent.node", "node"), ("sof
 BMV2 = "simple_switch_grpc"
 
 
-def _proc_usage(pid: int) -> tuple[str, float, int] | None:
-    """(role, CPU seconds, voluntary context switches of all its threads) of one of make run's
-    processes; a worker's role is "worker N", N its id."""
+def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
+    """(role, CPU seconds, voluntary context switches of all its threads, CPU seconds of its
+    threads mindp names, by name) of one of make run's processes; a worker's role is "worker N",
+    N its id."""
     try:
         argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
         cmd = " ".join(argv)
@@ -213,14 +221,19 @@ def _proc_usage(pid: int) -> tuple[str, float, int] | None:
         tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
     except (OSError, IndexError, ValueError):
         return None
-    vol = 0
+    vol, named = 0, {}
+    tick = os.sysconf("SC_CLK_TCK")
     for task in tasks:  # (status counts the main thread's only)
         try:
             status = (task / "status").read_text()
+            vol += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+            if status.startswith(f"Name:\t{threadname.PREFIX}"):  # a thread mindp named (mindp.threadname)
+                t = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                name = status.split("\n", 1)[0].split("\t", 1)[1]
+                named[name] = named.get(name, 0.0) + (int(t[11]) + int(t[12])) / tick
         except OSError:  # a thread that ended meanwhile: the process is still sampled
             continue
-        vol += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
-    return role, (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), vol
+    return role, (int(stat[11]) + int(stat[12])) / tick, vol, named
 
 
 def _tree(root: int) -> list[int]:
@@ -294,9 +307,10 @@ class Sampler(threading.Thread):
 
         out = []
         for pid in sorted(set(a) & set(b), key=rank):
-            label, cpu, vol = b[pid]
+            label, cpu, vol, named = b[pid]
             compute, wait = logs.get(int(label.split()[1]), (None, None)) if label.startswith("worker ") else (None, None)
-            out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute, wait))
+            threads = {name: (sec - a[pid][3].get(name, 0.0)) / n * 1e3 for name, sec in sorted(named.items())}
+            out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute, wait, threads))
         return out
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mindp import threadname
+
 from .residency import MIN_PAGES
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -174,9 +176,9 @@ class Pager:
         self.error: StorageError | None = None
         self._cv = threading.Condition()
         self._stop = False
-        self._threads = [threading.Thread(target=self._writer, name="pager-write", daemon=True)]
+        self._threads = [threadname.Thread(target=self._writer, name="mindp-pager-wr", daemon=True)]
         if prefetch:
-            self._threads.append(threading.Thread(target=self._reader, name="pager-read", daemon=True))
+            self._threads.append(threadname.Thread(target=self._reader, name="mindp-pager-rd", daemon=True))
         for t in self._threads:
             t.start()
 

@@ -18,6 +18,8 @@ import select
 import threading
 import time
 
+from mindp import threadname
+
 
 class Pumper:
     """Pumps the followed StepHandle (its pump(0.0)) whenever frames arrive, put() nudges, or a
@@ -36,7 +38,7 @@ class Pumper:
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
-        self._thread = threading.Thread(target=self._run, name="mindp-pump", daemon=True)
+        self._thread = threadname.Thread(target=self._run, name="mindp-pump", daemon=True)
         self._thread.start()
 
     def follow(self, handle) -> None:

@@ -104,11 +104,36 @@ def test_torch_gpt_takes_each_process_s_figures_up_to_the_last_step_all_were_run
     is listed, and a step's CPU is that snapshot's."""
     bench = load("torch_gpt", monkeypatch)
     sampler = bench.Sampler(0, tmp_path)
-    both = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5), 11: ("worker 1", cpu1, 7), 12: ("node", node, 9)}
+    both = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5, {"mindp-pump": cpu0 / 10}), 11: ("worker 1", cpu1, 7, {}),
+                                     12: ("node", node, 9, {})}
     sampler.snaps = [(1, both(1.0, 2.0, 0.5)), (3, both(1.6, 2.4, 0.7)),
-                     (4, {10: ("worker 0", 9.0, 5), 12: ("node", 0.8, 9)})]
-    got = {u.role: round(u.cpu_ms) for u in sampler.usages()}
-    assert got == {"worker 0": 300, "worker 1": 200, "node": 100}
+                     (4, {10: ("worker 0", 9.0, 5, {"mindp-pump": 0.9}), 12: ("node", 0.8, 9, {})})]
+    usages = sampler.usages()
+    assert {u.role: round(u.cpu_ms) for u in usages} == {"worker 0": 300, "worker 1": 200, "node": 100}
+    assert bench.usage_lines(usages)[0] == "CPU ms a step: worker 0 300 (pump thread 30), worker 1 200, node 100; all 600"
+
+
+def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):
+    """A worker's pump thread (named by mindp.threadname) is sampled apart, by its name; the
+    process's other threads are not listed."""
+    bench = load("torch_gpt", monkeypatch)
+    # The named thread spins until the kernel has counted CPU to it: then the parent samples.
+    spin = ("import os, threading\nfrom mindp import threadname\n"
+            "def spin():\n    stat = f'/proc/self/task/{threading.get_native_id()}/stat'\n"
+            "    while sum(map(int, open(stat).read().rsplit(')', 1)[1].split()[11:13])) == 0:\n        pass\n"
+            "    print('up', flush=True)\n    threading.Event().wait()\n"
+            "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+            "threadname.Thread(target=spin, name='mindp-pump', daemon=True).start()\nthreading.Event().wait()\n")
+    p = subprocess.Popen([sys.executable, "-c", spin, "mininet_topos.trainer", "--worker", "2"], cwd=REPO,
+                         stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"up\n"
+        role, cpu, _, named = bench._proc_usage(p.pid)
+    finally:
+        p.kill()
+        p.wait()
+    assert role == "worker 2" and list(named) == ["mindp-pump"]
+    assert 0 < named["mindp-pump"] <= cpu
 
 
 def test_torch_gpt_gives_the_node_a_budget_that_maps_its_whole_state_and_no_more(monkeypatch):

@@ -1,6 +1,7 @@
 """The streaming thread's receive coalescing (host_agent.pumper): it waits `coalesce` before a pump
 only when woken by frames while many chunks are in flight; a put's nudge pumps at once, and
 coalesce 0 never waits."""
+import pathlib
 import socket
 import threading
 import time
@@ -82,3 +83,20 @@ def test_the_streaming_thread_waits_only_for_a_stream_of_answers(pumper_run, coa
     pumps, slept = pumper_run(coalesce, in_flight, wake)
     assert pumps >= 1
     assert slept == ([coalesce] if waits else [])
+
+
+def test_the_streaming_thread_is_named_to_the_os():
+    """top -H, perf and bench/torch_gpt.py tell the pump thread from the worker's main thread."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    p = Pumper(a, 0.0, coalesce_min=256)
+    try:
+        h = Handle(a, 0)
+        p.follow(h)
+        p.nudge()
+        progress.wait(lambda: h.pumps >= 1, lambda: h.pumps, stall=30, what="the thread's pump")  # it runs: named
+        assert pathlib.Path(f"/proc/self/task/{p._thread.native_id}/comm").read_text() == "mindp-pump\n"
+    finally:
+        p.close()
+        a.close()
+        b.close()
