@@ -147,9 +147,10 @@ def target_reason(asked: str, target: str) -> str:
     return " (TARGET=auto: BMv2 is not installed)"
 
 
-def p4_program(mode: str, run_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path, str]:
+def p4_program(mode: str, run_dir: pathlib.Path, say=lambda line: None) -> tuple[pathlib.Path, pathlib.Path, str]:
     """(BMv2 JSON, P4Info, how it was obtained): the committed program while it matches the sources
-    (what p4c would make of them: ~30 s of CPU saved a run), else compiled into the run by p4c."""
+    (what p4c would make of them: ~30 s of CPU saved a run), else compiled into the run by p4c
+    (`say` tells it first: at a large K that takes minutes)."""
     p4c = artifacts.find_p4c()
     if mode == "compile" and not p4c:
         raise RunError("--p4 compile but p4c-bm2-ss is not installed (PATH or /opt/p4tools/bin)")
@@ -158,6 +159,8 @@ def p4_program(mode: str, run_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.
         out = run_dir / "p4"
         out.mkdir()
         json_path, p4info = out / "mindp.json", out / "mindp.p4info.txtpb"
+        say(f"  P4 program: compiling {artifacts.MAIN.name} for K = {protocol.K} with {p4c} (p4c's time grows "
+            f"faster than K: minutes at K = 512; docs/P4.md)")
         try:
             artifacts.compile_program(p4c, artifacts.MAIN, json_path, p4info)
         except RuntimeError as exc:
@@ -165,7 +168,11 @@ def p4_program(mode: str, run_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.
             raise RunError(f"p4c failed to compile p4src/mindp.p4; see {out / 'p4c.log'}") from None
         return json_path, p4info, f"compiled with {p4c}"
     if not artifacts.BMV2_JSON.exists() or not artifacts.P4INFO.exists():
-        raise RunError("p4src/compiled/ artifacts are missing and p4c is not installed")
+        ks = " or ".join(f"K={k}" for k in artifacts.COMMITTED_K)
+        if p4c:  # (--p4 committed)
+            raise RunError(f"{artifacts.staleness()}: run {ks}, or without --p4 committed (make run then compiles it)")
+        raise RunError(f"{artifacts.staleness()}, and p4c is not installed to compile one: run {ks}, or "
+                       f"{artifacts.P4C_HINT} (make run then compiles it)")
     why = artifacts.staleness()  # never run an older program than the sources say
     if why:
         fix = "run make p4, or drop --p4 committed" if p4c else f"{artifacts.P4C_HINT} (make run then compiles it)"
@@ -567,7 +574,7 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch"
             f"{target_reason(cfg.target, target)}, {jobs} x {shape}, "
             f"{steps}loss {cfg.loss:g}, seed {cfg.seed}")
-        json_path, p4info, how = p4_program(args.p4, run_dir)
+        json_path, p4info, how = p4_program(args.p4, run_dir, console.say)
         console.say(f"  P4 program: {how}; K = {protocol.K} elements a frame, link MTU {protocol.link_mtu()}")
         run.prepare_files()
         if resumed:

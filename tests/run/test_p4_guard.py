@@ -103,3 +103,47 @@ def test_make_run_with_p4c_compiles_only_sources_the_committed_program_does_not_
     (tmp_path / "c").mkdir()
     json_path, _, how = orchestrator.p4_program("auto", tmp_path / "c")
     assert json_path == tmp_path / "c" / "p4" / "mindp.json" and "compiled with" in how and len(calls) == 2
+
+
+@pytest.fixture
+def uncommitted_k(tree, monkeypatch) -> int:
+    """This process's K is one p4src/compiled/ holds no program for (as make run K=256 sets it)."""
+    k = 256
+    assert k not in artifacts.COMMITTED_K
+    prog = artifacts.Program(k, tree)
+    monkeypatch.setattr(artifacts.P, "K", k)
+    monkeypatch.setattr(artifacts, "BMV2_JSON", prog.json)
+    monkeypatch.setattr(artifacts, "P4INFO", prog.p4info)
+    return k
+
+
+def test_make_run_at_a_k_without_a_program_or_p4c_names_the_ks_it_can_run(uncommitted_k, tmp_path):
+    for mode in ("auto", "committed"):
+        with pytest.raises(orchestrator.RunError) as err:
+            orchestrator.p4_program(mode, tmp_path)
+        msg = str(err.value)
+        assert f"k{uncommitted_k}/ holds no program" in msg and "p4c is not installed" in msg and "/opt/p4tools" in msg
+        assert " or ".join(f"K={k}" for k in artifacts.COMMITTED_K) in msg and "\n" not in msg
+
+
+def test_make_run_committed_at_a_k_without_a_program_does_not_blame_p4c(uncommitted_k, tmp_path, monkeypatch):
+    monkeypatch.setattr(artifacts, "find_p4c", lambda: "/somewhere/p4c-bm2-ss")
+    with pytest.raises(orchestrator.RunError) as err:
+        orchestrator.p4_program("committed", tmp_path)
+    assert "not installed" not in str(err.value) and "without --p4 committed" in str(err.value)
+
+
+def test_make_run_says_it_compiles_before_p4c_runs(uncommitted_k, tmp_path, monkeypatch):
+    """p4c takes minutes at a large K: the run's console says so before, not after."""
+    events = []
+
+    def fake_compile(p4c, main, json_path, p4info, k=None):
+        events.append("p4c")
+        json_path.write_text("{}")
+        p4info.write_text("")
+
+    monkeypatch.setattr(artifacts, "find_p4c", lambda: "/somewhere/p4c-bm2-ss")
+    monkeypatch.setattr(artifacts, "compile_program", fake_compile)
+    _, _, how = orchestrator.p4_program("auto", tmp_path, events.append)
+    assert len(events) == 2 and events[1] == "p4c" and "compiled with" in how
+    assert f"compiling mindp.p4 for K = {uncommitted_k} with /somewhere/p4c-bm2-ss" in events[0]
