@@ -5,7 +5,8 @@ import pytest
 from host_agent import rawsock
 from mindp import protocol as P
 from mindp.netutil import mtu_problem
-from mindp.testbed import Testbed, sh
+from mindp import testbed
+from mindp.testbed import sh
 from mindp.topology import Host
 from softswitch.ports import Port, PortError
 
@@ -20,7 +21,7 @@ def test_link_mtu_fits_every_frame_of_k():
 
 @needs_big_frames
 def test_a_port_and_a_host_socket_on_a_small_mtu_are_refused_in_one_line():
-    with Testbed("mtu") as bed:
+    with testbed.Testbed("mtu") as bed:
         nh = bed.add(Host("a", "02:00:00:00:09:01", "10.0.9.1", 1))
         assert mtu_problem(nh.switch_iface) is None  # the testbed fits its links to K
         sh("ip", "link", "set", nh.switch_iface, "mtu", "1500")
