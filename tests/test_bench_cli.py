@@ -139,6 +139,7 @@ def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):
 def test_torch_gpt_gives_the_node_a_budget_that_maps_its_whole_state_and_no_more(monkeypatch):
     """Like DDP's ranks, which hold their AdamW state in RAM: the node's budget maps the whole state,
     and a byte less would stream it (the budget is the least that maps it)."""
+    pytest.importorskip("torch")  # the gpt's parameters come from torch
     bench = load("torch_gpt", monkeypatch)
     from host_agent import optim, residency, state
     from mindp import workload
