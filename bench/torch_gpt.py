@@ -17,8 +17,9 @@ step's time on the workers' clocks) and the run must end bit-exact; DDP's is ran
 --local-steps steps, as the one-process figure.
 
 Under DDP and each switch run, per process and timed step: its CPU ms (utime + stime, every thread;
-in brackets the share of the threads mindp names, e.g. a worker's pump thread), its voluntary context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its
-own clock (a worker's `compute`). On two cores the sum of CPU is what a step costs; a worker's
+in brackets the share of the threads mindp names, e.g. a worker's pump thread), its voluntary
+context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its own clock (a
+worker's `compute`). On two cores the sum of CPU is what a step costs; a worker's
 forward+backward above a rank's is the other processes' CPU and wake-ups taken from it.
 
 --rounds N runs every side N times in turn and ends with the median of each round's ratios: the
