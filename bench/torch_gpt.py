@@ -218,23 +218,27 @@ def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
             return None
         if role == "worker" and "--worker" in argv:
             role = f"worker {argv[argv.index('--worker') + 1]}"
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = _stat_cpu(pathlib.Path(f"/proc/{pid}/stat").read_text())
         tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
     except (OSError, IndexError, ValueError):
         return None
     vol, named = 0, {}
-    tick = os.sysconf("SC_CLK_TCK")
     for task in tasks:  # (status counts the main thread's only)
         try:
             status = (task / "status").read_text()
             vol += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
             if status.startswith(f"Name:\t{threadname.PREFIX}"):  # a thread mindp named (mindp.threadname)
-                t = (task / "stat").read_text().rsplit(")", 1)[1].split()
                 name = status.split("\n", 1)[0].split("\t", 1)[1]
-                named[name] = named.get(name, 0.0) + (int(t[11]) + int(t[12])) / tick
+                named[name] = named.get(name, 0.0) + _stat_cpu((task / "stat").read_text())
         except OSError:  # a thread that ended meanwhile: the process is still sampled
             continue
-    return role, (int(stat[11]) + int(stat[12])) / tick, vol, named
+    return role, cpu, vol, named
+
+
+def _stat_cpu(stat: str) -> float:
+    """CPU seconds (utime + stime) of a /proc .../stat text (a process's: every thread's)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree(root: int) -> list[int]:

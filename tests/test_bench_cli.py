@@ -118,7 +118,7 @@ def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):
     process's other threads are not listed."""
     bench = load("torch_gpt", monkeypatch)
     # The named thread spins until the kernel has counted CPU to it: then the parent samples.
-    spin = ("import os, threading\nfrom mindp import threadname\n"
+    spin = ("import threading\nfrom mindp import threadname\n"
             "def spin():\n    stat = f'/proc/self/task/{threading.get_native_id()}/stat'\n"
             "    while sum(map(int, open(stat).read().rsplit(')', 1)[1].split()[11:13])) == 0:\n        pass\n"
             "    print('up', flush=True)\n    threading.Event().wait()\n"
