@@ -52,7 +52,7 @@ except ImportError:
 
 from host_agent import optim, residency, state  # noqa: E402
 from host_agent.agent_args import integer, parse_size  # noqa: E402
-from mindp import INSTALL_TORCH, protocol, targets, testbed, threadname, workload  # noqa: E402
+from mindp import INSTALL_TORCH, procstat, protocol, targets, testbed, threadname, workload  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from mininet_topos import config  # noqa: E402
 from p4src import artifacts  # noqa: E402
@@ -218,7 +218,10 @@ def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
             return None
         if role == "worker" and "--worker" in argv:
             role = f"worker {argv[argv.index('--worker') + 1]}"
-        cpu = _stat_cpu(pathlib.Path(f"/proc/{pid}/stat").read_text())
+        stat = procstat.of(pid)
+        if stat is None:
+            return None
+        cpu = procstat.cpu_seconds(stat)
         tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
     except (OSError, IndexError, ValueError):
         return None
@@ -229,31 +232,11 @@ def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
             vol += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
             if status.startswith(f"Name:\t{threadname.PREFIX}"):  # a thread mindp named (mindp.threadname)
                 name = status.split("\n", 1)[0].split("\t", 1)[1]
-                named[name] = named.get(name, 0.0) + _stat_cpu((task / "stat").read_text())
+                if (stat := procstat.fields(task / "stat")) is not None:
+                    named[name] = named.get(name, 0.0) + procstat.cpu_seconds(stat)
         except OSError:  # a thread that ended meanwhile: the process is still sampled
             continue
     return role, cpu, vol, named
-
-
-def _stat_cpu(stat: str) -> float:
-    """CPU seconds (utime + stime) of a /proc .../stat text (a process's: every thread's)."""
-    fields = stat.rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _tree(root: int) -> list[int]:
-    """`root` and its descendants, from one scan of /proc."""
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        try:
-            kids.setdefault(int(pathlib.Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(d))
-        except (OSError, ValueError, IndexError):
-            pass
-    out, todo = [], [root]
-    while todo:
-        out.append(todo.pop())
-        todo += kids.get(out[-1], [])
-    return out
 
 
 class Sampler(threading.Thread):
@@ -283,7 +266,7 @@ class Sampler(threading.Thread):
                     continue
                 step = max(step, j.get("step", -1) if j.get("ev") == "step" else -1)
             if step >= 1 and (not self.snaps or step > self.snaps[-1][0]):
-                self.snaps.append((step, {pid: u for pid in _tree(self.root) if (u := _proc_usage(pid)) is not None}))
+                self.snaps.append((step, {pid: u for pid in procstat.tree(self.root) if (u := _proc_usage(pid)) is not None}))
 
     def usages(self) -> list[Usage]:
         """Per process, its figures a step between the first and the last snapshot (with each

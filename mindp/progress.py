@@ -7,11 +7,12 @@ but does not fail it. `cap` bounds the whole wait only as a hang guard (somethin
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 import threading
 import time
 from typing import Callable, Hashable
+
+from mindp import procstat
 
 #: Seconds without any progress after which a wait fails, unless the caller knows better.
 STALL = 60.0
@@ -79,42 +80,9 @@ class StallWatch:
         return self.clock() - self.last_change > self.stall
 
 
-def _stat(path: str) -> list[str] | None:
-    try:
-        text = pathlib.Path(path).read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()  # after comm, which may hold spaces
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = _stat(f"/proc/{entry.name}/stat")
-            if fields:
-                kids.setdefault(int(fields[1]), []).append(int(entry.name))
-    return kids
-
-
-def tree(pid: int, kids: dict[int, list[int]] | None = None) -> list[int]:
-    """`pid` and all its live descendants (`kids`: _children(), read once for several trees)."""
-    kids, out, todo = _children() if kids is None else kids, [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += kids.get(p, [])
-    return out
-
-
 def cpu_ticks(pids) -> int:
     """CPU time (clock ticks) used by these processes and their reaped children."""
-    total = 0
-    for pid in pids:
-        fields = _stat(f"/proc/{pid}/stat")
-        if fields:
-            total += sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    return total
+    return sum(procstat.cpu_ticks(f, children=True) for f in map(procstat.of, pids) if f)
 
 
 def activity(*pids: int) -> Callable[[], int]:
@@ -122,15 +90,15 @@ def activity(*pids: int) -> Callable[[], int]:
     without the calling thread, which only polls)."""
     if pids:
         def of_pids() -> int:
-            kids = _children()  # one scan of /proc for every tree: each scan reads every process's stat
-            return cpu_ticks(p for pid in pids for p in tree(pid, kids))
+            kids = procstat.children()  # one scan of /proc for every tree: each reads every process's stat
+            return cpu_ticks(p for pid in pids for p in procstat.tree(pid, kids))
         return of_pids
 
     me, tid = os.getpid(), threading.get_native_id()
 
     def measure() -> int:
-        caller = _stat(f"/proc/{me}/task/{tid}/stat")
-        return cpu_ticks(tree(me)) - (sum(int(f) for f in caller[11:13]) if caller else 0)
+        caller = procstat.of(me, tid)
+        return cpu_ticks(procstat.tree(me)) - (procstat.cpu_ticks(caller) if caller else 0)
 
     return measure
 

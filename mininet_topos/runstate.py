@@ -16,18 +16,15 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from mindp import procstat
+
 DEFAULT_PATH = pathlib.Path("build/run-state.json")
 
 
 def start_time(pid: int) -> int | None:
     """The kernel start time of `pid` (clock ticks since boot), or None if no such process."""
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 2 (comm) may contain spaces and parentheses: split after its closing ')'.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
+    f = procstat.of(pid)
+    return int(f[procstat.START]) if f else None
 
 
 @dataclass
@@ -38,14 +35,8 @@ class Proc:
     group: bool  # a session leader: signal its whole process group
 
     def alive(self) -> bool:
-        st = start_time(self.pid)
-        if st is None or st != self.start:
-            return False
-        try:
-            state = pathlib.Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state != "Z"
+        f = procstat.of(self.pid)
+        return f is not None and int(f[procstat.START]) == self.start and f[procstat.STATE] != "Z"
 
     def signal(self, sig: int) -> None:
         if not self.alive():
