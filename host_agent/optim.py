@@ -127,6 +127,16 @@ class OptimizerConfig:
         except TypeError as exc:
             raise ConfigError(f"malformed optimizer description: {exc}") from None
 
+    def differences(self, other: OptimizerConfig) -> str:
+        """The hyper-parameters where `other` differs, as `name self -> other` (empty: none)."""
+        def flat(cfg: OptimizerConfig) -> dict:
+            d = cfg.to_dict()
+            return {**{k: v for k, v in d.items() if k != "schedule"},
+                    **{f"schedule.{k}": v for k, v in d["schedule"].items()}}
+
+        mine, theirs = flat(self), flat(other)
+        return ", ".join(f"{k} {mine[k]!r} -> {theirs[k]!r}" for k in mine if mine[k] != theirs[k])
+
 
 def mean_gradient(sums: np.ndarray, nworkers: int) -> np.ndarray:
     """Exact int64 sums at scale 2**24 -> float32 mean: float64(sum) * 2**-24 / nworkers."""

@@ -2,7 +2,9 @@
 (the package docstring, mindp/torch/__init__.py, shows its use)."""
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -38,8 +40,12 @@ class GradientChanged(RuntimeError):
 class DataParallel:
     """Wraps a module and a host_agent.worker.WorkerAgent whose layout is layout_of(module)."""
 
-    def __init__(self, module: torch.nn.Module, agent, scaler: LossScaler | None = None):
+    def __init__(self, module: torch.nn.Module, agent, scaler: LossScaler | None = None,
+                 error: Callable[[str], BaseException] = GradientChanged):
+        """error: what a refused gradient raises, from its message (during backward(), from the hook)."""
         self.module = module
+        self.error = error
+        self._sync = True  # no_sync() clears it
         self.agent = agent
         self.scaler = scaler
         self.named = dict(trained(module))
@@ -54,13 +60,27 @@ class DataParallel:
 
     def _hook(self, name: str):
         def ready(p: torch.Tensor) -> None:
-            if self._handle is not None:
+            if self._handle is not None and self._sync:
+                if name in self._pushed:
+                    raise self.error(f"a second backward() in one step accumulated into the gradient of {name} after "
+                                     "the first sent it: run the earlier backward() calls under `with opt.no_sync():`, "
+                                     f"as with DDP ({CHANGED_HINT})")
                 self._handle.put(name, self._unscaled(p.grad))
                 self._pushed[name] = (id(p.grad), p.grad._version)
         return ready
 
     def _unscaled(self, grad: torch.Tensor) -> torch.Tensor:
         return grad / self.scaler.scale if self.scaler else grad
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradients accumulate and stay here (DDP's no_sync): the backward() after the block, or
+        finish(), sends their sums."""
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = True
 
     def begin(self) -> None:
         """Start a step: gradients from now on go to the network as autograd finishes each."""

@@ -8,7 +8,11 @@
 
 The returned object stands in for the optimizer: zero_grad() starts the step, the backward pass
 pushes each gradient as autograd finishes it, step() waits for the node's parameters and writes them
-into the model. The node runs AdamW/SGD and the schedule (sched.step() changes nothing there).
+into the model. The node runs AdamW/SGD and the schedule itself; step() checks that the lr the
+script's torch optimizer holds (its scheduler's, stepped once after each step()) is the one the node
+applied, and ends the script in one line where it is not: an lr set by hand, or by a scheduler
+init was not given, is refused, never silently replaced. A resumed run's scheduler is brought to
+the node's step by init.
 
 Where things come from: the rank is torchrun's RANK (the worker id); MINDP_TOPOLOGY and MINDP_JOB
 (or the arguments) name the topology file and job; the interface is the one holding the rank's
@@ -30,11 +34,12 @@ import pathlib
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
 
-from host_agent import optim, rawsock, state
+from host_agent import lr, optim, rawsock, state
 from host_agent.optim import ConfigError
 from host_agent.worker import WorkerAgent, WorkerConfig
 from mindp import progress
@@ -79,9 +84,15 @@ class Optimizer:
     """What init returns: zero_grad() / step() like a torch optimizer, save(path), the step number."""
 
     def __init__(self, module: torch.nn.Module, agent: WorkerAgent, state_dir: str | None, job: int = 0,
-                 rank: int = 0, metrics: str | None = None):
+                 rank: int = 0, metrics: str | None = None, torch_optimizer: torch.optim.Optimizer | None = None,
+                 cfg: optim.OptimizerConfig | None = None):
+        """torch_optimizer, cfg: the script's optimizer and the node's configuration, whose lr of
+        each step step() checks the optimizer's against."""
         self.module = module
-        self.dp = DataParallel(module, agent)
+        self.torch_optimizer = torch_optimizer
+        self.rates = lr.Rates(cfg.lr, cfg.schedule) if cfg else None
+        self.cfg = cfg
+        self.dp = DataParallel(module, agent, error=lambda msg: SystemExit(f"mindp.torch: {msg}"))
         self.agent = agent
         self.state_dir = state_dir
         self.job, self.rank = job, rank
@@ -120,19 +131,49 @@ class Optimizer:
         """The next step the job will train (0-based)."""
         return self.agent.step
 
+    @property
+    def param_groups(self) -> list[dict]:
+        """The script's torch optimizer's (its lr is checked at each step(), not applied from here)."""
+        return self.torch_optimizer.param_groups
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"mindp.torch's optimizer has no {name!r}: the optimizer node holds the optimizer's "
+                             "state (opt.save(path) writes it as a torch checkpoint); it offers zero_grad, step, "
+                             "no_sync, step_number, param_groups and save (docs/TORCH.md)")
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.dp.begin()
         self.in_step = True
 
+    def no_sync(self):
+        """Gradient accumulation, as DDP's model.no_sync(): backward() calls in the block add to the
+        gradients and send nothing; the step's last backward() (or step()) sends the sums."""
+        return self.dp.no_sync()
+
     def step(self, closure=None) -> None:
         if closure is not None:
             raise SystemExit("mindp.torch: step(closure) is not supported: call backward before step()")
+        step = self.agent.step
         try:
             self.dp.finish()
         except GradientChanged as exc:
             raise SystemExit(f"mindp.torch: {exc}") from None
         self.in_step = False
-        self.record(ev="step", step=self.agent.step - 1)
+        self.record(ev="step", step=step)
+        self._check_lr(step)
+
+    def _check_lr(self, step: int) -> None:
+        """The lr the script's optimizer holds for `step` is the one the node applied (its schedule
+        after `step` calls of the scheduler's step()), bit for bit, or the script ends in one line."""
+        if self.rates is None or self.torch_optimizer is None:
+            return
+        have, want = self.torch_optimizer.param_groups[0]["lr"], self.rates.at(step)
+        have = float(have.item() if isinstance(have, torch.Tensor) else have)
+        if have != want:
+            raise SystemExit(f"mindp.torch: step {step}: the script's optimizer holds lr {have!r}, the node applied "
+                             f"{want!r} ({self.cfg.schedule.kind} schedule from lr {self.cfg.lr!r}): the node runs "
+                             "the schedule of the scheduler given to mindp.torch.init, so set the lr only through "
+                             "it and call its step() once after each opt.step() (docs/TORCH.md)")
 
     def clip_grad_norm_(self, *_args, **_kw):
         raise SystemExit("mindp.torch: " + CLIP_REFUSED.format("clip_grad_norm_"))
@@ -212,16 +253,17 @@ def describe(dirname: str, module: torch.nn.Module, cfg: optim.OptimizerConfig) 
     np.savez(d / "init.npz", **layout_arrays(module))
 
 
-def _start(module: torch.nn.Module, state_dir: str | None) -> tuple[dict, int]:
-    """The parameters every rank starts from and the first step: the node's committed state if its
-    directory is readable, else this module's own (the ranks must then be seeded alike)."""
+def _start(module: torch.nn.Module, state_dir: str | None) -> tuple[dict, int, optim.OptimizerConfig | None]:
+    """The parameters every rank starts from, the first step and the node's optimizer: the node's
+    committed state if its directory is readable, else this module's own (the ranks must then be
+    seeded alike) and None."""
     own = layout_arrays(module)
     if not state_dir:
-        return own, 0
+        return own, 0, None
     if not state.exists(state_dir):
         raise MindpError(f"MINDP_STATE={state_dir} holds no optimizer state: start the node first")
     try:
-        commit, _, layout, records = state.read_committed(state_dir)
+        commit, cfg, layout, records = state.read_committed(state_dir)
     except ConfigError as exc:
         raise MindpError(str(exc)) from None
     if optim.layout_to_json(layout) != optim.layout_to_json(layout_of(module)):
@@ -229,7 +271,17 @@ def _start(module: torch.nn.Module, state_dir: str | None) -> tuple[dict, int]:
                          "(same model class and arguments on every rank?)")
     flat = np.array(records[:, state.MASTER, :].reshape(-1)[: layout.total])
     return {s.name: flat[layout.offsets[s.name]:][: s.size].reshape(s.shape) for s in layout.specs}, \
-        int(commit["step"]) + 1
+        int(commit["step"]) + 1, cfg
+
+
+def _catch_up(scheduler, steps: int) -> None:
+    """A resumed run: bring the script's fresh scheduler to the node's step, as `steps` steps would."""
+    if scheduler is None or not steps or scheduler.last_epoch != 0:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no optimizer.step() before it: the node steps)
+        for _ in range(steps):
+            scheduler.step()
 
 
 def init(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, *, topology: str | None = None,
@@ -262,7 +314,11 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Opti
         if world != spec.n_workers:
             raise MindpError(f"torchrun started {world} ranks, job {job_id} has {spec.n_workers} workers")
         state_dir = state_dir or os.environ.get("MINDP_STATE") or None
-        start, first = _start(module, state_dir)
+        start, first, node_cfg = _start(module, state_dir)
+        if node_cfg is not None and node_cfg != cfg:
+            raise MindpError(f"the node's state ({state_dir}) keeps the optimizer it was created with, and this "
+                             f"script's differs: {node_cfg.differences(cfg)}: train on with the same optimizer and "
+                             "schedule, or start a fresh state")
         wcfg = WorkerConfig.from_topology(topo, job_id, rank, first_step=first)
     except (TopologyError, ValueError) as exc:
         raise MindpError(str(exc)) from None
@@ -278,4 +334,5 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Opti
     agent = WorkerAgent(wcfg, layout_of(module), sock, initial={n: a.astype(np.float16) for n, a in start.items()})
     agent.check_digests()  # each step checked against the optimizer node's digest (host_agent.digest)
     optimizer._opt_called = True  # its scheduler's step() need not warn: the node steps, not this optimizer
-    return Optimizer(module, agent, state_dir, job_id, rank, os.environ.get(METRICS_ENV) or None)
+    _catch_up(scheduler, first)
+    return Optimizer(module, agent, state_dir, job_id, rank, os.environ.get(METRICS_ENV) or None, optimizer, cfg)

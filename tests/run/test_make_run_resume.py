@@ -84,6 +84,7 @@ def main():
         loss = loss_fn(model, x, y)
         loss.backward()
         opt.step()
+        sched.step()  # (init brought a resumed run's scheduler to the node's step)
         mindp.torch.log(loss=loss.item())
 
 

@@ -54,12 +54,14 @@ SCRIPT_WITHOUT_REFERENCE = '''
 import json, os, torch, mindp.torch
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-opt = mindp.torch.init(model, opt, torch.optim.lr_scheduler.StepLR(opt, 2, 0.5))
+sched = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+opt = mindp.torch.init(model, opt, sched)
 for step in range(3):
     opt.zero_grad()
     loss = model(torch.ones(3, 4) * (int(os.environ["RANK"]) + 1)).pow(2).mean()
     loss.backward()
     opt.step()
+    sched.step()
     if os.environ["RANK"] == "0":
         print(json.dumps({"step": step, "loss": float(loss)}), flush=True)
 '''
@@ -112,6 +114,8 @@ for step in range(4):
     opt.zero_grad()
     loss = model(torch.ones(3, 4) * (rank + 1)).pow(2).mean()
     loss.backward()
+    if step == 1 and os.environ.get("SET_LR"):
+        opt.param_groups[0]["lr"] = 0.005  # by hand: the node's lr stays 0.01
     opt.step()
     mindp.torch.log(loss=loss.item())
     print(f"step {step} loss {loss.item():.4f}", flush=True)
@@ -150,6 +154,73 @@ def test_a_failing_rank_is_named_with_its_exception_in_one_line(tmp_path):
     assert line.startswith("make run: the script failed: rank 1 failed: mindp.torch: torch.nn.utils.clip_grad_norm_ "
                            "is not supported"), line
     assert line.endswith("torchrun.log")
+    assert_clean(run)
+
+
+ACCUMULATING_SCRIPT = '''
+import os, sys
+sys.path.insert(0, {examples!r})
+import torch, mindp.torch
+from train_cnn import batch, build_model, loss_fn, optimizer
+
+MICRO = 2  # micro-batches of 16 a step (two: their gradients' fp32 sum has one order)
+
+
+def two_halves(x, y):
+    return [(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(MICRO)]
+
+
+def accumulated_loss(model, x, y):  # the reference's one backward: the sum of the micro-batches' losses
+    return sum(loss_fn(model, xm, ym) for xm, ym in two_halves(x, y))
+
+
+def mindp_reference(argv):
+    return dict(model=build_model, batch=lambda r, s: batch(r, s, 16 * MICRO), loss=accumulated_loss, steps=4,
+                optimizer=lambda model: optimizer(model, 4, 3e-3))
+
+
+def main():
+    torch.set_num_threads(1)
+    model = build_model()
+    opt, sched = optimizer(model, 4, 3e-3)
+    opt = mindp.torch.init(model, opt, sched)
+    for step in range(opt.step_number, 4):
+        parts = two_halves(*batch(int(os.environ["RANK"]), step, 16 * MICRO))
+        opt.zero_grad()
+        with opt.no_sync():
+            for xm, ym in parts[:-1]:
+                loss_fn(model, xm, ym).backward()
+        loss_fn(model, *parts[-1]).backward()
+        opt.step()
+        sched.step()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@needs_root
+def test_gradients_accumulated_under_no_sync_train_bit_exactly(tmp_path):
+    """Two micro-batches a step, the first under opt.no_sync(): bit-exact with one backward of their
+    summed losses in one process."""
+    script = tmp_path / "accumulate.py"
+    script.write_text(ACCUMULATING_SCRIPT.format(examples=str(REPO / "examples")))
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 0, run.err + run.out
+    assert run.summary()["max_abs_param_diff_vs_reference"] == 0.0
+    assert_clean(run)
+
+
+@needs_root
+def test_an_lr_set_by_hand_is_refused_in_one_line_not_ignored(tmp_path):
+    script = tmp_path / "lr.py"
+    script.write_text(PLAIN_SCRIPT.replace('os.environ.get("SET_LR")', "True"))
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 1
+    (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
+    assert line.startswith("make run: the script failed: rank "), line
+    assert "mindp.torch: step 1: the script's optimizer holds lr 0.005, the node applied 0.01 (constant schedule" in line
     assert_clean(run)
 
 

@@ -139,6 +139,13 @@ def test_init_errors_are_one_line(tmp_path, monkeypatch):
     state.create(tmp_path / "st", optim.layout_of(other), state.init_pieces(optim.layout_of(other), other),
                  optim.OptimizerConfig())
     assert "layouts differ" in err({**j, "MINDP_STATE": str(tmp_path / "st")})
+    # a state of this model made with another lr: it keeps its optimizer, which the script must ask for
+    from mindp.torch import parallel
+    mine = parallel.layout_arrays(torch.nn.Linear(3, 2))
+    state.create(tmp_path / "st2", optim.layout_of(mine), state.init_pieces(optim.layout_of(mine), mine),
+                 optim.OptimizerConfig(lr=0.01))
+    assert "keeps the optimizer it was created with, and this script's differs: lr 0.01 -> 0.001: " \
+        in err({**j, "MINDP_STATE": str(tmp_path / "st2")})
 
 
 def test_clip_grad_norm_is_refused_in_one_line():
@@ -163,6 +170,7 @@ while opt.step_number < int(sys.argv[1]):  # the job's step: a resumed node's, n
     opt.zero_grad()
     loss_fn(model, x, y).backward()
     opt.step()
+    sched.step()
 if os.environ["RANK"] == "0":
     opt.save(sys.argv[2])
 '''

@@ -139,3 +139,113 @@ def test_first_failure_from_error_files_then_from_torchrun_log(tmp_path):
     assert rankerrors.first_failure(tmp_path / "torchrun", log) == "rank 1 failed: RuntimeError: boom"
     log.write_text("failed (exitcode: -9) local_rank: 0 (pid: 1) of binary: python\n")
     assert rankerrors.first_failure(tmp_path / "torchrun", log) == "rank 0 failed: killed by SIGKILL"
+
+
+def lr_checker(torch_opt, sched=None) -> script.Optimizer:
+    """step()'s lr check alone: a mindp Optimizer without a network over `torch_opt`."""
+    from host_agent import lr
+    from mindp.torch.spec import optimizer_config
+
+    opt = script.Optimizer.__new__(script.Optimizer)
+    opt.torch_optimizer, opt.cfg = torch_opt, optimizer_config(torch_opt, sched)
+    opt.rates = lr.Rates(opt.cfg.lr, opt.cfg.schedule)
+    return opt
+
+
+def cosine(lr: float = 0.01):
+    m = torch.nn.Linear(2, 2)
+    o = torch.optim.AdamW(m.parameters(), lr=lr)
+    return o, torch.optim.lr_scheduler.SequentialLR(o, [torch.optim.lr_scheduler.LinearLR(o, 0.1, 1.0, 2),
+                                                        torch.optim.lr_scheduler.CosineAnnealingLR(o, 6)], [2])
+
+
+def test_the_lr_of_a_scheduler_stepped_after_each_step_passes_every_step():
+    o, sched = cosine()
+    opt = lr_checker(o, sched)
+    o._opt_called = True  # as init sets it
+    for step in range(8):
+        opt._check_lr(step)
+        sched.step()
+    assert opt.param_groups is o.param_groups
+
+
+def test_an_lr_the_node_does_not_apply_ends_the_script_in_one_line():
+    o, sched = cosine()
+    opt = lr_checker(o, sched)
+    o._opt_called = True
+    opt._check_lr(0)
+    with pytest.raises(SystemExit) as exc:  # the scheduler not stepped: the node's lr moved on, the script's not
+        opt._check_lr(1)
+    msg = str(exc.value.code)
+    assert msg.startswith("mindp.torch: step 1: the script's optimizer holds lr 0.001, the node applied ") and "\n" not in msg
+    sched.step()
+    opt._check_lr(1)
+    opt.param_groups[0]["lr"] = 0.5  # set by hand
+    with pytest.raises(SystemExit, match=r"^mindp.torch: step 1: the script's optimizer holds lr 0.5,"):
+        opt._check_lr(1)
+    # a scheduler init was not given: the node's lr is constant
+    o, sched = cosine()
+    opt = lr_checker(o)
+    with pytest.raises(SystemExit, match=r"the node applied 0.01 \(constant schedule from lr 0.01\)"):
+        opt._check_lr(0)  # LinearLR's warmup already took the lr to a tenth
+
+
+def test_a_resumed_runs_fresh_scheduler_is_brought_to_the_nodes_step():
+    o, sched = cosine()
+    script._catch_up(sched, 5)
+    ref_o, ref = cosine()
+    ref_o._opt_called = True
+    for _ in range(5):
+        ref.step()
+    assert o.param_groups[0]["lr"] == ref_o.param_groups[0]["lr"] and sched.last_epoch == 5
+    script._catch_up(sched, 3)  # already stepped (the script caught up itself): left alone
+    assert sched.last_epoch == 5
+    lr_checker(o, sched)._check_lr(5)
+
+
+def test_an_optimizer_method_the_node_owns_is_a_clear_attribute_error():
+    o, _ = cosine()
+    opt = lr_checker(o)
+    with pytest.raises(AttributeError, match=r"has no 'state_dict': the optimizer node holds the optimizer's state"):
+        opt.state_dict()
+    assert not hasattr(opt, "add_param_group")
+
+
+def test_gradients_accumulated_under_no_sync_leave_once_as_their_sum():
+    m = frozen_model()
+    agent = FakeAgent(parallel.layout_of(m))
+    dp = parallel.DataParallel(m, agent)
+    xs = [torch.full((2, 4), float(i + 1)) for i in range(3)]
+    dp.begin()
+    with dp.no_sync():
+        for x in xs[:2]:
+            m(x).sum().backward()
+    assert agent.handles[-1].got == {}  # nothing sent while accumulating
+    m(xs[2]).sum().backward()
+    sent = agent.handles[-1].got
+    dp.finish()
+    ref = frozen_model()
+    for x in xs:
+        ref(x).sum().backward()
+    assert set(sent) == {"1.weight", "1.bias", "0.bias"}
+    for name, p in ref.named_parameters():
+        if p.requires_grad:
+            assert torch.equal(sent[name], p.grad), name
+
+
+def test_a_second_backward_without_no_sync_is_refused_from_the_backward_pass():
+    m = frozen_model()
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp.begin()
+    m(torch.ones(2, 4)).sum().backward()
+    with pytest.raises(parallel.GradientChanged, match=r"^a second backward\(\) in one step accumulated into the "
+                                                       r"gradient of 1.bias .* under `with opt.no_sync\(\):`"):
+        m(torch.ones(2, 4)).sum().backward()
+    dp.close()
+    # a script's optimizer ends the rank with the line instead (SystemExit out of backward())
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)), error=lambda msg: SystemExit(f"mindp.torch: {msg}"))
+    dp.begin()
+    m(torch.ones(2, 4)).sum().backward()
+    with pytest.raises(SystemExit) as exc:
+        m(torch.ones(2, 4)).sum().backward()
+    assert str(exc.value.code).startswith("mindp.torch: a second backward()") and "\n" not in str(exc.value.code)
