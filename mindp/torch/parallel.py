@@ -82,9 +82,10 @@ class DataParallel:
         finally:
             self._sync = True
 
-    def begin(self) -> None:
-        """Start a step: gradients from now on go to the network as autograd finishes each."""
-        self.module.zero_grad(set_to_none=True)
+    def begin(self, set_to_none: bool = True) -> None:
+        """Start a step: gradients from now on go to the network as autograd finishes each
+        (set_to_none: as torch's zero_grad; False leaves zeros that backward() adds to)."""
+        self.module.zero_grad(set_to_none=set_to_none)
         self._pushed.clear()
         self._handle = self.agent.start_step()
 

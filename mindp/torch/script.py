@@ -142,7 +142,7 @@ class Optimizer:
                              "no_sync, step_number, param_groups and save (docs/TORCH.md)")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.dp.begin()
+        self.dp.begin(set_to_none)
         self.in_step = True
 
     def no_sync(self):

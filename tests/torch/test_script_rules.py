@@ -249,3 +249,20 @@ def test_a_second_backward_without_no_sync_is_refused_from_the_backward_pass():
     with pytest.raises(SystemExit) as exc:
         m(torch.ones(2, 4)).sum().backward()
     assert str(exc.value.code).startswith("mindp.torch: a second backward()") and "\n" not in str(exc.value.code)
+
+
+def test_zero_grad_keeps_zeros_when_asked_and_sends_the_same_gradients():
+    sent = []
+    for set_to_none in (True, False):
+        m = frozen_model()
+        agent = FakeAgent(parallel.layout_of(m))
+        dp = parallel.DataParallel(m, agent)
+        m(torch.ones(2, 4)).sum().backward()  # a gradient left from before the step
+        dp.begin(set_to_none)
+        assert (m[1].weight.grad is None) == set_to_none
+        if not set_to_none:
+            assert not m[1].weight.grad.any()
+        m(torch.ones(2, 4)).sum().backward()
+        sent.append(agent.handles[-1].got)
+        dp.close()
+    assert sent[0].keys() == sent[1].keys() and all(torch.equal(sent[0][n], sent[1][n]) for n in sent[0])
