@@ -135,7 +135,7 @@ class ScriptRun(Run):
         tty = sys.stdout.isatty()
         watch = pace.StallWatch(pace.activity(hp.proc.pid, *(o.proc.pid for o in self.agents.optimizers)),
                                 STALL_SECONDS)
-        last_print, shown = 0.0, -1
+        last_print, shown, shown_bar = 0.0, -1, ""
         while True:
             for tail in tails + [o.tail for o in self.agents.optimizers]:  # the node's lines: its commits
                 for line in tail.lines():
@@ -153,7 +153,8 @@ class ScriptRun(Run):
             if tty:
                 print("\r  " + progress.bar() + "\x1b[K", end="", flush=True)
             elif time.monotonic() - last_print >= 5.0 and progress.step != shown:
-                self.console.say("  " + progress.bar())
+                shown_bar = progress.bar()
+                self.console.say("  " + shown_bar)
                 last_print, shown = time.monotonic(), progress.step
             time.sleep(0.2)
         for line in hp.tail.lines():
@@ -161,7 +162,9 @@ class ScriptRun(Run):
         for tail in tails + [o.tail for o in self.agents.optimizers]:
             for line in tail.lines():
                 progress.feed(line)
-        self.console.say(("\r  " if tty else "  ") + progress.bar() + ("\x1b[K" if tty else ""))
+        final = progress.bar()
+        if tty or final != shown_bar:  # (a log's last lines may have brought the last loss)
+            self.console.say(("\r  " if tty else "  ") + final + ("\x1b[K" if tty else ""))
         if rc != 0:
             why = rankerrors.first_failure(self.logs / "torchrun", hp.log) or f"torchrun exit {rc}"
             raise RunError(f"the script failed: {why}; see {hp.log}")

@@ -1,6 +1,7 @@
 """Progress from workers' JSON lines: steps done by all, curves, rates, partial lines."""
 import json
 
+from mininet_topos import progress
 from mininet_topos.progress import LogTail, Progress
 
 
@@ -37,6 +38,17 @@ def test_rates_use_the_workers_clock_and_bar():
     assert steps_s == 1.0 and pkts_s == 250.0
     bar = p.bar(width=8)
     assert "[####....]" in bar and "step 2/4" in bar and "acc  50.0%" in bar and "grad retx 0" in bar
+    assert "1 steps/s  250 grad pkt/s" in bar
+
+
+def test_a_slow_rate_keeps_its_digits():
+    """BMv2 trains a gpt at a few hundredths of a step a second: not '0.0 steps/s'."""
+    p = Progress({1: 1}, steps=4)
+    p.feed(line(job=1, worker=0, step=-1, sent=0, retx=0, t=100.0))
+    p.bar()  # (refreshed as the records come)
+    p.feed(line(job=1, worker=0, step=0, sent=500, retx=0, t=129.0))
+    assert "0.0345 steps/s" in p.bar()
+    assert [progress.per_second(r) for r in (0.0345, 3.4567, 34.567, 345.67)] == ["0.0345", "3.46", "34.6", "345.7"]
 
 
 def test_noise_and_unknown_workers_are_counted_not_fatal():
