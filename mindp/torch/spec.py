@@ -55,9 +55,12 @@ def schedule_of(sched) -> Schedule:
 
 
 def optimizer_config(opt: torch.optim.Optimizer, sched=None) -> OptimizerConfig:
-    """torch.optim.AdamW or SGD (+ scheduler) -> the node's optimizer."""
+    """torch.optim.AdamW, Adam without weight decay, or SGD (+ scheduler) -> the node's optimizer."""
     g = _group(opt)
-    if type(opt) is torch.optim.AdamW:
+    if type(opt) is torch.optim.Adam and g["weight_decay"] and not g.get("decoupled_weight_decay"):
+        raise ConfigError(f"Adam(weight_decay={g['weight_decay']}) adds the decay to the gradient (L2), which the node "
+                          "does not run: use AdamW (decoupled decay) or Adam with weight_decay=0")
+    if type(opt) in (torch.optim.AdamW, torch.optim.Adam):  # Adam without decay: AdamW's update at weight_decay 0
         return OptimizerConfig("adamw", lr=_lr(g), betas=tuple(g["betas"]), eps=g["eps"],
                                weight_decay=g["weight_decay"], schedule=schedule_of(sched))
     if type(opt) is torch.optim.SGD:
@@ -65,7 +68,8 @@ def optimizer_config(opt: torch.optim.Optimizer, sched=None) -> OptimizerConfig:
             raise ConfigError("SGD(dampening != 0) is not supported by the optimizer node")
         return OptimizerConfig("sgd", lr=_lr(g), momentum=g["momentum"], weight_decay=g["weight_decay"],
                                schedule=schedule_of(sched))
-    raise ConfigError(f"optimizer {type(opt).__name__} is not supported: the node runs torch.optim.AdamW or SGD")
+    raise ConfigError(f"optimizer {type(opt).__name__} is not supported: the node runs torch.optim.AdamW, Adam "
+                      "(weight_decay=0) or SGD")
 
 
 def torch_optimizer(cfg: OptimizerConfig, params, lr: float) -> torch.optim.Optimizer:

@@ -78,7 +78,12 @@ def test_torch_optimizer_and_scheduler_translate():
         schedule=Schedule("cosine", total=20, warmup=4, warmup_start=0.2, eta_min=1e-5))
     sgd = torch.optim.SGD(p, lr=0.1, momentum=0.9)
     assert spec.optimizer_config(sgd, L.StepLR(sgd, 5, 0.5)).schedule == Schedule("step", step_size=5, gamma=0.5)
-    for bad, msg in [(torch.optim.Adam(p), "optimizer Adam is not supported"),
+    assert spec.optimizer_config(torch.optim.Adam(p, lr=2e-3, betas=(0.8, 0.99))) == OptimizerConfig(
+        "adamw", lr=2e-3, betas=(0.8, 0.99), weight_decay=0.0)  # Adam without decay: AdamW's update, no decay
+    assert spec.optimizer_config(torch.optim.Adam(p, weight_decay=0.1, decoupled_weight_decay=True)) == \
+        OptimizerConfig("adamw", lr=1e-3, weight_decay=0.1)
+    for bad, msg in [(torch.optim.RMSprop(p), "optimizer RMSprop is not supported"),
+                     (torch.optim.Adam(p, weight_decay=0.01), r"Adam\(weight_decay=0.01\) adds the decay to the gradient"),
                      (torch.optim.AdamW(p, amsgrad=True), "amsgrad=True"),
                      (torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True), "nesterov=True")]:
         with pytest.raises(ConfigError, match=msg):
