@@ -11,6 +11,15 @@ from .protocol import K, K_ENV, UDP_PORT, required_mtu
 ETH_P_ALL = 0x0003
 
 
+def interface_holding(ip: str) -> str | None:
+    """The interface of this network namespace that holds IPv4 address `ip`, or None."""
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
+    for f in (line.split() for line in out.splitlines()):
+        if len(f) > 3 and f[3].split("/")[0] == ip:
+            return f[1].split("@")[0]
+    return None
+
+
 def packet_socket(iface: str) -> socket.socket:
     """An AF_PACKET raw socket receiving every frame of `iface` and of no other interface.
 

@@ -41,6 +41,7 @@ class Progress:
     def __init__(self, jobs: dict[int, int], steps: int, first: int = 0):
         """jobs: job id -> worker count; first: the steps a resumed run's earlier run did."""
         self.steps = steps
+        self.first = first
         self.last_t = 0.0  # latest worker clock seen: rates use the workers' time, not when we read
         self.workers = {(j, w): WorkerProgress(step=first - 1) for j, n in jobs.items() for w in range(n)}
         self.curves = {j: Curve() for j in jobs}
@@ -184,8 +185,8 @@ class Progress:
 
     def bar(self, width: int = 24) -> str:
         total = self.training_seconds()
-        rates = (self.steps / total, self.packets / total) if total else self.rates()
-        speed = f"{per_second(rates[0])} steps/s  {rates[1]:,.0f} grad pkt/s" if rates else "- steps/s  - grad pkt/s"
+        rates = ((self.step - self.first) / total, self.packets / total) if total else self.rates()
+        speed = f"{three_digits(rates[0])} steps/s  {rates[1]:,.0f} grad pkt/s" if rates else "- steps/s  - grad pkt/s"
         done = self.step
         loss, acc = self.latest()
         loss_s = f"{loss:.4f}" if loss is not None else "-"
@@ -197,9 +198,10 @@ class Progress:
                 f"{speed}  grad retx {self.retransmissions}")
 
 
-def per_second(rate: float) -> str:
-    """A rate with three significant digits (BMv2 trains a gpt at 0.0345 steps/s, an mlp at 200)."""
-    return f"{rate:.1f}" if rate >= 100 else f"{rate:.3g}"
+def three_digits(x: float) -> str:
+    """A rate or a duration with three significant digits, one decimal from 100 (BMv2 trains a gpt
+    at 0.0345 steps/s, an mlp at 200; a tiny script's 4 steps take 0.0338 s)."""
+    return f"{x:.1f}" if x >= 100 else f"{x:.3g}"
 
 
 class LogTail:

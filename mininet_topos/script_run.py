@@ -1,8 +1,9 @@
 """`make run SCRIPT=train.py ARGS='...'`: a user's torchrun script (mindp.torch.init) on every worker
 host of the Mininet network.
 
-1. describe: the script runs once as rank 0 without a network (MINDP_DESCRIBE): its initial
-   parameters and optimizer (AdamW/SGD, hyper-parameters, lr schedule) land in job1/spec/;
+1. describe: the script runs once as rank 0 without a network (MINDP_DESCRIBE, under
+   mindp.torch.describe: a torch.distributed group it makes is inert): its initial parameters and
+   optimizer (AdamW/SGD, hyper-parameters, lr schedule) land in job1/spec/;
 2. the optimizer node starts on its host from them (--init, --optimizer-spec);
 3. one torchrun in the root namespace starts a rank per worker (rendezvous on the loopback), and
    mindp.torch.launch moves rank r into worker r's host (mnexec -a, the host's PID);
@@ -30,7 +31,7 @@ from mindp import progress as pace, protocol
 from . import rankerrors, results, resume
 from .agents import REPO, Agents
 from .console import RunError, one_line
-from .progress import LogTail, Progress
+from .progress import LogTail, Progress, three_digits
 from .run import STALL_SECONDS, Run
 
 
@@ -55,7 +56,8 @@ class ScriptRun(Run):
                "WORLD_SIZE": str(self.job.n_workers), "OMP_NUM_THREADS": "1"}
         log = self.logs / "describe.log"
         with open(log, "wb") as f:
-            rc = subprocess.run([sys.executable, self.cfg.script, *self.argv], stdin=subprocess.DEVNULL, stdout=f,
+            rc = subprocess.run([sys.executable, "-m", "mindp.torch.describe", self.cfg.script, *self.argv],
+                                stdin=subprocess.DEVNULL, stdout=f,
                                 stderr=subprocess.STDOUT, env=env, cwd=str(REPO)).returncode
         if rc != 0 or not (self.spec_dir / "optimizer.json").exists():
             text = log.read_text(errors="replace")
@@ -203,7 +205,7 @@ class ScriptRun(Run):
         if curve.loss:
             self.console.say(f"  loss {curve.loss[0]:.4f} (step {curve.steps[0]}) -> {curve.loss[-1]:.4f} "
                              f"(step {curve.steps[-1]})")
-        self.console.say(f"  {progress.step - self.resume_step} steps in {wall:.1f} s, "
+        self.console.say(f"  {progress.step - self.resume_step} steps in {three_digits(wall)} s, "
                          f"{summ['packets_sent']:,} frames, "
                          f"{summ['retransmissions']} retransmitted; curve: {self.dir / 'curve.svg'}, "
                          f"metrics: {self.dir / 'metrics.csv'}")

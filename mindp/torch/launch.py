@@ -24,6 +24,21 @@ import sys
 from mindp.topology import Topology, TopologyError
 
 
+#: Where rank 0 serves the store of a script's own torch.distributed process group (its host's port).
+GROUP_PORT = 29500
+#: The address whose interface carries the rank's gloo traffic (mindp.torch.runscript sets
+#: GLOO_SOCKET_IFNAME from it inside the host: gloo would bind the machine's hostname's address).
+GLOO_ADDR_ENV = "MINDP_GLOO_ADDR"
+
+
+def group_env(master_ip: str, own_ip: str) -> dict[str, str]:
+    """The environment a script's torch.distributed.init_process_group needs in a worker host: the
+    store on rank 0's host (torchrun's agent store is on the root namespace's loopback, which a host
+    does not reach), served by rank 0 itself, over the hosts' own links."""
+    return {"MASTER_ADDR": master_ip, "MASTER_PORT": str(GROUP_PORT), "TORCHELASTIC_USE_AGENT_STORE": "False",
+            GLOO_ADDR_ENV: own_ip}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mindp.torch.launch", description="mindp worker under torchrun")
     p.add_argument("--netns-prefix", help="run rank r in namespace PREFIX + the host of worker r")
@@ -52,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             topo = Topology.load(where[0])
             job = int(where[1])
-            host = next(j for j in topo.jobs if j.job_id == job).workers[rank]
+            workers = next(j for j in topo.jobs if j.job_id == job).workers
+            host = workers[rank]
         except (ValueError, IndexError, StopIteration, KeyError, OSError, TopologyError) as exc:
             print(f"mindp.torch.launch: cannot find worker {rank} of the job ({world} ranks): {exc}", file=sys.stderr)
             return 2
@@ -65,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = ["mnexec", "-a", str(pid), *cmd]
         else:
             cmd = ["ip", "netns", "exec", args.netns_prefix + host, *cmd]
+        if args.script:
+            os.environ.update(group_env(topo.hosts[workers[0]].ip, topo.hosts[host].ip))
     sys.stdout.flush()
     os.execvp(cmd[0], cmd)  # the same PID, so torchrun watches the worker itself
     return 0  # not reached

@@ -18,6 +18,8 @@ import sys
 import time
 import traceback
 
+from mindp import netutil
+
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 
@@ -45,21 +47,35 @@ def record(exc: BaseException) -> None:
         pass  # the rank's output still holds the traceback
 
 
-def main() -> None:
-    if len(sys.argv) < 2:
-        raise SystemExit("usage: python -m mindp.torch.runscript SCRIPT [ARGS...]")
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
+def run_script(script: str, args: list[str], record_errors: bool = True) -> None:
+    """`python script ARGS` in this process; record_errors: the failure into torchrun's error file."""
+    sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script.py` puts it first
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        if exc.code not in (None, 0):
+        if record_errors and exc.code not in (None, 0):
             record(exc)
         raise
     except BaseException as exc:
-        record(exc)
+        if record_errors:
+            record(exc)
         raise
+
+
+def gloo_interface() -> None:
+    """In a worker host (mindp.torch.launch set MINDP_GLOO_ADDR): the script's own gloo process group
+    goes over the interface holding the host's address, unless GLOO_SOCKET_IFNAME says otherwise."""
+    addr = os.environ.get("MINDP_GLOO_ADDR")
+    if addr and not os.environ.get("GLOO_SOCKET_IFNAME") and (name := netutil.interface_holding(addr)):
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        raise SystemExit("usage: python -m mindp.torch.runscript SCRIPT [ARGS...]")
+    gloo_interface()
+    run_script(sys.argv[1], sys.argv[2:])
 
 
 if __name__ == "__main__":

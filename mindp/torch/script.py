@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 import warnings
@@ -42,7 +41,7 @@ import torch
 from host_agent import lr, optim, rawsock, state
 from host_agent.optim import ConfigError
 from host_agent.worker import WorkerAgent, WorkerConfig
-from mindp import progress
+from mindp import netutil, progress
 from mindp.topology import Topology, TopologyError
 
 from . import checkpoint
@@ -71,11 +70,9 @@ def _env(value, name: str, what: str) -> str:
 
 def iface_with(ip: str) -> str:
     """The interface of this network namespace that holds IPv4 address `ip`."""
-    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True).stdout
-    for line in out.splitlines():
-        f = line.split()
-        if len(f) > 3 and f[3].split("/")[0] == ip:
-            return f[1].split("@")[0]
+    name = netutil.interface_holding(ip)
+    if name:
+        return name
     raise MindpError(f"no interface holds {ip} here: run the rank on its topology host (with make run's network: "
                      "make run SCRIPT=... UP=1 prints the command for each host) or set MINDP_IFACE")
 

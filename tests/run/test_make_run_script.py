@@ -144,13 +144,20 @@ def test_plain_text_script_shows_rank0_and_writes_per_step_figures(tmp_path):
     assert_clean(run)
 
 
-@needs_root
-def test_a_failing_rank_is_named_with_its_exception_in_one_line(tmp_path):
-    script = tmp_path / "clip.py"
-    script.write_text(PLAIN_SCRIPT.replace('os.environ.get("CLIP")', "True"))
+def plain_script_failing(tmp_path, switch: str) -> tuple[MakeRun, str]:
+    """PLAIN_SCRIPT with its `switch` (an environment variable it reads) on: the run, exit 1, and its
+    one line on stderr."""
+    script = tmp_path / "failing.py"
+    script.write_text(PLAIN_SCRIPT.replace(f'os.environ.get("{switch}")', "True"))
     run = script_run(tmp_path, "embedded", str(script), "")
     assert run.run() == 1
     (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
+    return run, line
+
+
+@needs_root
+def test_a_failing_rank_is_named_with_its_exception_in_one_line(tmp_path):
+    run, line = plain_script_failing(tmp_path, "CLIP")
     assert line.startswith("make run: the script failed: rank 1 failed: mindp.torch: torch.nn.utils.clip_grad_norm_ "
                            "is not supported"), line
     assert line.endswith("torchrun.log")
@@ -212,13 +219,53 @@ def test_gradients_accumulated_under_no_sync_train_bit_exactly(tmp_path):
     assert_clean(run)
 
 
+GROUP_SCRIPT = '''
+import os, torch, torch.distributed as dist, mindp.torch
+dist.init_process_group("gloo")  # kept from the DDP script, for its own metrics
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = mindp.torch.init(model, torch.optim.SGD(model.parameters(), lr=0.1))
+rank = int(os.environ["RANK"])
+for step in range(3):
+    opt.zero_grad()
+    loss = model(torch.ones(3, 4) * (rank + 1)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    mean = loss.detach().clone()
+    dist.all_reduce(mean)
+    mine = torch.tensor([float(loss)])
+    losses = [torch.zeros(1) for _ in range(dist.get_world_size())]
+    dist.all_gather(losses, mine)
+    if rank == 0:
+        print(f"step {step} mean {float(mean) / dist.get_world_size():.6f} of {[round(float(x), 6) for x in losses]}",
+              flush=True)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+@needs_root
+def test_a_scripts_own_process_group_works_over_the_hosts_links(tmp_path):
+    """A DDP script's init_process_group("gloo") kept for its metrics: inert in the describe run,
+    real between the ranks in their hosts (the store on rank 0's host, gloo on the hosts'
+    interfaces): all_reduce and all_gather see every rank's loss."""
+    script = tmp_path / "group.py"
+    script.write_text(GROUP_SCRIPT)
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 0, run.err + run.out
+    lines = [ln for ln in run.out.splitlines() if ln.startswith("[rank0] step ")]
+    assert len(lines) == 3
+    for ln in lines:
+        mean, losses = ln.split(" mean ")[1].split(" of ")
+        losses = json.loads(losses)
+        assert len(losses) == 2 and losses[0] != losses[1]  # the two ranks' own batches
+        assert float(mean) == pytest.approx(sum(losses) / 2, abs=1e-5)
+    assert_clean(run)
+
+
 @needs_root
 def test_an_lr_set_by_hand_is_refused_in_one_line_not_ignored(tmp_path):
-    script = tmp_path / "lr.py"
-    script.write_text(PLAIN_SCRIPT.replace('os.environ.get("SET_LR")', "True"))
-    run = script_run(tmp_path, "embedded", str(script), "")
-    assert run.run() == 1
-    (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
+    run, line = plain_script_failing(tmp_path, "SET_LR")
     assert line.startswith("make run: the script failed: rank "), line
     assert "mindp.torch: step 1: the script's optimizer holds lr 0.005, the node applied 0.01 (constant schedule" in line
     assert_clean(run)

@@ -1,6 +1,8 @@
 """Progress from workers' JSON lines: steps done by all, curves, rates, partial lines."""
 import json
 
+import pytest
+
 from mininet_topos import progress
 from mininet_topos.progress import LogTail, Progress
 
@@ -48,7 +50,7 @@ def test_a_slow_rate_keeps_its_digits():
     p.bar()  # (refreshed as the records come)
     p.feed(line(job=1, worker=0, step=0, sent=500, retx=0, t=129.0))
     assert "0.0345 steps/s" in p.bar()
-    assert [progress.per_second(r) for r in (0.0345, 3.4567, 34.567, 345.67)] == ["0.0345", "3.46", "34.6", "345.7"]
+    assert [progress.three_digits(r) for r in (0.0345, 3.4567, 34.567, 345.67)] == ["0.0345", "3.46", "34.6", "345.7"]
 
 
 def test_noise_and_unknown_workers_are_counted_not_fatal():
@@ -96,3 +98,15 @@ def test_a_resumed_run_counts_from_the_steps_its_earlier_run_did():
     assert p.step == 5
     p.feed(line(job=1, worker=1, step=5, sent=10, retx=0))
     assert p.step == 6 and "step 6/8" in p.bar(width=8)
+
+
+def test_the_rate_after_training_counts_the_steps_this_run_did():
+    """A script's step count is not known ahead (steps=0), and a resumed run began at `first`: the
+    final rate is the steps done here over the training time, not 0 steps/s."""
+    for first, steps in ((0, 0), (6, 10)):
+        p = Progress({1: 1}, steps=steps, first=first)
+        p.feed(line(job=1, worker=0, step=first - 1, sent=0, retx=0, t=100.0))
+        for s in range(first, first + 4):
+            p.feed(line(job=1, worker=0, step=s, sent=s, retx=0, t=100.0 + 0.02 * (s - first + 1)))
+        p.feed(json.dumps({"ev": "done", "job": 1, "worker": 0, "t": 100.08, "stats": {"sent": 4, "retransmitted": 0}}))
+        assert p.training_seconds() == pytest.approx(0.08) and "  50 steps/s" in p.bar(), p.bar()

@@ -3,6 +3,7 @@ them out), clipping or changing gradients after backward() ends the rank in one 
 rank's exception reaches torchrun's error file; the one-line failure make run prints from it."""
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from mindp import progress  # noqa: E402
 from mindp.torch import parallel, runscript, script  # noqa: E402
 from mininet_topos import rankerrors  # noqa: E402
 
@@ -266,3 +268,24 @@ def test_zero_grad_keeps_zeros_when_asked_and_sends_the_same_gradients():
         sent.append(agent.handles[-1].got)
         dp.close()
     assert sent[0].keys() == sent[1].keys() and all(torch.equal(sent[0][n], sent[1][n]) for n in sent[0])
+
+
+def test_the_describe_run_makes_a_scripts_process_group_inert(tmp_path):
+    """Alone, init_process_group would wait for peers that never come: in the describe run it returns,
+    rank and world size are RANK's and WORLD_SIZE's, barrier and broadcast do nothing."""
+    script = tmp_path / "group.py"
+    script.write_text("import torch, torch.distributed as dist, mindp.torch\n"
+                      "dist.init_process_group('gloo')\n"
+                      "assert dist.is_initialized() and (dist.get_rank(), dist.get_world_size()) == (0, 4)\n"
+                      "dist.barrier()\n"
+                      "m = torch.nn.Linear(2, 2)\n"
+                      "dist.broadcast(m.weight.data, 0)\n"
+                      "mindp.torch.init(m, torch.optim.SGD(m.parameters(), lr=0.5 * dist.get_world_size()))\n"
+                      "raise SystemExit('not reached: init exits in a describe run')\n")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("MINDP_", "MASTER_"))},
+           "MINDP_DESCRIBE": str(tmp_path / "spec"), "RANK": "0", "WORLD_SIZE": "4",
+           "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    proc = progress.run([sys.executable, "-m", "mindp.torch.describe", str(script)], capture_output=True, text=True,
+                        env=env)  # (a process group that waits for peers uses no CPU: a stall, not a hang)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "spec" / "optimizer.json").read_text())["lr"] == 2.0
