@@ -29,6 +29,8 @@ def commands(script: str, argv: list[str], workers: dict[int, str], host_pids: d
     rank order (pure)."""
     torchrun = str(pathlib.Path(python).parent / "torchrun")
     env_words = [f"{k}={v}" for k, v in sorted(env.items()) if k != "MINDP_IFACE"]  # init finds the interface
+    if "MINDP_IFACE" in env:  # the host's, where a script's own gloo process group binds (not the hostname's)
+        env_words.append(f"GLOO_SOCKET_IFNAME={env['MINDP_IFACE']}")
     out = []
     n = len(workers)
     for r, host in sorted(workers.items()):

@@ -71,6 +71,7 @@ def test_up_prints_one_torchrun_per_worker_host_in_its_namespace():
     words = shlex.split(lines[1])
     assert words[:3] == ["mnexec", "-a", "102"] and "MINDP_TOPOLOGY=/r/topology.json" in words
     assert not any(w.startswith("MINDP_IFACE") for w in words)  # init finds the host's interface itself
+    assert "GLOO_SOCKET_IFNAME=eth0" in words  # a script's own gloo group binds it, not the hostname's address
     i = words.index("/v/bin/torchrun")
     assert words[i:i + 13] == ["/v/bin/torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1",
                                "--rdzv-backend", "static", "--master-addr", "10.0.1.1", "--master-port", "29400"]
