@@ -40,7 +40,7 @@ def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit("usage: python -m mindp.torch.describe SCRIPT [ARGS...]")
     make_distributed_inert()
-    run_script(sys.argv[1], sys.argv[2:], record_errors=False)
+    run_script(sys.argv[1], sys.argv[2:])  # (no torchrun: no error file to write)
 
 
 if __name__ == "__main__":

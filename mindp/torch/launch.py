@@ -23,12 +23,11 @@ import sys
 
 from mindp.topology import Topology, TopologyError
 
+from .runscript import GLOO_ADDR_ENV
+
 
 #: Where rank 0 serves the store of a script's own torch.distributed process group (its host's port).
 GROUP_PORT = 29500
-#: The address whose interface carries the rank's gloo traffic (mindp.torch.runscript sets
-#: GLOO_SOCKET_IFNAME from it inside the host: gloo would bind the machine's hostname's address).
-GLOO_ADDR_ENV = "MINDP_GLOO_ADDR"
 
 
 def group_env(master_ip: str, own_ip: str) -> dict[str, str]:

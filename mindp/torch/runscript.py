@@ -21,6 +21,9 @@ import traceback
 from mindp import netutil
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+#: The address whose interface carries a script's own gloo traffic (mindp.torch.launch sets it for a
+#: rank in a worker host: gloo would bind the address of the machine's hostname, not in the host).
+GLOO_ADDR_ENV = "MINDP_GLOO_ADDR"
 
 
 def error_record(exc: BaseException, rank: str, now: float) -> dict:
@@ -47,26 +50,25 @@ def record(exc: BaseException) -> None:
         pass  # the rank's output still holds the traceback
 
 
-def run_script(script: str, args: list[str], record_errors: bool = True) -> None:
-    """`python script ARGS` in this process; record_errors: the failure into torchrun's error file."""
+def run_script(script: str, args: list[str]) -> None:
+    """`python script ARGS` in this process, its failure recorded where torchrun looks (if it does)."""
     sys.argv = [script, *args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))  # as `python script.py` puts it first
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
-        if record_errors and exc.code not in (None, 0):
+        if exc.code not in (None, 0):
             record(exc)
         raise
     except BaseException as exc:
-        if record_errors:
-            record(exc)
+        record(exc)
         raise
 
 
 def gloo_interface() -> None:
-    """In a worker host (mindp.torch.launch set MINDP_GLOO_ADDR): the script's own gloo process group
+    """In a worker host (mindp.torch.launch set GLOO_ADDR_ENV): the script's own gloo process group
     goes over the interface holding the host's address, unless GLOO_SOCKET_IFNAME says otherwise."""
-    addr = os.environ.get("MINDP_GLOO_ADDR")
+    addr = os.environ.get(GLOO_ADDR_ENV)
     if addr and not os.environ.get("GLOO_SOCKET_IFNAME") and (name := netutil.interface_holding(addr)):
         os.environ["GLOO_SOCKET_IFNAME"] = name
 
