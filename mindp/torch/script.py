@@ -292,6 +292,9 @@ def init(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=No
 
 
 def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Optimizer:
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        raise MindpError("the model is wrapped in DistributedDataParallel, whose allreduce would overwrite the "
+                         "gradients mindp sends: pass the module itself (mindp replaces DDP; docs/TORCH.md)")
     cfg = optimizer_config(optimizer, scheduler)
     if os.environ.get("MINDP_DESCRIBE"):
         describe(os.environ["MINDP_DESCRIBE"], module, cfg)

@@ -289,3 +289,12 @@ def test_the_describe_run_makes_a_scripts_process_group_inert(tmp_path):
                         env=env)  # (a process group that waits for peers uses no CPU: a stall, not a hang)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "spec" / "optimizer.json").read_text())["lr"] == 2.0
+
+
+def test_a_model_still_wrapped_in_ddp_is_refused_in_one_line():
+    """A ported script that kept model = DDP(model): its allreduce would overwrite what mindp sent."""
+    ddp = torch.nn.parallel.DistributedDataParallel.__new__(torch.nn.parallel.DistributedDataParallel)
+    with pytest.raises(SystemExit) as exc:
+        script.init(ddp, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
+    msg = str(exc.value.code)
+    assert msg.startswith("mindp.torch.init: the model is wrapped in DistributedDataParallel") and "\n" not in msg
