@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer-spec", metavar="FILE",
                    help="the optimizer as JSON (OptimizerConfig.to_dict: kind, lr, schedule...; written by a "
                         "mindp.torch script's describe run) instead of --optimizer/--lr/...; a state that exists "
-                        "keeps its own")
+                        "must have been created with the same")
     p.add_argument("--steps", type=int, help="exit after this many steps are committed (and late resends settle)")
     p.add_argument("--linger", type=finite, default=LINGER,
                    help="seconds of quiet after the last step before exiting (more than the workers' largest RTO, "
@@ -153,9 +153,10 @@ def open_state(args, chunks: tuple[int, int] | None = None) -> state.Store:
         want = "all chunks" if chunks is None else "chunks {}:{}".format(*chunks)
         store.close()
         raise ConfigError(f"{args.state_dir} holds {held}, not {want}")
-    if store.cfg != cfg and not args.optimizer_spec:  # a script's spec: the state it already holds wins
+    if store.cfg != cfg:  # a state keeps its optimizer: a different one asked for is refused, never dropped
         store.close()
-        raise ConfigError(f"{args.state_dir} was created with {store.cfg}, not {cfg}")
+        raise ConfigError(f"{args.state_dir} was created with another optimizer: {store.cfg.differences(cfg)} "
+                          "(train on with the same one, or give a fresh --state-dir)")
     wanted = agent_args.requested_layout(args.layout, args.init)
     if wanted is not None and optim.layout_to_json(wanted) != optim.layout_to_json(store.layout):
         store.close()
@@ -175,7 +176,7 @@ def print_plan(args) -> int:
     """--plan: the state's residency within --ram-budget and the predicted step time (docs/STATE.md)."""
     try:
         if state.exists(args.state_dir):
-            meta = json.loads((pathlib.Path(args.state_dir) / "meta.json").read_text())
+            meta = state.read_meta(args.state_dir)
             layout, page_chunks = optim.layout_from_json(meta["layout"]), int(meta["page_chunks"])
             lo, hi = meta.get("chunks", (0, layout.n_chunks - 1))
             cfg, lanes = OptimizerConfig.from_dict(meta["optimizer"]), state.record_lanes(meta)

@@ -2,7 +2,7 @@
 
 A state directory holds:
 
-  meta.json       layout, optimizer, page geometry (written once, at creation)
+  meta.json       layout, optimizer, page geometry, K (written once, at creation)
   state0.bin      records of (master, m, v) x K float32 per chunk (SGD: (master, m)): the state
   state1.bin      after an even number of steps in state0, odd in state1
   commit.json     {"step": s}: the last step whose state is durable (-1: initial)
@@ -62,6 +62,22 @@ FORMAT = 2  # 2: meta.json names the record's lanes (format 1: always 3)
 def record_lanes(meta: dict) -> int:
     """The lanes of the records of a state whose meta.json is `meta` (format 1 names none: 3)."""
     return int(meta.get("lanes", 3))
+
+
+def read_meta(state_dir: str | pathlib.Path) -> dict:
+    """A state's meta.json, refused (ConfigError) when its chunks are not this process's K: a record
+    holds K elements, so another K would read every chunk from the wrong place. (States made before
+    meta.json named K, 30 Nov 2026, are taken at this K.)"""
+    d = pathlib.Path(state_dir)
+    try:
+        meta = json.loads((d / "meta.json").read_text())
+        k = int(meta.get("k", K))
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"state directory {d} is not usable: {exc}") from None
+    if k != K:
+        raise ConfigError(f"state directory {d} holds chunks of K = {k} elements and this process runs K = {K}: "
+                          f"run it at K = {k} (MINDP_K={k}; make run K={k})")
+    return meta
 
 
 @functools.cache  # read once: a process outlives no boot, and each commit asks for it
@@ -177,7 +193,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
         _preallocate(f1, nbytes)
         os.fsync(f1.fileno())
     meta = {"format": FORMAT, "layout": optim.layout_to_json(layout), "optimizer": cfg.to_dict(),
-            "page_chunks": page_chunks, "lanes": cfg.lanes}
+            "page_chunks": page_chunks, "lanes": cfg.lanes, "k": K}
     if chunks is not None:
         meta["chunks"] = [int(chunks[0]), int(chunks[1])]
     _write_atomic(d / "meta.json", json.dumps(meta, indent=1).encode())
@@ -198,8 +214,8 @@ class Store:
         of order sums may arrive (the job's slot count), which sets how far ahead pages are read;
         map_whole=False streams the state through the pipeline even if it fits (tests)."""
         d = self.dir = pathlib.Path(state_dir)
+        meta = read_meta(d)
         try:
-            meta = json.loads((d / "meta.json").read_text())
             commit = json.loads((d / "commit.json").read_text())
             self.committed = int(commit["step"])
             # Optimizer updates through the committed step (a skipped, non-finite step is none);
@@ -434,8 +450,8 @@ def read_state(state_dir: str | pathlib.Path, before_commit: bool = False
     `before_commit` after the step before it: the copy the committed step read, unchanged until the
     node applies the next step (which no worker sends before every shard committed this one)."""
     d = pathlib.Path(state_dir)
+    meta = read_meta(d)
     try:
-        meta = json.loads((d / "meta.json").read_text())
         commit = json.loads((d / "commit.json").read_text())
         cfg = OptimizerConfig.from_dict(meta["optimizer"])
         layout = optim.layout_from_json(meta["layout"])

@@ -1,6 +1,7 @@
 """The console entry points: bad input is one clear line and a non-zero exit, never a traceback;
 a state directory is never overwritten or reinterpreted."""
 import json
+import os
 import sys
 
 import numpy as np
@@ -8,13 +9,15 @@ import pytest
 
 from host_agent import optim, state
 from host_agent.optim import OptimizerConfig
+from mindp.protocol import K
 from mindp import progress
 
 from .helpers import small_model
 
 
-def run(module, *args):
-    p = progress.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+def run(module, *args, env=None):
+    p = progress.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                     env=None if env is None else {**os.environ, **env})
     return p.returncode, p.stdout, p.stderr
 
 
@@ -65,15 +68,45 @@ def test_optimizer_cli_bad_input(files, args, needle):
     one_line_error(code, err, "mindp-optimizer", needle)
 
 
-def test_optimizer_refuses_a_state_dir_made_for_another_optimizer(files):
+@pytest.mark.parametrize("asked,difference", [
+    ([], "kind 'sgd' -> 'adamw'"),
+    # a script's spec (make run SCRIPT= RESUME=, a restored checkpoint) was taken silently before
+    (["--optimizer-spec", "SPEC"], "lr 0.001 -> 0.01"),
+])
+def test_optimizer_refuses_a_state_dir_made_for_another_optimizer(files, asked, difference):
     tmp, init, _ = files
     arrays = small_model()
     lay = optim.layout_of(arrays)
-    state.create(tmp / "state", lay, state.init_pieces(lay, arrays), OptimizerConfig(kind="sgd"))
+    created = OptimizerConfig(kind="sgd") if not asked else OptimizerConfig()
+    state.create(tmp / "state", lay, state.init_pieces(lay, arrays), created)
+    spec = tmp / "spec.json"
+    spec.write_text(json.dumps(OptimizerConfig(lr=0.01).to_dict()))
     before = (tmp / "state" / "state0.bin").read_bytes()
-    code, _, err = run("host_agent.node", "--state-dir", str(tmp / "state"), *EXPLICIT, "--init", str(init))
-    one_line_error(code, err, "mindp-optimizer", "was created with")
+    code, _, err = run("host_agent.node", "--state-dir", str(tmp / "state"), *EXPLICIT, "--init", str(init),
+                       *[str(spec) if a == "SPEC" else a for a in asked])
+    one_line_error(code, err, "mindp-optimizer", "was created with another optimizer: ")
+    assert difference in err
     assert (tmp / "state" / "state0.bin").read_bytes() == before
+    spec.write_text(json.dumps(created.to_dict()))  # the same optimizer: the state opens
+    from host_agent import node
+    args = node.build_parser().parse_args(["--state-dir", str(tmp / "state"), *EXPLICIT, "--init", str(init),
+                                           *(["--optimizer-spec", str(spec)] if asked else ["--optimizer", "sgd"])])
+    node.open_state(args).close()
+
+
+@pytest.mark.parametrize("extra", [[], ["--plan"]])
+def test_optimizer_refuses_a_state_dir_of_another_k(files, extra):
+    """A record holds K elements: a state opened at another K would read every chunk from the wrong
+    place (make run RESUME= once ran a K = 1,024 run's state at K = 32 and ended off the reference)."""
+    tmp, init, _ = files
+    arrays = small_model()
+    lay = optim.layout_of(arrays)
+    state.create(tmp / "state", lay, state.init_pieces(lay, arrays), OptimizerConfig())
+    other = 32 if K != 32 else 64
+    code, _, err = run("host_agent.node", "--state-dir", str(tmp / "state"), *EXPLICIT, "--init", str(init), *extra,
+                       env={"MINDP_K": str(other)})
+    one_line_error(code, err, "mindp-optimizer", f"holds chunks of K = {K} elements and this process runs K = {other}")
+    state.read_state(tmp / "state")  # at its own K it opens
 
 
 @pytest.mark.parametrize("args,needle", [
