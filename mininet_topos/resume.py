@@ -73,6 +73,9 @@ def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
                              f"change (only {', '.join(MAY_CHANGE[:-1])})")
     known = {f.name for f in fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in old.cfg.items() if k in known})
+    if base.script and "STEPS" in given:
+        raise RunConfigError(f"RESUME: {old.run.name} is a SCRIPT= run, whose steps are its script's own (ARGS, "
+                             "kept): STEPS does not apply")
     steps = now.steps if "STEPS" in given else base.steps
     if steps < base.steps:
         raise RunConfigError(f"RESUME: STEPS={steps} is fewer than the run's own {base.steps}")

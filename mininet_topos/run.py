@@ -607,10 +607,17 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         state.teardown()
 
 
-def run_k(k: str, target: str) -> int:
-    """The run's K: K= if given, else MINDP_K where the environment sets it, else the target's
-    default (BMv2 interprets every element of a frame, so it runs the hardware-faithful size; the
-    embedded switch runs the large default)."""
+def run_k(k: str, target: str, old: resume.Resumed | None = None, given: tuple[str, ...] = ()) -> int:
+    """The run's K: K= if given, else a resumed run's own (its state's chunks are K elements), else
+    MINDP_K where the environment sets it, else the target's default (BMv2 interprets every element
+    of a frame, so it runs the hardware-faithful size; the embedded switch runs the large default)."""
+    if old is not None and not k and "k" in old.cfg:
+        n = int(old.cfg["k"])
+        target = target if "TARGET" in given else str(old.cfg.get("target", target))
+        if _resolved(target) == "bmv2" and not protocol.bmv2_fits(n):
+            raise config.RunConfigError(f"RESUME: {old.run.name} trained at K = {n}, which BMv2 cannot run (K up to "
+                                        f"{protocol.BMV2_MAX_K}): TARGET=embedded")
+        return n
     k = k or os.environ.get(protocol.K_ENV, "").strip()
     if k:
         try:
@@ -622,21 +629,25 @@ def run_k(k: str, target: str) -> int:
                                         f"by {protocol.BMV2_HEADROOM} bytes; a GRAD becomes a SUM 6 bytes an element "
                                         "longer): TARGET=embedded runs any K")
         return n
+    return protocol.HARDWARE_K if _resolved(target) == "bmv2" else protocol.DEFAULT_K
+
+
+def _resolved(target: str) -> str:
     try:
-        resolved = targets.resolve(target)
+        return targets.resolve(target)
     except targets.TargetError:
-        resolved = target  # config.parse names the problem
-    return protocol.HARDWARE_K if resolved == "bmv2" else protocol.DEFAULT_K
+        return target  # config.parse names the problem
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        k = run_k(args.k, args.target)
+    try:  # an earlier run is found before this run's directory moves runs/latest
+        old = resume.find(args.resume, pathlib.Path(args.runs_dir)) if args.resume else None
+        k = run_k(args.k, args.target, old, tuple(args.given.split()))
     except config.RunConfigError as exc:
         Console().fail(str(exc))
         return 2
-    if k != protocol.K and (argv is None or args.k):
+    if k != protocol.K and (argv is None or args.k or old is not None):
         # Every module of this process and of the processes it starts takes K from MINDP_K at import.
         if argv is not None:
             raise RuntimeError(f"main(argv) runs at this process's K = {protocol.K}, not {k}: set MINDP_K")
@@ -655,9 +666,7 @@ def main(argv: list[str] | None = None) -> int:
                            given=args.given)
         if args.up and not cfg.script:
             raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
-        old = None
-        if args.resume:  # found before this run's directory moves runs/latest
-            old = resume.find(args.resume, pathlib.Path(args.runs_dir))
+        if old is not None:
             cfg = resume.settings(old, cfg, args.given.split())
         return execute(cfg, args, console, old)
     except (config.RunConfigError, RunError) as exc:

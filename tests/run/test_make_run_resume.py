@@ -33,6 +33,26 @@ def test_mlp_run_resumed_with_more_steps_is_bit_exact_with_all_steps(tmp_path):
 
 
 @needs_root
+def test_a_run_resumes_at_its_own_k_whatever_the_environments(tmp_path):
+    """The state's chunks are the run's K elements: RESUME without K= takes the run's, not the
+    environment's or the target's default (a K = 1,024 run resumed at TARGET=auto's K = 32 ended off
+    the reference)."""
+    from mindp import protocol
+
+    k = protocol.HARDWARE_K if protocol.K != protocol.HARDWARE_K else protocol.DEFAULT_K  # not this process's
+    first = MakeRun(tmp_path, "--target", "embedded", "--k", str(k), "--workers", "2", "--steps", "2",
+                    "--p4", "committed")
+    assert first.run() == 0, first.err + first.out
+    again = MakeRun(tmp_path, "--target", "embedded", "--steps", "4", "--resume", "latest", "--given",
+                    "RESUME STEPS TARGET", "--p4", "committed")
+    assert again.run() == 0, again.err + again.out
+    assert f"K = {k} elements a frame" in again.out
+    s = latest(tmp_path)
+    assert (s["k"], s["steps"], s["max_abs_param_diff_vs_reference"]) == (k, 4, 0.0)
+    assert_clean(again)
+
+
+@needs_root
 def test_leafspine_run_whose_shards_committed_apart_resumes_bit_exact_with_all_steps(tmp_path):
     """Shard 0's commit is taken back one step (as if the run died after shard 1 committed step 2,
     before shard 0 did; the copy after step 1 is still there, step 2 read it): the workers start

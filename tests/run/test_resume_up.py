@@ -22,7 +22,8 @@ def old_run(runs, name="20261128-010101", **cfg):
     layout = optim.layout_of(params)
     state.create(d / "job1" / resume.STATE, layout, state.init_pieces(layout, params), optim.OptimizerConfig())
     np.savez(d / "job1" / "init.npz", **params)
-    (runs / "latest").symlink_to(name)
+    if not (runs / "latest").is_symlink():
+        (runs / "latest").symlink_to(name)
     return d, params
 
 
@@ -53,6 +54,11 @@ def test_resume_refusals_are_one_line(tmp_path):
         resume.settings(old, config.parse(), ["RESUME", "WORKERS", "SEED"])
     with pytest.raises(config.RunConfigError, match="STEPS=2 is fewer than the run's own 3"):
         resume.settings(old, config.parse(steps="2"), ["RESUME", "STEPS"])
+    script = runs.parent / "train.py"
+    script.write_text("")
+    old_run(runs, "20261128-020202", script=str(script), script_args="--steps 4")
+    with pytest.raises(config.RunConfigError, match="is a SCRIPT= run, whose steps are its script's own"):
+        resume.settings(resume.find("20261128-020202", runs), config.parse(steps="80"), ["RESUME", "STEPS"])
     old_run(tmp_path / "r2", topo="leafspine", optimizers=2)  # one shard's state only
     with pytest.raises(config.RunConfigError, match="holds the committed state of 1 of its 2 optimizer node"):
         resume.find("latest", tmp_path / "r2")
@@ -90,3 +96,19 @@ def test_the_ranks_env_carries_the_runs_k_so_up_commands_match_the_switch(monkey
     run = SimpleNamespace(topo_path=pathlib.Path("/r/topology.json"), job_dir=pathlib.Path("/r/job1"),
                           logs=pathlib.Path("/r/logs"))
     assert ScriptRun.rank_env.fget(run)["MINDP_K"] == "32"
+
+
+def test_a_resumed_run_keeps_its_k_and_bmv2_cannot_take_a_large_one(tmp_path, monkeypatch):
+    from mindp import protocol
+    from mininet_topos import run as orchestrator
+
+    runs = tmp_path / "runs"
+    old_run(runs, k=protocol.DEFAULT_K)
+    old = resume.find("latest", runs)
+    monkeypatch.setenv(protocol.K_ENV, str(protocol.HARDWARE_K))  # neither the environment's K
+    assert orchestrator.run_k("", "auto", old, ("RESUME",)) == protocol.DEFAULT_K  # nor auto's (BMv2: 32)
+    assert orchestrator.run_k("", "embedded", old, ("RESUME", "TARGET")) == protocol.DEFAULT_K
+    with pytest.raises(config.RunConfigError, match=f"trained at K = {protocol.DEFAULT_K}, which BMv2 cannot run"):
+        orchestrator.run_k("", "bmv2", old, ("RESUME", "TARGET"))
+    old_run(tmp_path / "r2")  # a run from before config.json named K: the environment's, as before
+    assert orchestrator.run_k("", "auto", resume.find("latest", tmp_path / "r2"), ("RESUME",)) == protocol.HARDWARE_K
