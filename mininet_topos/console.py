@@ -6,6 +6,7 @@ import contextlib
 import pathlib
 import signal
 import sys
+import time
 
 
 class RunError(RuntimeError):
@@ -51,3 +52,29 @@ class Console:
         """The one line that says why the run ended, on stderr and in the run's log."""
         print(f"\nmake run: {msg}", file=sys.stderr, flush=True)
         self._keep(f"make run: {msg}")
+
+
+class ProgressLine:
+    """The live progress line: redrawn in place on a terminal; elsewhere (a log, a pipe) printed at
+    most every `every` s when the step moved on, and once more at the end if its text changed since
+    (a log's last lines may bring the last loss)."""
+
+    def __init__(self, console: Console, indent: str = "", every: float = 5.0, tty: bool | None = None):
+        self.console, self.indent, self.every = console, indent, every
+        self.tty = sys.stdout.isatty() if tty is None else tty
+        self.step: int | None = None
+        self.text: str | None = None
+        self.at: float | None = None
+
+    def show(self, step: int, text: str) -> None:
+        if self.tty:
+            print("\r" + self.indent + text + "\x1b[K", end="", flush=True)
+        elif step != self.step and (self.at is None or time.monotonic() - self.at >= self.every):
+            self.console.say(self.indent + text)
+            self.step, self.text, self.at = step, text, time.monotonic()
+
+    def end(self, text: str) -> None:
+        if self.tty:
+            self.console.say("\r" + self.indent + text + "\x1b[K")
+        elif text != self.text:
+            self.console.say(self.indent + text)

@@ -41,7 +41,7 @@ from p4src import artifacts  # noqa: E402
 
 from . import clean, config, metrics, results, resume  # noqa: E402
 from .agents import Agents, JobFiles  # noqa: E402
-from .console import Console, RunError, Stopped, how_it_ended, one_line  # noqa: E402
+from .console import Console, ProgressLine, RunError, Stopped, how_it_ended, one_line  # noqa: E402
 from .progress import Progress  # noqa: E402
 from .runstate import DEFAULT_PATH, RunState  # noqa: E402
 
@@ -380,9 +380,8 @@ class Run:
     def train(self) -> tuple[Progress, float]:
         self.progress = progress = Progress({j.job.job_id: j.job.n_workers for j in self.jobs}, self.cfg.steps,
                                             self.first_step())
-        tty = sys.stdout.isatty()
+        bar = ProgressLine(self.console)
         t0 = time.monotonic()
-        last_print, shown = 0.0, -1
         watch = pace.StallWatch(pace.activity(*(hp.proc.pid for hp in self.agents.workers + self.agents.optimizers)),
                                 STALL_SECONDS)
         while True:
@@ -391,24 +390,16 @@ class Run:
                     progress.feed(line)
             self.check_alive()
             self.probe_switch(progress)
-            now = time.monotonic()
             watch.look(progress.step)
             if progress.all_done() and self.agents.workers_exited():
                 self.probe_switch(progress, last=True)  # the last steps' drops, in the last step's row
                 break
             if watch.stalled():
                 raise self.stalled()
-            if tty:
-                print("\r" + progress.bar() + "\x1b[K", end="", flush=True)
-            elif now - last_print >= 5.0 and progress.step != shown:
-                self.console.say(progress.bar())
-                last_print, shown = now, progress.step
+            bar.show(progress.step, progress.bar())
             time.sleep(0.2)
         wall = progress.training_seconds() or (time.monotonic() - t0)
-        if tty:
-            self.console.say("\r" + progress.bar() + "\x1b[K")
-        elif progress.step != shown:
-            self.console.say(progress.bar())
+        bar.end(progress.bar())
         # The nodes serve until every worker has every parameter (a late PARAM loss is answered
         # by resending): only now are they told to stop; they export their state on SIGTERM.
         self.agents.stop_optimizers()

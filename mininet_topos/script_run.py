@@ -30,7 +30,7 @@ from mindp import progress as pace, protocol
 
 from . import rankerrors, results, resume
 from .agents import REPO, Agents
-from .console import RunError, one_line
+from .console import ProgressLine, RunError, one_line
 from .progress import LogTail, Progress, three_digits
 from .run import STALL_SECONDS, Run
 
@@ -134,16 +134,15 @@ class ScriptRun(Run):
         self.progress = progress = Progress({1: self.job.n_workers}, 0)  # the script's own step count
         tails = [LogTail(self.metrics_dir / f"rank{r}.jsonl") for r in range(self.job.n_workers)]
         t0 = time.monotonic()
-        tty = sys.stdout.isatty()
+        bar = ProgressLine(self.console, indent="  ")
         watch = pace.StallWatch(pace.activity(hp.proc.pid, *(o.proc.pid for o in self.agents.optimizers)),
                                 STALL_SECONDS)
-        last_print, shown, shown_bar = 0.0, -1, ""
         while True:
             for tail in tails + [o.tail for o in self.agents.optimizers]:  # the node's lines: its commits
                 for line in tail.lines():
                     progress.feed(line)
             for line in hp.tail.lines():
-                self.show(line, progress, tty)
+                self.show(line, progress, bar.tty)
             rc = hp.proc.poll()
             if rc is not None:
                 break
@@ -152,21 +151,14 @@ class ScriptRun(Run):
             watch.look(progress.step)
             if watch.stalled():
                 raise self.stalled()
-            if tty:
-                print("\r  " + progress.bar() + "\x1b[K", end="", flush=True)
-            elif time.monotonic() - last_print >= 5.0 and progress.step != shown:
-                shown_bar = progress.bar()
-                self.console.say("  " + shown_bar)
-                last_print, shown = time.monotonic(), progress.step
+            bar.show(progress.step, progress.bar())
             time.sleep(0.2)
         for line in hp.tail.lines():
-            self.show(line, progress, tty)
+            self.show(line, progress, bar.tty)
         for tail in tails + [o.tail for o in self.agents.optimizers]:
             for line in tail.lines():
                 progress.feed(line)
-        final = progress.bar()
-        if tty or final != shown_bar:  # (a log's last lines may have brought the last loss)
-            self.console.say(("\r  " if tty else "  ") + final + ("\x1b[K" if tty else ""))
+        bar.end(progress.bar())
         if rc != 0:
             why = rankerrors.first_failure(self.logs / "torchrun", hp.log) or f"torchrun exit {rc}"
             raise RunError(f"the script failed: {why}; see {hp.log}")

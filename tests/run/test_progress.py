@@ -110,3 +110,33 @@ def test_the_rate_after_training_counts_the_steps_this_run_did():
             p.feed(line(job=1, worker=0, step=s, sent=s, retx=0, t=100.0 + 0.02 * (s - first + 1)))
         p.feed(json.dumps({"ev": "done", "job": 1, "worker": 0, "t": 100.08, "stats": {"sent": 4, "retransmitted": 0}}))
         assert p.training_seconds() == pytest.approx(0.08) and "  50 steps/s" in p.bar(), p.bar()
+
+
+class Said:
+    def __init__(self):
+        self.lines = []
+
+    def say(self, msg=""):
+        self.lines.append(msg)
+
+
+@pytest.mark.parametrize("indent", ["", "  "])
+def test_the_progress_line_off_a_terminal_prints_when_the_step_moves_and_ends_once(indent):
+    """One rule for make run's built-in loop and SCRIPT= loop (they had two): a line when the step
+    moved on (at most every `every` s), the last text at the end unless it was the last shown."""
+    from mininet_topos.console import ProgressLine
+
+    said = Said()
+    line = ProgressLine(said, indent=indent, every=0.0, tty=False)
+    line.show(0, "steps done 0")
+    line.show(0, "steps done 0  1.0 steps/s")  # the same step: not again
+    line.show(1, "steps done 1  loss 2.3")
+    line.end("steps done 1  loss 2.3")  # shown already
+    assert said.lines == [indent + "steps done 0", indent + "steps done 1  loss 2.3"]
+    line.end("steps done 1  loss 2.2")  # the log's last lines brought a later loss
+    assert said.lines[-1] == indent + "steps done 1  loss 2.2"
+    slow = ProgressLine(said, every=1e9, tty=False)
+    slow.show(0, "a")
+    slow.show(1, "b")  # within `every` of the last
+    slow.end("b")
+    assert said.lines[-2:] == ["a", "b"]
