@@ -56,7 +56,7 @@ class ResumeFile:
             raise ConfigError(f"cannot open resume file {self.path}: {exc.strerror}") from None
         try:
             if os.fstat(fd).st_size != size:
-                raise ConfigError(f"resume file {self.path} is not one of this model (size differs)")
+                raise ConfigError(f"resume file {self.path} is not one of this model at K = {K} (size differs)")
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
