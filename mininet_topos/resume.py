@@ -22,8 +22,9 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from host_agent import state
-from host_agent.optim import ConfigError
+from host_agent import optim, state
+from host_agent.optim import ConfigError, OptimizerConfig
+from mindp.layout import Layout
 from mindp.protocol import K
 
 from .config import RunConfig, RunConfigError
@@ -82,6 +83,25 @@ def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
     return replace(base, target=now.target if "TARGET" in given else base.target, loss=now.loss, pcap=now.pcap,
                    log=now.log, cli=now.cli, steps=steps, node_ram=now.node_ram if "NODE_RAM" in given else base.node_ram, grpc_port=now.grpc_port, thrift_port=now.thrift_port,
                    slots=base.slots if "TARGET" not in given else 0)
+
+
+def check_script(old: Resumed, job: int, cfg: OptimizerConfig, layout: Layout) -> None:
+    """Refuse, before the network comes up, a SCRIPT= run whose script now describes another model or
+    optimizer than the earlier run trained with (the file was edited): its node would refuse the state."""
+    for d in state_dirs(old.run / f"job{job}"):
+        try:
+            meta = state.read_meta(d)
+            held, model = OptimizerConfig.from_dict(meta["optimizer"]), optim.layout_from_json(meta["layout"])
+        except (ConfigError, KeyError, TypeError, ValueError) as exc:
+            raise RunConfigError(f"RESUME: {exc}") from None
+        if [(s.name, s.shape) for s in model.specs] != [(s.name, s.shape) for s in layout.specs]:
+            raise RunConfigError(f"RESUME: the script's model is not the one {old.run.name} trained (its parameters' "
+                                 "names or shapes differ): resume with the script as it was, or start a run "
+                                 "without RESUME=")
+        if held != cfg:
+            raise RunConfigError(f"RESUME: the script's optimizer is not the one {old.run.name} trained with: "
+                                 f"{held.differences(cfg)} (resume with the same optimizer and schedule, or start "
+                                 "a run without RESUME=)")
 
 
 def take_state(old: Resumed, job: int, job_dir: pathlib.Path) -> tuple[int, dict[str, np.ndarray]]:

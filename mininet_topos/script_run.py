@@ -67,6 +67,9 @@ class ScriptRun(Run):
                            f"{'' if called else ', does it call mindp.torch.init?'}): {one_line(last[0])}; see {log}")
         self.resume_step = 0
         if self.resumed:  # the node resumes on a copy of the earlier run's state; the ranks take its step
+            resume.check_script(self.resumed, 1, optim.OptimizerConfig.from_dict(
+                json.loads((self.spec_dir / "optimizer.json").read_text())),
+                optim.layout_of(optim.load_npz(self.spec_dir / "init.npz")))
             self.resume_step, _ = resume.take_state(self.resumed, 1, self.job_dir)
 
     def first_step(self) -> int:

@@ -68,6 +68,22 @@ def test_resume_refusals_are_one_line(tmp_path):
         resume.find("empty", runs)
 
 
+def test_a_script_edited_since_its_run_is_refused_before_the_network_comes_up(tmp_path):
+    """SCRIPT= RESUME=: ARGS cannot change, but the file can; another model or optimizer is told in
+    make run's terms (the node would refuse the state naming its --state-dir)."""
+    d, params = old_run(tmp_path / "runs")
+    old = resume.find("latest", tmp_path / "runs")
+    layout = optim.layout_of(params)
+    resume.check_script(old, 1, optim.OptimizerConfig(), layout)  # as it was: resumes
+    with pytest.raises(config.RunConfigError, match=r"^RESUME: the script's optimizer is not the one 20261128-010101 "
+                       r"trained with: lr 0.001 -> 0.01 \(resume with the same optimizer and schedule, or start a run "
+                       r"without RESUME=\)$"):
+        resume.check_script(old, 1, optim.OptimizerConfig(lr=0.01), layout)
+    wider = {**params, "w": np.zeros((2, 4), np.float32)}
+    with pytest.raises(config.RunConfigError, match="the script's model is not the one 20261128-010101 trained"):
+        resume.check_script(old, 1, optim.OptimizerConfig(), optim.layout_of(wider))
+
+
 def test_up_prints_one_torchrun_per_worker_host_in_its_namespace():
     lines = commands("/w/train.py", ["--steps", "5", "--gpt", '{"d": 16}'], {0: "w1_0", 1: "w1_1"},
                      {"w1_0": 101, "w1_1": 102}, "10.0.1.1", {"MINDP_JOB": "1", "MINDP_IFACE": "eth0",
