@@ -229,7 +229,7 @@ class SwitchProcess:
         except progress.Stalled as exc:
             raise TargetError(f"set_queue_depth: {exc}") from None
         if proc.returncode != 0:
-            raise TargetError(f"set_queue_depth failed: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise TargetError(cli_failure(proc.stderr or proc.stdout))
 
     def stop(self, timeout: float = 5.0) -> None:
         if not self.proc or self.proc.poll() is not None:
@@ -249,3 +249,13 @@ class SwitchProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def cli_failure(output: str) -> str:
+    """One line for a simple_switch_CLI that failed: its last line (a traceback's is the exception),
+    and where BMv2's Python modules cannot import thrift, what installs it."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    last = lines[-1] if lines else "no output"
+    hint = " (simple_switch_CLI needs Python's thrift module: apt install python3-thrift)" if "thrift" in last and \
+        ("ModuleNotFoundError" in last or "ImportError" in last) else ""
+    return f"set_queue_depth failed: {last}{hint}"

@@ -193,3 +193,16 @@ def test_the_switch_refuses_a_used_thrift_port(switch):
     r = progress.run(targets.command("embedded", cfg), capture_output=True, text=True)
     assert r.returncode == 1
     assert r.stderr.strip() == f"mindp-softswitch: Thrift port {port} is already in use by another process"
+
+
+def test_a_failing_simple_switch_cli_is_told_in_one_line():
+    """BMv2 installed without Python's thrift module: simple_switch_CLI's traceback becomes one line
+    that says what installs it; another failure keeps its own last line."""
+    traceback = ("Traceback (most recent call last):\n  File \"/opt/p4tools/bin/simple_switch_CLI\", line 20\n"
+                 "    from thrift import Thrift\nModuleNotFoundError: No module named 'thrift'\n")
+    assert targets.cli_failure(traceback) == ("set_queue_depth failed: ModuleNotFoundError: No module named 'thrift' "
+                                              "(simple_switch_CLI needs Python's thrift module: apt install "
+                                              "python3-thrift)")
+    assert targets.cli_failure("Error: could not connect to thrift server\n\n") == \
+        "set_queue_depth failed: Error: could not connect to thrift server"
+    assert targets.cli_failure("") == "set_queue_depth failed: no output"
