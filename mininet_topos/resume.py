@@ -94,7 +94,7 @@ def check_script(old: Resumed, job: int, cfg: OptimizerConfig, layout: Layout) -
             held, model = OptimizerConfig.from_dict(meta["optimizer"]), optim.layout_from_json(meta["layout"])
         except (ConfigError, KeyError, TypeError, ValueError) as exc:
             raise RunConfigError(f"RESUME: {exc}") from None
-        if [(s.name, s.shape) for s in model.specs] != [(s.name, s.shape) for s in layout.specs]:
+        if optim.layout_to_json(model) != optim.layout_to_json(layout):  # the node's test of its model
             raise RunConfigError(f"RESUME: the script's model is not the one {old.run.name} trained (its parameters' "
                                  "names or shapes differ): resume with the script as it was, or start a run "
                                  "without RESUME=")
