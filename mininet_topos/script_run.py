@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shlex
 import subprocess
 import sys
@@ -33,6 +34,30 @@ from .agents import REPO, Agents
 from .console import ProgressLine, RunError, one_line
 from .progress import LogTail, Progress, three_digits
 from .run import STALL_SECONDS, Run
+
+
+#: In a resumed run's job1/: the steps at which each rank's process started in the runs before it.
+RANK_STARTS = "rank-starts.json"
+
+
+def rank_starts(run_dir: pathlib.Path) -> dict[int, list[int]]:
+    """Rank -> the steps at which its process started, in the run at `run_dir` (the `start` of each
+    rank's ready line in logs/ranks/, mindp.torch's) and in the runs it resumed: what the script's
+    reference needs to replay each rank's random draws (mindp.torch.scriptref.RankStreams)."""
+    starts: dict[int, set[int]] = {}
+    inherited = run_dir / "job1" / RANK_STARTS
+    if inherited.exists():
+        for rank, steps in json.loads(inherited.read_text()).items():
+            starts.setdefault(int(rank), set()).update(steps)
+    for log in sorted((run_dir / "logs" / "ranks").glob("rank*.jsonl")):
+        for line in log.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line cut short by a killed rank
+                continue
+            if isinstance(rec, dict) and "start" in rec:
+                starts.setdefault(int(rec["worker"]), set()).add(int(rec["start"]))
+    return {rank: sorted(steps) for rank, steps in sorted(starts.items())}
 
 
 class ScriptRun(Run):
@@ -71,6 +96,7 @@ class ScriptRun(Run):
                 json.loads((self.spec_dir / "optimizer.json").read_text())),
                 optim.layout_of(optim.load_npz(self.spec_dir / "init.npz")))
             self.resume_step, _ = resume.take_state(self.resumed, 1, self.job_dir)
+            (self.job_dir / RANK_STARTS).write_text(json.dumps(rank_starts(self.resumed.run)) + "\n")
 
     def first_step(self) -> int:
         return self.resume_step
@@ -178,7 +204,8 @@ class ScriptRun(Run):
         from mindp.torch import scriptref  # torch: imported by SCRIPT= runs only (make torch)
 
         try:
-            ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, self.argv, steps=done)
+            ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, self.argv, steps=done,
+                                             starts=rank_starts(self.dir))
             diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
         except scriptref.NoReference:
             ref, diff = None, None

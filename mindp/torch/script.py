@@ -101,7 +101,9 @@ class Optimizer:
         _guard_clipping()
         _current[:] = [self]
         self.last_t = 0.0
-        self.record(ev="step", step=agent.step - 1)  # ready: the step before the first this process trains
+        # ready: the step before the first this process trains; `start`, that first step, tells the
+        # script's reference where this rank's random draws began again (mindp.torch.scriptref)
+        self.record(ev="step", step=agent.step - 1, start=agent.step)
         if self.metrics:
             atexit.register(self.done)
 

@@ -9,13 +9,23 @@ A script may define `mindp_reference(argv) -> dict` with
 The reference then trains `world` workers in one process exactly as the network does
 (host_agent.reference: fp16 gradients summed exactly, the node's optimizer and schedule), so the
 network run's final weights must equal its bits. A script without it gets a loss curve only.
+
+Each rank draws random numbers in its own process (dropout, a random crop), so the reference keeps
+each rank's own state of torch's, numpy's and Python's generators: it starts where model() left
+them, as a rank's process does once it built its model, a rank's batch and loss draw from it step
+after step, and it starts afresh at each step where that rank's process started again (a resumed
+run, a restarted rank: `starts`).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import pathlib
+import random
 import sys
+from typing import Iterable
 
+import numpy as np
 import torch
 
 from host_agent import reference
@@ -23,6 +33,35 @@ from host_agent import reference
 from . import models
 from .parallel import layout_arrays, trained
 from .spec import optimizer_config
+
+
+class RankStreams:
+    """Each rank's generator states (torch's CPU, numpy's global, Python's), all taken from the
+    generators as they are now; `starts[rank]`: steps at which that rank's states begin again."""
+
+    def __init__(self, world: int, starts: dict[int, Iterable[int]] | None = None):
+        self.fresh = _states()
+        self.states = [self.fresh] * world
+        self.starts = {r: set(s) for r, s in (starts or {}).items()}
+
+    @contextlib.contextmanager
+    def of(self, rank: int, step: int):
+        """The generators are rank `rank`'s at `step` inside the block; its draws are kept for it."""
+        _restore(self.fresh if step in self.starts.get(rank, ()) else self.states[rank])
+        try:
+            yield
+        finally:
+            self.states[rank] = _states()
+
+
+def _states() -> tuple:
+    return torch.get_rng_state(), np.random.get_state(), random.getstate()
+
+
+def _restore(states: tuple) -> None:
+    torch.set_rng_state(states[0])
+    np.random.set_state(states[1])
+    random.setstate(states[2])
 
 
 class NoReference(LookupError):
@@ -42,11 +81,12 @@ def load_script(path: str | pathlib.Path):
     return mod
 
 
-def script_reference(path: str | pathlib.Path, world: int, argv: list[str],
-                     steps: int | None = None) -> reference.Result:
+def script_reference(path: str | pathlib.Path, world: int, argv: list[str], steps: int | None = None,
+                     starts: dict[int, Iterable[int]] | None = None) -> reference.Result:
     """Train the script's reference for `world` ranks: its step count, or its first `steps` (a run
-    stopped early is compared with the steps it did); NoReference if it defines none (a script
-    without one is not imported: its training may run at import)."""
+    stopped early is compared with the steps it did); `starts[rank]`: the steps at which that rank's
+    process started after the first (RankStreams). NoReference if it defines none (a script without
+    one is not imported: its training may run at import)."""
     if "def mindp_reference" not in pathlib.Path(path).read_text(errors="replace"):
         raise NoReference(f"{path} defines no mindp_reference(argv)")
     mod = load_script(path)
@@ -55,6 +95,7 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str],
     parts = mod.mindp_reference(list(argv))
     models.deterministic()
     net = parts["model"]()
+    streams = RankStreams(world, starts)
     init = layout_arrays(net)
     opt, sched = parts["optimizer"](net)
     cfg = optimizer_config(opt, sched)
@@ -62,7 +103,8 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str],
     def grad_fn(rank: int, step: int, params: dict) -> dict:
         models.load_params(net, params)
         net.zero_grad(set_to_none=True)
-        parts["loss"](net, *parts["batch"](rank, step)).backward()
+        with streams.of(rank, step):
+            parts["loss"](net, *parts["batch"](rank, step)).backward()
         return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in trained(net)}
 
     total = int(parts["steps"])

@@ -80,11 +80,16 @@ import os, pathlib, sys
 sys.path.insert(0, {examples!r})
 import torch, mindp.torch
 import train_cnn
-from train_cnn import batch, build_model, loss_fn, optimizer, parse
+from train_cnn import batch, loss_fn, optimizer, parse
+
+
+def build_model():  # train_cnn's with dropout: each rank draws its masks, the reference replays them
+    *features, head = train_cnn.build_model()
+    return torch.nn.Sequential(*features, torch.nn.Dropout(0.3), head)
 
 
 def mindp_reference(argv):
-    return train_cnn.mindp_reference(argv)
+    return dict(train_cnn.mindp_reference(argv), model=build_model)
 
 
 def main():
@@ -115,6 +120,8 @@ if __name__ == "__main__":
 
 @needs_root
 def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path):
+    """With dropout: the reference draws each rank's masks as its process did, afresh where the
+    resumed run's ranks started (mininet_topos.script_run.rank_starts)."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING_SCRIPT.format(examples=str(REPO / "examples"), flag=str(tmp_path / "flag")))

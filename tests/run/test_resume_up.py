@@ -128,3 +128,23 @@ def test_a_resumed_run_keeps_its_k_and_bmv2_cannot_take_a_large_one(tmp_path, mo
         orchestrator.run_k("", "bmv2", old, ("RESUME", "TARGET"))
     old_run(tmp_path / "r2")  # a run from before config.json named K: the environment's, as before
     assert orchestrator.run_k("", "auto", resume.find("latest", tmp_path / "r2"), ("RESUME",)) == protocol.HARDWARE_K
+
+
+def test_rank_starts_are_the_ranks_ready_lines_and_those_of_the_runs_resumed(tmp_path):
+    """The steps at which each rank's process began, for the script's reference to replay its random
+    draws: the runs before (job1/rank-starts.json) and this one's ready lines; a torn line is skipped."""
+    from mininet_topos.script_run import RANK_STARTS, rank_starts
+
+    run = tmp_path / "20261130-010101"
+    (run / "job1").mkdir(parents=True)
+    (run / "job1" / RANK_STARTS).write_text(json.dumps({"0": [0], "1": [0, 3]}))
+    ranks = run / "logs" / "ranks"
+    ranks.mkdir(parents=True)
+    ready = {"job": 1, "ev": "step", "sent": 0}
+    (ranks / "rank0.jsonl").write_text(
+        json.dumps({**ready, "worker": 0, "step": 6, "start": 7}) + "\n"
+        + json.dumps({"job": 1, "worker": 0, "ev": "step", "step": 7, "sent": 4}) + "\n"
+        + json.dumps({**ready, "worker": 0, "step": 8, "start": 9}) + "\n" + '{"job": 1, "wor')
+    (ranks / "rank1.jsonl").write_text(json.dumps({**ready, "worker": 1, "step": 6, "start": 7}) + "\n")
+    assert rank_starts(run) == {0: [0, 7, 9], 1: [0, 3, 7]}
+    assert rank_starts(tmp_path / "none") == {}

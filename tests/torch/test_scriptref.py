@@ -25,3 +25,26 @@ def test_a_reference_of_fewer_steps_keeps_the_scripts_schedule():
     assert not same(first.master, whole.master)
     # three steps of the 10-step schedule (a 2-step warm-up) are not a 3-step run's (a 1-step one)
     assert not same(first.master, scriptref.script_reference(CNN, 2, ["--steps", "3"]).master)
+
+
+def draws(n: int = 3):
+    import random
+
+    import torch
+    return torch.rand(n).tolist(), np.random.rand(n).tolist(), [random.random() for _ in range(n)]
+
+
+def test_each_rank_draws_from_its_own_generators_which_start_again_where_its_process_did():
+    """As separate processes that built the model alike: rank 1's draws are rank 0's, not the ones
+    after them; a rank whose process started again at step 2 draws as at step 0 there."""
+    import torch
+    torch.manual_seed(7)
+    streams = scriptref.RankStreams(2, starts={1: [0, 2]})
+    got = {}
+    for step in range(3):
+        for rank in (0, 1):
+            with streams.of(rank, step):
+                got[rank, step] = draws()
+    assert got[1, 0] == got[0, 0] and got[1, 1] == got[0, 1]
+    assert got[0, 1] != got[0, 0] and got[0, 2] != got[0, 0]  # rank 0 goes on drawing
+    assert got[1, 2] == got[0, 0]  # rank 1 started again at step 2
