@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import datetime
 import json
+import math
 import os
 import pathlib
 import sys
@@ -40,6 +42,7 @@ import torch
 
 from host_agent import lr, optim, rawsock, state
 from host_agent.optim import ConfigError
+from host_agent.window import RtoConfig, StepTimeout
 from host_agent.worker import WorkerAgent, WorkerConfig
 from mindp import netutil, progress
 from mindp.topology import Topology, TopologyError
@@ -157,6 +160,9 @@ class Optimizer:
             self.dp.finish()
         except GradientChanged as exc:
             raise SystemExit(f"mindp.torch: {exc}") from None
+        except StepTimeout as exc:
+            raise SystemExit(f"mindp.torch: {exc}; a peer working alone for longer between steps (evaluating, "
+                             "saving) needs a longer mindp.torch.init(timeout=...) (docs/TORCH.md)") from None
         self.in_step = False
         self.record(ev="step", step=step)
         self._check_lr(step)
@@ -284,16 +290,29 @@ def _catch_up(scheduler, steps: int) -> None:
 
 
 def init(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, *, topology: str | None = None,
-         job: int | None = None, iface: str | None = None, state_dir: str | None = None) -> Optimizer:
+         job: int | None = None, iface: str | None = None, state_dir: str | None = None,
+         timeout: float | datetime.timedelta | None = None) -> Optimizer:
     """Join the job as worker RANK; see the module docstring. A piece missing ends the script with one
-    line on stderr (SystemExit), not a traceback."""
+    line on stderr (SystemExit), not a traceback. `timeout` (seconds or a timedelta, as
+    torch.distributed's): how long step() waits with no parameters arriving before the rank fails;
+    default mindp.progress.STALL (60 s). A rank waits for its peers' gradients, so a script whose
+    rank works alone between steps for longer (rank 0 evaluating, saving) gives more."""
     try:
-        return _init(module, optimizer, scheduler, topology, job, iface, state_dir)
+        return _init(module, optimizer, scheduler, topology, job, iface, state_dir, _seconds(timeout))
     except (MindpError, ConfigError) as exc:
         raise SystemExit(f"mindp.torch.init: {exc}") from None
 
 
-def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Optimizer:
+def _seconds(timeout: float | datetime.timedelta | None) -> float:
+    if timeout is None:
+        return progress.STALL
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds < math.inf:
+        raise MindpError(f"timeout={timeout!r}: give seconds > 0 or a datetime.timedelta")
+    return float(seconds)
+
+
+def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout: float) -> Optimizer:
     if isinstance(module, torch.nn.parallel.DistributedDataParallel):
         raise MindpError("the model is wrapped in DistributedDataParallel, whose allreduce would overwrite the "
                          "gradients mindp sends: pass the module itself (mindp replaces DDP; docs/TORCH.md)")
@@ -321,7 +340,7 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir) -> Opti
             raise MindpError(f"the node's state ({state_dir}) keeps the optimizer it was created with, and this "
                              f"script's differs: {node_cfg.differences(cfg)}: train on with the same optimizer and "
                              "schedule, or start a fresh state")
-        wcfg = WorkerConfig.from_topology(topo, job_id, rank, first_step=first)
+        wcfg = WorkerConfig.from_topology(topo, job_id, rank, first_step=first, rto=RtoConfig(deadline=timeout))
     except (TopologyError, ValueError) as exc:
         raise MindpError(str(exc)) from None
     with torch.no_grad():

@@ -4,6 +4,7 @@ without a reference the loss curve is the result; a broken script is one line.""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -77,6 +78,35 @@ def test_script_without_reference_reports_its_loss_curve(tmp_path):
     assert s["max_abs_param_diff_vs_reference"] is None and len(s["loss_curve"]) == 3
     assert "defines no mindp_reference" in run.out and "sgd lr 0.1, schedule step" in run.out
     assert any((run.run_dir / "logs" / "torchrun").iterdir())  # torchrun's files: the run's, not /tmp's
+    assert_clean(run)
+
+
+SCRIPT_WITH_A_RANK_AWAY = '''
+import datetime, os, time, torch, mindp.torch
+model = torch.nn.Linear(4, 2)
+opt = mindp.torch.init(model, torch.optim.SGD(model.parameters(), lr=0.1), timeout=datetime.timedelta(seconds=5))
+for step in range(3):
+    if step == 1 and os.environ["RANK"] == "0":
+        time.sleep(3600)  # working alone (evaluating, saving): its peer gets no parameters meanwhile
+    opt.zero_grad()
+    model(torch.ones(3, 4)).pow(2).mean().backward()
+    opt.step()
+'''
+
+
+@needs_root
+def test_a_rank_left_waiting_past_init_timeout_fails_in_one_line_naming_it(tmp_path):
+    """init(timeout=) is the step's wait for parameters (as torch.distributed's timeout; default 60 s):
+    past it, the waiting rank ends the run in one line that says how to give a peer more time."""
+    script = tmp_path / "away.py"
+    script.write_text(SCRIPT_WITH_A_RANK_AWAY)
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 1
+    (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
+    assert "rank 1 failed: mindp.torch: job 1 worker 1 step 1: no parameters" in line, line
+    waited = float(re.search(r"after (\d+\.\d) s without progress", line)[1])
+    assert 5 <= waited < 60, line  # the script's timeout, not the default
+    assert "needs a longer mindp.torch.init(timeout=...)" in line
     assert_clean(run)
 
 

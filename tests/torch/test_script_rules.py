@@ -298,3 +298,11 @@ def test_a_model_still_wrapped_in_ddp_is_refused_in_one_line():
         script.init(ddp, torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1))
     msg = str(exc.value.code)
     assert msg.startswith("mindp.torch.init: the model is wrapped in DistributedDataParallel") and "\n" not in msg
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("inf"), float("nan"), "60", True])
+def test_a_timeout_that_is_no_duration_ends_init_in_one_line(timeout):
+    m = torch.nn.Linear(3, 2)
+    with pytest.raises(SystemExit) as exc:
+        script.init(m, torch.optim.SGD(m.parameters(), lr=0.1), timeout=timeout)
+    assert str(exc.value.code) == f"mindp.torch.init: timeout={timeout!r}: give seconds > 0 or a datetime.timedelta"
