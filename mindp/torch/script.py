@@ -312,10 +312,30 @@ def _seconds(timeout: float | datetime.timedelta | None) -> float:
     return float(seconds)
 
 
+def _check_params(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """The node trains the module's parameters that require a gradient: the optimizer must hold every
+    one of them and none from elsewhere (frozen ones it may hold: they get no gradient, as under DDP),
+    or the node would train what the script's optimizer would not."""
+    trainable = dict(trained(module))
+    if not trainable:
+        raise MindpError("the model has no parameter that requires a gradient: nothing to train")
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    foreign = len(held - {id(p) for p in module.parameters()})
+    if foreign:
+        raise MindpError(f"the optimizer holds {foreign} parameter(s) that are not the model's: mindp trains the "
+                         "model given to init (give the optimizer its parameters)")
+    missing = [n for n, p in trainable.items() if id(p) not in held]
+    if missing:
+        raise MindpError(f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}: require a gradient but the "
+                         "optimizer does not hold them, and the node would train them: freeze them "
+                         "(requires_grad_(False)) or give them to the optimizer")
+
+
 def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout: float) -> Optimizer:
     if isinstance(module, torch.nn.parallel.DistributedDataParallel):
         raise MindpError("the model is wrapped in DistributedDataParallel, whose allreduce would overwrite the "
                          "gradients mindp sends: pass the module itself (mindp replaces DDP; docs/TORCH.md)")
+    _check_params(module, optimizer)
     cfg = optimizer_config(optimizer, scheduler)
     if os.environ.get("MINDP_DESCRIBE"):
         describe(os.environ["MINDP_DESCRIBE"], module, cfg)

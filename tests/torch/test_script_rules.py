@@ -306,3 +306,29 @@ def test_a_timeout_that_is_no_duration_ends_init_in_one_line(timeout):
     with pytest.raises(SystemExit) as exc:
         script.init(m, torch.optim.SGD(m.parameters(), lr=0.1), timeout=timeout)
     assert str(exc.value.code) == f"mindp.torch.init: timeout={timeout!r}: give seconds > 0 or a datetime.timedelta"
+
+
+def test_the_optimizer_must_hold_just_the_parameters_the_node_trains(monkeypatch):
+    """The node trains the module's parameters that require a gradient: an optimizer over others, or
+    over a part of them, would train differently under DDP, so init refuses it in one line; frozen
+    parameters it may hold (they get no gradient)."""
+    for k in list(os.environ):
+        if k.startswith(("MINDP_", "RANK", "WORLD_SIZE")):
+            monkeypatch.delenv(k)
+    def refused(module, params) -> str:
+        with pytest.raises(SystemExit) as exc:
+            script.init(module, torch.optim.SGD(params, lr=0.1))
+        return str(exc.value.code)
+
+    m = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    assert refused(m, [torch.nn.Parameter(torch.zeros(1)), *m.parameters()]) == (
+        "mindp.torch.init: the optimizer holds 1 parameter(s) that are not the model's: mindp trains the model "
+        "given to init (give the optimizer its parameters)")
+    assert refused(m, m[1].parameters()).startswith(
+        "mindp.torch.init: 0.weight, 0.bias: require a gradient but the optimizer does not hold them")
+    m[0].requires_grad_(False)
+    line = refused(m, m.parameters())  # frozen ones held: past the check, to the next missing piece
+    assert "RANK/WORLD_SIZE not set" in line, line
+    m[1].requires_grad_(False)
+    assert refused(m, m.parameters()) == \
+        "mindp.torch.init: the model has no parameter that requires a gradient: nothing to train"
