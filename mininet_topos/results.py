@@ -53,6 +53,20 @@ def digest_warning(summ: dict, logs) -> str | None:
             f"steps and chunks: please report it)")
 
 
+def skipped_steps(node_stats: dict) -> list[int]:
+    """The steps the optimizer node skipped for a non-finite gradient (its stats' (step, chunk) list)."""
+    return sorted({int(step) for step, _ in node_stats.get("nonfinite", [])})
+
+
+def skipped_line(steps: list[int]) -> str | None:
+    """What a run says of its skipped steps: never silent, since DDP would have trained on the Inf/NaN."""
+    if not steps:
+        return None
+    shown = ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
+    return (f"  {len(steps)} step(s) skipped by the optimizer node, a gradient not finite (Inf or NaN): {shown} "
+            "(the parameters kept, as torch's GradScaler skips a step)")
+
+
 def max_abs_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
     """Largest |a - b| over all named arrays (inf when names or shapes differ, or a value is non-finite)."""
     if a.keys() != b.keys():

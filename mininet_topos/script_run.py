@@ -218,6 +218,7 @@ class ScriptRun(Run):
                 "wall_seconds": round(wall, 2),
                 "steps_per_second": round((progress.step - self.resume_step) / wall, 3) if wall else 0.0,
                 "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff,
+                "skipped_steps": results.skipped_steps(stats),
                 **results.digest_counts([w.done for w in progress.workers.values()]),  # the ranks' exit records
                 **({"resumed_from": {"run": str(self.resumed.run), "first_step": self.resume_step}}
                    if self.resumed else {})}
@@ -231,9 +232,9 @@ class ScriptRun(Run):
                          f"{summ['packets_sent']:,} frames, "
                          f"{summ['retransmissions']} retransmitted; curve: {self.dir / 'curve.svg'}, "
                          f"metrics: {self.dir / 'metrics.csv'}")
-        warning = results.digest_warning(summ, self.logs)
-        if warning:
-            self.console.say(warning)
+        for line in (results.skipped_line(summ["skipped_steps"]), results.digest_warning(summ, self.logs)):
+            if line:
+                self.console.say(line)
         if diff is None:
             self.console.say("  the script defines no mindp_reference(argv): no reference to compare with "
                              "(docs/TORCH.md)")

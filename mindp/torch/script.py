@@ -164,6 +164,9 @@ class Optimizer:
             raise SystemExit(f"mindp.torch: {exc}; a peer working alone for longer between steps (evaluating, "
                              "saving) needs a longer mindp.torch.init(timeout=...) (docs/TORCH.md)") from None
         self.in_step = False
+        if self.agent.nonfinite_chunks and self.dp.scaler is None:
+            print(f"mindp.torch: step {step}: a rank's gradients were not finite (Inf or NaN): the optimizer node "
+                  "skipped the step, as torch's GradScaler does, and the parameters are unchanged", file=sys.stderr)
         self.record(ev="step", step=step)
         self._check_lr(step)
 

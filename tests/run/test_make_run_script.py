@@ -110,6 +110,35 @@ def test_a_rank_left_waiting_past_init_timeout_fails_in_one_line_naming_it(tmp_p
     assert_clean(run)
 
 
+SCRIPT_WITH_AN_INF = '''
+import os, torch, mindp.torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = mindp.torch.init(model, torch.optim.SGD(model.parameters(), lr=0.1))
+for step in range(3):
+    opt.zero_grad()
+    loss = model(torch.ones(3, 4)).pow(2).mean()
+    (loss * float("inf") if step == 1 and os.environ["RANK"] == "1" else loss).backward()
+    opt.step()
+    mindp.torch.log(loss=loss.item())
+'''
+
+
+@needs_root
+def test_a_step_skipped_for_a_non_finite_gradient_is_told_by_the_rank_and_the_run(tmp_path):
+    """DDP would train on the Inf; the node skips the step (as GradScaler does), and says so."""
+    script = tmp_path / "inf.py"
+    script.write_text(SCRIPT_WITH_AN_INF)
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 0, run.err + run.out
+    assert run.summary()["skipped_steps"] == [1]
+    assert "1 step(s) skipped by the optimizer node, a gradient not finite (Inf or NaN): 1 (" in run.out
+    log = (run.run_dir / "logs" / "torchrun.log").read_text()
+    assert log.count("mindp.torch: step 1: a rank's gradients were not finite") == 2, log  # each rank's line
+    assert "step 0: a rank's" not in log and "step 2: a rank's" not in log
+    assert_clean(run)
+
+
 @needs_root
 def test_script_that_never_calls_init_fails_in_one_line(tmp_path):
     script = tmp_path / "plain.py"

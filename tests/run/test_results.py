@@ -103,3 +103,11 @@ def test_a_run_with_a_digest_mismatch_ends_with_a_warning_naming_the_logs():
     assert results.digest_warning({"digest_checks": 8, "digest_mismatches": 0}, "runs/x/logs") is None
     line = results.digest_warning({"digest_checks": 8, "digest_mismatches": 1}, "runs/x/logs")
     assert line.startswith("  WARNING: 1 of 8 step digest check(s)") and "runs/x/logs" in line
+
+
+def test_skipped_steps_are_the_steps_of_the_nodes_nonfinite_chunks_and_are_told():
+    assert results.skipped_steps({"nonfinite": [[4, 0], [1, 3], [4, 2]]}) == [1, 4]
+    assert results.skipped_steps({}) == [] and results.skipped_line([]) is None
+    assert results.skipped_line([1, 4]) == ("  2 step(s) skipped by the optimizer node, a gradient not finite (Inf or "
+                                            "NaN): 1, 4 (the parameters kept, as torch's GradScaler skips a step)")
+    assert ": 0, 1, 2, 3, 4, 5, 6, 7 ... (" in results.skipped_line(list(range(9)))
