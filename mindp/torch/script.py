@@ -320,6 +320,10 @@ def _check_params(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     one of them and none from elsewhere (frozen ones it may hold: they get no gradient, as under DDP),
     or the node would train what the script's optimizer would not."""
     trainable = dict(trained(module))
+    lazy = [n for n, p in trainable.items() if isinstance(p, torch.nn.parameter.UninitializedParameter)]
+    if lazy:
+        raise MindpError(f"{', '.join(lazy[:3])}{' ...' if len(lazy) > 3 else ''}: not initialized yet (a lazy "
+                         "module): run a forward pass on a dummy batch before init, as DDP requires")
     if not trainable:
         raise MindpError("the model has no parameter that requires a gradient: nothing to train")
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}

@@ -332,3 +332,7 @@ def test_the_optimizer_must_hold_just_the_parameters_the_node_trains(monkeypatch
     m[1].requires_grad_(False)
     assert refused(m, m.parameters()) == \
         "mindp.torch.init: the model has no parameter that requires a gradient: nothing to train"
+    lazy = torch.nn.Sequential(torch.nn.LazyLinear(4), torch.nn.Linear(4, 2))
+    assert refused(lazy, lazy.parameters()) == ("mindp.torch.init: 0.weight, 0.bias: not initialized yet (a lazy "
+                                                "module): run a forward pass on a dummy batch before init, as DDP "
+                                                "requires")
