@@ -25,6 +25,13 @@ def script_run(tmp_path, target: str, script: str, args: str, *extra: str) -> Ma
                    "--args", args, *extra)
 
 
+def own_script_run(tmp_path, name: str, text: str) -> MakeRun:
+    """A script of the test's own, written to tmp_path/name, run on the embedded switch without ARGS."""
+    script = tmp_path / name
+    script.write_text(text)
+    return script_run(tmp_path, "embedded", str(script), "")
+
+
 @needs_root
 @pytest.mark.parametrize("target", TARGETS)
 def test_cnn_example_is_bit_exact_with_its_reference(tmp_path, target):
@@ -70,9 +77,7 @@ for step in range(3):
 
 @needs_root
 def test_script_without_reference_reports_its_loss_curve(tmp_path):
-    script = tmp_path / "mine.py"
-    script.write_text(SCRIPT_WITHOUT_REFERENCE)
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "mine.py", SCRIPT_WITHOUT_REFERENCE)
     assert run.run() == 0, run.err + run.out
     s = run.summary()
     assert s["max_abs_param_diff_vs_reference"] is None and len(s["loss_curve"]) == 3
@@ -98,9 +103,7 @@ for step in range(3):
 def test_a_rank_left_waiting_past_init_timeout_fails_in_one_line_naming_it(tmp_path):
     """init(timeout=) is the step's wait for parameters (as torch.distributed's timeout; default 60 s):
     past it, the waiting rank ends the run in one line that says how to give a peer more time."""
-    script = tmp_path / "away.py"
-    script.write_text(SCRIPT_WITH_A_RANK_AWAY)
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "away.py", SCRIPT_WITH_A_RANK_AWAY)
     assert run.run() == 1
     (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
     assert "rank 1 failed: mindp.torch: job 1 worker 1 step 1: no parameters" in line, line
@@ -127,9 +130,7 @@ for step in range(3):
 @needs_root
 def test_a_step_skipped_for_a_non_finite_gradient_is_told_by_the_rank_and_the_run(tmp_path):
     """DDP would train on the Inf; the node skips the step (as GradScaler does), and says so."""
-    script = tmp_path / "inf.py"
-    script.write_text(SCRIPT_WITH_AN_INF)
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "inf.py", SCRIPT_WITH_AN_INF)
     assert run.run() == 0, run.err + run.out
     assert run.summary()["skipped_steps"] == [1]
     assert "1 step(s) skipped by the optimizer node, a gradient not finite (Inf or NaN): 1 (" in run.out
@@ -141,9 +142,7 @@ def test_a_step_skipped_for_a_non_finite_gradient_is_told_by_the_rank_and_the_ru
 
 @needs_root
 def test_script_that_never_calls_init_fails_in_one_line(tmp_path):
-    script = tmp_path / "plain.py"
-    script.write_text("print('hello')\n")
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "plain.py", "print('hello')\n")
     assert run.run() == 1
     (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
     assert "describe run failed" in line and "does it call mindp.torch.init?" in line
@@ -189,9 +188,7 @@ for step in range(4):
 def test_plain_text_script_shows_rank0_and_writes_per_step_figures(tmp_path):
     """A script printing plain text, with a frozen layer, reporting its loss with mindp.torch.log:
     rank 0's lines prefixed on the terminal, the steps and loss in summary, curve and metrics.csv."""
-    script = tmp_path / "plain.py"
-    script.write_text(PLAIN_SCRIPT)
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "plain.py", PLAIN_SCRIPT)
     assert run.run() == 0, run.err + run.out
     assert "[rank0] step 3 loss" in run.out and "[rank1]" not in run.out
     s = run.summary()
@@ -206,9 +203,7 @@ def test_plain_text_script_shows_rank0_and_writes_per_step_figures(tmp_path):
 def plain_script_failing(tmp_path, switch: str) -> tuple[MakeRun, str]:
     """PLAIN_SCRIPT with its `switch` (an environment variable it reads) on: the run, exit 1, and its
     one line on stderr."""
-    script = tmp_path / "failing.py"
-    script.write_text(PLAIN_SCRIPT.replace(f'os.environ.get("{switch}")', "True"))
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "failing.py", PLAIN_SCRIPT.replace(f'os.environ.get("{switch}")', "True"))
     assert run.run() == 1
     (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
     return run, line
@@ -270,9 +265,7 @@ if __name__ == "__main__":
 def test_gradients_accumulated_under_no_sync_train_bit_exactly(tmp_path):
     """Two micro-batches a step, the first under opt.no_sync(): bit-exact with one backward of their
     summed losses in one process."""
-    script = tmp_path / "accumulate.py"
-    script.write_text(ACCUMULATING_SCRIPT.format(examples=str(REPO / "examples")))
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "accumulate.py", ACCUMULATING_SCRIPT.format(examples=str(REPO / "examples")))
     assert run.run() == 0, run.err + run.out
     assert run.summary()["max_abs_param_diff_vs_reference"] == 0.0
     assert_clean(run)
@@ -308,9 +301,7 @@ def test_a_scripts_own_process_group_works_over_the_hosts_links(tmp_path):
     """A DDP script's init_process_group("gloo") kept for its metrics: inert in the describe run,
     real between the ranks in their hosts (the store on rank 0's host, gloo on the hosts'
     interfaces): all_reduce and all_gather see every rank's loss."""
-    script = tmp_path / "group.py"
-    script.write_text(GROUP_SCRIPT)
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "group.py", GROUP_SCRIPT)
     assert run.run() == 0, run.err + run.out
     lines = [ln for ln in run.out.splitlines() if ln.startswith("[rank0] step ")]
     assert len(lines) == 3
@@ -332,10 +323,8 @@ def test_an_lr_set_by_hand_is_refused_in_one_line_not_ignored(tmp_path):
 
 @needs_root
 def test_a_script_whose_init_refuses_says_why_without_asking_whether_it_calls_init(tmp_path):
-    script = tmp_path / "adam.py"
-    script.write_text("import torch, mindp.torch\nm = torch.nn.Linear(2, 2)\n"
-                      "mindp.torch.init(m, torch.optim.RMSprop(m.parameters()))\n")
-    run = script_run(tmp_path, "embedded", str(script), "")
+    run = own_script_run(tmp_path, "adam.py", "import torch, mindp.torch\nm = torch.nn.Linear(2, 2)\n"
+                         "mindp.torch.init(m, torch.optim.RMSprop(m.parameters()))\n")
     assert run.run() == 1
     (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
     assert "describe run failed (exit 1): mindp.torch.init: optimizer RMSprop is not supported" in line
