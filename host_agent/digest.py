@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mindp import listed
 from mindp.netutil import bound_udp
 from mindp.protocol import K, UDP_PORT
 
@@ -433,9 +434,8 @@ class Client:
                 rows[c] = theirs
                 changed.append(c)
         stats["digest_repaired_chunks"] += len(changed)
-        shown = ", ".join(map(str, changed[:8])) + (" ..." if len(changed) > 8 else "")
         print(f"{self.name}: step {step}: {MISMATCH_LINE} in {len(changed)} "
-              f"chunk(s): {shown}; taken again from the node", file=sys.stderr, flush=True)
+              f"chunk(s): {listed(changed, 8)}; taken again from the node", file=sys.stderr, flush=True)
         for s, blocks, differ in bad:
             if (blocks.of(flat)[differ] != self.answers[(step, s.ip)][differ]).any():
                 raise DigestError(f"{self.name}: step {step}: parameters still differ from the optimizer node's "

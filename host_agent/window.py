@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mindp import progress
+from mindp import listed, progress
 
 from .optim import ConfigError
 
@@ -159,9 +159,8 @@ class StepTimeout(RuntimeError):
     def __init__(self, job: int, worker: int, step: int, missing: list[int], waited: float):
         self.step = step
         self.missing = missing
-        shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
         super().__init__(f"job {job} worker {worker} step {step}: no parameters for {len(missing)} chunk(s) "
-                         f"after {waited:.1f} s without progress: {shown}")
+                         f"after {waited:.1f} s without progress: {listed(missing, 16)}")
 
 
 class Window:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import listed
 from .protocol import K
 
 
@@ -26,8 +27,7 @@ class TensorSpec:
 class MissingChunks(RuntimeError):
     def __init__(self, missing: list[int]):
         self.missing = missing
-        shown = ", ".join(map(str, missing[:20])) + (" ..." if len(missing) > 20 else "")
-        super().__init__(f"{len(missing)} chunk(s) missing: {shown}")
+        super().__init__(f"{len(missing)} chunk(s) missing: {listed(missing, 20)}")
 
 
 class Layout:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from host_agent import reference
+from mindp import listed
 
 from . import svgplot
 from .progress import Curve
@@ -62,8 +63,7 @@ def skipped_line(steps: list[int]) -> str | None:
     """What a run says of its skipped steps: never silent, since DDP would have trained on the Inf/NaN."""
     if not steps:
         return None
-    shown = ", ".join(map(str, steps[:8])) + (" ..." if len(steps) > 8 else "")
-    return (f"  {len(steps)} step(s) skipped by the optimizer node, a gradient not finite (Inf or NaN): {shown} "
+    return (f"  {len(steps)} step(s) skipped by the optimizer node, a gradient not finite (Inf or NaN): {listed(steps, 8)} "
             "(the parameters kept, as torch's GradScaler skips a step)")
 
 

@@ -44,7 +44,7 @@ from host_agent import lr, optim, rawsock, state
 from host_agent.optim import ConfigError
 from host_agent.window import RtoConfig, StepTimeout
 from host_agent.worker import WorkerAgent, WorkerConfig
-from mindp import netutil, progress
+from mindp import listed, netutil, progress
 from mindp.topology import Topology, TopologyError
 
 from . import checkpoint
@@ -322,7 +322,7 @@ def _check_params(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     trainable = dict(trained(module))
     lazy = [n for n, p in trainable.items() if isinstance(p, torch.nn.parameter.UninitializedParameter)]
     if lazy:
-        raise MindpError(f"{', '.join(lazy[:3])}{' ...' if len(lazy) > 3 else ''}: not initialized yet (a lazy "
+        raise MindpError(f"{listed(lazy, 3)}: not initialized yet (a lazy "
                          "module): run a forward pass on a dummy batch before init, as DDP requires")
     if not trainable:
         raise MindpError("the model has no parameter that requires a gradient: nothing to train")
@@ -333,7 +333,7 @@ def _check_params(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
                          "model given to init (give the optimizer its parameters)")
     missing = [n for n, p in trainable.items() if id(p) not in held]
     if missing:
-        raise MindpError(f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}: require a gradient but the "
+        raise MindpError(f"{listed(missing, 3)}: require a gradient but the "
                          "optimizer does not hold them, and the node would train them: freeze them "
                          "(requires_grad_(False)) or give them to the optimizer")
 
