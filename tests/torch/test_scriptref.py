@@ -1,11 +1,13 @@
 """The script's reference of a run stopped early: the first steps of the script's own schedule, so
-`make run SCRIPT=` compares a stopped run's weights with the steps its node committed."""
+`make run SCRIPT=` compares a stopped run's weights with the steps its node committed; each rank's
+random draws as its own process makes them."""
 import pathlib
+import random
 
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from mindp.torch import scriptref  # noqa: E402
 
@@ -28,16 +30,12 @@ def test_a_reference_of_fewer_steps_keeps_the_scripts_schedule():
 
 
 def draws(n: int = 3):
-    import random
-
-    import torch
     return torch.rand(n).tolist(), np.random.rand(n).tolist(), [random.random() for _ in range(n)]
 
 
 def test_each_rank_draws_from_its_own_generators_which_start_again_where_its_process_did():
     """As separate processes that built the model alike: rank 1's draws are rank 0's, not the ones
     after them; a rank whose process started again at step 2 draws as at step 0 there."""
-    import torch
     torch.manual_seed(7)
     streams = scriptref.RankStreams(2, starts={1: [0, 2]})
     got = {}
