@@ -87,7 +87,12 @@ class Pumper:
                 w = h.window
                 timeout = max(0.0, min(w.wake_at() - time.monotonic(), 0.05))
                 busy = w.n_sent - w.n_done >= self.coalesce_min
-            ready, _, _ = select.select([self.sock, self._r], [], [], timeout)
+            try:
+                ready, _, _ = select.select([self.sock, self._r], [], [], timeout)
+            except (ValueError, OSError) as exc:  # the caller closed the socket under a step it left
+                with self._cv:
+                    self.error, self._handle = exc, None
+                continue
             nudged = self._r in ready
             if nudged:
                 try:

@@ -159,11 +159,13 @@ class Workers:
     """One thread per worker, each pushing `steps` steps of grad_fn's gradients."""
 
     def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, dup=0.0, reorder=0.0, rto=None,
-                 overlap=False, ids=None, first_step=0, params=None, recv_drop=None, digests=True):
+                 overlap=False, ids=None, first_step=0, params=None, recv_drop=None, digests=True,
+                 stop_before=None):
         """ids: the workers to run (default all of the job's); they run steps first_step..steps-1
         from `params` (fp16, default the initial parameters' rounding). recv_drop: {worker: p},
         that worker alone loses received frames with probability p. digests: each worker checks
-        every step against the node's step digest (host_agent.digest)."""
+        every step against the node's step digest (host_agent.digest). stop_before: {worker: step},
+        that worker ends before the step, as a process killed between steps (see stopped)."""
         self.overlap = overlap
         self.layout = optim.layout_of(init)
         self.results: dict[int, dict] = {}
@@ -172,7 +174,7 @@ class Workers:
         self.progress: dict[int, int] = {}
         self.params: dict[int, dict] = {}  # each worker's parameters after its last completed step
         self.first_step = first_step
-        self.stopping: set[int] = set()
+        self.stop_before: dict[int, int] = dict(stop_before or {})
         job = topo.jobs[0]
         rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
         for w in (job.workers if ids is None else ids):
@@ -197,7 +199,7 @@ class Workers:
     def _run(self, w, params, grad_fn, steps):
         try:
             for step in range(self.first_step, steps):
-                if w in self.stopping:  # killed between steps by the test
+                if step == self.stop_before.get(w):  # killed between steps by the test
                     return
                 grads = grad_fn(w, step, params)
                 if self.overlap:  # as a backward pass produces them: last layer first, sending meanwhile
@@ -214,13 +216,14 @@ class Workers:
         except BaseException as exc:  # reported by join()
             self.errors[w] = exc
 
-    def kill(self, w: int) -> tuple[int, dict]:
-        """Stop worker w at its next step boundary (as a process killed between steps) and close
-        its socket; returns the step it was at and the parameters it had, to restart it from."""
-        self.stopping.add(w)
+    def stopped(self, w: int) -> tuple[int, dict]:
+        """Once worker w ended at its stop_before step (a fixed step, not whichever the thread reached
+        when asked: the others may run steps ahead meanwhile), close its socket; returns the step it
+        was at and the parameters it had, to restart it from."""
         thread = self.threads.pop(list(self.agents).index(w))
         progress.wait(lambda: not thread.is_alive(), self.measure, stall=STALL, what=f"stopping worker {w}")
         agent = self.agents.pop(w)
+        agent.close()
         agent.sock.close()
         if agent.digest:
             agent.digest.close()
@@ -250,6 +253,7 @@ class Workers:
         if self.errors:
             raise next(iter(self.errors.values()))
         for a in self.agents.values():
+            a.close()
             a.sock.close()
             if a.digest:
                 a.digest.close()

@@ -100,3 +100,28 @@ def test_the_streaming_thread_is_named_to_the_os():
         p.close()
         a.close()
         b.close()
+
+
+def test_a_socket_closed_under_a_followed_step_parks_the_thread_and_is_told_by_park():
+    """A caller that abandons a step and closes its socket (a test's worker killed, an agent torn
+    down): the thread's wait on the socket fails; it stops pumping, raises nothing in its own thread
+    (no 'exception in thread' warning) and park() reports why; close() still ends it."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    a.setblocking(False)
+    p = Pumper(a, 0.0, coalesce_min=256)
+    raised = []
+    threading.excepthook, hook = (lambda args: raised.append(args.exc_value)), threading.excepthook
+    try:
+        h = Handle(a, 0)
+        p.follow(h)
+        a.close()
+        p.nudge()
+        progress.wait(lambda: p.error is not None, lambda: h.pumps, stall=30, what="the thread's failed wait")
+        assert p._thread.is_alive() and p._handle is None
+        with pytest.raises((ValueError, OSError)):
+            p.park()
+        p.close()
+        assert not p._thread.is_alive() and raised == []
+    finally:
+        threading.excepthook = hook
+        b.close()
