@@ -37,7 +37,10 @@ def loss_fn(model, x, y):
 
 
 def optimizer(model, steps: int, lr: float):
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
+    # GPT recipes' two groups: matrices decay, biases and norms (1-D) do not.
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}], lr=lr)
     return opt, torch.optim.lr_scheduler.SequentialLR(opt, [
         torch.optim.lr_scheduler.LinearLR(opt, 0.1, 1.0, 1),
         torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.1, steps - 1)], [1])

@@ -15,6 +15,7 @@ from mindp import codec
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 
 from . import digest, fused, lr, state
+from .decay import DecayPlan
 
 
 class NodeCore:
@@ -37,6 +38,7 @@ class NodeCore:
                  on_nonfinite: Callable[[int, int], None] | None = None, max_workers: int = MAX_WORKERS):
         self.store = store
         self.cfg = store.cfg
+        self.decay = DecayPlan(self.cfg, store.layout)  # each tensor's weight decay (a script's groups)
         self.job_id = job_id
         self.n_workers = n_workers
         self.max_workers = max_workers
@@ -278,8 +280,8 @@ class NodeCore:
                 new = store.records(dst, lo, hi, write=True)
                 old = store.records(src, lo, hi)
                 # Adam's bias correction counts updates, not steps: a skipped step is none.
-                fused.update_records(self.cfg, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
-                                     out[pos : pos + n], self.kernel, lr=self.rates.at(step))
+                self.decay.update(self.lo + lo, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
+                                  out[pos : pos + n], self.kernel, lr=self.rates.at(step))
             for a, b in [(lo, hi)] if store.pages.mapped else page_cuts(lo, hi, store.page_chunks):
                 store.mark_applied(a, b)
             if not store.pages.mapped:  # a batch spans pages: keep the reads ahead of this one

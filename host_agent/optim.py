@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import pathlib
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
+from mindp import listed
 from mindp.layout import Layout, TensorSpec
-from mindp.protocol import SCALE_BITS
+from mindp.protocol import K, SCALE_BITS
 
 KINDS = ("adamw", "sgd")
 F32 = np.float32
@@ -86,6 +87,9 @@ class OptimizerConfig:
     weight_decay: float = 0.01
     momentum: float = 0.9  # sgd only
     schedule: Schedule = Schedule()  # the lr of step s: host_agent.lr.Rates(lr, schedule).at(s)
+    # Tensors trained at a weight decay other than weight_decay, ((name, decay), ...): a script's
+    # other parameter groups (biases and norms at 0, as GPT recipes group them).
+    param_decay: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -107,6 +111,17 @@ class OptimizerConfig:
         if self.eps <= 0 or self.weight_decay < 0 or not 0 <= self.momentum < 1:
             raise ConfigError("eps must be > 0, weight_decay >= 0, momentum in [0, 1)")
         object.__setattr__(self, "betas", (float(b1), float(b2)))
+        try:
+            pairs = tuple((str(n), d) for n, d in self.param_decay)
+        except (TypeError, ValueError):
+            raise ConfigError(f"param_decay must be (name, weight decay) pairs, got {self.param_decay!r}") from None
+        for name, d in pairs:
+            if isinstance(d, bool) or not isinstance(d, (int, float, np.floating, np.integer)) \
+                    or not math.isfinite(d) or d < 0:
+                raise ConfigError(f"param_decay: {name}'s weight decay must be a finite number >= 0, got {d!r}")
+        if len({n for n, _ in pairs}) != len(pairs):
+            raise ConfigError("param_decay names a tensor twice")
+        object.__setattr__(self, "param_decay", tuple((n, float(d)) for n, d in pairs))
         if isinstance(self.schedule, dict):
             object.__setattr__(self, "schedule", Schedule.from_dict(self.schedule))
         if not isinstance(self.schedule, Schedule):
@@ -116,6 +131,27 @@ class OptimizerConfig:
     def lanes(self) -> int:
         """float32 lanes of a chunk's state record: master, m and v for AdamW; SGD has no v."""
         return 3 if self.kind == "adamw" else 2
+
+    def decay_runs(self, layout: Layout) -> list[tuple[int, int, OptimizerConfig]]:
+        """The flat element ranges [a, b) of `layout` and the config each trains with (its weight
+        decay), merged where neighbours agree; they cover the padded chunks, n_chunks * K elements."""
+        decay = dict(self.param_decay)
+        unknown = sorted(set(decay) - set(layout.offsets))
+        if unknown:
+            raise ConfigError(f"param_decay names tensors the model lacks: {listed(unknown, 5)}")
+        at = {d: self if d == self.weight_decay else replace(self, weight_decay=d, param_decay=())
+              for d in {self.weight_decay, *decay.values()}}
+        runs: list[tuple[int, int, OptimizerConfig]] = []
+        for spec in layout.specs:
+            lo, cfg = layout.offsets[spec.name], at[decay.get(spec.name, self.weight_decay)]
+            if runs and runs[-1][2] is cfg:
+                runs[-1] = (runs[-1][0], lo + spec.size, cfg)
+            elif spec.size:
+                runs.append((lo, lo + spec.size, cfg))
+        end = layout.n_chunks * K
+        if runs:
+            runs[-1] = (runs[-1][0], end, runs[-1][2])
+        return runs or [(0, end, self)]
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -83,6 +83,7 @@ def train(
     skipped: list[tuple[int, int]] = []
     updates = 0  # Adam's bias correction counts updates: a skipped step is none
     rates = lr.Rates(opt.lr, opt.schedule)  # a skipped step still advances the schedule
+    runs = opt.decay_runs(layout)
     for step in range(steps):
         params = layout.unflatten(master[: layout.total].astype(np.float16))
         ids = list(range(n_workers)) if members is None else list(members(step))
@@ -94,7 +95,9 @@ def train(
                 if on_nonfinite:
                     on_nonfinite(step, int(c))
             continue
-        optim.apply(opt, master, m, v, optim.mean_gradient(sums.reshape(-1), len(ids)), updates, rates.at(step))
+        g = optim.mean_gradient(sums.reshape(-1), len(ids))
+        for a, b, cfg in runs:  # elementwise: each tensor's slice at its own weight decay
+            optim.apply(cfg, master[a:b], m[a:b], v[a:b], g[a:b], updates, rates.at(step))
         updates += 1
     flat = master[: layout.total]
     return Result(layout.unflatten(flat.astype(np.float16)), unflatten_f32(layout, flat), skipped)

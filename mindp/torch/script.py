@@ -175,9 +175,11 @@ class Optimizer:
         after `step` calls of the scheduler's step()), bit for bit, or the script ends in one line."""
         if self.rates is None or self.torch_optimizer is None:
             return
-        have, want = self.torch_optimizer.param_groups[0]["lr"], self.rates.at(step)
-        have = float(have.item() if isinstance(have, torch.Tensor) else have)
-        if have != want:
+        want = self.rates.at(step)
+        rates = [g["lr"] for g in self.torch_optimizer.param_groups]  # every group's: the node applies one
+        have = next((h for h in (float(r.item() if isinstance(r, torch.Tensor) else r) for r in rates) if h != want),
+                    None)
+        if have is not None:
             raise SystemExit(f"mindp.torch: step {step}: the script's optimizer holds lr {have!r}, the node applied "
                              f"{want!r} ({self.cfg.schedule.kind} schedule from lr {self.cfg.lr!r}): the node runs "
                              "the schedule of the scheduler given to mindp.torch.init, so set the lr only through "
@@ -343,7 +345,7 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout
         raise MindpError("the model is wrapped in DistributedDataParallel, whose allreduce would overwrite the "
                          "gradients mindp sends: pass the module itself (mindp replaces DDP; docs/TORCH.md)")
     _check_params(module, optimizer)
-    cfg = optimizer_config(optimizer, scheduler)
+    cfg = optimizer_config(optimizer, scheduler, module)
     if os.environ.get("MINDP_DESCRIBE"):
         describe(os.environ["MINDP_DESCRIBE"], module, cfg)
         sys.exit(0)

@@ -98,7 +98,7 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str], step
     streams = RankStreams(world, starts)
     init = layout_arrays(net)
     opt, sched = parts["optimizer"](net)
-    cfg = optimizer_config(opt, sched)
+    cfg = optimizer_config(opt, sched, net)
 
     def grad_fn(rank: int, step: int, params: dict) -> dict:
         models.load_params(net, params)

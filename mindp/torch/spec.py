@@ -12,15 +12,27 @@ from torch.optim import lr_scheduler as L
 from host_agent.optim import ConfigError, OptimizerConfig, Schedule
 
 
-def _group(opt: torch.optim.Optimizer) -> dict:
-    if len(opt.param_groups) != 1:
-        raise ConfigError(f"{type(opt).__name__} has {len(opt.param_groups)} parameter groups: the node "
-                          "applies one set of hyper-parameters (use one group)")
-    g = opt.param_groups[0]
-    for flag in ("amsgrad", "maximize", "nesterov"):
-        if g.get(flag):
-            raise ConfigError(f"{type(opt).__name__}({flag}=True) is not supported by the optimizer node")
-    return g
+def _value(x):
+    return x.item() if isinstance(x, torch.Tensor) else x
+
+
+def _groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict, tuple[tuple[str, float], ...]]:
+    """The first parameter group (its hyper-parameters are the node's) and the weight decay of each
+    tensor of the other groups where it differs: groups may differ in weight_decay only (a GPT
+    recipe's decay / no-decay split); `names`: id(parameter) -> its name in the layout."""
+    g0 = opt.param_groups[0]
+    for i, g in enumerate(opt.param_groups):
+        for flag in ("amsgrad", "maximize", "nesterov"):
+            if g.get(flag):
+                raise ConfigError(f"{type(opt).__name__}({flag}=True) is not supported by the optimizer node")
+        differ = [k for k in g if k not in ("params", "weight_decay") and _value(g[k]) != _value(g0.get(k))]
+        if differ:
+            raise ConfigError(f"parameter group {i} of {type(opt).__name__} differs from the first in "
+                              f"{', '.join(differ)}: the node applies one set of hyper-parameters to every "
+                              "group (groups may differ in weight_decay only)")
+    decays = tuple((names[id(p)], float(g["weight_decay"])) for g in opt.param_groups[1:] for p in g["params"]
+                   if id(p) in names and g["weight_decay"] != g0["weight_decay"])
+    return g0, decays
 
 
 def _lr(g: dict) -> float:
@@ -54,26 +66,44 @@ def schedule_of(sched) -> Schedule:
                       "LinearLR(start_factor=1.0), optionally after a LinearLR warmup in SequentialLR (docs/TORCH.md)")
 
 
-def optimizer_config(opt: torch.optim.Optimizer, sched=None) -> OptimizerConfig:
-    """torch.optim.AdamW, Adam without weight decay, or SGD (+ scheduler) -> the node's optimizer."""
-    g = _group(opt)
-    if type(opt) is torch.optim.Adam and g["weight_decay"] and not g.get("decoupled_weight_decay"):
-        raise ConfigError(f"Adam(weight_decay={g['weight_decay']}) adds the decay to the gradient (L2), which the node "
-                          "does not run: use AdamW (decoupled decay) or Adam with weight_decay=0")
+def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Module | None = None) -> OptimizerConfig:
+    """torch.optim.AdamW, Adam without weight decay, or SGD (+ scheduler) -> the node's optimizer.
+    `module`: the model, by whose trained parameters' names the weight decay of the optimizer's
+    other groups is told to the node."""
+    names = {id(p): n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad}
+    if len(opt.param_groups) > 1 and module is None:
+        raise ConfigError("several parameter groups need the module, to name their parameters")
+    g, decays = _groups(opt, names)
+    if type(opt) is torch.optim.Adam and not g.get("decoupled_weight_decay") \
+            and any(gr["weight_decay"] for gr in opt.param_groups):
+        raise ConfigError(f"Adam(weight_decay={g['weight_decay'] or decays[0][1]}) adds the decay to the gradient (L2), "
+                          "which the node does not run: use AdamW (decoupled decay) or Adam with weight_decay=0")
     if type(opt) in (torch.optim.AdamW, torch.optim.Adam):  # Adam without decay: AdamW's update at weight_decay 0
         return OptimizerConfig("adamw", lr=_lr(g), betas=tuple(g["betas"]), eps=g["eps"],
-                               weight_decay=g["weight_decay"], schedule=schedule_of(sched))
+                               weight_decay=g["weight_decay"], schedule=schedule_of(sched), param_decay=decays)
     if type(opt) is torch.optim.SGD:
         if g.get("dampening"):
             raise ConfigError("SGD(dampening != 0) is not supported by the optimizer node")
         return OptimizerConfig("sgd", lr=_lr(g), momentum=g["momentum"], weight_decay=g["weight_decay"],
-                               schedule=schedule_of(sched))
+                               schedule=schedule_of(sched), param_decay=decays)
     raise ConfigError(f"optimizer {type(opt).__name__} is not supported: the node runs torch.optim.AdamW, Adam "
                       "(weight_decay=0) or SGD")
 
 
-def torch_optimizer(cfg: OptimizerConfig, params, lr: float) -> torch.optim.Optimizer:
-    """The torch optimizer `cfg` maps to, over `params`, at `lr` (a checkpoint's optimizer)."""
+def groups_of(cfg: OptimizerConfig, names: list[str]) -> list[tuple[float, list[str]]]:
+    """`names` split into torch parameter groups by weight decay: cfg.weight_decay's first, then each
+    other decay as the names first meet it; each group's names in the order of `names`."""
+    decay = dict(cfg.param_decay)
+    order = list(dict.fromkeys([cfg.weight_decay] + [decay.get(n, cfg.weight_decay) for n in names]))
+    return [(d, [n for n in names if decay.get(n, cfg.weight_decay) == d]) for d in order]
+
+
+def torch_optimizer(cfg: OptimizerConfig, named: list[tuple[str, torch.nn.Parameter]], lr: float) -> torch.optim.Optimizer:
+    """The torch optimizer `cfg` maps to, over the `named` parameters (one group per weight decay,
+    as groups_of orders them), at `lr` (a checkpoint's optimizer)."""
+    by_name = dict(named)
+    groups = [{"params": [by_name[n] for n in ns], "weight_decay": d} for d, ns in groups_of(cfg, list(by_name))]
+    groups = [g for g in groups if g["params"]]
     if cfg.kind == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)

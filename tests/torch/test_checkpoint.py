@@ -27,12 +27,18 @@ def train_core(state_dir, lay, gf, steps, params, create=None):
     return params
 
 
-@pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_checkpoint_resumes_bit_exactly_in_a_fresh_node(tmp_path, kind):
+def no_decay(net) -> tuple:
+    """A GPT recipe's second group: 1-D parameters (biases, norms) at weight decay 0."""
+    return tuple((n, 0.0) for n, p in net.named_parameters() if p.dim() < 2)
+
+
+@pytest.mark.parametrize("kind, groups", [("adamw", False), ("sgd", False), ("adamw", True)])
+def test_checkpoint_resumes_bit_exactly_in_a_fresh_node(tmp_path, kind, groups):
     net = models.build("cnn", {"channels": 4}, 0)
     init = layout_arrays(net)
     lay = optim.layout_of(init)
-    cfg = OptimizerConfig(kind=kind, lr=1e-2, schedule=Schedule("cosine", total=6, warmup=2))
+    cfg = OptimizerConfig(kind=kind, lr=1e-2, schedule=Schedule("cosine", total=6, warmup=2),
+                          param_decay=no_decay(net) if groups else ())
     gf = reference.synthetic_grads(3)
     params = train_core(tmp_path / "a", lay, gf, range(3), initial_fp16(init), (init, cfg))
     ckpt = checkpoint.save(tmp_path / "a", tmp_path / "ckpt.pt", net)
@@ -48,10 +54,16 @@ def test_checkpoint_resumes_bit_exactly_in_a_fresh_node(tmp_path, kind):
     loaded = torch.load(tmp_path / "final.pt", weights_only=True)
     plain.load_state_dict(loaded["model"])
     assert plain(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
-    opt = spec.torch_optimizer(cfg, plain.parameters(), cfg.lr)
+    opt = spec.torch_optimizer(cfg, list(plain.named_parameters()), cfg.lr)
     opt.load_state_dict(loaded["optimizer"])  # the matching torch optimizer takes its state
     key = "exp_avg" if kind == "adamw" else "momentum_buffer"
     assert all(torch.count_nonzero(opt.state[p][key]) for p in plain.parameters())
+    if groups:  # a script's own two groups, as GPT recipes make them, take it as well, tensor by tensor
+        own = torch.optim.AdamW([{"params": [p for p in plain.parameters() if p.dim() >= 2]},
+                                 {"params": [p for p in plain.parameters() if p.dim() < 2], "weight_decay": 0.0}])
+        own.load_state_dict(loaded["optimizer"])
+        assert [g["weight_decay"] for g in own.param_groups] == [cfg.weight_decay, 0.0]
+        assert all(torch.equal(own.state[p][key], opt.state[p][key]) for p in plain.parameters())
 
 
 def test_restore_refuses_an_existing_state_and_a_foreign_file(tmp_path):
@@ -91,3 +103,26 @@ def test_torch_optimizer_and_scheduler_translate():
     opt = torch.optim.AdamW(p)
     with pytest.raises(ConfigError, match="ExponentialLR is not supported"):
         spec.optimizer_config(opt, L.ExponentialLR(opt, 0.9))
+
+
+def test_parameter_groups_differing_in_weight_decay_only_become_the_nodes_per_tensor_decay():
+    net = models.build("cnn", {"channels": 4}, 0)
+    frozen = next(p for p in net.parameters() if p.dim() < 2)
+    frozen.requires_grad_(False)
+    params = list(net.parameters())
+    decay, flat = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": flat, "weight_decay": 0.0}], lr=3e-3)
+    cfg = spec.optimizer_config(opt, None, net)
+    assert cfg.weight_decay == 0.1 and dict(cfg.param_decay) == {n: 0.0 for n, p in net.named_parameters()
+                                                                 if p.dim() < 2 and p is not frozen}
+    same = torch.optim.AdamW([{"params": decay}, {"params": flat}], weight_decay=0.1)
+    assert spec.optimizer_config(same, None, net).param_decay == ()  # groups of one decay: nothing to tell
+    for groups, msg in [([{"params": decay}, {"params": flat, "lr": 1e-4}], "parameter group 1 of AdamW differs from "
+                         "the first in lr: the node applies one set of hyper-parameters to every group"),
+                        ([{"params": decay}, {"params": flat, "betas": (0.8, 0.9)}], "differs from the first in betas"),
+                        ([{"params": decay}, {"params": flat, "amsgrad": True}], "amsgrad=True")]:
+        with pytest.raises(ConfigError, match=msg):
+            spec.optimizer_config(torch.optim.AdamW(groups, weight_decay=0.1), None, net)
+    l2 = torch.optim.Adam([{"params": decay, "weight_decay": 0.0}, {"params": flat, "weight_decay": 0.01}])
+    with pytest.raises(ConfigError, match=r"Adam\(weight_decay=0.01\) adds the decay to the gradient"):
+        spec.optimizer_config(l2, None, net)

@@ -149,14 +149,15 @@ def lr_checker(torch_opt, sched=None) -> script.Optimizer:
     from mindp.torch.spec import optimizer_config
 
     opt = script.Optimizer.__new__(script.Optimizer)
-    opt.torch_optimizer, opt.cfg = torch_opt, optimizer_config(torch_opt, sched)
+    opt.torch_optimizer, opt.cfg = torch_opt, optimizer_config(torch_opt, sched, torch_opt.module)
     opt.rates = lr.Rates(opt.cfg.lr, opt.cfg.schedule)
     return opt
 
 
 def cosine(lr: float = 0.01):
     m = torch.nn.Linear(2, 2)
-    o = torch.optim.AdamW(m.parameters(), lr=lr)
+    o = torch.optim.AdamW([{"params": [m.weight]}, {"params": [m.bias], "weight_decay": 0.0}], lr=lr)
+    o.module = m
     return o, torch.optim.lr_scheduler.SequentialLR(o, [torch.optim.lr_scheduler.LinearLR(o, 0.1, 1.0, 2),
                                                         torch.optim.lr_scheduler.CosineAnnealingLR(o, 6)], [2])
 
@@ -184,6 +185,11 @@ def test_an_lr_the_node_does_not_apply_ends_the_script_in_one_line():
     opt._check_lr(1)
     opt.param_groups[0]["lr"] = 0.5  # set by hand
     with pytest.raises(SystemExit, match=r"^mindp.torch: step 1: the script's optimizer holds lr 0.5,"):
+        opt._check_lr(1)
+    opt.param_groups[0]["lr"] = o.param_groups[1]["lr"]
+    opt._check_lr(1)
+    opt.param_groups[1]["lr"] = 0.25  # another group's, by hand (nanoGPT sets every group's)
+    with pytest.raises(SystemExit, match=r"^mindp.torch: step 1: the script's optimizer holds lr 0.25,"):
         opt._check_lr(1)
     # a scheduler init was not given: the node's lr is constant
     o, sched = cosine()

@@ -1,0 +1,76 @@
+"""Weight decay per tensor at the node: a script's parameter groups (biases and norms at 0).
+
+A chunk is K consecutive elements of the flat layout, so one chunk may hold tensors of two
+groups. The update is elementwise, so a run of chunks of one group is one kernel call with that
+group's config, and a chunk holding several is updated once per group it holds, each group's
+elements taken from its own pass: the same bits as updating every element with its own decay.
+Such chunks are few (at most one per change of group along the layout).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mindp.layout import Layout
+from mindp.protocol import K
+
+from . import fused
+from .optim import OptimizerConfig
+
+
+class DecayPlan:
+    """Which config (weight decay) each element of a job's chunks trains with."""
+
+    def __init__(self, cfg: OptimizerConfig, layout: Layout):
+        self.runs = cfg.decay_runs(layout)
+        self.cfg = cfg
+        self.uniform = len(self.runs) == 1
+        self._starts = np.array([a for a, _, _ in self.runs], dtype=np.int64)
+
+    def config_at(self, element: int) -> OptimizerConfig:
+        return self.runs[int(np.searchsorted(self._starts, element, side="right")) - 1][2]
+
+    def pieces(self, lo: int, hi: int) -> list[tuple[int, int, list]]:
+        """Chunks [lo, hi) cut where the group changes: (a, b, [(e0, e1, cfg), ...]), one entry
+        for a run of one group's chunks (e0, e1 spanning them), several for a chunk of groups."""
+        out: list[tuple[int, int, list]] = []
+        c = lo
+        i = int(np.searchsorted(self._starts, lo * K, side="right")) - 1
+        while c < hi:
+            a, b, cfg = self.runs[i]
+            if b >= (c + 1) * K:  # chunk c lies in run i: take every whole chunk of it
+                end = min(hi, b // K)
+                out.append((c, end, [(0, (end - c) * K, cfg)]))
+                c = end
+                i += b == end * K
+                continue
+            segs = []  # chunk c holds the end of run i and the start of the next run(s)
+            while True:
+                a, b, cfg = self.runs[i]
+                segs.append((max(a, c * K) - c * K, min(b, (c + 1) * K) - c * K, cfg))
+                if b >= (c + 1) * K:
+                    break
+                i += 1
+            out.append((c, c + 1, segs))
+            i += b == (c + 1) * K
+            c += 1
+        return out
+
+    def update(self, first: int, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers, step: int,
+               out: np.ndarray, kernel: str | None = None, lr: float | None = None) -> None:
+        """fused.update_records of the records of chunks first, first + 1, ... (job-wide numbers),
+        each element at its tensor's weight decay."""
+        if self.uniform:
+            fused.update_records(self.cfg, src, dst, sums, nworkers, step, out, kernel, lr=lr)
+            return
+        for a, b, segs in self.pieces(first, first + len(src)):
+            i, j = a - first, b - first
+            nw = nworkers[i:j] if np.ndim(nworkers) else nworkers
+            if len(segs) == 1:
+                fused.update_records(segs[0][2], src[i:j], dst[i:j], sums[i:j], nw, step, out[i:j], kernel, lr=lr)
+                continue
+            rec, par = np.empty_like(dst[i:j]), np.empty_like(out[i:j])
+            new, half = np.empty_like(rec), np.empty_like(par)
+            for e0, e1, cfg in segs:  # each pass reads the old record: src may be dst
+                fused.update_records(cfg, src[i:j], rec, sums[i:j], nw, step, half, kernel, lr=lr)
+                new[..., e0:e1], par[..., e0:e1] = rec[..., e0:e1], half[..., e0:e1]
+            dst[i:j], out[i:j] = new, par
