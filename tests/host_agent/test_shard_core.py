@@ -82,11 +82,14 @@ def test_shard_state_holds_exactly_its_range_of_the_full_model(tmp_path):
                      chunks=(0, lay.n_chunks))
 
 
+@pytest.mark.parametrize("groups", [False, True])
 @pytest.mark.parametrize("m", [2, 3])
-def test_sharded_training_equals_the_reference_and_a_crash_touches_one_range(tmp_path, m):
+def test_sharded_training_equals_the_reference_and_a_crash_touches_one_range(tmp_path, m, groups):
+    """groups: every other tensor at weight decay 0 (a script's second parameter group), so shards
+    hold chunks of two decays, cut at job-wide element offsets."""
     init = small_model()
     lay = optim.layout_of(init)
-    cfg = OptimizerConfig()
+    cfg = OptimizerConfig(param_decay=tuple((n, 0.0) for n in list(init)[1::2]) if groups else ())
     gf = reference.synthetic_grads(11)
     cores = open_shards(tmp_path, init, cfg, m)
     rng = random.Random(m)
