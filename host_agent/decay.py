@@ -22,19 +22,17 @@ class DecayPlan:
 
     def __init__(self, cfg: OptimizerConfig, layout: Layout):
         self.runs = cfg.decay_runs(layout)
-        self.cfg = cfg
-        self.uniform = len(self.runs) == 1
         self._starts = np.array([a for a, _, _ in self.runs], dtype=np.int64)
 
-    def config_at(self, element: int) -> OptimizerConfig:
-        return self.runs[int(np.searchsorted(self._starts, element, side="right")) - 1][2]
+    def _run_of(self, element: int) -> int:
+        return int(np.searchsorted(self._starts, element, side="right")) - 1
 
     def pieces(self, lo: int, hi: int) -> list[tuple[int, int, list]]:
         """Chunks [lo, hi) cut where the group changes: (a, b, [(e0, e1, cfg), ...]), one entry
         for a run of one group's chunks (e0, e1 spanning them), several for a chunk of groups."""
         out: list[tuple[int, int, list]] = []
         c = lo
-        i = int(np.searchsorted(self._starts, lo * K, side="right")) - 1
+        i = self._run_of(lo * K)
         while c < hi:
             a, b, cfg = self.runs[i]
             if b >= (c + 1) * K:  # chunk c lies in run i: take every whole chunk of it
@@ -59,8 +57,9 @@ class DecayPlan:
                out: np.ndarray, kernel: str | None = None, lr: float | None = None) -> None:
         """fused.update_records of the records of chunks first, first + 1, ... (job-wide numbers),
         each element at its tensor's weight decay."""
-        if self.uniform:
-            fused.update_records(self.cfg, src, dst, sums, nworkers, step, out, kernel, lr=lr)
+        _, end, cfg = self.runs[self._run_of(first * K)]
+        if end >= (first + len(src)) * K:  # all of one group (most batches): no cutting
+            fused.update_records(cfg, src, dst, sums, nworkers, step, out, kernel, lr=lr)
             return
         for a, b, segs in self.pieces(first, first + len(src)):
             i, j = a - first, b - first
@@ -68,8 +67,9 @@ class DecayPlan:
             if len(segs) == 1:
                 fused.update_records(segs[0][2], src[i:j], dst[i:j], sums[i:j], nw, step, out[i:j], kernel, lr=lr)
                 continue
-            rec, par = np.empty_like(dst[i:j]), np.empty_like(out[i:j])
-            new, half = np.empty_like(rec), np.empty_like(par)
+            # (copies of the old record: SGD's kernel leaves a format-1 state's v lane as it was)
+            rec, new = np.array(src[i:j]), np.array(src[i:j])
+            par, half = np.empty_like(out[i:j]), np.empty_like(out[i:j])
             for e0, e1, cfg in segs:  # each pass reads the old record: src may be dst
                 fused.update_records(cfg, src[i:j], rec, sums[i:j], nw, step, half, kernel, lr=lr)
                 new[..., e0:e1], par[..., e0:e1] = rec[..., e0:e1], half[..., e0:e1]

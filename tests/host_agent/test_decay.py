@@ -118,3 +118,16 @@ def test_groups_survive_the_state_files_json_and_name_only_the_models_tensors():
     assert back == cfg and back.param_decay == cfg.param_decay
     with pytest.raises(ConfigError, match="param_decay names tensors the model lacks: nope"):
         OptimizerConfig(param_decay=(("nope", 0.0),)).decay_runs(layout())
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_sgd_in_a_state_of_three_lanes_keeps_its_v_lane_in_chunks_of_two_groups(kernel):
+    """A format-1 state holds v for SGD too, left as created: a chunk of two groups keeps it."""
+    lay, cfg = layout(), cfg_of("sgd")
+    n, rng = lay.n_chunks, np.random.default_rng(1)
+    src = rng.standard_normal((n, 3, K)).astype(np.float32)
+    dst = np.zeros_like(src)
+    dst[:, 2] = src[:, 2]  # as both copies hold it
+    DecayPlan(cfg, lay).update(0, src, dst, np.zeros((n, K), np.int64), 2, 0, np.empty((n, K), np.float16), kernel,
+                               lr=0.01)
+    assert np.array_equal(dst[:, 2], src[:, 2])
