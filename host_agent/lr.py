@@ -11,6 +11,8 @@ torch optimizer with that scheduler sees the very lr the node applies:
                                     SequentialLR([LinearLR(opt, warmup_start, 1.0, warmup),
                                                   CosineAnnealingLR(opt, total - warmup, eta_min)], [warmup])
     linear(total, warmup, ...)      the same with LinearLR(opt, 1.0, end_factor, total - warmup) decaying
+    multistep(milestones, gamma)    MultiStepLR(opt, milestones, gamma)
+    exponential(gamma)              ExponentialLR(opt, gamma)
 
 Step s's lr is the optimizer's lr after s calls of `scheduler.step()` (s = the training step,
 0-based; a skipped non-finite step still advances it, as a torch loop calls scheduler.step() after
@@ -45,6 +47,11 @@ class Rates:
             return base
         if s.kind == "step":  # StepLR.get_lr
             return prev * s.gamma if e and e % s.step_size == 0 else prev
+        if s.kind == "multistep":  # MultiStepLR.get_lr: a milestone n times over decays by gamma ** n
+            n = s.milestones.count(e)
+            return prev * s.gamma ** n if n else prev
+        if s.kind == "exponential":  # ExponentialLR.get_lr
+            return prev * s.gamma if e else prev
         w = s.warmup
         if w and e < w:  # LinearLR(start_factor, 1.0, warmup).get_lr
             if e == 0:

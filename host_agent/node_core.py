@@ -14,8 +14,8 @@ import numpy as np
 from mindp import codec
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 
-from . import digest, fused, lr, state
-from .decay import DecayPlan
+from . import digest, fused, state
+from .groups import GroupPlan
 
 
 class NodeCore:
@@ -38,7 +38,7 @@ class NodeCore:
                  on_nonfinite: Callable[[int, int], None] | None = None, max_workers: int = MAX_WORKERS):
         self.store = store
         self.cfg = store.cfg
-        self.decay = DecayPlan(self.cfg, store.layout)  # each tensor's weight decay (a script's groups)
+        self.groups = GroupPlan(self.cfg, store.layout)  # each tensor's lr and weight decay (a script's groups)
         self.job_id = job_id
         self.n_workers = n_workers
         self.max_workers = max_workers
@@ -52,7 +52,6 @@ class NodeCore:
         # commit_if_complete(), which the socket calls once the step's last answers are sent, so the
         # workers' wait for them does not include the disk.
         self.defer_commit = False
-        self.rates = lr.Rates(self.cfg.lr, self.cfg.schedule)  # the lr of each step, its number from the state
         fused.warm(self.cfg)  # compile the kernel now, not on the first sum
         self.kernel = fused.selected()  # (read once: each batch's look-up of MINDP_KERNEL cost more than the rest)
         # A shard owns chunks lo..hi of the job's chunk space: headers carry job-wide chunk
@@ -280,8 +279,8 @@ class NodeCore:
                 new = store.records(dst, lo, hi, write=True)
                 old = store.records(src, lo, hi)
                 # Adam's bias correction counts updates, not steps: a skipped step is none.
-                self.decay.update(self.lo + lo, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
-                                  out[pos : pos + n], self.kernel, lr=self.rates.at(step))
+                self.groups.update(self.lo + lo, old, new, sums[pos : pos + n], nworkers[pos : pos + n], store.updates,
+                                   out[pos : pos + n], step, self.kernel)
             for a, b in [(lo, hi)] if store.pages.mapped else page_cuts(lo, hi, store.page_chunks):
                 store.mark_applied(a, b)
             if not store.pages.mapped:  # a batch spans pages: keep the reads ahead of this one

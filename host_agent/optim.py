@@ -26,7 +26,7 @@ class ConfigError(ValueError):
     """An optimizer or model description that cannot be used; the message says why."""
 
 
-SCHEDULES = ("constant", "step", "cosine", "linear")
+SCHEDULES = ("constant", "step", "cosine", "linear", "multistep", "exponential")
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ class Schedule:
     eta_min: float = 0.0  # cosine: the lowest lr
     end_factor: float = 0.0  # linear: the last lr as a fraction of the base lr
     step_size: int = 1  # step
-    gamma: float = 0.1  # step
+    gamma: float = 0.1  # step, multistep, exponential: the factor of each decay
+    milestones: tuple[int, ...] = ()  # multistep: the steps whose lr is gamma times the one before
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
@@ -66,6 +67,15 @@ class Schedule:
         if self.kind == "step" and (self.step_size < 1 or not 0 < self.gamma <= 1):
             raise ConfigError(f"step schedule: need step_size >= 1 and gamma in (0, 1], got {self.step_size}, "
                               f"{self.gamma}")
+        if self.kind in ("multistep", "exponential") and not 0 < self.gamma <= 1:
+            raise ConfigError(f"{self.kind} schedule: need gamma in (0, 1], got {self.gamma}")
+        try:
+            milestones = tuple(self.milestones)
+        except TypeError:
+            milestones = (self.milestones,)
+        if any(isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in milestones):
+            raise ConfigError(f"schedule milestones must be steps (integers >= 0), got {self.milestones!r}")
+        object.__setattr__(self, "milestones", milestones)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,6 +89,29 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class ParamGroup:
+    """Tensors a script's optimizer trains at another lr or weight decay than its first group's
+    (torch's param_groups beyond the first: biases and norms without decay, a head at 10x the lr).
+    The schedule applies to each group's lr as torch's schedulers do: from the group's own base."""
+
+    params: tuple[str, ...]
+    lr: float
+    weight_decay: float
+
+    def __post_init__(self):
+        if isinstance(self.params, str) or not all(isinstance(n, str) for n in self.params):
+            raise ConfigError(f"a parameter group's params must be tensor names, got {self.params!r}")
+        object.__setattr__(self, "params", tuple(self.params))
+        for name in ("lr", "weight_decay"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
+                    or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
+                raise ConfigError(f"a parameter group's {name} must be a finite number "
+                                  f"{'> 0' if name == 'lr' else '>= 0'}, got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+
+@dataclass(frozen=True)
 class OptimizerConfig:
     kind: str = "adamw"
     lr: float = 1e-3
@@ -87,9 +120,9 @@ class OptimizerConfig:
     weight_decay: float = 0.01
     momentum: float = 0.9  # sgd only
     schedule: Schedule = Schedule()  # the lr of step s: host_agent.lr.Rates(lr, schedule).at(s)
-    # Tensors trained at a weight decay other than weight_decay, ((name, decay), ...): a script's
-    # other parameter groups (biases and norms at 0, as GPT recipes group them).
-    param_decay: tuple[tuple[str, float], ...] = ()
+    # Tensors trained at another lr or weight decay (a script's other parameter groups); the
+    # rest train at lr and weight_decay above.
+    groups: tuple[ParamGroup, ...] = ()
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -112,16 +145,16 @@ class OptimizerConfig:
             raise ConfigError("eps must be > 0, weight_decay >= 0, momentum in [0, 1)")
         object.__setattr__(self, "betas", (float(b1), float(b2)))
         try:
-            pairs = tuple((str(n), d) for n, d in self.param_decay)
-        except (TypeError, ValueError):
-            raise ConfigError(f"param_decay must be (name, weight decay) pairs, got {self.param_decay!r}") from None
-        for name, d in pairs:
-            if isinstance(d, bool) or not isinstance(d, (int, float, np.floating, np.integer)) \
-                    or not math.isfinite(d) or d < 0:
-                raise ConfigError(f"param_decay: {name}'s weight decay must be a finite number >= 0, got {d!r}")
-        if len({n for n, _ in pairs}) != len(pairs):
-            raise ConfigError("param_decay names a tensor twice")
-        object.__setattr__(self, "param_decay", tuple((n, float(d)) for n, d in pairs))
+            groups = tuple(ParamGroup(**g) if isinstance(g, dict) else g for g in self.groups)
+        except TypeError as exc:
+            raise ConfigError(f"malformed parameter group: {exc}") from None
+        if not all(isinstance(g, ParamGroup) for g in groups):
+            raise ConfigError(f"groups must be ParamGroups, got {self.groups!r}")
+        names = [n for g in groups for n in g.params]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"parameter groups name a tensor twice: "
+                              f"{listed(sorted({n for n in names if names.count(n) > 1}), 5)}")
+        object.__setattr__(self, "groups", groups)
         if isinstance(self.schedule, dict):
             object.__setattr__(self, "schedule", Schedule.from_dict(self.schedule))
         if not isinstance(self.schedule, Schedule):
@@ -132,18 +165,22 @@ class OptimizerConfig:
         """float32 lanes of a chunk's state record: master, m and v for AdamW; SGD has no v."""
         return 3 if self.kind == "adamw" else 2
 
-    def decay_runs(self, layout: Layout) -> list[tuple[int, int, OptimizerConfig]]:
-        """The flat element ranges [a, b) of `layout` and the config each trains with (its weight
-        decay), merged where neighbours agree; they cover the padded chunks, n_chunks * K elements."""
-        decay = dict(self.param_decay)
-        unknown = sorted(set(decay) - set(layout.offsets))
+    def group_runs(self, layout: Layout) -> list[tuple[int, int, OptimizerConfig]]:
+        """The flat element ranges [a, b) of `layout` and the config each trains with (its group's
+        lr and weight decay, no groups), merged where neighbours share one; they cover the padded
+        chunks, n_chunks * K elements."""
+        of = {n: g for g in self.groups for n in g.params}
+        unknown = sorted(set(of) - set(layout.offsets))
         if unknown:
-            raise ConfigError(f"param_decay names tensors the model lacks: {listed(unknown, 5)}")
-        at = {d: self if d == self.weight_decay else replace(self, weight_decay=d, param_decay=())
-              for d in {self.weight_decay, *decay.values()}}
+            raise ConfigError(f"parameter groups name tensors the model lacks: {listed(unknown, 5)}")
+        base = replace(self, groups=())
+        at = {(base.lr, base.weight_decay): base}
+        for g in self.groups:
+            at.setdefault((g.lr, g.weight_decay), replace(base, lr=g.lr, weight_decay=g.weight_decay))
         runs: list[tuple[int, int, OptimizerConfig]] = []
         for spec in layout.specs:
-            lo, cfg = layout.offsets[spec.name], at[decay.get(spec.name, self.weight_decay)]
+            g = of.get(spec.name)
+            lo, cfg = layout.offsets[spec.name], at[(g.lr, g.weight_decay) if g else (base.lr, base.weight_decay)]
             if runs and runs[-1][2] is cfg:
                 runs[-1] = (runs[-1][0], lo + spec.size, cfg)
             elif spec.size:
@@ -151,7 +188,7 @@ class OptimizerConfig:
         end = layout.n_chunks * K
         if runs:
             runs[-1] = (runs[-1][0], end, runs[-1][2])
-        return runs or [(0, end, self)]
+        return runs or [(0, end, base)]
 
     def to_dict(self) -> dict:
         return asdict(self)

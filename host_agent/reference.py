@@ -82,8 +82,8 @@ def train(
     v = np.zeros_like(master)
     skipped: list[tuple[int, int]] = []
     updates = 0  # Adam's bias correction counts updates: a skipped step is none
-    rates = lr.Rates(opt.lr, opt.schedule)  # a skipped step still advances the schedule
-    runs = opt.decay_runs(layout)
+    # each parameter group's elements and lr (a skipped step still advances the schedule)
+    runs = [(a, b, cfg, lr.Rates(cfg.lr, cfg.schedule)) for a, b, cfg in opt.group_runs(layout)]
     for step in range(steps):
         params = layout.unflatten(master[: layout.total].astype(np.float16))
         ids = list(range(n_workers)) if members is None else list(members(step))
@@ -96,7 +96,7 @@ def train(
                     on_nonfinite(step, int(c))
             continue
         g = optim.mean_gradient(sums.reshape(-1), len(ids))
-        for a, b, cfg in runs:  # elementwise: each tensor's slice at its own weight decay
+        for a, b, cfg, rates in runs:  # elementwise: each group's slices apart
             optim.apply(cfg, master[a:b], m[a:b], v[a:b], g[a:b], updates, rates.at(step))
         updates += 1
     flat = master[: layout.total]

@@ -147,7 +147,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
     tensor by tensor. `chunks` = (lo, hi): a shard's state, chunks lo..hi (inclusive) of the
     layout's chunk space only, initialised with exactly those elements of `init`.
     """
-    cfg.decay_runs(layout)  # a weight decay given to a tensor the layout lacks: refused before any file
+    cfg.group_runs(layout)  # a parameter group naming a tensor the layout lacks: refused before any file
     rb = record(cfg.lanes).itemsize
     if page_chunks <= 0 or (page_chunks * rb) % mmap.PAGESIZE:
         raise ConfigError(f"page_chunks must be a positive multiple of {mmap.PAGESIZE // np.gcd(mmap.PAGESIZE, rb)}")

@@ -2,8 +2,8 @@
 
     {'model': state_dict (fp32 master weights; buffers from the module),
      'optimizer': the matching torch.optim.AdamW/SGD state_dict (exp_avg, exp_avg_sq / momentum_buffer,
-                  step = the node's update count; lr = the lr of the next step; one parameter group
-                  per weight decay, the script's first group's first),
+                  step = the node's update count; each group's lr = its lr of the next step; a group
+                  per lr and weight decay, the script's first group's first),
      'step': the last step trained (0-based; -1: none),
      'mindp': {'optimizer': OptimizerConfig.to_dict(), 'updates': ..., 'params': names in torch order}}
 
@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import torch
 
-from host_agent import lr, optim, state
+from host_agent import optim, state
 from host_agent.optim import ConfigError, OptimizerConfig
 
 from .parallel import trained
@@ -45,7 +45,7 @@ def save(state_dir: str | pathlib.Path, path: str | pathlib.Path, module: torch.
     model = {k: (master[k] if k in master else v.detach().clone()) for k, v in module.state_dict().items()}
     step, updates = int(commit["step"]), int(commit["updates"])
     params = [torch.nn.Parameter(master[n].clone()) for n in names]
-    opt = torch_optimizer(cfg, list(zip(names, params)), lr.Rates(cfg.lr, cfg.schedule).at(step + 1))
+    opt = torch_optimizer(cfg, list(zip(names, params)), step + 1)
     if updates:
         per_lane = {key: tensors(lane) for lane, key in LANES[cfg.kind].items()}
         for p, n in zip(params, names):
@@ -76,7 +76,7 @@ def restore(path: str | pathlib.Path, state_dir: str | pathlib.Path) -> int:
     arrays = {n: model[n].detach().float().numpy() for n in reversed(names)}  # chunk order: reverse registration
     layout = optim.layout_of(arrays)
     lanes = {state.MASTER: layout.flatten(arrays, dtype=np.float32)}
-    index = {n: i for i, n in enumerate(n for _, ns in groups_of(cfg, names) for n in ns)}  # state_dict's numbering
+    index = {n: i for i, n in enumerate(n for _, _, ns in groups_of(cfg, names) for n in ns)}  # state_dict's numbering
     for lane, key in LANES[cfg.kind].items():
         lanes[lane] = layout.flatten({n: (opt_state[i][key].float().numpy() if i in opt_state and key in opt_state[i]
                                           else np.zeros(arrays[n].shape, np.float32))

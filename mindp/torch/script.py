@@ -49,7 +49,7 @@ from mindp.topology import Topology, TopologyError
 
 from . import checkpoint
 from .parallel import DataParallel, GradientChanged, layout_arrays, layout_of, trained
-from .spec import optimizer_config
+from .spec import base_lr, optimizer_config, value
 
 CLIP_REFUSED = ("{} is not supported through mindp: the switch sums each gradient as backward() produces it and "
                 "the node applies each chunk as its sum arrives, so clipping after backward() would change nothing; drop "
@@ -90,7 +90,9 @@ class Optimizer:
         each step step() checks the optimizer's against."""
         self.module = module
         self.torch_optimizer = torch_optimizer
-        self.rates = lr.Rates(cfg.lr, cfg.schedule) if cfg else None
+        # each torch parameter group's lr of every step, as the node replays it from the group's base
+        self.rates = [lr.Rates(base_lr(g), cfg.schedule) for g in torch_optimizer.param_groups] \
+            if cfg and torch_optimizer is not None else None
         self.cfg = cfg
         self.dp = DataParallel(module, agent, error=lambda msg: SystemExit(f"mindp.torch: {msg}"))
         self.agent = agent
@@ -173,17 +175,17 @@ class Optimizer:
     def _check_lr(self, step: int) -> None:
         """The lr the script's optimizer holds for `step` is the one the node applied (its schedule
         after `step` calls of the scheduler's step()), bit for bit, or the script ends in one line."""
-        if self.rates is None or self.torch_optimizer is None:
+        if self.rates is None:
             return
-        want = self.rates.at(step)
-        rates = [g["lr"] for g in self.torch_optimizer.param_groups]  # every group's: the node applies one
-        have = next((h for h in (float(r.item() if isinstance(r, torch.Tensor) else r) for r in rates) if h != want),
-                    None)
-        if have is not None:
-            raise SystemExit(f"mindp.torch: step {step}: the script's optimizer holds lr {have!r}, the node applied "
-                             f"{want!r} ({self.cfg.schedule.kind} schedule from lr {self.cfg.lr!r}): the node runs "
-                             "the schedule of the scheduler given to mindp.torch.init, so set the lr only through "
-                             "it and call its step() once after each opt.step() (docs/TORCH.md)")
+        groups = self.torch_optimizer.param_groups
+        for i, (g, rates) in enumerate(zip(groups, self.rates)):
+            have, want = float(value(g["lr"])), rates.at(step)
+            if have != want:
+                which = f", parameter group {i}" if len(groups) > 1 else ""
+                raise SystemExit(f"mindp.torch: step {step}: the script's optimizer holds lr {have!r}, the node "
+                                 f"applied {want!r} ({self.cfg.schedule.kind} schedule from lr {rates.base!r}{which}): "
+                                 "the node runs the schedule of the scheduler given to mindp.torch.init, so set the "
+                                 "lr only through it and call its step() once after each opt.step() (docs/TORCH.md)")
 
     def clip_grad_norm_(self, *_args, **_kw):
         raise SystemExit("mindp.torch: " + CLIP_REFUSED.format("clip_grad_norm_"))

@@ -9,33 +9,38 @@ from __future__ import annotations
 import torch
 from torch.optim import lr_scheduler as L
 
-from host_agent.optim import ConfigError, OptimizerConfig, Schedule
+from host_agent.lr import Rates
+from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup, Schedule
 
 
-def _value(x):
+def value(x):
     return x.item() if isinstance(x, torch.Tensor) else x
 
 
-def _groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict, tuple[tuple[str, float], ...]]:
-    """The first parameter group (its hyper-parameters are the node's) and the weight decay of each
-    tensor of the other groups where it differs: groups may differ in weight_decay only (a GPT
-    recipe's decay / no-decay split); `names`: id(parameter) -> its name in the layout."""
+def _groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict, tuple[ParamGroup, ...]]:
+    """The first parameter group (the node's hyper-parameters) and the groups after it that train
+    at another lr or weight decay; groups may differ in nothing else. `names`: id(parameter) -> its
+    name in the layout (trained parameters only)."""
     g0 = opt.param_groups[0]
+    own = ("params", "lr", "initial_lr", "weight_decay")  # what a group may set for itself
     for i, g in enumerate(opt.param_groups):
         for flag in ("amsgrad", "maximize", "nesterov"):
             if g.get(flag):
                 raise ConfigError(f"{type(opt).__name__}({flag}=True) is not supported by the optimizer node")
-        differ = [k for k in g if k not in ("params", "weight_decay") and _value(g[k]) != _value(g0.get(k))]
+        differ = [k for k in g if k not in own and value(g[k]) != value(g0.get(k))]
         if differ:
             raise ConfigError(f"parameter group {i} of {type(opt).__name__} differs from the first in "
-                              f"{', '.join(differ)}: the node applies one set of hyper-parameters to every "
-                              "group (groups may differ in weight_decay only)")
-    decays = tuple((names[id(p)], float(g["weight_decay"])) for g in opt.param_groups[1:] for p in g["params"]
-                   if id(p) in names and g["weight_decay"] != g0["weight_decay"])
-    return g0, decays
+                              f"{', '.join(differ)}: the node runs one optimizer, whose groups may differ in "
+                              "lr and weight_decay only")
+    groups = []
+    for g in opt.param_groups[1:]:
+        params = tuple(names[id(p)] for p in g["params"] if id(p) in names)
+        if params and (base_lr(g), g["weight_decay"]) != (base_lr(g0), g0["weight_decay"]):
+            groups.append(ParamGroup(params, base_lr(g), float(g["weight_decay"])))
+    return g0, tuple(groups)
 
 
-def _lr(g: dict) -> float:
+def base_lr(g: dict) -> float:
     lr = g.get("initial_lr", g["lr"])  # a scheduler already moved group['lr']: its base is initial_lr
     return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
 
@@ -46,6 +51,10 @@ def schedule_of(sched) -> Schedule:
         return Schedule()
     if isinstance(sched, L.StepLR):
         return Schedule("step", step_size=sched.step_size, gamma=float(sched.gamma))
+    if isinstance(sched, L.MultiStepLR):
+        return Schedule("multistep", milestones=tuple(sorted(sched.milestones.elements())), gamma=float(sched.gamma))
+    if isinstance(sched, L.ExponentialLR):
+        return Schedule("exponential", gamma=float(sched.gamma))
     parts, warmup, start = [sched], 0, 0.1
     if isinstance(sched, L.SequentialLR):
         parts = sched._schedulers
@@ -62,8 +71,9 @@ def schedule_of(sched) -> Schedule:
     if isinstance(decay, L.LinearLR) and decay.start_factor == 1.0:
         return Schedule("linear", total=warmup + decay.total_iters, warmup=warmup, warmup_start=start,
                         end_factor=float(decay.end_factor))
-    raise ConfigError(f"lr scheduler {type(decay).__name__} is not supported: use StepLR, CosineAnnealingLR or "
-                      "LinearLR(start_factor=1.0), optionally after a LinearLR warmup in SequentialLR (docs/TORCH.md)")
+    raise ConfigError(f"lr scheduler {type(decay).__name__} is not supported: use StepLR, MultiStepLR, ExponentialLR, "
+                      "CosineAnnealingLR or LinearLR(start_factor=1.0), the last two optionally after a LinearLR "
+                      "warmup in SequentialLR (docs/TORCH.md)")
 
 
 def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Module | None = None) -> OptimizerConfig:
@@ -73,37 +83,39 @@ def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Mo
     names = {id(p): n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad}
     if len(opt.param_groups) > 1 and module is None:
         raise ConfigError("several parameter groups need the module, to name their parameters")
-    g, decays = _groups(opt, names)
-    if type(opt) is torch.optim.Adam and not g.get("decoupled_weight_decay") \
-            and any(gr["weight_decay"] for gr in opt.param_groups):
-        raise ConfigError(f"Adam(weight_decay={g['weight_decay'] or decays[0][1]}) adds the decay to the gradient (L2), "
-                          "which the node does not run: use AdamW (decoupled decay) or Adam with weight_decay=0")
+    g, groups = _groups(opt, names)
+    decay = next((gr["weight_decay"] for gr in opt.param_groups if gr["weight_decay"]), 0)
+    if type(opt) is torch.optim.Adam and not g.get("decoupled_weight_decay") and decay:
+        raise ConfigError(f"Adam(weight_decay={decay}) adds the decay to the gradient (L2), which the node does not "
+                          "run: use AdamW (decoupled decay) or Adam with weight_decay=0")
     if type(opt) in (torch.optim.AdamW, torch.optim.Adam):  # Adam without decay: AdamW's update at weight_decay 0
-        return OptimizerConfig("adamw", lr=_lr(g), betas=tuple(g["betas"]), eps=g["eps"],
-                               weight_decay=g["weight_decay"], schedule=schedule_of(sched), param_decay=decays)
+        return OptimizerConfig("adamw", lr=base_lr(g), betas=tuple(g["betas"]), eps=g["eps"],
+                               weight_decay=g["weight_decay"], schedule=schedule_of(sched), groups=groups)
     if type(opt) is torch.optim.SGD:
         if g.get("dampening"):
             raise ConfigError("SGD(dampening != 0) is not supported by the optimizer node")
-        return OptimizerConfig("sgd", lr=_lr(g), momentum=g["momentum"], weight_decay=g["weight_decay"],
-                               schedule=schedule_of(sched), param_decay=decays)
+        return OptimizerConfig("sgd", lr=base_lr(g), momentum=g["momentum"], weight_decay=g["weight_decay"],
+                               schedule=schedule_of(sched), groups=groups)
     raise ConfigError(f"optimizer {type(opt).__name__} is not supported: the node runs torch.optim.AdamW, Adam "
                       "(weight_decay=0) or SGD")
 
 
-def groups_of(cfg: OptimizerConfig, names: list[str]) -> list[tuple[float, list[str]]]:
-    """`names` split into torch parameter groups by weight decay: cfg.weight_decay's first, then each
-    other decay as the names first meet it; each group's names in the order of `names`."""
-    decay = dict(cfg.param_decay)
-    order = list(dict.fromkeys([cfg.weight_decay] + [decay.get(n, cfg.weight_decay) for n in names]))
-    return [(d, [n for n in names if decay.get(n, cfg.weight_decay) == d]) for d in order]
+def groups_of(cfg: OptimizerConfig, names: list[str]) -> list[tuple[float, float, list[str]]]:
+    """`names` split into torch parameter groups, (lr, weight_decay, names): the first group's
+    hyper-parameters first, then each of cfg.groups'; each group's names in the order of `names`."""
+    of = {n: (g.lr, g.weight_decay) for g in cfg.groups for n in g.params}
+    first = (cfg.lr, cfg.weight_decay)
+    keys = list(dict.fromkeys([first] + [of.get(n, first) for n in names]))
+    return [(lr, wd, [n for n in names if of.get(n, first) == (lr, wd)]) for lr, wd in keys]
 
 
-def torch_optimizer(cfg: OptimizerConfig, named: list[tuple[str, torch.nn.Parameter]], lr: float) -> torch.optim.Optimizer:
-    """The torch optimizer `cfg` maps to, over the `named` parameters (one group per weight decay,
-    as groups_of orders them), at `lr` (a checkpoint's optimizer)."""
+def torch_optimizer(cfg: OptimizerConfig, named: list[tuple[str, torch.nn.Parameter]], step: int) -> torch.optim.Optimizer:
+    """The torch optimizer `cfg` maps to, over the `named` parameters (a group per lr and weight
+    decay, as groups_of orders them), each group at its lr of `step` (a checkpoint's optimizer)."""
     by_name = dict(named)
-    groups = [{"params": [by_name[n] for n in ns], "weight_decay": d} for d, ns in groups_of(cfg, list(by_name))]
+    groups = [{"params": [by_name[n] for n in ns], "lr": Rates(lr, cfg.schedule).at(step), "weight_decay": wd}
+              for lr, wd, ns in groups_of(cfg, list(by_name))]
     groups = [g for g in groups if g["params"]]
     if cfg.kind == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)

@@ -22,6 +22,10 @@ def torch_scheduler(opt, s: Schedule):
         return None
     if s.kind == "step":
         return L.StepLR(opt, s.step_size, s.gamma)
+    if s.kind == "multistep":
+        return L.MultiStepLR(opt, list(s.milestones), s.gamma)
+    if s.kind == "exponential":
+        return L.ExponentialLR(opt, s.gamma)
     tmax = s.total - s.warmup
     decay = (L.CosineAnnealingLR(opt, tmax, s.eta_min) if s.kind == "cosine"
              else L.LinearLR(opt, 1.0, s.end_factor, tmax))
@@ -51,6 +55,10 @@ SCHEDULES = {
                for t in (10, 37, 100) for w in (0, 1, 5) for ws in (0.1, 0.01) for em in (0.0, 1e-5)],
     "linear": [Schedule("linear", total=t, warmup=w, warmup_start=ws, end_factor=ef)
                for t in (10, 37, 100) for w in (0, 1, 5) for ws in (0.1, 0.333) for ef in (0.0, 0.1)],
+    # a milestone twice decays by gamma ** 2; milestone 0 already at construction
+    "multistep": [Schedule("multistep", milestones=m, gamma=g) for m in ((3, 7, 20), (5, 5, 9), (0, 4), ())
+                  for g in (0.1, 0.37)],
+    "exponential": [Schedule("exponential", gamma=g) for g in (0.9, 0.99, 0.123, 1.0)],
 }
 
 
@@ -120,6 +128,9 @@ def test_schedule_round_trips_through_the_state(tmp_path):
     (dict(kind="step", gamma=float("nan")), "gamma must be a finite number"),
     (dict(kind="cosine", total="10"), "total must be an integer"),
     (dict(kind="cosine", total=10, bogus=1), "malformed lr schedule"),
+    (dict(kind="multistep", milestones=[3, -1]), "milestones must be steps (integers >= 0)"),
+    (dict(kind="multistep", milestones=[2.5]), "milestones must be steps (integers >= 0)"),
+    (dict(kind="exponential", gamma=1.5), "exponential schedule: need gamma in (0, 1]"),
 ])
 def test_bad_schedule_is_one_line(bad, message):
     with pytest.raises(ConfigError) as exc:

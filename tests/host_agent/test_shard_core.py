@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from host_agent import node_core, optim, reference, shards, state
-from host_agent.optim import ConfigError, OptimizerConfig
+from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup
 from mindp.protocol import K, Flag
 
 from .helpers import BUDGET, SCALE, initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
@@ -85,11 +85,11 @@ def test_shard_state_holds_exactly_its_range_of_the_full_model(tmp_path):
 @pytest.mark.parametrize("groups", [False, True])
 @pytest.mark.parametrize("m", [2, 3])
 def test_sharded_training_equals_the_reference_and_a_crash_touches_one_range(tmp_path, m, groups):
-    """groups: every other tensor at weight decay 0 (a script's second parameter group), so shards
-    hold chunks of two decays, cut at job-wide element offsets."""
+    """groups: every other tensor in a second parameter group (twice the lr, no weight decay), so
+    shards hold chunks of two groups, cut at job-wide element offsets."""
     init = small_model()
     lay = optim.layout_of(init)
-    cfg = OptimizerConfig(param_decay=tuple((n, 0.0) for n in list(init)[1::2]) if groups else ())
+    cfg = OptimizerConfig(groups=(ParamGroup(tuple(init)[1::2], 2e-3, 0.0),) if groups else ())
     gf = reference.synthetic_grads(11)
     cores = open_shards(tmp_path, init, cfg, m)
     rng = random.Random(m)

@@ -80,7 +80,7 @@ import os, pathlib, sys
 sys.path.insert(0, {examples!r})
 import torch, mindp.torch
 import train_cnn
-from train_cnn import batch, loss_fn, optimizer, parse
+from train_cnn import batch, loss_fn, parse
 
 
 def build_model():  # train_cnn's with dropout: each rank draws its masks, the reference replays them
@@ -88,15 +88,21 @@ def build_model():  # train_cnn's with dropout: each rank draws its masks, the r
     return torch.nn.Sequential(*features, torch.nn.Dropout(0.3), head)
 
 
+def optimizer(model, lr):  # a decay on each side of the stop: the resumed run's scheduler catches up
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    return opt, torch.optim.lr_scheduler.MultiStepLR(opt, [1, 3], 0.5)
+
+
 def mindp_reference(argv):
-    return dict(train_cnn.mindp_reference(argv), model=build_model)
+    lr = parse(argv).lr
+    return dict(train_cnn.mindp_reference(argv), model=build_model, optimizer=lambda model: optimizer(model, lr))
 
 
 def main():
     args = parse()
     torch.set_num_threads(1)
     model = build_model()
-    opt, sched = optimizer(model, args.steps, args.lr)
+    opt, sched = optimizer(model, args.lr)
     opt = mindp.torch.init(model, opt, sched)
     flag = pathlib.Path({flag!r})
     for step in range(opt.step_number, args.steps):
@@ -121,7 +127,8 @@ if __name__ == "__main__":
 @needs_root
 def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path):
     """With dropout: the reference draws each rank's masks as its process did, afresh where the
-    resumed run's ranks started (mininet_topos.script_run.rank_starts)."""
+    resumed run's ranks started (mininet_topos.script_run.rank_starts). With MultiStepLR decaying
+    before and after the stop: the resumed ranks' fresh scheduler is brought to the node's step."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING_SCRIPT.format(examples=str(REPO / "examples"), flag=str(tmp_path / "flag")))

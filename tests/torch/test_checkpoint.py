@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from host_agent import node_core, optim, reference, state  # noqa: E402
-from host_agent.optim import ConfigError, OptimizerConfig, Schedule  # noqa: E402
+from host_agent import lr, node_core, optim, reference, state  # noqa: E402
+from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup, Schedule  # noqa: E402
 from mindp.torch import checkpoint, layout_arrays, models, spec  # noqa: E402
 from tests.host_agent.helpers import initial_fp16, same_bits  # noqa: E402
 from tests.host_agent.test_node_core import JOB, N, S, assemble, run_step  # noqa: E402
@@ -27,9 +27,9 @@ def train_core(state_dir, lay, gf, steps, params, create=None):
     return params
 
 
-def no_decay(net) -> tuple:
-    """A GPT recipe's second group: 1-D parameters (biases, norms) at weight decay 0."""
-    return tuple((n, 0.0) for n, p in net.named_parameters() if p.dim() < 2)
+def flat_group(net) -> tuple:
+    """A second parameter group: the 1-D parameters (biases) at weight decay 0 and twice the lr."""
+    return (ParamGroup(tuple(n for n, p in net.named_parameters() if p.dim() < 2), 2e-2, 0.0),)
 
 
 @pytest.mark.parametrize("kind, groups", [("adamw", False), ("sgd", False), ("adamw", True)])
@@ -38,7 +38,7 @@ def test_checkpoint_resumes_bit_exactly_in_a_fresh_node(tmp_path, kind, groups):
     init = layout_arrays(net)
     lay = optim.layout_of(init)
     cfg = OptimizerConfig(kind=kind, lr=1e-2, schedule=Schedule("cosine", total=6, warmup=2),
-                          param_decay=no_decay(net) if groups else ())
+                          groups=flat_group(net) if groups else ())
     gf = reference.synthetic_grads(3)
     params = train_core(tmp_path / "a", lay, gf, range(3), initial_fp16(init), (init, cfg))
     ckpt = checkpoint.save(tmp_path / "a", tmp_path / "ckpt.pt", net)
@@ -54,15 +54,16 @@ def test_checkpoint_resumes_bit_exactly_in_a_fresh_node(tmp_path, kind, groups):
     loaded = torch.load(tmp_path / "final.pt", weights_only=True)
     plain.load_state_dict(loaded["model"])
     assert plain(torch.zeros(2, 1, 8, 8)).shape == (2, 10)
-    opt = spec.torch_optimizer(cfg, list(plain.named_parameters()), cfg.lr)
+    opt = spec.torch_optimizer(cfg, list(plain.named_parameters()), 0)
     opt.load_state_dict(loaded["optimizer"])  # the matching torch optimizer takes its state
     key = "exp_avg" if kind == "adamw" else "momentum_buffer"
     assert all(torch.count_nonzero(opt.state[p][key]) for p in plain.parameters())
-    if groups:  # a script's own two groups, as GPT recipes make them, take it as well, tensor by tensor
+    if groups:  # a script's own two groups take it as well, tensor by tensor, each at its lr of the next step
         own = torch.optim.AdamW([{"params": [p for p in plain.parameters() if p.dim() >= 2]},
                                  {"params": [p for p in plain.parameters() if p.dim() < 2], "weight_decay": 0.0}])
         own.load_state_dict(loaded["optimizer"])
         assert [g["weight_decay"] for g in own.param_groups] == [cfg.weight_decay, 0.0]
+        assert [g["lr"] for g in own.param_groups] == [lr.Rates(b, cfg.schedule).at(6) for b in (1e-2, 2e-2)]
         assert all(torch.equal(own.state[p][key], opt.state[p][key]) for p in plain.parameters())
 
 
@@ -90,6 +91,9 @@ def test_torch_optimizer_and_scheduler_translate():
         schedule=Schedule("cosine", total=20, warmup=4, warmup_start=0.2, eta_min=1e-5))
     sgd = torch.optim.SGD(p, lr=0.1, momentum=0.9)
     assert spec.optimizer_config(sgd, L.StepLR(sgd, 5, 0.5)).schedule == Schedule("step", step_size=5, gamma=0.5)
+    assert spec.optimizer_config(sgd, L.MultiStepLR(sgd, [30, 10, 30], 0.2)).schedule == \
+        Schedule("multistep", milestones=(10, 30, 30), gamma=0.2)
+    assert spec.optimizer_config(sgd, L.ExponentialLR(sgd, 0.95)).schedule == Schedule("exponential", gamma=0.95)
     assert spec.optimizer_config(torch.optim.Adam(p, lr=2e-3, betas=(0.8, 0.99))) == OptimizerConfig(
         "adamw", lr=2e-3, betas=(0.8, 0.99), weight_decay=0.0)  # Adam without decay: AdamW's update, no decay
     assert spec.optimizer_config(torch.optim.Adam(p, weight_decay=0.1, decoupled_weight_decay=True)) == \
@@ -101,8 +105,8 @@ def test_torch_optimizer_and_scheduler_translate():
         with pytest.raises(ConfigError, match=msg):
             spec.optimizer_config(bad)
     opt = torch.optim.AdamW(p)
-    with pytest.raises(ConfigError, match="ExponentialLR is not supported"):
-        spec.optimizer_config(opt, L.ExponentialLR(opt, 0.9))
+    with pytest.raises(ConfigError, match="LambdaLR is not supported: use StepLR, MultiStepLR, ExponentialLR"):
+        spec.optimizer_config(opt, L.LambdaLR(opt, lambda s: 0.9 ** s))
 
 
 def test_parameter_groups_differing_in_weight_decay_only_become_the_nodes_per_tensor_decay():
@@ -113,13 +117,16 @@ def test_parameter_groups_differing_in_weight_decay_only_become_the_nodes_per_te
     decay, flat = [p for p in params if p.dim() >= 2], [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": flat, "weight_decay": 0.0}], lr=3e-3)
     cfg = spec.optimizer_config(opt, None, net)
-    assert cfg.weight_decay == 0.1 and dict(cfg.param_decay) == {n: 0.0 for n, p in net.named_parameters()
-                                                                 if p.dim() < 2 and p is not frozen}
+    trained_flat = tuple(n for n, p in net.named_parameters() if p.dim() < 2 and p is not frozen)
+    assert (cfg.lr, cfg.weight_decay) == (3e-3, 0.1) and cfg.groups == (ParamGroup(trained_flat, 3e-3, 0.0),)
     same = torch.optim.AdamW([{"params": decay}, {"params": flat}], weight_decay=0.1)
-    assert spec.optimizer_config(same, None, net).param_decay == ()  # groups of one decay: nothing to tell
-    for groups, msg in [([{"params": decay}, {"params": flat, "lr": 1e-4}], "parameter group 1 of AdamW differs from "
-                         "the first in lr: the node applies one set of hyper-parameters to every group"),
-                        ([{"params": decay}, {"params": flat, "betas": (0.8, 0.9)}], "differs from the first in betas"),
+    assert spec.optimizer_config(same, None, net).groups == ()  # groups of one lr and decay: nothing to tell
+    head = torch.optim.SGD([{"params": decay}, {"params": flat, "lr": 0.5}], lr=0.1, momentum=0.9)
+    sched = L.StepLR(head, 2, 0.5)  # the group's base: its initial_lr
+    assert spec.optimizer_config(head, sched, net).groups == (ParamGroup(trained_flat, 0.5, 0.0),)
+    for groups, msg in [([{"params": decay}, {"params": flat, "betas": (0.8, 0.9)}], "parameter group 1 of AdamW "
+                         "differs from the first in betas: the node runs one optimizer, whose groups may differ in "
+                         "lr and weight_decay only"),
                         ([{"params": decay}, {"params": flat, "amsgrad": True}], "amsgrad=True")]:
         with pytest.raises(ConfigError, match=msg):
             spec.optimizer_config(torch.optim.AdamW(groups, weight_decay=0.1), None, net)

@@ -146,17 +146,18 @@ def test_first_failure_from_error_files_then_from_torchrun_log(tmp_path):
 def lr_checker(torch_opt, sched=None) -> script.Optimizer:
     """step()'s lr check alone: a mindp Optimizer without a network over `torch_opt`."""
     from host_agent import lr
-    from mindp.torch.spec import optimizer_config
+    from mindp.torch.spec import base_lr, optimizer_config
 
     opt = script.Optimizer.__new__(script.Optimizer)
     opt.torch_optimizer, opt.cfg = torch_opt, optimizer_config(torch_opt, sched, torch_opt.module)
-    opt.rates = lr.Rates(opt.cfg.lr, opt.cfg.schedule)
+    opt.rates = [lr.Rates(base_lr(g), opt.cfg.schedule) for g in torch_opt.param_groups]
     return opt
 
 
 def cosine(lr: float = 0.01):
+    """Two parameter groups, the second at twice the lr."""
     m = torch.nn.Linear(2, 2)
-    o = torch.optim.AdamW([{"params": [m.weight]}, {"params": [m.bias], "weight_decay": 0.0}], lr=lr)
+    o = torch.optim.AdamW([{"params": [m.weight]}, {"params": [m.bias], "lr": 2 * lr, "weight_decay": 0.0}], lr=lr)
     o.module = m
     return o, torch.optim.lr_scheduler.SequentialLR(o, [torch.optim.lr_scheduler.LinearLR(o, 0.1, 1.0, 2),
                                                         torch.optim.lr_scheduler.CosineAnnealingLR(o, 6)], [2])
@@ -181,20 +182,23 @@ def test_an_lr_the_node_does_not_apply_ends_the_script_in_one_line():
         opt._check_lr(1)
     msg = str(exc.value.code)
     assert msg.startswith("mindp.torch: step 1: the script's optimizer holds lr 0.001, the node applied ") and "\n" not in msg
+    assert "(cosine schedule from lr 0.01, parameter group 0)" in msg
     sched.step()
     opt._check_lr(1)
+    right = o.param_groups[0]["lr"]
     opt.param_groups[0]["lr"] = 0.5  # set by hand
     with pytest.raises(SystemExit, match=r"^mindp.torch: step 1: the script's optimizer holds lr 0.5,"):
         opt._check_lr(1)
-    opt.param_groups[0]["lr"] = o.param_groups[1]["lr"]
+    opt.param_groups[0]["lr"] = right
     opt._check_lr(1)
-    opt.param_groups[1]["lr"] = 0.25  # another group's, by hand (nanoGPT sets every group's)
-    with pytest.raises(SystemExit, match=r"^mindp.torch: step 1: the script's optimizer holds lr 0.25,"):
+    opt.param_groups[1]["lr"] = right  # the second group's, by hand: its own schedule runs from its base, 0.02
+    with pytest.raises(SystemExit, match=r"holds lr .*, the node applied .* \(cosine schedule from lr 0.02, "
+                                         r"parameter group 1\)"):
         opt._check_lr(1)
     # a scheduler init was not given: the node's lr is constant
     o, sched = cosine()
     opt = lr_checker(o)
-    with pytest.raises(SystemExit, match=r"the node applied 0.01 \(constant schedule from lr 0.01\)"):
+    with pytest.raises(SystemExit, match=r"the node applied 0.01 \(constant schedule from lr 0.01, parameter group 0\)"):
         opt._check_lr(0)  # LinearLR's warmup already took the lr to a tenth
 
 

@@ -1,9 +1,9 @@
-"""Weight decay per tensor at the node: a script's parameter groups (biases and norms at 0).
+"""A script's parameter groups at the node: each tensor at its group's lr and weight decay.
 
 A chunk is K consecutive elements of the flat layout, so one chunk may hold tensors of two
 groups. The update is elementwise, so a run of chunks of one group is one kernel call with that
 group's config, and a chunk holding several is updated once per group it holds, each group's
-elements taken from its own pass: the same bits as updating every element with its own decay.
+elements taken from its own pass: the same bits as updating every element with its own group's.
 Such chunks are few (at most one per change of group along the layout).
 """
 from __future__ import annotations
@@ -13,16 +13,18 @@ import numpy as np
 from mindp.layout import Layout
 from mindp.protocol import K
 
-from . import fused
+from . import fused, lr
 from .optim import OptimizerConfig
 
 
-class DecayPlan:
-    """Which config (weight decay) each element of a job's chunks trains with."""
+class GroupPlan:
+    """Which config (lr, weight decay) each element of a job's chunks trains with, and the lr of
+    each step for each (its schedule from the group's own base lr)."""
 
     def __init__(self, cfg: OptimizerConfig, layout: Layout):
-        self.runs = cfg.decay_runs(layout)
+        self.runs = cfg.group_runs(layout)
         self._starts = np.array([a for a, _, _ in self.runs], dtype=np.int64)
+        self.rates = {c: lr.Rates(c.lr, c.schedule) for _, _, c in self.runs}
 
     def _run_of(self, element: int) -> int:
         return int(np.searchsorted(self._starts, element, side="right")) - 1
@@ -53,24 +55,27 @@ class DecayPlan:
             c += 1
         return out
 
-    def update(self, first: int, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers, step: int,
-               out: np.ndarray, kernel: str | None = None, lr: float | None = None) -> None:
+    def update(self, first: int, src: np.ndarray, dst: np.ndarray, sums: np.ndarray, nworkers, updates: int,
+               out: np.ndarray, step: int, kernel: str | None = None) -> None:
         """fused.update_records of the records of chunks first, first + 1, ... (job-wide numbers),
-        each element at its tensor's weight decay."""
+        each element at its tensor's group's config and that group's lr of `step` (`updates`: the
+        bias correction's count)."""
         _, end, cfg = self.runs[self._run_of(first * K)]
         if end >= (first + len(src)) * K:  # all of one group (most batches): no cutting
-            fused.update_records(cfg, src, dst, sums, nworkers, step, out, kernel, lr=lr)
+            fused.update_records(cfg, src, dst, sums, nworkers, updates, out, kernel, lr=self.rates[cfg].at(step))
             return
         for a, b, segs in self.pieces(first, first + len(src)):
             i, j = a - first, b - first
             nw = nworkers[i:j] if np.ndim(nworkers) else nworkers
             if len(segs) == 1:
-                fused.update_records(segs[0][2], src[i:j], dst[i:j], sums[i:j], nw, step, out[i:j], kernel, lr=lr)
+                cfg = segs[0][2]
+                fused.update_records(cfg, src[i:j], dst[i:j], sums[i:j], nw, updates, out[i:j], kernel,
+                                     lr=self.rates[cfg].at(step))
                 continue
             # (copies of the old record: SGD's kernel leaves a format-1 state's v lane as it was)
             rec, new = np.array(src[i:j]), np.array(src[i:j])
             par, half = np.empty_like(out[i:j]), np.empty_like(out[i:j])
             for e0, e1, cfg in segs:  # each pass reads the old record: src may be dst
-                fused.update_records(cfg, src[i:j], rec, sums[i:j], nw, step, half, kernel, lr=lr)
+                fused.update_records(cfg, src[i:j], rec, sums[i:j], nw, updates, half, kernel, lr=self.rates[cfg].at(step))
                 new[..., e0:e1], par[..., e0:e1] = rec[..., e0:e1], half[..., e0:e1]
             dst[i:j], out[i:j] = new, par
