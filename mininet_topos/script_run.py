@@ -105,8 +105,9 @@ class ScriptRun(Run):
         init = optim.load_npz(self.spec_dir / "init.npz")
         cfg = json.loads((self.spec_dir / "optimizer.json").read_text())
         sched = cfg["schedule"]["kind"]
+        groups = f", {1 + len(cfg['groups'])} parameter groups" if cfg.get("groups") else ""
         return (f"{os.path.basename(self.cfg.script)} ({sum(a.size for a in init.values()):,} parameters, "
-                f"{cfg['kind']} lr {cfg['lr']:g}, schedule {sched})")
+                f"{cfg['kind']} lr {cfg['lr']:g}, schedule {sched}{groups})")
 
     def start_agents(self) -> None:
         self.start_node()

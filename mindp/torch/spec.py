@@ -41,8 +41,7 @@ def _groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict, tu
 
 
 def base_lr(g: dict) -> float:
-    lr = g.get("initial_lr", g["lr"])  # a scheduler already moved group['lr']: its base is initial_lr
-    return float(lr.item() if isinstance(lr, torch.Tensor) else lr)
+    return float(value(g.get("initial_lr", g["lr"])))  # a scheduler already moved group['lr']: its base is initial_lr
 
 
 def schedule_of(sched) -> Schedule:
@@ -78,8 +77,8 @@ def schedule_of(sched) -> Schedule:
 
 def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Module | None = None) -> OptimizerConfig:
     """torch.optim.AdamW, Adam without weight decay, or SGD (+ scheduler) -> the node's optimizer.
-    `module`: the model, by whose trained parameters' names the weight decay of the optimizer's
-    other groups is told to the node."""
+    `module`: the model, whose trained parameters' names tell the node which tensors the optimizer's
+    other groups hold."""
     names = {id(p): n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad}
     if len(opt.param_groups) > 1 and module is None:
         raise ConfigError("several parameter groups need the module, to name their parameters")

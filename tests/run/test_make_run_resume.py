@@ -88,8 +88,10 @@ def build_model():  # train_cnn's with dropout: each rank draws its masks, the r
     return torch.nn.Sequential(*features, torch.nn.Dropout(0.3), head)
 
 
-def optimizer(model, lr):  # a decay on each side of the stop: the resumed run's scheduler catches up
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+def optimizer(model, lr):  # the head in a group at twice the lr; a decay on each side of the stop
+    head = list(model[-1].parameters())
+    body = [p for p in model.parameters() if all(p is not h for h in head)]
+    opt = torch.optim.SGD([dict(params=body), dict(params=head, lr=2 * lr)], lr=lr, momentum=0.9)
     return opt, torch.optim.lr_scheduler.MultiStepLR(opt, [1, 3], 0.5)
 
 
@@ -127,8 +129,9 @@ if __name__ == "__main__":
 @needs_root
 def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path):
     """With dropout: the reference draws each rank's masks as its process did, afresh where the
-    resumed run's ranks started (mininet_topos.script_run.rank_starts). With MultiStepLR decaying
-    before and after the stop: the resumed ranks' fresh scheduler is brought to the node's step."""
+    resumed run's ranks started (mininet_topos.script_run.rank_starts). The head trains in a
+    parameter group at twice the lr, and MultiStepLR decays both before and after the stop: the
+    resumed ranks' fresh scheduler is brought to the node's step."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING_SCRIPT.format(examples=str(REPO / "examples"), flag=str(tmp_path / "flag")))
