@@ -6,13 +6,13 @@ forms, which round differently from the closed forms the docs print), so a scrip
 torch optimizer with that scheduler sees the very lr the node applies:
 
     constant                        (no scheduler)
-    step(step_size, gamma)          StepLR(opt, step_size, gamma)
     cosine(total, warmup, ...)      CosineAnnealingLR(opt, T_max=total, eta_min) without warmup, else
                                     SequentialLR([LinearLR(opt, warmup_start, 1.0, warmup),
                                                   CosineAnnealingLR(opt, total - warmup, eta_min)], [warmup])
     linear(total, warmup, ...)      the same with LinearLR(opt, 1.0, end_factor, total - warmup) decaying
-    multistep(milestones, gamma)    MultiStepLR(opt, milestones, gamma)
-    exponential(gamma)              ExponentialLR(opt, gamma)
+    step, multistep, exponential    StepLR(opt, step_size, gamma), MultiStepLR(opt, milestones, gamma),
+                                    ExponentialLR(opt, gamma), each alone or after a LinearLR warmup
+                                    as the cosine's (the decay counts its own steps from the warmup's end)
 
 Step s's lr is the optimizer's lr after s calls of `scheduler.step()` (s = the training step,
 0-based; a skipped non-finite step still advances it, as a torch loop calls scheduler.step() after
@@ -45,29 +45,33 @@ class Rates:
         prev = self.lrs[-1] if self.lrs else base
         if s.kind == "constant":
             return base
-        if s.kind == "step":  # StepLR.get_lr
-            return prev * s.gamma if e and e % s.step_size == 0 else prev
-        if s.kind == "multistep":  # MultiStepLR.get_lr: a milestone n times over decays by gamma ** n
-            n = s.milestones.count(e)
-            return prev * s.gamma ** n if n else prev
-        if s.kind == "exponential":  # ExponentialLR.get_lr
-            return prev * s.gamma if e else prev
         w = s.warmup
         if w and e < w:  # LinearLR(start_factor, 1.0, warmup).get_lr
             if e == 0:
                 return base * s.warmup_start
             return prev * (1.0 + (1.0 - s.warmup_start) / (w * s.warmup_start + (e - 1) * (1.0 - s.warmup_start)))
-        k, tmax = e - w, s.total - w  # the decay scheduler's own epoch and length
+        k, tmax = e - w, s.total - w  # the decay scheduler's own epoch (and cosine/linear's length)
+        if k == 0 and w:  # SequentialLR starts the decay with step(0): its closed form at epoch 0
+            if s.kind == "cosine":
+                return s.eta_min + (base - s.eta_min) * (1 + math.cos(math.pi * 0 / tmax)) / 2
+            if s.kind == "linear":
+                return base * (1.0 + (s.end_factor - 1.0) * min(tmax, 0) / tmax)
+            return base * s.gamma ** (s.milestones.count(0) if s.kind == "multistep" else 0)
+        if s.kind == "step":  # StepLR.get_lr
+            return prev * s.gamma if k and k % s.step_size == 0 else prev
+        if s.kind == "multistep":  # MultiStepLR.get_lr: a milestone n times over decays by gamma ** n
+            n = s.milestones.count(k)
+            return prev * s.gamma ** n if n else prev
+        if s.kind == "exponential":  # ExponentialLR.get_lr
+            return prev * s.gamma if k else prev
+        if k == 0:  # alone: the base lr
+            return base
         if s.kind == "cosine":
-            if k == 0:  # SequentialLR starts it with _update_lr(0): the closed form; alone: the base lr
-                return s.eta_min + (base - s.eta_min) * (1 + math.cos(math.pi * 0 / tmax)) / 2 if w else base
             if (k - 1 - tmax) % (2 * tmax) == 0:  # CosineAnnealingLR.get_lr
                 return prev + (base - s.eta_min) * (1 - math.cos(math.pi / tmax)) / 2
             return (1 + math.cos(math.pi * k / tmax)) / (1 + math.cos(math.pi * (k - 1) / tmax)) \
                 * (prev - s.eta_min) + s.eta_min
         # linear decay: LinearLR(1.0, end_factor, tmax)
-        if k == 0:
-            return base * (1.0 + (s.end_factor - 1.0) * min(tmax, 0) / tmax) if w else base
         if k > tmax:
             return prev
         return prev * (1.0 + (s.end_factor - 1.0) / (tmax * 1.0 + (k - 1) * (s.end_factor - 1.0)))

@@ -35,7 +35,7 @@ class Schedule:
 
     kind: str = "constant"
     total: int = 0  # cosine/linear: steps of the whole schedule, warmup included
-    warmup: int = 0  # cosine/linear: steps of linear warmup (LinearLR from warmup_start to 1)
+    warmup: int = 0  # steps of linear warmup (LinearLR from warmup_start to 1) before the decay
     warmup_start: float = 0.1  # LinearLR's start_factor
     eta_min: float = 0.0  # cosine: the lowest lr
     end_factor: float = 0.0  # linear: the last lr as a fraction of the base lr
@@ -54,12 +54,14 @@ class Schedule:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ConfigError(f"schedule {name} must be a finite number, got {value!r}")
             object.__setattr__(self, name, float(value))
-        if self.kind in ("cosine", "linear"):
-            if not 0 <= self.warmup < self.total:
-                raise ConfigError(f"{self.kind} schedule: need 0 <= warmup < total, got warmup {self.warmup}, "
-                                  f"total {self.total}")
-            if self.warmup and not 0 < self.warmup_start <= 1:
-                raise ConfigError(f"warmup_start must be in (0, 1], got {self.warmup_start}")
+        if self.kind in ("cosine", "linear") and not 0 <= self.warmup < self.total:
+            raise ConfigError(f"{self.kind} schedule: need 0 <= warmup < total, got warmup {self.warmup}, "
+                              f"total {self.total}")
+        if self.warmup < 0 or (self.kind == "constant" and self.warmup):
+            raise ConfigError(f"warmup must be >= 0 steps before a decaying schedule, got {self.warmup} "
+                              f"({self.kind})")
+        if self.warmup and not 0 < self.warmup_start <= 1:
+            raise ConfigError(f"warmup_start must be in (0, 1], got {self.warmup_start}")
         if self.kind == "linear" and not 0 <= self.end_factor <= 1:
             raise ConfigError(f"end_factor must be in [0, 1], got {self.end_factor}")
         if self.kind == "cosine" and self.eta_min < 0:

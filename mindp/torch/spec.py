@@ -48,22 +48,23 @@ def schedule_of(sched) -> Schedule:
     """A torch scheduler built as host_agent.lr's table says -> its Schedule; others are refused."""
     if sched is None:
         return Schedule()
-    if isinstance(sched, L.StepLR):
-        return Schedule("step", step_size=sched.step_size, gamma=float(sched.gamma))
-    if isinstance(sched, L.MultiStepLR):
-        return Schedule("multistep", milestones=tuple(sorted(sched.milestones.elements())), gamma=float(sched.gamma))
-    if isinstance(sched, L.ExponentialLR):
-        return Schedule("exponential", gamma=float(sched.gamma))
     parts, warmup, start = [sched], 0, 0.1
     if isinstance(sched, L.SequentialLR):
         parts = sched._schedulers
         if len(parts) != 2 or not isinstance(parts[0], L.LinearLR) or parts[0].end_factor != 1.0 \
                 or sched._milestones != [parts[0].total_iters]:
-            raise ConfigError("SequentialLR is supported as [LinearLR(opt, start, 1.0, W), CosineAnnealingLR or "
-                              "LinearLR decay] with milestones=[W] (docs/TORCH.md)")
+            raise ConfigError("SequentialLR is supported as [LinearLR(opt, start, 1.0, W), a decay of the table] "
+                              "with milestones=[W] (docs/TORCH.md)")
         warmup, start = parts[0].total_iters, float(parts[0].start_factor)
         parts = parts[1:]
     (decay,) = parts
+    if isinstance(decay, L.StepLR):
+        return Schedule("step", step_size=decay.step_size, gamma=float(decay.gamma), warmup=warmup, warmup_start=start)
+    if isinstance(decay, L.MultiStepLR):
+        return Schedule("multistep", milestones=tuple(sorted(decay.milestones.elements())), gamma=float(decay.gamma),
+                        warmup=warmup, warmup_start=start)
+    if isinstance(decay, L.ExponentialLR):
+        return Schedule("exponential", gamma=float(decay.gamma), warmup=warmup, warmup_start=start)
     if isinstance(decay, L.CosineAnnealingLR):
         return Schedule("cosine", total=warmup + decay.T_max, warmup=warmup, warmup_start=start,
                         eta_min=float(decay.eta_min))
@@ -71,8 +72,8 @@ def schedule_of(sched) -> Schedule:
         return Schedule("linear", total=warmup + decay.total_iters, warmup=warmup, warmup_start=start,
                         end_factor=float(decay.end_factor))
     raise ConfigError(f"lr scheduler {type(decay).__name__} is not supported: use StepLR, MultiStepLR, ExponentialLR, "
-                      "CosineAnnealingLR or LinearLR(start_factor=1.0), the last two optionally after a LinearLR "
-                      "warmup in SequentialLR (docs/TORCH.md)")
+                      "CosineAnnealingLR or LinearLR(start_factor=1.0), optionally after a LinearLR warmup in "
+                      "SequentialLR (docs/TORCH.md)")
 
 
 def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Module | None = None) -> OptimizerConfig:

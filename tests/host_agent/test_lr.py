@@ -20,15 +20,12 @@ def torch_scheduler(opt, s: Schedule):
     """The torch.optim.lr_scheduler composition a Schedule stands for (host_agent/lr.py's table)."""
     if s.kind == "constant":
         return None
-    if s.kind == "step":
-        return L.StepLR(opt, s.step_size, s.gamma)
-    if s.kind == "multistep":
-        return L.MultiStepLR(opt, list(s.milestones), s.gamma)
-    if s.kind == "exponential":
-        return L.ExponentialLR(opt, s.gamma)
     tmax = s.total - s.warmup
-    decay = (L.CosineAnnealingLR(opt, tmax, s.eta_min) if s.kind == "cosine"
-             else L.LinearLR(opt, 1.0, s.end_factor, tmax))
+    decay = {"step": lambda: L.StepLR(opt, s.step_size, s.gamma),
+             "multistep": lambda: L.MultiStepLR(opt, list(s.milestones), s.gamma),
+             "exponential": lambda: L.ExponentialLR(opt, s.gamma),
+             "cosine": lambda: L.CosineAnnealingLR(opt, tmax, s.eta_min),
+             "linear": lambda: L.LinearLR(opt, 1.0, s.end_factor, tmax)}[s.kind]()
     if not s.warmup:
         return decay
     return L.SequentialLR(opt, [L.LinearLR(opt, s.warmup_start, 1.0, s.warmup), decay], [s.warmup])
@@ -50,15 +47,17 @@ def torch_lrs(base: float, s: Schedule, n: int) -> list[float]:
 
 SCHEDULES = {
     "constant": [Schedule()],
-    "step": [Schedule("step", step_size=3, gamma=0.5), Schedule("step", step_size=7, gamma=0.1)],
+    "step": [Schedule("step", step_size=ss, gamma=g, warmup=w, warmup_start=0.25)
+             for ss, g in ((3, 0.5), (7, 0.1)) for w in (0, 1, 5)],
     "cosine": [Schedule("cosine", total=t, warmup=w, warmup_start=ws, eta_min=em)
                for t in (10, 37, 100) for w in (0, 1, 5) for ws in (0.1, 0.01) for em in (0.0, 1e-5)],
     "linear": [Schedule("linear", total=t, warmup=w, warmup_start=ws, end_factor=ef)
                for t in (10, 37, 100) for w in (0, 1, 5) for ws in (0.1, 0.333) for ef in (0.0, 0.1)],
     # a milestone twice decays by gamma ** 2; milestone 0 already at construction
-    "multistep": [Schedule("multistep", milestones=m, gamma=g) for m in ((3, 7, 20), (5, 5, 9), (0, 4), ())
-                  for g in (0.1, 0.37)],
-    "exponential": [Schedule("exponential", gamma=g) for g in (0.9, 0.99, 0.123, 1.0)],
+    "multistep": [Schedule("multistep", milestones=m, gamma=g, warmup=w) for m in ((3, 7, 20), (5, 5, 9), (0, 4), ())
+                  for g in (0.1, 0.37) for w in (0, 1, 4)],
+    "exponential": [Schedule("exponential", gamma=g, warmup=w, warmup_start=0.01) for g in (0.9, 0.99, 0.123, 1.0)
+                    for w in (0, 1, 6)],
 }
 
 
@@ -131,6 +130,9 @@ def test_schedule_round_trips_through_the_state(tmp_path):
     (dict(kind="multistep", milestones=[3, -1]), "milestones must be steps (integers >= 0)"),
     (dict(kind="multistep", milestones=[2.5]), "milestones must be steps (integers >= 0)"),
     (dict(kind="exponential", gamma=1.5), "exponential schedule: need gamma in (0, 1]"),
+    (dict(kind="step", warmup=-1), "warmup must be >= 0 steps"),
+    (dict(warmup=3), "warmup must be >= 0 steps before a decaying schedule, got 3 (constant)"),
+    (dict(kind="multistep", warmup=2, warmup_start=1.5), "warmup_start must be in (0, 1]"),
 ])
 def test_bad_schedule_is_one_line(bad, message):
     with pytest.raises(ConfigError) as exc:
