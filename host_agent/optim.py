@@ -71,13 +71,10 @@ class Schedule:
                               f"{self.gamma}")
         if self.kind in ("multistep", "exponential") and not 0 < self.gamma <= 1:
             raise ConfigError(f"{self.kind} schedule: need gamma in (0, 1], got {self.gamma}")
-        try:
-            milestones = tuple(self.milestones)
-        except TypeError:
-            milestones = (self.milestones,)
-        if any(isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in milestones):
-            raise ConfigError(f"schedule milestones must be steps (integers >= 0), got {self.milestones!r}")
-        object.__setattr__(self, "milestones", milestones)
+        if not isinstance(self.milestones, (list, tuple)) \
+                or any(isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in self.milestones):
+            raise ConfigError(f"schedule milestones must be a list of steps (integers >= 0), got {self.milestones!r}")
+        object.__setattr__(self, "milestones", tuple(self.milestones))
 
     def to_dict(self) -> dict:
         return asdict(self)
