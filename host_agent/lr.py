@@ -10,9 +10,10 @@ torch optimizer with that scheduler sees the very lr the node applies:
                                     SequentialLR([LinearLR(opt, warmup_start, 1.0, warmup),
                                                   CosineAnnealingLR(opt, total - warmup, eta_min)], [warmup])
     linear(total, warmup, ...)      the same with LinearLR(opt, 1.0, end_factor, total - warmup) decaying
-    step, multistep, exponential    StepLR(opt, step_size, gamma), MultiStepLR(opt, milestones, gamma),
-                                    ExponentialLR(opt, gamma), each alone or after a LinearLR warmup
-                                    as the cosine's (the decay counts its own steps from the warmup's end)
+    step, multistep, exponential,   StepLR(opt, step_size, gamma), MultiStepLR(opt, milestones, gamma),
+    restarts                        ExponentialLR(opt, gamma), CosineAnnealingWarmRestarts(opt, t_0, t_mult,
+                                    eta_min), each alone or after a LinearLR warmup as the cosine's (the
+                                    decay counts its own steps from the warmup's end)
 
 Step s's lr is the optimizer's lr after s calls of `scheduler.step()` (s = the training step,
 0-based; a skipped non-finite step still advances it, as a torch loop calls scheduler.step() after
@@ -31,7 +32,7 @@ class Rates:
         self.base = float(base)
         self.s = schedule
         self.lrs: list[float] = []
-        self._phase = None  # (phase start, base of the phase) once the decay took over
+        self._restart = (0, 1)  # restarts: (T_cur, T_i) of CosineAnnealingWarmRestarts at the last step
 
     def at(self, step: int) -> float:
         if step < 0:
@@ -51,6 +52,12 @@ class Rates:
                 return base * s.warmup_start
             return prev * (1.0 + (1.0 - s.warmup_start) / (w * s.warmup_start + (e - 1) * (1.0 - s.warmup_start)))
         k, tmax = e - w, s.total - w  # the decay scheduler's own epoch (and cosine/linear's length)
+        if s.kind == "restarts":  # CosineAnnealingWarmRestarts.step (without an epoch) and its get_lr
+            t_cur, t_i = (0, s.t_0) if k == 0 else (self._restart[0] + 1, self._restart[1])
+            if t_cur >= t_i:
+                t_cur, t_i = t_cur % t_i, t_i * s.t_mult
+            self._restart = (t_cur, t_i)
+            return s.eta_min + (base - s.eta_min) * (1 + math.cos(math.pi * t_cur / t_i)) / 2
         if k == 0 and w:  # SequentialLR starts the decay with step(0): its closed form at epoch 0
             if s.kind == "cosine":
                 return s.eta_min + (base - s.eta_min) * (1 + math.cos(math.pi * 0 / tmax)) / 2

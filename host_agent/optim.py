@@ -26,7 +26,7 @@ class ConfigError(ValueError):
     """An optimizer or model description that cannot be used; the message says why."""
 
 
-SCHEDULES = ("constant", "step", "cosine", "linear", "multistep", "exponential")
+SCHEDULES = ("constant", "step", "cosine", "linear", "multistep", "exponential", "restarts")
 
 
 @dataclass(frozen=True)
@@ -37,16 +37,18 @@ class Schedule:
     total: int = 0  # cosine/linear: steps of the whole schedule, warmup included
     warmup: int = 0  # steps of linear warmup (LinearLR from warmup_start to 1) before the decay
     warmup_start: float = 0.1  # LinearLR's start_factor
-    eta_min: float = 0.0  # cosine: the lowest lr
+    eta_min: float = 0.0  # cosine, restarts: the lowest lr
     end_factor: float = 0.0  # linear: the last lr as a fraction of the base lr
     step_size: int = 1  # step
     gamma: float = 0.1  # step, multistep, exponential: the factor of each decay
     milestones: tuple[int, ...] = ()  # multistep: the steps whose lr is gamma times the one before
+    t_0: int = 1  # restarts: steps to the first restart
+    t_mult: int = 1  # restarts: each period is t_mult times the one before
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
             raise ConfigError(f"unknown lr schedule {self.kind!r}: choose one of {', '.join(SCHEDULES)}")
-        for name in ("total", "warmup", "step_size"):
+        for name in ("total", "warmup", "step_size", "t_0", "t_mult"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
                 raise ConfigError(f"schedule {name} must be an integer, got {getattr(self, name)!r}")
         for name in ("warmup_start", "eta_min", "end_factor", "gamma"):
@@ -64,7 +66,9 @@ class Schedule:
             raise ConfigError(f"warmup_start must be in (0, 1], got {self.warmup_start}")
         if self.kind == "linear" and not 0 <= self.end_factor <= 1:
             raise ConfigError(f"end_factor must be in [0, 1], got {self.end_factor}")
-        if self.kind == "cosine" and self.eta_min < 0:
+        if self.kind == "restarts" and (self.t_0 < 1 or self.t_mult < 1):
+            raise ConfigError(f"restarts schedule: need t_0 >= 1 and t_mult >= 1, got {self.t_0}, {self.t_mult}")
+        if self.kind in ("cosine", "restarts") and self.eta_min < 0:
             raise ConfigError(f"eta_min must be >= 0, got {self.eta_min}")
         if self.kind == "step" and (self.step_size < 1 or not 0 < self.gamma <= 1):
             raise ConfigError(f"step schedule: need step_size >= 1 and gamma in (0, 1], got {self.step_size}, "

@@ -65,6 +65,9 @@ def schedule_of(sched) -> Schedule:
                         warmup=warmup, warmup_start=start)
     if isinstance(decay, L.ExponentialLR):
         return Schedule("exponential", gamma=float(decay.gamma), warmup=warmup, warmup_start=start)
+    if isinstance(decay, L.CosineAnnealingWarmRestarts):
+        return Schedule("restarts", t_0=decay.T_0, t_mult=decay.T_mult, eta_min=float(decay.eta_min), warmup=warmup,
+                        warmup_start=start)
     if isinstance(decay, L.CosineAnnealingLR):
         return Schedule("cosine", total=warmup + decay.T_max, warmup=warmup, warmup_start=start,
                         eta_min=float(decay.eta_min))
@@ -72,7 +75,7 @@ def schedule_of(sched) -> Schedule:
         return Schedule("linear", total=warmup + decay.total_iters, warmup=warmup, warmup_start=start,
                         end_factor=float(decay.end_factor))
     raise ConfigError(f"lr scheduler {type(decay).__name__} is not supported: use StepLR, MultiStepLR, ExponentialLR, "
-                      "CosineAnnealingLR or LinearLR(start_factor=1.0), optionally after a LinearLR warmup in "
+                      "CosineAnnealingLR, CosineAnnealingWarmRestarts or LinearLR(start_factor=1.0), optionally after a LinearLR warmup in "
                       "SequentialLR (docs/TORCH.md)")
 
 

@@ -25,6 +25,7 @@ def torch_scheduler(opt, s: Schedule):
              "multistep": lambda: L.MultiStepLR(opt, list(s.milestones), s.gamma),
              "exponential": lambda: L.ExponentialLR(opt, s.gamma),
              "cosine": lambda: L.CosineAnnealingLR(opt, tmax, s.eta_min),
+             "restarts": lambda: L.CosineAnnealingWarmRestarts(opt, s.t_0, s.t_mult, s.eta_min),
              "linear": lambda: L.LinearLR(opt, 1.0, s.end_factor, tmax)}[s.kind]()
     if not s.warmup:
         return decay
@@ -58,6 +59,8 @@ SCHEDULES = {
                   for g in (0.1, 0.37) for w in (0, 1, 4)],
     "exponential": [Schedule("exponential", gamma=g, warmup=w, warmup_start=0.01) for g in (0.9, 0.99, 0.123, 1.0)
                     for w in (0, 1, 6)],
+    "restarts": [Schedule("restarts", t_0=t0, t_mult=tm, eta_min=em, warmup=w) for t0 in (1, 3, 10) for tm in (1, 2, 3)
+                 for em in (0.0, 1e-5) for w in (0, 2)],
 }
 
 
@@ -132,6 +135,8 @@ def test_schedule_round_trips_through_the_state(tmp_path):
     (dict(kind="multistep", milestones=5), "milestones must be a list of steps"),
     (dict(kind="exponential", gamma=1.5), "exponential schedule: need gamma in (0, 1]"),
     (dict(kind="step", warmup=-1), "warmup must be >= 0 steps"),
+    (dict(kind="restarts", t_0=0), "restarts schedule: need t_0 >= 1 and t_mult >= 1"),
+    (dict(kind="restarts", t_mult=1.5), "t_mult must be an integer"),
     (dict(warmup=3), "warmup must be >= 0 steps before a decaying schedule, got 3 (constant)"),
     (dict(kind="multistep", warmup=2, warmup_start=1.5), "warmup_start must be in (0, 1]"),
 ])

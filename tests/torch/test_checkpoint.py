@@ -94,6 +94,8 @@ def test_torch_optimizer_and_scheduler_translate():
     assert spec.optimizer_config(sgd, L.MultiStepLR(sgd, [30, 10, 30], 0.2)).schedule == \
         Schedule("multistep", milestones=(10, 30, 30), gamma=0.2)
     assert spec.optimizer_config(sgd, L.ExponentialLR(sgd, 0.95)).schedule == Schedule("exponential", gamma=0.95)
+    assert spec.optimizer_config(sgd, L.CosineAnnealingWarmRestarts(sgd, 10, 2, 1e-5)).schedule == \
+        Schedule("restarts", t_0=10, t_mult=2, eta_min=1e-5)
     warm = L.SequentialLR(sgd, [L.LinearLR(sgd, 0.1, 1.0, 5), L.MultiStepLR(sgd, [30, 60], 0.1)], [5])
     assert spec.optimizer_config(sgd, warm).schedule == Schedule("multistep", milestones=(30, 60), gamma=0.1, warmup=5)
     assert spec.optimizer_config(torch.optim.Adam(p, lr=2e-3, betas=(0.8, 0.99))) == OptimizerConfig(
