@@ -48,6 +48,7 @@ MAX_HELD = 4096
 
 QUERY, DIGEST, FETCH, CHUNK = b"MINDPDQ1", b"MINDPDD1", b"MINDPDF1", b"MINDPDC1"
 _QUERY = struct.Struct("!8sHI")  # magic, job, step
+_QUERY_LR = struct.Struct("!8sHId")  # the same, then the step's lr (a script setting it by hand, float64)
 _DIGEST = struct.Struct("!8sHIBIIH")  # magic, job, step, status, lo, hi, blocks; then blocks x u64
 _FETCH = struct.Struct("!8sHIII")  # magic, job, step, first chunk, chunks
 _CHUNK = struct.Struct("!8sHIIB")  # magic, job, step, chunk, status; then K x fp16 (little-endian)
@@ -210,10 +211,13 @@ class Server:
     applied, `Book.complete`, or it commits) and FETCH with the parameters of a committed step's chunks, one CHUNK each.
     `params_of(step, chunks) -> (n, K) fp16 or None` reads them (None: the step is not held)."""
 
-    def __init__(self, job_id: int, book: Book, params_of, bind: str = "0.0.0.0", port: int = DIGEST_PORT):
+    def __init__(self, job_id: int, book: Book, params_of, bind: str = "0.0.0.0", port: int = DIGEST_PORT,
+                 on_lr=None):
+        """on_lr(step, lr): a query carried the lr of its step (the workers' script sets it by hand)."""
         self.job_id = job_id
         self.book = book
         self.params_of = params_of
+        self.on_lr = on_lr
         self.sock = bound_udp(bind, port)
         self.held: dict[int, set] = collections.defaultdict(set)  # step -> addresses waiting for it
         self.stats = book.stats
@@ -228,11 +232,13 @@ class Server:
                 break
             except OSError:
                 continue
-            if len(data) == _QUERY.size and data[:8] == QUERY:
-                _, job, step = _QUERY.unpack(data)
+            if len(data) in (_QUERY.size, _QUERY_LR.size) and data[:8] == QUERY:
+                _, job, step = _QUERY.unpack_from(data)
                 if job != self.job_id:
                     self.stats["digest_rejected"] += 1
                     continue
+                if len(data) == _QUERY_LR.size and self.on_lr:
+                    self.on_lr(step, _QUERY_LR.unpack(data)[3])
                 self.last_query = time.monotonic()
                 if self.book.ready(step, committed):
                     self._answer(step, committed, addr)
@@ -321,6 +327,7 @@ class Client:
         self.sent = self.send_errors = self.received = 0  # for DigestError's line
         self.idle = self._select
         self.link_down = False
+        self.lrs: dict[int, float] = {}  # step -> the lr its queries carry (a script setting it by hand)
 
     def _select(self, timeout: float) -> bool:
         """Wait up to `timeout` for an answer; True if the link is known to be down. The worker
@@ -328,10 +335,16 @@ class Client:
         select.select([self.sock], [], [], timeout)
         return False
 
-    def ask(self, step: int) -> None:
+    def ask(self, step: int, lr: float | None = None) -> None:
+        """Query step's digest of every source not yet answered; `lr`: the step's lr, told the nodes
+        with each query of the step from now on (their optimizer applies it: a script's own lr)."""
+        if lr is not None:
+            self.lrs[step] = lr
+        lr = self.lrs.get(step)
+        query = _QUERY.pack(QUERY, self.job_id, step) if lr is None else _QUERY_LR.pack(QUERY, self.job_id, step, lr)
         for s in self.sources:
             if (step, s.ip) not in self.answers:
-                self._send(_QUERY.pack(QUERY, self.job_id, step), s.ip)
+                self._send(query, s.ip)
         self.asked_at = time.monotonic()
 
     def _send(self, data: bytes, ip: str) -> None:
@@ -442,6 +455,8 @@ class Client:
                                   "digest after taking them again")
 
     def _forget(self, step: int) -> None:
+        for key in [k for k in self.lrs if k <= step]:
+            del self.lrs[key]
         for key in [k for k in self.answers if k[0] <= step]:
             del self.answers[key]
         for key in [k for k in self.chunks if k[0] <= step]:

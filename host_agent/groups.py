@@ -24,7 +24,8 @@ class GroupPlan:
     def __init__(self, cfg: OptimizerConfig, layout: Layout):
         self.runs = cfg.group_runs(layout)
         self._starts = np.array([a for a, _, _ in self.runs], dtype=np.int64)
-        self.rates = {c: lr.Rates(c.lr, c.schedule) for _, _, c in self.runs}
+        self.told: dict[int, float] = {}  # the "script" schedule: each step's lr as the workers told it
+        self.rates = {c: lr.Rates(c.lr, c.schedule, self.told) for _, _, c in self.runs}
 
     def _run_of(self, element: int) -> int:
         return int(np.searchsorted(self._starts, element, side="right")) - 1

@@ -14,6 +14,8 @@ torch optimizer with that scheduler sees the very lr the node applies:
     restarts                        ExponentialLR(opt, gamma), CosineAnnealingWarmRestarts(opt, t_0, t_mult,
                                     eta_min), each alone or after a LinearLR warmup as the cosine's (the
                                     decay counts its own steps from the warmup's end)
+    script                          whatever sets the lr (by hand, any scheduler): each step's lr as the
+                                    script's optimizer held it when the step began, told by the ranks
 
 Step s's lr is the optimizer's lr after s calls of `scheduler.step()` (s = the training step,
 0-based; a skipped non-finite step still advances it, as a torch loop calls scheduler.step() after
@@ -25,18 +27,26 @@ import math
 
 from .optim import Schedule
 
-class Rates:
-    """lr of each step for one base lr and schedule, replayed once and kept (a float per step)."""
 
-    def __init__(self, base: float, schedule: Schedule):
+class Rates:
+    """lr of each step for one base lr and schedule, replayed once and kept (a float per step).
+    The "script" schedule replays nothing: `told` holds each step's lr as the script's ranks told
+    it (the node's digest queries; the reference's rank logs)."""
+
+    def __init__(self, base: float, schedule: Schedule, told: dict[int, float] | None = None):
         self.base = float(base)
         self.s = schedule
         self.lrs: list[float] = []
+        self.told = {} if told is None else told
         self._restart = (0, 1)  # restarts: (T_cur, T_i) of CosineAnnealingWarmRestarts at the last step
 
     def at(self, step: int) -> float:
         if step < 0:
             raise ValueError(f"step {step} < 0")
+        if self.s.kind == "script":
+            if step not in self.told:
+                raise LookupError(f"the lr of step {step} was not told")
+            return self.told[step]
         while len(self.lrs) <= step:
             self.lrs.append(self._next(len(self.lrs)))
         return self.lrs[step]

@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     if agreement:
         agreement.skip = core.skip_step
     try:
-        digests = digest.Server(args.job, core.digests, core.committed_params)
+        digests = digest.Server(args.job, core.digests, core.committed_params, on_lr=core.learn_lr)
     except OSError as exc:  # the workers' checks then fail with one line each
         print(f"mindp-optimizer: step digests not served (UDP port {digest.DIGEST_PORT}: {exc.strerror})",
               file=sys.stderr, flush=True)

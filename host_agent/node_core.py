@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import collections
+import math
+import sys
 import time
 from typing import Callable
 
@@ -39,6 +41,7 @@ class NodeCore:
         self.store = store
         self.cfg = store.cfg
         self.groups = GroupPlan(self.cfg, store.layout)  # each tensor's lr and weight decay (a script's groups)
+        self.told_lr = self.cfg.schedule.kind == "script"  # each step's lr comes with the workers' digest queries
         self.job_id = job_id
         self.n_workers = n_workers
         self.max_workers = max_workers
@@ -87,10 +90,37 @@ class NodeCore:
                 self.stats[f"rejected_{reason}"] += n
         return ok
 
+    def learn_lr(self, step: int, lr: float) -> None:
+        """A worker told the lr of `step` (the "script" schedule: its script sets the lr): the first
+        told is applied; a different one from another worker is counted and said in one line."""
+        told = self.groups.told
+        if not self.told_lr or step < self.store.current:
+            return
+        if not (math.isfinite(lr) and lr > 0):
+            self.stats["lr_rejected"] += 1
+        elif step not in told:
+            for old in [s for s in told if s < self.store.current]:
+                del told[old]
+            told[step] = lr
+        elif told[step] != lr:
+            self.stats["lr_disagreements"] += 1
+            if self.stats["lr_disagreements"] == 1:
+                print(f"mindp-optimizer: the workers' scripts disagree on the lr of step {step} ({told[step]!r}, "
+                      f"{lr!r}): the node applies the first told", file=sys.stderr, flush=True)
+
     def handle(self, headers: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A batch of SUM headers and (n, K) int64 sums -> PARAM headers and (m, K) fp16 to send."""
         headers = fused.wire_order(headers)  # answers are remembered (for resends) as the wire's bytes
         self.stats["sums"] += len(headers)
+        if self.told_lr and self.store.current not in self.groups.told:
+            # The step's lr is not known yet (its query lost or late): its sums wait for the
+            # workers' retransmissions, as lost ones do.
+            early = headers["step"] == self.store.current
+            if early.any():
+                self.stats["sums_before_lr"] += int(early.sum())
+                headers, sums = headers[~early], sums[~early]
+                if not len(headers):
+                    return np.zeros(0, dtype=headers.dtype), np.zeros((0, K), dtype=np.float16)
         if not self.store.step_nonfinite:
             usual = self._handle_in_order(headers, sums)
             if usual is not None:

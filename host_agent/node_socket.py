@@ -275,6 +275,9 @@ class OptimizerNode:
             peers.append(self.digests.sock)
         ready, _, _ = select.select([self.sock, *peers], [], [], timeout)
         self._digest_ready = self.digests is not None and self.digests.sock in ready
+        if self._digest_ready and self.core.told_lr:  # a step's lr comes with its queries: read them first
+            self.digests.poll(self.core.committed)
+            self._digest_ready = False
         if self.agreement:  # notices, acknowledgements, resends; answers the peers released
             for hdr, vals in self.agreement.poll():
                 self._send(hdr, vals, held=False)

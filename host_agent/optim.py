@@ -26,7 +26,7 @@ class ConfigError(ValueError):
     """An optimizer or model description that cannot be used; the message says why."""
 
 
-SCHEDULES = ("constant", "step", "cosine", "linear", "multistep", "exponential", "restarts")
+SCHEDULES = ("constant", "step", "cosine", "linear", "multistep", "exponential", "restarts", "script")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class Schedule:
         if self.kind in ("cosine", "linear") and not 0 <= self.warmup < self.total:
             raise ConfigError(f"{self.kind} schedule: need 0 <= warmup < total, got warmup {self.warmup}, "
                               f"total {self.total}")
-        if self.warmup < 0 or (self.kind == "constant" and self.warmup):
+        if self.warmup < 0 or (self.kind in ("constant", "script") and self.warmup):
             raise ConfigError(f"warmup must be >= 0 steps before a decaying schedule, got {self.warmup} "
                               f"({self.kind})")
         if self.warmup and not 0 < self.warmup_start <= 1:

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import numpy as np
 
@@ -131,6 +132,9 @@ class WorkerAgent:
         # in a sharded job from the node owning their chunk.
         self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
         self.digest: digest.Client | None = None  # check_digests() turns the step digest's check on
+        # The lr of the step about to start, told the node with its digest query (a script that
+        # sets the lr by hand: its optimizer's lr as the step's first gradient leaves); None: none.
+        self.step_lr: Callable[[], float] | None = None
         # A PARAM frame carries 1..PARAM_CHUNKS_MAX chunks: received one a row (a burst) into rows of
         # the longest, their lengths beside, then checked and taken chunk by chunk (param_rx).
         self.rx = np.zeros((4096, param_frame_len(PARAM_CHUNKS_MAX)), dtype=np.uint8)
@@ -222,8 +226,11 @@ class StepHandle:
         self._encode()
         self._just_sent: list[int] = []  # by the last pump (chunks first sent, then resent)
         self.unsent = 0  # chunks made ready since the last pump (WorkerConfig.bucket)
-        if agent.digest:  # held by the node until the step is applied
-            agent.digest.ask(agent.step)
+        # The digest query, held by the node until the step is applied; with the step's lr it goes
+        # as the first gradient does (a script sets its lr before backward, not before zero_grad).
+        self.asked = not agent.digest
+        if agent.digest and agent.step_lr is None:
+            self._ask()
         if agent.resume is not None:
             self.params = agent.resume.answers(agent.step)
             answered, nonfinite = agent.resume.answered_in(agent.step)
@@ -234,9 +241,16 @@ class StepHandle:
         if agent.pumper:
             agent.pumper.follow(self)
 
+    def _ask(self) -> None:
+        a = self.agent
+        a.digest.ask(a.step, a.step_lr() if a.step_lr else None)
+        self.asked = True
+
     def put(self, name: str, grad) -> None:
         """One named gradient (numpy or torch); its chunks leave as soon as the window allows."""
         a = self.agent
+        if not self.asked:
+            self._ask()
         if name not in a.layout.offsets:
             raise KeyError(f"no tensor {name!r} in the layout")
         if name in self.put_names:
@@ -376,6 +390,8 @@ class StepHandle:
         """Block until every parameter chunk of the step is in; raises StepTimeout past the deadline."""
         a = self.agent
         w = self.window
+        if not self.asked:
+            self._ask()
         if a.pumper:  # from here this thread pumps (a pump of the thread's that failed raises here)
             a.pumper.park()
         missing_grads = [s.name for s in a.layout.specs if s.name not in self.put_names]

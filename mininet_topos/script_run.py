@@ -38,26 +38,48 @@ from .run import STALL_SECONDS, Run
 
 #: In a resumed run's job1/: the steps at which each rank's process started in the runs before it.
 RANK_STARTS = "rank-starts.json"
+#: In a resumed run's job1/: the lr of each step the runs before it told the node (follow_lr).
+TOLD_LRS = "told-lrs.json"
 
 
-def rank_starts(run_dir: pathlib.Path) -> dict[int, list[int]]:
-    """Rank -> the steps at which its process started, in the run at `run_dir` (the `start` of each
-    rank's ready line in logs/ranks/, mindp.torch's) and in the runs it resumed: what the script's
-    reference needs to replay each rank's random draws (mindp.torch.scriptref.RankStreams)."""
-    starts: dict[int, set[int]] = {}
-    inherited = run_dir / "job1" / RANK_STARTS
-    if inherited.exists():
-        for rank, steps in json.loads(inherited.read_text()).items():
-            starts.setdefault(int(rank), set()).update(steps)
+def _rank_records(run_dir: pathlib.Path):
+    """The JSON records of the ranks' logs in logs/ranks/ (mindp.torch's), each a dict."""
     for log in sorted((run_dir / "logs" / "ranks").glob("rank*.jsonl")):
         for line in log.read_text(errors="replace").splitlines():
             try:
                 rec = json.loads(line)
             except ValueError:  # a line cut short by a killed rank
                 continue
-            if isinstance(rec, dict) and "start" in rec:
-                starts.setdefault(int(rec["worker"]), set()).add(int(rec["start"]))
+            if isinstance(rec, dict):
+                yield rec
+
+
+def rank_starts(run_dir: pathlib.Path) -> dict[int, list[int]]:
+    """Rank -> the steps at which its process started, in the run at `run_dir` (the `start` of each
+    rank's ready line) and in the runs it resumed: what the script's reference needs to replay each
+    rank's random draws (mindp.torch.scriptref.RankStreams)."""
+    starts: dict[int, set[int]] = {}
+    inherited = run_dir / "job1" / RANK_STARTS
+    if inherited.exists():
+        for rank, steps in json.loads(inherited.read_text()).items():
+            starts.setdefault(int(rank), set()).update(steps)
+    for rec in _rank_records(run_dir):
+        if "start" in rec:
+            starts.setdefault(int(rec["worker"]), set()).add(int(rec["start"]))
     return {rank: sorted(steps) for rank, steps in sorted(starts.items())}
+
+
+def told_lrs(run_dir: pathlib.Path) -> dict[int, float]:
+    """Step -> the lr rank 0 told the node for it (a script following its own lr: its step records'
+    `lr`), in the run at `run_dir` and in the runs it resumed: the reference applies the same."""
+    lrs: dict[int, float] = {}
+    inherited = run_dir / "job1" / TOLD_LRS
+    if inherited.exists():
+        lrs.update({int(s): float(v) for s, v in json.loads(inherited.read_text()).items()})
+    for rec in _rank_records(run_dir):
+        if rec.get("ev") == "step" and "lr" in rec and rec.get("worker") == 0:
+            lrs[int(rec["step"])] = float(rec["lr"])
+    return dict(sorted(lrs.items()))
 
 
 class ScriptRun(Run):
@@ -97,6 +119,7 @@ class ScriptRun(Run):
                 optim.layout_of(optim.load_npz(self.spec_dir / "init.npz")))
             self.resume_step, _ = resume.take_state(self.resumed, 1, self.job_dir)
             (self.job_dir / RANK_STARTS).write_text(json.dumps(rank_starts(self.resumed.run)) + "\n")
+            (self.job_dir / TOLD_LRS).write_text(json.dumps(told_lrs(self.resumed.run)) + "\n")
 
     def first_step(self) -> int:
         return self.resume_step
@@ -105,9 +128,10 @@ class ScriptRun(Run):
         init = optim.load_npz(self.spec_dir / "init.npz")
         cfg = json.loads((self.spec_dir / "optimizer.json").read_text())
         sched = cfg["schedule"]["kind"]
+        lr = "the lr its script sets (follow_lr)" if sched == "script" else f"lr {cfg['lr']:g}, schedule {sched}"
         groups = f", {1 + len(cfg['groups'])} parameter groups" if cfg.get("groups") else ""
         return (f"{os.path.basename(self.cfg.script)} ({sum(a.size for a in init.values()):,} parameters, "
-                f"{cfg['kind']} lr {cfg['lr']:g}, schedule {sched}{groups})")
+                f"{cfg['kind']} {lr}{groups})")
 
     def start_agents(self) -> None:
         self.start_node()
@@ -205,8 +229,9 @@ class ScriptRun(Run):
         from mindp.torch import scriptref  # torch: imported by SCRIPT= runs only (make torch)
 
         try:
+            follows = json.loads((self.spec_dir / "optimizer.json").read_text())["schedule"]["kind"] == "script"
             ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, self.argv, steps=done,
-                                             starts=rank_starts(self.dir))
+                                             starts=rank_starts(self.dir), told_lrs=told_lrs(self.dir) if follows else None)
             diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
         except scriptref.NoReference:
             ref, diff = None, None

@@ -92,7 +92,10 @@ class Optimizer:
         self.torch_optimizer = torch_optimizer
         # each torch parameter group's lr of every step, as the node replays it from the group's base
         self.rates = [lr.Rates(base_lr(g), cfg.schedule) for g in torch_optimizer.param_groups] \
-            if cfg and torch_optimizer is not None else None
+            if cfg and cfg.schedule.kind != "script" and torch_optimizer is not None else None
+        self.told: dict[int, float] = {}  # follow_lr: the lr each step's first gradient took to the node
+        if cfg and cfg.schedule.kind == "script":
+            agent.step_lr = self._tell_lr
         self.cfg = cfg
         self.dp = DataParallel(module, agent, error=lambda msg: SystemExit(f"mindp.torch: {msg}"))
         self.agent = agent
@@ -169,12 +172,28 @@ class Optimizer:
         if self.agent.nonfinite_chunks and self.dp.scaler is None:
             print(f"mindp.torch: step {step}: a rank's gradients were not finite (Inf or NaN): the optimizer node "
                   "skipped the step, as torch's GradScaler does, and the parameters are unchanged", file=sys.stderr)
-        self.record(ev="step", step=step)
+        self.record(ev="step", step=step, **({"lr": self.told[step]} if step in self.told else {}))
         self._check_lr(step)
+
+    def _tell_lr(self) -> float:
+        """The step's lr for the node, as its first gradient leaves (follow_lr)."""
+        lr = float(value(self.torch_optimizer.param_groups[0]["lr"]))
+        self.told[self.agent.step] = lr
+        return lr
 
     def _check_lr(self, step: int) -> None:
         """The lr the script's optimizer holds for `step` is the one the node applied (its schedule
-        after `step` calls of the scheduler's step()), bit for bit, or the script ends in one line."""
+        after `step` calls of the scheduler's step(); with follow_lr the lr told as the step began),
+        bit for bit, or the script ends in one line."""
+        if step in self.told:
+            told = self.told.pop(step)
+            for i, g in enumerate(self.torch_optimizer.param_groups):
+                if float(value(g["lr"])) != told:
+                    raise SystemExit(f"mindp.torch: step {step}: parameter group {i} holds lr {float(value(g['lr']))!r}, "
+                                     f"but the node applied {told!r}, the lr group 0 held as the step's first gradient "
+                                     "left (follow_lr): set the lr before backward(), the same in every group "
+                                     "(docs/TORCH.md)")
+            return
         if self.rates is None:
             return
         groups = self.torch_optimizer.param_groups
@@ -298,14 +317,17 @@ def _catch_up(scheduler, steps: int) -> None:
 
 def init(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, *, topology: str | None = None,
          job: int | None = None, iface: str | None = None, state_dir: str | None = None,
-         timeout: float | datetime.timedelta | None = None) -> Optimizer:
+         timeout: float | datetime.timedelta | None = None, follow_lr: bool = False) -> Optimizer:
     """Join the job as worker RANK; see the module docstring. A piece missing ends the script with one
     line on stderr (SystemExit), not a traceback. `timeout` (seconds or a timedelta, as
     torch.distributed's): how long step() waits with no parameters arriving before the rank fails;
     default mindp.progress.STALL (60 s). A rank waits for its peers' gradients, so a script whose
-    rank works alone between steps for longer (rank 0 evaluating, saving) gives more."""
+    rank works alone between steps for longer (rank 0 evaluating, saving) gives more.
+    `follow_lr`: the node applies, each step, the lr the optimizer holds as the step's first
+    gradient leaves (set by hand, or by any scheduler), instead of replaying `scheduler`."""
     try:
-        return _init(module, optimizer, scheduler, topology, job, iface, state_dir, _seconds(timeout))
+        return _init(module, optimizer, scheduler, topology, job, iface, state_dir, _seconds(timeout),
+                     bool(follow_lr))
     except (MindpError, ConfigError) as exc:
         raise SystemExit(f"mindp.torch.init: {exc}") from None
 
@@ -342,12 +364,12 @@ def _check_params(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
                          "(requires_grad_(False)) or give them to the optimizer")
 
 
-def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout: float) -> Optimizer:
+def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout: float, follow_lr: bool) -> Optimizer:
     if isinstance(module, torch.nn.parallel.DistributedDataParallel):
         raise MindpError("the model is wrapped in DistributedDataParallel, whose allreduce would overwrite the "
                          "gradients mindp sends: pass the module itself (mindp replaces DDP; docs/TORCH.md)")
     _check_params(module, optimizer)
-    cfg = optimizer_config(optimizer, scheduler, module)
+    cfg = optimizer_config(optimizer, scheduler, module, follow_lr)
     if os.environ.get("MINDP_DESCRIBE"):
         describe(os.environ["MINDP_DESCRIBE"], module, cfg)
         sys.exit(0)

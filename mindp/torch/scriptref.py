@@ -82,11 +82,13 @@ def load_script(path: str | pathlib.Path):
 
 
 def script_reference(path: str | pathlib.Path, world: int, argv: list[str], steps: int | None = None,
-                     starts: dict[int, Iterable[int]] | None = None) -> reference.Result:
+                     starts: dict[int, Iterable[int]] | None = None,
+                     told_lrs: dict[int, float] | None = None) -> reference.Result:
     """Train the script's reference for `world` ranks: its step count, or its first `steps` (a run
     stopped early is compared with the steps it did); `starts[rank]`: the steps at which that rank's
-    process started after the first (RankStreams). NoReference if it defines none (a script without
-    one is not imported: its training may run at import)."""
+    process started after the first (RankStreams); `told_lrs`: a script that follows its own lr
+    (init(follow_lr=True)): each step's lr as its ranks told the node. NoReference if it defines
+    none (a script without one is not imported: its training may run at import)."""
     if "def mindp_reference" not in pathlib.Path(path).read_text(errors="replace"):
         raise NoReference(f"{path} defines no mindp_reference(argv)")
     mod = load_script(path)
@@ -98,7 +100,7 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str], step
     streams = RankStreams(world, starts)
     init = layout_arrays(net)
     opt, sched = parts["optimizer"](net)
-    cfg = optimizer_config(opt, sched, net)
+    cfg = optimizer_config(opt, sched, net, follow_lr=told_lrs is not None)
 
     def grad_fn(rank: int, step: int, params: dict) -> dict:
         models.load_params(net, params)
@@ -108,4 +110,5 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str], step
         return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in trained(net)}
 
     total = int(parts["steps"])
-    return reference.train(init, grad_fn, world, total if steps is None else min(steps, total), cfg)
+    return reference.train(init, grad_fn, world, total if steps is None else min(steps, total), cfg,
+                           told_lrs=told_lrs)

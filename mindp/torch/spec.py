@@ -79,26 +79,32 @@ def schedule_of(sched) -> Schedule:
                       "SequentialLR (docs/TORCH.md)")
 
 
-def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Module | None = None) -> OptimizerConfig:
+def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Module | None = None,
+                     follow_lr: bool = False) -> OptimizerConfig:
     """torch.optim.AdamW, Adam without weight decay, or SGD (+ scheduler) -> the node's optimizer.
     `module`: the model, whose trained parameters' names tell the node which tensors the optimizer's
-    other groups hold."""
+    other groups hold. `follow_lr`: the "script" schedule (the ranks tell each step's lr), whatever
+    `sched` is; every group at one lr."""
     names = {id(p): n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad}
     if len(opt.param_groups) > 1 and module is None:
         raise ConfigError("several parameter groups need the module, to name their parameters")
     g, groups = _groups(opt, names)
+    if follow_lr and any(gr.lr != base_lr(g) for gr in groups):
+        raise ConfigError("follow_lr: the parameter groups hold different lrs, and the node applies one a step "
+                          "(the lr the first group holds): give every group the same lr")
+    schedule = Schedule("script") if follow_lr else schedule_of(sched)
     decay = next((gr["weight_decay"] for gr in opt.param_groups if gr["weight_decay"]), 0)
     if type(opt) is torch.optim.Adam and not g.get("decoupled_weight_decay") and decay:
         raise ConfigError(f"Adam(weight_decay={decay}) adds the decay to the gradient (L2), which the node does not "
                           "run: use AdamW (decoupled decay) or Adam with weight_decay=0")
     if type(opt) in (torch.optim.AdamW, torch.optim.Adam):  # Adam without decay: AdamW's update at weight_decay 0
         return OptimizerConfig("adamw", lr=base_lr(g), betas=tuple(g["betas"]), eps=g["eps"],
-                               weight_decay=g["weight_decay"], schedule=schedule_of(sched), groups=groups)
+                               weight_decay=g["weight_decay"], schedule=schedule, groups=groups)
     if type(opt) is torch.optim.SGD:
         if g.get("dampening"):
             raise ConfigError("SGD(dampening != 0) is not supported by the optimizer node")
         return OptimizerConfig("sgd", lr=base_lr(g), momentum=g["momentum"], weight_decay=g["weight_decay"],
-                               schedule=schedule_of(sched), groups=groups)
+                               schedule=schedule, groups=groups)
     raise ConfigError(f"optimizer {type(opt).__name__} is not supported: the node runs torch.optim.AdamW, Adam "
                       "(weight_decay=0) or SGD")
 
@@ -114,10 +120,12 @@ def groups_of(cfg: OptimizerConfig, names: list[str]) -> list[tuple[float, float
 
 def torch_optimizer(cfg: OptimizerConfig, named: list[tuple[str, torch.nn.Parameter]], step: int) -> torch.optim.Optimizer:
     """The torch optimizer `cfg` maps to, over the `named` parameters (a group per lr and weight
-    decay, as groups_of orders them), each group at its lr of `step` (a checkpoint's optimizer)."""
+    decay, as groups_of orders them), each group at its lr of `step` (a checkpoint's optimizer; the
+    "script" schedule's lrs are the script's: its base lr)."""
     by_name = dict(named)
-    groups = [{"params": [by_name[n] for n in ns], "lr": Rates(lr, cfg.schedule).at(step), "weight_decay": wd}
-              for lr, wd, ns in groups_of(cfg, list(by_name))]
+    follows = cfg.schedule.kind == "script"
+    groups = [{"params": [by_name[n] for n in ns], "lr": lr if follows else Rates(lr, cfg.schedule).at(step),
+               "weight_decay": wd} for lr, wd, ns in groups_of(cfg, list(by_name))]
     groups = [g for g in groups if g["params"]]
     if cfg.kind == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)

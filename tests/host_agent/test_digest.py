@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from host_agent import digest, optim, reference
-from host_agent.optim import OptimizerConfig
+from host_agent.optim import OptimizerConfig, Schedule
 from mindp.protocol import K
 
 from .aggregator import Aggregator
@@ -193,6 +193,40 @@ def test_a_held_query_is_answered_once_the_step_is_applied_before_its_commit(tmp
             assert core.committed == step and not d.server.held
             d.at_commit.clear()
     finally:
+        d.close()
+        core.store.close()
+
+
+def test_a_query_tells_a_node_following_the_scripts_lr_the_lr_of_its_step(tmp_path, monkeypatch):
+    """The "script" schedule (mindp.torch.init(follow_lr=True)): a worker's query carries its step's
+    lr, and so does every resend of it; the node applies no sum of the step before it knows the lr
+    (counted: the workers' retransmissions bring them again), then the step at that lr."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    core = open_core(tmp_path, init, OptimizerConfig(schedule=Schedule("script")))
+    d = DigestNode(core, monkeypatch)
+    d.server.on_lr = core.learn_lr  # as host_agent.node wires it
+    client = digest.Client(digest.open_socket(), JOB, "mindp-worker 1/0",
+                           [digest.Source(0, lay.n_chunks - 1, "127.0.0.1")], port=d.server.sock.getsockname()[1])
+    try:
+        sums, nf = step_sums(lay, reference.synthetic_grads(6), 3, 0, initial_fp16(init))
+        d.feed(lay, sums, nf, 0)
+        assert d.params == {} and core.stats["sums_before_lr"] == lay.n_chunks and core.committed == -1
+        client.ask(0)  # a query without an lr (a worker not following the script's) tells nothing
+        d.server.poll(core.committed)
+        assert core.groups.told == {}
+        client.ask(0, 0.0042)
+        d.server.poll(core.committed)
+        assert core.groups.told == {0: 0.0042}
+        d.feed(lay, sums, nf, 0)
+        assert len(d.params) == lay.n_chunks and core.committed == 0
+        client.ask(1, 0.25)
+        core.groups.told.clear()  # as a node restarted meanwhile: the resend tells it again
+        client.ask(1)
+        d.server.poll(core.committed)
+        assert core.groups.told == {1: 0.25}
+    finally:
+        client.sock.close()
         d.close()
         core.store.close()
 

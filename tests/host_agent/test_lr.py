@@ -144,3 +144,30 @@ def test_bad_schedule_is_one_line(bad, message):
     with pytest.raises(ConfigError) as exc:
         OptimizerConfig.from_dict({"schedule": bad})
     assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_a_script_schedule_applies_each_step_at_the_lr_the_workers_told(tmp_path, kind):
+    """The "script" schedule (a script that sets its lr itself): a step's sums wait until a worker
+    told its lr (counted, not answered: the workers' retransmissions bring them again); then the
+    step applies that lr, bit for bit as the reference given the same lrs; a worker telling
+    another lr for the step is counted and changes nothing."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cfg = OptimizerConfig(kind=kind, lr=1e-2, schedule=Schedule("script"))
+    gf = reference.synthetic_grads(5)
+    state.create(tmp_path, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
+    core = node_core.NodeCore(state.Store(tmp_path, BUDGET), JOB, N, S)
+    told = {0: 0.003, 1: 0.0071, 2: 0.00123, 3: 0.0005}
+    params, rng = initial_fp16(init), random.Random(0)
+    assert run_step(core, lay, gf, 0, params, rng) == {}  # no lr yet: nothing applied, nothing answered
+    assert core.stats["sums_before_lr"] > 0 and core.store.committed == -1
+    for step, rate in told.items():
+        core.learn_lr(step, rate)
+        core.learn_lr(step, rate * 2)  # another worker's, later: the first told stands
+        params = assemble(lay, run_step(core, lay, gf, step, params, rng), params)
+    assert core.stats["lr_disagreements"] == len(told)
+    core.learn_lr(9, float("nan"))
+    assert core.stats["lr_rejected"] == 1
+    assert same_bits(params, reference.train(init, gf, N, 4, cfg, told_lrs=told).params)
+    assert not same_bits(params, reference.train(init, gf, N, 4, cfg, told_lrs={s: 1e-2 for s in told}).params)

@@ -134,6 +134,9 @@ def test_parameter_groups_differing_in_weight_decay_only_become_the_nodes_per_te
                         ([{"params": decay}, {"params": flat, "amsgrad": True}], "amsgrad=True")]:
         with pytest.raises(ConfigError, match=msg):
             spec.optimizer_config(torch.optim.AdamW(groups, weight_decay=0.1), None, net)
+    follows = spec.optimizer_config(opt, None, net, follow_lr=True)  # a checkpoint of it: at the base lr
+    assert follows.schedule == Schedule("script")
+    assert [g["lr"] for g in spec.torch_optimizer(follows, list(net.named_parameters()), 7).param_groups] == [3e-3] * 2
     l2 = torch.optim.Adam([{"params": decay, "weight_decay": 0.0}, {"params": flat, "weight_decay": 0.01}])
     with pytest.raises(ConfigError, match=r"Adam\(weight_decay=0.01\) adds the decay to the gradient"):
         spec.optimizer_config(l2, None, net)

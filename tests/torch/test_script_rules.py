@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from host_agent.optim import ConfigError  # noqa: E402
 from mindp import progress  # noqa: E402
 from mindp.torch import parallel, runscript, script  # noqa: E402
 from mininet_topos import rankerrors  # noqa: E402
@@ -151,6 +152,7 @@ def lr_checker(torch_opt, sched=None) -> script.Optimizer:
     opt = script.Optimizer.__new__(script.Optimizer)
     opt.torch_optimizer, opt.cfg = torch_opt, optimizer_config(torch_opt, sched, torch_opt.module)
     opt.rates = [lr.Rates(base_lr(g), opt.cfg.schedule) for g in torch_opt.param_groups]
+    opt.told = {}
     return opt
 
 
@@ -346,3 +348,31 @@ def test_the_optimizer_must_hold_just_the_parameters_the_node_trains(monkeypatch
     assert refused(lazy, lazy.parameters()) == ("mindp.torch.init: 0.weight, 0.bias: not initialized yet (a lazy "
                                                 "module): run a forward pass on a dummy batch before init, as DDP "
                                                 "requires")
+
+
+def test_follow_lr_checks_every_group_holds_the_lr_the_step_told_the_node():
+    """init(follow_lr=True): the step's lr goes to the node as its first gradient leaves (group 0's);
+    at step() every group must still hold it, or the rank ends in one line (an lr set after
+    backward began, or groups at different lrs, would train otherwise than the script says)."""
+    from mindp.torch.spec import optimizer_config
+
+    m = torch.nn.Linear(2, 2)
+    o = torch.optim.AdamW([{"params": [m.weight]}, {"params": [m.bias], "weight_decay": 0.0}], lr=0.01)
+    opt = script.Optimizer.__new__(script.Optimizer)
+    opt.torch_optimizer, opt.cfg, opt.rates, opt.told = o, optimizer_config(o, None, m, follow_lr=True), None, {}
+    assert opt.cfg.schedule.kind == "script"
+    opt.agent = type("Agent", (), {"step": 3})()
+    for g in o.param_groups:
+        g["lr"] = 0.004
+    assert opt._tell_lr() == 0.004 and opt.told == {3: 0.004}
+    opt._check_lr(3)  # unchanged: passes, and forgets the step
+    opt._tell_lr()
+    o.param_groups[1]["lr"] = 0.5  # changed after the step's first gradient left
+    with pytest.raises(SystemExit) as exc:
+        opt._check_lr(3)
+    msg = str(exc.value.code)
+    assert msg.startswith("mindp.torch: step 3: parameter group 1 holds lr 0.5, but the node applied 0.004") \
+        and "set the lr before backward()" in msg and "\n" not in msg
+    apart = torch.optim.SGD([{"params": [m.weight]}, {"params": [m.bias], "lr": 0.1}], lr=0.01)
+    with pytest.raises(ConfigError, match="follow_lr: the parameter groups hold different lrs"):
+        optimizer_config(apart, None, m, follow_lr=True)
