@@ -51,6 +51,8 @@ from . import checkpoint
 from .parallel import DataParallel, GradientChanged, layout_arrays, layout_of, trained
 from .spec import base_lr, optimizer_config, value
 
+#: A torch optimizer group's hyper-parameters the node reads once, at init.
+FIXED = ("weight_decay", "betas", "eps", "momentum")
 CLIP_REFUSED = ("{} is not supported through mindp: the switch sums each gradient as backward() produces it and "
                 "the node applies each chunk as its sum arrives, so clipping after backward() would change nothing; drop "
                 "the call (docs/TORCH.md)")
@@ -94,6 +96,9 @@ class Optimizer:
         self.rates = [lr.Rates(base_lr(g), cfg.schedule) for g in torch_optimizer.param_groups] \
             if cfg and cfg.schedule.kind != "script" and torch_optimizer is not None else None
         self.told: dict[int, float] = {}  # follow_lr: the lr each step's first gradient took to the node
+        # what the node took once and keeps: a script changing it (OneCycleLR's momentum cycling) is told
+        self.fixed = [{k: value(g[k]) for k in FIXED if k in g} for g in torch_optimizer.param_groups] \
+            if torch_optimizer is not None else []
         if cfg and cfg.schedule.kind == "script":
             agent.step_lr = self._tell_lr
         self.cfg = cfg
@@ -174,6 +179,16 @@ class Optimizer:
                   "skipped the step, as torch's GradScaler does, and the parameters are unchanged", file=sys.stderr)
         self.record(ev="step", step=step, **({"lr": self.told[step]} if step in self.told else {}))
         self._check_lr(step)
+        self._check_fixed(step)
+
+    def _check_fixed(self, step: int) -> None:
+        """Every group still holds the hyper-parameters the node took at init, or the rank ends."""
+        for i, (g, fixed) in enumerate(zip(self.torch_optimizer.param_groups, self.fixed)):
+            for k, v in fixed.items():
+                if value(g[k]) != v:
+                    raise SystemExit(f"mindp.torch: step {step}: parameter group {i}'s {k} changed from {v!r} to "
+                                     f"{value(g[k])!r}: the node applies what init read, and only the lr may change "
+                                     "(through the scheduler given to init, or with follow_lr) (docs/TORCH.md)")
 
     def _tell_lr(self) -> float:
         """The step's lr for the node, as its first gradient leaves (follow_lr)."""

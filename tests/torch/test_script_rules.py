@@ -376,3 +376,22 @@ def test_follow_lr_checks_every_group_holds_the_lr_the_step_told_the_node():
     apart = torch.optim.SGD([{"params": [m.weight]}, {"params": [m.bias], "lr": 0.1}], lr=0.01)
     with pytest.raises(ConfigError, match="follow_lr: the parameter groups hold different lrs"):
         optimizer_config(apart, None, m, follow_lr=True)
+
+
+def test_a_hyper_parameter_other_than_the_lr_changed_by_the_script_ends_the_rank_in_one_line():
+    """OneCycleLR cycles AdamW's betas (cycle_momentum, its default), a script may set a group's
+    weight decay: the node applies what init read, so step() says so instead of training on."""
+    m = torch.nn.Linear(2, 2)
+    o = torch.optim.AdamW(m.parameters(), lr=0.01)
+    o.module = m
+    opt = lr_checker(o)
+    opt.fixed = [{k: v for k, v in g.items() if k in script.FIXED} for g in o.param_groups]
+    opt._check_fixed(0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=10)
+    o._opt_called = True
+    sched.step()
+    with pytest.raises(SystemExit) as exc:
+        opt._check_fixed(1)
+    msg = str(exc.value.code)
+    assert msg.startswith("mindp.torch: step 1: parameter group 0's betas changed from (0.9, 0.999) to (") \
+        and "only the lr may change" in msg and "\n" not in msg
