@@ -321,8 +321,10 @@ def _start(module: torch.nn.Module, state_dir: str | None) -> tuple[dict, int, o
 
 
 def _catch_up(scheduler, steps: int) -> None:
-    """A resumed run: bring the script's fresh scheduler to the node's step, as `steps` steps would."""
-    if scheduler is None or not steps or scheduler.last_epoch != 0:
+    """A resumed run: bring the script's fresh scheduler to the node's step, as `steps` steps would
+    (ReduceLROnPlateau, which steps on the script's metrics, stays the script's to restore)."""
+    if scheduler is None or not steps or scheduler.last_epoch != 0 \
+            or isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (no optimizer.step() before it: the node steps)

@@ -214,6 +214,9 @@ def test_a_resumed_runs_fresh_scheduler_is_brought_to_the_nodes_step():
     assert o.param_groups[0]["lr"] == ref_o.param_groups[0]["lr"] and sched.last_epoch == 5
     script._catch_up(sched, 3)  # already stepped (the script caught up itself): left alone
     assert sched.last_epoch == 5
+    plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(ref_o)  # (follow_lr) steps on metrics: not replayed
+    script._catch_up(plateau, 5)
+    assert plateau.last_epoch == 0
     lr_checker(o, sched)._check_lr(5)
 
 
