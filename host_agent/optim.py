@@ -91,6 +91,12 @@ class Schedule:
             raise ConfigError(f"malformed lr schedule: {exc}") from None
 
 
+def _finite(value) -> bool:
+    """A real number (numpy's too), not a bool, not NaN or infinite: NaN passes any `<`/`>` test."""
+    return not isinstance(value, bool) and isinstance(value, (int, float, np.floating, np.integer)) \
+        and math.isfinite(value)
+
+
 @dataclass(frozen=True)
 class ParamGroup:
     """Tensors a script's optimizer trains at another lr or weight decay than its first group's
@@ -107,8 +113,7 @@ class ParamGroup:
         object.__setattr__(self, "params", tuple(self.params))
         for name in ("lr", "weight_decay"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-                    or not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
+            if not _finite(value) or value < 0 or (name == "lr" and value == 0):
                 raise ConfigError(f"a parameter group's {name} must be a finite number "
                                   f"{'> 0' if name == 'lr' else '>= 0'}, got {value!r}")
             object.__setattr__(self, name, float(value))
@@ -137,8 +142,7 @@ class OptimizerConfig:
         # Every hyper-parameter a finite real number: NaN passes any `<`/`>` test, so check it first.
         for name, value in (("lr", self.lr), ("betas[0]", b1), ("betas[1]", b2), ("eps", self.eps),
                             ("weight_decay", self.weight_decay), ("momentum", self.momentum)):
-            if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-                    or not math.isfinite(value):
+            if not _finite(value):
                 raise ConfigError(f"{name} must be a finite number, got {value!r}")
         if not self.lr > 0:
             raise ConfigError(f"learning rate must be positive, got {self.lr}")
@@ -168,12 +172,18 @@ class OptimizerConfig:
         """float32 lanes of a chunk's state record: master, m and v for AdamW; SGD has no v."""
         return 3 if self.kind == "adamw" else 2
 
+    def hyper_of(self, name: str) -> tuple[float, float]:
+        """(lr, weight_decay) of tensor `name`: its group's, else the optimizer's."""
+        for g in self.groups:
+            if name in g.params:
+                return g.lr, g.weight_decay
+        return self.lr, self.weight_decay
+
     def group_runs(self, layout: Layout) -> list[tuple[int, int, OptimizerConfig]]:
         """The flat element ranges [a, b) of `layout` and the config each trains with (its group's
         lr and weight decay, no groups), merged where neighbours share one; they cover the padded
         chunks, n_chunks * K elements."""
-        of = {n: g for g in self.groups for n in g.params}
-        unknown = sorted(set(of) - set(layout.offsets))
+        unknown = sorted({n for g in self.groups for n in g.params} - set(layout.offsets))
         if unknown:
             raise ConfigError(f"parameter groups name tensors the model lacks: {listed(unknown, 5)}")
         base = replace(self, groups=())
@@ -182,8 +192,7 @@ class OptimizerConfig:
             at.setdefault((g.lr, g.weight_decay), replace(base, lr=g.lr, weight_decay=g.weight_decay))
         runs: list[tuple[int, int, OptimizerConfig]] = []
         for spec in layout.specs:
-            g = of.get(spec.name)
-            lo, cfg = layout.offsets[spec.name], at[(g.lr, g.weight_decay) if g else (base.lr, base.weight_decay)]
+            lo, cfg = layout.offsets[spec.name], at[self.hyper_of(spec.name)]
             if runs and runs[-1][2] is cfg:
                 runs[-1] = (runs[-1][0], lo + spec.size, cfg)
             elif spec.size:

@@ -75,8 +75,8 @@ def schedule_of(sched) -> Schedule:
         return Schedule("linear", total=warmup + decay.total_iters, warmup=warmup, warmup_start=start,
                         end_factor=float(decay.end_factor))
     raise ConfigError(f"lr scheduler {type(decay).__name__} is not supported: use StepLR, MultiStepLR, ExponentialLR, "
-                      "CosineAnnealingLR, CosineAnnealingWarmRestarts or LinearLR(start_factor=1.0), optionally after a LinearLR warmup in "
-                      "SequentialLR (docs/TORCH.md)")
+                      "CosineAnnealingLR, CosineAnnealingWarmRestarts or LinearLR(start_factor=1.0), optionally "
+                      "after a LinearLR warmup in SequentialLR (docs/TORCH.md)")
 
 
 def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Module | None = None,
@@ -112,10 +112,9 @@ def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Mo
 def groups_of(cfg: OptimizerConfig, names: list[str]) -> list[tuple[float, float, list[str]]]:
     """`names` split into torch parameter groups, (lr, weight_decay, names): the first group's
     hyper-parameters first, then each of cfg.groups'; each group's names in the order of `names`."""
-    of = {n: (g.lr, g.weight_decay) for g in cfg.groups for n in g.params}
-    first = (cfg.lr, cfg.weight_decay)
-    keys = list(dict.fromkeys([first] + [of.get(n, first) for n in names]))
-    return [(lr, wd, [n for n in names if of.get(n, first) == (lr, wd)]) for lr, wd in keys]
+    of = {n: cfg.hyper_of(n) for n in names}
+    keys = dict.fromkeys([(cfg.lr, cfg.weight_decay), *of.values()])
+    return [(lr, wd, [n for n in names if of[n] == (lr, wd)]) for lr, wd in keys]
 
 
 def torch_optimizer(cfg: OptimizerConfig, named: list[tuple[str, torch.nn.Parameter]], step: int) -> torch.optim.Optimizer:
