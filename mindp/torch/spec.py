@@ -76,7 +76,7 @@ def schedule_of(sched) -> Schedule:
                         end_factor=float(decay.end_factor))
     raise ConfigError(f"lr scheduler {type(decay).__name__} is not supported: use StepLR, MultiStepLR, ExponentialLR, "
                       "CosineAnnealingLR, CosineAnnealingWarmRestarts or LinearLR(start_factor=1.0), optionally "
-                      "after a LinearLR warmup in SequentialLR (docs/TORCH.md)")
+                      "after a LinearLR warmup in SequentialLR; or init(..., follow_lr=True) (docs/TORCH.md)")
 
 
 def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Module | None = None,

@@ -109,7 +109,8 @@ def test_torch_optimizer_and_scheduler_translate():
         with pytest.raises(ConfigError, match=msg):
             spec.optimizer_config(bad)
     opt = torch.optim.AdamW(p)
-    with pytest.raises(ConfigError, match="LambdaLR is not supported: use StepLR, MultiStepLR, ExponentialLR"):
+    with pytest.raises(ConfigError, match=r"LambdaLR is not supported: use StepLR, MultiStepLR, ExponentialLR, .*; "
+                                          r"or init\(\.\.\., follow_lr=True\)"):
         spec.optimizer_config(opt, L.LambdaLR(opt, lambda s: 0.9 ** s))
 
 
