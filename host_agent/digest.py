@@ -48,12 +48,24 @@ MAX_HELD = 4096
 
 QUERY, DIGEST, FETCH, CHUNK = b"MINDPDQ1", b"MINDPDD1", b"MINDPDF1", b"MINDPDC1"
 _QUERY = struct.Struct("!8sHI")  # magic, job, step
-_QUERY_LR = struct.Struct("!8sHId")  # the same, then the step's lr (a script setting it by hand, float64)
+_QUERY_LRS = struct.Struct("!8sHIH")  # the same, then n: the step's lrs follow, n x float64 (a script's own)
+#: Most lrs a query carries: a script's parameter groups (a layer-wise scale gives one a layer).
+MAX_TOLD_LRS = 256
 _DIGEST = struct.Struct("!8sHIBIIH")  # magic, job, step, status, lo, hi, blocks; then blocks x u64
 _FETCH = struct.Struct("!8sHIII")  # magic, job, step, first chunk, chunks
 _CHUNK = struct.Struct("!8sHIIB")  # magic, job, step, chunk, status; then K x fp16 (little-endian)
 OK, GONE = 0, 1  # status: the digest/chunk follows; the step is no longer held by the node
 _MULT = {}  # K -> per-word multipliers
+
+
+def _told_lrs(data: bytes) -> tuple[float, ...] | None:
+    """The lrs a query with lrs carries (1 to MAX_TOLD_LRS float64), else None."""
+    if len(data) < _QUERY_LRS.size + 8:
+        return None
+    n = _QUERY_LRS.unpack_from(data)[3]
+    if not 1 <= n <= MAX_TOLD_LRS or len(data) != _QUERY_LRS.size + 8 * n:
+        return None
+    return struct.unpack_from(f"!{n}d", data, _QUERY_LRS.size)
 
 
 class DigestError(RuntimeError):
@@ -213,7 +225,8 @@ class Server:
 
     def __init__(self, job_id: int, book: Book, params_of, bind: str = "0.0.0.0", port: int = DIGEST_PORT,
                  on_lr=None):
-        """on_lr(step, lr): a query carried the lr of its step (the workers' script sets it by hand)."""
+        """on_lr(step, lrs): a query carried the lrs of its step, a parameter group each (the
+        workers' script sets them itself)."""
         self.job_id = job_id
         self.book = book
         self.params_of = params_of
@@ -227,18 +240,19 @@ class Server:
         """Answer what came; then any held query whose step's digest is now known."""
         while True:
             try:
-                data, addr = self.sock.recvfrom(64)
+                data, addr = self.sock.recvfrom(_QUERY_LRS.size + 8 * MAX_TOLD_LRS + 1)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError:
                 continue
-            if len(data) in (_QUERY.size, _QUERY_LR.size) and data[:8] == QUERY:
+            lrs = _told_lrs(data)
+            if (len(data) == _QUERY.size or lrs is not None) and data[:8] == QUERY:
                 _, job, step = _QUERY.unpack_from(data)
                 if job != self.job_id:
                     self.stats["digest_rejected"] += 1
                     continue
-                if len(data) == _QUERY_LR.size and self.on_lr:
-                    self.on_lr(step, _QUERY_LR.unpack(data)[3])
+                if lrs and self.on_lr:
+                    self.on_lr(step, lrs)
                 self.last_query = time.monotonic()
                 if self.book.ready(step, committed):
                     self._answer(step, committed, addr)
@@ -327,7 +341,7 @@ class Client:
         self.sent = self.send_errors = self.received = 0  # for DigestError's line
         self.idle = self._select
         self.link_down = False
-        self.lrs: dict[int, float] = {}  # step -> the lr its queries carry (a script setting it by hand)
+        self.lrs: dict[int, tuple[float, ...]] = {}  # step -> the lrs its queries carry (a script's own)
 
     def _select(self, timeout: float) -> bool:
         """Wait up to `timeout` for an answer; True if the link is known to be down. The worker
@@ -335,13 +349,17 @@ class Client:
         select.select([self.sock], [], [], timeout)
         return False
 
-    def ask(self, step: int, lr: float | None = None) -> None:
-        """Query step's digest of every source not yet answered; `lr`: the step's lr, told the nodes
-        with each query of the step from now on (their optimizer applies it: a script's own lr)."""
-        if lr is not None:
-            self.lrs[step] = lr
-        lr = self.lrs.get(step)
-        query = _QUERY.pack(QUERY, self.job_id, step) if lr is None else _QUERY_LR.pack(QUERY, self.job_id, step, lr)
+    def ask(self, step: int, lrs: tuple[float, ...] | None = None) -> None:
+        """Query step's digest of every source not yet answered; `lrs`: the step's lrs (a parameter
+        group each), told the nodes with each query of the step from now on (their optimizer applies
+        them: a script's own)."""
+        if lrs is not None:
+            if not 1 <= len(lrs) <= MAX_TOLD_LRS:
+                raise DigestError(f"{len(lrs)} parameter groups: a step's query tells 1 to {MAX_TOLD_LRS} lrs")
+            self.lrs[step] = tuple(lrs)
+        lrs = self.lrs.get(step)
+        query = _QUERY.pack(QUERY, self.job_id, step) if lrs is None else \
+            _QUERY_LRS.pack(QUERY, self.job_id, step, len(lrs)) + struct.pack(f"!{len(lrs)}d", *lrs)
         for s in self.sources:
             if (step, s.ip) not in self.answers:
                 self._send(query, s.ip)

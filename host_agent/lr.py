@@ -16,6 +16,7 @@ torch optimizer with that scheduler sees the very lr the node applies:
                                     decay counts its own steps from the warmup's end)
     script                          whatever sets the lr (by hand, any scheduler): each step's lr as the
                                     script's optimizer held it when the step began, told by the ranks
+                                    (one a parameter group: a layer-wise scale stays the script's)
 
 Step s's lr is the optimizer's lr after s calls of `scheduler.step()` (s = the training step,
 0-based; a skipped non-finite step still advances it, as a torch loop calls scheduler.step() after
@@ -30,23 +31,27 @@ from .optim import Schedule
 
 class Rates:
     """lr of each step for one base lr and schedule, replayed once and kept (a float per step).
-    The "script" schedule replays nothing: `told` holds each step's lr as the script's ranks told
-    it (the node's digest queries; the reference's rank logs)."""
+    The "script" schedule replays nothing: `told` holds each step's lrs, one a parameter group, as
+    the script's ranks told them (the node's digest queries; the reference's rank logs), and this
+    group's is told[step][group]."""
 
-    def __init__(self, base: float, schedule: Schedule, told: dict[int, float] | None = None):
+    def __init__(self, base: float, schedule: Schedule, told: dict[int, tuple[float, ...]] | None = None,
+                 group: int = 0):
         self.base = float(base)
         self.s = schedule
         self.lrs: list[float] = []
         self.told = {} if told is None else told
+        self.group = group
         self._restart = (0, 1)  # restarts: (T_cur, T_i) of CosineAnnealingWarmRestarts at the last step
 
     def at(self, step: int) -> float:
         if step < 0:
             raise ValueError(f"step {step} < 0")
         if self.s.kind == "script":
-            if step not in self.told:
-                raise LookupError(f"the lr of step {step} was not told")
-            return self.told[step]
+            lrs = self.told.get(step, ())
+            if len(lrs) <= self.group:
+                raise LookupError(f"the lr of step {step} (parameter group {self.group}) was not told")
+            return lrs[self.group]
         while len(self.lrs) <= step:
             self.lrs.append(self._next(len(self.lrs)))
         return self.lrs[step]

@@ -90,23 +90,30 @@ class NodeCore:
                 self.stats[f"rejected_{reason}"] += n
         return ok
 
-    def learn_lr(self, step: int, lr: float) -> None:
-        """A worker told the lr of `step` (the "script" schedule: its script sets the lr): the first
-        told is applied; a different one from another worker is counted and said in one line."""
+    def learn_lr(self, step: int, lrs: tuple[float, ...]) -> None:
+        """A worker told the lrs of `step`, a parameter group each (the "script" schedule: its
+        script sets them): the first told are applied; others from another worker are counted and
+        said in one line; lrs that are not positive numbers, or not one a group, are counted."""
         told = self.groups.told
         if not self.told_lr or step < self.store.current:
             return
-        if not (math.isfinite(lr) and lr > 0):
+        lrs = tuple(lrs)
+        if len(lrs) != self.groups.n_groups or not all(math.isfinite(r) and r > 0 for r in lrs):
             self.stats["lr_rejected"] += 1
+            if self.stats["lr_rejected"] == 1:
+                print(f"mindp-optimizer: a worker told step {step}'s lrs {list(lrs)!r}, the node trains "
+                      f"{self.groups.n_groups} parameter group(s) at positive lrs: not applied",
+                      file=sys.stderr, flush=True)
         elif step not in told:
             for old in [s for s in told if s < self.store.current]:
                 del told[old]
-            told[step] = lr
-        elif told[step] != lr:
+            told[step] = lrs
+        elif told[step] != lrs:
             self.stats["lr_disagreements"] += 1
             if self.stats["lr_disagreements"] == 1:
-                print(f"mindp-optimizer: the workers' scripts disagree on the lr of step {step} ({told[step]!r}, "
-                      f"{lr!r}): the node applies the first told", file=sys.stderr, flush=True)
+                print(f"mindp-optimizer: the workers' scripts disagree on the lrs of step {step} "
+                      f"({list(told[step])!r}, {list(lrs)!r}): the node applies the first told",
+                      file=sys.stderr, flush=True)
 
     def handle(self, headers: np.ndarray, sums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """A batch of SUM headers and (n, K) int64 sums -> PARAM headers and (m, K) fp16 to send."""

@@ -172,35 +172,42 @@ class OptimizerConfig:
         """float32 lanes of a chunk's state record: master, m and v for AdamW; SGD has no v."""
         return 3 if self.kind == "adamw" else 2
 
+    def group_of(self, name: str) -> int:
+        """The parameter group tensor `name` trains in: 0 the optimizer's own (its first), i + 1
+        groups[i], the first naming it."""
+        return next((i + 1 for i, g in enumerate(self.groups) if name in g.params), 0)
+
     def hyper_of(self, name: str) -> tuple[float, float]:
         """(lr, weight_decay) of tensor `name`: its group's, else the optimizer's."""
-        for g in self.groups:
-            if name in g.params:
-                return g.lr, g.weight_decay
-        return self.lr, self.weight_decay
+        i = self.group_of(name)
+        return (self.groups[i - 1].lr, self.groups[i - 1].weight_decay) if i else (self.lr, self.weight_decay)
 
-    def group_runs(self, layout: Layout) -> list[tuple[int, int, OptimizerConfig]]:
-        """The flat element ranges [a, b) of `layout` and the config each trains with (its group's
-        lr and weight decay, no groups), merged where neighbours share one; they cover the padded
-        chunks, n_chunks * K elements."""
+    def group_runs(self, layout: Layout) -> list[tuple[int, int, OptimizerConfig, int]]:
+        """The flat element ranges [a, b) of `layout`, the config each trains with (its group's lr
+        and weight decay, no groups) and its group (group_of), merged where neighbours share a
+        config; they cover the padded chunks, n_chunks * K elements. Under the "script" schedule a
+        group is its own config whatever its hyper-parameters: the script may set its lr apart."""
         unknown = sorted({n for g in self.groups for n in g.params} - set(layout.offsets))
         if unknown:
             raise ConfigError(f"parameter groups name tensors the model lacks: {listed(unknown, 5)}")
         base = replace(self, groups=())
-        at = {(base.lr, base.weight_decay): base}
-        for g in self.groups:
-            at.setdefault((g.lr, g.weight_decay), replace(base, lr=g.lr, weight_decay=g.weight_decay))
-        runs: list[tuple[int, int, OptimizerConfig]] = []
+        apart = self.schedule.kind == "script"
+        at: dict = {}
+        runs: list[tuple[int, int, OptimizerConfig, int]] = []
         for spec in layout.specs:
-            lo, cfg = layout.offsets[spec.name], at[self.hyper_of(spec.name)]
+            lo, group, hyper = layout.offsets[spec.name], self.group_of(spec.name), self.hyper_of(spec.name)
+            key = group if apart else hyper
+            if key not in at:
+                at[key] = (replace(base, lr=hyper[0], weight_decay=hyper[1]) if group else base, group)
+            cfg, first = at[key]
             if runs and runs[-1][2] is cfg:
-                runs[-1] = (runs[-1][0], lo + spec.size, cfg)
+                runs[-1] = (runs[-1][0], lo + spec.size, cfg, first)
             elif spec.size:
-                runs.append((lo, lo + spec.size, cfg))
+                runs.append((lo, lo + spec.size, cfg, first))
         end = layout.n_chunks * K
         if runs:
-            runs[-1] = (runs[-1][0], end, runs[-1][2])
-        return runs or [(0, end, base)]
+            runs[-1] = (runs[-1][0], end, *runs[-1][2:])
+        return runs or [(0, end, base, 0)]
 
     def to_dict(self) -> dict:
         return asdict(self)

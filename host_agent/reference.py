@@ -66,7 +66,7 @@ def train(
     layout: Layout | None = None,
     on_nonfinite: Callable[[int, int], None] | None = None,
     members: Callable[[int], list[int]] | None = None,
-    told_lrs: dict[int, float] | None = None,
+    told_lrs: dict[int, tuple[float, ...]] | None = None,
 ) -> Result:
     """Train `steps` steps of `n_workers` data-parallel workers in one process.
 
@@ -74,7 +74,8 @@ def train(
     grad_fn(worker, step, params_fp16) -> named gradients (numpy or torch, any float dtype).
     members(step) -> the worker ids taking part in that step (default 0..n_workers-1), for a job
     whose membership changes between steps; the mean divides by their number.
-    told_lrs: the "script" schedule's lr of each step (as the script's ranks told the node).
+    told_lrs: the "script" schedule's lrs of each step, a parameter group each (as the script's
+    ranks told the node).
     """
     layout = layout or optim.layout_of(init)
     n = layout.n_chunks
@@ -85,7 +86,7 @@ def train(
     skipped: list[tuple[int, int]] = []
     updates = 0  # Adam's bias correction counts updates: a skipped step is none
     # each parameter group's elements and lr (a skipped step still advances the schedule)
-    runs = [(a, b, cfg, lr.Rates(cfg.lr, cfg.schedule, told_lrs)) for a, b, cfg in opt.group_runs(layout)]
+    runs = [(a, b, cfg, lr.Rates(cfg.lr, cfg.schedule, told_lrs, group)) for a, b, cfg, group in opt.group_runs(layout)]
     for step in range(steps):
         params = layout.unflatten(master[: layout.total].astype(np.float16))
         ids = list(range(n_workers)) if members is None else list(members(step))

@@ -132,9 +132,10 @@ class WorkerAgent:
         # in a sharded job from the node owning their chunk.
         self.param_sources = shards.ParamSources(list(cfg.shards)) if cfg.shards else None
         self.digest: digest.Client | None = None  # check_digests() turns the step digest's check on
-        # The lr of the step about to start, told the node with its digest query (a script that
-        # sets the lr by hand: its optimizer's lr as the step's first gradient leaves); None: none.
-        self.step_lr: Callable[[], float] | None = None
+        # The lrs of the step about to start, a parameter group each, told the node with its digest
+        # query (a script that sets its lr itself: its optimizer's as the step's first gradient
+        # leaves); None: none.
+        self.step_lr: Callable[[], tuple[float, ...]] | None = None
         # A PARAM frame carries 1..PARAM_CHUNKS_MAX chunks: received one a row (a burst) into rows of
         # the longest, their lengths beside, then checked and taken chunk by chunk (param_rx).
         self.rx = np.zeros((4096, param_frame_len(PARAM_CHUNKS_MAX)), dtype=np.uint8)

@@ -69,16 +69,21 @@ def rank_starts(run_dir: pathlib.Path) -> dict[int, list[int]]:
     return {rank: sorted(steps) for rank, steps in sorted(starts.items())}
 
 
-def told_lrs(run_dir: pathlib.Path) -> dict[int, float]:
-    """Step -> the lr rank 0 told the node for it (a script following its own lr: its step records'
-    `lr`), in the run at `run_dir` and in the runs it resumed: the reference applies the same."""
-    lrs: dict[int, float] = {}
+def _lrs(v) -> tuple[float, ...]:
+    return tuple(float(x) for x in v) if isinstance(v, list) else (float(v),)
+
+
+def told_lrs(run_dir: pathlib.Path) -> dict[int, tuple[float, ...]]:
+    """Step -> the lrs rank 0 told the node for it, a parameter group each (a script following its
+    own lr: its step records' `lrs`, or `lr` for one group), in the run at `run_dir` and in the
+    runs it resumed: the reference applies the same."""
+    lrs: dict[int, tuple[float, ...]] = {}
     inherited = run_dir / "job1" / TOLD_LRS
     if inherited.exists():
-        lrs.update({int(s): float(v) for s, v in json.loads(inherited.read_text()).items()})
+        lrs.update({int(s): _lrs(v) for s, v in json.loads(inherited.read_text()).items()})
     for rec in _rank_records(run_dir):
         if rec.get("ev") == "step" and "lr" in rec and rec.get("worker") == 0:
-            lrs[int(rec["step"])] = float(rec["lr"])
+            lrs[int(rec["step"])] = _lrs(rec.get("lrs", rec["lr"]))
     return dict(sorted(lrs.items()))
 
 
@@ -119,7 +124,8 @@ class ScriptRun(Run):
                 optim.layout_of(optim.load_npz(self.spec_dir / "init.npz")))
             self.resume_step, _ = resume.take_state(self.resumed, 1, self.job_dir)
             (self.job_dir / RANK_STARTS).write_text(json.dumps(rank_starts(self.resumed.run)) + "\n")
-            (self.job_dir / TOLD_LRS).write_text(json.dumps(told_lrs(self.resumed.run)) + "\n")
+            (self.job_dir / TOLD_LRS).write_text(json.dumps({s: list(v) for s, v in told_lrs(self.resumed.run).items()})
+                                                 + "\n")
 
     def first_step(self) -> int:
         return self.resume_step

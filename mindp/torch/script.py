@@ -49,7 +49,7 @@ from mindp.topology import Topology, TopologyError
 
 from . import checkpoint
 from .parallel import DataParallel, GradientChanged, layout_arrays, layout_of, trained
-from .spec import base_lr, optimizer_config, value
+from .spec import base_lr, optimizer_config, told_groups, value
 
 #: A torch optimizer group's hyper-parameters the node reads once, at init.
 FIXED = ("weight_decay", "betas", "eps", "momentum")
@@ -95,10 +95,11 @@ class Optimizer:
         # each torch parameter group's lr of every step, as the node replays it from the group's base
         self.rates = [lr.Rates(base_lr(g), cfg.schedule) for g in torch_optimizer.param_groups] \
             if cfg and cfg.schedule.kind != "script" and torch_optimizer is not None else None
-        self.told: dict[int, float] = {}  # follow_lr: the lr each step's first gradient took to the node
+        self.told: dict[int, tuple[float, ...]] = {}  # follow_lr: the lrs each step's first gradient took to the node
         # what the node took once and keeps: a script changing it (OneCycleLR's momentum cycling) is told
         self.fixed = [{k: value(g[k]) for k in FIXED if k in g} for g in torch_optimizer.param_groups] \
             if torch_optimizer is not None else []
+        self.told_groups = told_groups(torch_optimizer, module) if torch_optimizer is not None else [0]
         if cfg and cfg.schedule.kind == "script":
             agent.step_lr = self._tell_lr
         self.cfg = cfg
@@ -177,7 +178,9 @@ class Optimizer:
         if self.agent.nonfinite_chunks and self.dp.scaler is None:
             print(f"mindp.torch: step {step}: a rank's gradients were not finite (Inf or NaN): the optimizer node "
                   "skipped the step, as torch's GradScaler does, and the parameters are unchanged", file=sys.stderr)
-        self.record(ev="step", step=step, **({"lr": self.told[step]} if step in self.told else {}))
+        told = self.told.get(step, ())  # (several groups' lrs: "lrs" beside group 0's "lr")
+        self.record(ev="step", step=step, **({"lr": told[0]} if told else {}),
+                    **({"lrs": list(told)} if len(told) > 1 else {}))
         self._check_lr(step)
         self._check_fixed(step)
 
@@ -190,11 +193,12 @@ class Optimizer:
                                      f"{value(g[k])!r}: the node applies what init read, and only the lr may change "
                                      "(through the scheduler given to init, or with follow_lr) (docs/TORCH.md)")
 
-    def _tell_lr(self) -> float:
-        """The step's lr for the node, as its first gradient leaves (follow_lr)."""
-        lr = float(value(self.torch_optimizer.param_groups[0]["lr"]))
-        self.told[self.agent.step] = lr
-        return lr
+    def _tell_lr(self) -> tuple[float, ...]:
+        """The step's lrs for the node, a group each, as its first gradient leaves (follow_lr)."""
+        groups = self.torch_optimizer.param_groups
+        lrs = tuple(float(value(groups[i]["lr"])) for i in self.told_groups)
+        self.told[self.agent.step] = lrs
+        return lrs
 
     def _check_lr(self, step: int) -> None:
         """The lr the script's optimizer holds for `step` is the one the node applied (its schedule
@@ -202,12 +206,12 @@ class Optimizer:
         bit for bit, or the script ends in one line."""
         if step in self.told:
             told = self.told.pop(step)
-            for i, g in enumerate(self.torch_optimizer.param_groups):
-                if float(value(g["lr"])) != told:
-                    raise SystemExit(f"mindp.torch: step {step}: parameter group {i} holds lr {float(value(g['lr']))!r}, "
-                                     f"but the node applied {told!r}, the lr group 0 held as the step's first gradient "
-                                     "left (follow_lr): set the lr before backward(), the same in every group "
-                                     "(docs/TORCH.md)")
+            for i, lr_told in zip(self.told_groups, told):
+                have = float(value(self.torch_optimizer.param_groups[i]["lr"]))
+                if have != lr_told:
+                    raise SystemExit(f"mindp.torch: step {step}: parameter group {i} holds lr {have!r}, but the node "
+                                     f"applied {lr_told!r}, the lr it held as the step's first gradient left "
+                                     "(follow_lr): set the lrs before backward() (docs/TORCH.md)")
             return
         if self.rates is None:
             return

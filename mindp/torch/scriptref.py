@@ -83,11 +83,11 @@ def load_script(path: str | pathlib.Path):
 
 def script_reference(path: str | pathlib.Path, world: int, argv: list[str], steps: int | None = None,
                      starts: dict[int, Iterable[int]] | None = None,
-                     told_lrs: dict[int, float] | None = None) -> reference.Result:
+                     told_lrs: dict[int, tuple[float, ...]] | None = None) -> reference.Result:
     """Train the script's reference for `world` ranks: its step count, or its first `steps` (a run
     stopped early is compared with the steps it did); `starts[rank]`: the steps at which that rank's
     process started after the first (RankStreams); `told_lrs`: a script that follows its own lr
-    (init(follow_lr=True)): each step's lr as its ranks told the node. NoReference if it defines
+    (init(follow_lr=True)): each step's lrs, a parameter group each, as its ranks told the node. NoReference if it defines
     none (a script without one is not imported: its training may run at import)."""
     if "def mindp_reference" not in pathlib.Path(path).read_text(errors="replace"):
         raise NoReference(f"{path} defines no mindp_reference(argv)")

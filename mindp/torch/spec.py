@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch.optim import lr_scheduler as L
 
+from host_agent.digest import MAX_TOLD_LRS
 from host_agent.lr import Rates
 from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup, Schedule
 
@@ -17,17 +18,32 @@ def value(x):
     return x.item() if isinstance(x, torch.Tensor) else x
 
 
-def _groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict, tuple[ParamGroup, ...]]:
+def _names(module: torch.nn.Module | None) -> dict[int, str]:
+    """id(parameter) -> its name in the layout, for the trained parameters of `module`."""
+    return {id(p): n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad}
+
+
+def told_groups(opt: torch.optim.Optimizer, module: torch.nn.Module | None) -> list[int]:
+    """The torch parameter groups whose lrs a follow_lr rank tells the node, in the order of the
+    node's groups: the first, then each later one holding a trained parameter."""
+    names = _names(module)
+    return [0] + [i for i, g in enumerate(opt.param_groups) if i and any(id(p) in names for p in g["params"])]
+
+
+def _groups(opt: torch.optim.Optimizer, names: dict[int, str],
+            apart: bool = False) -> tuple[dict, tuple[ParamGroup, ...]]:
     """The first parameter group (the node's hyper-parameters) and the groups after it that train
-    at another lr or weight decay; groups may differ in nothing else. `names`: id(parameter) -> its
-    name in the layout (trained parameters only)."""
+    at another lr or weight decay (`apart`, follow_lr: every one holding a trained parameter, as
+    told_groups lists them, since the script may set its lr apart later); groups may differ in
+    nothing else. `names`: id(parameter) -> its name in the layout (trained parameters only)."""
     g0 = opt.param_groups[0]
     own = ("params", "lr", "initial_lr", "weight_decay")  # what a group may set for itself
     for i, g in enumerate(opt.param_groups):
         for flag in ("amsgrad", "maximize", "nesterov"):
             if g.get(flag):
                 raise ConfigError(f"{type(opt).__name__}({flag}=True) is not supported by the optimizer node")
-        differ = [k for k in g if k not in own and value(g[k]) != value(g0.get(k))]
+        # (keys torch's optimizer does not read, a script's own such as lr_scale, may differ)
+        differ = [k for k in g if k in opt.defaults and k not in own and value(g[k]) != value(g0.get(k))]
         if differ:
             raise ConfigError(f"parameter group {i} of {type(opt).__name__} differs from the first in "
                               f"{', '.join(differ)}: the node runs one optimizer, whose groups may differ in "
@@ -35,7 +51,7 @@ def _groups(opt: torch.optim.Optimizer, names: dict[int, str]) -> tuple[dict, tu
     groups = []
     for g in opt.param_groups[1:]:
         params = tuple(names[id(p)] for p in g["params"] if id(p) in names)
-        if params and (base_lr(g), g["weight_decay"]) != (base_lr(g0), g0["weight_decay"]):
+        if params and (apart or (base_lr(g), g["weight_decay"]) != (base_lr(g0), g0["weight_decay"])):
             groups.append(ParamGroup(params, base_lr(g), float(g["weight_decay"])))
     return g0, tuple(groups)
 
@@ -83,15 +99,15 @@ def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Mo
                      follow_lr: bool = False) -> OptimizerConfig:
     """torch.optim.AdamW, Adam without weight decay, or SGD (+ scheduler) -> the node's optimizer.
     `module`: the model, whose trained parameters' names tell the node which tensors the optimizer's
-    other groups hold. `follow_lr`: the "script" schedule (the ranks tell each step's lr), whatever
-    `sched` is; every group at one lr."""
-    names = {id(p): n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad}
+    other groups hold. `follow_lr`: the "script" schedule (the ranks tell each step's lrs, a group
+    each), whatever `sched` is."""
+    names = _names(module)
     if len(opt.param_groups) > 1 and module is None:
         raise ConfigError("several parameter groups need the module, to name their parameters")
-    g, groups = _groups(opt, names)
-    if follow_lr and any(gr.lr != base_lr(g) for gr in groups):
-        raise ConfigError("follow_lr: the parameter groups hold different lrs, and the node applies one a step "
-                          "(the lr the first group holds): give every group the same lr")
+    g, groups = _groups(opt, names, apart=follow_lr)
+    if follow_lr and len(groups) + 1 > MAX_TOLD_LRS:
+        raise ConfigError(f"follow_lr: {len(groups) + 1} parameter groups, and a step tells the node at most "
+                          f"{MAX_TOLD_LRS} lrs")
     schedule = Schedule("script") if follow_lr else schedule_of(sched)
     decay = next((gr["weight_decay"] for gr in opt.param_groups if gr["weight_decay"]), 0)
     if type(opt) is torch.optim.Adam and not g.get("decoupled_weight_decay") and decay:

@@ -3,6 +3,7 @@ order, equals the digest of the parameters the workers hold, also for a skipped 
 after a restart mid-step; a worker whose parameters diverged is caught in that step, names the
 chunk, takes the node's, and the run ends bit-identical to the reference."""
 import random
+import struct
 
 import numpy as np
 import pytest
@@ -215,16 +216,20 @@ def test_a_query_tells_a_node_following_the_scripts_lr_the_lr_of_its_step(tmp_pa
         client.ask(0)  # a query without an lr (a worker not following the script's) tells nothing
         d.server.poll(core.committed)
         assert core.groups.told == {}
-        client.ask(0, 0.0042)
+        client.ask(0, (0.0042,))
         d.server.poll(core.committed)
-        assert core.groups.told == {0: 0.0042}
+        assert core.groups.told == {0: (0.0042,)}
         d.feed(lay, sums, nf, 0)
         assert len(d.params) == lay.n_chunks and core.committed == 0
-        client.ask(1, 0.25)
+        client.ask(1, (0.25,))
         core.groups.told.clear()  # as a node restarted meanwhile: the resend tells it again
         client.ask(1)
         d.server.poll(core.committed)
-        assert core.groups.told == {1: 0.25}
+        assert core.groups.told == {1: (0.25,)}
+        client.lrs[1] = (0.25, 0.5)  # a script of two groups' lrs for a node training one: refused, counted
+        client.ask(1)
+        d.server.poll(core.committed)
+        assert core.groups.told == {1: (0.25,)} and core.stats["lr_rejected"] == 1
     finally:
         client.sock.close()
         d.close()
@@ -379,3 +384,21 @@ def test_a_differing_chunk_is_named_fetched_and_taken(capfd):
     assert stats == {"digest_checks": 1, "digest_mismatches": 1, "digest_repaired_chunks": 2}
     assert capfd.readouterr().err == ("mindp-worker 1/0: step 2: parameters differ from the optimizer node's digest "
                                       f"in 2 chunk(s): 0, {last}; taken again from the node\n")
+
+
+def test_a_query_carries_one_lr_a_parameter_group_and_a_malformed_one_tells_none():
+    """A query's lrs: a count, then as many float64; a count of 0, above MAX_TOLD_LRS or unlike the
+    query's length tells nothing (the query is then no query: counted by the node as rejected)."""
+    head = digest._QUERY_LRS.pack(digest.QUERY, JOB, 7, 3)
+    lrs = struct.pack("!3d", 0.1, 0.2, 0.3)
+    assert digest._told_lrs(head + lrs) == (0.1, 0.2, 0.3)
+    assert digest._told_lrs(head + lrs[:-1]) is None and digest._told_lrs(head + lrs + b"x") is None
+    assert digest._told_lrs(digest._QUERY_LRS.pack(digest.QUERY, JOB, 7, 0) + lrs) is None
+    many = digest.MAX_TOLD_LRS + 1
+    assert digest._told_lrs(digest._QUERY_LRS.pack(digest.QUERY, JOB, 7, many) + bytes(8 * many)) is None
+    client = digest.Client(digest.open_socket(), JOB, "w", [digest.Source(0, 0, "127.0.0.1")], port=1)
+    try:
+        with pytest.raises(digest.DigestError, match="a step's query tells 1 to"):
+            client.ask(0, (0.1,) * many)
+    finally:
+        client.sock.close()

@@ -41,17 +41,32 @@ def test_runs_follow_the_tensors_and_merge_neighbours():
     # ln0.w + ln0.b merged; attn.b | mlp.w | mlp.b (the head's group) | head.w | ln_f.b
     assert [(r[2].lr, r[2].weight_decay) for r in runs] == [
         (0.01, 0.1), (0.01, 0.0), (0.01, 0.1), (0.01, 0.0), (0.01, 0.1), (0.1, 0.0), (0.01, 0.1), (0.01, 0.0)]
-    for a, b, c in runs:
+    for a, b, c, g in runs:
         names = [n for n in SIZES if lay.offsets[n] < b and lay.offsets[n] + SIZES[n] > a]
         assert {group_of(n) for n in names} == {(c.lr, c.weight_decay)} and c.groups == () and c.schedule == SCHED
+        assert cfg.group_of(names[0]) == g
     plain = OptimizerConfig(weight_decay=0.1)
-    assert plain.group_runs(lay) == [(0, lay.n_chunks * K, plain)]
+    assert plain.group_runs(lay) == [(0, lay.n_chunks * K, plain, 0)]
+
+
+def test_a_script_schedule_keeps_every_group_apart_though_two_share_their_hyper_parameters():
+    """Under the "script" schedule the script may set each group's lr apart later (a layer-wise
+    scale): groups the same as another at init are runs of their own, each with its group index."""
+    lay = layout()
+    same = (ParamGroup(NO_DECAY, 0.01, 0.0), ParamGroup(HEAD, 0.01, 0.0))
+    merged = OptimizerConfig(lr=0.01, weight_decay=0.1, groups=same).group_runs(lay)
+    apart = OptimizerConfig(lr=0.01, weight_decay=0.1, schedule=Schedule("script"), groups=same).group_runs(lay)
+    assert len({id(c) for *_, c, _ in merged}) == 2  # otherwise the two share one config
+    for a, b, c, g in apart:
+        names = [n for n in SIZES if lay.offsets[n] < b and lay.offsets[n] + SIZES[n] > a]
+        assert {0 if n not in NO_DECAY + HEAD else 1 if n in NO_DECAY else 2 for n in names} == {g}
+    assert len({id(c) for *_, c, _ in apart}) == 3  # one config a group, those of equal values too
 
 
 def test_pieces_cut_every_chunk_range_where_the_group_changes():
     lay, cfg = layout(), cfg_of("adamw")
     plan = GroupPlan(cfg, lay)
-    want = np.concatenate([np.full(b - a, c.lr * 7 + c.weight_decay) for a, b, c in cfg.group_runs(lay)])
+    want = np.concatenate([np.full(b - a, c.lr * 7 + c.weight_decay) for a, b, c, _ in cfg.group_runs(lay)])
     for lo in range(lay.n_chunks):
         for hi in range(lo + 1, lay.n_chunks + 1):
             pieces = plan.pieces(lo, hi)
@@ -74,7 +89,7 @@ def test_a_batch_of_any_chunks_equals_the_reference_per_element(kind, kernel):
     master, m = src[:, 0].reshape(-1).copy(), src[:, 1].reshape(-1).copy()
     v = src[:, 2].reshape(-1).copy() if kind == "adamw" else None
     g = optim.mean_gradient(sums.reshape(-1), 3)
-    for a, b, c in cfg.group_runs(lay):  # step 1 of the schedule: each group's lr from its own base
+    for a, b, c, _ in cfg.group_runs(lay):  # step 1 of the schedule: each group's lr from its own base
         optim.apply(c, master[a:b], m[a:b], None if v is None else v[a:b], g[a:b], 4, lr.Rates(c.lr, SCHED).at(1))
     plan = GroupPlan(cfg, lay)
     for lo, hi in [(0, n), (1, 2), (2, 6), (n - 3, n)]:

@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from host_agent import lr, node_core, optim, reference, state
-from host_agent.optim import ConfigError, OptimizerConfig, Schedule
+from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup, Schedule
 
 from .helpers import BUDGET, initial_fp16, same_bits, small_model
 from .test_node_core import JOB, N, S, assemble, run_step
@@ -146,28 +146,36 @@ def test_bad_schedule_is_one_line(bad, message):
     assert message in str(exc.value) and "\n" not in str(exc.value)
 
 
-@pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_a_script_schedule_applies_each_step_at_the_lr_the_workers_told(tmp_path, kind):
+@pytest.mark.parametrize("kind,groups", [("adamw", ()), ("sgd", ()),
+                                          ("adamw", (ParamGroup(("w",), 1e-2, 0.01), ParamGroup(("b",), 3e-2, 0.1)))])
+def test_a_script_schedule_applies_each_step_at_the_lr_the_workers_told(tmp_path, kind, groups):
     """The "script" schedule (a script that sets its lr itself): a step's sums wait until a worker
-    told its lr (counted, not answered: the workers' retransmissions bring them again); then the
-    step applies that lr, bit for bit as the reference given the same lrs; a worker telling
-    another lr for the step is counted and changes nothing."""
+    told its lrs, a parameter group each (counted, not answered: the workers' retransmissions bring
+    them again); then the step applies them, bit for bit as the reference given the same lrs; a
+    worker telling other lrs for the step is counted and changes nothing, as are lrs that are not
+    positive or not one a group. Groups are told apart even where they start at one lr and decay
+    (w beside the first group's embed): the script may scale each later (layer-wise)."""
     init = small_model()
     lay = optim.layout_of(init)
-    cfg = OptimizerConfig(kind=kind, lr=1e-2, schedule=Schedule("script"))
+    cfg = OptimizerConfig(kind=kind, lr=1e-2, schedule=Schedule("script"), groups=groups)
     gf = reference.synthetic_grads(5)
     state.create(tmp_path, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
     core = node_core.NodeCore(state.Store(tmp_path, BUDGET), JOB, N, S)
-    told = {0: 0.003, 1: 0.0071, 2: 0.00123, 3: 0.0005}
+    scales = (1.0, 0.25, 2.0)[: 1 + len(groups)]
+    told = {s: tuple(r * f for f in scales) for s, r in {0: 0.003, 1: 0.0071, 2: 0.00123, 3: 0.0005}.items()}
     params, rng = initial_fp16(init), random.Random(0)
     assert run_step(core, lay, gf, 0, params, rng) == {}  # no lr yet: nothing applied, nothing answered
     assert core.stats["sums_before_lr"] > 0 and core.store.committed == -1
-    for step, rate in told.items():
-        core.learn_lr(step, rate)
-        core.learn_lr(step, rate * 2)  # another worker's, later: the first told stands
+    for step, rates in told.items():
+        core.learn_lr(step, rates)
+        core.learn_lr(step, tuple(r * 2 for r in rates))  # another worker's, later: the first told stands
         params = assemble(lay, run_step(core, lay, gf, step, params, rng), params)
     assert core.stats["lr_disagreements"] == len(told)
-    core.learn_lr(9, float("nan"))
-    assert core.stats["lr_rejected"] == 1
+    core.learn_lr(9, (float("nan"),) * len(scales))
+    core.learn_lr(9, (0.001,) * (len(scales) + 1))
+    assert core.stats["lr_rejected"] == 2
     assert same_bits(params, reference.train(init, gf, N, 4, cfg, told_lrs=told).params)
-    assert not same_bits(params, reference.train(init, gf, N, 4, cfg, told_lrs={s: 1e-2 for s in told}).params)
+    one = {s: (r[0],) * len(scales) for s, r in told.items()}  # every group at the first's lr
+    assert same_bits(params, reference.train(init, gf, N, 4, cfg, told_lrs=one).params) == (not groups)
+    assert not same_bits(params, reference.train(init, gf, N, 4, cfg, told_lrs={s: (1e-2,) * len(scales)
+                                                                                  for s in told}).params)

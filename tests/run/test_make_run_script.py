@@ -102,10 +102,13 @@ def get_lr(it, lr=3e-3, warmup=2, min_lr=3e-4):  # nanoGPT's: linear warmup, the
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / (STEPS - warmup))) * (lr - min_lr)
 
 
-def optimizer(model):  # nanoGPT's groups: matrices decay, the rest not
-    params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW([dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1),
-                              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)], lr=3e-3), None
+def optimizer(model):  # nanoGPT's groups (matrices decay, the rest not), and a layer-wise lr scale
+    params = [p for p in model.parameters() if p.requires_grad]  # (the first layer at half the lr, as
+    mats = [p for p in params if p.dim() >= 2]  # BEiT and MAE fine-tune: lr_scale, a key of their own)
+    return torch.optim.AdamW([dict(params=mats[1:], weight_decay=0.1, lr_scale=1.0),
+                              dict(params=mats[:1], weight_decay=0.1, lr_scale=0.5),
+                              dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0, lr_scale=0.3)],
+                             lr=3e-3), None
 
 
 def mindp_reference(argv):
@@ -116,8 +119,8 @@ if __name__ == "__main__":
     model = build_model()
     opt = mindp.torch.init(model, optimizer(model)[0], follow_lr=True)
     for it in range(STEPS):
-        for g in opt.param_groups:  # the lr set by hand, before the step's forward and backward
-            g["lr"] = get_lr(it)
+        for g in opt.param_groups:  # the lrs set by hand, before the step's forward and backward
+            g["lr"] = get_lr(it) * g["lr_scale"]
         loss_fn(model, *batch(int(os.environ["RANK"]), it)).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)  # nanoGPT zeroes after the step
@@ -127,13 +130,14 @@ if __name__ == "__main__":
 @needs_root
 def test_a_script_setting_its_lr_by_hand_trains_bit_exact_with_follow_lr(tmp_path):
     """nanoGPT's loop: the lr set by hand each iteration (warmup, then cosine), zero_grad after the
-    step, decay and no-decay groups; init(follow_lr=True): each rank tells the node the step's lr
-    as its first gradient leaves, and the run equals the reference trained at the lrs told."""
+    step, decay and no-decay groups, each at its own scale of the lr (the first two starting alike);
+    init(follow_lr=True): each rank tells the node the step's lrs as its first gradient leaves, and
+    the run equals the reference trained at the lrs told."""
     run = own_script_run(tmp_path, "nanogpt_style.py", NANOGPT_STYLE.format(examples=str(REPO / "examples")))
     assert run.run() == 0, run.err + run.out
     s = run.summary()
     assert s["max_abs_param_diff_vs_reference"] == 0.0 and s["steps"] == 5
-    assert "adamw the lr its script sets (follow_lr), 2 parameter groups)" in run.out
+    assert "adamw the lr its script sets (follow_lr), 3 parameter groups)" in run.out
     assert_clean(run)
 
 

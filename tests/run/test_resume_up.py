@@ -151,19 +151,21 @@ def test_rank_starts_are_the_ranks_ready_lines_and_those_of_the_runs_resumed(tmp
 
 
 def test_told_lrs_are_rank_0s_step_records_and_those_of_the_runs_resumed(tmp_path):
-    """A script following its own lr (follow_lr): the lr each step told the node, for the reference:
-    the runs before (job1/told-lrs.json) and this one's rank 0 step records (another rank's and a
-    torn line are not read)."""
+    """A script following its own lr (follow_lr): the lrs each step told the node, for the reference:
+    the runs before (job1/told-lrs.json) and this one's rank 0 step records, `lrs` where the script
+    has several groups (another rank's and a torn line are not read)."""
     from mininet_topos.script_run import TOLD_LRS, told_lrs
 
     run = tmp_path / "20261130-020202"
     (run / "job1").mkdir(parents=True)
-    (run / "job1" / TOLD_LRS).write_text(json.dumps({"0": 0.001, "1": 0.002}))
+    (run / "job1" / TOLD_LRS).write_text(json.dumps({"0": [0.001], "1": 0.002}))
     ranks = run / "logs" / "ranks"
     ranks.mkdir(parents=True)
     step = {"job": 1, "ev": "step", "sent": 0}
     (ranks / "rank0.jsonl").write_text(json.dumps({**step, "worker": 0, "step": 2, "lr": 0.0025}) + "\n"
-                                       + json.dumps({**step, "worker": 0, "step": 3}) + "\n" + '{"job": 1, "wo')
+                                       + json.dumps({**step, "worker": 0, "step": 3}) + "\n"
+                                       + json.dumps({**step, "worker": 0, "step": 4, "lr": 0.5, "lrs": [0.5, 0.25]}) + "\n"
+                                       + '{"job": 1, "wo')
     (ranks / "rank1.jsonl").write_text(json.dumps({**step, "worker": 1, "step": 3, "lr": 9.0}) + "\n")
-    assert told_lrs(run) == {0: 0.001, 1: 0.002, 2: 0.0025}
+    assert told_lrs(run) == {0: (0.001,), 1: (0.002,), 2: (0.0025,), 4: (0.5, 0.25)}
     assert told_lrs(tmp_path / "none") == {}

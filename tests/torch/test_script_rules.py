@@ -353,32 +353,38 @@ def test_the_optimizer_must_hold_just_the_parameters_the_node_trains(monkeypatch
                                                 "requires")
 
 
-def test_follow_lr_checks_every_group_holds_the_lr_the_step_told_the_node():
-    """init(follow_lr=True): the step's lr goes to the node as its first gradient leaves (group 0's);
-    at step() every group must still hold it, or the rank ends in one line (an lr set after
-    backward began, or groups at different lrs, would train otherwise than the script says)."""
+def test_follow_lr_tells_each_groups_lr_and_checks_every_group_still_holds_it():
+    """init(follow_lr=True): the step's lrs go to the node as its first gradient leaves, one for
+    each group holding a trained parameter (a layer-wise scale: groups at different lrs, those at
+    one lr told apart); at step() every such group must still hold its own, or the rank ends in
+    one line (an lr set after backward began would train otherwise than the script says)."""
     from mindp.torch.spec import optimizer_config
 
-    m = torch.nn.Linear(2, 2)
-    o = torch.optim.AdamW([{"params": [m.weight]}, {"params": [m.bias], "weight_decay": 0.0}], lr=0.01)
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    m[1].bias.requires_grad_(False)
+    o = torch.optim.AdamW([{"params": [m[0].weight, m[1].weight]}, {"params": [m[1].bias], "lr_scale": 9.0},
+                           {"params": [m[0].bias], "weight_decay": 0.0, "lr_scale": 0.5}], lr=0.01)
     opt = script.Optimizer.__new__(script.Optimizer)
     opt.torch_optimizer, opt.cfg, opt.rates, opt.told = o, optimizer_config(o, None, m, follow_lr=True), None, {}
-    assert opt.cfg.schedule.kind == "script"
+    opt.told_groups = script.told_groups(o, m)
+    assert opt.cfg.schedule.kind == "script" and opt.told_groups == [0, 2]  # group 1 trains nothing (frozen)
+    assert [g.params for g in opt.cfg.groups] == [("0.bias",)]
     opt.agent = type("Agent", (), {"step": 3})()
     for g in o.param_groups:
-        g["lr"] = 0.004
-    assert opt._tell_lr() == 0.004 and opt.told == {3: 0.004}
+        g["lr"] = 0.004 * g.get("lr_scale", 1.0)
+    assert opt._tell_lr() == (0.004, 0.002) and opt.told == {3: (0.004, 0.002)}
     opt._check_lr(3)  # unchanged: passes, and forgets the step
     opt._tell_lr()
-    o.param_groups[1]["lr"] = 0.5  # changed after the step's first gradient left
+    o.param_groups[1]["lr"] = 7.0  # a group training nothing: not told, not checked
+    o.param_groups[2]["lr"] = 0.5  # changed after the step's first gradient left
     with pytest.raises(SystemExit) as exc:
         opt._check_lr(3)
     msg = str(exc.value.code)
-    assert msg.startswith("mindp.torch: step 3: parameter group 1 holds lr 0.5, but the node applied 0.004") \
-        and "set the lr before backward()" in msg and "\n" not in msg
-    apart = torch.optim.SGD([{"params": [m.weight]}, {"params": [m.bias], "lr": 0.1}], lr=0.01)
-    with pytest.raises(ConfigError, match="follow_lr: the parameter groups hold different lrs"):
-        optimizer_config(apart, None, m, follow_lr=True)
+    assert msg.startswith("mindp.torch: step 3: parameter group 2 holds lr 0.5, but the node applied 0.002") \
+        and "set the lrs before backward()" in msg and "\n" not in msg
+    same = torch.optim.SGD([{"params": [m[0].weight]}, {"params": [m[0].bias]}], lr=0.01)
+    assert [g.params for g in optimizer_config(same, None, m, follow_lr=True).groups] == [("0.bias",)]
+    assert optimizer_config(same, None, m).groups == ()  # replayed schedules: the same lr, one group
 
 
 def test_a_hyper_parameter_other_than_the_lr_changed_by_the_script_ends_the_rank_in_one_line():
