@@ -19,8 +19,10 @@ step's time on the workers' clocks) and the run must end bit-exact; DDP's is ran
 Under DDP and each switch run, per process and timed step: its CPU ms (utime + stime, every thread;
 in brackets the share of the threads mindp names, e.g. a worker's pump thread), its voluntary
 context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its own clock (a
-worker's `compute`). On two cores the sum of CPU is what a step costs; a worker's
-forward+backward above a rank's is the other processes' CPU and wake-ups taken from it.
+worker's `compute`) and their CPU ms in its training thread (`compute_cpu`; the gradient hooks
+run in it); all CPU but that is the rest of the step: optimizer, communication. On two cores the
+sum of CPU is what a step costs; a worker's forward+backward above a rank's is the other
+processes' CPU and wake-ups taken from it.
 
 --rounds N runs every side N times in turn and ends with the median of each round's ratios: the
 host's speed drifts from minute to minute, so a ratio is taken within a round, never across.
@@ -97,26 +99,30 @@ def ddp_worker(rank: int, world: int, master: str, steps: int, gpt: dict) -> Non
     net = DistributedDataParallel(tasks.model(wl))  # one torch thread, as a mindp worker
     opt = torch.optim.AdamW(net.parameters(), lr=config.DEFAULT_LR["gpt"], weight_decay=0.01)
 
-    compute = []
+    compute, compute_cpu = [], []
 
     def step(s: int) -> None:
         x, y = tasks.batch(wl, rank, s)
         opt.zero_grad(set_to_none=True)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         models.loss_of("gpt", net, x, y).backward()  # (gloo's allreduce overlaps the backward)
         compute.append(time.perf_counter() - t)
+        compute_cpu.append(time.thread_time() - cpu)
         opt.step()
 
     step(0)
     dist.barrier()
     compute.clear()
+    compute_cpu.clear()
     t, cpu = time.perf_counter(), _cpu_self()
     for s in range(1, steps + 1):
         step(s)
     dist.barrier()
     wall, (busy, wakeups) = time.perf_counter() - t, _minus(_cpu_self(), cpu)
-    # steps/s, then this rank's forward+backward (wall), CPU and voluntary context switches a step
-    print(f"{steps / wall:.6f} {sum(compute) / steps:.6f} {busy / steps:.6f} {wakeups / steps:.1f}", flush=True)
+    # steps/s, then this rank's forward+backward (wall), CPU and voluntary context switches a step,
+    # and its forward+backward's CPU in this thread
+    print(f"{steps / wall:.6f} {sum(compute) / steps:.6f} {busy / steps:.6f} {wakeups / steps:.1f} "
+          f"{sum(compute_cpu) / steps:.6f}", flush=True)
     dist.destroy_process_group()
 
 
@@ -133,14 +139,15 @@ def _minus(a: tuple, b: tuple) -> tuple:
 @dataclass
 class Usage:
     """One process's figures a timed step: CPU ms, voluntary context switches (its wake-ups), and
-    for a rank or worker its forward+backward ms (wall, as its own clock saw them), and for a
-    worker the ms it then waited for the step's parameters."""
+    for a rank or worker its forward+backward ms (wall, as its own clock saw them) and their CPU ms
+    in its training thread, and for a worker the ms it then waited for the step's parameters."""
     role: str
     cpu_ms: float
     wakeups: float
     compute_ms: float | None = None
     wait_ms: float | None = None
     threads: dict[str, float] = field(default_factory=dict)  # CPU ms of its threads mindp names (in cpu_ms)
+    compute_cpu_ms: float | None = None
 
 
 def _cpu_ms(u: Usage) -> str:
@@ -157,8 +164,13 @@ def usage_lines(usages: list[Usage]) -> list[str]:
     wake = ", ".join(f"{u.role} {u.wakeups:.0f}" for u in usages)
     fb = ", ".join(f"{u.role} {u.compute_ms:.0f}" for u in usages if u.compute_ms is not None)
     waits = ", ".join(f"{u.role} {u.wait_ms:.0f}" for u in usages if u.wait_ms is not None)
+    model = [u.compute_cpu_ms for u in usages if u.compute_cpu_ms is not None]
+    fb_cpu = ", ".join(f"{u.role} {u.compute_cpu_ms:.0f}" for u in usages if u.compute_cpu_ms is not None)
+    rest = sum(u.cpu_ms for u in usages) - sum(model)
     return [f"CPU ms a step: {cpu}; all {sum(u.cpu_ms for u in usages):.0f}",
             f"voluntary context switches a step: {wake}", f"forward+backward ms (wall): {fb}",
+            *([f"forward+backward CPU ms (training thread, gradient hooks in): {fb_cpu}; all the rest {rest:.0f} "
+               "(optimizer, communication: every other thread and process)"] if model else []),
             *([f"then waiting for the parameters, ms (wall): {waits}"] if waits else [])]
 
 
@@ -194,8 +206,8 @@ def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str, list[Usage]
     for p, (_, err) in zip(procs, outs):
         if p.returncode:
             return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], []
-    figures = [[float(x) for x in out.split()[-4:]] for out, _ in outs]
-    ranks = [Usage(f"rank {r}", f[2] * 1e3, f[3], f[1] * 1e3) for r, f in enumerate(figures)]
+    figures = [[float(x) for x in out.split()[-5:]] for out, _ in outs]
+    ranks = [Usage(f"rank {r}", f[2] * 1e3, f[3], f[1] * 1e3, compute_cpu_ms=f[4] * 1e3) for r, f in enumerate(figures)]
     return figures[0][0], "", ranks
 
 
@@ -286,7 +298,8 @@ class Sampler(threading.Thread):
 
         for path in self.runs.glob("2*/logs/worker-job1-*.log"):
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
-            logs[int(path.stem.rsplit("-", 1)[1])] = (mean_ms(lines, "compute"), mean_ms(lines, "wait"))
+            logs[int(path.stem.rsplit("-", 1)[1])] = (mean_ms(lines, "compute"), mean_ms(lines, "wait"),
+                                                      mean_ms(lines, "compute_cpu"))
         order = [r for _, r in ROLES]
 
         def rank(pid: int) -> tuple[int, int]:
@@ -296,9 +309,11 @@ class Sampler(threading.Thread):
         out = []
         for pid in sorted(set(a) & set(b), key=rank):
             label, cpu, vol, named = b[pid]
-            compute, wait = logs.get(int(label.split()[1]), (None, None)) if label.startswith("worker ") else (None, None)
+            compute, wait, compute_cpu = logs.get(int(label.split()[1]), (None,) * 3) if label.startswith("worker ") \
+                else (None,) * 3
             threads = {name: (sec - a[pid][3].get(name, 0.0)) / n * 1e3 for name, sec in sorted(named.items())}
-            out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute, wait, threads))
+            out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute, wait, threads,
+                             compute_cpu))
         return out
 
 

@@ -108,8 +108,9 @@ def _scaler_state(scaler) -> list[float]:
 
 
 def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, resumed: bool, timing: dict):
-    """timing["compute"]: the last step's forward and backward seconds (its step line's); timing["wait"]:
-    the seconds it then waited for the step's parameters (the round trip not hidden by backward)."""
+    """timing["compute"]: the last step's forward and backward seconds (its step line's), "compute_cpu"
+    their CPU seconds in the training thread (the gradient hooks' included); timing["wait"]: the
+    seconds it then waited for the step's parameters (the round trip not hidden by backward)."""
     from mindp.lossscale import LossScaler
     from mindp.torch import DataParallel, models, tasks
 
@@ -131,11 +132,12 @@ def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, re
 
     def step_fn(worker: int, step: int, params: dict) -> dict:
         x, y = tasks.batch(wl, worker, step)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         loss = models.loss_of(wl.model, net, x, y)
-        forward = time.perf_counter() - t
+        forward, forward_cpu = time.perf_counter() - t, time.thread_time() - cpu
         params = dp.step(loss)
         timing["compute"] = round(forward + dp.backward_seconds, 6)
+        timing["compute_cpu"] = round(forward_cpu + dp.backward_cpu, 6)
         timing["wait"] = round(dp.wait_seconds, 6)
         return params
 

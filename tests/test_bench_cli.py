@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import pathlib
 import shutil
@@ -111,6 +112,24 @@ def test_torch_gpt_takes_each_process_s_figures_up_to_the_last_step_all_were_run
     usages = sampler.usages()
     assert {u.role: round(u.cpu_ms) for u in usages} == {"worker 0": 300, "worker 1": 200, "node": 100}
     assert bench.usage_lines(usages)[0] == "CPU ms a step: worker 0 300 (pump thread 30), worker 1 200, node 100; all 600"
+
+
+def test_torch_gpt_splits_the_cpu_into_forward_backward_and_the_rest(monkeypatch, tmp_path):
+    """Each worker's forward+backward CPU (its step lines' compute_cpu over the steps sampled) is
+    listed, and all the CPU but theirs is the rest of the step: optimizer and communication."""
+    bench = load("torch_gpt", monkeypatch)
+    logs = tmp_path / "20261130-170000" / "logs"
+    logs.mkdir(parents=True)
+    for w, cpus in ((0, (0.5, 0.25, 0.21, 0.23)), (1, (0.5, 0.1, 0.12, 0.14))):
+        (logs / f"worker-job1-{w}.log").write_text("".join(
+            json.dumps({"ev": "step", "step": s, "compute": 1.0, "wait": 0.0, "compute_cpu": c}) + "\n"
+            for s, c in enumerate(cpus)))
+    sampler = bench.Sampler(0, tmp_path)
+    at = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5, {}), 11: ("worker 1", cpu1, 7, {}), 12: ("node", node, 9, {})}
+    sampler.snaps = [(1, at(1.0, 2.0, 0.5)), (3, at(1.6, 2.4, 0.7))]
+    lines = bench.usage_lines(sampler.usages())
+    assert "forward+backward CPU ms (training thread, gradient hooks in): worker 0 220, worker 1 130; " \
+           "all the rest 250 (optimizer, communication: every other thread and process)" in lines
 
 
 def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):

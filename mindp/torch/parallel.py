@@ -54,6 +54,7 @@ class DataParallel:
             raise ValueError("the agent's layout is not layout_of(module) (names or order differ)")
         self._handle = None
         self.backward_seconds = 0.0  # step()'s last backward
+        self.backward_cpu = 0.0  # its CPU seconds in this thread (the hooks' sends included)
         self.wait_seconds = 0.0  # the last finish()'s wait for the step's parameters (after backward)
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
@@ -125,13 +126,14 @@ class DataParallel:
         write them into the module. Returns them as fp16 numpy arrays. A step whose gradients were
         non-finite anywhere changes no parameter; the scale then backs off."""
         self.begin()
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.thread_time()
         try:
             (loss * self.scaler.scale if self.scaler else loss).backward()
         except BaseException:
             self._handle = None
             raise
         self.backward_seconds = time.perf_counter() - t  # with the hooks' sends it overlaps
+        self.backward_cpu = time.thread_time() - cpu
         return self.finish()
 
     def close(self) -> None:
