@@ -53,6 +53,11 @@ from .spec import base_lr, optimizer_config, told_groups, value
 
 #: A torch optimizer group's hyper-parameters the node reads once, at init.
 FIXED = ("weight_decay", "betas", "eps", "momentum")
+
+
+def members_of(opt: torch.optim.Optimizer) -> list[tuple[int, ...]]:
+    """Each parameter group's parameters (ids): the node reads them once, at init."""
+    return [tuple(map(id, g["params"])) for g in opt.param_groups]
 CLIP_REFUSED = ("{} is not supported through mindp: the switch sums each gradient as backward() produces it and "
                 "the node applies each chunk as its sum arrives, so clipping after backward() would change nothing; drop "
                 "the call (docs/TORCH.md)")
@@ -99,6 +104,7 @@ class Optimizer:
         # what the node took once and keeps: a script changing it (OneCycleLR's momentum cycling) is told
         self.fixed = [{k: value(g[k]) for k in FIXED if k in g} for g in torch_optimizer.param_groups] \
             if torch_optimizer is not None else []
+        self.members = members_of(torch_optimizer) if torch_optimizer is not None else []
         self.told_groups = told_groups(torch_optimizer, module) if torch_optimizer is not None else [0]
         if cfg and cfg.schedule.kind == "script":
             agent.step_lr = self._tell_lr
@@ -185,7 +191,12 @@ class Optimizer:
         self._check_fixed(step)
 
     def _check_fixed(self, step: int) -> None:
-        """Every group still holds the hyper-parameters the node took at init, or the rank ends."""
+        """Every group still holds the parameters and hyper-parameters the node took at init, or
+        the rank ends."""
+        if members_of(self.torch_optimizer) != self.members:
+            raise SystemExit(f"mindp.torch: step {step}: the optimizer's parameter groups changed since init "
+                             "(add_param_group, or a parameter moved to another group): the node reads them once, "
+                             "at init: build every group before mindp.torch.init (docs/TORCH.md)")
         for i, (g, fixed) in enumerate(zip(self.torch_optimizer.param_groups, self.fixed)):
             for k, v in fixed.items():
                 if value(g[k]) != v:

@@ -153,6 +153,7 @@ def lr_checker(torch_opt, sched=None) -> script.Optimizer:
     opt.torch_optimizer, opt.cfg = torch_opt, optimizer_config(torch_opt, sched, torch_opt.module)
     opt.rates = [lr.Rates(base_lr(g), opt.cfg.schedule) for g in torch_opt.param_groups]
     opt.told = {}
+    opt.members = script.members_of(torch_opt)
     return opt
 
 
@@ -404,3 +405,21 @@ def test_a_hyper_parameter_other_than_the_lr_changed_by_the_script_ends_the_rank
     msg = str(exc.value.code)
     assert msg.startswith("mindp.torch: step 1: parameter group 0's betas changed from (0.9, 0.999) to (") \
         and "only the lr may change" in msg and "\n" not in msg
+
+
+def test_a_parameter_group_added_after_init_ends_the_rank_in_one_line():
+    """The node reads the groups once, at init: a group added later (a fine-tuning script unfreezing
+    the backbone with add_param_group) would train at the node with the group its tensors had then,
+    whatever its lr says; step() says so instead."""
+    m = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    o = torch.optim.SGD(m[1].parameters(), lr=0.01)
+    o.module = m
+    opt = lr_checker(o)
+    opt.fixed = [{}]
+    opt._check_fixed(0)
+    o.add_param_group({"params": list(m[0].parameters()), "lr": 0.001})
+    with pytest.raises(SystemExit) as exc:
+        opt._check_fixed(1)
+    msg = str(exc.value.code)
+    assert msg.startswith("mindp.torch: step 1: the optimizer's parameter groups changed since init") \
+        and "build every group before mindp.torch.init" in msg and "\n" not in msg
