@@ -7,6 +7,7 @@ the reference (whole arrays) agree bit for bit (docs/DESIGN.md invariant 2).
 """
 from __future__ import annotations
 
+import functools
 import math
 import pathlib
 import zipfile
@@ -172,10 +173,15 @@ class OptimizerConfig:
         """float32 lanes of a chunk's state record: master, m and v for AdamW; SGD has no v."""
         return 3 if self.kind == "adamw" else 2
 
+    @functools.cached_property
+    def _group_index(self) -> dict[str, int]:
+        # the first group naming a tensor wins: later ones are written first
+        return {n: i + 1 for i, g in reversed(list(enumerate(self.groups))) for n in g.params}
+
     def group_of(self, name: str) -> int:
         """The parameter group tensor `name` trains in: 0 the optimizer's own (its first), i + 1
         groups[i], the first naming it."""
-        return next((i + 1 for i, g in enumerate(self.groups) if name in g.params), 0)
+        return self._group_index.get(name, 0)
 
     def hyper_of(self, name: str) -> tuple[float, float]:
         """(lr, weight_decay) of tensor `name`: its group's, else the optimizer's."""
