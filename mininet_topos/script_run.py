@@ -124,8 +124,7 @@ class ScriptRun(Run):
                 optim.layout_of(optim.load_npz(self.spec_dir / "init.npz")))
             self.resume_step, _ = resume.take_state(self.resumed, 1, self.job_dir)
             (self.job_dir / RANK_STARTS).write_text(json.dumps(rank_starts(self.resumed.run)) + "\n")
-            (self.job_dir / TOLD_LRS).write_text(json.dumps({s: list(v) for s, v in told_lrs(self.resumed.run).items()})
-                                                 + "\n")
+            (self.job_dir / TOLD_LRS).write_text(json.dumps(told_lrs(self.resumed.run)) + "\n")
 
     def first_step(self) -> int:
         return self.resume_step

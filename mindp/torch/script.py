@@ -58,6 +58,8 @@ FIXED = ("weight_decay", "betas", "eps", "momentum")
 def members_of(opt: torch.optim.Optimizer) -> list[tuple[int, ...]]:
     """Each parameter group's parameters (ids): the node reads them once, at init."""
     return [tuple(map(id, g["params"])) for g in opt.param_groups]
+
+
 CLIP_REFUSED = ("{} is not supported through mindp: the switch sums each gradient as backward() produces it and "
                 "the node applies each chunk as its sum arrives, so clipping after backward() would change nothing; drop "
                 "the call (docs/TORCH.md)")

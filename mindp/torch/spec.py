@@ -23,11 +23,15 @@ def _names(module: torch.nn.Module | None) -> dict[int, str]:
     return {id(p): n for n, p in (module.named_parameters() if module is not None else ()) if p.requires_grad}
 
 
+def _later_trained(opt: torch.optim.Optimizer, names: dict[int, str]) -> list[int]:
+    """The torch parameter groups after the first that hold a trained parameter (in `names`)."""
+    return [i for i, g in enumerate(opt.param_groups) if i and any(id(p) in names for p in g["params"])]
+
+
 def told_groups(opt: torch.optim.Optimizer, module: torch.nn.Module | None) -> list[int]:
     """The torch parameter groups whose lrs a follow_lr rank tells the node, in the order of the
-    node's groups: the first, then each later one holding a trained parameter."""
-    names = _names(module)
-    return [0] + [i for i, g in enumerate(opt.param_groups) if i and any(id(p) in names for p in g["params"])]
+    node's groups (_groups with apart): the first, then each later one holding a trained parameter."""
+    return [0] + _later_trained(opt, _names(module))
 
 
 def _groups(opt: torch.optim.Optimizer, names: dict[int, str],
@@ -48,12 +52,10 @@ def _groups(opt: torch.optim.Optimizer, names: dict[int, str],
             raise ConfigError(f"parameter group {i} of {type(opt).__name__} differs from the first in "
                               f"{', '.join(differ)}: the node runs one optimizer, whose groups may differ in "
                               "lr and weight_decay only")
-    groups = []
-    for g in opt.param_groups[1:]:
-        params = tuple(names[id(p)] for p in g["params"] if id(p) in names)
-        if params and (apart or (base_lr(g), g["weight_decay"]) != (base_lr(g0), g0["weight_decay"])):
-            groups.append(ParamGroup(params, base_lr(g), float(g["weight_decay"])))
-    return g0, tuple(groups)
+    later = [opt.param_groups[i] for i in _later_trained(opt, names)]
+    return g0, tuple(ParamGroup(tuple(names[id(p)] for p in g["params"] if id(p) in names), base_lr(g),
+                                float(g["weight_decay"])) for g in later
+                     if apart or (base_lr(g), g["weight_decay"]) != (base_lr(g0), g0["weight_decay"]))
 
 
 def base_lr(g: dict) -> float:
