@@ -467,14 +467,46 @@ def read_state(state_dir: str | pathlib.Path, before_commit: bool = False
     return {**commit, "updates": updates}, cfg, layout, chunks, records
 
 
-def read_committed(state_dir: str | pathlib.Path) -> tuple[dict, OptimizerConfig, Layout, np.ndarray]:
-    """A whole-model state at its last commit (read_state): (commit.json, optimizer, layout, records).
-    Between two steps of the job (a worker that holds a step's parameters and has not sent the next
-    step's gradients) it is exactly the node's state."""
-    commit, cfg, layout, chunks, records = read_state(state_dir)
-    if chunks is not None:
-        raise ConfigError(f"{state_dir} holds one shard of a sharded job; read each shard's state")
-    return commit, cfg, layout, records
+def read_committed(state_dirs: str | os.PathLike | Iterable[str | os.PathLike]
+                   ) -> tuple[dict, OptimizerConfig, Layout, np.ndarray]:
+    """A job's state at its last step every node committed (read_state): (commit.json, optimizer,
+    layout, records (chunks, lanes, K)), from its one node's directory or from every shard's. Between
+    two steps of the job (a worker that holds a step's parameters and has not sent the next step's
+    gradients) it is exactly the nodes' state.
+
+    Shards commit each on its own: one may be a step ahead of another (never more: no worker sends
+    step s + 1 before every shard committed s); its chunks then come from the copy its last step
+    read, the state after the step the others committed."""
+    dirs = [pathlib.Path(d) for d in ([state_dirs] if isinstance(state_dirs, (str, os.PathLike)) else state_dirs)]
+    reads = [read_state(d) for d in dirs]
+    if len(reads) == 1 and reads[0][3] is None:
+        commit, cfg, layout, _, records = reads[0]
+        return commit, cfg, layout, records
+    if not reads or any(chunks is None for *_, chunks, _ in reads):
+        raise ConfigError("a job's state is one whole-model directory, or every shard's directory of a sharded job")
+    _, cfg, layout, _, _ = reads[0]
+    step = min(int(commit["step"]) for commit, *_ in reads)
+    records = np.zeros((layout.n_chunks, cfg.lanes, K), dtype=np.float32)
+    have = np.zeros(layout.n_chunks, dtype=bool)
+    first = None
+    for d, (commit, c, lay, (lo, hi), recs) in zip(dirs, reads):
+        if optim.layout_to_json(lay) != optim.layout_to_json(layout) or c != cfg:
+            raise ConfigError(f"{d} holds a shard of another model or optimizer than {dirs[0]}")
+        if int(commit["step"]) not in (step, step + 1):
+            raise ConfigError(f"{d} committed step {commit['step']}, more than one after {step}")
+        if int(commit["step"]) > step:
+            recs = read_state(d, before_commit=True)[4]
+        elif first is None:
+            first = commit
+        if have[lo : hi + 1].any():
+            raise ConfigError(f"{d} holds chunks {lo}:{hi}, which another shard's directory holds too")
+        records[lo : hi + 1] = recs
+        have[lo : hi + 1] = True
+    if not have.all():
+        missing = np.flatnonzero(~have)
+        raise ConfigError(f"the shards' directories leave chunks {int(missing[0])}:{int(missing[-1])} out: "
+                          "give every shard's directory")
+    return first, cfg, layout, records
 
 
 def create_at(state_dir: str | pathlib.Path, layout: Layout, cfg: OptimizerConfig, lanes: dict[int, np.ndarray],

@@ -17,22 +17,25 @@ import pathlib
 import shutil
 import sys
 
-import numpy as np
-
-from host_agent import optim, state
+from host_agent import optim
 from mindp import topology, workload
 
+from . import results
 from .console import RunError, how_it_ended, one_line
 from .run import Run
 
 
-def tree_topology(cfg) -> topology.Topology:
-    """The run's leaf-spine; a sharded job needs its chunk count, from the model's layout."""
-    wl = workload.WorkloadConfig(n_workers=cfg.total_workers, seed=cfg.seed, hidden=cfg.hidden, batch=cfg.batch,
-                                 model=cfg.model, model_args=cfg.model_args)
-    chunks = optim.layout_of(workload.init_params(wl)).n_chunks
+def tree_topology(cfg, chunks: int) -> topology.Topology:
+    """The run's leaf-spine; a sharded job's nodes split its `chunks` (the model's layout)."""
     return topology.leafspine(cfg.leaves, cfg.workers, cfg.optimizers, chunks=chunks, slots=cfg.slots,
                               grpc_port=cfg.grpc_port, thrift_port=cfg.thrift_port)
+
+
+def builtin_chunks(cfg) -> int:
+    """The built-in model's chunk count."""
+    wl = workload.WorkloadConfig(n_workers=cfg.total_workers, seed=cfg.seed, hidden=cfg.hidden, batch=cfg.batch,
+                                 model=cfg.model, model_args=cfg.model_args)
+    return optim.layout_of(workload.init_params(wl)).n_chunks
 
 
 def switch_ports(cfg) -> list[tuple[int, int]]:
@@ -43,7 +46,7 @@ def switch_ports(cfg) -> list[tuple[int, int]]:
 class TreeRun(Run):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.topo = tree_topology(self.cfg)
+        self.topo = tree_topology(self.cfg, builtin_chunks(self.cfg))
         self.switches = []
 
     def network_text(self) -> str:
@@ -120,13 +123,10 @@ class TreeRun(Run):
         """The shards' exports as the job's one master, their stats summed (what results() reads)."""
         n = len(jf.job.optimizers)
         try:
-            master = state.join_exports([jf.shard_master_path(i) for i in range(n)], optim.layout_of(jf.init))
-            stats = [json.loads(jf.shard_stats_path(i).read_text()) for i in range(n)]
-        except (OSError, ValueError, optim.ConfigError) as exc:
-            raise RunError(f"job {jf.job.job_id}: cannot join the shards' exports: {one_line(str(exc))}") from None
-        np.savez(jf.master_path, **master)
-        total = {k: sum(s.get(k, 0) for s in stats) for k in ("params_sent", "resent")}
-        jf.opt_stats_path.write_text(json.dumps({**total, "shards": stats}, indent=1) + "\n")
+            results.join_shards([jf.shard_master_path(i) for i in range(n)], [jf.shard_stats_path(i) for i in range(n)],
+                                optim.layout_of(jf.init), jf.master_path, jf.opt_stats_path)
+        except ValueError as exc:
+            raise RunError(f"job {jf.job.job_id}: {one_line(str(exc))}") from None
 
     def switch_counters(self) -> dict[int, dict]:
         """Every switch's P4 counters (switch-counters.json, a line in each switch's log); the

@@ -92,5 +92,7 @@ class UpRun(ScriptRun):
             self.console.say(("\r" if tty else "") + "  " + progress.bar())
             self.console.say(f"  stopped after {progress.step} step(s) of your ranks")
         self.agents.stop_optimizers()
+        if self.job.sharded:
+            self.join_shards()
         return progress, progress.span() or (time.monotonic() - t0)
 

@@ -25,7 +25,6 @@ import numpy as np
 from host_agent import optim, state
 from host_agent.optim import ConfigError, OptimizerConfig
 from mindp.layout import Layout
-from mindp.protocol import K
 
 from .config import RunConfig, RunConfigError
 
@@ -114,18 +113,10 @@ def take_state(old: Resumed, job: int, job_dir: pathlib.Path) -> tuple[int, dict
         if (src / name).exists():
             shutil.copy2(src / name, job_dir / name)
     try:
-        reads = [state.read_state(d) for d in state_dirs(job_dir)]
-        step = min(int(commit["step"]) for commit, *_ in reads)
-        layout = reads[0][2]
-        flat = np.zeros(layout.n_chunks * K, np.float32)
-        for d, (commit, _, _, chunks, records) in zip(state_dirs(job_dir), reads):
-            if int(commit["step"]) not in (step, step + 1):
-                raise ConfigError(f"{d.name} committed step {commit['step']}, more than one after {step}")
-            if int(commit["step"]) > step:  # a step ahead: its chunks after `step`
-                records = state.read_state(d, before_commit=True)[4]
-            lo = chunks[0] if chunks else 0
-            flat[lo * K : lo * K + records.shape[0] * K] = records[:, state.MASTER, :].reshape(-1)
+        commit, _, layout, records = state.read_committed(state_dirs(job_dir))
     except ConfigError as exc:
         raise RunConfigError(f"RESUME: {exc}") from None
+    step = int(commit["step"])
+    flat = np.array(records[:, state.MASTER, :].reshape(-1))
     params = {s.name: flat[layout.offsets[s.name]:][: s.size].reshape(s.shape).copy() for s in layout.specs}
     return step + 1, params

@@ -547,7 +547,12 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         clean.point_latest(run_dir.parent, run_dir)
         state.run_dir = str(run_dir)
         state.save()
-        if cfg.script:
+        if cfg.script and cfg.topo == "leafspine":
+            from .tree_script import TreeScriptRun, TreeUpRun
+            run = (TreeUpRun if args.up else TreeScriptRun)(cfg, target, run_dir, state, args.p4, console,
+                                                             args.if_prefix)
+            shape = f"{cfg.leaves} leaves x {cfg.workers} torchrun ranks, {cfg.optimizers} optimizer node(s)"
+        elif cfg.script:
             from .own_torchrun import UpRun
             from .script_run import ScriptRun
             run = (UpRun if args.up else ScriptRun)(cfg, target, run_dir, state, args.p4, console, args.if_prefix)

@@ -98,14 +98,17 @@ class ScriptRun(Run):
     def job(self):
         return self.topo.jobs[0]
 
+    def script_topology(self, chunks: int):
+        """The run's topology, once the describe run gave the model's `chunks`."""
+        return self.topo
+
     def prepare_files(self) -> None:
-        self.topo.dump(self.topo_path)
         (self.dir / "config.json").write_text(json.dumps({**self.cfg.recorded(), "target": self.target, "k": protocol.K}, indent=1) + "\n")
         self.job_dir = self.dir / "job1"
         self.spec_dir = self.job_dir / "spec"
         self.job_dir.mkdir()
         env = {**os.environ, "MINDP_DESCRIBE": str(self.spec_dir), "RANK": "0", "LOCAL_RANK": "0",
-               "WORLD_SIZE": str(self.job.n_workers), "OMP_NUM_THREADS": "1"}
+               "WORLD_SIZE": str(self.cfg.total_workers), "OMP_NUM_THREADS": "1"}
         log = self.logs / "describe.log"
         with open(log, "wb") as f:
             rc = subprocess.run([sys.executable, "-m", "mindp.torch.describe", self.cfg.script, *self.argv],
@@ -117,11 +120,13 @@ class ScriptRun(Run):
             called = "mindp.torch.init" in text  # init refused the script: its line says why
             raise RunError(f"the script's describe run failed (exit {rc}"
                            f"{'' if called else ', does it call mindp.torch.init?'}): {one_line(last[0])}; see {log}")
+        self.layout = optim.layout_of(optim.load_npz(self.spec_dir / "init.npz"))
+        self.topo = self.script_topology(self.layout.n_chunks)
+        self.topo.dump(self.topo_path)
         self.resume_step = 0
         if self.resumed:  # the node resumes on a copy of the earlier run's state; the ranks take its step
             resume.check_script(self.resumed, 1, optim.OptimizerConfig.from_dict(
-                json.loads((self.spec_dir / "optimizer.json").read_text())),
-                optim.layout_of(optim.load_npz(self.spec_dir / "init.npz")))
+                json.loads((self.spec_dir / "optimizer.json").read_text())), self.layout)
             self.resume_step, _ = resume.take_state(self.resumed, 1, self.job_dir)
             (self.job_dir / RANK_STARTS).write_text(json.dumps(rank_starts(self.resumed.run)) + "\n")
             (self.job_dir / TOLD_LRS).write_text(json.dumps(told_lrs(self.resumed.run)) + "\n")
@@ -142,26 +147,53 @@ class ScriptRun(Run):
         self.start_node()
         self.start_ranks()
 
+    def shard(self, i: int) -> str:
+        """'' for the job's one node; '-shard<i>' for each of a sharded job's (its state, export, stats)."""
+        return f"-shard{i}" if self.job.sharded else ""
+
+    @property
+    def master_path(self) -> pathlib.Path:
+        return self.job_dir / "optimizer-master.npz"
+
+    @property
+    def stats_path(self) -> pathlib.Path:
+        return self.job_dir / "optimizer-stats.json"
+
     @property
     def rank_env(self) -> dict[str, str]:
-        """What every rank's mindp.torch.init reads: topology, job, node state, where its figures go, the run's K."""
-        return {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1",
-                "MINDP_STATE": str(self.job_dir / "optimizer-state"), "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1",
+        """What every rank's mindp.torch.init reads: topology, job, node state (every shard's), where
+        its figures go, the run's K."""
+        states = os.pathsep.join(str(self.job_dir / f"{resume.STATE}{self.shard(i)}")
+                                 for i in range(len(self.job.optimizers)))
+        return {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1", "MINDP_STATE": states,
+                "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1",
                 "MINDP_METRICS": str(self.logs / "ranks"), "MINDP_K": str(protocol.K)}  # UP=1's printed commands too
 
     def start_node(self) -> None:
+        """The job's optimizer node, or a node per shard (each owning a chunk range)."""
         self.agents = a = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt)
         self.metrics_dir = self.logs / "ranks"
-        state_dir = self.job_dir / "optimizer-state"
-        self.master_path = self.job_dir / "optimizer-master.npz"
-        node = a._popen(self.job.optimizers[0], "optimizer-job1", [
+        nodes = [a._popen(host, f"optimizer-job1{self.shard(i)}", [
             "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path), "--job", "1",
-            "--state-dir", str(state_dir), "--init", str(self.spec_dir / "init.npz"),
+            "--state-dir", str(self.job_dir / f"{resume.STATE}{self.shard(i)}"),
+            "--init", str(self.spec_dir / "init.npz"),
             "--optimizer-spec", str(self.spec_dir / "optimizer.json"), "--ram-budget", str(self.cfg.node_ram),
-            "--export", str(self.master_path),
-            "--stats", str(self.job_dir / "optimizer-stats.json"), "--step-lines", *a._faults(self.job.optimizers[0])])
-        a.optimizers = [node]
-        a.wait_started([node])
+            "--export", str(self.job_dir / f"optimizer-master{self.shard(i)}.npz"),  # (one node: master_path)
+            "--stats", str(self.job_dir / f"optimizer-stats{self.shard(i)}.json"),
+            "--step-lines", *(["--shard", str(i)] if self.job.sharded else []), *a._faults(host)])
+            for i, host in enumerate(self.job.optimizers)]
+        a.optimizers = nodes
+        a.wait_started(nodes)
+
+    def join_shards(self) -> None:
+        """A sharded job: the shards' exports and stats as one node's (what report() reads)."""
+        n = len(self.job.optimizers)
+        try:
+            results.join_shards([self.job_dir / f"optimizer-master{self.shard(i)}.npz" for i in range(n)],
+                                [self.job_dir / f"optimizer-stats{self.shard(i)}.json" for i in range(n)],
+                                self.layout, self.master_path, self.stats_path)
+        except ValueError as exc:
+            raise RunError(one_line(str(exc))) from None
 
     def start_ranks(self) -> None:
         a = self.agents
@@ -222,14 +254,15 @@ class ScriptRun(Run):
             why = rankerrors.first_failure(self.logs / "torchrun", hp.log) or f"torchrun exit {rc}"
             raise RunError(f"the script failed: {why}; see {hp.log}")
         self.agents.stop_optimizers()
+        if self.job.sharded:
+            self.join_shards()
         return progress, progress.span() or (time.monotonic() - t0)  # torchrun's start-up is not training
 
     def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
         """summary.json, curve.svg, metrics.csv and the comparison with the script's reference; exit 0
         when bit-exact (or when the script defines no reference: then the loss curve is the result)."""
         master = optim.load_npz(self.master_path)
-        stats = json.loads((self.job_dir / "optimizer-stats.json").read_text()) \
-            if (self.job_dir / "optimizer-stats.json").exists() else {}
+        stats = json.loads(self.stats_path.read_text()) if self.stats_path.exists() else {}
         done = int(stats.get("committed", progress.step - 1)) + 1  # the node's steps: a stopped run has fewer
         from mindp.torch import scriptref  # torch: imported by SCRIPT= runs only (make torch)
 

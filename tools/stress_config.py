@@ -120,14 +120,16 @@ def random_config(rng: random.Random, family: str) -> Config:
 def makerun_config(rng: random.Random, cfg: Config) -> None:
     """make run's own faults (LOSS on every host; no timed events, no socket sizes): the mlp, the
     cnn or a small gpt, 1-2 jobs, a star or a leaf-spine with 1-2 shards, on the embedded switch or
-    (the mlp at a K it runs) BMv2; one in five a torchrun example (SCRIPT=, 2 ranks, a few steps)."""
+    (the mlp at a K it runs) BMv2; one in five a torchrun example (SCRIPT=, 2 ranks, a few steps; on a
+    star, or one rank on each of two leaves with 1-2 shards)."""
     cfg.events, cfg.streamed, cfg.sockbuf = [], False, 0
     cfg.fabric_drop = cfg.fabric_dup = cfg.fabric_reorder = cfg.node_dup = cfg.node_reorder = 0.0
     if rng.random() < 0.2:
         cfg.script = rng.choice(SCRIPTS)
         cfg.gpt = SMALL_GPT if cfg.script.endswith("gpt.py") else ""
-        cfg.model, cfg.topo, cfg.jobs, cfg.optimizers = "script", "star", 1, 1
-        cfg.workers, cfg.steps = 2, rng.randint(2, 4)
+        cfg.model, cfg.topo, cfg.jobs = "script", rng.choice(["star", "leafspine"]), 1
+        cfg.optimizers = rng.choice([1, 2]) if cfg.topo == "leafspine" else 1
+        cfg.workers, cfg.steps = 2 if cfg.topo == "star" else 1, rng.randint(2, 4)  # (workers: a leaf's)
         return
     cfg.model, cfg.topo = rng.choice(["mlp", "mlp", "cnn", "gpt"]), rng.choice(["star", "leafspine"])
     cfg.gpt = SMALL_GPT if cfg.model == "gpt" else ""

@@ -29,12 +29,13 @@ from .spec import groups_of, torch_optimizer
 LANES = {"adamw": {state.M: "exp_avg", state.V: "exp_avg_sq"}, "sgd": {state.M: "momentum_buffer"}}
 
 
-def save(state_dir: str | pathlib.Path, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
-    """Write the committed state of `state_dir` as a torch checkpoint at `path` (atomically)."""
-    commit, cfg, layout, records = state.read_committed(state_dir)
+def save(state_dirs, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
+    """Write the committed state of `state_dirs` (the node's directory, or every shard's) as a torch
+    checkpoint at `path` (atomically)."""
+    commit, cfg, layout, records = state.read_committed(state_dirs)
     names = [n for n, _ in trained(module)]  # frozen parameters come with the module's state_dict
     if sorted(names) != sorted(s.name for s in layout.specs):
-        raise ConfigError(f"{state_dir} holds another model than this module (parameter names differ)")
+        raise ConfigError("the node's state holds another model than this module (parameter names differ)")
     lanes = {lane: records[:, lane, :].reshape(-1)[: layout.total] for lane in range(cfg.lanes)}
 
     def tensors(lane: int) -> dict[str, torch.Tensor]:

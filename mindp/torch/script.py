@@ -16,9 +16,10 @@ the node's step by init.
 
 Where things come from: the rank is torchrun's RANK (the worker id); MINDP_TOPOLOGY and MINDP_JOB
 (or the arguments) name the topology file and job; the interface is the one holding the rank's
-address in the topology (MINDP_IFACE overrides); MINDP_STATE names the node's state directory, from
-which every rank takes the parameters the node holds (its commit: rank 0's initial parameters for a
-fresh node, or a resumed state), and where `save` reads the checkpoint.
+address in the topology (MINDP_IFACE overrides); MINDP_STATE names the node's state directory (a
+sharded job's: every shard's, separated by ':'), from which every rank takes the parameters the
+node holds (its commit: rank 0's initial parameters for a fresh node, or a resumed state), and
+where `save` reads the checkpoint.
 
 MINDP_DESCRIBE=DIR runs the script once without a network: init writes DIR/optimizer.json and
 DIR/init.npz (this process's parameters, the node's initial state) and exits; `make run SCRIPT=`
@@ -247,17 +248,17 @@ class Optimizer:
         if not self.state_dir:
             raise MindpError("save needs the node's state directory: set MINDP_STATE")
         self._await_commit(self.agent.step - 1)
-        return checkpoint.save(self.state_dir, path, self.module)
+        return checkpoint.save(state_dirs(self.state_dir), path, self.module)
 
     def _await_commit(self, step: int) -> None:
         """Until the node committed `step`, the last this rank finished: the node answers a step's last
         chunks and its digest before its commit (docs/STATE.md), so a save right after step() could
-        read the step before."""
-        commit = pathlib.Path(self.state_dir) / "commit.json"
+        read the step before. A sharded job: until every shard committed it."""
+        commits = [pathlib.Path(d) / "commit.json" for d in state_dirs(self.state_dir)]
 
         def committed() -> int:
             try:
-                return int(json.loads(commit.read_text())["step"])
+                return min(int(json.loads(c.read_text())["step"]) for c in commits)
             except (OSError, ValueError, KeyError, TypeError):
                 return -2
 
@@ -266,7 +267,7 @@ class Optimizer:
                           what=f"the node's commit of step {step}")
         except progress.Stalled:
             raise MindpError(f"save: the node did not commit step {step} in {progress.STALL:.0f} s "
-                             f"({commit} says step {committed()})") from None
+                             f"({self.state_dir} says step {committed()})") from None
 
     def close(self) -> None:
         self.dp.close()
@@ -316,6 +317,11 @@ def describe(dirname: str, module: torch.nn.Module, cfg: optim.OptimizerConfig) 
     np.savez(d / "init.npz", **layout_arrays(module))
 
 
+def state_dirs(state_dir: str) -> list[str]:
+    """MINDP_STATE's directories: the node's, or each shard's of a sharded job (':' between them)."""
+    return [d for d in state_dir.split(os.pathsep) if d]
+
+
 def _start(module: torch.nn.Module, state_dir: str | None) -> tuple[dict, int, optim.OptimizerConfig | None]:
     """The parameters every rank starts from, the first step and the node's optimizer: the node's
     committed state if its directory is readable, else this module's own (the ranks must then be
@@ -323,10 +329,11 @@ def _start(module: torch.nn.Module, state_dir: str | None) -> tuple[dict, int, o
     own = layout_arrays(module)
     if not state_dir:
         return own, 0, None
-    if not state.exists(state_dir):
-        raise MindpError(f"MINDP_STATE={state_dir} holds no optimizer state: start the node first")
+    for d in state_dirs(state_dir):
+        if not state.exists(d):
+            raise MindpError(f"MINDP_STATE={state_dir}: {d} holds no optimizer state: start the node first")
     try:
-        commit, cfg, layout, records = state.read_committed(state_dir)
+        commit, cfg, layout, records = state.read_committed(state_dirs(state_dir))
     except ConfigError as exc:
         raise MindpError(str(exc)) from None
     if optim.layout_to_json(layout) != optim.layout_to_json(layout_of(module)):

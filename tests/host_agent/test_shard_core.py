@@ -82,6 +82,31 @@ def test_shard_state_holds_exactly_its_range_of_the_full_model(tmp_path):
                      chunks=(0, lay.n_chunks))
 
 
+def test_the_shards_states_read_as_the_whole_models_and_a_shard_alone_is_refused(tmp_path):
+    """What a sharded script's ranks start from and save (MINDP_STATE with every shard's directory)."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    cores = open_shards(tmp_path, init, OptimizerConfig(), 3)
+    for core in cores:
+        core.store.close()
+    dirs = [tmp_path / f"shard{i}" for i in range(3)]
+    commit, cfg, got, records = state.read_committed(reversed(dirs))  # any order
+    assert commit["step"] == -1 and cfg == OptimizerConfig() and got.n_chunks == lay.n_chunks
+    flat = records[:, state.MASTER].reshape(-1)[: lay.total]
+    assert np.array_equal(flat.view(np.uint32), lay.flatten(init, dtype=np.float32).view(np.uint32))
+    with pytest.raises(ConfigError, match=r"leave chunks \d+:\d+ out: give every shard's directory"):
+        state.read_committed(dirs[:2])
+    with pytest.raises(ConfigError, match="another shard's directory holds too"):
+        state.read_committed([dirs[0], dirs[0], *dirs[1:]])
+    state.create(tmp_path / "whole", lay, state.init_pieces(lay, init), OptimizerConfig())
+    with pytest.raises(ConfigError, match="one whole-model directory, or every shard's"):
+        state.read_committed([tmp_path / "whole", *dirs])
+    other = tmp_path / "other"
+    state.create(other, lay, state.init_pieces(lay, init), OptimizerConfig(lr=0.5), chunks=(0, 0))
+    with pytest.raises(ConfigError, match="another model or optimizer"):
+        state.read_committed([*dirs, other])
+
+
 @pytest.mark.parametrize("groups", [False, True])
 @pytest.mark.parametrize("m", [2, 3])
 def test_sharded_training_equals_the_reference_and_a_crash_touches_one_range(tmp_path, m, groups):

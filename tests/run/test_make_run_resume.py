@@ -75,6 +75,11 @@ def test_leafspine_run_whose_shards_committed_apart_resumes_bit_exact_with_all_s
     assert_clean(again)
 
 
+TOPOS = pytest.mark.parametrize("topo", [("--workers", "2"),
+                                         ("--topo", "leafspine", "--leaves", "2", "--workers", "1", "--optimizers", "2")],
+                                ids=["star", "leafspine-2-shards"])
+
+
 STOPPING_SCRIPT = '''
 import os, pathlib, sys
 sys.path.insert(0, {examples!r})
@@ -127,16 +132,17 @@ if __name__ == "__main__":
 
 
 @needs_root
-def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path):
+@TOPOS
+def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path, topo):
     """With dropout: the reference draws each rank's masks as its process did, afresh where the
     resumed run's ranks started (mininet_topos.script_run.rank_starts). The head trains in a
     parameter group at twice the lr, and MultiStepLR decays both before and after the stop: the
-    resumed ranks' fresh scheduler is brought to the node's step."""
+    resumed ranks' fresh scheduler is brought to the node's step. On a leaf-spine with two
+    optimizer shards the ranks take the step and weights every shard committed."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING_SCRIPT.format(examples=str(REPO / "examples"), flag=str(tmp_path / "flag")))
-    args = ("--target", "embedded", "--workers", "2", "--p4", "committed", "--script", str(script),
-            "--args=--steps 4")
+    args = ("--target", "embedded", *topo, "--p4", "committed", "--script", str(script), "--args=--steps 4")
     first = MakeRun(tmp_path, *args)
     assert first.run() == 1
     assert "rank 0 failed: exit 3" in first.err or "rank 1 failed: exit 3" in first.err, first.err
@@ -150,15 +156,17 @@ def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path):
 
 
 @needs_root
-def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path):
-    """UP=1: the printed commands (one per worker host) train examples/train_cnn.py through the switch;
-    make stop's SIGTERM ends the run, which reports the ranks' steps bit-exact with the reference."""
+@TOPOS
+def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path, topo):
+    """UP=1: the printed commands (one per worker host) train examples/train_cnn.py through the switch
+    (or a leaf-spine, the job's optimizer in two shards); make stop's SIGTERM ends the run, which
+    reports the ranks' steps bit-exact with the reference."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     import signal
 
     from mindp import progress
 
-    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--p4", "committed", "--script",
+    run = MakeRun(tmp_path, "--target", "embedded", *topo, "--p4", "committed", "--script",
                   str(REPO / "examples" / "train_cnn.py"), "--args=--steps 3", "--up").start()
     cmds = tmp_path / "runs" / "latest" / "torchrun-commands.sh"
     progress.wait(lambda: cmds.exists() or run.proc.poll() is not None, progress.activity(run.proc.pid),

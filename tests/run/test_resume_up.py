@@ -109,9 +109,13 @@ def test_the_ranks_env_carries_the_runs_k_so_up_commands_match_the_switch(monkey
     from mininet_topos.script_run import ScriptRun
 
     monkeypatch.setattr(protocol, "K", 32)  # BMv2's K; a rank without MINDP_K would take the default K
-    run = SimpleNamespace(topo_path=pathlib.Path("/r/topology.json"), job_dir=pathlib.Path("/r/job1"),
-                          logs=pathlib.Path("/r/logs"))
-    assert ScriptRun.rank_env.fget(run)["MINDP_K"] == "32"
+    for nodes, states in ((["opt1"], "/r/job1/optimizer-state"),
+                          (["opt1_0", "opt1_1"], "/r/job1/optimizer-state-shard0:/r/job1/optimizer-state-shard1")):
+        run = SimpleNamespace(topo_path=pathlib.Path("/r/topology.json"), job_dir=pathlib.Path("/r/job1"),
+                              logs=pathlib.Path("/r/logs"), job=SimpleNamespace(optimizers=nodes, sharded=len(nodes) > 1))
+        run.shard = lambda i, run=run: ScriptRun.shard(run, i)
+        env = ScriptRun.rank_env.fget(run)
+        assert env["MINDP_K"] == "32" and env["MINDP_STATE"] == states  # a sharded job's: every shard's
 
 
 def test_a_resumed_run_keeps_its_k_and_bmv2_cannot_take_a_large_one(tmp_path, monkeypatch):

@@ -48,7 +48,10 @@ def test_small_socket_buffers_are_drawn_but_not_for_make_run():
 def test_makerun_draws_gpt_scripts_and_bmv2():
     cfgs = drawn("makerun", 400)
     scripts = [c for c in cfgs if c.script]
-    assert {c.script for c in scripts} == set(SCRIPTS) and all(c.workers == 2 and c.jobs == 1 for c in scripts)
+    assert {c.script for c in scripts} == set(SCRIPTS) and all(c.jobs == 1 for c in scripts)
+    # two ranks: on a star, or one on each of two leaves (the job's node in one or two shards)
+    assert {(c.topo, c.workers, c.optimizers) for c in scripts} == {("star", 2, 1), ("leafspine", 1, 1),
+                                                                    ("leafspine", 1, 2)}
     assert all(c.gpt == SMALL_GPT for c in cfgs if c.model == "gpt" or c.script.endswith("gpt.py"))
     bmv2 = [c for c in cfgs if c.target == "bmv2"]
     assert bmv2 and all(c.model == "mlp" and protocol.bmv2_fits(c.k) for c in bmv2)
