@@ -43,7 +43,11 @@ def save(state_dirs, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
                 for s in layout.specs}
 
     master = tensors(state.MASTER)
-    model = {k: (master[k] if k in master else v.detach().clone()) for k, v in module.state_dict().items()}
+    # A tied parameter (nanoGPT's lm_head.weight is wte.weight) has a state_dict key per name and one
+    # layout name: every key of it holds the master, or load_state_dict would end on the rank's copy.
+    layout_name = {id(p): n for n, p in trained(module)}
+    alias = {n: layout_name[id(p)] for n, p in module.named_parameters(remove_duplicate=False) if id(p) in layout_name}
+    model = {k: (master[alias[k]] if k in alias else v.detach().clone()) for k, v in module.state_dict().items()}
     step, updates = int(commit["step"]), int(commit["updates"])
     params = [torch.nn.Parameter(master[n].clone()) for n in names]
     opt = torch_optimizer(cfg, list(zip(names, params)), step + 1)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from mindp import targets  # noqa: E402
 from mininet_topos import config  # noqa: E402
@@ -384,4 +385,74 @@ def test_a_script_whose_init_refuses_says_why_without_asking_whether_it_calls_in
     (line,) = [ln for ln in run.err.splitlines() if ln.strip()]
     assert "describe run failed (exit 1): mindp.torch.init: optimizer RMSprop is not supported" in line
     assert "does it call" not in line
+    assert_clean(run)
+
+
+TIED_SCRIPT = '''import os, torch, torch.nn.functional as F, mindp.torch
+
+STEPS = 3
+
+
+class Tiny(torch.nn.Module):  # nanoGPT's tying: the head's weight is the embedding's
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.wte = torch.nn.Embedding(16, 8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 16, bias=False)
+        self.head.weight = self.wte.weight
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.mid(self.wte(x))))
+
+
+def batch(rank, step):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    x = torch.randint(0, 16, (6,), generator=g)
+    return x, (x + 1) % 16
+
+
+def loss_fn(model, x, y):
+    return F.cross_entropy(model(x), y)
+
+
+def optimizer(model):
+    return torch.optim.AdamW(model.parameters(), lr=0.01), None
+
+
+def mindp_reference(argv):
+    return dict(model=Tiny, batch=batch, loss=loss_fn, optimizer=optimizer, steps=STEPS)
+
+
+if __name__ == "__main__":
+    model = Tiny()
+    opt = mindp.torch.init(model, optimizer(model)[0])
+    rank = int(os.environ["RANK"])
+    for step in range(opt.step_number, STEPS):
+        x, y = batch(rank, step)
+        opt.zero_grad()
+        loss = loss_fn(model, x, y)
+        loss.backward()
+        opt.step()
+        mindp.torch.log(loss=loss.item())
+    assert model.head.weight is model.wte.weight
+    if rank == 0:
+        opt.save({out!r})
+'''
+
+
+@needs_root
+def test_a_tied_weight_trains_once_bit_exact_and_saves_as_the_master_under_both_names(tmp_path):
+    """nanoGPT ties its head to its embedding: one parameter under two names, trained once (its
+    gradient accumulated from both uses), and opt.save's state_dict holds the master under each."""
+    ckpt = tmp_path / "tied.pt"
+    script = tmp_path / "tied.py"
+    script.write_text(TIED_SCRIPT.format(out=str(ckpt)))
+    run = script_run(tmp_path, "embedded", str(script), "")
+    assert run.run() == 0, run.err + run.out
+    assert run.summary()["max_abs_param_diff_vs_reference"] == 0.0
+    assert "tied.py (200 parameters" in run.out  # 16x8 shared, 8x8 + 8: not the head's 16x8 again
+    model = torch.load(ckpt, weights_only=True)["model"]
+    master = np.load(run.run_dir / "job1" / "optimizer-master.npz")
+    assert np.array_equal(model["head.weight"].numpy(), master["wte.weight"])
     assert_clean(run)

@@ -141,3 +141,28 @@ def test_parameter_groups_differing_in_weight_decay_only_become_the_nodes_per_te
     l2 = torch.optim.Adam([{"params": decay, "weight_decay": 0.0}, {"params": flat, "weight_decay": 0.01}])
     with pytest.raises(ConfigError, match=r"Adam\(weight_decay=0.01\) adds the decay to the gradient"):
         spec.optimizer_config(l2, None, net)
+
+
+class Tied(torch.nn.Module):
+    """nanoGPT's weight tying: the head's weight is the embedding's (one parameter, two names)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(10, 4)
+        self.mid = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.wte.weight
+
+
+def test_a_tied_parameter_is_saved_as_the_master_under_each_of_its_names(tmp_path):
+    net = Tied()
+    init = layout_arrays(net)
+    assert sorted(init) == ["mid.bias", "mid.weight", "wte.weight"]  # trained once, under its first name
+    lay = optim.layout_of(init)
+    master = {k: v + 0.5 for k, v in init.items()}  # the node's fp32 master, not the rank's values
+    state.create(tmp_path / "s", lay, state.init_pieces(lay, master), OptimizerConfig())
+    ckpt = checkpoint.save(tmp_path / "s", tmp_path / "c.pt", net)
+    assert np.array_equal(ckpt["model"]["head.weight"].numpy(), master["wte.weight"])
+    plain = Tied()
+    plain.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=True)["model"])  # (head.weight loads last)
+    assert np.array_equal(plain.head.weight.detach().numpy(), master["wte.weight"])
