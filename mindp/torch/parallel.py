@@ -59,12 +59,19 @@ class DataParallel:
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
 
+    def _syncing(self) -> bool:
+        """Whether a backward() sends: not under no_sync(), nor while the module's
+        require_backward_grad_sync is False (the attribute DDP's no_sync sets, and nanoGPT's
+        accumulation loop sets itself on the model)."""
+        return self._sync and bool(getattr(self.module, "require_backward_grad_sync", True))
+
     def _hook(self, name: str):
         def ready(p: torch.Tensor) -> None:
-            if self._handle is not None and self._sync:
+            if self._handle is not None and self._syncing():
                 if name in self._pushed:
                     raise self.error(f"a second backward() in one step accumulated into the gradient of {name} after "
-                                     "the first sent it: run the earlier backward() calls under `with opt.no_sync():`, "
+                                     "the first sent it: run the earlier backward() calls under `with opt.no_sync():` (or with "
+                                     "model.require_backward_grad_sync = False), "
                                      f"as with DDP ({CHANGED_HINT})")
                 self._handle.put(name, self._unscaled(p.grad))
                 self._pushed[name] = (id(p.grad), p.grad._version)

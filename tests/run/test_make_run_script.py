@@ -304,10 +304,15 @@ def main():
     for step in range(opt.step_number, 4):
         parts = two_halves(*batch(int(os.environ["RANK"]), step, 16 * MICRO))
         opt.zero_grad()
-        with opt.no_sync():
-            for xm, ym in parts[:-1]:
+        if step % 2:  # nanoGPT's loop: DDP's attribute, set on the model before each micro-batch
+            for micro, (xm, ym) in enumerate(parts):
+                model.require_backward_grad_sync = micro == len(parts) - 1
                 loss_fn(model, xm, ym).backward()
-        loss_fn(model, *parts[-1]).backward()
+        else:
+            with opt.no_sync():
+                for xm, ym in parts[:-1]:
+                    loss_fn(model, xm, ym).backward()
+            loss_fn(model, *parts[-1]).backward()
         opt.step()
         sched.step()
 
@@ -319,8 +324,9 @@ if __name__ == "__main__":
 
 @needs_root
 def test_gradients_accumulated_under_no_sync_train_bit_exactly(tmp_path):
-    """Two micro-batches a step, the first under opt.no_sync(): bit-exact with one backward of their
-    summed losses in one process."""
+    """Two micro-batches a step, the first under opt.no_sync() (odd steps: with nanoGPT's
+    model.require_backward_grad_sync = False): bit-exact with one backward of their summed losses
+    in one process."""
     run = own_script_run(tmp_path, "accumulate.py", ACCUMULATING_SCRIPT.format(examples=str(REPO / "examples")))
     assert run.run() == 0, run.err + run.out
     assert run.summary()["max_abs_param_diff_vs_reference"] == 0.0

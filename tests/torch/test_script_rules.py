@@ -229,15 +229,24 @@ def test_an_optimizer_method_the_node_owns_is_a_clear_attribute_error():
     assert not hasattr(opt, "add_param_group")
 
 
-def test_gradients_accumulated_under_no_sync_leave_once_as_their_sum():
+@pytest.mark.parametrize("how", ["no_sync", "require_backward_grad_sync"])
+def test_gradients_accumulated_under_no_sync_leave_once_as_their_sum(how):
+    """opt.no_sync(), or DDP's attribute set on the model as nanoGPT's loop sets it on its DDP model
+    (`model.require_backward_grad_sync = micro_step == last`)."""
     m = frozen_model()
     agent = FakeAgent(parallel.layout_of(m))
     dp = parallel.DataParallel(m, agent)
     xs = [torch.full((2, 4), float(i + 1)) for i in range(3)]
     dp.begin()
-    with dp.no_sync():
-        for x in xs[:2]:
+    if how == "no_sync":
+        with dp.no_sync():
+            for x in xs[:2]:
+                m(x).sum().backward()
+    else:
+        for micro, x in enumerate(xs[:2]):
+            m.require_backward_grad_sync = micro == 2
             m(x).sum().backward()
+        m.require_backward_grad_sync = True
     assert agent.handles[-1].got == {}  # nothing sent while accumulating
     m(xs[2]).sum().backward()
     sent = agent.handles[-1].got
