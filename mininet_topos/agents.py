@@ -16,7 +16,8 @@ from host_agent.optim import OptimizerConfig
 from mindp import progress, topology, workload
 
 from .config import RunConfig
-from .console import RunError, how_it_ended
+from . import results
+from .console import RunError, how_it_ended, one_line
 from .progress import LogTail
 from .runstate import RunState
 
@@ -47,18 +48,16 @@ class HostProc:
         return ""
 
 
+#: A node's state directory in a job directory; a sharded job's are STATE-shard<i> (NodeFiles).
+STATE = "optimizer-state"
+
+
 @dataclass
-class JobFiles:
+class NodeFiles:
+    """A job's optimizer node files in its directory: its one node's, or each shard's (state,
+    export, stats), and the shards' joined as one node's."""
     job: topology.JobSpec
     dir: pathlib.Path
-    wl: workload.WorkloadConfig
-    init: dict[str, np.ndarray]
-    first_step: int = 0  # RESUME: the step after the node's commit
-    worker_init: pathlib.Path | None = None  # RESUME: the parameters the node committed (else init.npz)
-
-    @property
-    def init_path(self) -> pathlib.Path:
-        return self.dir / "init.npz"
 
     @property
     def master_path(self) -> pathlib.Path:
@@ -68,18 +67,44 @@ class JobFiles:
     def opt_stats_path(self) -> pathlib.Path:
         return self.dir / "optimizer-stats.json"
 
-    def worker_out(self, w: int) -> pathlib.Path:
-        return self.dir / f"worker{w}-params.npz"
-
     def shard_suffix(self, i: int) -> str:
         """'' for a job's one node; '-shard<i>' for each of a sharded job's nodes (state, export, stats)."""
         return f"-shard{i}" if self.job.sharded else ""
+
+    def state_dir(self, i: int) -> pathlib.Path:
+        return self.dir / f"{STATE}{self.shard_suffix(i)}"
 
     def shard_master_path(self, i: int) -> pathlib.Path:
         return self.dir / f"optimizer-master{self.shard_suffix(i)}.npz"
 
     def shard_stats_path(self, i: int) -> pathlib.Path:
         return self.dir / f"optimizer-stats{self.shard_suffix(i)}.json"
+
+    def join_shards(self, layout) -> None:
+        """A sharded job: the shards' exports as the job's one master, their stats as one node's
+        (results.join_shards); RunError (one line) when they cannot be joined."""
+        n = len(self.job.optimizers)
+        try:
+            results.join_shards([self.shard_master_path(i) for i in range(n)],
+                                [self.shard_stats_path(i) for i in range(n)], layout, self.master_path,
+                                self.opt_stats_path)
+        except ValueError as exc:
+            raise RunError(f"job {self.job.job_id}: {one_line(str(exc))}") from None
+
+
+@dataclass
+class JobFiles(NodeFiles):
+    wl: workload.WorkloadConfig
+    init: dict[str, np.ndarray]
+    first_step: int = 0  # RESUME: the step after the node's commit
+    worker_init: pathlib.Path | None = None  # RESUME: the parameters the node committed (else init.npz)
+
+    @property
+    def init_path(self) -> pathlib.Path:
+        return self.dir / "init.npz"
+
+    def worker_out(self, w: int) -> pathlib.Path:
+        return self.dir / f"worker{w}-params.npz"
 
 
 class Agents:
@@ -126,7 +151,7 @@ class Agents:
                 sfx = jf.shard_suffix(i)
                 optimizers.append(self._popen(opt_name, f"optimizer-job{job.job_id}{sfx}", [
                     "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path),
-                    "--job", str(job.job_id), "--state-dir", str(jf.dir / f"optimizer-state{sfx}"),
+                    "--job", str(job.job_id), "--state-dir", str(jf.state_dir(i)),
                     "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
                     "--weight-decay", str(self.opt.weight_decay), "--ram-budget", str(self.cfg.node_ram),
                     "--export", str(jf.shard_master_path(i)), "--stats", str(jf.shard_stats_path(i)), "--step-lines",

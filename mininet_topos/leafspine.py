@@ -20,7 +20,6 @@ import sys
 from host_agent import optim
 from mindp import topology, workload
 
-from . import results
 from .console import RunError, how_it_ended, one_line
 from .run import Run
 
@@ -116,17 +115,8 @@ class TreeRun(Run):
         progress, wall = super().train()
         for jf in self.jobs:
             if jf.job.sharded:
-                self.join_shards(jf)
+                jf.join_shards(optim.layout_of(jf.init))
         return progress, wall
-
-    def join_shards(self, jf) -> None:
-        """The shards' exports as the job's one master, their stats summed (what results() reads)."""
-        n = len(jf.job.optimizers)
-        try:
-            results.join_shards([jf.shard_master_path(i) for i in range(n)], [jf.shard_stats_path(i) for i in range(n)],
-                                optim.layout_of(jf.init), jf.master_path, jf.opt_stats_path)
-        except ValueError as exc:
-            raise RunError(f"job {jf.job.job_id}: {one_line(str(exc))}") from None
 
     def switch_counters(self) -> dict[int, dict]:
         """Every switch's P4 counters (switch-counters.json, a line in each switch's log); the

@@ -93,6 +93,6 @@ class UpRun(ScriptRun):
             self.console.say(f"  stopped after {progress.step} step(s) of your ranks")
         self.agents.stop_optimizers()
         if self.job.sharded:
-            self.join_shards()
+            self.files.join_shards(self.layout)
         return progress, progress.span() or (time.monotonic() - t0)
 

@@ -26,12 +26,11 @@ from host_agent import optim, state
 from host_agent.optim import ConfigError, OptimizerConfig
 from mindp.layout import Layout
 
+from .agents import STATE
 from .config import RunConfig, RunConfigError
 
 #: What may differ from the resumed run: none of them changes a bit of the training.
 MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "RESUME")
-#: A node's state directory in a job directory; a sharded job's are STATE-shard<i> (agents.JobFiles).
-STATE = "optimizer-state"
 
 
 def state_dirs(job_dir: pathlib.Path) -> list[pathlib.Path]:

@@ -30,7 +30,7 @@ from host_agent import optim
 from mindp import progress as pace, protocol
 
 from . import rankerrors, results, resume
-from .agents import REPO, Agents
+from .agents import REPO, Agents, NodeFiles
 from .console import ProgressLine, RunError, one_line
 from .progress import LogTail, Progress, three_digits
 from .run import STALL_SECONDS, Run
@@ -123,6 +123,7 @@ class ScriptRun(Run):
         self.layout = optim.layout_of(optim.load_npz(self.spec_dir / "init.npz"))
         self.topo = self.script_topology(self.layout.n_chunks)
         self.topo.dump(self.topo_path)
+        self.files = NodeFiles(self.job, self.job_dir)
         self.resume_step = 0
         if self.resumed:  # the node resumes on a copy of the earlier run's state; the ranks take its step
             resume.check_script(self.resumed, 1, optim.OptimizerConfig.from_dict(
@@ -147,24 +148,11 @@ class ScriptRun(Run):
         self.start_node()
         self.start_ranks()
 
-    def shard(self, i: int) -> str:
-        """'' for the job's one node; '-shard<i>' for each of a sharded job's (its state, export, stats)."""
-        return f"-shard{i}" if self.job.sharded else ""
-
-    @property
-    def master_path(self) -> pathlib.Path:
-        return self.job_dir / "optimizer-master.npz"
-
-    @property
-    def stats_path(self) -> pathlib.Path:
-        return self.job_dir / "optimizer-stats.json"
-
     @property
     def rank_env(self) -> dict[str, str]:
         """What every rank's mindp.torch.init reads: topology, job, node state (every shard's), where
         its figures go, the run's K."""
-        states = os.pathsep.join(str(self.job_dir / f"{resume.STATE}{self.shard(i)}")
-                                 for i in range(len(self.job.optimizers)))
+        states = os.pathsep.join(str(self.files.state_dir(i)) for i in range(len(self.job.optimizers)))
         return {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1", "MINDP_STATE": states,
                 "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1",
                 "MINDP_METRICS": str(self.logs / "ranks"), "MINDP_K": str(protocol.K)}  # UP=1's printed commands too
@@ -173,27 +161,17 @@ class ScriptRun(Run):
         """The job's optimizer node, or a node per shard (each owning a chunk range)."""
         self.agents = a = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt)
         self.metrics_dir = self.logs / "ranks"
-        nodes = [a._popen(host, f"optimizer-job1{self.shard(i)}", [
+        f = self.files
+        nodes = [a._popen(host, f"optimizer-job1{f.shard_suffix(i)}", [
             "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path), "--job", "1",
-            "--state-dir", str(self.job_dir / f"{resume.STATE}{self.shard(i)}"),
-            "--init", str(self.spec_dir / "init.npz"),
+            "--state-dir", str(f.state_dir(i)), "--init", str(self.spec_dir / "init.npz"),
             "--optimizer-spec", str(self.spec_dir / "optimizer.json"), "--ram-budget", str(self.cfg.node_ram),
-            "--export", str(self.job_dir / f"optimizer-master{self.shard(i)}.npz"),  # (one node: master_path)
-            "--stats", str(self.job_dir / f"optimizer-stats{self.shard(i)}.json"),
+            "--export", str(f.shard_master_path(i)), "--stats", str(f.shard_stats_path(i)),
             "--step-lines", *(["--shard", str(i)] if self.job.sharded else []), *a._faults(host)])
             for i, host in enumerate(self.job.optimizers)]
         a.optimizers = nodes
         a.wait_started(nodes)
 
-    def join_shards(self) -> None:
-        """A sharded job: the shards' exports and stats as one node's (what report() reads)."""
-        n = len(self.job.optimizers)
-        try:
-            results.join_shards([self.job_dir / f"optimizer-master{self.shard(i)}.npz" for i in range(n)],
-                                [self.job_dir / f"optimizer-stats{self.shard(i)}.json" for i in range(n)],
-                                self.layout, self.master_path, self.stats_path)
-        except ValueError as exc:
-            raise RunError(one_line(str(exc))) from None
 
     def start_ranks(self) -> None:
         a = self.agents
@@ -255,14 +233,15 @@ class ScriptRun(Run):
             raise RunError(f"the script failed: {why}; see {hp.log}")
         self.agents.stop_optimizers()
         if self.job.sharded:
-            self.join_shards()
+            self.files.join_shards(self.layout)
         return progress, progress.span() or (time.monotonic() - t0)  # torchrun's start-up is not training
 
     def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
         """summary.json, curve.svg, metrics.csv and the comparison with the script's reference; exit 0
         when bit-exact (or when the script defines no reference: then the loss curve is the result)."""
-        master = optim.load_npz(self.master_path)
-        stats = json.loads(self.stats_path.read_text()) if self.stats_path.exists() else {}
+        master = optim.load_npz(self.files.master_path)
+        stats_path = self.files.opt_stats_path
+        stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
         done = int(stats.get("committed", progress.step - 1)) + 1  # the node's steps: a stopped run has fewer
         from mindp.torch import scriptref  # torch: imported by SCRIPT= runs only (make torch)
 

@@ -106,14 +106,15 @@ def test_the_ranks_env_carries_the_runs_k_so_up_commands_match_the_switch(monkey
     from types import SimpleNamespace
 
     from mindp import protocol
+    from mininet_topos.agents import NodeFiles
     from mininet_topos.script_run import ScriptRun
 
     monkeypatch.setattr(protocol, "K", 32)  # BMv2's K; a rank without MINDP_K would take the default K
     for nodes, states in ((["opt1"], "/r/job1/optimizer-state"),
                           (["opt1_0", "opt1_1"], "/r/job1/optimizer-state-shard0:/r/job1/optimizer-state-shard1")):
-        run = SimpleNamespace(topo_path=pathlib.Path("/r/topology.json"), job_dir=pathlib.Path("/r/job1"),
-                              logs=pathlib.Path("/r/logs"), job=SimpleNamespace(optimizers=nodes, sharded=len(nodes) > 1))
-        run.shard = lambda i, run=run: ScriptRun.shard(run, i)
+        job = SimpleNamespace(optimizers=nodes, sharded=len(nodes) > 1)
+        run = SimpleNamespace(topo_path=pathlib.Path("/r/topology.json"), logs=pathlib.Path("/r/logs"), job=job,
+                              files=NodeFiles(job, pathlib.Path("/r/job1")))
         env = ScriptRun.rank_env.fget(run)
         assert env["MINDP_K"] == "32" and env["MINDP_STATE"] == states  # a sharded job's: every shard's
 
