@@ -325,6 +325,9 @@ class StepHandle:
         a.stats["pumps"] += 1
         self.unsent = 0
         if new:
+            late = w.after_own_resend(new)
+            if late:
+                a.frames[late, FLAGS_OFFSET] |= np.uint8(Flag.RETRANSMIT)
             sent, failed = rawsock.send_rows(a.sock, a.frames, new, a.faults)
             a.stats["sent"] += sent
             a.stats["send_errors"] += failed

@@ -80,6 +80,28 @@ def test_timeout_retransmits_with_backoff_and_rtt_from_answers_to_first_sends_on
     assert not w.on_param(0, 0.53)  # duplicate
 
 
+def test_a_chunk_leaving_after_this_workers_own_resend_in_its_slot_is_marked_for_no_sample():
+    """A worker that had to resend chunk c sends c + S late, after its own recovery; peers that sent
+    c + S at once would time that recovery as a round trip, and through the RTO's peak every next
+    recovery longer (4 workers at LOSS=0.05: RTOs of 2 s against 5 ms round trips). c + S goes
+    flagged, so its sum and answer are, and nobody samples it; c + 2S goes unflagged again."""
+    w = window(n=9, slots=3, initial=0.1, min=0.01, max=1.0)
+    w.set_ready(range(9))
+    assert w.due(0.0) == ([0, 1, 2], [])
+    w.on_param(2, 0.001, sample=False)  # the peers are in the step: the others go by their timers
+    assert w.due(0.002) == ([5], [])
+    assert w.due(0.1) == ([], [0, 1])  # chunks 0 and 1 time out once ...
+    w.on_param(1, 0.101, sample=False)  # ... chunk 1's answer comes (its resend's); 0's later still
+    new, _ = w.due(0.102)
+    assert new == [4] and w.after_own_resend(new) == [4]
+    w.on_param(4, 0.105)
+    new, _ = w.due(0.106)
+    assert new == [7] and w.after_own_resend(new) == []  # 4 was sent once: 7 leaves unmarked
+    w.on_param(0, 0.2, sample=False)
+    assert w.after_own_resend(w.due(0.2)[0]) == [3]
+    assert w.after_own_resend([0, 1, 2]) == []  # a slot's first chunk follows no other
+
+
 def test_parameters_of_a_later_chunk_fast_retransmit_an_overdue_one_once():
     w = window(n=10, slots=10, initial=1.0, min=0.5, max=4.0)
     w.set_ready(range(10))
