@@ -31,7 +31,7 @@ def test_eval_every_is_a_count_of_steps():
 def test_node_ram_is_a_size_and_reaches_every_node_s_command_line(tmp_path):
     """NODE_RAM=2G: each optimizer node's --ram-budget, built-in and SCRIPT= runs alike; 256M unset;
     a bad size is one line naming it; make passes it only when set."""
-    from mininet_topos.agents import Agents
+    from mininet_topos.agents import Agents, JobFiles
 
     assert (config.parse().node_ram, config.parse(node_ram="2G").node_ram) == (256 << 20, 2 << 30)
     with pytest.raises(config.RunConfigError, match=r"^NODE_RAM: bad size 'lots' \(e\.g\. 64M, 1G\)$"):
@@ -55,12 +55,10 @@ def test_node_ram_is_a_size_and_reaches_every_node_s_command_line(tmp_path):
             return []
 
     job = type("Job", (), {"job_id": 1, "optimizers": ["opt1"], "workers": {}, "sharded": False})()
-    jf = type("JF", (), {"job": job, "dir": tmp_path, "init_path": tmp_path / "i.npz",
-                         "shard_suffix": lambda self, i: "", "shard_master_path": lambda self, i: tmp_path / "m.npz",
-                         "shard_stats_path": lambda self, i: tmp_path / "s.json"})()
-    Rec(config.parse(node_ram="2G")).start([jf])
+    Rec(config.parse(node_ram="2G")).start([JobFiles(job, tmp_path, wl=None, init={})])
     (node,) = started
     assert node[node.index("--ram-budget") + 1] == str(2 << 30)
+    assert node[node.index("--state-dir") + 1] == str(tmp_path / "optimizer-state")
     env = {k: v for k, v in os.environ.items() if k not in config_module_vars()}
     make = ["make", "-n", "-s", "--no-print-directory", "run"]
     assert "--node-ram" not in subprocess.run(make, capture_output=True, text=True, cwd=REPO, env=env).stdout
