@@ -293,7 +293,12 @@ class Window:
         every loss recovered by one worker (its RTO) lengthened the others' round trips, so their
         RTOs (RtoConfig.peak) and the next recoveries, until the cap: 4 workers at LOSS=0.05 went
         seconds a chunk."""
-        return [c for c in new if c >= self.slots and self.attempts[c - self.slots] > 1]
+        if not (self.timeouts or self.fast_retransmits) or not new:  # (the usual pump: nothing resent)
+            return []
+        prev = np.asarray(new, dtype=np.int64) - self.slots
+        late = prev >= 0
+        late[late] = self.attempts[prev[late]] > 1
+        return (prev[late] + self.slots).tolist()
 
     def _hold(self, late: np.ndarray, now: float) -> np.ndarray:
         """Of the chunks whose timers expired, those to resend now; the others' timers move on.

@@ -3,6 +3,7 @@ the workers. Every process is recorded in the run state before the next one star
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import signal
@@ -12,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from host_agent.optim import OptimizerConfig
+from host_agent import state
+from host_agent.optim import ConfigError, OptimizerConfig
 from mindp import progress, topology, workload
 
 from .config import RunConfig
-from . import results
 from .console import RunError, how_it_ended, one_line
 from .progress import LogTail
 from .runstate import RunState
@@ -82,14 +83,21 @@ class NodeFiles:
 
     def join_shards(self, layout) -> None:
         """A sharded job: the shards' exports as the job's one master, their stats as one node's
-        (results.join_shards); RunError (one line) when they cannot be joined."""
+        (what a report reads: frames summed, the step every shard committed, the steps any
+        skipped); RunError (one line) when they cannot be joined."""
         n = len(self.job.optimizers)
         try:
-            results.join_shards([self.shard_master_path(i) for i in range(n)],
-                                [self.shard_stats_path(i) for i in range(n)], layout, self.master_path,
-                                self.opt_stats_path)
-        except ValueError as exc:
-            raise RunError(f"job {self.job.job_id}: {one_line(str(exc))}") from None
+            joined = state.join_exports([self.shard_master_path(i) for i in range(n)], layout)
+            each = [json.loads(self.shard_stats_path(i).read_text()) for i in range(n)]
+        except (OSError, ValueError, ConfigError) as exc:
+            raise RunError(f"job {self.job.job_id}: cannot join the shards' exports: {one_line(str(exc))}") from None
+        np.savez(self.master_path, **joined)
+        total = {k: sum(s.get(k, 0) for s in each) for k in ("params_sent", "resent")}
+        committed = [s["committed"] for s in each if "committed" in s]
+        self.opt_stats_path.write_text(json.dumps({
+            **total, **({"committed": min(committed)} if len(committed) == n else {}),
+            "nonfinite": sorted({tuple(x) for s in each for x in s.get("nonfinite", [])}),
+            "shards": each}, indent=1) + "\n")
 
 
 @dataclass

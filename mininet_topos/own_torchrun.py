@@ -91,8 +91,6 @@ class UpRun(ScriptRun):
             read()  # what the ranks said before the signal came
             self.console.say(("\r" if tty else "") + "  " + progress.bar())
             self.console.say(f"  stopped after {progress.step} step(s) of your ranks")
-        self.agents.stop_optimizers()
-        if self.job.sharded:
-            self.files.join_shards(self.layout)
+        self.stop_nodes()
         return progress, progress.span() or (time.monotonic() - t0)
 

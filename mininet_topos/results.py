@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from host_agent import optim, reference, state
+from host_agent import reference
 from mindp import listed
 
 from . import svgplot
@@ -52,24 +52,6 @@ def digest_warning(summ: dict, logs) -> str | None:
     return (f"  WARNING: {n} of {summ.get('digest_checks', 0)} step digest check(s) found a worker's parameters "
             f"differing from the optimizer node's; they were fetched again (the workers' logs in {logs} name the "
             f"steps and chunks: please report it)")
-
-
-def join_shards(masters: list[pathlib.Path], stats: list[pathlib.Path], layout, master: pathlib.Path,
-                stats_out: pathlib.Path) -> None:
-    """A sharded job's nodes' exports as the job's one master, their stats as one node's (what a
-    report reads): frames summed, the step every shard committed, the steps any skipped; ValueError
-    (one line) when they cannot be joined."""
-    try:
-        joined = state.join_exports(masters, layout)
-        each = [json.loads(p.read_text()) for p in stats]
-    except (OSError, ValueError, optim.ConfigError) as exc:
-        raise ValueError(f"cannot join the shards' exports: {exc}") from None
-    np.savez(master, **joined)
-    total = {k: sum(s.get(k, 0) for s in each) for k in ("params_sent", "resent")}
-    committed = [s["committed"] for s in each if "committed" in s]
-    stats_out.write_text(json.dumps({**total, **({"committed": min(committed)} if len(committed) == len(each) else {}),
-                                     "nonfinite": sorted({tuple(x) for s in each for x in s.get("nonfinite", [])}),
-                                     "shards": each}, indent=1) + "\n")
 
 
 def skipped_steps(node_stats: dict) -> list[int]:

@@ -231,10 +231,14 @@ class ScriptRun(Run):
         if rc != 0:
             why = rankerrors.first_failure(self.logs / "torchrun", hp.log) or f"torchrun exit {rc}"
             raise RunError(f"the script failed: {why}; see {hp.log}")
+        self.stop_nodes()
+        return progress, progress.span() or (time.monotonic() - t0)  # torchrun's start-up is not training
+
+    def stop_nodes(self) -> None:
+        """The job's node(s) told to end; a sharded job's exports and stats joined as one node's."""
         self.agents.stop_optimizers()
         if self.job.sharded:
             self.files.join_shards(self.layout)
-        return progress, progress.span() or (time.monotonic() - t0)  # torchrun's start-up is not training
 
     def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
         """summary.json, curve.svg, metrics.csv and the comparison with the script's reference; exit 0
