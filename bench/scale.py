@@ -40,7 +40,7 @@ from host_agent.optim import OptimizerConfig  # noqa: E402
 from host_agent.window import RtoConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
 from mindp import codec  # noqa: E402
-from mindp.layout import Layout, TensorSpec  # noqa: E402
+from mindp.layout import Layout, TensorSpec, shard_ranges  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
 from mindp.topology import Topology, leafspine, star  # noqa: E402
 from mindp.treebed import TreeBed  # noqa: E402
@@ -146,8 +146,8 @@ def update_rate(m: int, elements: int, steps: int, tmp: pathlib.Path) -> tuple[f
     n = -(-elements // K)
     ctx = mp.get_context("spawn")
     barrier, out = ctx.Barrier(m), ctx.Queue()
-    procs = [ctx.Process(target=_shard_worker, args=(str(tmp / f"m{m}-{i}"), elements, i * n // m,
-                                                     (i + 1) * n // m - 1, steps, barrier, out)) for i in range(m)]
+    procs = [ctx.Process(target=_shard_worker, args=(str(tmp / f"m{m}-{i}"), elements, lo, hi, steps, barrier, out))
+             for i, (lo, hi) in enumerate(shard_ranges(n, m))]
     for p in procs:
         p.start()
     times = []

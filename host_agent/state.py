@@ -510,18 +510,21 @@ def read_committed(state_dirs: str | os.PathLike | Iterable[str | os.PathLike]
 
 
 def create_at(state_dir: str | pathlib.Path, layout: Layout, cfg: OptimizerConfig, lanes: dict[int, np.ndarray],
-              step: int, updates: int, page_chunks: int = DEFAULT_PAGE_CHUNKS) -> None:
+              step: int, updates: int, page_chunks: int = DEFAULT_PAGE_CHUNKS,
+              chunks: tuple[int, int] | None = None) -> None:
     """A state directory committed after `step` (`updates` optimizer updates so far) whose records
     hold flat float32 `lanes` {MASTER: ..., M: ..., V: ...} of layout.total elements each: a
-    checkpoint restored, resumed by the node as if it had run those steps itself."""
-    create(state_dir, layout, [lanes[MASTER]], cfg, page_chunks)
+    checkpoint restored, resumed by the node as if it had run those steps itself. `chunks` = (lo,
+    hi): a shard's directory, holding those chunks of the lanes (as `create`)."""
+    create(state_dir, layout, [lanes[MASTER]], cfg, page_chunks, chunks)
     d = pathlib.Path(state_dir)
-    n = layout.n_chunks
+    lo, hi = chunks or (0, layout.n_chunks - 1)
+    n = hi - lo + 1
     copy = np.memmap(d / f"state{updates % 2}.bin", dtype=np.float32, mode="r+", shape=(n, cfg.lanes, K))
     for lane in range(cfg.lanes):
-        flat = np.zeros(n * K, np.float32)
+        flat = np.zeros(layout.n_chunks * K, np.float32)
         flat[: layout.total] = lanes.get(lane, 0.0)
-        copy[:, lane, :] = flat.reshape(n, K)
+        copy[:, lane, :] = flat[lo * K : (hi + 1) * K].reshape(n, K)
     copy.flush()
     del copy
     with open(d / f"state{updates % 2}.bin", "rb+") as f:

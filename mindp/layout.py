@@ -72,6 +72,13 @@ class Layout:
         return min(K, self.total - chunk * K)
 
 
+def shard_ranges(n_chunks: int, m: int) -> list[tuple[int, int]]:
+    """The chunk ranges [lo, hi] (inclusive) of a job's M optimizer shards, in shard order:
+    contiguous, sizes differing by at most one (the switch, the nodes and a restored checkpoint
+    all split a chunk space by this rule)."""
+    return [(i * n_chunks // m, (i + 1) * n_chunks // m - 1) for i in range(m)]
+
+
 class Reassembler:
     """Collects chunks of one flat tensor, in any order, duplicates ignored."""
 

@@ -34,6 +34,7 @@ import pathlib
 import re
 from dataclasses import dataclass, field
 
+from .layout import shard_ranges
 from .protocol import MAX_WORKERS
 from .switch_constants import MAX_JOB_ID, MAX_PORT, MAX_SHARDS
 
@@ -132,8 +133,7 @@ class JobSpec:
         if self.chunks < len(hosts):
             raise TopologyError(f"job {self.job_id}: {len(hosts)} optimizer shards need \"chunks\" "
                                 f">= {len(hosts)} (got {self.chunks})")
-        m, c = len(hosts), self.chunks
-        return [(i * c // m, (i + 1) * c // m - 1, h) for i, h in enumerate(hosts)]
+        return [(lo, hi, h) for (lo, hi), h in zip(shard_ranges(self.chunks, len(hosts)), hosts)]
 
     def to_dict(self) -> dict:
         out = {

@@ -8,12 +8,14 @@
      'mindp': {'optimizer': OptimizerConfig.to_dict(), 'updates': ..., 'params': names in torch order}}
 
 `torch.load` + `model.load_state_dict(ckpt['model'])` gives a model usable without mindp;
-`restore` (or `python -m mindp.torch.checkpoint CKPT STATE_DIR`) writes a fresh node's state
-directory that resumes bit-exactly where the checkpoint was taken.
+`restore` (or `python -m mindp.torch.checkpoint CKPT STATE_DIR [STATE_DIR ...]`) writes a fresh
+node's state directory, or one per optimizer shard, that resumes bit-exactly where the checkpoint
+was taken.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 
@@ -22,6 +24,7 @@ import torch
 
 from host_agent import optim, state
 from host_agent.optim import ConfigError, OptimizerConfig
+from mindp.layout import shard_ranges
 
 from .parallel import trained
 from .spec import groups_of, torch_optimizer
@@ -66,10 +69,19 @@ def save(state_dirs, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
     return ckpt
 
 
-def restore(path: str | pathlib.Path, state_dir: str | pathlib.Path) -> int:
-    """A fresh state directory from a checkpoint of `save`; returns the step it resumes after."""
-    if state.exists(state_dir):
-        raise ConfigError(f"{state_dir} already holds a state: restore into a fresh directory")
+def restore(path: str | pathlib.Path, state_dirs) -> int:
+    """A fresh state directory from a checkpoint of `save`, or one per optimizer shard (a list of M
+    directories in the job's shard order, each given its range of `mindp.layout.shard_ranges`, as
+    the nodes of a job with M optimizers check); returns the step it resumes after."""
+    many = not isinstance(state_dirs, (str, os.PathLike))
+    dirs = list(state_dirs) if many else [state_dirs]
+    if not dirs:
+        raise ConfigError("no state directory to restore into")
+    for d in dirs:
+        if state.exists(d):
+            raise ConfigError(f"{d} already holds a state: restore into a fresh directory")
+    if len(set(map(os.path.realpath, dirs))) != len(dirs):
+        raise ConfigError("a shard's state directory is named twice")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
         info = ckpt["mindp"]
@@ -86,7 +98,11 @@ def restore(path: str | pathlib.Path, state_dir: str | pathlib.Path) -> int:
         lanes[lane] = layout.flatten({n: (opt_state[i][key].float().numpy() if i in opt_state and key in opt_state[i]
                                           else np.zeros(arrays[n].shape, np.float32))
                                       for n, i in index.items()}, dtype=np.float32)
-    state.create_at(state_dir, layout, cfg, lanes, step, updates)
+    if len(dirs) > layout.n_chunks:
+        raise ConfigError(f"{len(dirs)} shards for a model of {layout.n_chunks} chunks: at most one shard a chunk")
+    ranges = shard_ranges(layout.n_chunks, len(dirs)) if len(dirs) > 1 else [None]
+    for d, chunks in zip(dirs, ranges):
+        state.create_at(d, layout, cfg, lanes, step, updates, chunks=chunks)
     return step
 
 
@@ -94,14 +110,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="mindp.torch.checkpoint",
                                 description="write a fresh optimizer-node state directory from a mindp torch checkpoint")
     p.add_argument("checkpoint")
-    p.add_argument("state_dir")
+    p.add_argument("state_dir", nargs="+",
+                   help="the node's state directory; for a job of M optimizer shards, M directories in shard order")
     args = p.parse_args(argv)
+    dirs = args.state_dir if len(args.state_dir) > 1 else args.state_dir[0]
     try:
-        step = restore(args.checkpoint, args.state_dir)
+        step = restore(args.checkpoint, dirs)
     except ConfigError as exc:
         print(f"mindp.torch.checkpoint: {exc}", file=sys.stderr)
         return 2
-    print(f"{args.state_dir}: resumes after step {step}")
+    print(f"{os.pathsep.join(args.state_dir)}: resumes after step {step}")
     return 0
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from host_agent import node_core, optim, reference, shards, state
 from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup
+from mindp.layout import shard_ranges
 from mindp.protocol import K, Flag
 
 from .helpers import BUDGET, SCALE, initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
@@ -15,14 +16,10 @@ from .helpers import BUDGET, SCALE, initial_fp16, same_bits, small_model, step_s
 N, S, JOB = 3, 8, 1
 
 
-def split(n_chunks: int, m: int) -> list[tuple[int, int]]:
-    return [(i * n_chunks // m, (i + 1) * n_chunks // m - 1) for i in range(m)]
-
-
 def open_shards(tmp_path, init, cfg, m, create=True, budget=BUDGET):
     lay = optim.layout_of(init)
     cores = []
-    for i, rng in enumerate(split(lay.n_chunks, m)):
+    for i, rng in enumerate(shard_ranges(lay.n_chunks, m)):
         d = tmp_path / f"shard{i}"
         if create:
             state.create(d, lay, state.init_pieces(lay, init), cfg, page_chunks=32, chunks=rng)
@@ -71,7 +68,7 @@ def test_shard_state_holds_exactly_its_range_of_the_full_model(tmp_path):
         rec = core.store.records(0, 0, core.store.n_chunks)
         assert np.array_equal(rec[:, state.MASTER].reshape(-1).view(np.uint32),
                               full[lo * K : (hi + 1) * K].view(np.uint32))
-    assert [c.store.chunks for c in cores] == split(lay.n_chunks, 3)
+    assert [c.store.chunks for c in cores] == shard_ranges(lay.n_chunks, 3)
     assert same_bits(exports(tmp_path, cores, lay), {k: v.astype(np.float32) for k, v in init.items()})
     with pytest.raises(ConfigError, match="overlap"):
         state.join_exports([tmp_path / "out0.npz", tmp_path / "out0.npz"], lay)

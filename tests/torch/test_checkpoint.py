@@ -10,8 +10,10 @@ torch = pytest.importorskip("torch")
 from host_agent import lr, node_core, optim, reference, state  # noqa: E402
 from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup, Schedule  # noqa: E402
 from mindp.torch import checkpoint, layout_arrays, models, spec  # noqa: E402
-from tests.host_agent.helpers import initial_fp16, same_bits  # noqa: E402
+from mindp.topology import JobSpec  # noqa: E402
+from tests.host_agent.helpers import initial_fp16, same_bits, step_sums  # noqa: E402
 from tests.host_agent.test_node_core import JOB, N, S, assemble, run_step  # noqa: E402
+from tests.host_agent.test_shard_core import as_worker, feed  # noqa: E402
 
 L = torch.optim.lr_scheduler
 
@@ -65,6 +67,51 @@ def test_checkpoint_resumes_bit_exactly_in_a_fresh_node(tmp_path, kind, groups):
         assert [g["weight_decay"] for g in own.param_groups] == [cfg.weight_decay, 0.0]
         assert [g["lr"] for g in own.param_groups] == [lr.Rates(b, cfg.schedule).at(6) for b in (1e-2, 2e-2)]
         assert all(torch.equal(own.state[p][key], opt.state[p][key]) for p in plain.parameters())
+
+
+@pytest.mark.parametrize("m", [2, 3])
+def test_checkpoint_restored_into_shards_resumes_bit_exactly(tmp_path, m, capsys):
+    """A checkpoint of a whole-model node restored into M shard directories (the ranges a job of M
+    optimizers gives its nodes): the shards read as the checkpoint's state and train on bit-exactly."""
+    net = models.build("cnn", {"channels": 4}, 0)
+    init = layout_arrays(net)
+    lay = optim.layout_of(init)
+    if lay.n_chunks < m:
+        pytest.skip(f"the model has {lay.n_chunks} chunks at this K")
+    cfg = OptimizerConfig(lr=1e-2, schedule=Schedule("cosine", total=6, warmup=2), groups=flat_group(net))
+    gf = reference.synthetic_grads(3)
+    params = train_core(tmp_path / "a", lay, gf, range(3), initial_fp16(init), (init, cfg))
+    checkpoint.save(tmp_path / "a", tmp_path / "ckpt.pt", net)
+    dirs = [tmp_path / f"shard{i}" for i in range(m)]
+    job = JobSpec(JOB, {0: "w0", 1: "w1"}, tuple(f"opt{i}" for i in range(m)), S, lay.n_chunks)
+    assert checkpoint.restore(tmp_path / "ckpt.pt", dirs) == 2
+    assert [state.Store(d, 1 << 20).chunks for d in dirs] == [(lo, hi) for lo, hi, _ in job.shard_ranges()]
+    whole, joined = state.read_committed(tmp_path / "a"), state.read_committed(dirs)
+    assert whole[0] == joined[0] and np.array_equal(whole[3].view(np.uint32), joined[3].view(np.uint32))
+    cores = [node_core.NodeCore(state.Store(d, 1 << 20), JOB, N, S) for d in dirs]
+    for step in range(3, 6):
+        sums, nf = step_sums(lay, gf, N, step, params)
+        got = {}
+        for core in cores:
+            lo, hi = core.store.chunks
+            got.update(feed(core, lay, step, list(range(lo, hi + 1)), sums, nf))
+        params = as_worker(lay, got, params)
+    uninterrupted = reference.train(init, gf, N, 6, cfg)
+    assert same_bits(params, uninterrupted.params)
+    with pytest.raises(ConfigError, match="named twice"):
+        checkpoint.restore(tmp_path / "ckpt.pt", [tmp_path / "x", tmp_path / "x"])
+    with pytest.raises(ConfigError, match="already holds a state"):
+        checkpoint.restore(tmp_path / "ckpt.pt", [tmp_path / "y", dirs[0]])
+    assert not state.exists(tmp_path / "y")  # refused before any directory is written
+    with pytest.raises(ConfigError, match="at most one shard a chunk"):
+        checkpoint.restore(tmp_path / "ckpt.pt", [tmp_path / f"z{i}" for i in range(lay.n_chunks + 1)])
+    cli = [tmp_path / f"cli{i}" for i in range(m)]  # python -m mindp.torch.checkpoint CKPT DIR0 DIR1 ...
+    assert checkpoint.main([str(tmp_path / "ckpt.pt"), *map(str, cli)]) == 0
+    assert "resumes after step 2" in capsys.readouterr().out
+    assert np.array_equal(state.read_committed(cli)[3].view(np.uint32), joined[3].view(np.uint32))
+    assert checkpoint.main([str(tmp_path / "ckpt.pt"), *map(str, cli)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mindp.torch.checkpoint: ") and "already holds a state" in err and err.count("\n") == 1
 
 
 def test_restore_refuses_an_existing_state_and_a_foreign_file(tmp_path):
