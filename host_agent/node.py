@@ -22,6 +22,10 @@ from .optim import ConfigError, OptimizerConfig
 from .pager import PagerError, StorageError
 from .window import RtoConfig
 
+#: How the node's first line begins: its state is open and its sockets are bound, so a worker
+#: started after it finds the digest port (make run and the harnesses wait for it).
+UP_LINE = "mindp-optimizer: job"
+
 #: Default linger: twice the workers' largest RTO plus a second, so that a worker whose last
 #: parameters were lost retransmits (and is answered) before the node exits.
 LINGER = 2 * RtoConfig.max + 1.0
@@ -246,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     rss_start = proc_status_kb("VmRSS")
     owned = f"chunks {store.chunks[0]}..{store.chunks[1]} of {store.layout.n_chunks}" if store.sharded else \
         f"{store.n_chunks} chunks"
-    print(f"mindp-optimizer: job {args.job}, {n_workers} workers, {owned}, "
+    print(f"{UP_LINE} {args.job}, {n_workers} workers, {owned}, "
           f"resuming after step {store.committed} ({store.resumed_chunks} chunks of the next step applied), "
           f"kernel {kernel}",
           flush=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from host_agent import state
+from host_agent.node import UP_LINE
 from host_agent.optim import ConfigError, OptimizerConfig
 from mindp import progress, topology, workload
 
@@ -181,7 +182,7 @@ class Agents:
             def up(hp=hp) -> bool:
                 if hp.proc.poll() is not None:
                     raise RunError(f"{hp.name} exited with code {hp.proc.returncode}: {hp.last_error()}; see {hp.log}")
-                return "mindp-optimizer: job" in hp.log.read_text(errors="replace")
+                return UP_LINE in hp.log.read_text(errors="replace")
 
             try:  # as long as it starts up (CPU, log): a busy machine is slow, not broken
                 progress.wait(up, progress.both(progress.activity(hp.proc.pid), progress.file_sizes(hp.log)),

@@ -36,9 +36,10 @@ import numpy as np
 from controller.controller import Controller
 from host_agent import optim, reference
 from host_agent.digest import MISMATCH_LINE
+from host_agent.node import UP_LINE
 from host_agent.optim import OptimizerConfig
 from host_agent.resume import ResumeFile
-from mindp import targets, testbed
+from mindp import progress, targets, testbed
 from mindp.protocol import K
 from mindp.topology import star
 
@@ -59,12 +60,28 @@ class Agent:
     log: pathlib.Path
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    log_start: int = 0  # where this life's output begins in the log
 
     def start(self) -> Agent:
         with open(self.log, "ab") as f:
+            self.log_start = f.tell()
             argv = [a.replace(LIFE, str(self.restarts)) for a in self.argv]
             self.proc = self.host.popen(sys.executable, *argv, stdin=subprocess.DEVNULL, stdout=f,
                                         stderr=subprocess.STDOUT)
+        return self
+
+    def wait_line(self, text: str) -> Agent:
+        """Until this life's log holds `text` (a node's UP_LINE: its state and sockets are open, so a
+        worker's first digest query finds its port), as long as the process starts up (CPU, log)."""
+        def up() -> bool:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before {text!r}; see {self.log}")
+            with open(self.log, "rb") as f:
+                f.seek(self.log_start)
+                return text.encode() in f.read()
+
+        progress.wait(up, progress.both(progress.activity(self.proc.pid), progress.file_sizes(self.log)),
+                      stall=progress.STALL, poll=0.05, what=f"{self.name} start")
         return self
 
     def kill(self) -> None:
@@ -180,7 +197,8 @@ class Soak:
                 "--export", str(self.work / f"master{j}.npz"), "--stats", str(self.work / f"node{j}.json"),
                 "--stall-resend", "0.5", "--dup-send", str(a.dup), "--reorder-send", str(a.reorder),
                 *self.faults(spec.optimizer)], self.work / f"node-job{j}.log").start()
-        time.sleep(1.0)  # the nodes map their state before the first gradient
+        for node in self.nodes.values():
+            node.wait_line(UP_LINE)
         for spec in self.topo.jobs:
             j = spec.job_id
             for w, host in sorted(spec.workers.items()):

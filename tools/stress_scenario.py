@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from host_agent import reference
+from host_agent.node import UP_LINE
 from host_agent.optim import OptimizerConfig
 from host_agent.pipeline import record
 from mindp import progress, testbed
@@ -159,7 +160,7 @@ class Scenario:
             stop = threading.Event()
             try:
                 with self._fabric(bed) as self.fabric:
-                    self.procs["node"].start()
+                    self.procs["node"].start().wait_line(UP_LINE)
                     threads = None
                     if c.family == "threads":
                         threads = self._worker_threads(bed)

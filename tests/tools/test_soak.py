@@ -4,8 +4,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from host_agent import resume
+from host_agent.node import UP_LINE
 
 from tools import soak
 
@@ -84,3 +86,28 @@ def test_the_rss_rule_catches_a_process_that_keeps_what_it_takes():
                 rep.rss[("p", window)] = soak.rss_kb(proc.pid)
             proc.stdin.close()
         assert (soak.growth(rep, 4)["p"] > soak.GROWTH_LIMIT) is grows, rep.rss
+
+
+class LocalHost:
+    """A testbed host's popen, in this namespace: the seam Agent starts its process through."""
+
+    @staticmethod
+    def popen(*argv, **kw):
+        return subprocess.Popen(list(argv), **kw)
+
+
+def test_workers_start_once_this_life_of_the_node_is_up_and_a_node_that_dies_first_says_so(tmp_path):
+    script = tmp_path / "node.py"
+    script.write_text("import sys, time\nprint('opening', flush=True)\n"
+                      "if sys.argv[1] == 'die':\n    sys.exit(3)\n"
+                      "time.sleep(0.3)\nprint(sys.argv[1], flush=True)\ntime.sleep(60)\n")
+    agent = soak.Agent("node", LocalHost(), [str(script), UP_LINE + " 1"], tmp_path / "node.log")
+    try:
+        assert agent.start().wait_line(UP_LINE) is agent
+        assert UP_LINE in (tmp_path / "node.log").read_text()
+        agent.argv = [str(script), "die"]  # the next life ends before its line: the last life's does not count
+        agent.restart()
+        with pytest.raises(RuntimeError, match=r"node exited with code 3 before 'mindp-optimizer: job'"):
+            agent.wait_line(UP_LINE)
+    finally:
+        agent.kill()
