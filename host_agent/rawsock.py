@@ -386,6 +386,13 @@ class Faults:
             return 2
         return 1
 
+    def release(self, send) -> int:
+        """Send the frames held back now (an agent with nothing else to send: a reordered frame goes
+        after later ones, not seconds later, which its receivers would time as a round trip)."""
+        held, self.held = self.held, []
+        _send_each(send, held)
+        return len(held)
+
     def filter_recv(self, frames: list[bytes]) -> list[bytes]:
         if not self.drop_recv:
             return frames
@@ -471,9 +478,13 @@ def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None 
                 if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN):
                     raise
                 failed += 1
-    for frame in held:  # frames held back by the previous call now go after this batch
+    _send_each(send, held)  # frames held back by the previous call now go after this batch
+    return sent, failed
+
+
+def _send_each(send, frames: list[bytes]) -> None:
+    for frame in frames:
         try:
             send(frame)
         except OSError:
             pass
-    return sent, failed

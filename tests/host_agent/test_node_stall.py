@@ -1,10 +1,12 @@
 """The optimizer node's stall resend when the switch comes back late, as a scripted scenario (no
 network, the clock given): the only way out for a worker that missed a chunk's parameters while
 its peer got them."""
+import socket
+
 import numpy as np
 import pytest
 
-from host_agent import node_socket, optim, reference, state
+from host_agent import node_socket, optim, rawsock, reference, state
 from host_agent.node_core import NodeCore
 from host_agent.optim import OptimizerConfig
 
@@ -75,3 +77,33 @@ def test_a_sum_restarts_the_backoff(node, monkeypatch):
     assert [t for t, _ in resends(node, monkeypatch, 4 * PERIOD)] == [PERIOD, 3 * PERIOD]
     node._last_sum, node._stall_resends = 10 * PERIOD, 0  # what a received sum does (OptimizerNode._handle)
     assert [t for t, _ in resends(node, monkeypatch, 12 * PERIOD) if t > 10 * PERIOD] == [11 * PERIOD]
+
+
+def test_answers_held_back_by_the_reordering_fault_go_once_the_node_is_idle(tmp_path, monkeypatch):
+    """--reorder-send holds a frame until the next send: with nothing more to answer (a step's last
+    chunks, a window of few slots) that was the stall resend's second or more, which the workers
+    timed as a round trip (RTOs of seconds in make stress). The node's idle loop sends them."""
+    init = small_model()
+    lay = optim.layout_of(init)
+    state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
+    monkeypatch.setattr(node_socket.rawsock, "enable_auxdata", lambda s: False)
+    ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    peer.setblocking(False)
+    faults = rawsock.Faults(reorder=0.999, seed=1)
+    node = node_socket.OptimizerNode(NodeCore(state.Store(tmp_path, BUDGET), JOB, N, S), ours,
+                                     node_socket.NodeAddress("02:00:00:00:00:09", "10.0.0.9"), faults,
+                                     stall_resend=1e6)
+    try:
+        sums, nf = step_sums(lay, reference.synthetic_grads(3), N, 0, initial_fp16(init))
+        hdr, vals = node.core.handle(sum_headers(JOB, 0, np.arange(2), lay, S, N, nf), sums[:2])
+        node._send(hdr, vals)
+        assert faults.reordered and faults.held
+        with pytest.raises(BlockingIOError):
+            peer.recv(1 << 16)  # held: nothing left yet
+        node.serve(idle_timeout=0.2)
+        assert not faults.held
+        assert len(peer.recv(1 << 16)) > 0  # what the fault held went out while the node was idle
+    finally:
+        node.core.store.close()
+        ours.close()
+        peer.close()
