@@ -467,6 +467,11 @@ def read_state(state_dir: str | pathlib.Path, before_commit: bool = False
     return {**commit, "updates": updates}, cfg, layout, chunks, records
 
 
+def job_dirs(state_dirs: str | os.PathLike | Iterable[str | os.PathLike]) -> list[pathlib.Path]:
+    """A job's state directories: its one node's directory, or every shard's (a list, shard order)."""
+    return [pathlib.Path(d) for d in ([state_dirs] if isinstance(state_dirs, (str, os.PathLike)) else state_dirs)]
+
+
 def read_committed(state_dirs: str | os.PathLike | Iterable[str | os.PathLike]
                    ) -> tuple[dict, OptimizerConfig, Layout, np.ndarray]:
     """A job's state at its last step every node committed (read_state): (commit.json, optimizer,
@@ -477,7 +482,7 @@ def read_committed(state_dirs: str | os.PathLike | Iterable[str | os.PathLike]
     Shards commit each on its own: one may be a step ahead of another (never more: no worker sends
     step s + 1 before every shard committed s); its chunks then come from the copy its last step
     read, the state after the step the others committed."""
-    dirs = [pathlib.Path(d) for d in ([state_dirs] if isinstance(state_dirs, (str, os.PathLike)) else state_dirs)]
+    dirs = job_dirs(state_dirs)
     reads = [read_state(d) for d in dirs]
     if len(reads) == 1 and reads[0][3] is None:
         commit, cfg, layout, _, records = reads[0]
@@ -522,9 +527,11 @@ def create_at(state_dir: str | pathlib.Path, layout: Layout, cfg: OptimizerConfi
     n = hi - lo + 1
     copy = np.memmap(d / f"state{updates % 2}.bin", dtype=np.float32, mode="r+", shape=(n, cfg.lanes, K))
     for lane in range(cfg.lanes):
-        flat = np.zeros(layout.n_chunks * K, np.float32)
-        flat[: layout.total] = lanes.get(lane, 0.0)
-        copy[:, lane, :] = flat[lo * K : (hi + 1) * K].reshape(n, K)
+        flat = np.zeros(n * K, np.float32)  # this directory's chunks only; the last chunk's tail stays 0
+        if lane in lanes:
+            part = lanes[lane][lo * K : (hi + 1) * K]
+            flat[: len(part)] = part
+        copy[:, lane, :] = flat.reshape(n, K)
     copy.flush()
     del copy
     with open(d / f"state{updates % 2}.bin", "rb+") as f:

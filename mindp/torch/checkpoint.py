@@ -73,8 +73,7 @@ def restore(path: str | pathlib.Path, state_dirs) -> int:
     """A fresh state directory from a checkpoint of `save`, or one per optimizer shard (a list of M
     directories in the job's shard order, each given its range of `mindp.layout.shard_ranges`, as
     the nodes of a job with M optimizers check); returns the step it resumes after."""
-    many = not isinstance(state_dirs, (str, os.PathLike))
-    dirs = list(state_dirs) if many else [state_dirs]
+    dirs = state.job_dirs(state_dirs)
     if not dirs:
         raise ConfigError("no state directory to restore into")
     for d in dirs:
@@ -113,9 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("state_dir", nargs="+",
                    help="the node's state directory; for a job of M optimizer shards, M directories in shard order")
     args = p.parse_args(argv)
-    dirs = args.state_dir if len(args.state_dir) > 1 else args.state_dir[0]
     try:
-        step = restore(args.checkpoint, dirs)
+        step = restore(args.checkpoint, args.state_dir)
     except ConfigError as exc:
         print(f"mindp.torch.checkpoint: {exc}", file=sys.stderr)
         return 2
