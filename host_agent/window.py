@@ -56,7 +56,9 @@ class RtoConfig:
     # starts a step late (slower, descheduled), a node committing the previous step or reading a
     # page stall every outstanding chunk, step after step, for far longer than the thousands of
     # round trips in between, which bring RFC 6298's estimate down to a few ms, so every such
-    # stall timed out a burst of chunks that were only late (BMv2: ~16 a step at LOSS=0).
+    # stall timed out a burst of chunks that were only late (BMv2: ~16 a step at LOSS=0). Scaled
+    # by the learnt hold (RttEstimator.hold / initial): resends proved needed shrink it as they
+    # shrink the hold, a spurious one restores it.
     peak: float = 2.0
 
     def __post_init__(self):
@@ -124,8 +126,9 @@ class RttEstimator:
         self._update()
 
     def _update(self) -> None:
+        peak = self.cfg.peak * self.hold / self.cfg.initial * max(self.peaks)
         self.measured = min(self.cfg.deadline / 4,
-                            max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar), self.cfg.peak * max(self.peaks)))
+                            max(self.cfg.min, self.srtt + max(0.001, 4 * self.rttvar), peak))
         self.rto = min(self.cap, self.measured)
 
     def resends_answered(self, needed: int, spurious: int) -> None:
@@ -135,11 +138,21 @@ class RttEstimator:
         few frames: every loss cost >= `initial`). An unflagged one proves the resend spurious (the
         first sends completed the chunk: the window was only late) and restores the hold to
         `initial`, as TCP's Eifel response restores its state (RFC 4015). So without evidence of
-        loss (LOSS=0) the hold stays whole."""
+        loss (LOSS=0) the hold stays whole.
+
+        The RTO's peak (RtoConfig.peak) follows the same evidence: a one-off stall (a peer stopped
+        or restarted mid-step) kept every later loss of a long step waiting twice the stall (make
+        stress: 4 workers, 4 slots, 10 % loss, a worker stopped and one killed in a 240-chunk
+        step: resends at 2.4-5.2 s, the step past the 15-min cap) while each of those resends
+        proved a frame lost."""
         if spurious:
             self.hold = self.cfg.initial
         elif needed:
             self.hold = max(self.cfg.min, self.hold / 2 ** needed)
+        else:
+            return
+        if self.srtt is not None:
+            self._update()
 
     @property
     def lossy(self) -> bool:

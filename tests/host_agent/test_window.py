@@ -519,3 +519,24 @@ def test_a_frame_lost_while_the_window_was_held_is_resent_by_the_rto_once_answer
     w = step(lossy=False)
     assert w.wake_at() == pytest.approx(1.0) and w.due(0.99) == ([], []) and w.due(1.0) == ([], [3])
     assert w.rtt.peaks[1] == pytest.approx(0.3)
+
+
+def test_losses_shrink_the_peak_of_a_one_off_stall_as_they_shrink_the_hold():
+    """A long step (64 chunks through one slot) starts with a 0.9 s stall (a peer stopped), which its
+    round trips measure: the RTO covers twice that (RtoConfig.peak) for the rest of the step. Then
+    every 8th gradient is lost. Each flagged answer to a resend proves a frame lost and halves the
+    peak's weight with the hold, so the losses wait 1.8, 0.9, 0.45 s ... instead of 1.8 s each
+    (make stress: a worker stopped and one killed at 10 % loss kept resends at 2.4-5.2 s). Without
+    a loss the peak stays whole (test_with_no_loss_the_hold_stays_whole)."""
+    def step(lost: frozenset) -> tuple[float, RttEstimator]:
+        rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
+        t = run_step(rtt, 0, 0.0, 0.0, n=8, slots=1)[1] + 0.05
+        resent, end = run_step(rtt, 1, t, 0.9, n=64, slots=1, lost=lost)
+        assert resent == len(lost)
+        return end - t, rtt
+    clean, rtt = step(frozenset())
+    assert rtt.rto == pytest.approx(1.8) and rtt.hold == 1.0
+    lossy, rtt = step(frozenset(range(8, 64, 8)))
+    waits = [1.8, 0.9, 0.45, 0.225, 0.18, 0.18, 0.18]  # the peak x 2 x hold, hold >= the RTO's floor
+    assert lossy - clean == pytest.approx(sum(waits), abs=0.005)  # (a resend's round trip replaces the lost one's)
+    assert rtt.hold == pytest.approx(0.1) and rtt.rto == pytest.approx(0.18) and rtt.peaks[1] == pytest.approx(0.9)
