@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from host_agent import optim
+from host_agent import optim, rawsock
 from host_agent.optim import ConfigError
 from host_agent.resume import ResumeFile
 from host_agent.window import RtoConfig
@@ -413,3 +413,32 @@ def test_a_streaming_agent_pumps_its_step_while_the_caller_computes():
     assert agent.stats["retransmitted"] >= 3
     a.close()
     b.close()
+
+
+def test_frames_held_back_by_the_reordering_fault_go_with_the_next_pump():
+    """--reorder-send (and the tests' reorder) holds a frame until the next send: a step's last
+    chunks waited for their resend, which peers timed as a round trip (RTOs of seconds). The next
+    pump sends them even when it has nothing else to send."""
+    lay = optim.layout_of({"a": np.zeros(4 * K, np.float32)})
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    b.setblocking(False)
+    faults = rawsock.Faults(reorder=0.999, seed=1)
+    agent = WorkerAgent(replace(CFG, stream=False, rto=RtoConfig(initial=30.0, min=10.0, max=20.0, deadline=60.0)),
+                        lay, a, faults)
+    try:
+        h = agent.start_step()
+        h.put("a", np.ones(4 * K, np.float32))  # the window's 4 chunks sent, and held back
+        assert len(faults.held) == faults.reordered == 4 and _recv_or_none(b) is None
+        h.pump(0.01)  # nothing due: the held frames go
+        assert not faults.held and sum(1 for _ in iter(lambda: _recv_or_none(b), None)) == 4
+    finally:
+        agent.close()
+        a.close()
+        b.close()
+
+
+def _recv_or_none(sock):
+    try:
+        return sock.recv(1 << 16)
+    except BlockingIOError:
+        return None
