@@ -476,6 +476,14 @@ def open_resume(path: str | None, cfg: WorkerConfig, layout: Layout, init: dict)
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        return _main(args)
+    except KeyboardInterrupt:  # before the steps (those say where they stopped)
+        print(f"mindp-worker {args.worker}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args: argparse.Namespace) -> int:
+    try:
         layout, init = agent_args.load_model(args.layout, args.init)
         rto = RtoConfig(deadline=args.deadline)
         if args.topology:
@@ -498,18 +506,24 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, TopologyError, rawsock.SocketError, ValueError, OSError) as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)
         return 2
-    if resumed:
-        print(f"mindp-worker {args.worker}: resuming at step {agent.step} "
-              f"({int(np.count_nonzero(resume.answered_in(agent.step)[0]))} chunk(s) of it answered)", flush=True)
     grad_fn = reference.synthetic_grads(args.grad_seed)
     params = layout.unflatten(agent.current[: layout.total])
     code = 0
     try:
+        if resumed:
+            print(f"mindp-worker {args.worker}: resuming at step {agent.step} "
+                  f"({int(np.count_nonzero(resume.answered_in(agent.step)[0]))} chunk(s) of it answered)", flush=True)
+        else:
+            print(f"mindp-worker {args.worker}: job {cfg.job_id}, {layout.n_chunks} chunk(s) in {cfg.slots} slot(s), "
+                  f"from step {agent.step}", flush=True)
         while agent.step < args.steps:
             params = agent.push(grad_fn(args.worker, agent.step, params))
     except (StepTimeout, digest.DigestError) as exc:
         print(f"mindp-worker: {exc}", file=sys.stderr)
         code = 1
+    except KeyboardInterrupt:  # the resume file holds every chunk received: --resume goes on from here
+        print(f"mindp-worker {args.worker}: interrupted in step {agent.step}", file=sys.stderr)
+        code = 130
     if guard:
         guard.close()
     if args.out and code == 0:

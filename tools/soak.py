@@ -425,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
         except SystemExit as exc:
             print(exc, file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            print("soak: interrupted", file=sys.stderr)
+            return 130
         finally:
             soak.close()
         ok = print_report(soak, soak.exact(), soak.digests(), time.monotonic() - t0)

@@ -46,7 +46,7 @@ import time
 
 from host_agent.agent_args import integer
 from mindp import protocol, testbed
-from tools.stress_config import FAMILIES, SCENARIO_CAP, Config, random_config
+from tools.stress_config import BUSY_LOOP, FAMILIES, SCENARIO_CAP, Config, random_config
 
 #: Families of the loop by default (makerun waits for the machine's one Mininet run at a time).
 DEFAULT_FAMILIES = FAMILIES
@@ -96,10 +96,11 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
     end = time.monotonic() + minutes * 60
     counts: dict[str, collections.Counter] = {f: collections.Counter() for f in families}
     skips: dict[str, collections.Counter] = {f: collections.Counter() for f in families}
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+    busy = [subprocess.Popen(BUSY_LOOP) for _ in range(load)]
     n = diverged = 0
+    interrupted = False
     try:
-        while time.monotonic() < end:
+        while time.monotonic() < end and not interrupted:
             family = families[n % len(families)]
             cfg = random_config(rng, family)
             d = out / f"{n:04d}-{family}-{cfg.seed}"
@@ -112,6 +113,11 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
                     code = child.wait(timeout=SCENARIO_CAP + 120)
                 except subprocess.TimeoutExpired:
                     code = FAILED
+                except KeyboardInterrupt:  # the scenario had the terminal's Ctrl-C too: it cleans up
+                    interrupted = True
+                    child.wait()
+                    shutil.rmtree(d)
+                    break
                 finally:  # also when this loop is stopped: the scenario cleans up on SIGTERM
                     if child.poll() is None:
                         child.terminate()
@@ -135,8 +141,9 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
         print(f"{f}: {sum(c.values()) - c['skipped']} scenarios, {c['exact']} exact, {c['diverged']} diverged, "
               f"{c['failed']} failed" + (f" ({c['skipped']} skipped: " + "; ".join(
                   f"{count} {r}" for r, count in skips[f].items()) + ")" if c["skipped"] else ""))
-    print(f"{n - sum(c['skipped'] for c in counts.values())} scenarios, {diverged} divergences", flush=True)
-    return 1 if diverged else 0
+    print(f"{n - sum(c['skipped'] for c in counts.values())} scenarios, {diverged} divergences"
+          + (" (interrupted: the scenario under way is not counted)" if interrupted else ""), flush=True)
+    return 1 if diverged else 130 if interrupted else 0
 
 
 def skip_reason(work: pathlib.Path) -> str:
@@ -179,4 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # a replay's scenario has cleaned up on the way out
+        print("tools.stress: interrupted", file=sys.stderr)
+        sys.exit(130)

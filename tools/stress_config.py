@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import pathlib
 import random
+import sys
 from dataclasses import asdict, dataclass, field
 
 from mindp import protocol
 from p4src import artifacts
+
+#: A busy loop taking a core; the terminal's Ctrl-C ends it quietly (no traceback of its own).
+BUSY_LOOP = [sys.executable, "-c", "import signal\nsignal.signal(signal.SIGINT, signal.SIG_DFL)\nwhile True: pass"]
 
 FAMILIES = ("loopback", "threads", "embedded", "bmv2", "makerun")
 #: Families on a switch (the embedded one or BMv2) configured by a controller process of their own.

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 
-from tools.stress_config import SCENARIO_CAP, Config
+from tools.stress_config import BUSY_LOOP, SCENARIO_CAP, Config
 
 #: Exit code of flock when make run's lock stayed busy (the scenario is skipped).
 LOCK_BUSY = 75
@@ -58,7 +58,7 @@ def verdict(code: int, summary: dict | None, lock_wait: int = LOCK_WAIT) -> dict
 
 def make_run(c: Config, work: pathlib.Path, lock_wait: int = LOCK_WAIT) -> dict:
     """`make run` with the configuration's variables beside its busy loops; its summary's verdict."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(c.busy_loops)]
+    busy = [subprocess.Popen(BUSY_LOOP) for _ in range(c.busy_loops)]
     run = None
     try:
         with open(work / "make-run.log", "wb") as log:

@@ -11,7 +11,6 @@ import random
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -25,7 +24,7 @@ from mindp import progress, testbed
 from mindp.protocol import K
 from mindp.topology import star
 from tools.soak import Agent
-from tools.stress_config import SCENARIO_CAP, SWITCH_FAMILIES, Config, Event
+from tools.stress_config import BUSY_LOOP, SCENARIO_CAP, SWITCH_FAMILIES, Config, Event
 
 #: The node's linger: longer than a stopped worker's hold (2.5 s at most) plus its largest RTO, so
 #: that a worker whose last parameters were lost is still answered.
@@ -156,7 +155,7 @@ class Scenario:
             self._agents(bed)
             if shutil.which("tcpdump"):
                 self._capture(bed)
-            self.busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(c.busy_loops)]
+            self.busy = [subprocess.Popen(BUSY_LOOP) for _ in range(c.busy_loops)]
             stop = threading.Event()
             try:
                 with self._fabric(bed) as self.fabric:

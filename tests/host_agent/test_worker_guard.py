@@ -1,6 +1,8 @@
 """The worker on a real veth: a PARAM frame that carried a VLAN tag (stripped by the kernel,
 reported in PACKET_AUXDATA) is refused; the CLI writes no --out after a failed step."""
 import json
+import signal
+import subprocess
 import struct
 import sys
 
@@ -78,3 +80,28 @@ def test_worker_cli_writes_no_out_after_a_failed_step(bed, tmp_path):
     assert "Traceback" not in p.stderr
     assert not out.exists()
     assert json.loads(stats.read_text())["failed_steps"] == 1
+
+
+def test_worker_cli_interrupted_says_where_in_one_line_and_keeps_its_resume_file(bed, tmp_path):
+    """Ctrl-C during a step (no switch answers here): one line naming the step, exit 130, the stats
+    written, and the resume file left for --resume; no traceback."""
+    b, topo = bed
+    topo_path = tmp_path / "topo.json"
+    topo.dump(topo_path)
+    init = tmp_path / "init.npz"
+    np.savez(init, a=np.zeros(K + 8, np.float32))
+    resume, stats = tmp_path / "w.resume", tmp_path / "w.json"
+    p = subprocess.Popen(["ip", "netns", "exec", b.hosts["w1_0"].netns, sys.executable, "-m", "host_agent.worker",
+                          "--topology", str(topo_path), "--job", "1", "--worker", "0", "--init", str(init),
+                          "--steps", "2", "--resume", str(resume), "--stats", str(stats)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:  # its first line once it is set up (`ip netns exec` execs: p.pid is the worker)
+        assert p.stdout.readline().startswith("mindp-worker 0: job 1, 2 chunk(s) in 8 slot(s), from step 0")
+        p.send_signal(signal.SIGINT)
+        _, err = progress.communicate(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130 and err.strip() == "mindp-worker 0: interrupted in step 0", err
+    assert json.loads(stats.read_text())["step_times"] == [] and resume.stat().st_size > 0
