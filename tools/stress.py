@@ -100,7 +100,7 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
     n = diverged = 0
     interrupted = False
     try:
-        while time.monotonic() < end and not interrupted:
+        while time.monotonic() < end:
             family = families[n % len(families)]
             cfg = random_config(rng, family)
             d = out / f"{n:04d}-{family}-{cfg.seed}"
