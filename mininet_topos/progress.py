@@ -190,6 +190,9 @@ class Progress:
         done = self.step
         loss, acc = self.latest()
         loss_s = f"{loss:.4f}" if loss is not None else "-"
+        seen = min((c.steps[-1] for c in self.curves.values() if c.steps), default=None)
+        if loss is not None and seen is not None and seen + 1 < done:  # EVAL= every few steps, or only the ends
+            loss_s += f" at step {seen + 1}"
         acc_s = f"{acc * 100:5.1f}%" if acc is not None else "-"
         if not self.steps:  # a script's own step count is not known ahead
             return f"steps done {done}  loss {loss_s}  acc {acc_s}  {speed}  grad retx {self.retransmissions}"

@@ -429,6 +429,7 @@ class Run:
         out = []
         for jf in self.jobs:
             j = jf.job.job_id
+            self.console.say(f"  job {j}: training the reference in this process ({self.cfg.steps} steps) to compare bits")
             ref = workload.reference_train(jf.wl, jf.init, self.cfg.steps, self.opt)
             try:
                 master = optim.load_npz(jf.master_path)

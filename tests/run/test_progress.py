@@ -140,3 +140,17 @@ def test_the_progress_line_off_a_terminal_prints_when_the_step_moves_and_ends_on
     slow.show(1, "b")  # within `every` of the last
     slow.end("b")
     assert said.lines[-2:] == ["a", "b"]
+
+
+def test_a_loss_evaluated_steps_ago_says_at_which_step():
+    """EVAL=0 evaluates only the first and the last model: the bar's loss is the initial one until
+    the end, and says so instead of looking like training that does not learn."""
+    p = Progress({1: 1}, steps=10)
+    p.feed(line(job=1, worker=0, step=-1, sent=0, retx=0, loss=2.5, acc=0.1))
+    assert "loss 2.5000  acc" in p.bar()
+    p.feed(line(job=1, worker=0, step=3, sent=40, retx=0))
+    assert "loss 2.5000 at step 0  acc" in p.bar()
+    p.feed(line(job=1, worker=0, step=4, sent=50, retx=0, loss=1.5, acc=0.5))
+    assert "loss 1.5000  acc" in p.bar()
+    p.feed(line(job=1, worker=0, step=9, sent=100, retx=0))
+    assert "step 10/10  loss 1.5000 at step 5  acc" in p.bar()
