@@ -9,6 +9,7 @@ A run through the network must end bit-identical to this (docs/DESIGN.md invaria
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -67,11 +68,16 @@ def train(
     on_nonfinite: Callable[[int, int], None] | None = None,
     members: Callable[[int], list[int]] | None = None,
     told_lrs: dict[int, tuple[float, ...]] | None = None,
+    more_grad_fns: list[GradFn] = (),
 ) -> Result:
     """Train `steps` steps of `n_workers` data-parallel workers in one process.
 
     init: named initial float32 parameters (workers start from their fp16 rounding).
     grad_fn(worker, step, params_fp16) -> named gradients (numpy or torch, any float dtype).
+    more_grad_fns: copies of grad_fn, each with state of its own (a torch module): a step's
+    workers are then computed in as many threads, grad_fn's included (torch releases the GIL: a
+    gpt's check after make run took as long again as training on 2 cores). Each gradient is the
+    same computation in whichever thread, and the sums are exact in any order.
     members(step) -> the worker ids taking part in that step (default 0..n_workers-1), for a job
     whose membership changes between steps; the mean divides by their number.
     told_lrs: the "script" schedule's lrs of each step, a parameter group each (as the script's
@@ -87,23 +93,38 @@ def train(
     updates = 0  # Adam's bias correction counts updates: a skipped step is none
     # each parameter group's elements and lr (a skipped step still advances the schedule)
     runs = [(a, b, cfg, lr.Rates(cfg.lr, cfg.schedule, told_lrs, group)) for a, b, cfg, group in opt.group_runs(layout)]
-    for step in range(steps):
-        params = layout.unflatten(master[: layout.total].astype(np.float16))
-        ids = list(range(n_workers)) if members is None else list(members(step))
-        flats = [flat_fp16(layout, grad_fn(w, step, params)) for w in ids]
-        sums, nonfinite = chunk_sums(flats)
-        if nonfinite.any():  # the whole step is a no-op, as at the node
-            for c in np.flatnonzero(nonfinite):
-                skipped.append((step, int(c)))
-                if on_nonfinite:
-                    on_nonfinite(step, int(c))
-            continue
-        g = optim.mean_gradient(sums.reshape(-1), len(ids))
-        for a, b, cfg, rates in runs:  # elementwise: each group's slices apart
-            optim.apply(cfg, master[a:b], m[a:b], v[a:b], g[a:b], updates, rates.at(step))
-        updates += 1
+    fns = [grad_fn, *more_grad_fns]
+    with ThreadPoolExecutor(max(1, len(fns) - 1)) as pool:
+        for step in range(steps):
+            params = layout.unflatten(master[: layout.total].astype(np.float16))
+            ids = list(range(n_workers)) if members is None else list(members(step))
+            sums, nonfinite = chunk_sums(_gradients(fns, pool, layout, ids, step, params))
+            if nonfinite.any():  # the whole step is a no-op, as at the node
+                for c in np.flatnonzero(nonfinite):
+                    skipped.append((step, int(c)))
+                    if on_nonfinite:
+                        on_nonfinite(step, int(c))
+                continue
+            g = optim.mean_gradient(sums.reshape(-1), len(ids))
+            for a, b, cfg, rates in runs:  # elementwise: each group's slices apart
+                optim.apply(cfg, master[a:b], m[a:b], v[a:b], g[a:b], updates, rates.at(step))
+            updates += 1
     flat = master[: layout.total]
     return Result(layout.unflatten(flat.astype(np.float16)), unflatten_f32(layout, flat), skipped)
+
+
+def _gradients(fns: list[GradFn], pool: ThreadPoolExecutor, layout: Layout, ids: list[int], step: int,
+               params: dict) -> list[np.ndarray]:
+    """The workers' padded fp16 gradients of a step, in the order of `ids`: fns[t] computes every
+    len(fns)-th worker from the t-th on, fns[0] in this thread, the others in the pool's."""
+    def part(t: int) -> list[np.ndarray]:
+        return [flat_fp16(layout, fns[t](w, step, params)) for w in ids[t:: len(fns)]]
+
+    if len(fns) == 1 or len(ids) < 2:
+        return [flat_fp16(layout, fns[0](w, step, params)) for w in ids]
+    others = [pool.submit(part, t) for t in range(1, len(fns))]
+    parts = [part(0), *(f.result() for f in others)]
+    return [parts[i % len(fns)][i // len(fns)] for i in range(len(ids))]
 
 
 def unflatten_f32(layout: Layout, flat: np.ndarray) -> dict[str, np.ndarray]:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import os
 import pathlib
+import threading
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -210,22 +212,34 @@ def describe(cfg: WorkloadConfig, init: dict[str, np.ndarray]) -> str:
     return f"{cfg.model} ({count} parameters)"
 
 
+#: Parameters from which reference_train computes a step's workers in threads.
+THREADED_REFERENCE = 100_000
+
+
 def reference_train(cfg: WorkloadConfig, init: dict[str, np.ndarray], steps: int, opt):
     """host_agent.reference.train of this workload, with the loss scale the workers hold at each step."""
     from host_agent import optim, reference
     from mindp.lossscale import LossScaler
 
+    # A large torch model's workers in threads of their own (each its own module: 1.6x for the
+    # gpt on 2 busy cores); a small model's steps cost less than handing them over (cnn: 0.5x).
+    size = sum(int(a.size) for a in init.values())
+    threads = 1 if cfg.model == "mlp" or size < THREADED_REFERENCE else min(cfg.n_workers, len(os.sched_getaffinity(0)))
     if not cfg.loss_scale:
-        return reference.train(init, grad_fn(cfg), cfg.n_workers, steps, opt, optim.layout_of(init))
+        fns = [grad_fn(cfg) for _ in range(threads)]
+        return reference.train(init, fns[0], cfg.n_workers, steps, opt, optim.layout_of(init), more_grad_fns=fns[1:])
     scaler = LossScaler(cfg.loss_scale, growth_interval=cfg.scale_growth_interval)
     skipped: set[int] = set()
     at = [0]
+    lock = threading.Lock()  # the workers' threads ask for a step's scale at once
 
     def scale_of(step: int) -> float:
-        while at[0] < step:  # steps before `step` are complete: their outcome is known
-            scaler.update(at[0] in skipped)
-            at[0] += 1
-        return scaler.scale
+        with lock:
+            while at[0] < step:  # steps before `step` are complete: their outcome is known
+                scaler.update(at[0] in skipped)
+                at[0] += 1
+            return scaler.scale
 
-    return reference.train(init, grad_fn(cfg, scale_of), cfg.n_workers, steps, opt, optim.layout_of(init),
-                           on_nonfinite=lambda step, chunk: skipped.add(step))
+    fns = [grad_fn(cfg, scale_of) for _ in range(threads)]
+    return reference.train(init, fns[0], cfg.n_workers, steps, opt, optim.layout_of(init),
+                           on_nonfinite=lambda step, chunk: skipped.add(step), more_grad_fns=fns[1:])

@@ -111,3 +111,30 @@ def test_init_is_seeded_and_config_round_trips(tmp_path):
         wl.WorkloadConfig.from_dict({"n_workers": 2, "colour": "red"})
     with pytest.raises(wl.WorkloadError):
         wl.WorkloadConfig.load(tmp_path / "missing.json")
+
+
+def test_a_reference_with_more_gradient_functions_computes_workers_in_threads_to_the_same_bits():
+    """more_grad_fns: each copy computes its own share of a step's workers in a thread of its own
+    (make run's check of a gpt took as long again as training): the same bits."""
+    import threading
+
+    cfg = wl.WorkloadConfig(n_workers=3, seed=0)
+    init = wl.init_params(cfg)
+    opt = optim.OptimizerConfig(lr=0.01)
+    calls: list[tuple[int, int, str]] = []  # (copy, worker, thread)
+
+    def copy(i):
+        fn = wl.grad_fn(cfg)
+
+        def grad(w, step, params):
+            calls.append((i, w, threading.current_thread().name))
+            return fn(w, step, params)
+        return grad
+
+    one = reference.train(init, wl.grad_fn(cfg), 3, 6, opt, optim.layout_of(init))
+    fns = [copy(0), copy(1)]
+    two = reference.train(init, fns[0], 3, 6, opt, optim.layout_of(init), more_grad_fns=fns[1:])
+    assert all(np.array_equal(one.master[n], two.master[n]) for n in one.master)
+    assert sorted({(i, w) for i, w, _ in calls}) == [(0, 0), (0, 2), (1, 1)]  # each copy its own workers
+    assert {t for i, _, t in calls if i == 0} == {threading.current_thread().name}  # the caller's, and
+    assert len({t for i, _, t in calls if i == 1}) == 1 and len({t for _, _, t in calls}) == 2  # another's
