@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -68,7 +68,7 @@ def train(
     on_nonfinite: Callable[[int, int], None] | None = None,
     members: Callable[[int], list[int]] | None = None,
     told_lrs: dict[int, tuple[float, ...]] | None = None,
-    more_grad_fns: list[GradFn] = (),
+    more_grad_fns: Sequence[GradFn] = (),
 ) -> Result:
     """Train `steps` steps of `n_workers` data-parallel workers in one process.
 
