@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mindp import listed
-from mindp.netutil import bound_udp
+from mindp.netutil import bound_udp, ephemeral_udp
 from mindp.protocol import K, UDP_PORT
 
 from . import fused
@@ -316,10 +316,9 @@ class Source:
 
 
 def open_socket() -> socket.socket:
-    """A worker's digest socket (any port) in the current network namespace."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    """A worker's digest socket (any port but mindp's own) in the current network namespace."""
+    sock = ephemeral_udp()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-    sock.bind(("0.0.0.0", 0))
     sock.setblocking(False)
     return sock
 

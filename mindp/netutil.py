@@ -71,6 +71,25 @@ def bound_udp(bind: str, port: int) -> socket.socket:
     return sock
 
 
+def ephemeral_udp(avoid: tuple[int, ...] = (UDP_PORT,)) -> socket.socket:
+    """A UDP socket bound to a port of the kernel's choosing, never one in `avoid`.
+
+    The switch's parser takes every UDP datagram to UDP_PORT for a mindp frame, whatever its
+    source: a side channel's answers to a socket the kernel happened to put on that port (its
+    ephemeral range holds it) would be dropped there as malformed frames, every one of them."""
+    held = []
+    try:
+        while True:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            held.append(s)
+            s.bind(("0.0.0.0", 0))
+            if s.getsockname()[1] not in avoid:
+                return held.pop()
+    finally:
+        for s in held:  # the refused ports stay taken until here, so the kernel offers others
+            s.close()
+
+
 def hold_udp_port(port: int = UDP_PORT) -> socket.socket:
     """A UDP socket bound to mindp's port in the current network namespace.
 
