@@ -6,7 +6,8 @@ is at, the parameters held before that step (to compute its gradients), and whic
 step were already answered. The last matters because the switch keeps only the two newest uses of a
 slot: a chunk answered a few uses back has no cell any more, and its gradient sent again is stale
 (docs/P4.md), so only a worker that knows it has that chunk's parameters can go on. The file holds
-exactly that, in a shared mapping (every store is in the page cache the moment it is made, so a
+exactly that (and the retransmission timer's estimates, window.RttEstimator.state, so a restarted
+worker goes on with what it learnt of the path), in a shared mapping (every store is in the page cache the moment it is made, so a
 killed process loses nothing; no fsync: it survives the process, not the machine):
 
     header | answered: int64[n_chunks] | parameters: fp16[2][n_chunks * K]
@@ -32,11 +33,13 @@ from mindp.protocol import K
 from . import optim
 from .optim import ConfigError
 
-MAGIC = b"MINDPRS1"
+MAGIC = b"MINDPRS2"
+#: Magics of earlier formats, refused in one line.
+OLD_MAGICS = (b"MINDPRS1",)
 #: Values a worker keeps with its step (the training worker: its loss scale), per parity of the step.
 AUX = 4
 HEADER = np.dtype([("magic", "S8"), ("job", "<u4"), ("worker", "<u4"), ("n_chunks", "<u8"), ("layout", "S32"),
-                   ("step", "<i8"), ("aux", "<f8", (2, AUX))])
+                   ("step", "<i8"), ("aux", "<f8", (2, AUX)), ("rtt", "<f8", 3)])
 
 
 def layout_digest(layout: Layout) -> bytes:
@@ -55,6 +58,9 @@ class ResumeFile:
         except OSError as exc:
             raise ConfigError(f"cannot open resume file {self.path}: {exc.strerror}") from None
         try:
+            if os.pread(fd, len(MAGIC), 0) in OLD_MAGICS:
+                raise ConfigError(f"resume file {self.path} is of an earlier mindp's format: remove it to start "
+                                  f"the worker afresh")
             if os.fstat(fd).st_size != size:
                 raise ConfigError(f"resume file {self.path} is not one of this model at K = {K} (size differs)")
             self._map = mmap.mmap(fd, size)
@@ -106,12 +112,20 @@ class ResumeFile:
     def aux(self, step: int) -> np.ndarray:
         return self.header["aux"][0, step % 2].copy()
 
-    def complete(self, step: int, keep_before: bool, aux=None) -> None:
-        """Step done; keep_before: it was skipped (non-finite), so the parameters before it stay."""
+    @property
+    def rtt(self) -> np.ndarray:
+        """The retransmission timer's estimates as of the last completed step (RttEstimator.state)."""
+        return self.header["rtt"][0].copy()
+
+    def complete(self, step: int, keep_before: bool, aux=None, rtt=None) -> None:
+        """Step done; keep_before: it was skipped (non-finite), so the parameters before it stay;
+        rtt: RttEstimator.state() (a torn write of it costs only a relearnt estimate)."""
         if keep_before:
             self.answers(step)[:] = self.before(step)
         if aux is not None:
             self.header["aux"][0, (step + 1) % 2] = aux
+        if rtt is not None:
+            self.header["rtt"][0] = rtt
         self.header["step"] = step + 1  # the one store that moves the worker on
 
 
@@ -121,6 +135,7 @@ def create(path: pathlib.Path, job: int, worker: int, layout: Layout, before: np
     h = np.zeros(1, HEADER)
     h["magic"], h["job"], h["worker"], h["n_chunks"] = MAGIC, job, worker, n
     h["layout"], h["step"] = layout_digest(layout), step
+    h["rtt"] = np.nan  # nothing learnt yet
     if aux is not None:
         h["aux"][0, step % 2] = aux
     buffers = np.zeros((2, n * K), dtype=np.float16)

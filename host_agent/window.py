@@ -154,6 +154,23 @@ class RttEstimator:
         if self.srtt is not None:
             self._update()
 
+    def state(self) -> tuple[float, float, float]:
+        """(srtt or NaN before the first round trip, rttvar, hold): what a restarted worker takes
+        back (host_agent.resume) instead of learning the path again."""
+        return (math.nan if self.srtt is None else self.srtt, self.rttvar, self.hold)
+
+    def restore(self, state) -> None:
+        """Take back what state() gave, before any round trip of this process. The hold matters
+        most: a worker killed on a lossy path and started again waited `initial` for each late
+        window until resends proved frames lost again (make stress: silences of 0.5-2 s)."""
+        srtt, rttvar, hold = (float(v) for v in state)
+        if not (math.isfinite(hold) and self.cfg.min <= hold <= self.cfg.initial):
+            return  # an empty or foreign record: learn afresh
+        self.hold = hold
+        if math.isfinite(srtt) and srtt > 0 and math.isfinite(rttvar) and rttvar >= 0:
+            self.srtt, self.rttvar = srtt, rttvar
+            self._update()
+
     @property
     def lossy(self) -> bool:
         """Resends proved frames lost since the last one proved spurious (a shortened hold): only

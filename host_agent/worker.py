@@ -124,6 +124,8 @@ class WorkerAgent:
             self.step = resume.step
             self.current = resume.before(self.step)
         self.rtt = RttEstimator(cfg.rto)
+        if resume is not None:
+            self.rtt.restore(resume.rtt)
         self.link = rawsock.LinkWatch(f"mindp-worker {cfg.job_id}/{cfg.worker_id}")
         self.stats = collections.Counter()
         self.step_times: list[float] = []
@@ -425,7 +427,8 @@ class StepHandle:
                 a.on_nonfinite(w.step, a.nonfinite_chunks)
         if a.resume is not None:
             skipped = bool(self.nonfinite)
-            a.resume.complete(w.step, skipped, a.resume_aux(w.step, skipped) if a.resume_aux else None)
+            a.resume.complete(w.step, skipped, a.resume_aux(w.step, skipped) if a.resume_aux else None,
+                              a.rtt.state())
             self.params = a.resume.answers(w.step)
         if a.digest:
             a.digest.idle = self._digest_idle

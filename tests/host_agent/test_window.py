@@ -456,6 +456,30 @@ def test_the_whole_window_hold_shrinks_after_needed_resends_and_is_restored_by_a
     assert stall == [2, 0, 0] and rtt.hold == 1.0  # the first stall resent (twice, by the back-off), then held
 
 
+def test_a_restarted_worker_keeps_what_it_learnt_of_a_lossy_path():
+    """The estimates a worker's resume file keeps (state/restore): started again on the same lossy
+    path, a worker loses no more than its learnt hold per late window; a fresh estimator, which
+    waits `initial` until resends prove loss again (make stress: silences of 0.5-2 s after a
+    restart), and an empty or foreign record learn afresh."""
+    rtt = RttEstimator(RtoConfig(min=0.1, max=0.25))
+    t = run_step(rtt, 0, 0.0, 0.0, n=4, slots=1)[1]
+    for step in range(1, 6):
+        t = run_step(rtt, step, t + 0.05, 0.0, n=4, slots=1, lost=frozenset({3}))[1]
+    took = {}
+    for name in ("restored", "fresh"):
+        again = RttEstimator(rtt.cfg)
+        if name == "restored":
+            again.restore(rtt.state())
+            assert again.state() == rtt.state()
+        t0 = t + 0.05
+        took[name] = round(run_step(again, 6, t0, 0.0, n=4, slots=1, lost=frozenset({3}))[1] - t0, 3)
+    assert took == {"restored": 0.14, "fresh": 1.04}
+    for record in [(np.nan, np.nan, np.nan), (0.01, 0.005, 7.0), (0.01, 0.005, 0.0)]:
+        fresh = RttEstimator(rtt.cfg)
+        fresh.restore(record)
+        assert fresh.srtt is None and fresh.hold == 1.0
+
+
 def test_with_no_loss_the_hold_stays_whole():
     """At LOSS=0 no resend is answered flagged: a stall longer than the hold is resent (spurious,
     answered unflagged), which never shortens the hold; the next stall is held (and learnt by the peak)."""

@@ -284,6 +284,7 @@ def test_a_worker_killed_mid_step_goes_on_from_its_resume_file(tmp_path):
         assert not existed and resume.step == 0
         agent = WorkerAgent(CFG, lay, a, resume=resume)
         agent.push(steps[0])
+        learnt = agent.rtt.state()  # as of the last completed step
         h = agent.start_step()
         for k, g in steps[1].items():
             h.put(k, g)
@@ -299,6 +300,7 @@ def test_a_worker_killed_mid_step_goes_on_from_its_resume_file(tmp_path):
         assert existed and resume.step == 1
         assert np.array_equal(resume.answered_in(1)[0], answered)
         again = WorkerAgent(CFG, lay, a, resume=resume)
+        assert again.rtt.state() == learnt and again.rtt.srtt is not None
         assert all(np.array_equal(v, expect[0][k]) for k, v in lay.unflatten(again.current[: lay.total]).items())
         out = [again.push(steps[1]), again.push(steps[2])]
         assert again.stats["resumed_chunks"] == answered.sum()
@@ -328,6 +330,9 @@ def test_a_resume_file_of_another_worker_or_model_is_refused(tmp_path):
     (tmp_path / "junk").write_bytes(b"x" * 10)
     with pytest.raises(ConfigError, match="size differs"):
         ResumeFile.open(tmp_path / "junk", 3, 1, lay, before)
+    (tmp_path / "old").write_bytes(b"MINDPRS1" + bytes(100))
+    with pytest.raises(ConfigError, match="earlier mindp's format: remove it"):
+        ResumeFile.open(tmp_path / "old", 3, 1, lay, before)
 
 
 def test_link_watch_says_down_once_backs_off_and_says_back():
