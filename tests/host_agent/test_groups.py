@@ -123,6 +123,31 @@ def test_the_reference_trains_each_group_at_its_lr_and_decay():
         assert np.array_equal(got.master[n].view(np.uint32), alone[group_of(n)].master[n].view(np.uint32)), n
 
 
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_the_reference_taken_a_block_at_a_time_is_the_same_bits(monkeypatch, kind):
+    """The reference sums and updates a block of elements at a time (its memory): blocks of any size,
+    across the groups' boundaries, give the bits of one pass, a skipped non-finite step included."""
+    lay = layout()
+    rng = np.random.default_rng(1)
+    init = {n: (rng.standard_normal(s) * 0.1).astype(np.float32) for n, s in SIZES.items()}
+    synthetic = reference.synthetic_grads(5)
+
+    def gf(worker, step, params):
+        g = synthetic(worker, step, params)
+        if (worker, step) == (1, 2):
+            g["attn.w"][3] = np.inf
+        return g
+
+    whole = reference.train(init, gf, 3, 5, cfg_of(kind), lay)
+    assert [s for s, _ in whole.nonfinite] == [2]
+    for block in (1, K + 3, 2 * K):
+        monkeypatch.setattr(reference, "SUM_BLOCK", block)
+        got = reference.train(init, gf, 3, 5, cfg_of(kind), lay)
+        assert got.nonfinite == whole.nonfinite
+        for n in SIZES:
+            assert np.array_equal(got.master[n].view(np.uint32), whole.master[n].view(np.uint32)), (block, n)
+
+
 @pytest.mark.parametrize("bad, says", [
     ([{"params": ["a"], "lr": 0.1, "weight_decay": -1.0}], "weight_decay must be a finite number >= 0, got -1.0"),
     ([{"params": ["a"], "lr": 0.0, "weight_decay": 0.0}], "lr must be a finite number > 0, got 0.0"),
