@@ -387,7 +387,8 @@ class Client:
                                                 if status == OK else None)
             elif len(data) >= _CHUNK.size and data[:8] == CHUNK:
                 _, job, step, chunk, status = _CHUNK.unpack_from(data)
-                if job == self.job_id and (status != OK or len(data) == _CHUNK.size + 2 * K):
+                owner = any(s.ip == ip and s.lo <= chunk <= s.hi for s in self.sources)  # no other host's
+                if owner and job == self.job_id and (status != OK or len(data) == _CHUNK.size + 2 * K):
                     self.chunks[(step, chunk)] = (np.frombuffer(data, "<f2", K, _CHUNK.size).astype(np.float16)
                                                   if status == OK else None)
 

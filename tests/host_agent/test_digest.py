@@ -386,6 +386,29 @@ def test_a_differing_chunk_is_named_fetched_and_taken(capfd):
                                       f"in 2 chunk(s): 0, {last}; taken again from the node\n")
 
 
+def test_parameters_to_repair_are_taken_from_the_node_owning_them_only():
+    """A host other than the chunk's node (any on the network can reach a worker's digest socket)
+    sends its own values for the chunks a worker is about to repair: they are ignored, and the
+    node's are taken."""
+    import collections
+    import socket
+
+    lay = optim.layout_of(small_model())
+    right = flat_of(lay, initial_fp16(small_model()))
+    node = ScriptedNode(lay, [digest.Blocks(0, lay.n_chunks - 1).of(right)], right)
+    mine = right.copy()
+    mine.view(np.uint16)[3] ^= 0x0400
+    client = scripted_client(lay, node)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as other:
+        other.bind(("127.0.0.2", 0))
+        forged = np.full(K, 7.0, dtype="<f2").tobytes()
+        other.sendto(digest._CHUNK.pack(digest.CHUNK, 1, 2, 0, digest.OK) + forged, client.sock.getsockname())
+        stats = collections.Counter()
+        client.check(2, mine, stats, 0.05, 60.0)
+    assert mine.tobytes() == right.tobytes() and node.fetched == 1
+    assert stats["digest_repaired_chunks"] == 1
+
+
 def test_a_query_carries_one_lr_a_parameter_group_and_a_malformed_one_tells_none():
     """A query's lrs: a count, then as many float64; a count of 0, above MAX_TOLD_LRS or unlike the
     query's length tells nothing (the query is then no query: counted by the node as rejected)."""
