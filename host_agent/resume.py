@@ -6,9 +6,10 @@ is at, the parameters held before that step (to compute its gradients), and whic
 step were already answered. The last matters because the switch keeps only the two newest uses of a
 slot: a chunk answered a few uses back has no cell any more, and its gradient sent again is stale
 (docs/P4.md), so only a worker that knows it has that chunk's parameters can go on. The file holds
-exactly that (and the retransmission timer's estimates, window.RttEstimator.state, so a restarted
-worker goes on with what it learnt of the path), in a shared mapping (every store is in the page cache the moment it is made, so a
-killed process loses nothing; no fsync: it survives the process, not the machine):
+exactly that, and the retransmission timer's estimates (window.RttEstimator.state: a restarted
+worker goes on with what it learnt of the path), in a shared mapping (every store is in the page
+cache the moment it is made, so a killed process loses nothing; no fsync: it survives the process,
+not the machine):
 
     header | answered: int64[n_chunks] | parameters: fp16[2][n_chunks * K]
 
