@@ -94,7 +94,10 @@ def test_worker_cli_interrupted_says_where_in_one_line_and_keeps_its_resume_file
     p = subprocess.Popen(["ip", "netns", "exec", b.hosts["w1_0"].netns, sys.executable, "-m", "host_agent.worker",
                           "--topology", str(topo_path), "--job", "1", "--worker", "0", "--init", str(init),
                           "--steps", "2", "--resume", str(resume), "--stats", str(stats)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # as a terminal's foreground job: a suite started in the background by a
+                         # shell without job control ignores SIGINT, and so would the worker
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:  # its first line once it is set up (`ip netns exec` execs: p.pid is the worker)
         assert p.stdout.readline().startswith("mindp-worker 0: job 1, 2 chunk(s) in 8 slot(s), from step 0")
         p.send_signal(signal.SIGINT)
