@@ -224,6 +224,12 @@ class _Client(P4RuntimeClient):
             self.stream_out_q.put(None)
             if self.stream_recv_thread:
                 self.stream_recv_thread.join(grace)
+                if self.stream_recv_thread.is_alive():
+                    # Not ended by the switch: cancel it before closing the channel, which waits for
+                    # its calls to drain and once waited for ever on a stream still read (make run's
+                    # Ctrl-C, a loaded machine)
+                    self.stream.cancel()
+                    self.stream_recv_thread.join(grace)
         self.channel.close()
         if self.stream_recv_thread:
             self.stream_recv_thread.join(grace)
