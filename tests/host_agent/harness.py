@@ -160,12 +160,15 @@ class Workers:
 
     def __init__(self, bed, topo, init, grad_fn, steps, *, drop=0.0, dup=0.0, reorder=0.0, rto=None,
                  overlap=False, ids=None, first_step=0, params=None, recv_drop=None, digests=True,
-                 stop_before=None):
+                 stop_before=None, pause=None):
         """ids: the workers to run (default all of the job's); they run steps first_step..steps-1
         from `params` (fp16, default the initial parameters' rounding). recv_drop: {worker: p},
         that worker alone loses received frames with probability p. digests: each worker checks
         every step against the node's step digest (host_agent.digest). stop_before: {worker: step},
-        that worker ends before the step, as a process killed between steps (see stopped)."""
+        that worker ends before the step, as a process killed between steps (see stopped).
+        pause: {worker: step}, that worker puts only its first tensor of the step until release():
+        its peers then hold that tensor's chunks of the step answered and no other, for as long as
+        a test needs (a worker process killed mid-step, whatever the machine's speed)."""
         self.overlap = overlap
         self.layout = optim.layout_of(init)
         self.results: dict[int, dict] = {}
@@ -175,6 +178,8 @@ class Workers:
         self.params: dict[int, dict] = {}  # each worker's parameters after its last completed step
         self.first_step = first_step
         self.stop_before: dict[int, int] = dict(stop_before or {})
+        self.pause: dict[int, int] = dict(pause or {})
+        self.released = threading.Event()
         job = topo.jobs[0]
         rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
         for w in (job.workers if ids is None else ids):
@@ -196,13 +201,25 @@ class Workers:
         self.threads = [threading.Thread(target=self._run, args=(w, start, grad_fn, steps), daemon=True)
                         for w in self.agents]
 
+    def release(self) -> None:
+        """The paused workers put the rest of their step."""
+        self.released.set()
+
     def _run(self, w, params, grad_fn, steps):
         try:
             for step in range(self.first_step, steps):
                 if step == self.stop_before.get(w):  # killed between steps by the test
                     return
                 grads = grad_fn(w, step, params)
-                if self.overlap:  # as a backward pass produces them: last layer first, sending meanwhile
+                if self.pause.get(w) == step:
+                    h = self.agents[w].start_step()
+                    first, *rest = grads
+                    h.put(first, grads[first])
+                    self.released.wait(STALL)
+                    for name in rest:
+                        h.put(name, grads[name])
+                    params = h.wait()
+                elif self.overlap:  # as a backward pass produces them: last layer first, sending meanwhile
                     h = self.agents[w].start_step()
                     for name in reversed(list(grads)):
                         h.put(name, grads[name])

@@ -344,8 +344,11 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
     with AgentFabric(target, bed, tmp_path) as fab:
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
-            # worker 1 stops before step 7; worker 2 is killed in step 4, 5 or 6 (step 7 cannot begin)
-            workers = Workers(b, topo, init, gf, 8, rto=rto, ids=[0, 1, 3], stop_before={1: 7}).start()
+            # worker 1 stops before step 7; worker 2 is killed in step 4, where worker 0 holds all
+            # but the chunks of its first tensor until released (polling for the middle of a step
+            # missed it under load, and then waited on a worker that could not leave step 7)
+            workers = Workers(b, topo, init, gf, 8, rto=rto, ids=[0, 1, 3], stop_before={1: 7},
+                              pause={0: 4}).start()
             w2.start(8)
             workers.wait_step(1)
             time.sleep(0.03)
@@ -357,6 +360,7 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
             node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
             kill_at, answered = w2.kill_mid_step(4)  # 3. a worker, mid-step
             w2.start(8)
+            workers.release()
             at, params = workers.stopped(1)  # 3b. another, between steps
             assert at == 7
             time.sleep(0.3)
@@ -377,7 +381,7 @@ def test_chaos_switch_node_worker_controller_killed_in_turn(bed, tmp_path, targe
             node.stop()
             if w2.proc and w2.proc.poll() is None:
                 w2.proc.kill()
-    assert 0 < answered < w2.layout.n_chunks
+    assert kill_at == 4 and 0 < answered < w2.layout.n_chunks
     assert w2.banners == [f"mindp-worker 2: resuming at step {kill_at} ({answered} chunk(s) of it answered)",
                           "mindp-worker 2: resuming at step 8 (0 chunk(s) of it answered)"]
     assert sorted(workers.results) == [0, 3] and sorted(again.results) == [1]
