@@ -1,7 +1,7 @@
 """Waits that follow progress, not the clock.
 
-A wait fails when its progress measure (steps done, bytes written, CPU time used...) stays the
-same for `stall` seconds; slow progress never fails it, so a loaded machine slows a test down
+A wait fails when its progress measure (steps done, bytes written, CPU time used beyond an idle
+poller's...) stays the same for `stall` seconds; slow progress never fails it, so a loaded machine slows a test down
 but does not fail it. `cap` bounds the whole wait only as a hang guard (something busy forever).
 """
 from __future__ import annotations
@@ -22,6 +22,10 @@ CAP = 1800.0
 #: file for a process tree); a wait looks ten times per `stall` at most, so a stall is seen late by
 #: a tenth at most.
 MEASURE_EVERY = 2.0
+#: Share of one core below which a process tree's CPU use is idling, not progress (busy()): loops
+#: that only poll cost well under 1 % (wake-ups every 50 ms, a /proc scan a second), real work
+#: (packets, training, start-up) far more even on a loaded machine.
+IDLE_SHARE = 0.02
 
 
 def look_every(stall: float) -> float:
@@ -87,18 +91,36 @@ def cpu_ticks(pids) -> int:
 
 def activity(*pids: int) -> Callable[[], int]:
     """A progress measure: the CPU time used by these processes' trees (default: this process's,
-    without the calling thread, which only polls)."""
+    without the calling thread, which only polls), beyond an idle process's (busy())."""
     if pids:
         def of_pids() -> int:
             kids = procstat.children()  # one scan of /proc for every tree: each reads every process's stat
             return cpu_ticks(p for pid in pids for p in procstat.tree(pid, kids))
-        return of_pids
+        return busy(of_pids)
 
     me, tid = os.getpid(), threading.get_native_id()
 
     def measure() -> int:
         caller = procstat.of(me, tid)
         return cpu_ticks(procstat.tree(me)) - (procstat.cpu_ticks(caller) if caller else 0)
+
+    return busy(measure)
+
+
+def busy(ticks: Callable[[], int], share: float = IDLE_SHARE,
+         clock: Callable[[], float] = time.monotonic) -> Callable[[], int]:
+    """A measure of CPU clock ticks that moves only while they grow faster than `share` of one core,
+    averaged since it last moved: a process that only polls (a worker waiting out a step that can
+    never complete, a switch without frames, a stream close that never returns) stalls a wait, as
+    one that sleeps does. It never moves back (a process leaving a tree takes its ticks along)."""
+    hz, start = os.sysconf("SC_CLK_TCK"), clock()
+    best: list[int] = []
+
+    def measure() -> int:
+        level = int(ticks() - share * hz * (clock() - start))
+        if not best or level > best[0]:
+            best[:] = [level]
+        return best[0]
 
     return measure
 
@@ -124,7 +146,7 @@ def both(*measures: Callable[[], Hashable]) -> Callable[[], tuple]:
 def wait_process(proc: subprocess.Popen, *, stall: float = STALL, progress: Callable[[], Hashable] | None = None,
                  what: str | None = None, cap: float = CAP) -> int:
     """proc's exit code once it exits; Stalled if it (and `progress`, if given) made no progress for
-    `stall` s. The default measure is the CPU time of proc's process tree."""
+    `stall` s. The default measure is the CPU time of proc's process tree (activity())."""
     measure = activity(proc.pid)
     if progress is not None:
         measure = both(measure, progress)
@@ -136,7 +158,7 @@ def wait_process(proc: subprocess.Popen, *, stall: float = STALL, progress: Call
 def communicate(proc: subprocess.Popen, input: str | bytes | None = None, *, stall: float = STALL,
                 progress: Callable[[], Hashable] | None = None, cap: float = CAP) -> tuple:
     """proc.communicate(input), but killing proc and raising Stalled only once its process tree used
-    no CPU (and `progress`, if given, stayed the same) for `stall` s."""
+    no more CPU than an idle one (activity()) (and `progress`, if given, stayed the same) for `stall` s."""
     measure = activity(proc.pid)
     if progress is not None:
         measure = both(measure, progress)
@@ -160,7 +182,7 @@ def communicate(proc: subprocess.Popen, input: str | bytes | None = None, *, sta
 def run(cmd: list[str], *, stall: float = STALL, input: str | bytes | None = None, cap: float = CAP,
         **kw) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, ...), but the process is killed and Stalled raised only once its process
-    tree used no CPU for `stall` s (a slow machine makes it slower, never a failure)."""
+    tree idled (activity()) for `stall` s (a slow machine makes it slower, never a failure)."""
     if kw.pop("capture_output", False):
         kw["stdout"] = kw["stderr"] = subprocess.PIPE
     check = kw.pop("check", False)

@@ -1,4 +1,5 @@
 """mindp.progress: waits fail after a stretch without progress, never because progress is slow."""
+import os
 import subprocess
 import sys
 import time
@@ -42,6 +43,34 @@ def test_run_lets_a_busy_process_finish_and_kills_an_idle_one():
     assert done.stdout == "done\n"
     with pytest.raises(progress.Stalled, match="no progress"):  # before `sleep 30` could end by itself
         progress.run(["sleep", "30"], stall=1)
+
+
+# Wakes every 50 ms and works 0.5 ms (of its own CPU time) each time: 1 % of a core, a tick a second.
+POLLER = [sys.executable, "-c", "import select, time\nwhile True:\n    select.select([], [], [], 0.05)\n"
+          "    end = time.thread_time() + 0.0005\n    while time.thread_time() < end: pass"]
+
+
+def test_a_process_that_only_polls_stalls_as_a_sleeping_one_does():
+    """A worker waiting out a step that can never complete wakes every 50 ms: its CPU ticks grow
+    forever, and a wait that took any tick for progress hung until its hang guard (30 min)."""
+    with pytest.raises(progress.Stalled, match="no progress for 2 s"):
+        progress.run(POLLER, stall=2, cap=60)
+
+
+def test_busy_moves_only_above_an_idle_share_and_never_back():
+    now, ticks = [0.0], [0]
+    measure = progress.busy(lambda: ticks[0], share=0.02, clock=lambda: now[0])
+    hz = os.sysconf("SC_CLK_TCK")
+    first = measure()
+    for _ in range(100):  # 1 % of a core for 100 s: idling
+        now[0] += 1.0
+        ticks[0] += hz // 100
+        assert measure() == first
+    ticks[0] -= 5 * hz  # a process left the tree with its ticks
+    assert measure() == first
+    ticks[0] += 12 * hz  # then 7 s of CPU in a second: back above the allowance (2 s by now)
+    now[0] += 1.0
+    assert measure() > first
 
 
 def test_run_feeds_input_and_checks_like_subprocess_run():
