@@ -224,13 +224,16 @@ class Server:
     `params_of(step, chunks) -> (n, K) fp16 or None` reads them (None: the step is not held)."""
 
     def __init__(self, job_id: int, book: Book, params_of, bind: str = "0.0.0.0", port: int = DIGEST_PORT,
-                 on_lr=None):
+                 on_lr=None, lr_from: frozenset[str] | None = None):
         """on_lr(step, lrs): a query carried the lrs of its step, a parameter group each (the
-        workers' script sets them itself)."""
+        workers' script sets them itself); lr_from: the addresses whose lrs are taken (the job's
+        workers; None: any), any other host's are counted (lr_foreign) and left out, its query
+        answered as any."""
         self.job_id = job_id
         self.book = book
         self.params_of = params_of
         self.on_lr = on_lr
+        self.lr_from = lr_from
         self.sock = bound_udp(bind, port)
         self.held: dict[int, set] = collections.defaultdict(set)  # step -> addresses waiting for it
         self.stats = book.stats
@@ -252,7 +255,13 @@ class Server:
                     self.stats["digest_rejected"] += 1
                     continue
                 if lrs and self.on_lr:
-                    self.on_lr(step, lrs)
+                    if self.lr_from is None or addr[0] in self.lr_from:
+                        self.on_lr(step, lrs)
+                    else:
+                        self.stats["lr_foreign"] += 1
+                        if self.stats["lr_foreign"] == 1:
+                            print(f"mindp-optimizer: {addr[0]} told step {step}'s lrs and is not one of job "
+                                  f"{self.job_id}'s workers in the topology: left out", file=sys.stderr, flush=True)
                 self.last_query = time.monotonic()
                 if self.book.ready(step, committed):
                     self._answer(step, committed, addr)

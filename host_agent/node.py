@@ -95,6 +95,14 @@ def _job_from_args(args) -> tuple[int, int, NodeAddress]:
     return args.workers, args.slots, NodeAddress(args.mac, args.ip)
 
 
+def _workers_ips(args) -> frozenset[str] | None:
+    """The addresses a step's lrs are taken from: the job's workers' (None without --topology)."""
+    if not args.topology:
+        return None
+    topo = Topology.load(args.topology)
+    return frozenset(topo.host(h).ip for h in topo.job(args.job).workers.values())
+
+
 def shard_from_args(args) -> tuple[tuple[int, int] | None, list[str]]:
     """This node's chunk range (None: the whole model) and the IPv4 addresses of the job's other
     shards: from the topology's optimizer list with --shard I, or --chunks LO:HI and --peers."""
@@ -239,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if agreement:
         agreement.skip = core.skip_step
     try:
-        digests = digest.Server(args.job, core.digests, core.committed_params, on_lr=core.learn_lr)
+        digests = digest.Server(args.job, core.digests, core.committed_params, on_lr=core.learn_lr,
+                                lr_from=_workers_ips(args))
     except OSError as exc:  # the workers' checks then fail with one line each
         print(f"mindp-optimizer: step digests not served (UDP port {digest.DIGEST_PORT}: {exc.strerror})",
               file=sys.stderr, flush=True)

@@ -216,6 +216,11 @@ def test_a_query_tells_a_node_following_the_scripts_lr_the_lr_of_its_step(tmp_pa
         client.ask(0)  # a query without an lr (a worker not following the script's) tells nothing
         d.server.poll(core.committed)
         assert core.groups.told == {}
+        d.server.lr_from = frozenset({"10.0.0.1"})  # the job's workers: this client is another host
+        client.ask(0, (0.0042,))
+        d.server.poll(core.committed)
+        assert core.groups.told == {} and core.stats["lr_foreign"] == 1
+        d.server.lr_from = frozenset({"127.0.0.1"})
         client.ask(0, (0.0042,))
         d.server.poll(core.committed)
         assert core.groups.told == {0: (0.0042,)}
@@ -425,3 +430,19 @@ def test_a_query_carries_one_lr_a_parameter_group_and_a_malformed_one_tells_none
             client.ask(0, (0.1,) * many)
     finally:
         client.sock.close()
+
+
+def test_the_node_takes_lrs_from_its_jobs_workers_only(tmp_path):
+    """host_agent.node's lr_from: job 2's workers' addresses, not job 1's nor the node's own."""
+    import argparse
+
+    from host_agent import node
+    from mindp import topology
+
+    topo = topology.star([2, 3])
+    topo.dump(tmp_path / "topo.json")
+    ips = node._workers_ips(argparse.Namespace(topology=str(tmp_path / "topo.json"), job=2))
+    assert ips == {topo.host(h).ip for h in topo.job(2).workers.values()} and len(ips) == 3
+    assert not ips & {topo.host(h).ip for h in topo.job(1).workers.values()}
+    assert topo.host(topo.job(2).optimizer).ip not in ips
+    assert node._workers_ips(argparse.Namespace(topology=None, job=2)) is None
