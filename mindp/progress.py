@@ -7,6 +7,7 @@ but does not fail it. `cap` bounds the whole wait only as a hang guard (somethin
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -173,10 +174,49 @@ def communicate(proc: subprocess.Popen, input: str | bytes | None = None, *, sta
         if value != seen:
             seen, last_change = value, now
         if now - last_change > stall or now - start > cap:
-            proc.kill()
-            proc.communicate()
+            end(proc, stall=stall)
             why = f"no progress for {stall:g} s" if now - start <= cap else f"still running after {cap:g} s"
             raise Stalled(f"{' '.join(map(str, proc.args[:4]))} ...: {why}")
+
+
+def end(proc: subprocess.Popen, *, stall: float = STALL) -> None:
+    """End a process that stalled, and what it started: SIGTERM first (make run tears down its
+    network, switch and agents on it), waited for while its tree makes progress; then SIGKILL to
+    the process and every process of its tree at the start still alive (a SIGKILL to the process
+    alone left them running, reparented, in the way of the runs after it)."""
+    members = _members(proc.pid)
+    proc.terminate()
+    measure = activity(proc.pid)
+    seen, last_change = measure(), time.monotonic()
+    while True:
+        try:
+            proc.communicate(timeout=look_every(stall))
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        now, value = time.monotonic(), measure()
+        if value != seen:
+            seen, last_change = value, now
+        elif now - last_change > stall:
+            break
+    for pid, started in members + (_members(proc.pid) if proc.poll() is None else []):
+        f = procstat.of(pid)
+        if f and f[procstat.START] == started:  # the same process, not a pid reused since
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    proc.communicate()
+
+
+def _members(pid: int) -> list[tuple[int, str]]:
+    """(pid, start time) of `pid` and its live descendants."""
+    out = []
+    for p in procstat.tree(pid):
+        f = procstat.of(p)
+        if f:
+            out.append((p, f[procstat.START]))
+    return out
 
 
 def run(cmd: list[str], *, stall: float = STALL, input: str | bytes | None = None, cap: float = CAP,

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mindp import progress
+from mindp import procstat, progress
 
 BUSY = [sys.executable, "-c", "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass\n"
         "print('done')"]
@@ -55,6 +55,37 @@ def test_a_process_that_only_polls_stalls_as_a_sleeping_one_does():
     forever, and a wait that took any tick for progress hung until its hang guard (30 min)."""
     with pytest.raises(progress.Stalled, match="no progress for 2 s"):
         progress.run(POLLER, stall=2, cap=60)
+
+
+STARTER = """
+import pathlib, signal, subprocess, sys, time
+out = pathlib.Path(sys.argv[1])
+child = subprocess.Popen(["sleep", "600"])
+(out / "child").write_text(str(child.pid))
+def torn_down(*_):
+    (out / "torn-down").write_text("yes")
+    if sys.argv[2] == "tears-down":
+        child.kill()
+        sys.exit(0)
+signal.signal(signal.SIGTERM, torn_down)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("mode", ["tears-down", "ignores"])
+def test_a_stalled_process_is_told_to_end_then_killed_with_what_it_started(tmp_path, mode):
+    """A stalled make run gets SIGTERM (it tears down its network, switch and agents), and what is
+    still alive of its tree after that idles too is killed: never left running for the next run."""
+    with pytest.raises(progress.Stalled, match="no progress for 2 s"):
+        progress.run([sys.executable, "-c", STARTER, str(tmp_path), mode], stall=2, cap=120)
+    assert (tmp_path / "torn-down").read_text() == "yes"  # SIGTERM came first, and was waited for
+    child = int((tmp_path / "child").read_text())
+
+    def gone() -> bool:  # (or a zombie of its killed parent, about to be reaped)
+        f = procstat.of(child)
+        return f is None or f[procstat.STATE] in "ZX"
+    progress.wait(gone, lambda: 0, stall=progress.STALL, what="the child's end")  # a killed process ends at once
 
 
 def test_busy_moves_only_above_an_idle_share_and_never_back():
