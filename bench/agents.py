@@ -35,7 +35,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from host_agent import fused, node_core, node_socket, optim, probe, rawsock, residency, state  # noqa: E402
+from host_agent import fused, kernelpick, node_core, node_socket, optim, probe, rawsock, residency, state  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
 from host_agent.optim import ConfigError, OptimizerConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
@@ -306,13 +306,14 @@ def main() -> int:
                 finally:
                     shutil.rmtree(ram_dir, ignore_errors=True)
                 moved = f"; moving its bytes alone {ceiling:,.0f} elem/s, ratio {ceiling / theirs:.3f}" if ceiling else ""
-                kernel = kernels[fused.selected()]
+                picked = kernelpick.update_kernel(OptimizerConfig(kind=kind))  # the node's (NodeCore's)
+                kernel = kernels[picked]
                 if len(kernels) == 2:
                     moved += (f"; portable kernel {kernels['portable']:,.0f} elem/s, "
                               f"{statistics.median(pairs):.2f} x the AVX2 one (median of {len(pairs)} pairs)")
                 print(f"node in RAM {kind:5} {elements / 1e6:.0f}M elements {ours:12,.0f} elem/s  {name} "
                       f"{theirs:12,.0f} elem/s   ratio {ours / theirs:.3f}  (fused kernel "
-                      f"{fused.selected()} alone {kernel:,.0f} elem/s, "
+                      f"{picked} alone {kernel:,.0f} elem/s, "
                       f"ratio {kernel / theirs:.3f}{moved})")
         if "ooc" not in only:
             return 0

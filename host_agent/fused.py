@@ -10,6 +10,7 @@ a NaN keeps the top of its payload). Without numba the numpy composition runs in
 Which kernel runs (`selected`): the AVX2 one below where the CPU reports AVX2 and F16C (llvmlite's
 host features, on x86-64), else `portable`'s (numba loops with no x86 instruction: any CPU numba
 runs on, ARM included); MINDP_KERNEL=portable forces the latter, MINDP_KERNEL=avx2 the former.
+The node runs kernelpick.update_kernel's: under auto, the faster of the two where both run.
 
 Speed: a record's update is AVX2 vector code written out with llvmlite (record_update: 8 float32
 lanes, four vectors a lane), not a loop for LLVM to vectorise: that loop checked at run time,

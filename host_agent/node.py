@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         return print_plan(args)
     try:
-        kernel = fused.selected()  # a MINDP_KERNEL this CPU cannot run is refused before any state is touched
+        fused.selected()  # a MINDP_KERNEL this CPU cannot run is refused before any state is touched
         chunks, peers = shard_from_args(args)
         n_workers, slots, addr = _job_from_args(args)
         for name in ("linger", "idle_timeout", "stall_resend"):
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{store.n_chunks} chunks"
     print(f"{UP_LINE} {args.job}, {n_workers} workers, {owned}, "
           f"resuming after step {store.committed} ({store.resumed_chunks} chunks of the next step applied), "
-          f"kernel {kernel}",
+          f"kernel {core.kernel}",
           flush=True)
     try:
         node.serve(args.steps, args.linger, args.idle_timeout)

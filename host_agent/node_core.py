@@ -16,7 +16,7 @@ import numpy as np
 from mindp import codec
 from mindp.protocol import MAX_WORKERS, K, Flag, Kind
 
-from . import digest, fused, state
+from . import digest, fused, kernelpick, state
 from .groups import GroupPlan
 
 
@@ -56,7 +56,8 @@ class NodeCore:
         # workers' wait for them does not include the disk.
         self.defer_commit = False
         fused.warm(self.cfg)  # compile the kernel now, not on the first sum
-        self.kernel = fused.selected()  # (read once: each batch's look-up of MINDP_KERNEL cost more than the rest)
+        # (read once: each batch's look-up of MINDP_KERNEL cost more than the rest)
+        self.kernel = kernelpick.update_kernel(self.cfg)
         # A shard owns chunks lo..hi of the job's chunk space: headers carry job-wide chunk
         # numbers (slots and versions follow the whole model), the store holds records 0..hi-lo.
         self.lo, self.hi = store.chunks
