@@ -1,8 +1,8 @@
 """Waits that follow progress, not the clock.
 
 A wait fails when its progress measure (steps done, bytes written, CPU time used beyond an idle
-poller's...) stays the same for `stall` seconds; slow progress never fails it, so a loaded machine slows a test down
-but does not fail it. `cap` bounds the whole wait only as a hang guard (something busy forever).
+poller's...) stays the same for `stall` seconds; slow progress never fails it, so a loaded machine
+slows a test down but does not fail it. `cap` bounds the whole wait only as a hang guard (something busy forever).
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ MEASURE_EVERY = 2.0
 #: that only poll cost well under 1 % (wake-ups every 50 ms, a /proc scan a second), real work
 #: (packets, training, start-up) far more even on a loaded machine.
 IDLE_SHARE = 0.02
+#: A stalled process's teardown after SIGTERM, in stall times, at most (end()).
+TEARDOWN_TURNS = 5
 
 
 def look_every(stall: float) -> float:
@@ -158,8 +160,8 @@ def wait_process(proc: subprocess.Popen, *, stall: float = STALL, progress: Call
 
 def communicate(proc: subprocess.Popen, input: str | bytes | None = None, *, stall: float = STALL,
                 progress: Callable[[], Hashable] | None = None, cap: float = CAP) -> tuple:
-    """proc.communicate(input), but killing proc and raising Stalled only once its process tree used
-    no more CPU than an idle one (activity()) (and `progress`, if given, stayed the same) for `stall` s."""
+    """proc.communicate(input), but ending proc (end()) and raising Stalled once its process tree
+    idled (activity()) and `progress`, if given, stayed the same for `stall` s."""
     measure = activity(proc.pid)
     if progress is not None:
         measure = both(measure, progress)
@@ -183,12 +185,14 @@ def end(proc: subprocess.Popen, *, stall: float = STALL) -> None:
     """End a process that stalled, and what it started: SIGTERM first (make run tears down its
     network, switch and agents on it), waited for while its tree makes progress; then SIGKILL to
     the process and every process of its tree at the start still alive (a SIGKILL to the process
-    alone left them running, reparented, in the way of the runs after it)."""
+    alone left them running, reparented, in the way of the runs after it). A tree busy through
+    its SIGTERM (what the hang guard ends) gets TEARDOWN_TURNS times `stall` at most."""
     members = _members(proc.pid)
     proc.terminate()
     measure = activity(proc.pid)
     seen, last_change = measure(), time.monotonic()
-    while True:
+    give_up = last_change + TEARDOWN_TURNS * stall
+    while time.monotonic() < give_up:
         try:
             proc.communicate(timeout=look_every(stall))
             break

@@ -88,6 +88,14 @@ def test_a_stalled_process_is_told_to_end_then_killed_with_what_it_started(tmp_p
     progress.wait(gone, lambda: 0, stall=progress.STALL, what="the child's end")  # a killed process ends at once
 
 
+def test_a_process_busy_through_its_sigterm_is_killed_after_the_teardown_bound():
+    """The hang guard ends a process busy forever; one that then spins on through SIGTERM gets
+    TEARDOWN_TURNS stall times to end by itself, not forever."""
+    spinner = [sys.executable, "-c", "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: pass"]
+    with pytest.raises(progress.Stalled, match="still running after 1 s"):
+        progress.run(spinner, stall=1, cap=1)
+
+
 def test_busy_moves_only_above_an_idle_share_and_never_back():
     now, ticks = [0.0], [0]
     measure = progress.busy(lambda: ticks[0], share=0.02, clock=lambda: now[0])
