@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         fused.selected()  # a MINDP_KERNEL this CPU cannot run is refused before any state is touched
         chunks, peers = shard_from_args(args)
         n_workers, slots, addr = _job_from_args(args)
+        lr_from = _workers_ips(args)
         for name in ("linger", "idle_timeout", "stall_resend"):
             if getattr(args, name) is not None and getattr(args, name) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 seconds")
@@ -248,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         agreement.skip = core.skip_step
     try:
         digests = digest.Server(args.job, core.digests, core.committed_params, on_lr=core.learn_lr,
-                                lr_from=_workers_ips(args))
+                                lr_from=lr_from)
     except OSError as exc:  # the workers' checks then fail with one line each
         print(f"mindp-optimizer: step digests not served (UDP port {digest.DIGEST_PORT}: {exc.strerror})",
               file=sys.stderr, flush=True)
