@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import signal
 from dataclasses import dataclass
 
 from .console import how_it_ended
@@ -81,7 +82,10 @@ def from_log(text: str) -> RankFailure | None:
             kind, sep, rest = said.partition(": ")
             if sep and re.fullmatch(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)", kind):
                 return RankFailure(rank, kind.rsplit(".", 1)[-1], rest)
-            return RankFailure(rank, how_it_ended(code), said if code >= 0 else "")
+            # A signal's victim's last words are its own only for an abort (C++'s std::terminate,
+            # an assertion: torch's gloo teardown at exit says "terminate called without an active
+            # exception"); a SIGKILL's are whatever it printed before.
+            return RankFailure(rank, how_it_ended(code), said if code >= 0 or code == -signal.SIGABRT else "")
     return None
 
 

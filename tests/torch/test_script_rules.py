@@ -12,7 +12,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from host_agent.optim import ConfigError  # noqa: E402
 from mindp import progress  # noqa: E402
 from mindp.torch import parallel, runscript, script  # noqa: E402
 from mininet_topos import rankerrors  # noqa: E402
@@ -142,6 +141,10 @@ def test_first_failure_from_error_files_then_from_torchrun_log(tmp_path):
     assert rankerrors.first_failure(tmp_path / "torchrun", log) == "rank 1 failed: RuntimeError: boom"
     log.write_text("failed (exitcode: -9) local_rank: 0 (pid: 1) of binary: python\n")
     assert rankerrors.first_failure(tmp_path / "torchrun", log) == "rank 0 failed: killed by SIGKILL"
+    log.write_text("[default0]:step 2\n[default0]:terminate called without an active exception\n"
+                   "failed (exitcode: -6) local_rank: 0 (pid: 1) of binary: python\n")
+    assert rankerrors.first_failure(tmp_path / "torchrun", log) == \
+        "rank 0 failed: killed by SIGABRT: terminate called without an active exception"
 
 
 def lr_checker(torch_opt, sched=None) -> script.Optimizer:
