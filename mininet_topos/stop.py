@@ -14,7 +14,7 @@ import pathlib
 import signal
 import sys
 
-from mindp import progress
+from mindp import procstat, progress
 
 from .runstate import DEFAULT_PATH, RunState
 
@@ -33,9 +33,14 @@ def stop(path: pathlib.Path, wait: float = 20.0) -> str:
         if p.name == ORCHESTRATOR and p.alive():
             p.signal(signal.SIGTERM)  # it tears its run down and removes the state file
             asked = True
+            # Progress: any CPU of its tree (not only above an idle share: its teardown waits on
+            # gRPC and the kernel with little CPU, 20 s of it once under a loaded suite), or what it
+            # has left to end.
+            def measure() -> tuple:
+                return (progress.cpu_ticks(procstat.tree(p.pid)), len(state.live_procs()),
+                        len(state.existing_interfaces()))
             try:
-                progress.wait(lambda: not p.alive(), progress.activity(p.pid), stall=wait, poll=0.1,
-                              what="the run tearing down")
+                progress.wait(lambda: not p.alive(), measure, stall=wait, poll=0.1, what="the run tearing down")
             except progress.Stalled:
                 pass  # ended below, with whatever it left
     left = RunState.load(path)
