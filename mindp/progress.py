@@ -92,14 +92,15 @@ def cpu_ticks(pids) -> int:
     return sum(procstat.cpu_ticks(f, children=True) for f in map(procstat.of, pids) if f)
 
 
-def activity(*pids: int) -> Callable[[], int]:
+def activity(*pids: int, share: float = IDLE_SHARE) -> Callable[[], int]:
     """A progress measure: the CPU time used by these processes' trees (default: this process's,
-    without the calling thread, which only polls), beyond an idle process's (busy())."""
+    without the calling thread, which only polls), beyond an idle process's (busy(); share 0:
+    every tick)."""
     if pids:
         def of_pids() -> int:
             kids = procstat.children()  # one scan of /proc for every tree: each reads every process's stat
             return cpu_ticks(p for pid in pids for p in procstat.tree(pid, kids))
-        return busy(of_pids)
+        return busy(of_pids, share)
 
     me, tid = os.getpid(), threading.get_native_id()
 
@@ -107,7 +108,7 @@ def activity(*pids: int) -> Callable[[], int]:
         caller = procstat.of(me, tid)
         return cpu_ticks(procstat.tree(me)) - (procstat.cpu_ticks(caller) if caller else 0)
 
-    return busy(measure)
+    return busy(measure, share)
 
 
 def busy(ticks: Callable[[], int], share: float = IDLE_SHARE,

@@ -14,7 +14,7 @@ import pathlib
 import signal
 import sys
 
-from mindp import procstat, progress
+from mindp import progress
 
 from .runstate import DEFAULT_PATH, RunState
 
@@ -36,11 +36,10 @@ def stop(path: pathlib.Path, wait: float = 20.0) -> str:
             # Progress: any CPU of its tree (not only above an idle share: its teardown waits on
             # gRPC and the kernel with little CPU, 20 s of it once under a loaded suite), or what it
             # has left to end.
-            def measure() -> tuple:
-                return (progress.cpu_ticks(procstat.tree(p.pid)), len(state.live_procs()),
-                        len(state.existing_interfaces()))
+            left = lambda: (len(state.live_procs()), len(state.existing_interfaces()))  # noqa: E731
             try:
-                progress.wait(lambda: not p.alive(), measure, stall=wait, poll=0.1, what="the run tearing down")
+                progress.wait(lambda: not p.alive(), progress.both(progress.activity(p.pid, share=0.0), left),
+                              stall=wait, poll=0.1, what="the run tearing down")
             except progress.Stalled:
                 pass  # ended below, with whatever it left
     left = RunState.load(path)
