@@ -39,19 +39,20 @@ class Console:
     def __init__(self) -> None:
         self.log: pathlib.Path | None = None
 
-    def _keep(self, line: str) -> None:
+    def keep(self, line: str) -> None:
+        """A line for the run's log only."""
         if self.log is not None:
             with contextlib.suppress(OSError), open(self.log, "a") as f:
                 f.write(line + "\n")
 
     def say(self, msg: str = "") -> None:
         print(msg, flush=True)
-        self._keep(msg.lstrip("\r"))
+        self.keep(msg.lstrip("\r"))
 
     def fail(self, msg: str) -> None:
         """The one line that says why the run ended, on stderr and in the run's log."""
         print(f"\nmake run: {msg}", file=sys.stderr, flush=True)
-        self._keep(f"make run: {msg}")
+        self.keep(f"make run: {msg}")
 
 
 class ProgressLine:

@@ -82,9 +82,12 @@ class MindpSwitch(Switch):
     def alive(self) -> bool:
         return bool(self.process and self.process.proc and self.process.proc.poll() is None)
 
-    def stop(self, deleteIntfs: bool = True) -> None:
+    def stop_process(self) -> None:
         if self.process:
             self.process.stop()
+
+    def stop(self, deleteIntfs: bool = True) -> None:
+        self.stop_process()
         super().stop(deleteIntfs)
 
 

@@ -57,6 +57,7 @@ PROBE_SECONDS = 2.0
 DROPS_SECONDS = 1.0
 SWITCH_DEADLINE = 5.0
 CRASH_GRACE = 2.0
+SLOW_TEARDOWN = 10.0  # s: docs/RUN.md promises a run ends within this of its last step or a stop
 
 
 def _raise_stopped(signum, frame):
@@ -525,14 +526,34 @@ class Run:
     # -- teardown --
 
     def close(self) -> None:
+        """Stop the agents, the controller and the network, each phase timed into run.log (said
+        on the console too where the whole took longer than SLOW_TEARDOWN: a teardown that drags
+        is then on record, phase by phase)."""
+        phases = []
+
+        def timed(name: str, fn) -> None:
+            t = time.monotonic()
+            with contextlib.suppress(Exception):
+                fn()
+            phases.append((name, time.monotonic() - t))
+
         if self.agents is not None:
-            self.agents.close()
+            timed("agents", self.agents.close)
         if self.ctl is not None:
-            with contextlib.suppress(Exception):
-                self.ctl.close()
+            timed("controller", self.ctl.close)
         if self.net is not None:
-            with contextlib.suppress(Exception):
-                self.net.stop()
+            timed("switch", self.stop_switches)
+            timed("network", self.net.stop)
+        line = "  teardown: " + ", ".join(f"{name} {secs:.1f} s" for name, secs in phases)
+        if sum(secs for _, secs in phases) > SLOW_TEARDOWN:
+            self.console.say(line)
+        else:
+            self.console.keep(line)
+
+    def stop_switches(self) -> None:
+        """Every switch process ends before Mininet deletes the links its ports are bound to."""
+        for sw in self.net.switches:
+            sw.stop_process()
 
 
 def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resumed | None = None) -> int:

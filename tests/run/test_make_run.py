@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import pty
+import re
 import select
 import signal
 import socket
@@ -175,7 +176,9 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
     assert logs == ["controller.log", "optimizer-job1.log", "run.log", "switch.log", "worker-job1-0.log",
                     "worker-job1-1.log"]
     assert "job created" in (d / "logs" / "controller.log").read_text()
-    assert "bit-exact" in (d / "logs" / "run.log").read_text()
+    log = (d / "logs" / "run.log").read_text()
+    assert "bit-exact" in log
+    assert re.search(r"teardown: agents [\d.]+ s, controller [\d.]+ s, switch [\d.]+ s, network [\d.]+ s$", log, re.M), log
     counters = [line for line in (d / "logs" / "switch.log").read_text().splitlines() if "P4 counters" in line]
     assert len(counters) == 1 and f"{4 * n_chunks} sums sent" in counters[0], counters
     # Absorbed gradients are not drops: only spurious retransmissions may be (busy machine).
@@ -260,6 +263,7 @@ def test_stop_during_a_run_makes_it_clean_up_and_exit(tmp_path):
     assert "asked the running make run to stop" in stop.stdout
     assert run.wait() == 130
     assert "stopped" in run.err and "Traceback" not in run.err
+    assert "teardown: agents" in (run.run_dir / "logs" / "run.log").read_text()
     assert_clean(run, recorded)
 
 
