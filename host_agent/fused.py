@@ -676,13 +676,15 @@ def update_records(cfg: OptimizerConfig, src: np.ndarray, dst: np.ndarray, sums:
         run(src, dst, sums, nw, c, decay, out.view(np.uint16), far, cfg.kind == "adamw")
 
 
-def warm(cfg: OptimizerConfig) -> None:
-    """Compile (or load from numba's cache) the kernels `cfg` uses and start the kernel's threads,
-    so that neither the first step waits nor the process grows after start-up."""
-    if selected() == "numpy":
+def warm(cfg: OptimizerConfig, kernel: str | None = None) -> None:
+    """Compile (or load from numba's cache) the kernels `cfg` uses with `kernel` (default:
+    `selected()`) and start the kernel's threads, so that neither the first step waits nor the
+    process grows after start-up."""
+    kernel = kernel or selected()
+    if kernel == "numpy":
         return
     for n in (2, SERIAL_BELOW):  # the calling thread's kernel, and the threads' (from the cache, each loads apart)
         rec = np.zeros((n, 3, K), np.float32)
-        update_records(cfg, rec, rec, np.zeros((n, K), np.int64), 1, 0, np.empty((n, K), np.float16))
+        update_records(cfg, rec, rec, np.zeros((n, K), np.int64), 1, 0, np.empty((n, K), np.float16), kernel)
     check_sums(codec.header_array(1), 1, 1, 0, 0, 1, 1, K)
     in_order_batch(codec.header_array(1), 1, 1, 0, 0, 1, 1, K, 0, np.zeros(1, np.bool_))

@@ -55,9 +55,9 @@ class NodeCore:
         # commit_if_complete(), which the socket calls once the step's last answers are sent, so the
         # workers' wait for them does not include the disk.
         self.defer_commit = False
-        fused.warm(self.cfg)  # compile the kernel now, not on the first sum
         # (read once: each batch's look-up of MINDP_KERNEL cost more than the rest)
         self.kernel = kernelpick.update_kernel(self.cfg)
+        fused.warm(self.cfg, self.kernel)  # compile the kernel now, not on the first sum
         # A shard owns chunks lo..hi of the job's chunk space: headers carry job-wide chunk
         # numbers (slots and versions follow the whole model), the store holds records 0..hi-lo.
         self.lo, self.hi = store.chunks

@@ -263,6 +263,25 @@ def test_a_second_node_loads_the_kernels_from_numbas_disk_cache(kernel, kind):
     assert json.loads(proc.stdout) == [0] * len(json.loads(proc.stdout)), f"the second start compiled: {proc.stdout}"
 
 
+WARM_ONE = """
+import json
+from host_agent import fused, portable
+from host_agent.optim import OptimizerConfig
+fused.warm(OptimizerConfig(), "portable")
+print(json.dumps([len(fused._kernel.signatures), len(portable.KERNELS["adamw"].signatures)]))
+"""
+
+
+@needs_numba
+def test_warm_compiles_the_kernel_it_is_given_not_the_selected_one():
+    """The node warms the kernel kernelpick chose; where that is the portable one, the AVX2 kernel
+    (selected() on a CPU with AVX2) is neither compiled nor loaded."""
+    env = {**os.environ, "MINDP_KERNEL": "auto", "PYTHONPATH": str(pathlib.Path(__file__).resolve().parents[2])}
+    proc = progress.run([sys.executable, "-c", WARM_ONE], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [0, 1]
+
+
 @needs_numba
 @pytest.mark.parametrize("lo,hi,n_total", [(0, 999, 1000), (300, 612, 1000)])
 def test_sum_checks_one_pass_equal_the_numpy_checks(lo, hi, n_total):
