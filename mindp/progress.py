@@ -166,20 +166,13 @@ def communicate(proc: subprocess.Popen, input: str | bytes | None = None, *, sta
     measure = activity(proc.pid)
     if progress is not None:
         measure = both(measure, progress)
-    start = last_change = time.monotonic()
-    seen, pending = measure(), input
-    while True:
-        try:
-            return proc.communicate(pending, timeout=look_every(stall))
-        except subprocess.TimeoutExpired:
-            pending = None  # given once: communicate() goes on feeding it
-        now, value = time.monotonic(), measure()
-        if value != seen:
-            seen, last_change = value, now
-        if now - last_change > stall or now - start > cap:
-            end(proc, stall=stall)
-            why = f"no progress for {stall:g} s" if now - start <= cap else f"still running after {cap:g} s"
-            raise Stalled(f"{' '.join(map(str, proc.args[:4]))} ...: {why}")
+    start = time.monotonic()
+    done = _communicate_while_progressing(proc, input, measure, stall, cap)
+    if done is not None:
+        return done
+    why = f"no progress for {stall:g} s" if time.monotonic() - start <= cap else f"still running after {cap:g} s"
+    end(proc, stall=stall)
+    raise Stalled(f"{' '.join(map(str, proc.args[:4]))} ...: {why}")
 
 
 def end(proc: subprocess.Popen, *, stall: float = STALL) -> None:
@@ -190,20 +183,7 @@ def end(proc: subprocess.Popen, *, stall: float = STALL) -> None:
     its SIGTERM (what the hang guard ends) gets TEARDOWN_TURNS times `stall` at most."""
     members = _members(proc.pid)
     proc.terminate()
-    measure = activity(proc.pid)
-    seen, last_change = measure(), time.monotonic()
-    give_up = last_change + TEARDOWN_TURNS * stall
-    while time.monotonic() < give_up:
-        try:
-            proc.communicate(timeout=look_every(stall))
-            break
-        except subprocess.TimeoutExpired:
-            pass
-        now, value = time.monotonic(), measure()
-        if value != seen:
-            seen, last_change = value, now
-        elif now - last_change > stall:
-            break
+    _communicate_while_progressing(proc, None, activity(proc.pid), stall, TEARDOWN_TURNS * stall)
     for pid, started in members + (_members(proc.pid) if proc.poll() is None else []):
         f = procstat.of(pid)
         if f and f[procstat.START] == started:  # the same process, not a pid reused since
@@ -212,6 +192,24 @@ def end(proc: subprocess.Popen, *, stall: float = STALL) -> None:
             except OSError:
                 pass
     proc.communicate()
+
+
+def _communicate_while_progressing(proc: subprocess.Popen, input, measure: Callable[[], Hashable], stall: float,
+                                   limit: float) -> tuple | None:
+    """proc.communicate(input) once proc exits; None once `measure` kept one value for `stall` s
+    or `limit` s passed."""
+    start = last_change = time.monotonic()
+    seen, pending = measure(), input
+    while True:
+        try:
+            return proc.communicate(pending, timeout=look_every(stall))
+        except subprocess.TimeoutExpired:
+            pending = None  # given once: communicate() goes on feeding it
+        now, value = time.monotonic(), measure()
+        if value != seen:
+            seen, last_change = value, now
+        if now - last_change > stall or now - start > limit:
+            return None
 
 
 def _members(pid: int) -> list[tuple[int, str]]:
