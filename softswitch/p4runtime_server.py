@@ -20,6 +20,7 @@ import functools
 import logging
 import socket
 import threading
+from typing import NoReturn
 from concurrent import futures
 
 import grpc
@@ -43,6 +44,23 @@ UNARY_THREADS = 16  # unary RPCs in parallel; streams run on the event loop and 
 MAX_MESSAGE = 256 << 20
 
 
+class _Context:
+    """A unary handler's context whose abort always ends the handler. grpcio 1.51's aio server
+    (Debian 12's python3-grpcio, which a venv made with the system's packages takes) returns from a
+    synchronous handler's abort where later releases raise: a non-primary's refused Write went on
+    and was applied."""
+
+    def __init__(self, context):
+        self._context = context
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+    def abort(self, code, details: str) -> NoReturn:
+        self._context.abort(code, details)
+        raise grpc.aio.AbortError(details)
+
+
 def _rpc(*, primary: bool = False, pipeline: bool = False):
     """The checks a unary RPC repeats, in BMv2's order: device id; then, under the service lock,
     the caller is the primary, a pipeline is set. A P4RTError or TableError raised by the method
@@ -50,6 +68,7 @@ def _rpc(*, primary: bool = False, pipeline: bool = False):
     def wrap(method):
         @functools.wraps(method)
         def handler(self, request, context):
+            context = _Context(context)
             if request.device_id != self.device_id:
                 context.abort(grpc.StatusCode.NOT_FOUND, f"Invalid device id {request.device_id}")
             with self.lock:

@@ -192,12 +192,17 @@ def test_only_the_primary_writes(server):
         assert a.arbitration.status.code == code_pb2.OK
         assert b.arbitration.status.code == code_pb2.ALREADY_EXISTS
         a.set_pipeline()
+        a.write(l2_update(p4info(), 6, 2))
         with pytest.raises(grpc.RpcError) as e:
             b.write(l2_update(p4info(), 5, 1))
         assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
         with pytest.raises(grpc.RpcError) as e:
             b.set_pipeline()
         assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        # Refused is not applied (grpcio 1.51's aio server applied both): a's entry alone, in a's pipeline.
+        ent = p4runtime_pb2.Entity()
+        ent.table_entry.table_id = ids(p4info())[0]
+        assert [int.from_bytes(e.table_entry.match[0].exact.value, "big") for e in a.read(ent)] == [6]
         a.close()
         # the old primary left: b is promoted and may write
         for _ in range(20):
