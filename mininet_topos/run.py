@@ -544,6 +544,8 @@ class Run:
         if self.net is not None:
             timed("switch", self.stop_switches)
             timed("network", self.net.stop)
+        if not phases:
+            return
         line = "  teardown: " + ", ".join(f"{name} {secs:.1f} s" for name, secs in phases)
         if sum(secs for _, secs in phases) > SLOW_TEARDOWN:
             self.console.say(line)
