@@ -20,8 +20,8 @@ import functools
 import logging
 import socket
 import threading
-from typing import NoReturn
 from concurrent import futures
+from typing import NoReturn
 
 import grpc
 from google.protobuf import any_pb2
