@@ -4,7 +4,7 @@ optimizer node) through the embedded switch and through BMv2 (when installed), a
 model and global batch trained by one process with torch.optim.AdamW, and by PyTorch DDP (gloo,
 one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
-    sudo .venv/bin/python bench/torch_gpt.py [--steps 4] [--workers 2] [--local-steps 10] [--rounds 1] [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE]
+    sudo .venv/bin/python bench/torch_gpt.py [--steps 13] [--workers 2] [--local-steps 12] [--rounds 1] [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE]
 
 Each make run line names the K (elements a frame) it ran: the target's default (make run K=).
 
@@ -255,12 +255,15 @@ def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
 
 
 class Sampler(threading.Thread):
-    """Each process's CPU time and wake-ups when worker 0 logs its step 1 and each later step (its
-    log polled every 20 ms; /proc read only then): the figures a step between the first and the last."""
+    """Each process's CPU time and wake-ups when worker 0 logs its step 1 and each later step but
+    the run's last (its log polled every 20 ms; /proc read only then): the figures a step between
+    the first and the last of those. Worker 0 logs the last step only once it has evaluated the
+    last model, and the other workers end meanwhile: neither is a step's cost."""
 
-    def __init__(self, root: int, runs: pathlib.Path):
+    def __init__(self, root: int, runs: pathlib.Path, steps: int):
         super().__init__(daemon=True)
         self.root, self.runs = root, runs
+        self.last = steps - 1  # the run's last step (from 0)
         self.done = threading.Event()
         self.snaps: list[tuple[int, dict]] = []  # (worker 0's step, each process's figures then)
 
@@ -280,8 +283,12 @@ class Sampler(threading.Thread):
                 except ValueError:
                     continue
                 step = max(step, j.get("step", -1) if j.get("ev") == "step" else -1)
-            if step >= 1 and (not self.snaps or step > self.snaps[-1][0]):
+            if self.sampled(step):
                 self.snaps.append((step, {pid: u for pid in procstat.tree(self.root) if (u := _proc_usage(pid)) is not None}))
+
+    def sampled(self, step: int) -> bool:
+        """Whether worker 0's newest logged step `step` is sampled now."""
+        return 1 <= step < self.last and (not self.snaps or step > self.snaps[-1][0])
 
     def usages(self) -> list[Usage]:
         """Per process, its figures a step between the first and the last snapshot (with each
@@ -341,7 +348,7 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
            "--if-prefix", "mnb-", "--eval", "0", "--node-ram", str(node_ram)] + (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    sampler = Sampler(p.pid, runs)
+    sampler = Sampler(p.pid, runs, steps)
     sampler.start()
     try:
         _, err = p.communicate(timeout=timeout)
@@ -435,9 +442,9 @@ def summary_lines(rounds: list[dict[str, float]]) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=integer(2), default=4, help="steps of each switch run (the first is not timed)")
+    ap.add_argument("--steps", type=integer(2), default=13, help="steps of each switch run (the first is not timed)")
     ap.add_argument("--workers", type=integer(1), default=2)
-    ap.add_argument("--local-steps", type=integer(1), default=10, help="timed steps of one process and of DDP")
+    ap.add_argument("--local-steps", type=integer(1), default=12, help="timed steps of one process and of DDP")
     ap.add_argument("--rounds", type=integer(1), default=1, help="run every side this many times in turn and print "
                     "the median of each round's ratios (the host's speed drifts between minutes)")
     ap.add_argument("--ddp-rank", type=int, help=argparse.SUPPRESS)  # a DDP worker, started by ddp_run

@@ -104,7 +104,7 @@ def test_torch_gpt_takes_each_process_s_figures_up_to_the_last_step_all_were_run
     parameters): the figures run to the last snapshot holding every process, so that each worker
     is listed, and a step's CPU is that snapshot's."""
     bench = load("torch_gpt", monkeypatch)
-    sampler = bench.Sampler(0, tmp_path)
+    sampler = bench.Sampler(0, tmp_path, steps=6)
     both = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5, {"mindp-pump": cpu0 / 10}), 11: ("worker 1", cpu1, 7, {}),
                                      12: ("node", node, 9, {})}
     sampler.snaps = [(1, both(1.0, 2.0, 0.5)), (3, both(1.6, 2.4, 0.7)),
@@ -112,6 +112,16 @@ def test_torch_gpt_takes_each_process_s_figures_up_to_the_last_step_all_were_run
     usages = sampler.usages()
     assert {u.role: round(u.cpu_ms) for u in usages} == {"worker 0": 300, "worker 1": 200, "node": 100}
     assert bench.usage_lines(usages)[0] == "CPU ms a step: worker 0 300 (pump thread 30), worker 1 200, node 100; all 600"
+
+
+def test_torch_gpt_samples_neither_the_first_step_nor_the_last(monkeypatch, tmp_path):
+    """The first step warms up; worker 0 logs the last only after evaluating the last model, while
+    the other workers end: neither is sampled, and each step in between once."""
+    bench = load("torch_gpt", monkeypatch)
+    sampler = bench.Sampler(0, tmp_path, steps=5)
+    assert [s for s in range(6) if sampler.sampled(s)] == [1, 2, 3]
+    sampler.snaps = [(2, {})]
+    assert [s for s in range(6) if sampler.sampled(s)] == [3]
 
 
 def test_torch_gpt_splits_the_cpu_into_forward_backward_and_the_rest(monkeypatch, tmp_path):
@@ -124,7 +134,7 @@ def test_torch_gpt_splits_the_cpu_into_forward_backward_and_the_rest(monkeypatch
         (logs / f"worker-job1-{w}.log").write_text("".join(
             json.dumps({"ev": "step", "step": s, "compute": 1.0, "wait": 0.0, "compute_cpu": c}) + "\n"
             for s, c in enumerate(cpus)))
-    sampler = bench.Sampler(0, tmp_path)
+    sampler = bench.Sampler(0, tmp_path, steps=5)
     at = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5, {}), 11: ("worker 1", cpu1, 7, {}), 12: ("node", node, 9, {})}
     sampler.snaps = [(1, at(1.0, 2.0, 0.5)), (3, at(1.6, 2.4, 0.7))]
     lines = bench.usage_lines(sampler.usages())
