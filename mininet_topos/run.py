@@ -20,7 +20,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
-import datetime  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
 import pathlib  # noqa: E402
@@ -37,15 +36,14 @@ import numpy as np  # noqa: E402
 from host_agent import optim  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp import progress as pace, protocol, targets, topology, workload  # noqa: E402
-from p4src import artifacts  # noqa: E402
 
 from . import clean, config, metrics, results, resume  # noqa: E402
 from .agents import Agents, JobFiles  # noqa: E402
 from .console import Console, ProgressLine, RunError, Stopped, how_it_ended, one_line  # noqa: E402
+from .preflight import claim_state, new_run_dir, p4_program, preflight, target_reason  # noqa: E402
 from .progress import Progress  # noqa: E402
 from .runstate import DEFAULT_PATH, RunState  # noqa: E402
 
-TOOLS = {"mnexec": "mininet", "ip": "iproute2", "ethtool": "ethtool"}
 WEIGHT_DECAY = 0.01
 # No step anywhere and no CPU used by any agent for this long: the run is stuck. A slow step (a
 # loaded machine, BMv2) keeps its agents busy; one that gets no parameters ends in its workers'
@@ -114,100 +112,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
-
-
-# --- checks before anything starts ----------------------------------------------
-
-def preflight(cfg: config.RunConfig) -> str:
-    """Tools, target, free ports. Returns the resolved target."""
-    for tool, package in TOOLS.items():
-        if not shutil.which(tool):
-            raise RunError(f"{tool} not found: install the Debian package {package} (make setup does)")
-    try:
-        target = targets.resolve(cfg.target, protocol.K)
-    except targets.TargetError as exc:
-        raise RunError(str(exc)) from None
-    switches = cfg.leaves + 1 if cfg.topo == "leafspine" else 1  # each switch: the next gRPC and Thrift port
-    for i in range(switches):
-        if targets.grpc_port_open(f"127.0.0.1:{cfg.grpc_port + i}"):
-            raise RunError(f"port {cfg.grpc_port + i} (gRPC) is already in use: another switch is running "
-                           f"(make stop ends ours), or choose --grpc-port")
-        if targets.grpc_port_open(f"127.0.0.1:{cfg.thrift_port + i}"):  # both targets serve Thrift
-            raise RunError(f"port {cfg.thrift_port + i} (Thrift) is already in use: choose --thrift-port")
-    return target
-
-
-def target_reason(asked: str, target: str) -> str:
-    """Why TARGET=auto chose `target`, for the run's first line ('' when TARGET named it)."""
-    if asked != "auto":
-        return ""
-    if target == "bmv2":
-        return f" (TARGET=auto: BMv2 is installed, {targets.find_bmv2()}; TARGET=embedded runs the embedded one)"
-    if targets.find_bmv2():
-        return f" (TARGET=auto: BMv2 is installed but runs K up to {protocol.BMV2_MAX_K})"
-    return " (TARGET=auto: BMv2 is not installed)"
-
-
-def p4_program(mode: str, run_dir: pathlib.Path, say=lambda line: None) -> tuple[pathlib.Path, pathlib.Path, str]:
-    """(BMv2 JSON, P4Info, how it was obtained): the committed program while it matches the sources
-    (what p4c would make of them: ~30 s of CPU saved a run), else compiled into the run by p4c
-    (`say` tells it first: at a large K that takes minutes)."""
-    p4c = artifacts.find_p4c()
-    if mode == "compile" and not p4c:
-        raise RunError("--p4 compile but p4c-bm2-ss is not installed (PATH or /opt/p4tools/bin)")
-    current = artifacts.BMV2_JSON.exists() and artifacts.P4INFO.exists() and artifacts.staleness() is None
-    if mode == "compile" or (mode == "auto" and p4c and not current):
-        out = run_dir / "p4"
-        out.mkdir()
-        json_path, p4info = out / "mindp.json", out / "mindp.p4info.txtpb"
-        say(f"  P4 program: compiling {artifacts.MAIN.name} for K = {protocol.K} with {p4c} (p4c's time grows "
-            f"faster than K: minutes at K = 512; docs/P4.md)")
-        try:
-            artifacts.compile_program(p4c, artifacts.MAIN, json_path, p4info)
-        except RuntimeError as exc:
-            (out / "p4c.log").write_text(str(exc) + "\n")
-            raise RunError(f"p4c failed to compile p4src/mindp.p4; see {out / 'p4c.log'}") from None
-        return json_path, p4info, f"compiled with {p4c}"
-    if not artifacts.BMV2_JSON.exists() or not artifacts.P4INFO.exists():
-        ks = " or ".join(f"K={k}" for k in artifacts.COMMITTED_K)
-        if p4c:  # (--p4 committed)
-            raise RunError(f"{artifacts.staleness()}: run {ks}, or without --p4 committed (make run then compiles it)")
-        raise RunError(f"{artifacts.staleness()}, and p4c is not installed to compile one: run {ks}, or "
-                       f"{artifacts.P4C_HINT} (make run then compiles it)")
-    why = artifacts.staleness()  # never run an older program than the sources say
-    if why:
-        fix = "run make p4, or drop --p4 committed" if p4c else f"{artifacts.P4C_HINT} (make run then compiles it)"
-        raise RunError(f"{why}: the committed program is stale; {fix}, or undo the change (git diff p4src/)")
-    return artifacts.BMV2_JSON, artifacts.P4INFO, "committed p4src/compiled/ (matches the sources)"
-
-
-def new_run_dir(base: str) -> pathlib.Path:
-    root = pathlib.Path(base)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    for n in range(100):
-        d = root / (stamp if n == 0 else f"{stamp}-{n}")
-        try:
-            d.mkdir(parents=True)
-            return d
-        except FileExistsError:
-            continue
-    raise RunError(f"cannot make a run directory under {root}")
-
-
-def claim_state(path: pathlib.Path, console: Console) -> RunState:
-    """The state file of this run; refuses while an earlier run is alive, clears a crashed one."""
-    old = RunState.load(path)
-    if old is not None:
-        live = old.live_procs()
-        if live:
-            pids = ", ".join(str(p.pid) for p in live[:5])
-            raise RunError(f"a run is already active (PIDs {pids}; {old.run_dir or path}): make stop ends it")
-        procs, ifaces = old.teardown()
-        if ifaces:
-            console.say(f"removed {len(ifaces)} interface(s) left by an earlier run that crashed")
-    state = RunState(path)
-    state.add_proc(os.getpid(), "orchestrator", False)
-    return state
 
 
 # --- the run --------------------------------------------------------------------
@@ -527,15 +431,20 @@ class Run:
 
     def close(self) -> None:
         """Stop the agents, the controller and the network, each phase timed into run.log (said
-        on the console too where the whole took longer than SLOW_TEARDOWN: a teardown that drags
-        is then on record, phase by phase)."""
-        phases = []
+        on the console too where the whole took longer than SLOW_TEARDOWN, or a phase failed: a
+        teardown that drags or fails is then on record, phase by phase). A failed phase does not
+        keep the next from running; the state file's teardown then ends what is left."""
+        phases, failed = [], False
 
         def timed(name: str, fn) -> None:
-            t = time.monotonic()
-            with contextlib.suppress(Exception):
+            nonlocal failed
+            t, why = time.monotonic(), ""
+            try:
                 fn()
-            phases.append((name, time.monotonic() - t))
+            except Exception as exc:  # (the run's own result or error is already out)
+                why, failed = f" (failed: {type(exc).__name__}: {one_line(str(exc))})", True
+            secs = time.monotonic() - t
+            phases.append((f"{name} {secs:.1f} s{why}", secs))
 
         if self.agents is not None:
             timed("agents", self.agents.close)
@@ -546,8 +455,8 @@ class Run:
             timed("network", self.net.stop)
         if not phases:
             return
-        line = "  teardown: " + ", ".join(f"{name} {secs:.1f} s" for name, secs in phases)
-        if sum(secs for _, secs in phases) > SLOW_TEARDOWN:
+        line = "  teardown: " + ", ".join(text for text, _ in phases)
+        if failed or sum(secs for _, secs in phases) > SLOW_TEARDOWN:
             self.console.say(line)
         else:
             self.console.keep(line)

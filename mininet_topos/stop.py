@@ -34,8 +34,7 @@ def stop(path: pathlib.Path, wait: float = 20.0) -> str:
             p.signal(signal.SIGTERM)  # it tears its run down and removes the state file
             asked = True
             # Progress: any CPU of its tree (not only above an idle share: its teardown waits on
-            # gRPC and the kernel with little CPU, 20 s of it once under a loaded suite), or what it
-            # has left to end.
+            # gRPC and the kernel with little CPU), or what it has left to end.
             left = lambda: (len(state.live_procs()), len(state.existing_interfaces()))  # noqa: E731
             try:
                 progress.wait(lambda: not p.alive(), progress.both(progress.activity(p.pid, share=0.0), left),

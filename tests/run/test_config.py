@@ -211,7 +211,7 @@ def config_module_vars() -> tuple[str, ...]:
 
 def test_target_auto_says_which_switch_it_chose_and_why():
     from mindp import targets
-    from mininet_topos.run import target_reason
+    from mininet_topos.preflight import target_reason
 
     assert target_reason("embedded", "embedded") == ""
     picked = targets.resolve("auto")

@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from mininet_topos import run as orchestrator
+from mininet_topos import preflight as orchestrator
 from p4src import artifacts, gen_p4
 
 

@@ -1,0 +1,89 @@
+"""The code's shape the brief asks for: small modules, no import circle at import time, and lower
+layers that never import upper ones (mindp's protocol, codec and layout are the ground; the
+harnesses and tools stand above every library package)."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PACKAGES = ("mindp", "host_agent", "controller", "softswitch", "mininet_topos", "p4src", "bench", "tools")
+MAX_LINES = 700
+#: The ground: what every other part builds on, importing nothing of the project but itself.
+GROUND = ("mindp.protocol", "mindp.codec", "mindp.layout", "mindp.fixedpoint", "mindp.layers",
+          "mindp.switch_constants")
+#: Harnesses and tools: no library package imports them.
+ABOVE = ("mininet_topos", "bench", "tools", "tests")
+LIBRARIES = ("mindp", "host_agent", "controller", "softswitch", "p4src")
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (REPO / pkg).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def imports(name: str, top_level_only: bool) -> set[str]:
+    """The project's modules `name` imports (at import time only, or anywhere in it)."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            subs = {f"{base}.{a.name}" for a in node.names} & MODULES.keys()
+            out.update(subs)
+            if len(subs) < len(node.names):  # (a name of the package, not a module of it)
+                out.add(base)
+    return {m for m in out if m != name and m.split(".")[0] in PACKAGES + ("tests",)}
+
+
+def test_no_module_is_longer_than_the_brief_allows():
+    long = {str(p.relative_to(REPO)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+def test_no_import_circle_at_import_time():
+    graph = {m: imports(m, top_level_only=True) & MODULES.keys() for m in MODULES}
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> list[str] | None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                return path[path.index(n):] + [n] if n in path else [m, n]
+            if n not in state and (circle := visit(n, path + [n])):
+                return circle
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            circle = visit(m, [m])
+            assert circle is None, " -> ".join(circle)
+
+
+def test_the_ground_imports_nothing_above_it():
+    for m in GROUND:
+        above = {n for n in imports(m, top_level_only=False) if n not in GROUND and n != "mindp"}
+        assert not above, f"{m} imports {sorted(above)}"
+
+
+def test_no_library_imports_a_harness_or_a_tool():
+    for m in MODULES:
+        if m.split(".")[0] in LIBRARIES:
+            harness = {n for n in imports(m, top_level_only=False) if n.split(".")[0] in ABOVE}
+            assert not harness, f"{m} imports {sorted(harness)}"
