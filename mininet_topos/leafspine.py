@@ -21,7 +21,7 @@ from host_agent import optim
 from mindp import topology, workload
 
 from .console import RunError, how_it_ended, one_line
-from .run import Run
+from .star import Run
 
 
 def tree_topology(cfg, chunks: int) -> topology.Topology:

@@ -33,7 +33,7 @@ from . import rankerrors, results, resume
 from .agents import REPO, Agents, NodeFiles
 from .console import ProgressLine, RunError, one_line
 from .progress import LogTail, Progress, three_digits
-from .run import STALL_SECONDS, Run
+from .star import STALL_SECONDS, Run
 
 
 #: In a resumed run's job1/: the steps at which each rank's process started in the runs before it.

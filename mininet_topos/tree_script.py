@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .leafspine import TreeRun, tree_topology
 from .own_torchrun import UpRun
-from .run import Run
+from .star import Run
 from .script_run import ScriptRun
 
 

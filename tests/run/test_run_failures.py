@@ -17,7 +17,7 @@ import time
 import pytest
 
 from mindp import progress
-from mininet_topos import run as orchestrator
+from mininet_topos import star as orchestrator
 
 from .test_make_run import REPO, MakeRun, assert_clean, needs_root
 

@@ -6,7 +6,7 @@ import re
 from types import SimpleNamespace
 
 from mininet_topos.console import Console
-from mininet_topos.run import Run
+from mininet_topos.star import Run
 
 
 def a_run(tmp_path, agents_close) -> tuple[Run, list[str]]:
