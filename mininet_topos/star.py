@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from host_agent import optim
+from host_agent import optim, residency, state
 from host_agent.optim import OptimizerConfig
 from mindp import progress as pace, protocol, targets, topology, workload
 
@@ -81,12 +81,26 @@ class Run:
                                          model_args=self.cfg.model_args)
             wl.dump(d / "workload.json")
             jf = JobFiles(job, d, wl, workload.init_params(wl))
+            if self.cfg.optimizers == 1:  # (a shard holds part of the state: its node judges its own budget)
+                self.check_node_ram(job.job_id, jf.init)
             np.savez(jf.init_path, **jf.init)
             if self.resumed:
                 jf.first_step, params = resume.take_state(self.resumed, job.job_id, d)
                 jf.worker_init = d / "resume-params.npz"
                 np.savez(jf.worker_init, **params)
             self.jobs.append(jf)
+
+    def check_node_ram(self, job_id: int, init: dict) -> None:
+        """NODE_RAM refused before the network starts where the job's optimizer node would refuse
+        it (its own residency planner), with the least budget that runs."""
+        w = residency.Workload(optim.layout_of(init).n_chunks, state.DEFAULT_PAGE_CHUNKS,
+                               record_bytes=state.record(self.opt.lanes).itemsize)
+        try:
+            residency.decide(self.cfg.node_ram, w)
+        except residency.PlanError as exc:
+            least = min(residency.MIN_PAGES * w.page_bytes, residency.mapped_budget(w))
+            raise config.RunConfigError(f"NODE_RAM: the optimizer node of job {job_id} would refuse it: {exc} "
+                           f"(NODE_RAM={-(-least // 2**20)}M or more runs)") from None
 
     def start_network(self, json_path: pathlib.Path) -> None:
         from mininet.log import setLogLevel

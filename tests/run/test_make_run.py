@@ -296,6 +296,24 @@ def test_bad_input_is_one_line_and_starts_nothing(tmp_path):
 
 
 @needs_root
+def test_a_node_ram_its_node_would_refuse_is_refused_before_the_network_starts(tmp_path):
+    """The node's own planner judges NODE_RAM before Mininet starts; the least budget it names runs."""
+    run = MakeRun(tmp_path, "--target", "embedded", "--p4", "committed", "--node-ram", "100K")
+    assert run.run() == 2
+    assert len(run.err.strip().splitlines()) == 1, run.err
+    assert "NODE_RAM: the optimizer node of job 1 would refuse it: RAM budget 102400 B" in run.err
+    least = re.search(r"NODE_RAM=(\w+) or more runs", run.err).group(1)
+    assert "Mininet up" not in run.out
+    assert_clean(run)
+    (tmp_path / "least").mkdir()
+    run = MakeRun(tmp_path / "least", "--target", "embedded", "--p4", "committed", "--node-ram", least,
+                  "--workers", "2", "--steps", "3")
+    assert run.run() == 0, run.err
+    s = json.loads(next(run.runs.glob("*/summary.json")).read_text())
+    assert s["max_abs_param_diff_vs_reference"] == 0.0
+
+
+@needs_root
 def test_a_missing_tool_is_named(tmp_path):
     run = MakeRun(tmp_path, "--target", "embedded")
     run.cmd = ["env", "PATH=/nonexistent", *run.cmd]
