@@ -330,8 +330,7 @@ class Sampler(threading.Thread):
 def state_in_ram(wl: workload.WorkloadConfig) -> int:
     """The node's RAM budget that holds its whole AdamW state (as each DDP rank holds its own)."""
     n_chunks = optim.layout_of(workload.init_params(wl)).n_chunks
-    return residency.mapped_budget(residency.Workload(n_chunks, state.DEFAULT_PAGE_CHUNKS,
-                                                      record_bytes=state.record(3).itemsize))
+    return residency.mapped_budget(state.new_state_workload(n_chunks, 3))
 
 
 def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int,

@@ -124,6 +124,11 @@ def mapped_budget(w: Workload) -> int:
     return 2 * w.copy_bytes
 
 
+def least_budget(w: Workload) -> int:
+    """The least RAM budget decide() accepts: the whole state mapped, or MIN_PAGES pages streamed."""
+    return min(mapped_budget(w), MIN_PAGES * w.page_bytes)
+
+
 def decide(budget_bytes: int, w: Workload, map_whole: bool = True) -> Residency:
     """The residency and prefetch depth for a RAM budget (bytes of state buffers); map_whole=False
     streams even a state that fits (tests of the pipeline)."""

@@ -35,7 +35,7 @@ import numpy as np
 from mindp.layout import Layout
 from mindp.protocol import K
 
-from . import optim
+from . import optim, residency
 from .optim import ConfigError, OptimizerConfig
 from .pager import StorageError
 from .pipeline import RECORD, PagedState, record  # RECORD: (master, m, v) x K float32, one chunk
@@ -57,6 +57,12 @@ def page_chunks_for(elements: int, k: int = K) -> int:
 
 DEFAULT_PAGE_CHUNKS = page_chunks_for(PAGE_ELEMENTS)  # 512 at K = 32, 32 at K = 512
 FORMAT = 2  # 2: meta.json names the record's lanes (format 1: always 3)
+
+
+def new_state_workload(n_chunks: int, lanes: int) -> residency.Workload:
+    """The residency model of a new state of `n_chunks` chunks in records of `lanes` lanes, in
+    mindp-optimizer's default pages: what its RAM budget is judged against."""
+    return residency.Workload(n_chunks, DEFAULT_PAGE_CHUNKS, record_bytes=record(lanes).itemsize)
 
 
 def record_lanes(meta: dict) -> int:

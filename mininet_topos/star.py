@@ -38,7 +38,6 @@ CRASH_GRACE = 2.0
 SLOW_TEARDOWN = 10.0  # s: docs/RUN.md promises a run ends within this of its last step or a stop
 
 
-
 class Run:
     resumed: resume.Resumed | None = None  # RESUME: the earlier run this one continues
 
@@ -93,12 +92,11 @@ class Run:
     def check_node_ram(self, job_id: int, init: dict) -> None:
         """NODE_RAM refused before the network starts where the job's optimizer node would refuse
         it (its own residency planner), with the least budget that runs."""
-        w = residency.Workload(optim.layout_of(init).n_chunks, state.DEFAULT_PAGE_CHUNKS,
-                               record_bytes=state.record(self.opt.lanes).itemsize)
+        w = state.new_state_workload(optim.layout_of(init).n_chunks, self.opt.lanes)
         try:
             residency.decide(self.cfg.node_ram, w)
         except residency.PlanError as exc:
-            least = min(residency.MIN_PAGES * w.page_bytes, residency.mapped_budget(w))
+            least = residency.least_budget(w)
             raise config.RunConfigError(f"NODE_RAM: the optimizer node of job {job_id} would refuse it: {exc} "
                            f"(NODE_RAM={-(-least // 2**20)}M or more runs)") from None
 

@@ -3,7 +3,7 @@ ahead to read, and the step time it predicts from the machine's figures."""
 import pytest
 
 from host_agent.optim import ConfigError
-from host_agent.residency import Machine, PlanError, Workload, decide, predict
+from host_agent.residency import Machine, PlanError, Workload, decide, least_budget, predict
 from host_agent.state import page_chunks_for
 from mindp.protocol import K
 
@@ -116,3 +116,13 @@ def test_a_shared_machine_stretches_the_cpu_part():
     assert moved.compute_time == pytest.approx(alone.compute_time + 1e-9 * (moved.read_bytes + moved.write_bytes))
     two = Machine(CPU.disk_read, CPU.disk_write, update=CPU.update, cores=2.0, io_cpu=1e-9)
     assert predict(r, W, two).compute_time == pytest.approx(alone.compute_time)  # I/O on the other core
+
+
+@pytest.mark.parametrize("n_chunks", [1, 3, 64])
+def test_least_budget_is_the_least_decide_accepts(n_chunks):
+    """Small states are mapped whole below MIN_PAGES pages; large ones need MIN_PAGES to stream."""
+    w = Workload(n_chunks, 8, record_bytes=3 * 4 * K)
+    least = least_budget(w)
+    decide(least, w)
+    with pytest.raises(PlanError):
+        decide(least - 1, w)
