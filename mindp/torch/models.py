@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mindp.workload import DATA_DIR
+from mindp.dataset import DATA_DIR
 
 from .parallel import trained
 

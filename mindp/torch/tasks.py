@@ -1,11 +1,11 @@
-"""The torch models as workloads (mindp.workload's config): initial parameters, each worker's
+"""The torch models as workloads (mindp.dataset's config): initial parameters, each worker's
 batch at each step, the reference's gradient function and the evaluation."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from mindp import workload
+from mindp import dataset
 
 from . import models
 from .parallel import layout_arrays
@@ -13,38 +13,38 @@ from .parallel import layout_arrays
 EVAL_WINDOWS = 16  # gpt: fixed windows the loss and accuracy are measured on
 
 
-def model(cfg: workload.WorkloadConfig) -> torch.nn.Module:
+def model(cfg: dataset.WorkloadConfig) -> torch.nn.Module:
     models.deterministic()
     return models.build(cfg.model, cfg.model_args, cfg.seed)
 
 
-def init_params(cfg: workload.WorkloadConfig) -> dict[str, np.ndarray]:
+def init_params(cfg: dataset.WorkloadConfig) -> dict[str, np.ndarray]:
     return layout_arrays(model(cfg))
 
 
-def _ctx(cfg: workload.WorkloadConfig) -> int:
+def _ctx(cfg: dataset.WorkloadConfig) -> int:
     return models.GptSpec(**cfg.model_args).ctx
 
 
-def batch(cfg: workload.WorkloadConfig, worker: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(cfg: dataset.WorkloadConfig, worker: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Worker `worker`'s batch at `step`, from its own shard of the training data."""
     rng = np.random.default_rng([cfg.seed, worker, step])
     if cfg.model == "cnn":
-        data = workload.load_dataset(cfg.seed, cfg.test_fraction)
-        idx = workload.batch_indices(cfg, worker, step, len(data.y_train))
+        data = dataset.load_dataset(cfg.seed, cfg.test_fraction)
+        idx = dataset.batch_indices(cfg, worker, step, len(data.y_train))
         return torch.from_numpy(data.x_train[idx].reshape(-1, 1, 8, 8)), torch.from_numpy(data.y_train[idx])
     train, _ = models.text_split(cfg.test_fraction)
     ctx = _ctx(cfg)
     if not 0 <= worker < cfg.n_workers:
-        raise workload.WorkloadError(f"worker {worker} outside 0..{cfg.n_workers - 1}")
+        raise dataset.WorkloadError(f"worker {worker} outside 0..{cfg.n_workers - 1}")
     shard = len(train) // cfg.n_workers  # contiguous shards of the text
     lo = worker * shard
     if shard <= ctx + 1:
-        raise workload.WorkloadError(f"text shard of {shard} bytes is too short for a context of {ctx}")
+        raise dataset.WorkloadError(f"text shard of {shard} bytes is too short for a context of {ctx}")
     return models.text_batch(train, lo + rng.integers(0, shard - ctx - 1, size=cfg.batch), ctx)
 
 
-def grad_fn(cfg: workload.WorkloadConfig, scale_of=None):
+def grad_fn(cfg: dataset.WorkloadConfig, scale_of=None):
     """(worker, step, fp16 params) -> float32 gradients, computed exactly as mindp.torch.DataParallel
     does on a worker: the same module, batch, loss, scaled backward and unscaling."""
     net = model(cfg)
@@ -65,11 +65,11 @@ def grad_fn(cfg: workload.WorkloadConfig, scale_of=None):
     return fn
 
 
-def evaluator(cfg: workload.WorkloadConfig):
+def evaluator(cfg: dataset.WorkloadConfig):
     """eval(params) -> (training loss, test accuracy); gpt: on fixed windows, accuracy of the next byte."""
     net = model(cfg)
     if cfg.model == "cnn":
-        data = workload.load_dataset(cfg.seed, cfg.test_fraction)
+        data = dataset.load_dataset(cfg.seed, cfg.test_fraction)
         sets = [(torch.from_numpy(x.reshape(-1, 1, 8, 8)), torch.from_numpy(y))
                 for x, y in ((data.x_train, data.y_train), (data.x_test, data.y_test))]
     else:
