@@ -42,7 +42,7 @@ from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noq
 from mindp import codec  # noqa: E402
 from mindp.layout import Layout, TensorSpec  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
-from mindp.testbed import quiet_veths, sh  # noqa: E402
+from mindp.harness.testbed import quiet_veths, sh  # noqa: E402
 
 VETH = ("ha-bench0", "ha-bench1")
 

@@ -24,8 +24,8 @@ from controller.p4runtime import SwitchConnection  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
 from mindp import targets  # noqa: E402
 from mindp.protocol import K, K_ENV, MAX_K  # noqa: E402
-from mindp.loadgen import aggregation_entries, closed_loop, forward_frames, gradient_frames  # noqa: E402
-from mindp.testbed import Testbed  # noqa: E402
+from mindp.harness.loadgen import aggregation_entries, closed_loop, forward_frames, gradient_frames  # noqa: E402
+from mindp.harness.testbed import Testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from p4src import artifacts  # noqa: E402
 

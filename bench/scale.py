@@ -43,7 +43,7 @@ from mindp import codec  # noqa: E402
 from mindp.layout import Layout, TensorSpec, shard_ranges  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
 from mindp.topology import Topology, leafspine, star  # noqa: E402
-from mindp.treebed import TreeBed  # noqa: E402
+from mindp.harness.treebed import TreeBed  # noqa: E402
 
 PREFIX = "bsc"
 

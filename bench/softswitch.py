@@ -20,7 +20,7 @@ On one veth testbed (sender host -> switch port 1, sink host <- port 2):
   (b) BMv2 simple_switch_grpc on the same program and frames, where installed and K fits it (<= 80);
   (c) a batched raw-socket forwarding loop (recvmmsg, sendmmsg; the switch's batch size)
       between the same ports, in C (bench/loops.c: the I/O ceiling of any switch on this
-      machine) and in Python with numpy (mindp.loadgen.forward_loop);
+      machine) and in Python with numpy (mindp.harness.loadgen.forward_loop);
 plus each pipeline alone (no I/O, batches of the switch's size) on the same frames. Prints
 packets/s and the ratios embedded/BMv2 (goal >= 20) and embedded/ceiling (goal >= 0.5).
 Closed loop with a fixed window of frames in flight (sent and received in bursts; the generator
@@ -51,9 +51,9 @@ sys.path.insert(0, REPO)
 from controller.p4runtime import SwitchConnection  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
 from mindp import mmsg, targets  # noqa: E402
-from mindp.loadgen import aggregation_entries, closed_loop, gradient_frames  # noqa: E402
+from mindp.harness.loadgen import aggregation_entries, closed_loop, gradient_frames  # noqa: E402
 from mindp.protocol import BMV2_MAX_K, HARDWARE_K, K, K_ENV, MAX_K, Kind, bmv2_fits, frame_len  # noqa: E402
-from mindp.testbed import Testbed  # noqa: E402
+from mindp.harness.testbed import Testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from p4src import artifacts  # noqa: E402
 from softswitch.batch import Batch  # noqa: E402
@@ -62,7 +62,7 @@ from softswitch.dataplane import BATCH  # noqa: E402
 SENDER = Host("w", "02:00:00:00:02:01", "10.0.2.1", 1)
 SINK = Host("o", "02:00:00:00:02:02", "10.0.2.2", 2)
 
-FORWARD_LOOP = "import sys; from mindp.loadgen import forward_loop; forward_loop(*sys.argv[1:3], int(sys.argv[3]))"
+FORWARD_LOOP = "import sys; from mindp.harness.loadgen import forward_loop; forward_loop(*sys.argv[1:3], int(sys.argv[3]))"
 FORWARD_LOOP_C = ("import ctypes, sys; from host_agent import rawsock; from softswitch.native import build; "
                   "lib = ctypes.CDLL(str(build.build(open(sys.argv[4]).read()))); "
                   "a, b = rawsock.open_raw(sys.argv[1]), rawsock.open_raw(sys.argv[2]); print('ready', flush=True); "
@@ -78,7 +78,7 @@ PY_LOOP = "batched forwarding loop in Python"
 
 
 def c_closed_loop():
-    """bench/loops.c's closed_loop with mindp.loadgen.closed_loop's signature; None without a C
+    """bench/loops.c's closed_loop with mindp.harness.loadgen.closed_loop's signature; None without a C
     compiler (the Python generator then runs, at ~400k packets/s here: slower than the switch)."""
     from softswitch.native import build
     try:

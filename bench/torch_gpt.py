@@ -54,7 +54,8 @@ except ImportError:
 
 from host_agent import optim, residency, state  # noqa: E402
 from host_agent.agent_args import integer, parse_size  # noqa: E402
-from mindp import INSTALL_TORCH, procstat, protocol, targets, testbed, threadname, workload  # noqa: E402
+from mindp import INSTALL_TORCH, procstat, protocol, targets, threadname, workload  # noqa: E402
+from mindp.harness import testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from mininet_topos import config  # noqa: E402
 from p4src import artifacts  # noqa: E402

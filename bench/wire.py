@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from host_agent.agent_args import integer  # noqa: E402
 from mindp import codec, layers  # noqa: E402
 from mindp.protocol import K, Header, Kind  # noqa: E402
-from mindp.testbed import quiet_veths, sh  # noqa: E402
+from mindp.harness.testbed import quiet_veths, sh  # noqa: E402
 
 ADDRS = codec.Addresses("02:00:00:00:00:01", "02:00:00:00:00:02", "10.0.0.1", "10.0.0.2")
 

@@ -27,7 +27,8 @@ import numpy as np  # noqa: E402
 from host_agent import optim, rawsock  # noqa: E402
 from host_agent.window import RtoConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
-from mindp import codec, testbed  # noqa: E402
+from mindp import codec  # noqa: E402
+from mindp.harness import testbed  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
 from mindp.topology import star  # noqa: E402
 

@@ -3,7 +3,7 @@
 built once with numpy, so no Python object is made per frame.
 
 Shared by the agents' raw sockets (host_agent.rawsock), the embedded switch's ports (sending:
-softswitch.ports) and the benches' loops (mindp.loadgen). `CALLS` is None where libc lacks the
+softswitch.ports) and the benches' loops (mindp.harness.loadgen). `CALLS` is None where libc lacks the
 calls, pointers are not 64-bit, or MINDP_NO_MMSG=1; callers then loop over send/recvmsg_into.
 """
 from __future__ import annotations

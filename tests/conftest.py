@@ -1,7 +1,7 @@
 """Shared by every test package: the switch targets a test runs against, and what keeps
 concurrent test workers (pytest-xdist, `make test`) apart.
 
-A new test is parallel-safe when it names namespaces and interfaces through mindp.testbed
+A new test is parallel-safe when it names namespaces and interfaces through mindp.harness.testbed
 (Testbed, TreeBed, or testbed.tagged for its own names), takes ports from targets.free_port and
 keeps its files under tmp_path. It waits with mindp.progress (no progress for a while fails, slow
 progress never does), never with a fixed deadline."""
@@ -15,7 +15,8 @@ os.environ.setdefault("MINDP_K", "32")
 import pytest  # noqa: E402
 
 from controller.p4runtime import TIMEOUT_ENV  # noqa: E402
-from mindp import progress, protocol, targets, testbed  # noqa: E402
+from mindp import progress, protocol, targets  # noqa: E402
+from mindp.harness import testbed  # noqa: E402
 
 #: The embedded switch always; BMv2 simple_switch_grpc wherever it is installed, at a K it can run
 #: (up to protocol.BMV2_MAX_K: make test's first pass; the second, at the large K, is the embedded switch's).

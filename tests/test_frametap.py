@@ -5,7 +5,9 @@ import time
 
 import pytest
 
-from mindp import progress, testbed
+from mindp import progress
+
+from mindp.harness import testbed
 from mindp.topology import Host
 
 FRAME = b"\xff" * 6 + bytes.fromhex("020000000101") + b"\x88\xb5" + b"tap".ljust(50, b"\0")

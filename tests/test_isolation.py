@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from host_agent import rawsock
-from mindp import progress, targets, testbed
+from mindp import progress, targets
+from mindp.harness import testbed
 from mindp.topology import Host
 
 
@@ -31,7 +32,7 @@ def test_beds_of_two_workers_never_share_a_name(monkeypatch):
 
 def test_a_claimed_tag_is_not_handed_to_another_process():
     mine = testbed.claim_tag()
-    other = subprocess.run([sys.executable, "-c", "from mindp import testbed; print(testbed.claim_tag())"],
+    other = subprocess.run([sys.executable, "-c", "from mindp.harness import testbed; print(testbed.claim_tag())"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert len(mine) == len(other) == 1 and other != mine and mine != testbed.claim_tag()
 
@@ -127,7 +128,7 @@ def test_a_hosts_kernel_drops_mindp_frames_once_its_raw_sockets_have_them():
     make run's hosts do): the raw socket gets every frame, the kernel's UDP never sees one; frames
     to another UDP port still reach it. Installing the rules again replaces them."""
     from mindp import netutil
-    from mindp.loadgen import gradient_frames
+    from mindp.harness.loadgen import gradient_frames
 
     peer = Host("w", "02:00:00:00:00:09", "10.9.0.9", 9)
     with testbed.Testbed("ing") as bed:

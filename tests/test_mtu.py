@@ -5,8 +5,8 @@ import pytest
 from host_agent import rawsock
 from mindp import protocol as P
 from mindp.netutil import mtu_problem
-from mindp import testbed
-from mindp.testbed import sh
+from mindp.harness import testbed
+from mindp.harness.testbed import sh
 from mindp.topology import Host
 from softswitch.ports import Port, PortError
 

@@ -39,7 +39,8 @@ from host_agent.digest import MISMATCH_LINE
 from host_agent.node import UP_LINE
 from host_agent.optim import OptimizerConfig
 from host_agent.resume import ResumeFile
-from mindp import progress, targets, testbed
+from mindp import progress, targets
+from mindp.harness import testbed
 from mindp.protocol import K
 from mindp.topology import star
 

@@ -45,7 +45,8 @@ import sys
 import time
 
 from host_agent.agent_args import integer
-from mindp import protocol, testbed
+from mindp import protocol
+from mindp.harness import testbed
 from tools.stress_config import BUSY_LOOP, FAMILIES, SCENARIO_CAP, Config, random_config
 
 #: Families of the loop by default (makerun waits for the machine's one Mininet run at a time).

@@ -20,7 +20,8 @@ from host_agent import reference
 from host_agent.node import UP_LINE
 from host_agent.optim import OptimizerConfig
 from host_agent.pipeline import record
-from mindp import progress, testbed
+from mindp import progress
+from mindp.harness import testbed
 from mindp.protocol import K
 from mindp.topology import star
 from tools.soak import Agent

@@ -8,7 +8,7 @@ from controller.controller import Controller
 from controller.stats import rates
 from mindp import codec
 from mindp.protocol import K, Kind
-from mindp import testbed
+from mindp.harness import testbed
 from mindp.topology import Host, star
 
 from tests.conftest import TARGET_PARAMS

@@ -18,7 +18,7 @@ from controller.model import Entry, Group
 from controller.p4runtime import SwitchConnection
 from mindp import codec, targets
 from mindp.protocol import K, Kind
-from mindp.testbed import FrameTap, Testbed
+from mindp.harness.testbed import FrameTap, Testbed
 from mindp.topology import Host, star
 from p4src import artifacts
 from tests.conftest import DATAPLANE_TARGET_PARAMS

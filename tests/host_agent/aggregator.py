@@ -17,7 +17,7 @@ from host_agent import rawsock
 from mindp import codec
 from mindp.fixedpoint import fp16_to_fixed
 from mindp.protocol import UDP_PORT, Flag, Kind
-from mindp.testbed import raw_socket
+from mindp.harness.testbed import raw_socket
 from mindp.topology import Host
 
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from controller.controller import Controller
 from host_agent import digest, optim, rawsock
-from mindp import progress, targets, testbed
+from mindp import progress, targets
+from mindp.harness import testbed
 from mindp.topology import JobSpec, star
 from host_agent.window import RtoConfig
 from host_agent.worker import WorkerAgent, WorkerConfig

@@ -210,7 +210,7 @@ def test_node_refuses_tagged_and_foreign_sums(bed, tmp_path):
     node, are counted and never applied; then an honest round still trains to reference bits."""
     import struct
 
-    from mindp import testbed
+    from mindp.harness import testbed
 
     b, topo = bed
     init = small_model()

@@ -112,7 +112,8 @@ def test_the_node_socket_holds_a_whole_receive_batch_of_sums():
     socket (its receive ring, or its buffer without one: none dropped for space) and taken in one
     receive into the node's buffer."""
     from host_agent import node_socket
-    from mindp import codec, testbed
+    from mindp import codec
+    from mindp.harness import testbed
     from mindp.protocol import Kind
 
     a, b = "mdp-rcv0", "mdp-rcv1"

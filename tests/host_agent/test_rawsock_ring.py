@@ -20,7 +20,7 @@ KS = (32, 1024)
 def exercise(use_ring: bool) -> dict:
     """The scenario, in this process's K: what the receiving socket got and counted."""
     from host_agent import rawsock
-    from mindp import testbed
+    from mindp.harness import testbed
     from mindp.protocol import UDP_PORT, Kind, frame_len
 
     rawsock.RING = use_ring
@@ -312,7 +312,7 @@ def test_a_link_going_down_is_reported_by_a_ring_receive_as_by_a_receive_call():
     import select
 
     from host_agent import rawsock
-    from mindp import testbed
+    from mindp.harness import testbed
     from mindp.protocol import Kind, frame_len
 
     a, b = testbed.tagged("mdp-rd0"), testbed.tagged("mdp-rd1")

@@ -19,10 +19,11 @@ from scapy.layers.l2 import Ether
 from host_agent import optim, reference, state
 from host_agent.optim import OptimizerConfig
 from host_agent.shards import NOTICE_PORT
-from mindp import codec, progress, testbed
+from mindp import codec, progress
+from mindp.harness import testbed
 from mindp.protocol import K, SHARD_NOTICE, SHARD_NOTICE_FORMAT, Kind
 from mindp.topology import Host, JobSpec, SwitchSpec, Topology, host_addresses, leafspine
-from mindp.treebed import TreeBed
+from mindp.harness.treebed import TreeBed
 
 from tests.conftest import TARGET_PARAMS
 

@@ -12,7 +12,8 @@ import pytest
 from host_agent import optim, rawsock
 from host_agent.window import RtoConfig
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version
-from mindp import codec, progress, testbed
+from mindp import codec, progress
+from mindp.harness import testbed
 from mindp.protocol import K, Kind
 from mindp.topology import star
 

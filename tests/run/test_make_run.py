@@ -23,7 +23,8 @@ import sys
 import pytest
 
 from host_agent import optim
-from mindp import progress, protocol, targets, testbed, topology, workload
+from mindp import progress, protocol, targets, topology, workload
+from mindp.harness import testbed
 from mininet_topos.runstate import RunState
 from p4src import artifacts
 from tests.tools import test_dissector as dissector

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from mindp import testbed
+from mindp.harness import testbed
 from mininet_topos import stop
 from mininet_topos.runstate import RunState, start_time
 

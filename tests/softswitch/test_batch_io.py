@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from host_agent import rawsock
-from mindp import mmsg, progress, protocol, targets, testbed
+from mindp import mmsg, progress, protocol, targets
+from mindp.harness import testbed
 from mindp.topology import Host
 from softswitch.batch import Batch
 from softswitch.dataplane import DataPlane

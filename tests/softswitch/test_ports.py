@@ -9,8 +9,8 @@ import pytest
 from scapy.utils import rdpcap
 
 from mindp import progress, targets
-from mindp import testbed
-from mindp.testbed import quiet_veths, raw_socket, sh
+from mindp.harness import testbed
+from mindp.harness.testbed import quiet_veths, raw_socket, sh
 from mindp.topology import Host
 from softswitch.batch import Batch
 from softswitch.ports import Pcap, Port

@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from host_agent import optim  # noqa: E402
-from mindp import progress, targets, testbed  # noqa: E402
+from mindp import progress, targets  # noqa: E402
+from mindp.harness import testbed  # noqa: E402
 from mindp.topology import star  # noqa: E402
 from mindp.torch import scriptref  # noqa: E402
 from tests.conftest import TARGET_PARAMS  # noqa: E402

@@ -13,9 +13,9 @@ import numpy as np
 
 from host_agent import rawsock
 
-from . import codec, mmsg
-from .protocol import K, Kind, frame_len
-from .topology import Host
+from mindp import codec, mmsg
+from mindp.protocol import K, Kind, frame_len
+from mindp.topology import Host
 
 
 def gradient_frames(sender: Host, sink: Host, uses: int, k: int = K) -> list[bytes]:

@@ -22,10 +22,10 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable
 
-from . import progress
-from .netutil import drop_at_ingress, hold_udp_port, packet_socket
-from .protocol import link_mtu
-from .topology import Host
+from mindp import progress
+from mindp.netutil import drop_at_ingress, hold_udp_port, packet_socket
+from mindp.protocol import link_mtu
+from mindp.topology import Host
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -1,5 +1,5 @@
 """A tree of real switches on veths, for tests and benches: every host of a topology in its own
-namespace (mindp.testbed), each switch-to-switch link a veth pair in the root namespace, one
+namespace (mindp.harness.testbed), each switch-to-switch link a veth pair in the root namespace, one
 switch process per topology switch on free gRPC/Thrift ports, and the topology's jobs installed by
 controller.treectl.TreeController (one P4Runtime session per switch). Needs root."""
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from . import targets
+from mindp import targets
 from .testbed import Testbed, quiet_veths, sh
-from .topology import Host, Topology
+from mindp.topology import Host, Topology
 
 
 class TreeBed:
