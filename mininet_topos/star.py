@@ -98,7 +98,7 @@ class Run:
         except residency.PlanError as exc:
             least = residency.least_budget(w)
             raise config.RunConfigError(f"NODE_RAM: the optimizer node of job {job_id} would refuse it: {exc} "
-                           f"(NODE_RAM={-(-least // 2**20)}M or more runs)") from None
+                                        f"(NODE_RAM={-(-least // 2**20)}M or more runs)") from None
 
     def start_network(self, json_path: pathlib.Path) -> None:
         from mininet.log import setLogLevel
