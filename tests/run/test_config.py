@@ -24,8 +24,19 @@ def test_defaults_and_make_style_values():
 
 def test_eval_every_is_a_count_of_steps():
     assert (config.parse().eval_every, config.parse(eval_every=" 0").eval_every) == (1, 0)
-    with pytest.raises(config.RunConfigError, match=r"^EVAL must be an integer in 0\.\.\d+, got 'often'$"):
-        config.parse(eval_every="often")
+    assert config.parse(eval_every="7").eval_every == 7
+    for bad in ("often", "-1", "1.5"):
+        with pytest.raises(config.RunConfigError, match=rf"^EVAL must be auto or an integer in 0\.\.\d+, got '{bad}'$"):
+            config.parse(eval_every=bad)
+
+
+def test_eval_auto_spares_the_gpt_an_evaluation_a_step():
+    """auto: the mlp every step; the gpt, whose evaluation costs a third of a step, every 10th;
+    a number given is taken as it is for any model."""
+    pytest.importorskip("torch")
+    assert config.parse(eval_every="auto").eval_every == 1
+    assert config.parse(model="gpt", eval_every="AUTO").eval_every == config.DEFAULT_EVAL["gpt"] > 1
+    assert config.parse(model="gpt", eval_every="1").eval_every == 1
 
 
 def test_node_ram_is_a_size_and_reaches_every_node_s_command_line(tmp_path):
