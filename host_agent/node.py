@@ -238,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     core = NodeCore(store, args.job, n_workers, slots, on_nonfinite=lambda s, c: skipped.append((s, c)),
                     max_workers=args.max_workers)
     if args.step_lines:
-        core.on_commit = lambda step, elements, seconds: print(json.dumps({
+        core.on_commit = lambda step, elements, seconds, durable: print(json.dumps({
             "ev": "commit", "job": args.job, "shard": args.shard or 0, "step": step, "t": time.time(),
-            "elements": elements, "seconds": round(seconds, 6),
+            "elements": elements, "seconds": round(seconds, 6), "commit_seconds": round(durable, 6),
             "rejected": sum(v for k, v in core.stats.items() if k.startswith("rejected_"))}), flush=True)
     faults = None
     if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:

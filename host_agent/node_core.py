@@ -47,9 +47,10 @@ class NodeCore:
         self.max_workers = max_workers
         self.slots = slots
         self.on_nonfinite = on_nonfinite
-        # Called at each commit with (step, elements updated, seconds spent updating them): the node's
-        # update rate per step (make run's metrics.csv).
-        self.on_commit: Callable[[int, int, float], None] | None = None
+        # Called at each commit with (step, elements updated, seconds spent updating them, seconds the
+        # commit took to make the step durable): the node's update rate and its disk's stalls per step
+        # (make run's metrics.csv).
+        self.on_commit: Callable[[int, int, float, float], None] | None = None
         self._step_chunks, self._step_seconds = 0, 0.0
         # True: handle() leaves a completed step's commit (its write-back and fsync) to
         # commit_if_complete(), which the socket calls once the step's last answers are sent, so the
@@ -220,11 +221,13 @@ class NodeCore:
 
     def _commit_if_complete(self) -> None:
         if self.store.step_complete:
+            start = time.perf_counter()
             self.store.commit()
+            durable = time.perf_counter() - start
             self.digests.commit(self.store.committed, self.store.last_skipped)
             self.stats["steps"] += 1
             if self.on_commit:
-                self.on_commit(self.store.committed, self._step_chunks * K, self._step_seconds)
+                self.on_commit(self.store.committed, self._step_chunks * K, self._step_seconds, durable)
             self._step_chunks, self._step_seconds = 0, 0.0
 
     def _remember(self, step: int, chunks: np.ndarray | range, applied: np.ndarray) -> None:

@@ -5,7 +5,9 @@ One row per job and step, from the run's own records (mininet_topos.progress.Pro
 loss and accuracy (where reported), its time on the workers' clocks (the last worker to finish it
 against the last to finish the step before), the gradient frames, retransmissions and rejected
 frames of the job's hosts during it, the optimizer node's update rate in it (elements it updated
-per second spent updating them: kernel and state paging, on its clock; shards' rates summed), and
+per second spent updating them: kernel and state paging, on its clock; shards' rates summed), the
+seconds its commit took to make the step durable (write-back and fsync; the slowest shard's: a
+disk that stalls shows here, and the workers' retransmissions while the node waited on it), and
 the job's drops on its switch(es) by reason: the counters are read once a step has finished, at
 most once a second, and after the last step, so a read that spans several steps counts them in the
 row of the last and leaves the rows between empty.
@@ -37,6 +39,7 @@ class StepRow:
     retransmissions: int  # and resent
     host_rejected: int = 0  # frames the job's workers and node(s) received and rejected (every reason)
     node_elements_per_s: float = NAN  # nan where the node reported no commit of the step
+    node_commit_seconds: float = NAN  # its durable commit's seconds (the slowest shard's); nan: not reported
     switch_drops: dict[str, int] | None = None  # reason name -> drops (nonzero); None: not read at this step
 
     @property
@@ -52,14 +55,17 @@ SCALARS = [f.name for f in fields(StepRow) if f.name != "switch_drops"]
 COLUMNS = [*SCALARS, "switch_drops", *DROP_COLUMNS]
 
 
-def _node(progress: Progress, job: int, s: int) -> tuple[float, int]:
-    """(elements updated per second, frames the node(s) rejected) in step s, from their commit lines."""
+def _node(progress: Progress, job: int, s: int) -> tuple[float, float, int]:
+    """(elements updated per second, the slowest commit's seconds, frames the node(s) rejected) in
+    step s, from their commit lines."""
     now = progress.commits.get((job, s))
     if not now:
-        return NAN, 0
+        return NAN, NAN, 0
     before = progress.commits.get((job, s - 1), {})
-    rate = sum(e / t for e, t, _ in now.values() if t > 0) if any(t > 0 for _, t, _ in now.values()) else NAN
-    return rate, sum(r - before.get(shard, (0, 0.0, 0))[2] for shard, (_, _, r) in now.items())
+    rate = sum(e / t for e, t, _, _ in now.values() if t > 0) if any(t > 0 for _, t, _, _ in now.values()) else NAN
+    commits = [c for _, _, _, c in now.values() if not math.isnan(c)]
+    return (rate, max(commits) if commits else NAN,
+            sum(r - before.get(shard, (0, 0.0, 0, NAN))[2] for shard, (_, _, r, _) in now.items()))
 
 
 def _drops(progress: Progress, job: int, s: int) -> dict[str, int] | None:
@@ -90,9 +96,9 @@ def rows(progress: Progress) -> list[StepRow]:
                 return sum(m[i] for m in now) - sum(m[i] for m in before)
 
             x, a = loss.get(s, (NAN, NAN))
-            rate, node_rejected = _node(progress, job, s)
+            rate, commit, node_rejected = _node(progress, job, s)
             out.append(StepRow(job, s, x, a, max(m[0] for m in now) - max(m[0] for m in before), delta(1), delta(2),
-                               delta(3) + node_rejected, rate, _drops(progress, job, s)))
+                               delta(3) + node_rejected, rate, commit, _drops(progress, job, s)))
     return out
 
 
@@ -115,13 +121,14 @@ def write_csv(path: pathlib.Path, table: list[StepRow]) -> None:
 
 
 def _row(r: dict) -> StepRow:
-    num = {c: float(r.get(c) or "nan") for c in ("loss", "accuracy", "step_seconds", "node_elements_per_s")}
+    num = {c: float(r.get(c) or "nan")
+           for c in ("loss", "accuracy", "step_seconds", "node_elements_per_s", "node_commit_seconds")}
     drops = None
     if r.get("switch_drops"):
         drops = {reason.name: int(r[c]) for reason, c in zip(DropReason, DROP_COLUMNS) if r.get(c) and int(r[c])}
     return StepRow(int(r["job"]), int(r["step"]), num["loss"], num["accuracy"], num["step_seconds"],
                    int(r["grad_frames"]), int(r["retransmissions"]), int(r.get("host_rejected") or 0),
-                   num["node_elements_per_s"], drops)
+                   num["node_elements_per_s"], num["node_commit_seconds"], drops)
 
 
 def read_csv(path: pathlib.Path) -> list[StepRow]:

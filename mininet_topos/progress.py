@@ -49,8 +49,9 @@ class Progress:
         # (job, step) -> worker -> (its clock, gradient frames sent, retransmitted, frames rejected) when
         # it finished the step
         self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int, int]]] = {}
-        # (job, step) -> shard -> (elements updated in the step, seconds spent on them, frames rejected so far)
-        self.commits: dict[tuple[int, int], dict[int, tuple[int, float, int]]] = {}
+        # (job, step) -> shard -> (elements updated in the step, seconds spent on them, frames rejected so
+        # far, seconds its commit took to make the step durable: nan from a node that did not say)
+        self.commits: dict[tuple[int, int], dict[int, tuple[int, float, int, float]]] = {}
         # (job, step) -> the job's drops by reason on its switches (cumulative), read after the step
         self.drops: dict[tuple[int, int], dict[str, int]] = {}
         self._drops_at: dict[int, int] = {}  # job -> the step of its latest read
@@ -64,7 +65,8 @@ class Progress:
             rec = json.loads(line)
             if isinstance(rec, dict) and rec.get("ev") == "commit":  # an optimizer node's step
                 self.commits.setdefault((int(rec["job"]), int(rec["step"])), {})[int(rec["shard"])] = (
-                    int(rec["elements"]), float(rec["seconds"]), int(rec.get("rejected", 0)))
+                    int(rec["elements"]), float(rec["seconds"]), int(rec.get("rejected", 0)),
+                    float(rec.get("commit_seconds", "nan")))
                 return
             key = (int(rec["job"]), int(rec["worker"]))
             wp = self.workers[key]

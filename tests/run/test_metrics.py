@@ -32,8 +32,9 @@ def fed(steps: int = 3, retx_at: int = 1, loss0: float = 2.0) -> Progress:
             p.feed(rec(worker=w, step=s, t=100.0 + 2 * (s + 1) + w * 0.5, sent=sent, retx=retx, rej=w * (s + 1),
                        **extra))
         if s in (0, 1):
+            durable = {"commit_seconds": 0.25} if s == 0 else {}  # (step 1's from a node that does not say)
             p.feed(json.dumps({"ev": "commit", "job": 1, "shard": 0, "step": s, "t": 1.0, "elements": 4096,
-                               "seconds": 0.5, "rejected": 2 * (s + 1)}))
+                               "seconds": 0.5, "rejected": 2 * (s + 1), **durable}))
         if s in DROP_READS:
             assert p.drops_due()
             p.feed_drops({1: DROP_READS[s]})
@@ -54,6 +55,7 @@ def test_rows_count_rejections_the_nodes_update_rate_and_the_switch_drops_betwee
     r0, r1, r2 = metrics.rows(fed())
     assert [r.host_rejected for r in (r0, r1, r2)] == [1 + 2, 1 + 2, 1]  # worker 1's, and the node's per commit
     assert (r0.node_elements_per_s, r1.node_elements_per_s) == (8192.0, 8192.0) and math.isnan(r2.node_elements_per_s)
+    assert r0.node_commit_seconds == 0.25 and math.isnan(r1.node_commit_seconds) and math.isnan(r2.node_commit_seconds)
     assert r0.switch_drops == {"DUPLICATE": 1} and r0.dropped == 1
     assert r1.switch_drops is None and r1.dropped is None  # no read after step 1: counted in step 2's row
     assert r2.switch_drops == {"DUPLICATE": 2, "STALE": 1}
@@ -66,10 +68,11 @@ def test_two_shards_rates_add_up_and_a_read_of_a_job_is_kept_at_its_own_step():
             p.feed(rec(job=j, worker=0, step=s, t=float(s + 2), sent=0, retx=0))
     for shard, secs in ((0, 0.25), (1, 0.5)):
         p.feed(json.dumps({"ev": "commit", "job": 1, "shard": shard, "step": 0, "t": 1.0, "elements": 1000,
-                           "seconds": secs}))
+                           "seconds": secs, "commit_seconds": 2 * secs}))
     p.feed_drops({1: {}, 2: {}, 3: {"STALE": 9}})  # a job the run does not know is left out
     assert p.drops == {(1, 0): {}, (2, 0): {}}
     assert metrics.rows(p)[0].node_elements_per_s == 1000 / 0.25 + 1000 / 0.5
+    assert metrics.rows(p)[0].node_commit_seconds == 1.0  # the step waited for the slower shard's disk
 
 
 def test_a_jobs_drops_are_summed_over_its_switches_and_reasons_named():
@@ -98,6 +101,7 @@ def test_csv_round_trip_and_a_foreign_file_is_one_line(tmp_path):
     cells = dict(zip(metrics.COLUMNS, lines[2].split(",")))  # step 1: no read, so its drop cells are empty
     assert cells["switch_drops"] == cells["drop_duplicate"] == "" and cells["node_elements_per_s"] == "8192"
     back = metrics.read_csv(tmp_path / "metrics.csv")
+    assert back[0].node_commit_seconds == 0.25 and math.isnan(back[1].node_commit_seconds)
     assert [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in back] \
         == [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in table]
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
@@ -112,7 +116,7 @@ def test_an_older_runs_metrics_without_the_new_columns_still_reads(tmp_path):
     (tmp_path / "old.csv").write_text(",".join(metrics.COLUMNS[:7]) + "\n1,0,2.5,0.5,0.1,151,0\n")
     (r,) = metrics.read_csv(tmp_path / "old.csv")
     assert (r.loss, r.grad_frames, r.host_rejected, r.switch_drops) == (2.5, 151, 0, None)
-    assert math.isnan(r.node_elements_per_s)
+    assert math.isnan(r.node_elements_per_s) and math.isnan(r.node_commit_seconds)
 
 
 def test_tensorboard_files_only_where_it_is_installed(tmp_path):
@@ -205,4 +209,7 @@ def test_tensorboard_scalars_go_through_its_own_writer(tmp_path, monkeypatch):
     assert w.logdir == str(tmp_path / "tb" / "job1") and w.closed
     assert ("loss", 1.5, 0) in w.scalars and ("retransmissions", 1, 1) in w.scalars
     assert ("node_elements_per_s", 4096 / 0.5, 0) in w.scalars and ("dropped", 3, 2) in w.scalars
-    assert len(w.scalars) == 3 * 6 + 2 + 2  # no rate where the node reported none, drops where read (steps 0, 2)
+    assert ("node_commit_seconds", 0.25, 0) in w.scalars
+    # no rate where the node reported none (step 2), no commit time where it did not say (steps 1, 2),
+    # drops where read (steps 0, 2)
+    assert len(w.scalars) == 3 * 6 + 2 + 1 + 2

@@ -19,12 +19,12 @@ def test_the_node_reports_each_commit_once_with_every_chunk_it_updated(tmp_path)
     lay = optim.layout_of(init)
     core = open_core(tmp_path, init, OptimizerConfig())
     commits = []
-    core.on_commit = lambda step, elements, seconds: commits.append((step, elements, seconds))
+    core.on_commit = lambda step, elements, seconds, durable: commits.append((step, elements, seconds, durable))
     params, rng = initial_fp16(init), random.Random(0)
     for step in range(2):
         run_step(core, lay, reference.synthetic_grads(1), step, params, rng)  # with duplicates: applied once
-    assert [(s, e) for s, e, _ in commits] == [(0, lay.n_chunks * K), (1, lay.n_chunks * K)]
-    assert all(t > 0 for _, _, t in commits)
+    assert [(s, e) for s, e, _, _ in commits] == [(0, lay.n_chunks * K), (1, lay.n_chunks * K)]
+    assert all(t > 0 and durable > 0 for _, _, t, durable in commits)  # (a commit's fsync takes time on any disk)
 
 
 def test_rank0s_json_lines_are_loss_samples_and_other_lines_are_not():
