@@ -21,8 +21,10 @@ in brackets the share of the threads mindp names, e.g. a worker's pump thread), 
 context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its own clock (a
 worker's `compute`) and their CPU ms in its training thread (`compute_cpu`; the gradient hooks
 run in it); all CPU but that is the rest of the step: optimizer, communication. On two cores the
-sum of CPU is what a step costs; a worker's forward+backward above a rank's is the other
-processes' CPU and wake-ups taken from it.
+sum of CPU is what a step costs, and each round prints DDP's sum over a switch run's: where every
+core trains, the ratio of steps/s follows it, with less of the host's drift (a side's CPU a step
+moves less than its steps/s). A worker's forward+backward above a rank's is the other processes'
+CPU and wake-ups taken from it.
 
 --rounds N runs every side N times in turn and ends with the median of each round's ratios: the
 host's speed drifts from minute to minute, so a ratio is taken within a round, never across.
@@ -376,6 +378,10 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
     return len(timed) / sum(timed), "", k, sampler.usages()
 
 
+#: A round's key for a side's CPU ms a step (all its processes), beside the side's steps/s.
+CPU = "CPU "
+
+
 def side_order(round_index: int, sides: list[str]) -> list[str]:
     """The order a round runs its sides in: as listed in even rounds, reversed in odd ones, so a
     host that speeds up or slows down over minutes favours no side (each round's ratios are taken
@@ -417,6 +423,8 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             return None
         key = "DDP" if side == "DDP" else label
         rates[key] = ddp if side == "DDP" else rate
+        if usages:
+            rates[CPU + key] = sum(u.cpu_ms for u in usages)
         print(f"  {label:<34} {rates[key]:8.3f} steps/s" + ("" if side == "DDP" else " (bit-exact)"))
         for line in usage_lines(usages):
             print(f"      {line}")
@@ -424,19 +432,27 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
     print(f"  ratios (order {', '.join(order)}): DDP {ddp / base:.3f} "
           f"of one process" + "".join(f"; {s.removeprefix('make run ')}: {r / base:.3f} of one process, mindp / DDP "
                                       f"{r / ddp:.3f}" for s, r in rates.items() if s.startswith("make run")))
+    if CPU + "DDP" in rates:
+        cpus = [(s.removeprefix(CPU + "make run "), ms) for s, ms in rates.items() if s.startswith(CPU + "make run")]
+        print(f"  CPU a step, all processes: DDP {rates[CPU + 'DDP']:.0f} ms" + "".join(
+            f"; {s} {ms:.0f} ms, DDP / mindp {rates[CPU + 'DDP'] / ms:.3f}" for s, ms in cpus) +
+            " (with every core training, steps/s follows this ratio)")
     return rates
 
 
 def summary_lines(rounds: list[dict[str, float]]) -> list[str]:
     """Per switch run, the median over rounds of its ratios to DDP and to one process, each taken
-    within its round, and every round's pair: what to quote, the spread beside it."""
+    within its round, and every round's pair: what to quote, the spread beside it; and where every
+    round has both sides' CPU a step, the median of DDP's over the run's."""
     out = []
     for side in [s for s in rounds[0] if s.startswith("make run")]:
         vs_ddp = [r[side] / r["DDP"] for r in rounds]
         vs_one = [r[side] / r["one process"] for r in rounds]
         pairs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(vs_ddp, vs_one))
+        cpu = [r[CPU + "DDP"] / r[CPU + side] for r in rounds if CPU + "DDP" in r and CPU + side in r]
         out.append(f"{side}: median mindp / DDP {statistics.median(vs_ddp):.3f}, of one process "
-                   f"{statistics.median(vs_one):.3f} (rounds: {pairs})")
+                   f"{statistics.median(vs_one):.3f} (rounds: {pairs})" +
+                   (f"; CPU a step, DDP / mindp {statistics.median(cpu):.3f}" if len(cpu) == len(rounds) else ""))
     return out
 
 
