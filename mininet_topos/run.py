@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--up", action="store_true", help="with --script: start no ranks; print a torchrun command per host")
     p.add_argument("--given", default="", help="make variables set explicitly (refused where this run ignores them)")
     p.add_argument("--eval", default="auto", help="worker 0 evaluates the model every N-th step (0: only before the "
-                   "first and after the last; auto: every step, the gpt every 10th)")
+                   "first and after the last; auto: by model, " +
+                   ", ".join(f"{m} {n}" for m, n in config.DEFAULT_EVAL.items()) + ")")
     p.add_argument("--gpt", default="", help='MODEL=gpt: its size as JSON, e.g. \'{"d": 64, "layers": 2}\'')
     p.add_argument("--node-ram", default=config.NODE_RAM_DEFAULT, help="each optimizer node's RAM budget for its state (64M, 2G, ...; "
                    "a state over half of it runs out of core)")
