@@ -42,9 +42,9 @@ CASES = {
     "another statement": (loop("{ if (f[1]) f[(24 + 1 * _e)] = f[(8 + 1 * _e)]; }",
                                "f[(8 + 1 * _e)] = 7ULL;") + TO_FIXED[-1:], set()),
     # the condition changes between the two selects: t's old value reaches the field
-    "a condition the round changes": (loop(f"f[(8 + 1 * _e)] = u64_sel((f[3] & 1) != 0, 0ULL, f[(8 + 1 * _e)]);",
+    "a condition the round changes": (loop("f[(8 + 1 * _e)] = u64_sel((f[3] & 1) != 0, 0ULL, f[(8 + 1 * _e)]);",
                                            "f[3] = f[3] + 1;",
-                                           f"f[(24 + 1 * _e)] = u64_sel((f[3] & 1) != 0, f[(8 + 1 * _e)], 1ULL);")
+                                           "f[(24 + 1 * _e)] = u64_sel((f[3] & 1) != 0, f[(8 + 1 * _e)], 1ULL);")
                                       + TO_FIXED[-1:], set()),
     # an old value ORed into a held local
     "a fold": (["{ uint64_t _f2 = f[2];", *loop("_f2 = (_f2 | f[(8 + 1 * _e)]) & 1ULL;", "f[(8 + 1 * _e)] = 1ULL;"),
