@@ -40,6 +40,8 @@ class StepRow:
     host_rejected: int = 0  # frames the job's workers and node(s) received and rejected (every reason)
     node_elements_per_s: float = NAN  # nan where the node reported no commit of the step
     node_commit_seconds: float = NAN  # its durable commit's seconds (the slowest shard's); nan: not reported
+    compute_seconds: float = NAN  # the workers' mean forward and backward seconds; nan: not reported
+    wait_seconds: float = NAN  # their mean wait for the step's parameters after backward; nan: not reported
     switch_drops: dict[str, int] | None = None  # reason name -> drops (nonzero); None: not read at this step
 
     @property
@@ -80,6 +82,12 @@ def _drops(progress: Progress, job: int, s: int) -> dict[str, int] | None:
     return {r: v for r, v in delta.items() if v}
 
 
+def _mean(values) -> float:
+    """The mean of the figures the workers reported (nan: none did)."""
+    said = [v for v in values if not math.isnan(v)]
+    return sum(said) / len(said) if said else NAN
+
+
 def rows(progress: Progress) -> list[StepRow]:
     """Every step that all of a job's workers finished, in order."""
     out = []
@@ -98,7 +106,8 @@ def rows(progress: Progress) -> list[StepRow]:
             x, a = loss.get(s, (NAN, NAN))
             rate, commit, node_rejected = _node(progress, job, s)
             out.append(StepRow(job, s, x, a, max(m[0] for m in now) - max(m[0] for m in before), delta(1), delta(2),
-                               delta(3) + node_rejected, rate, commit, _drops(progress, job, s)))
+                               delta(3) + node_rejected, rate, commit, _mean(m[4] for m in now),
+                               _mean(m[5] for m in now), _drops(progress, job, s)))
     return out
 
 
@@ -122,13 +131,15 @@ def write_csv(path: pathlib.Path, table: list[StepRow]) -> None:
 
 def _row(r: dict) -> StepRow:
     num = {c: float(r.get(c) or "nan")
-           for c in ("loss", "accuracy", "step_seconds", "node_elements_per_s", "node_commit_seconds")}
+           for c in ("loss", "accuracy", "step_seconds", "node_elements_per_s", "node_commit_seconds",
+                     "compute_seconds", "wait_seconds")}
     drops = None
     if r.get("switch_drops"):
         drops = {reason.name: int(r[c]) for reason, c in zip(DropReason, DROP_COLUMNS) if r.get(c) and int(r[c])}
     return StepRow(int(r["job"]), int(r["step"]), num["loss"], num["accuracy"], num["step_seconds"],
                    int(r["grad_frames"]), int(r["retransmissions"]), int(r.get("host_rejected") or 0),
-                   num["node_elements_per_s"], num["node_commit_seconds"], drops)
+                   num["node_elements_per_s"], num["node_commit_seconds"], num["compute_seconds"],
+                   num["wait_seconds"], drops)
 
 
 def read_csv(path: pathlib.Path) -> list[StepRow]:

@@ -47,8 +47,8 @@ class Progress:
         self.curves = {j: Curve() for j in jobs}
         self.samples: list[tuple[float, int, int]] = []  # (time, steps done, packets), for rates
         # (job, step) -> worker -> (its clock, gradient frames sent, retransmitted, frames rejected) when
-        # it finished the step
-        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int, int]]] = {}
+        # it finished the step, and its seconds computing and then waiting for the parameters (nan: not said)
+        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int, int, float, float]]] = {}
         # (job, step) -> shard -> (elements updated in the step, seconds spent on them, frames rejected so
         # far, seconds its commit took to make the step durable: nan from a node that did not say)
         self.commits: dict[tuple[int, int], dict[int, tuple[int, float, int, float]]] = {}
@@ -82,7 +82,8 @@ class Progress:
             wp.sent, wp.retx = int(rec.get("sent", 0)), int(rec.get("retx", 0))
             if "t" in rec:
                 self.marks.setdefault((key[0], int(rec["step"])), {})[key[1]] = (
-                    float(rec["t"]), wp.sent, wp.retx, int(rec.get("rej", 0)))
+                    float(rec["t"]), wp.sent, wp.retx, int(rec.get("rej", 0)),
+                    float(rec.get("compute", "nan")), float(rec.get("wait", "nan")))
         if rec.get("ev") in ("step", "log") and "loss" in rec and key[1] == 0:  # the curve is worker 0's
             try:
                 point = int(rec["step"]), float(rec["loss"]), float(rec.get("acc", "nan"))

@@ -97,9 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _numpy_step(wl: workload.WorkloadConfig, agent: WorkerAgent):
+def _numpy_step(wl: workload.WorkloadConfig, agent: WorkerAgent, timing: dict):
+    """timing as _torch_step's: "compute", the gradient's seconds; "wait", then sending it and
+    waiting for the step's parameters (nothing overlaps them here)."""
     grad = workload.grad_fn(wl)
-    return lambda worker, step, params: agent.push(grad(worker, step, params))
+
+    def step_fn(worker: int, step: int, params: dict) -> dict:
+        t = time.perf_counter()
+        g = grad(worker, step, params)
+        t1 = time.perf_counter()
+        params = agent.push(g)
+        timing["compute"], timing["wait"] = round(t1 - t, 6), round(time.perf_counter() - t1, 6)
+        return params
+
+    return step_fn
 
 
 def _scaler_state(scaler) -> list[float]:
@@ -167,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         agent.check_digests()
         start = layout.unflatten(agent.current[: layout.total])  # fp16: --init's, or the resume file's
         timing: dict = {}
-        step_fn = _torch_step(wl, agent, start, resumed, timing) if wl.model != "mlp" else _numpy_step(wl, agent)
+        step_fn = _torch_step(wl, agent, start, resumed, timing) if wl.model != "mlp" else _numpy_step(wl, agent, timing)
         evaluate = workload.model_eval(wl) if args.eval_every is not None else None
     except (ConfigError, TopologyError, workload.WorkloadError, rawsock.SocketError, ValueError, ImportError) as exc:
         print(f"worker {args.job}/{args.worker}: {exc}", file=sys.stderr, flush=True)

@@ -4,7 +4,8 @@
 
 Each RUN is a run directory (runs/<ts>) or its name under runs/. From each run's metrics.csv (every
 `make run` writes one) and summary.json it draws, one line per run (and job), the training loss, the
-test accuracy where the run reports one, the step time and the retransmissions per step, with a
+test accuracy where the run reports one, the step time, the workers' mean wait for the step's
+parameters after backward (metrics.csv's wait_seconds) and the retransmissions per step, with a
 legend under each panel naming the run, its model, target, workers and packet loss. Writes
 OUT.svg always (the run's own chart code, mininet_topos.svgplot) and OUT.png where matplotlib is
 installed (`.venv/bin/pip install matplotlib`; not a dependency of mindp).
@@ -52,7 +53,8 @@ def load(d: pathlib.Path) -> list[metrics.StepRow]:
 
 
 def panels(runs: list[tuple[str, list[metrics.StepRow]]]) -> list[svgplot.Panel]:
-    """Loss, accuracy (when any run has one), step time and retransmissions per step; x: after step s."""
+    """Loss, accuracy and the workers' wait for the parameters (when any run has them), step time and
+    retransmissions per step; x: after step s."""
     def series(field: str, scale: float = 1.0) -> dict:
         out = {}
         for name, table in runs:
@@ -68,6 +70,9 @@ def panels(runs: list[tuple[str, list[metrics.StepRow]]]) -> list[svgplot.Panel]
     if any(math.isfinite(y) for _, ys in acc.values() for y in ys):
         out.append(svgplot.Panel("step", "test accuracy (%)", acc, yhi=100.0))
     out.append(svgplot.Panel("step", "step time (s)", series("step_seconds")))
+    wait = series("wait_seconds")
+    if any(math.isfinite(y) for _, ys in wait.values() for y in ys):
+        out.append(svgplot.Panel("step", "waiting for the parameters (s)", wait))
     out.append(svgplot.Panel("step", "retransmissions per step", series("retransmissions")))
     return out
 

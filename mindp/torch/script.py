@@ -117,6 +117,7 @@ class Optimizer:
         self.state_dir = state_dir
         self.job, self.rank = job, rank
         self.in_step = False
+        self.began: float | None = None  # perf_counter at the step's zero_grad()
         self.metrics = pathlib.Path(metrics) / f"rank{rank}.jsonl" if metrics else None
         if self.metrics:
             self.metrics.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +167,7 @@ class Optimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.dp.begin(set_to_none)
         self.in_step = True
+        self.began = time.perf_counter()
 
     def no_sync(self):
         """Gradient accumulation, as DDP's model.no_sync(): backward() calls in the block add to the
@@ -176,6 +178,9 @@ class Optimizer:
         if closure is not None:
             raise SystemExit("mindp.torch: step(closure) is not supported: call backward before step()")
         step = self.agent.step
+        # the rank's own seconds from zero_grad() to here (forward and backward) and its wait then
+        compute = {"compute": round(time.perf_counter() - self.began, 6)} if self.began is not None else {}
+        self.began = None
         try:
             self.dp.finish()
         except GradientChanged as exc:
@@ -189,7 +194,7 @@ class Optimizer:
                   "skipped the step, as torch's GradScaler does, and the parameters are unchanged", file=sys.stderr)
         told = self.told.get(step, ())  # (several groups' lrs: "lrs" beside group 0's "lr")
         self.record(ev="step", step=step, **({"lr": told[0]} if told else {}),
-                    **({"lrs": list(told)} if len(told) > 1 else {}))
+                    **({"lrs": list(told)} if len(told) > 1 else {}), **compute, wait=round(self.dp.wait_seconds, 6))
         self._check_lr(step)
         self._check_fixed(step)
 

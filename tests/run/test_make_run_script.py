@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mindp import targets  # noqa: E402
-from mininet_topos import config  # noqa: E402
+from mininet_topos import config, metrics  # noqa: E402
 from tests.run.test_make_run import REPO, MakeRun, assert_clean, needs_root  # noqa: E402
 
 pytestmark = pytest.mark.net
@@ -252,6 +252,8 @@ def test_plain_text_script_shows_rank0_and_writes_per_step_figures(tmp_path):
     assert "(11 parameters" in run.out  # the frozen 3x4 weight is not trained: 3 + 6 + 2
     rows = (run.run_dir / "metrics.csv").read_text().splitlines()
     assert rows[0].startswith("job,step,loss,accuracy,step_seconds,grad_frames,retransmissions") and len(rows) == 5
+    table = metrics.read_csv(run.run_dir / "metrics.csv")  # the ranks' zero_grad() to step(), then their wait
+    assert all(r.compute_seconds > 0 and r.wait_seconds > 0 for r in table)
     assert "<polyline" in (run.run_dir / "curve.svg").read_text()
     assert_clean(run)
 

@@ -29,6 +29,8 @@ def fed(steps: int = 3, retx_at: int = 1, loss0: float = 2.0) -> Progress:
             sent = 10 * (s + 1)
             retx = 1 if (w == 1 and s >= retx_at) else 0
             extra = dict(loss=loss0 - 0.5 * (s + 1), acc=0.1 * (s + 2)) if w == 0 else {}
+            if s >= 0 and not (w == 1 and s == 1):  # (worker 1 says nothing of its step 1)
+                extra.update(compute=0.5 + w, wait=0.25 * (s + 1) + w)
             p.feed(rec(worker=w, step=s, t=100.0 + 2 * (s + 1) + w * 0.5, sent=sent, retx=retx, rej=w * (s + 1),
                        **extra))
         if s in (0, 1):
@@ -59,6 +61,18 @@ def test_rows_count_rejections_the_nodes_update_rate_and_the_switch_drops_betwee
     assert r0.switch_drops == {"DUPLICATE": 1} and r0.dropped == 1
     assert r1.switch_drops is None and r1.dropped is None  # no read after step 1: counted in step 2's row
     assert r2.switch_drops == {"DUPLICATE": 2, "STALE": 1}
+
+
+def test_rows_give_the_workers_mean_compute_and_wait_of_those_that_said():
+    r0, r1, r2 = metrics.rows(fed())
+    assert (r0.compute_seconds, r0.wait_seconds) == (1.0, 0.75)  # (0.5 + 1.5) / 2, (0.25 + 1.25) / 2
+    assert (r1.compute_seconds, r1.wait_seconds) == (0.5, 0.5)  # worker 0's alone
+    assert (r2.compute_seconds, r2.wait_seconds) == (1.0, 1.25)
+    p = Progress({1: 1}, 1)
+    for s in (-1, 0):
+        p.feed(rec(worker=0, step=s, t=float(s + 2), sent=0, retx=0))  # a worker that never says
+    (row,) = metrics.rows(p)
+    assert math.isnan(row.compute_seconds) and math.isnan(row.wait_seconds)
 
 
 def test_two_shards_rates_add_up_and_a_read_of_a_job_is_kept_at_its_own_step():
@@ -102,6 +116,7 @@ def test_csv_round_trip_and_a_foreign_file_is_one_line(tmp_path):
     assert cells["switch_drops"] == cells["drop_duplicate"] == "" and cells["node_elements_per_s"] == "8192"
     back = metrics.read_csv(tmp_path / "metrics.csv")
     assert back[0].node_commit_seconds == 0.25 and math.isnan(back[1].node_commit_seconds)
+    assert [(r.compute_seconds, r.wait_seconds) for r in back] == [(r.compute_seconds, r.wait_seconds) for r in table]
     assert [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in back] \
         == [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in table]
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
@@ -117,6 +132,9 @@ def test_an_older_runs_metrics_without_the_new_columns_still_reads(tmp_path):
     (r,) = metrics.read_csv(tmp_path / "old.csv")
     assert (r.loss, r.grad_frames, r.host_rejected, r.switch_drops) == (2.5, 151, 0, None)
     assert math.isnan(r.node_elements_per_s) and math.isnan(r.node_commit_seconds)
+    assert math.isnan(r.compute_seconds) and math.isnan(r.wait_seconds)
+    assert [p.ylabel for p in compare.panels([("old", [r])])] == ["training loss", "test accuracy (%)", "step time (s)",
+                                                                  "retransmissions per step"]  # no wait panel
 
 
 def test_tensorboard_files_only_where_it_is_installed(tmp_path):
@@ -168,7 +186,8 @@ def test_compare_draws_every_run_with_a_legend_naming_it(tmp_path, capsys):
     svg = (tmp_path / "compare.svg").read_text()
     assert "20261128-010101: mlp (4,810 parameters), embedded, 2 workers, loss 0.02" in svg
     assert "20261128-020202: gpt (1.3M parameters)" in svg
-    assert svg.count('<polyline class="series"') == 2 * 4  # loss, accuracy, step time, retransmissions
+    assert svg.count('<polyline class="series"') == 2 * 5  # loss, accuracy, step time, wait, retransmissions
+    assert "waiting for the parameters (s)" in svg
     out = capsys.readouterr().out
     assert str(tmp_path / "compare.svg") in out and ("compare.png" in out or "matplotlib is not installed" in out)
 
@@ -209,7 +228,7 @@ def test_tensorboard_scalars_go_through_its_own_writer(tmp_path, monkeypatch):
     assert w.logdir == str(tmp_path / "tb" / "job1") and w.closed
     assert ("loss", 1.5, 0) in w.scalars and ("retransmissions", 1, 1) in w.scalars
     assert ("node_elements_per_s", 4096 / 0.5, 0) in w.scalars and ("dropped", 3, 2) in w.scalars
-    assert ("node_commit_seconds", 0.25, 0) in w.scalars
+    assert ("node_commit_seconds", 0.25, 0) in w.scalars and ("wait_seconds", 0.5, 1) in w.scalars
     # no rate where the node reported none (step 2), no commit time where it did not say (steps 1, 2),
-    # drops where read (steps 0, 2)
-    assert len(w.scalars) == 3 * 6 + 2 + 1 + 2
+    # the workers' compute and wait at every step, drops where read (steps 0, 2)
+    assert len(w.scalars) == 3 * 6 + 2 + 1 + 3 * 2 + 2
