@@ -177,6 +177,19 @@ def write_tensorboard(logdir: pathlib.Path, table: list[StepRow]) -> bool:
     return True
 
 
+def timing(table: list[StepRow]) -> dict[str, float]:
+    """summary.json's account of where the steps went, over the steps whose workers timed theirs:
+    their mean compute and wait seconds a step, and compute's share of those steps' time ({}: none)."""
+    said = [r for r in table if math.isfinite(r.compute_seconds) and math.isfinite(r.wait_seconds)
+            and r.step_seconds > 0]
+    if not said:
+        return {}
+    compute = sum(r.compute_seconds for r in said)
+    return {"mean_compute_seconds": round(compute / len(said), 6),
+            "mean_wait_seconds": round(sum(r.wait_seconds for r in said) / len(said), 6),
+            "compute_share": round(compute / sum(r.step_seconds for r in said), 4)}
+
+
 def write(run_dir: pathlib.Path, progress: Progress) -> list[StepRow]:
     """metrics.csv (always) and tensorboard/ (where installed) of a run."""
     table = rows(progress)

@@ -29,7 +29,7 @@ import numpy as np
 from host_agent import optim
 from mindp import progress as pace, protocol
 
-from . import rankerrors, results, resume
+from . import metrics, rankerrors, results, resume
 from .agents import REPO, Agents, NodeFiles
 from .console import ProgressLine, RunError, one_line
 from .progress import LogTail, Progress, three_digits
@@ -265,7 +265,7 @@ class ScriptRun(Run):
                 "wall_seconds": round(wall, 2),
                 "steps_per_second": round((progress.step - self.resume_step) / wall, 3) if wall else 0.0,
                 "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff,
-                "skipped_steps": results.skipped_steps(stats),
+                "skipped_steps": results.skipped_steps(stats), **metrics.timing(metrics.rows(progress)),
                 **results.digest_counts([w.done for w in progress.workers.values()]),  # the ranks' exit records
                 **({"resumed_from": {"run": str(self.resumed.run), "first_step": self.resume_step}}
                    if self.resumed else {})}

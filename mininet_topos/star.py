@@ -328,6 +328,7 @@ class Run:
         """summary.json, the curve and the table; 0 when the run is bit-exact with the reference."""
         jobs_res = self.results(progress)
         summ = results.summary(self.run_dict(), jobs_res, wall, setup, model, results.n_params(self.jobs[0].init))
+        summ.update(metrics.timing(metrics.rows(progress)))
         if self.resumed:
             summ["resumed_from"] = {"run": str(self.resumed.run), "first_step": self.jobs[0].first_step}
         results.write_summary(self.dir / "summary.json", summ)

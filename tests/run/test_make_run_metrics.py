@@ -49,6 +49,8 @@ def test_metrics_count_drops_per_step_and_the_nodes_update_rate(tmp_path, loss):
         assert sum(int(r["host_rejected"]) for r in rows) == 0
     else:
         assert drops > 0 and resent > 0
+    s = run.summary()
+    assert s["mean_compute_seconds"] > 0 and s["mean_wait_seconds"] > 0 and s["compute_share"] > 0
     back = metrics.read_csv(run.run_dir / "metrics.csv")
     assert len(back) == STEPS and not any(math.isnan(r.node_elements_per_s) for r in back)
     assert_clean(run)

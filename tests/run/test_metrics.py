@@ -75,6 +75,17 @@ def test_rows_give_the_workers_mean_compute_and_wait_of_those_that_said():
     assert math.isnan(row.compute_seconds) and math.isnan(row.wait_seconds)
 
 
+def test_the_summarys_timing_is_over_the_steps_whose_workers_timed_theirs():
+    table = metrics.rows(fed())  # step_seconds 2.0 each; compute 1.0, 0.5, 1.0; wait 0.75, 0.5, 1.25
+    assert metrics.timing(table) == {"mean_compute_seconds": round(2.5 / 3, 6), "mean_wait_seconds": round(2.5 / 3, 6),
+                                     "compute_share": round(2.5 / 6.0, 4)}
+    assert metrics.timing(table[1:2]) == {"mean_compute_seconds": 0.5, "mean_wait_seconds": 0.5, "compute_share": 0.25}
+    p = Progress({1: 1}, 1)
+    for s in (-1, 0):
+        p.feed(rec(worker=0, step=s, t=float(s + 2), sent=0, retx=0))
+    assert metrics.timing(metrics.rows(p)) == {} and metrics.timing([]) == {}
+
+
 def test_two_shards_rates_add_up_and_a_read_of_a_job_is_kept_at_its_own_step():
     p = Progress({1: 1, 2: 1}, 1)
     for s in (-1, 0):
