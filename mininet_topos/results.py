@@ -16,6 +16,7 @@ from .progress import Curve
 TABLE_FIELDS = ("model", "target", "workers", "steps", "jobs", "initial_loss", "final_loss", "final_accuracy",
                 "max_abs_param_diff_vs_reference", "packets_sent", "retransmissions", "wall_seconds",
                 "steps_per_second")
+TABLE_IF_SAID = ("compute_share",)  # printed after TABLE_FIELDS when the summary has it (metrics.timing)
 
 
 @dataclass
@@ -123,7 +124,7 @@ def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds
 
 def table(s: dict) -> str:
     rows = []
-    for k in TABLE_FIELDS:
+    for k in TABLE_FIELDS + tuple(k for k in TABLE_IF_SAID if k in s):
         v = s[k]
         if k == "max_abs_param_diff_vs_reference":
             v = repr(float(v))  # 0.0 exactly when bit-exact

@@ -39,6 +39,9 @@ def test_summary_has_the_required_fields_and_aggregates_jobs(tmp_path):
     assert json.loads((tmp_path / "s.json").read_text())["per_job"][1]["job_id"] == 2
     t = results.table(s)
     assert all(k in t for k in results.TABLE_FIELDS) and "0.25" in t and "cnn (3.8k parameters)" in t
+    assert "compute_share" not in t  # no worker timed its steps
+    assert t.splitlines()[-1].split() == ["steps_per_second", "2.5"]
+    assert results.table({**s, "compute_share": 0.9219}).splitlines()[-1].split() == ["compute_share", "0.9219"]
 
 
 def series(path) -> list[list[tuple[float, float]]]:
