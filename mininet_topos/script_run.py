@@ -257,6 +257,7 @@ class ScriptRun(Run):
         except scriptref.NoReference:
             ref, diff = None, None
         curve = progress.curves[1]
+        table = self.draw(progress, model)
         summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "k": protocol.K, "workers": self.job.n_workers,
                 "model": model, "steps": progress.step,
                 "loss_curve": [[s, x] for s, x in zip(curve.steps, curve.loss)],  # s: the script's 0-based step
@@ -265,12 +266,11 @@ class ScriptRun(Run):
                 "wall_seconds": round(wall, 2),
                 "steps_per_second": round((progress.step - self.resume_step) / wall, 3) if wall else 0.0,
                 "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff,
-                "skipped_steps": results.skipped_steps(stats), **metrics.timing(metrics.rows(progress)),
+                "skipped_steps": results.skipped_steps(stats), **metrics.timing(table),
                 **results.digest_counts([w.done for w in progress.workers.values()]),  # the ranks' exit records
                 **({"resumed_from": {"run": str(self.resumed.run), "first_step": self.resume_step}}
                    if self.resumed else {})}
         results.write_summary(self.dir / "summary.json", summ)
-        self.draw(progress, model)
         self.console.say(f"\nsummary ({self.dir / 'summary.json'}):")
         if curve.loss:
             self.console.say(f"  loss {curve.loss[0]:.4f} (step {curve.steps[0]}) -> {curve.loss[-1]:.4f} "

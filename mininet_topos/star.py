@@ -302,12 +302,14 @@ class Run:
         """The settings as the summary states them: `workers` counts every worker of a job (all leaves)."""
         return {**self.cfg.to_dict(), "target": self.target, "k": protocol.K, "workers": self.cfg.total_workers}
 
-    def draw(self, progress: Progress, model: str) -> None:
-        """curve.svg and metrics.csv (and TensorBoard's files where installed) from the steps done."""
-        metrics.write(self.dir, progress)
+    def draw(self, progress: Progress, model: str) -> list[metrics.StepRow]:
+        """curve.svg and metrics.csv (and TensorBoard's files where installed) from the steps done;
+        returns metrics.csv's rows."""
+        table = metrics.write(self.dir, progress)
         results.plot(self.dir / "curve.svg", progress.curves,
                      results.curve_title(model, self.target, self.cfg.jobs, self.cfg.total_workers, self.cfg.loss),
                      results.accuracy_label(self.cfg.model))
+        return table
 
     def keep_partial(self, model: str, why: str) -> None:
         """A stopped run keeps what its steps showed: summary.json (stopped), curve.svg, metrics.csv."""
@@ -327,12 +329,12 @@ class Run:
     def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
         """summary.json, the curve and the table; 0 when the run is bit-exact with the reference."""
         jobs_res = self.results(progress)
+        table = self.draw(progress, model)
         summ = results.summary(self.run_dict(), jobs_res, wall, setup, model, results.n_params(self.jobs[0].init))
-        summ.update(metrics.timing(metrics.rows(progress)))
+        summ.update(metrics.timing(table))
         if self.resumed:
             summ["resumed_from"] = {"run": str(self.resumed.run), "first_step": self.jobs[0].first_step}
         results.write_summary(self.dir / "summary.json", summ)
-        self.draw(progress, model)
         self.console.say("\nsummary (" + str(self.dir / "summary.json") + "):")
         self.console.say(results.table(summ))
         exact = summ["max_abs_param_diff_vs_reference"] == 0.0
