@@ -378,8 +378,13 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
     return len(timed) / sum(timed), "", k, sampler.usages()
 
 
-#: A round's key for a side's CPU ms a step (all its processes), beside the side's steps/s.
-CPU = "CPU "
+@dataclass
+class Round:
+    """One round's figures by side ("one process", "DDP", each switch run's label): steps/s, and
+    CPU ms a step of all its processes where they were sampled."""
+
+    rates: dict[str, float] = field(default_factory=dict)
+    cpu_ms: dict[str, float] = field(default_factory=dict)
 
 
 def side_order(round_index: int, sides: list[str]) -> list[str]:
@@ -389,18 +394,18 @@ def side_order(round_index: int, sides: list[str]) -> list[str]:
     return list(sides) if round_index % 2 == 0 else list(reversed(sides))
 
 
-def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 0) -> dict[str, float] | None:
+def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 0) -> Round | None:
     """One round, its sides in side_order, each side's lines printed as it ends and its ratios at
-    the round's end: {side: steps/s} ("one process", "DDP", each target run), or None when a side
-    failed (said in its line)."""
+    the round's end, or None when a side failed (said in its line)."""
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
     if os.geteuid() != 0:
         base = single_process(wl, base_steps)
         print(f"  {'one process, torch.optim.AdamW':<34} {base:8.3f} steps/s  (torch threads {torch.get_num_threads()})")
-        return {"one process": base}
+        return Round({"one process": base})
     tmp.mkdir(parents=True, exist_ok=True)
     switch_targets = [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]
-    rates: dict[str, float] = {}
+    fig = Round()
+    rates, cpu_ms = fig.rates, fig.cpu_ms
     order = side_order(index, ["one process", "DDP", *switch_targets])
     for side in order:
         if side == "one process":
@@ -424,7 +429,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
         key = "DDP" if side == "DDP" else label
         rates[key] = ddp if side == "DDP" else rate
         if usages:
-            rates[CPU + key] = sum(u.cpu_ms for u in usages)
+            cpu_ms[key] = sum(u.cpu_ms for u in usages)
         print(f"  {label:<34} {rates[key]:8.3f} steps/s" + ("" if side == "DDP" else " (bit-exact)"))
         for line in usage_lines(usages):
             print(f"      {line}")
@@ -432,24 +437,24 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
     print(f"  ratios (order {', '.join(order)}): DDP {ddp / base:.3f} "
           f"of one process" + "".join(f"; {s.removeprefix('make run ')}: {r / base:.3f} of one process, mindp / DDP "
                                       f"{r / ddp:.3f}" for s, r in rates.items() if s.startswith("make run")))
-    if CPU + "DDP" in rates:
-        cpus = [(s.removeprefix(CPU + "make run "), ms) for s, ms in rates.items() if s.startswith(CPU + "make run")]
-        print(f"  CPU a step, all processes: DDP {rates[CPU + 'DDP']:.0f} ms" + "".join(
-            f"; {s} {ms:.0f} ms, DDP / mindp {rates[CPU + 'DDP'] / ms:.3f}" for s, ms in cpus) +
+    if "DDP" in cpu_ms:
+        cpus = [(s.removeprefix("make run "), ms) for s, ms in cpu_ms.items() if s.startswith("make run")]
+        print(f"  CPU a step, all processes: DDP {cpu_ms['DDP']:.0f} ms" + "".join(
+            f"; {s} {ms:.0f} ms, DDP / mindp {cpu_ms['DDP'] / ms:.3f}" for s, ms in cpus) +
             " (with every core training, steps/s follows this ratio)")
-    return rates
+    return fig
 
 
-def summary_lines(rounds: list[dict[str, float]]) -> list[str]:
+def summary_lines(rounds: list[Round]) -> list[str]:
     """Per switch run, the median over rounds of its ratios to DDP and to one process, each taken
     within its round, and every round's pair: what to quote, the spread beside it; and where every
     round has both sides' CPU a step, the median of DDP's over the run's."""
     out = []
-    for side in [s for s in rounds[0] if s.startswith("make run")]:
-        vs_ddp = [r[side] / r["DDP"] for r in rounds]
-        vs_one = [r[side] / r["one process"] for r in rounds]
+    for side in [s for s in rounds[0].rates if s.startswith("make run")]:
+        vs_ddp = [r.rates[side] / r.rates["DDP"] for r in rounds]
+        vs_one = [r.rates[side] / r.rates["one process"] for r in rounds]
         pairs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(vs_ddp, vs_one))
-        cpu = [r[CPU + "DDP"] / r[CPU + side] for r in rounds if CPU + "DDP" in r and CPU + side in r]
+        cpu = [r.cpu_ms["DDP"] / r.cpu_ms[side] for r in rounds if "DDP" in r.cpu_ms and side in r.cpu_ms]
         out.append(f"{side}: median mindp / DDP {statistics.median(vs_ddp):.3f}, of one process "
                    f"{statistics.median(vs_one):.3f} (rounds: {pairs})" +
                    (f"; CPU a step, DDP / mindp {statistics.median(cpu):.3f}" if len(cpu) == len(rounds) else ""))
@@ -499,10 +504,10 @@ def main() -> int:
         for i in range(args.rounds):
             if args.rounds > 1:
                 print(f" round {i + 1} of {args.rounds}")
-            rates = one_round(args, gpt, args.local_steps, pathlib.Path(tmp) / f"round{i}", i)
-            if rates is None:
+            fig = one_round(args, gpt, args.local_steps, pathlib.Path(tmp) / f"round{i}", i)
+            if fig is None:
                 return 1
-            rounds.append(rates)
+            rounds.append(fig)
     if os.geteuid() != 0:
         print("  through the network: skipped (namespaces and make run need root)")
     elif args.rounds > 1:

@@ -65,14 +65,15 @@ def test_torch_gpt_quotes_the_median_of_ratios_taken_within_each_round(monkeypat
     bench = load("torch_gpt", monkeypatch)
     side = "make run MODEL=gpt TARGET=embedded K=512"
     # The host slows down 3x in the second round: the ratios within rounds stay, medians of rates would not.
-    rounds = [{"one process": 4.0, "DDP": 4.0, side: 3.0}, {"one process": 1.0, "DDP": 1.25, side: 1.0},
-              {"one process": 4.0, "DDP": 4.0, side: 4.0}]
+    rounds = [bench.Round(r) for r in ({"one process": 4.0, "DDP": 4.0, side: 3.0},
+                                       {"one process": 1.0, "DDP": 1.25, side: 1.0},
+                                       {"one process": 4.0, "DDP": 4.0, side: 4.0})]
     (line,) = bench.summary_lines(rounds)
     assert line.startswith(f"{side}: median mindp / DDP 0.800, of one process 1.000 ")
     assert "(rounds: 0.750/0.750, 0.800/1.000, 1.000/1.000)" in line and "CPU" not in line
     # With each side's CPU a step in every round, its median ratio too (DDP's over mindp's).
     for r, (ddp, mindp) in zip(rounds, ((500.0, 600.0), (450.0, 500.0), (480.0, 480.0))):
-        r.update({bench.CPU + "DDP": ddp, bench.CPU + side: mindp})
+        r.cpu_ms.update({"DDP": ddp, side: mindp})
     (line,) = bench.summary_lines(rounds)
     assert line.endswith("; CPU a step, DDP / mindp 0.900")
 
