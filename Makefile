@@ -134,7 +134,7 @@ run:
 	@$(PY) -m mininet_topos.run --target $(TARGET) $(if $(K),--k $(K)) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) --eval $(EVAL) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
-	  $(if $(SCRIPT),--script "$$SCRIPT" --args="$$ARGS") $(if $(GPT),--gpt "$$GPT") $(if $(NODE_RAM),--node-ram "$(NODE_RAM)") --given '$(GIVEN)' \
+	  $(if $(SCRIPT),--script "$$SCRIPT") $(if $(filter ARGS,$(GIVEN)),--args="$$ARGS") $(if $(GPT),--gpt "$$GPT") $(if $(NODE_RAM),--node-ram "$(NODE_RAM)") --given '$(GIVEN)' \
 	  $(if $(RESUME),--resume "$$RESUME") $(if $(filter 1,$(UP)),--up); \
 	  rc=$$?; mkdir -p build && echo $$rc > build/run-exit-code; exit $$rc
 

@@ -244,6 +244,8 @@ def _tree(topo: str, leaves: str, optimizers: str) -> dict:
 
 def _unused(cfg: RunConfig, given: list[str]) -> None:
     """Refuse a variable set explicitly that this run would ignore."""
+    if not cfg.script and "ARGS" in given:  # even empty: ARGS= names a script's arguments
+        raise RunConfigError("ARGS are the arguments of SCRIPT: give SCRIPT=path/to/train.py")
     if cfg.script:
         unused = [v for v in NOT_WITH_SCRIPT if v in given]
         if unused:

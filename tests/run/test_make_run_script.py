@@ -208,6 +208,7 @@ def test_script_that_never_calls_init_fails_in_one_line(tmp_path):
 @pytest.mark.parametrize("kw, message", [
     (dict(script="/nonexistent/train.py"), "is not a file"),
     (dict(script_args="--steps 3"), "ARGS are the arguments of SCRIPT"),
+    (dict(script_args="", given="ARGS"), "ARGS are the arguments of SCRIPT"),  # make run ARGS= (mlp): not ignored
     (dict(script=str(REPO / "examples" / "train_cnn.py"), jobs="2"), "SCRIPT runs one job"),
     (dict(script=str(REPO / "examples" / "train_cnn.py"), script_args="'unclosed"), "ARGS cannot be split"),
 ])
