@@ -41,6 +41,23 @@ def point_latest(runs_dir: pathlib.Path, run_dir: pathlib.Path) -> None:
     os.replace(tmp, link)
 
 
+def _point_at_newest(runs_dir: pathlib.Path) -> list[pathlib.Path]:
+    """runs/latest -> the newest run (none: no link); returns the runs."""
+    kept = runs(runs_dir)
+    if kept:
+        point_latest(runs_dir, kept[-1])
+    elif (runs_dir / LATEST).is_symlink():
+        (runs_dir / LATEST).unlink()
+    return kept
+
+
+def withdraw(run_dir: pathlib.Path) -> None:
+    """Remove a run refused before its network came up (RESUME= of a script since changed): no
+    directory is left of it, and runs/latest names the run it named before."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    _point_at_newest(run_dir.parent)
+
+
 def to_remove(runs_dir: pathlib.Path, keep_latest: bool = True) -> list[pathlib.Path]:
     all_runs = runs(runs_dir)
     return all_runs[:-1] if keep_latest else all_runs
@@ -51,12 +68,7 @@ def clean(runs_dir: pathlib.Path, keep_latest: bool = True) -> str:
     gone = to_remove(runs_dir, keep_latest)
     for d in gone:
         shutil.rmtree(d)
-    link = runs_dir / LATEST
-    kept = runs(runs_dir)
-    if kept:
-        point_latest(runs_dir, kept[-1])
-    elif link.is_symlink():
-        link.unlink()
+    kept = _point_at_newest(runs_dir)
     with_latest = f"; kept {runs_dir / kept[-1].name}" if kept else ""
     return f"removed {len(gone)} run(s) from {runs_dir}/{with_latest}"
 

@@ -104,7 +104,8 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
     if os.geteuid() != 0:
         raise RunError("must run as root (Mininet needs network namespaces): sudo make run")
     state = claim_state(pathlib.Path(args.state_file), console)  # first: a live run explains a busy port
-    run = None
+    run = run_dir = None
+    refused = False  # a setting refused before the network came up: nothing of the run is kept
     try:
         target = preflight(cfg)
         cfg = cfg.on(target)
@@ -133,7 +134,11 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
             f"{steps}loss {cfg.loss:g}, seed {cfg.seed}")
         json_path, p4info, how = p4_program(args.p4, run_dir, console.say)
         console.say(f"  P4 program: {how}; K = {protocol.K} elements a frame, link MTU {protocol.link_mtu()}")
-        run.prepare_files()
+        try:
+            run.prepare_files()
+        except config.RunConfigError:
+            refused = True
+            raise
         if resumed:
             console.say(f"  resuming {resumed.run} after its node's commit: from step {run.first_step()}")
         model = run.model_text()
@@ -162,6 +167,8 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         if run is not None:
             run.close()
         state.teardown()
+        if refused:
+            clean.withdraw(run_dir)
 
 
 def run_k(k: str, target: str, old: resume.Resumed | None = None, given: tuple[str, ...] = ()) -> int:

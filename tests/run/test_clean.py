@@ -39,3 +39,14 @@ def test_clean_all_removes_every_run_and_the_link(tmp_path, capsys):
     assert "removed 2 run(s)" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
     assert clean.main(["--runs-dir", str(tmp_path / "never-made")]) == 0
+
+
+def test_a_run_withdrawn_leaves_nothing_and_latest_names_the_run_before(tmp_path):
+    """A run refused before its network came up (RESUME= of a script since changed): RESUME=latest
+    must go on naming the run it named before."""
+    make_runs(tmp_path, ["20261122-235959", "20261123-040508"])
+    clean.point_latest(tmp_path, tmp_path / "20261123-040508")
+    clean.withdraw(tmp_path / "20261123-040508")
+    assert os.readlink(tmp_path / "latest") == "20261122-235959"
+    clean.withdraw(tmp_path / "20261122-235959")
+    assert list(tmp_path.iterdir()) == []

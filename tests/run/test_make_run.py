@@ -306,6 +306,7 @@ def test_a_node_ram_its_node_would_refuse_is_refused_before_the_network_starts(t
     least = re.search(r"NODE_RAM=(\w+) or more runs", run.err).group(1)
     assert "Mininet up" not in run.out
     assert_clean(run)
+    assert not run.runs.exists() or not any(run.runs.iterdir())  # nothing of a refused run is kept
     (tmp_path / "least").mkdir()
     run = MakeRun(tmp_path / "least", "--target", "embedded", "--p4", "committed", "--node-ram", least,
                   "--workers", "2", "--steps", "3")
