@@ -1,12 +1,13 @@
 """`make run RESUME=<run>`: continue an earlier run from its optimizer nodes' committed state.
 
 The new run takes the earlier run's settings (its config.json; STEPS may be raised to train on,
-TARGET, LOSS, PCAP, LOG and CLI may change) and, per job, a copy of its node state (the earlier run
+TARGET, LOSS, PCAP, LOG, CLI and NODE_RAM may change) and, per job, a copy of its node state (the earlier run
 stays as it was). Each node resumes after its last commit; the workers start at the step after it
 from the parameters the node committed (the fp16 values they held then), so the run ends on the
 same bits as one that was never interrupted: the comparison with the reference trainer (from the
 earlier run's initial parameters, over all steps) says so. A SCRIPT= run resumes the same way: its
-ranks take the node's step (opt.step_number) and weights from MINDP_STATE.
+ranks take the node's step (opt.step_number) and weights from MINDP_STATE; its ARGS may change (its
+reference replays each step with the arguments it ran with).
 
 A leaf-spine job's shards commit each on its own: one may be a step ahead of another (never more:
 no worker sends step s + 1 before every shard committed s). The workers start after the earliest
@@ -31,6 +32,10 @@ from .config import RunConfig, RunConfigError
 
 #: What may differ from the resumed run: none of them changes a bit of the training.
 MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "RESUME")
+#: A SCRIPT= run's: its steps are its script's own, so ARGS may change (to train on, say) and STEPS
+#: does not apply. A model or optimizer the new arguments change is refused (check_script), and the
+#: reference replays each step with the arguments it ran with (script_run.args_from).
+SCRIPT_MAY_CHANGE = tuple(v for v in MAY_CHANGE if v != "STEPS") + ("ARGS",)
 
 
 def state_dirs(job_dir: pathlib.Path) -> list[pathlib.Path]:
@@ -64,21 +69,29 @@ def find(name: str, runs_dir: pathlib.Path) -> Resumed:
     return Resumed(d, cfg)
 
 
-def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
-    """The resumed run's settings: the earlier run's, with what may change taken from this command."""
-    fixed = [v for v in given if v not in MAY_CHANGE]
+def check_given(old: Resumed, given: list[str]) -> None:
+    """Refuse, in one line, a variable of this command that may not change on RESUME."""
+    script = bool(old.cfg.get("script"))
+    if script and "STEPS" in given:
+        raise RunConfigError(f"RESUME: {old.run.name} is a SCRIPT= run, whose steps are its script's own: STEPS "
+                             "does not apply (give the script's arguments in ARGS, e.g. ARGS='--steps 40')")
+    may = SCRIPT_MAY_CHANGE if script else MAY_CHANGE
+    fixed = [v for v in given if v not in may]
     if fixed:
         raise RunConfigError(f"RESUME continues {old.run.name} with its own settings: {', '.join(fixed)} cannot "
-                             f"change (only {', '.join(MAY_CHANGE[:-1])})")
+                             f"change (only {', '.join(v for v in may if v != 'RESUME')})")
+
+
+def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
+    """The resumed run's settings: the earlier run's, with what may change taken from this command."""
+    check_given(old, given)
     known = {f.name for f in fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in old.cfg.items() if k in known})
-    if base.script and "STEPS" in given:
-        raise RunConfigError(f"RESUME: {old.run.name} is a SCRIPT= run, whose steps are its script's own (ARGS, "
-                             "kept): STEPS does not apply")
     steps = now.steps if "STEPS" in given else base.steps
     if steps < base.steps:
         raise RunConfigError(f"RESUME: STEPS={steps} is fewer than the run's own {base.steps}")
     return replace(base, target=now.target if "TARGET" in given else base.target, loss=now.loss, pcap=now.pcap,
+                   script_args=now.script_args if "ARGS" in given else base.script_args,
                    log=now.log, cli=now.cli, steps=steps, node_ram=now.node_ram if "NODE_RAM" in given else base.node_ram, grpc_port=now.grpc_port, thrift_port=now.thrift_port,
                    slots=base.slots if "TARGET" not in given else 0)
 

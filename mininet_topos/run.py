@@ -221,11 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _raise_stopped)
     console = Console()
     try:
+        if old is not None:
+            resume.check_given(old, args.given.split())
         cfg = config.parse(target=args.target, model=args.model, workers=args.workers, steps=args.steps,
                            loss=args.loss, jobs=args.jobs, seed=args.seed, pcap=args.pcap, hidden=args.hidden,
                            batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
                            thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
-                           leaves=args.leaves, optimizers=args.optimizers, script=args.script,
+                           leaves=args.leaves, optimizers=args.optimizers,
+                           script=args.script or (old.cfg.get("script", "") if old is not None else ""),
                            script_args=args.args, gpt=args.gpt, eval_every=args.eval, node_ram=args.node_ram,
                            given=args.given)
         if args.up and not cfg.script:

@@ -40,6 +40,9 @@ from .star import STALL_SECONDS, Run
 RANK_STARTS = "rank-starts.json"
 #: In a resumed run's job1/: the lr of each step the runs before it told the node (follow_lr).
 TOLD_LRS = "told-lrs.json"
+#: In a resumed run's job1/: the script's arguments from each step on, this run's last (ARGS may
+#: change on RESUME).
+ARGS_FROM = "args-from.json"
 
 
 def _rank_records(run_dir: pathlib.Path):
@@ -87,6 +90,15 @@ def told_lrs(run_dir: pathlib.Path) -> dict[int, tuple[float, ...]]:
     return dict(sorted(lrs.items()))
 
 
+def args_from(run_dir: pathlib.Path) -> dict[int, list[str]]:
+    """Step -> the script's arguments from that step on, in the run at `run_dir` and the runs it
+    resumed: the reference replays each step with the arguments it ran with."""
+    recorded = run_dir / "job1" / ARGS_FROM
+    if recorded.exists():
+        return {int(s): list(a) for s, a in json.loads(recorded.read_text()).items()}
+    return {0: shlex.split(json.loads((run_dir / "config.json").read_text()).get("script_args", ""))}
+
+
 class ScriptRun(Run):
     """Run with the user's script in place of the built-in trainer (one job, one switch)."""
 
@@ -131,6 +143,8 @@ class ScriptRun(Run):
             self.resume_step, _ = resume.take_state(self.resumed, 1, self.job_dir)
             (self.job_dir / RANK_STARTS).write_text(json.dumps(rank_starts(self.resumed.run)) + "\n")
             (self.job_dir / TOLD_LRS).write_text(json.dumps(told_lrs(self.resumed.run)) + "\n")
+            before = {s: a for s, a in args_from(self.resumed.run).items() if s < self.resume_step}
+            (self.job_dir / ARGS_FROM).write_text(json.dumps({**before, self.resume_step: self.argv}) + "\n")
 
     def first_step(self) -> int:
         return self.resume_step
@@ -251,7 +265,7 @@ class ScriptRun(Run):
 
         try:
             follows = json.loads((self.spec_dir / "optimizer.json").read_text())["schedule"]["kind"] == "script"
-            ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, self.argv, steps=done,
+            ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, args_from(self.dir), steps=done,
                                              starts=rank_starts(self.dir), told_lrs=told_lrs(self.dir) if follows else None)
             diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
         except scriptref.NoReference:

@@ -18,6 +18,7 @@ run, a restarted rank: `starts`).
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import importlib.util
 import pathlib
@@ -81,22 +82,31 @@ def load_script(path: str | pathlib.Path):
     return mod
 
 
-def script_reference(path: str | pathlib.Path, world: int, argv: list[str], steps: int | None = None,
-                     starts: dict[int, Iterable[int]] | None = None,
+def script_reference(path: str | pathlib.Path, world: int, argv: list[str] | dict[int, list[str]],
+                     steps: int | None = None, starts: dict[int, Iterable[int]] | None = None,
                      told_lrs: dict[int, tuple[float, ...]] | None = None) -> reference.Result:
     """Train the script's reference for `world` ranks: its step count, or its first `steps` (a run
-    stopped early is compared with the steps it did); `starts[rank]`: the steps at which that rank's
+    stopped early is compared with the steps it did). `argv`: the script's arguments, or step -> its
+    arguments from that step on (a resumed run given other ARGS): each step takes the batches and
+    loss of its own, the model those of step 0, the step count and optimizer the last (the run
+    refused a model or optimizer they change). `starts[rank]`: the steps at which that rank's
     process started after the first (RankStreams); `told_lrs`: a script that follows its own lr
-    (init(follow_lr=True)): each step's lrs, a parameter group each, as its ranks told the node. NoReference if it defines
-    none (a script without one is not imported: its training may run at import)."""
+    (init(follow_lr=True)): each step's lrs, a parameter group each, as its ranks told the node.
+    NoReference if it defines none (a script without one is not imported: its training may run at
+    import)."""
     if "def mindp_reference" not in pathlib.Path(path).read_text(errors="replace"):
         raise NoReference(f"{path} defines no mindp_reference(argv)")
     mod = load_script(path)
     if not hasattr(mod, "mindp_reference"):
         raise NoReference(f"{path} defines no mindp_reference(argv)")
-    parts = mod.mindp_reference(list(argv))
+    segments = sorted((argv if isinstance(argv, dict) else {0: argv}).items())
+    if segments[0][0] != 0:
+        raise ValueError(f"the arguments of step 0 are missing (steps {[s for s, _ in segments]})")
+    firsts = [s for s, _ in segments]
+    parts_of = [mod.mindp_reference(list(a)) for _, a in segments]
+    parts = parts_of[-1]
     models.deterministic()
-    net = parts["model"]()
+    net = parts_of[0]["model"]()
     streams = RankStreams(world, starts)
     init = layout_arrays(net)
     opt, sched = parts["optimizer"](net)
@@ -105,8 +115,9 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str], step
     def grad_fn(rank: int, step: int, params: dict) -> dict:
         models.load_params(net, params)
         net.zero_grad(set_to_none=True)
+        own = parts_of[bisect.bisect_right(firsts, step) - 1]
         with streams.of(rank, step):
-            parts["loss"](net, *parts["batch"](rank, step)).backward()
+            own["loss"](net, *own["batch"](rank, step)).backward()
         return {n: p.grad if p.grad is not None else torch.zeros_like(p) for n, p in trained(net)}
 
     total = int(parts["steps"])

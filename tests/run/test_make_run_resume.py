@@ -75,17 +75,24 @@ def test_leafspine_run_whose_shards_committed_apart_resumes_bit_exact_with_all_s
     assert_clean(again)
 
 
-TOPOS = pytest.mark.parametrize("topo", [("--workers", "2"),
-                                         ("--topo", "leafspine", "--leaves", "2", "--workers", "1", "--optimizers", "2")],
-                                ids=["star", "leafspine-2-shards"])
+STAR = ("--workers", "2")
+LEAFSPINE = ("--topo", "leafspine", "--leaves", "2", "--workers", "1", "--optimizers", "2")
+TOPOS = pytest.mark.parametrize("topo", [STAR, LEAFSPINE], ids=["star", "leafspine-2-shards"])
 
 
 STOPPING_SCRIPT = '''
-import os, pathlib, sys
+import argparse, os, pathlib, sys
 sys.path.insert(0, {examples!r})
 import torch, mindp.torch
 import train_cnn
-from train_cnn import batch, loss_fn, parse
+from train_cnn import batch, loss_fn
+
+
+def parse(argv=None):  # train_cnn's, and --shift: other batches (a resumed run's ARGS)
+    p = argparse.ArgumentParser()
+    p.add_argument("--shift", type=int, default=0)
+    args, rest = p.parse_known_args(argv)
+    return argparse.Namespace(**vars(train_cnn.parse(rest)), shift=args.shift)
 
 
 def build_model():  # train_cnn's with dropout: each rank draws its masks, the reference replays them
@@ -101,8 +108,9 @@ def optimizer(model, lr):  # the head in a group at twice the lr; a decay on eac
 
 
 def mindp_reference(argv):
-    lr = parse(argv).lr
-    return dict(train_cnn.mindp_reference(argv), model=build_model, optimizer=lambda model: optimizer(model, lr))
+    args = parse(argv)
+    return dict(model=build_model, loss=loss_fn, steps=args.steps, optimizer=lambda model: optimizer(model, args.lr),
+                batch=lambda rank, step: batch(rank, step + args.shift))
 
 
 def main():
@@ -117,7 +125,7 @@ def main():
             if os.environ["RANK"] == "0":
                 flag.write_text("stopped")
             raise SystemExit(3)
-        x, y = batch(int(os.environ["RANK"]), step)
+        x, y = batch(int(os.environ["RANK"]), step + args.shift)
         opt.zero_grad()
         loss = loss_fn(model, x, y)
         loss.backward()
@@ -132,13 +140,16 @@ if __name__ == "__main__":
 
 
 @needs_root
-@TOPOS
-def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path, topo):
+@pytest.mark.parametrize("topo, new_args", [(STAR, "--steps 5 --shift 100"), (LEAFSPINE, None)],
+                         ids=["star-args-changed", "leafspine-2-shards"])
+def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path, topo, new_args):
     """With dropout: the reference draws each rank's masks as its process did, afresh where the
     resumed run's ranks started (mininet_topos.script_run.rank_starts). The head trains in a
     parameter group at twice the lr, and MultiStepLR decays both before and after the stop: the
     resumed ranks' fresh scheduler is brought to the node's step. On a leaf-spine with two
-    optimizer shards the ranks take the step and weights every shard committed."""
+    optimizer shards the ranks take the step and weights every shard committed. Given ARGS, the
+    resumed run trains on to their steps, on other batches: the reference replays the steps before
+    with the earlier ARGS (mininet_topos.script_run.args_from)."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     script = tmp_path / "stopping.py"
     script.write_text(STOPPING_SCRIPT.format(examples=str(REPO / "examples"), flag=str(tmp_path / "flag")))
@@ -146,12 +157,20 @@ def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path, topo)
     first = MakeRun(tmp_path, *args)
     assert first.run() == 1
     assert "rank 0 failed: exit 3" in first.err or "rank 1 failed: exit 3" in first.err, first.err
-    again = MakeRun(tmp_path, "--resume", "latest", "--given", "RESUME", "--p4", "committed")
+    if new_args:  # a change of the optimizer is refused before the network comes up, and no run is left
+        refused = MakeRun(tmp_path, "--resume", "latest", f"--args={new_args} --lr 0.5", "--given", "RESUME ARGS",
+                          "--p4", "committed")
+        assert refused.run() == 2
+        assert "RESUME: the script's optimizer is not the one" in refused.err and "lr 0.003 -> 0.5" in refused.err
+        assert (tmp_path / "runs" / "latest").resolve() == first.run_dir.resolve()
+    given = (f"--args={new_args}", "--given", "RESUME ARGS") if new_args else ("--given", "RESUME")
+    again = MakeRun(tmp_path, "--resume", "latest", *given, "--p4", "committed")
     assert again.run() == 0, again.err + again.out
     s = latest(tmp_path)
-    assert s["resumed_from"]["first_step"] == 2 and s["steps"] == 4  # the job's steps, 2 of them in this run
+    steps = 5 if new_args else 4
+    assert s["resumed_from"]["first_step"] == 2 and s["steps"] == steps  # the job's steps, from 2 in this run
     assert s["max_abs_param_diff_vs_reference"] == 0.0
-    assert [st for st, _ in s["loss_curve"]] == [2, 3]
+    assert [st for st, _ in s["loss_curve"]] == list(range(2, steps))
     assert_clean(again)
 
 

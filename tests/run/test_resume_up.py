@@ -3,6 +3,7 @@ read back) and UP=1 (one torchrun command per worker host), without a network.""
 import json
 import pathlib
 import shlex
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -59,6 +60,12 @@ def test_resume_refusals_are_one_line(tmp_path):
     old_run(runs, "20261128-020202", script=str(script), script_args="--steps 4")
     with pytest.raises(config.RunConfigError, match="is a SCRIPT= run, whose steps are its script's own"):
         resume.settings(resume.find("20261128-020202", runs), config.parse(steps="80"), ["RESUME", "STEPS"])
+    with pytest.raises(config.RunConfigError, match=r"ARGS cannot change \(only TARGET, LOSS, PCAP, LOG, CLI, STEPS, "
+                       r"NODE_RAM\)$"):
+        resume.check_given(old, ["RESUME", "ARGS"])  # a built-in run has no script to take them
+    with pytest.raises(config.RunConfigError, match=r"WORKERS cannot change \(only TARGET, LOSS, PCAP, LOG, CLI, "
+                       r"NODE_RAM, ARGS\)$"):
+        resume.check_given(resume.find("20261128-020202", runs), ["RESUME", "WORKERS"])
     old_run(tmp_path / "r2", topo="leafspine", optimizers=2)  # one shard's state only
     with pytest.raises(config.RunConfigError, match="holds the committed state of 1 of its 2 optimizer node"):
         resume.find("latest", tmp_path / "r2")
@@ -68,8 +75,35 @@ def test_resume_refusals_are_one_line(tmp_path):
         resume.find("empty", runs)
 
 
+def test_a_script_run_resumes_with_its_own_args_or_those_given(tmp_path):
+    """ARGS may change on RESUME (to train on): the run takes them, its other settings the earlier
+    run's; without ARGS it keeps its own."""
+    runs = tmp_path / "runs"
+    script = tmp_path / "train.py"
+    script.write_text("")
+    old_run(runs, script=str(script), script_args="--steps 4")
+    old = resume.find("latest", runs)
+    now = replace(config.parse(cli="0"), script_args="--steps 8 --lr 0.01")
+    cfg = resume.settings(old, now, ["RESUME", "ARGS", "CLI"])
+    assert (cfg.script, cfg.script_args, cfg.workers, cfg.cli) == (str(script), "--steps 8 --lr 0.01", 2, "0")
+    assert resume.settings(old, now, ["RESUME"]).script_args == "--steps 4"
+
+
+def test_args_from_are_the_runs_own_or_those_recorded_with_the_runs_resumed(tmp_path):
+    """The script's arguments from each step on, for the reference to replay each step with its own:
+    a run's config.json, or job1/args-from.json where it resumed another with ARGS given."""
+    from mininet_topos.script_run import ARGS_FROM, args_from
+
+    run = tmp_path / "20261201-010101"
+    (run / "job1").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"script": "/t.py", "script_args": "--steps 4 --note 'a b'"}))
+    assert args_from(run) == {0: ["--steps", "4", "--note", "a b"]}
+    (run / "job1" / ARGS_FROM).write_text(json.dumps({"0": ["--steps", "4"], "3": ["--steps", "9"]}))
+    assert args_from(run) == {0: ["--steps", "4"], 3: ["--steps", "9"]}
+
+
 def test_a_script_edited_since_its_run_is_refused_before_the_network_comes_up(tmp_path):
-    """SCRIPT= RESUME=: ARGS cannot change, but the file can; another model or optimizer is told in
+    """SCRIPT= RESUME=: the file or its ARGS can change, but another model or optimizer is told in
     make run's terms (the node would refuse the state naming its --state-dir)."""
     d, params = old_run(tmp_path / "runs")
     old = resume.find("latest", tmp_path / "runs")

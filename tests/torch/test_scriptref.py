@@ -46,3 +46,34 @@ def test_each_rank_draws_from_its_own_generators_which_start_again_where_its_pro
     assert got[1, 0] == got[0, 0] and got[1, 1] == got[0, 1]
     assert got[0, 1] != got[0, 0] and got[0, 2] != got[0, 0]  # rank 0 goes on drawing
     assert got[1, 2] == got[0, 0]  # rank 1 started again at step 2
+
+
+SHIFTED = '''
+import argparse, sys
+sys.path.insert(0, {examples!r})
+import train_cnn
+
+
+def mindp_reference(argv):  # train_cnn's, and --shift: other batches
+    p = argparse.ArgumentParser()
+    p.add_argument("--shift", type=int, default=0)
+    args, rest = p.parse_known_args(argv)
+    return dict(train_cnn.mindp_reference(rest), batch=lambda rank, step: train_cnn.batch(rank, step + args.shift))
+'''
+
+
+def test_a_run_whose_args_changed_on_resume_replays_each_step_with_its_own(tmp_path):
+    """make run RESUME= ARGS=...: steps before the resume take the earlier run's batches, the rest
+    the new arguments'."""
+    script = tmp_path / "shifted.py"
+    script.write_text(SHIFTED.format(examples=str(CNN.parent)))
+    a, b = ["--steps", "4"], ["--steps", "4", "--shift", "100"]
+    resumed = scriptref.script_reference(script, 2, {0: a, 2: b})
+    assert not same(resumed.master, scriptref.script_reference(script, 2, a).master)
+    assert not same(resumed.master, scriptref.script_reference(script, 2, b).master)
+    assert same(scriptref.script_reference(script, 2, {0: a, 2: b}, steps=2).master,
+                scriptref.script_reference(script, 2, a, steps=2).master)
+    assert same(scriptref.script_reference(script, 2, {0: a, 2: a}).master,
+                scriptref.script_reference(script, 2, a).master)
+    with pytest.raises(ValueError, match="arguments of step 0 are missing"):
+        scriptref.script_reference(script, 2, {1: a})
