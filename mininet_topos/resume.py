@@ -34,8 +34,9 @@ from .config import RunConfig, RunConfigError
 MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "RESUME")
 #: A SCRIPT= run's: its steps are its script's own, so ARGS may change (to train on, say) and STEPS
 #: does not apply. A model or optimizer the new arguments change is refused (check_script), and the
-#: reference replays each step with the arguments it ran with (script_run.args_from).
-SCRIPT_MAY_CHANGE = tuple(v for v in MAY_CHANGE if v != "STEPS") + ("ARGS",)
+#: reference replays each step with the arguments it ran with (script_run.args_from). UP=1 or not:
+#: the ranks are the script's either way, started by make run or by your torchrun.
+SCRIPT_MAY_CHANGE = tuple(v for v in MAY_CHANGE if v != "STEPS") + ("ARGS", "UP")
 
 
 def state_dirs(job_dir: pathlib.Path) -> list[pathlib.Path]:

@@ -206,6 +206,37 @@ def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path, to
 
 
 @needs_root
+def test_a_script_run_resumes_under_the_users_own_torchrun_with_new_args(tmp_path):
+    """RESUME= UP=1 ARGS=...: the printed commands start the ranks at the node's step with the new
+    arguments, and the run ends on the reference's bits over every step."""
+    pytest.importorskip("torch")  # a SCRIPT= run (make torch)
+    import signal
+
+    from mindp import progress
+
+    script = tmp_path / "stopping.py"
+    script.write_text(STOPPING_SCRIPT.format(examples=str(REPO / "examples"), flag=str(tmp_path / "flag")))
+    first = MakeRun(tmp_path, "--target", "embedded", *STAR, "--p4", "committed", "--script", str(script),
+                    "--args=--steps 4")
+    assert first.run() == 1
+    run = MakeRun(tmp_path, "--resume", "latest", "--args=--steps 5 --shift 100", "--up", "--given", "RESUME ARGS UP",
+                  "--p4", "committed").start()
+    cmds = tmp_path / "runs" / "latest" / "torchrun-commands.sh"
+    progress.wait(lambda: cmds.exists() or run.proc.poll() is not None, progress.activity(run.proc.pid),
+                  stall=progress.STALL, what="make run RESUME= UP=1 start")
+    assert run.proc.poll() is None, run.proc.communicate()
+    assert "--steps 5 --shift 100" in cmds.read_text()
+    ranks = progress.run(["sh", str(cmds)], cwd=REPO, capture_output=True, text=True)
+    assert ranks.returncode == 0, ranks.stdout[-2000:] + ranks.stderr[-2000:]
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.wait() == 0, run.err + run.out
+    s = latest(tmp_path)
+    assert s["resumed_from"]["first_step"] == 2 and s["steps"] == 5
+    assert s["max_abs_param_diff_vs_reference"] == 0.0
+    assert_clean(run)
+
+
+@needs_root
 def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path):
     import signal
 

@@ -64,8 +64,11 @@ def test_resume_refusals_are_one_line(tmp_path):
                        r"NODE_RAM\)$"):
         resume.check_given(old, ["RESUME", "ARGS"])  # a built-in run has no script to take them
     with pytest.raises(config.RunConfigError, match=r"WORKERS cannot change \(only TARGET, LOSS, PCAP, LOG, CLI, "
-                       r"NODE_RAM, ARGS\)$"):
+                       r"NODE_RAM, ARGS, UP\)$"):
         resume.check_given(resume.find("20261128-020202", runs), ["RESUME", "WORKERS"])
+    with pytest.raises(config.RunConfigError, match=r"UP cannot change"):
+        resume.check_given(old, ["RESUME", "UP"])  # a built-in run's workers are make run's
+    resume.check_given(resume.find("20261128-020202", runs), ["RESUME", "ARGS", "UP"])
     old_run(tmp_path / "r2", topo="leafspine", optimizers=2)  # one shard's state only
     with pytest.raises(config.RunConfigError, match="holds the committed state of 1 of its 2 optimizer node"):
         resume.find("latest", tmp_path / "r2")
