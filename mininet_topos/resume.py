@@ -1,13 +1,13 @@
 """`make run RESUME=<run>`: continue an earlier run from its optimizer nodes' committed state.
 
 The new run takes the earlier run's settings (its config.json; STEPS may be raised to train on,
-TARGET, LOSS, PCAP, LOG, CLI and NODE_RAM may change) and, per job, a copy of its node state (the earlier run
-stays as it was). Each node resumes after its last commit; the workers start at the step after it
-from the parameters the node committed (the fp16 values they held then), so the run ends on the
-same bits as one that was never interrupted: the comparison with the reference trainer (from the
+TARGET, LOSS, PCAP, LOG, CLI and NODE_RAM may change) and, per job, a copy of its node state (the
+earlier run stays as it was). Each node resumes after its last commit; the workers start at the step
+after it from the parameters the node committed (the fp16 values they held then), so the run ends on
+the same bits as one that was never interrupted: the comparison with the reference trainer (from the
 earlier run's initial parameters, over all steps) says so. A SCRIPT= run resumes the same way: its
 ranks take the node's step (opt.step_number) and weights from MINDP_STATE; its ARGS may change (its
-reference replays each step with the arguments it ran with).
+reference replays each step with the arguments it ran with), as may UP.
 
 A leaf-spine job's shards commit each on its own: one may be a step ahead of another (never more:
 no worker sends step s + 1 before every shard committed s). The workers start after the earliest
