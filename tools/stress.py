@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import pathlib
@@ -144,6 +145,8 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
                   f"{count} {r}" for r, count in skips[f].items()) + ")" if c["skipped"] else ""))
     print(f"{n - sum(c['skipped'] for c in counts.values())} scenarios, {diverged} divergences"
           + (" (interrupted: the scenario under way is not counted)" if interrupted else ""), flush=True)
+    with contextlib.suppress(OSError):  # no scenario kept: no empty directory left behind either
+        out.rmdir()
     return 1 if diverged else 130 if interrupted else 0
 
 

@@ -205,3 +205,32 @@ def test_a_node_told_to_end_is_told_once_and_exits_as_it_does(monkeypatch, tmp_p
     sc.procs = {"node": type("A", (), {"proc": node})(), "worker0": type("A", (), {"proc": FakeProc(3)})()}
     assert sc._wait() == {"node": 0, "worker0": 0}
     assert node.told == 1
+
+
+def test_a_stress_run_that_kept_no_scenario_leaves_no_directory(monkeypatch, tmp_path):
+    """Exact scenarios are removed as they end; the directory meant for failing ones goes too."""
+    from types import SimpleNamespace
+
+    from tools import stress
+
+    clock = iter([0.0, 0.0, 0.0, 1e9])  # the loop's end, then two scenarios' checks, then past the end
+    monkeypatch.setattr(stress, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+
+    class Exact:  # a scenario's process that came out exact
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def wait(self, timeout=None):
+            return stress.EXACT
+
+        def poll(self):
+            return stress.EXACT
+
+    monkeypatch.setattr(stress.subprocess, "Popen", Exact)
+    out = tmp_path / "runs" / "stress-x"
+    assert stress.stress(1, 0, ["loopback"], out, 0) == 0
+    assert not out.exists() and (tmp_path / "runs").is_dir()
+    (out / "0000-loopback-1").mkdir(parents=True)  # a failing scenario's: kept, and its directory with it
+    clock = iter([0.0, 1e9])  # the lambda reads it: no scenario this time
+    stress.stress(1, 0, ["loopback"], out, 0)
+    assert (out / "0000-loopback-1").is_dir()
