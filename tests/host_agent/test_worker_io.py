@@ -19,7 +19,7 @@ from mindp.protocol import K, Flag, Kind, frame_len
 from .helpers import small_model
 
 CFG = WorkerConfig(3, 1, 4, "02:00:00:00:00:01", "10.0.0.1", "02:00:00:00:00:09", "10.0.0.9",
-                   rto=RtoConfig(initial=0.05, min=0.01, deadline=5.0))
+                   rto=RtoConfig(initial=0.05, min=0.01, deadline=60.0))  # hung, not just busy
 
 
 class Echo(threading.Thread):
