@@ -36,6 +36,8 @@ NODE_RAM_DEFAULT = RAM_BUDGET  # NODE_RAM: mindp-optimizer's own default
 #: Variables a SCRIPT= run does not use: the script brings its own model and step count.
 NOT_WITH_SCRIPT = ("MODEL", "STEPS", "GPT", "EVAL")
 #: RunConfig's fields only the built-in trainer reads: a SCRIPT= run's config.json leaves them out.
+#: ARGS set (even empty) where no SCRIPT takes them: refused, never ignored.
+ARGS_WITHOUT_SCRIPT = "ARGS are the arguments of SCRIPT: give SCRIPT=path/to/train.py"
 BUILTIN_ONLY = ("model", "steps", "hidden", "batch", "lr", "model_args", "eval_every")
 #: Variables only a leaf-spine run uses.
 ONLY_LEAFSPINE = ("LEAVES", "OPTIMIZERS")
@@ -245,7 +247,7 @@ def _tree(topo: str, leaves: str, optimizers: str) -> dict:
 def _unused(cfg: RunConfig, given: list[str]) -> None:
     """Refuse a variable set explicitly that this run would ignore."""
     if not cfg.script and "ARGS" in given:  # even empty: ARGS= names a script's arguments
-        raise RunConfigError("ARGS are the arguments of SCRIPT: give SCRIPT=path/to/train.py")
+        raise RunConfigError(ARGS_WITHOUT_SCRIPT)
     if cfg.script:
         unused = [v for v in NOT_WITH_SCRIPT if v in given]
         if unused:
@@ -264,7 +266,7 @@ def _script(script: str, args: str) -> dict:
     script = str(script or "").strip()
     if not script:
         if str(args or "").strip():
-            raise RunConfigError("ARGS are the arguments of SCRIPT: give SCRIPT=path/to/train.py")
+            raise RunConfigError(ARGS_WITHOUT_SCRIPT)
         return {}
     if not pathlib.Path(script).is_file():
         raise RunConfigError(f"SCRIPT {script!r} is not a file")
