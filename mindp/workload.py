@@ -74,15 +74,34 @@ def evaluate(params: dict, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return loss, float((logits.argmax(axis=1) == y).mean())
 
 
-def gradients(params: dict, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
-    """Float32 gradients of the mean cross-entropy on (x, y)."""
+def loss_and_gradients(params: dict, x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+    """The mean cross-entropy on (x, y) and its float32 gradients."""
     w1, b1, w2, b2 = _f32(params)
     h, logits = _forward(params, x)
-    d = np.exp(_log_softmax(logits))
+    logp = _log_softmax(logits)
+    loss = float(-logp[np.arange(len(y)), y].mean())
+    d = np.exp(logp)
     d[np.arange(len(y)), y] -= F32(1)
     d /= F32(len(y))
     dh = (d @ w2.T) * (h > 0)
-    return {"w1": x.T @ dh, "b1": dh.sum(axis=0), "w2": h.T @ d, "b2": d.sum(axis=0)}
+    return loss, {"w1": x.T @ dh, "b1": dh.sum(axis=0), "w2": h.T @ d, "b2": d.sum(axis=0)}
+
+
+def gradients(params: dict, x: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
+    """Float32 gradients of the mean cross-entropy on (x, y)."""
+    return loss_and_gradients(params, x, y)[1]
+
+
+def loss_grad_fn(cfg: WorkloadConfig):
+    """The mlp's step: fn(worker, step, fp16 params) -> (the loss on the worker's batch, its
+    float32 gradients)."""
+    data = load_dataset(cfg.seed, cfg.test_fraction)
+
+    def fn(worker: int, step: int, params: dict) -> tuple[float, dict[str, np.ndarray]]:
+        idx = batch_indices(cfg, worker, step, len(data.y_train))
+        return loss_and_gradients(params, data.x_train[idx], data.y_train[idx])
+
+    return fn
 
 
 def grad_fn(cfg: WorkloadConfig, scale_of=None):
@@ -91,13 +110,8 @@ def grad_fn(cfg: WorkloadConfig, scale_of=None):
     if cfg.model != "mlp":
         from mindp.torch import tasks
         return tasks.grad_fn(cfg, scale_of)
-    data = load_dataset(cfg.seed, cfg.test_fraction)
-
-    def fn(worker: int, step: int, params: dict) -> dict[str, np.ndarray]:
-        idx = batch_indices(cfg, worker, step, len(data.y_train))
-        return gradients(params, data.x_train[idx], data.y_train[idx])
-
-    return fn
+    fn = loss_grad_fn(cfg)
+    return lambda worker, step, params: fn(worker, step, params)[1]
 
 
 def model_eval(cfg: WorkloadConfig):

@@ -2,7 +2,7 @@
 TensorBoard is installed (`.venv/bin/pip install tensorboard`; it is not a dependency).
 
 One row per job and step, from the run's own records (mininet_topos.progress.Progress): the step's
-loss and accuracy (where reported), its time on the workers' clocks (the last worker to finish it
+loss and accuracy (where evaluated), the workers' mean loss on their own batches, its time on the workers' clocks (the last worker to finish it
 against the last to finish the step before), the gradient frames, retransmissions and rejected
 frames of the job's hosts during it, the optimizer node's update rate in it (elements it updated
 per second spent updating them: kernel and state paging, on its clock; shards' rates summed), the
@@ -42,6 +42,7 @@ class StepRow:
     node_commit_seconds: float = NAN  # its durable commit's seconds (the slowest shard's); nan: not reported
     compute_seconds: float = NAN  # the workers' mean forward and backward seconds; nan: not reported
     wait_seconds: float = NAN  # their mean wait for the step's parameters after backward; nan: not reported
+    batch_loss: float = NAN  # the workers' mean loss on their own batches in the step; nan: not reported
     switch_drops: dict[str, int] | None = None  # reason name -> drops (nonzero); None: not read at this step
 
     @property
@@ -107,7 +108,7 @@ def rows(progress: Progress) -> list[StepRow]:
             rate, commit, node_rejected = _node(progress, job, s)
             out.append(StepRow(job, s, x, a, max(m[0] for m in now) - max(m[0] for m in before), delta(1), delta(2),
                                delta(3) + node_rejected, rate, commit, _mean(m[4] for m in now),
-                               _mean(m[5] for m in now), _drops(progress, job, s)))
+                               _mean(m[5] for m in now), _mean(m[6] for m in now), _drops(progress, job, s)))
     return out
 
 
@@ -132,14 +133,14 @@ def write_csv(path: pathlib.Path, table: list[StepRow]) -> None:
 def _row(r: dict) -> StepRow:
     num = {c: float(r.get(c) or "nan")
            for c in ("loss", "accuracy", "step_seconds", "node_elements_per_s", "node_commit_seconds",
-                     "compute_seconds", "wait_seconds")}
+                     "compute_seconds", "wait_seconds", "batch_loss")}
     drops = None
     if r.get("switch_drops"):
         drops = {reason.name: int(r[c]) for reason, c in zip(DropReason, DROP_COLUMNS) if r.get(c) and int(r[c])}
     return StepRow(int(r["job"]), int(r["step"]), num["loss"], num["accuracy"], num["step_seconds"],
                    int(r["grad_frames"]), int(r["retransmissions"]), int(r.get("host_rejected") or 0),
                    num["node_elements_per_s"], num["node_commit_seconds"], num["compute_seconds"],
-                   num["wait_seconds"], drops)
+                   num["wait_seconds"], num["batch_loss"], drops)
 
 
 def read_csv(path: pathlib.Path) -> list[StepRow]:
@@ -156,9 +157,9 @@ def read_csv(path: pathlib.Path) -> list[StepRow]:
 
 
 def write_tensorboard(logdir: pathlib.Path, table: list[StepRow]) -> bool:
-    """Scalars per job (loss, accuracy, step time, frames, retransmissions, rejected frames, the
-    node's update rate, switch drops) with TensorBoard's own writer; False (nothing written) where
-    TensorBoard is not installed."""
+    """Scalars per job (loss, accuracy, batch loss, step time, frames, retransmissions, rejected
+    frames, the node's update rate, switch drops) with TensorBoard's own writer; False (nothing
+    written) where TensorBoard is not installed."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # torch absent, or tensorboard absent (torch's writer imports it)

@@ -47,8 +47,9 @@ class Progress:
         self.curves = {j: Curve() for j in jobs}
         self.samples: list[tuple[float, int, int]] = []  # (time, steps done, packets), for rates
         # (job, step) -> worker -> (its clock, gradient frames sent, retransmitted, frames rejected) when
-        # it finished the step, and its seconds computing and then waiting for the parameters (nan: not said)
-        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int, int, float, float]]] = {}
+        # it finished the step, its seconds computing and then waiting for the parameters, and its loss
+        # on its own batch (nan: not said)
+        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int, int, float, float, float]]] = {}
         # (job, step) -> shard -> (elements updated in the step, seconds spent on them, frames rejected so
         # far, seconds its commit took to make the step durable: nan from a node that did not say)
         self.commits: dict[tuple[int, int], dict[int, tuple[int, float, int, float]]] = {}
@@ -83,7 +84,8 @@ class Progress:
             if "t" in rec:
                 self.marks.setdefault((key[0], int(rec["step"])), {})[key[1]] = (
                     float(rec["t"]), wp.sent, wp.retx, int(rec.get("rej", 0)),
-                    float(rec.get("compute", "nan")), float(rec.get("wait", "nan")))
+                    float(rec.get("compute", "nan")), float(rec.get("wait", "nan")),
+                    float(rec.get("batch_loss", "nan")))
         if rec.get("ev") in ("step", "log") and "loss" in rec and key[1] == 0:  # the curve is worker 0's
             try:
                 point = int(rec["step"]), float(rec["loss"]), float(rec.get("acc", "nan"))
@@ -186,6 +188,16 @@ class Progress:
         accs = [a for _, a in last if math.isfinite(a)]
         return sum(x for x, _ in last) / len(last), (sum(accs) / len(accs) if accs else None)
 
+    def batch_loss(self) -> float | None:
+        """Mean over jobs of the workers' mean loss on their own batches in the latest step every
+        worker of the job finished (None: not reported)."""
+        means = []
+        for j in self.curves:
+            said = [m[6] for m in self.marks.get((j, self.job_step(j)), {}).values() if math.isfinite(m[6])]
+            if said:
+                means.append(sum(said) / len(said))
+        return sum(means) / len(means) if means else None
+
     def bar(self, width: int = 24) -> str:
         total = self.training_seconds()
         rates = ((self.step - self.first) / total, self.packets / total) if total else self.rates()
@@ -195,7 +207,8 @@ class Progress:
         loss_s = f"{loss:.4f}" if loss is not None else "-"
         seen = min((c.steps[-1] for c in self.curves.values() if c.steps), default=None)
         if loss is not None and seen is not None and seen + 1 < done:  # EVAL= every few steps, or only the ends
-            loss_s += f" at step {seen + 1}"
+            batch = self.batch_loss()
+            loss_s += f" at step {seen + 1}" + (f", batches {batch:.4f}" if batch is not None else "")
         acc_s = f"{acc * 100:5.1f}%" if acc is not None else "-"
         if not self.steps:  # a script's own step count is not known ahead
             return f"steps done {done}  loss {loss_s}  acc {acc_s}  {speed}  grad retx {self.retransmissions}"

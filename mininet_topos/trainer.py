@@ -3,10 +3,11 @@
 Computes the model's gradients on its own shard (mindp.workload), pushes them
 through the worker agent (host_agent.worker) and trains on the fp16 parameters
 that come back. A torch model (cnn, gpt) goes through mindp.torch.DataParallel:
-its gradients leave from backward hooks while the backward pass still runs. It writes one JSON line per step to stdout, which the
-orchestrator reads for the progress bar; worker 0 also evaluates the model
-(loss on the training set, accuracy on the test set) after every step, on a
-thread of its own while the next step trains (class Evaluations).
+its gradients leave from backward hooks while the backward pass still runs. It
+writes one JSON line per step to stdout (its loss on its own batch among them),
+which the orchestrator reads for the progress bar and metrics.csv; worker 0 also
+evaluates the model (loss on the training set, accuracy on the test set) every
+EVAL-th step, on a thread of its own while the next step trains (class Evaluations).
 
     python -m mininet_topos.trainer --topology T.json --job 1 --worker 0 \
         --workload W.json --init init.npz --steps N --out final.npz
@@ -99,15 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _numpy_step(wl: workload.WorkloadConfig, agent: WorkerAgent, timing: dict):
     """timing as _torch_step's: "compute", the gradient's seconds; "wait", then sending it and
-    waiting for the step's parameters (nothing overlaps them here)."""
-    grad = workload.grad_fn(wl)
+    waiting for the step's parameters (nothing overlaps them here); "batch_loss"."""
+    loss_grad = workload.loss_grad_fn(wl)
 
     def step_fn(worker: int, step: int, params: dict) -> dict:
         t = time.perf_counter()
-        g = grad(worker, step, params)
+        loss, g = loss_grad(worker, step, params)
         t1 = time.perf_counter()
         params = agent.push(g)
         timing["compute"], timing["wait"] = round(t1 - t, 6), round(time.perf_counter() - t1, 6)
+        timing["batch_loss"] = loss
         return params
 
     return step_fn
@@ -121,7 +123,8 @@ def _scaler_state(scaler) -> list[float]:
 def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, resumed: bool, timing: dict):
     """timing["compute"]: the last step's forward and backward seconds (its step line's), "compute_cpu"
     their CPU seconds in the training thread (the gradient hooks' included); timing["wait"]: the
-    seconds it then waited for the step's parameters (the round trip not hidden by backward)."""
+    seconds it then waited for the step's parameters (the round trip not hidden by backward);
+    timing["batch_loss"]: the loss on this worker's batch (unscaled)."""
     from mindp.lossscale import LossScaler
     from mindp.torch import DataParallel, models, tasks
 
@@ -150,6 +153,7 @@ def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, re
         timing["compute"] = round(forward + dp.backward_seconds, 6)
         timing["compute_cpu"] = round(forward_cpu + dp.backward_cpu, 6)
         timing["wait"] = round(dp.wait_seconds, 6)
+        timing["batch_loss"] = loss.item()
         return params
 
     return step_fn

@@ -53,8 +53,8 @@ def load(d: pathlib.Path) -> list[metrics.StepRow]:
 
 
 def panels(runs: list[tuple[str, list[metrics.StepRow]]]) -> list[svgplot.Panel]:
-    """Loss, accuracy and the workers' wait for the parameters (when any run has them), step time and
-    retransmissions per step; x: after step s."""
+    """Loss, the workers' batch loss, accuracy and their wait for the parameters (each when any run
+    has it), step time and retransmissions per step; x: after step s."""
     def series(field: str, scale: float = 1.0) -> dict:
         out = {}
         for name, table in runs:
@@ -67,6 +67,9 @@ def panels(runs: list[tuple[str, list[metrics.StepRow]]]) -> list[svgplot.Panel]
 
     acc = series("accuracy", 100.0)
     out = [svgplot.Panel("step", "training loss", series("loss"))]
+    batch = series("batch_loss")
+    if any(math.isfinite(y) for _, ys in batch.values() for y in ys):
+        out.append(svgplot.Panel("step", "loss on the workers' batches", batch))
     if any(math.isfinite(y) for _, ys in acc.values() for y in ys):
         out.append(svgplot.Panel("step", "test accuracy (%)", acc, yhi=100.0))
     out.append(svgplot.Panel("step", "step time (s)", series("step_seconds")))

@@ -214,6 +214,13 @@ def test_embedded_run_with_loss_is_still_bit_exact(tmp_path):
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows if r["loss"] not in ("", "nan")] == [1, 3], rows
     assert len(rows) == 4 and s["initial_loss"] > s["final_loss"] > 0
+    # Every step's row has the workers' mean loss on their own batches, whatever EVAL says: step 0's
+    # is that of the initial fp16 parameters on each worker's first batch.
+    wl = workload.WorkloadConfig.load(run.run_dir / "job1" / "workload.json")
+    start = {k: a.astype("float16") for k, a in optim.load_npz(run.run_dir / "job1" / "init.npz").items()}
+    losses = [workload.loss_grad_fn(wl)(w, 0, start)[0] for w in range(2)]
+    assert float(rows[0]["batch_loss"]) == pytest.approx(sum(losses) / 2, rel=1e-5)
+    assert all(float(r["batch_loss"]) > 0 for r in rows)
     assert_clean(run)
 
 

@@ -34,6 +34,7 @@ def test_metrics_count_drops_per_step_and_the_nodes_update_rate(tmp_path, loss):
     assert [int(r["step"]) for r in rows] == list(range(STEPS))
     assert all(float(r["node_elements_per_s"]) > 0 and float(r["node_commit_seconds"]) > 0 for r in rows)  # every commit line read
     assert all(float(r["compute_seconds"]) > 0 and float(r["wait_seconds"]) > 0 for r in rows)  # every worker's step timed
+    assert all(float(r["batch_loss"]) > 0 for r in rows)  # and its loss said
     read = [r for r in rows if r["switch_drops"] != ""]
     assert read, "no read of the switch's drops after any step"
     for r in read:  # the total is the sum of the reasons' columns

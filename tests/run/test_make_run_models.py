@@ -14,6 +14,7 @@ pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
 
 from host_agent import optim  # noqa: E402
 from mindp import targets, workload  # noqa: E402
+from mininet_topos import metrics  # noqa: E402
 from tests.run.test_make_run import MakeRun, assert_clean, needs_root  # noqa: E402
 
 pytestmark = pytest.mark.net
@@ -38,6 +39,8 @@ def check(run: MakeRun, model: str, target: str, workers: int, steps: int, loss:
     config = json.loads((run.run_dir / "config.json").read_text())
     assert config["model"] == model
     assert "bit-exact with the reference trainer" in run.out and "metrics.csv" in run.out  # the summary names it
+    batch = [r.batch_loss for r in metrics.read_csv(run.run_dir / "metrics.csv")]  # each step's, as torch's loss
+    assert len(batch) == steps and all(x > 0 for x in batch) and batch[-1] < batch[0]
     assert_clean(run)
     return s
 

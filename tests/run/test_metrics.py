@@ -30,7 +30,7 @@ def fed(steps: int = 3, retx_at: int = 1, loss0: float = 2.0) -> Progress:
             retx = 1 if (w == 1 and s >= retx_at) else 0
             extra = dict(loss=loss0 - 0.5 * (s + 1), acc=0.1 * (s + 2)) if w == 0 else {}
             if s >= 0 and not (w == 1 and s == 1):  # (worker 1 says nothing of its step 1)
-                extra.update(compute=0.5 + w, wait=0.25 * (s + 1) + w)
+                extra.update(compute=0.5 + w, wait=0.25 * (s + 1) + w, batch_loss=3.0 - s - w)
             p.feed(rec(worker=w, step=s, t=100.0 + 2 * (s + 1) + w * 0.5, sent=sent, retx=retx, rej=w * (s + 1),
                        **extra))
         if s in (0, 1):
@@ -72,7 +72,20 @@ def test_rows_give_the_workers_mean_compute_and_wait_of_those_that_said():
     for s in (-1, 0):
         p.feed(rec(worker=0, step=s, t=float(s + 2), sent=0, retx=0))  # a worker that never says
     (row,) = metrics.rows(p)
-    assert math.isnan(row.compute_seconds) and math.isnan(row.wait_seconds)
+    assert math.isnan(row.compute_seconds) and math.isnan(row.wait_seconds) and math.isnan(row.batch_loss)
+
+
+def test_rows_give_the_workers_mean_batch_loss_and_the_bar_shows_it_where_the_evaluation_is_older():
+    p = fed()  # worker 0 evaluated every step; batch losses 3 - s - w (worker 1's step 1 unsaid)
+    assert [r.batch_loss for r in metrics.rows(p)] == [2.5, 2.0, 0.5]
+    assert "batches" not in p.bar()  # the evaluation is of the latest step
+    q = Progress({1: 2}, 4)
+    for s in (-1, 0, 1):
+        for w in (0, 1):
+            q.feed(rec(worker=w, step=s, t=float(s + 2), sent=0, retx=0,
+                       **(dict(loss=2.0, acc=0.5) if w == 0 and s < 0 else {}),
+                       **(dict(batch_loss=1.0 + s + w) if s >= 0 else {})))
+    assert "loss 2.0000 at step 0, batches 2.5000  acc  50.0%" in q.bar()  # step 1's: (2 + 3) / 2
 
 
 def test_the_summarys_timing_is_over_the_steps_whose_workers_timed_theirs():
@@ -127,7 +140,8 @@ def test_csv_round_trip_and_a_foreign_file_is_one_line(tmp_path):
     assert cells["switch_drops"] == cells["drop_duplicate"] == "" and cells["node_elements_per_s"] == "8192"
     back = metrics.read_csv(tmp_path / "metrics.csv")
     assert back[0].node_commit_seconds == 0.25 and math.isnan(back[1].node_commit_seconds)
-    assert [(r.compute_seconds, r.wait_seconds) for r in back] == [(r.compute_seconds, r.wait_seconds) for r in table]
+    assert [(r.compute_seconds, r.wait_seconds, r.batch_loss) for r in back] \
+        == [(r.compute_seconds, r.wait_seconds, r.batch_loss) for r in table]
     assert [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in back] \
         == [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in table]
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
@@ -143,7 +157,7 @@ def test_an_older_runs_metrics_without_the_new_columns_still_reads(tmp_path):
     (r,) = metrics.read_csv(tmp_path / "old.csv")
     assert (r.loss, r.grad_frames, r.host_rejected, r.switch_drops) == (2.5, 151, 0, None)
     assert math.isnan(r.node_elements_per_s) and math.isnan(r.node_commit_seconds)
-    assert math.isnan(r.compute_seconds) and math.isnan(r.wait_seconds)
+    assert math.isnan(r.compute_seconds) and math.isnan(r.wait_seconds) and math.isnan(r.batch_loss)
     assert [p.ylabel for p in compare.panels([("old", [r])])] == ["training loss", "test accuracy (%)", "step time (s)",
                                                                   "retransmissions per step"]  # no wait panel
 
@@ -197,8 +211,8 @@ def test_compare_draws_every_run_with_a_legend_naming_it(tmp_path, capsys):
     svg = (tmp_path / "compare.svg").read_text()
     assert "20261128-010101: mlp (4,810 parameters), embedded, 2 workers, loss 0.02" in svg
     assert "20261128-020202: gpt (1.3M parameters)" in svg
-    assert svg.count('<polyline class="series"') == 2 * 5  # loss, accuracy, step time, wait, retransmissions
-    assert "waiting for the parameters (s)" in svg
+    assert svg.count('<polyline class="series"') == 2 * 6  # loss, batch loss, accuracy, step time, wait, retx
+    assert "waiting for the parameters (s)" in svg and "loss on the workers&#x27; batches" in svg
     out = capsys.readouterr().out
     assert str(tmp_path / "compare.svg") in out and ("compare.png" in out or "matplotlib is not installed" in out)
 
@@ -241,5 +255,6 @@ def test_tensorboard_scalars_go_through_its_own_writer(tmp_path, monkeypatch):
     assert ("node_elements_per_s", 4096 / 0.5, 0) in w.scalars and ("dropped", 3, 2) in w.scalars
     assert ("node_commit_seconds", 0.25, 0) in w.scalars and ("wait_seconds", 0.5, 1) in w.scalars
     # no rate where the node reported none (step 2), no commit time where it did not say (steps 1, 2),
-    # the workers' compute and wait at every step, drops where read (steps 0, 2)
-    assert len(w.scalars) == 3 * 6 + 2 + 1 + 3 * 2 + 2
+    # the workers' compute, wait and batch loss at every step, drops where read (steps 0, 2)
+    assert ("batch_loss", 2.0, 1) in w.scalars
+    assert len(w.scalars) == 3 * 6 + 2 + 1 + 3 * 3 + 2

@@ -85,6 +85,15 @@ def test_grad_fn_is_deterministic_on_fp16_params(cfg):
     assert not np.array_equal(fn(1, 3, p16)["w2"], g1["w2"])
 
 
+def test_a_workers_step_gives_its_batch_loss_and_the_same_gradients(cfg):
+    p16 = {n: a.astype(np.float16) for n, a in wl.init_params(cfg).items()}
+    data = wl.load_dataset(cfg.seed, cfg.test_fraction)
+    idx = wl.batch_indices(cfg, 1, 4, len(data.y_train))
+    loss, g = wl.loss_grad_fn(cfg)(1, 4, p16)
+    assert loss == wl.evaluate(p16, data.x_train[idx], data.y_train[idx])[0]
+    assert all(np.array_equal(g[n], wl.grad_fn(cfg)(1, 4, p16)[n]) for n in wl.PARAM_NAMES)
+
+
 def test_reference_training_on_the_workload_learns():
     cfg = wl.WorkloadConfig(n_workers=2, seed=0)
     init = wl.init_params(cfg)
