@@ -136,9 +136,9 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         console.say(f"  P4 program: {how}; K = {protocol.K} elements a frame, link MTU {protocol.link_mtu()}")
         try:
             run.prepare_files()
-        except config.RunConfigError:
+        except config.RunConfigError as exc:  # the header above named the run: say it is gone
             refused = True
-            raise
+            raise config.RunConfigError(f"{exc} (nothing of {run_dir} is kept)") from None
         if resumed:
             console.say(f"  resuming {resumed.run} after its node's commit: from step {run.first_step()}")
         model = run.model_text()

@@ -314,6 +314,8 @@ def test_a_node_ram_its_node_would_refuse_is_refused_before_the_network_starts(t
     assert "Mininet up" not in run.out
     assert_clean(run)
     assert not run.runs.exists() or not any(run.runs.iterdir())  # nothing of a refused run is kept
+    named = re.search(r"mindp run (\S+):", run.out).group(1)  # the header names the run it then removes
+    assert f"(nothing of {named} is kept)" in run.err
     (tmp_path / "least").mkdir()
     run = MakeRun(tmp_path / "least", "--target", "embedded", "--p4", "committed", "--node-ram", least,
                   "--workers", "2", "--steps", "3")
