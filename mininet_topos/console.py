@@ -3,6 +3,7 @@ one line that says why a run ended."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import pathlib
 import signal
 import sys
@@ -48,6 +49,18 @@ class Console:
     def say(self, msg: str = "") -> None:
         print(msg, flush=True)
         self.keep(msg.lstrip("\r"))
+
+    def stacks_after(self, seconds: float) -> None:
+        """Every thread's stack into run.log if this process is still at it `seconds` from now,
+        unless stacks_cancelled() comes first (faulthandler's own thread: it dumps even while the
+        main thread holds the interpreter)."""
+        if self.log is not None:
+            with contextlib.suppress(OSError):
+                faulthandler.dump_traceback_later(seconds, file=open(self.log, "a"))  # (held until cancelled)
+
+    @staticmethod
+    def stacks_cancelled() -> None:
+        faulthandler.cancel_dump_traceback_later()
 
     def fail(self, msg: str) -> None:
         """The one line that says why the run ended, on stderr and in the run's log."""

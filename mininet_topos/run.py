@@ -42,6 +42,11 @@ from .star import Run  # noqa: E402
 from .tree_script import TreeScriptRun, TreeUpRun  # noqa: E402
 
 
+#: Seconds the end of a run (a stopped run's record, the teardown) may take before every thread's
+#: stack goes to its run.log: it ignores a second Ctrl-C, so a hang there must say where it is.
+STUCK_STACKS = 60.0
+
+
 def _raise_stopped(signum, frame):
     raise Stopped(signal.Signals(signum).name)
 
@@ -154,6 +159,7 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         try:
             progress, wall = run.train()
         except (KeyboardInterrupt, Stopped) as exc:
+            console.stacks_after(STUCK_STACKS)
             with contextlib.suppress(Exception):  # what is kept must not hide why the run ended
                 run.keep_partial(model, str(exc) or "interrupted")
             raise
@@ -164,9 +170,11 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        console.stacks_after(STUCK_STACKS)
         if run is not None:
             run.close()
         state.teardown()
+        console.stacks_cancelled()
         if refused:
             clean.withdraw(run_dir)
 

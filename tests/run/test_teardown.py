@@ -1,9 +1,15 @@
-"""A run's teardown (Run.close): every phase runs and is timed into run.log, and a phase that fails
-is said on the console with its error instead of passing unseen."""
+"""A run's teardown (Run.close): every phase runs and is timed into run.log, a phase that fails
+is said on the console with its error instead of passing unseen, and an end that hangs leaves
+every thread's stack in run.log."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
+import textwrap
 from types import SimpleNamespace
+
+from mindp import progress
 
 from mininet_topos.console import Console
 from mininet_topos.star import Run
@@ -40,3 +46,28 @@ def test_a_failed_phase_is_said_with_its_error_and_the_next_phases_still_run(tmp
     said = capsys.readouterr().out
     assert re.search(r"teardown: agents [\d.]+ s \(failed: OSError: pipe gone\), controller [\d.]+ s, switch", said)
     assert "failed: OSError: pipe gone" in (tmp_path / "run.log").read_text()
+
+
+STUCK = textwrap.dedent("""
+    import pathlib, sys, time
+    from mininet_topos.console import Console
+
+    def stuck_in_teardown(log):
+        while "stuck_in_teardown" not in log.read_text():  # until the stacks are out
+            time.sleep(0.05)
+
+    console = Console()
+    console.log = pathlib.Path(sys.argv[1])
+    console.stacks_after(0.2)
+    stuck_in_teardown(console.log)
+""")
+
+
+def test_an_end_that_hangs_writes_every_threads_stack_to_run_log(tmp_path):
+    log = tmp_path / "run.log"
+    proc = subprocess.Popen([sys.executable, "-c", STUCK, str(log)])
+    progress.communicate(proc)  # the script ends once the stacks are in the log (a stall fails)
+    text = log.read_text()
+    assert proc.returncode == 0 and "Timeout (0:00:00.200000)!" in text
+    assert re.search(r'File "<string>", line \d+ in stuck_in_teardown', text)
+
