@@ -2,15 +2,15 @@
 TensorBoard is installed (`.venv/bin/pip install tensorboard`; it is not a dependency).
 
 One row per job and step, from the run's own records (mininet_topos.progress.Progress): the step's
-loss and accuracy (where evaluated), the workers' mean loss on their own batches, its time on the workers' clocks (the last worker to finish it
-against the last to finish the step before), the gradient frames, retransmissions and rejected
-frames of the job's hosts during it, the optimizer node's update rate in it (elements it updated
-per second spent updating them: kernel and state paging, on its clock; shards' rates summed), the
-seconds its commit took to make the step durable (write-back and fsync; the slowest shard's: a
-disk that stalls shows here, and the workers' retransmissions while the node waited on it), and
-the job's drops on its switch(es) by reason: the counters are read once a step has finished, at
-most once a second, and after the last step, so a read that spans several steps counts them in the
-row of the last and leaves the rows between empty.
+loss and accuracy (where evaluated), the workers' mean loss on their own batches, its time on the
+workers' clocks (the last worker to finish it against the last to finish the step before), the
+gradient frames, retransmissions and rejected frames of the job's hosts during it, the optimizer
+node's update rate in it (elements it updated per second spent updating them: kernel and state
+paging, on its clock; shards' rates summed), the seconds its commit took to make the step durable
+(write-back and fsync; the slowest shard's: a disk that stalls shows here, and the workers'
+retransmissions while the node waited on it), and the job's drops on its switch(es) by reason: the
+counters are read once a step has finished, at most once a second, and after the last step, so a
+read that spans several steps counts them in the row of the last and leaves the rows between empty.
 """
 from __future__ import annotations
 
