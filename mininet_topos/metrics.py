@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 from mindp.switch_constants import DropReason
 
-from .progress import Progress
+from .progress import Progress, mean_said
 
 NAN = float("nan")
 #: The drop reasons' columns, one per P4 drop reason (docs/P4.md), in the program's order.
@@ -83,12 +83,6 @@ def _drops(progress: Progress, job: int, s: int) -> dict[str, int] | None:
     return {r: v for r, v in delta.items() if v}
 
 
-def _mean(values) -> float:
-    """The mean of the figures the workers reported (nan: none did)."""
-    said = [v for v in values if not math.isnan(v)]
-    return sum(said) / len(said) if said else NAN
-
-
 def rows(progress: Progress) -> list[StepRow]:
     """Every step that all of a job's workers finished, in order."""
     out = []
@@ -107,8 +101,8 @@ def rows(progress: Progress) -> list[StepRow]:
             x, a = loss.get(s, (NAN, NAN))
             rate, commit, node_rejected = _node(progress, job, s)
             out.append(StepRow(job, s, x, a, max(m[0] for m in now) - max(m[0] for m in before), delta(1), delta(2),
-                               delta(3) + node_rejected, rate, commit, _mean(m[4] for m in now),
-                               _mean(m[5] for m in now), _mean(m[6] for m in now), _drops(progress, job, s)))
+                               delta(3) + node_rejected, rate, commit, mean_said(m[4] for m in now),
+                               mean_said(m[5] for m in now), mean_said(m[6] for m in now), _drops(progress, job, s)))
     return out
 
 

@@ -191,12 +191,9 @@ class Progress:
     def batch_loss(self) -> float | None:
         """Mean over jobs of the workers' mean loss on their own batches in the latest step every
         worker of the job finished (None: not reported)."""
-        means = []
-        for j in self.curves:
-            said = [m[6] for m in self.marks.get((j, self.job_step(j)), {}).values() if math.isfinite(m[6])]
-            if said:
-                means.append(sum(said) / len(said))
-        return sum(means) / len(means) if means else None
+        x = mean_said(mean_said(m[6] for m in self.marks.get((j, self.job_step(j)), {}).values())
+                      for j in self.curves)
+        return None if math.isnan(x) else x
 
     def bar(self, width: int = 24) -> str:
         total = self.training_seconds()
@@ -215,6 +212,12 @@ class Progress:
         filled = int(width * done / self.steps)
         return (f"[{'#' * filled}{'.' * (width - filled)}] step {done}/{self.steps}  loss {loss_s}  acc {acc_s}  "
                 f"{speed}  grad retx {self.retransmissions}")
+
+
+def mean_said(values) -> float:
+    """The mean of the figures that were reported (nan: none was)."""
+    said = [v for v in values if not math.isnan(v)]
+    return sum(said) / len(said) if said else math.nan
 
 
 def three_digits(x: float) -> str:
