@@ -34,6 +34,16 @@ def test_source_hash_sees_any_change():
         assert artifacts.source_hash(root, 32) != before
 
 
+def test_p4c_options_follow_k_and_are_part_of_the_hash(monkeypatch):
+    # LocalCopyPropagation stays where BMv2 runs the program and goes above (its time grows ~K^2.8)
+    assert "P4::LocalCopyPropagation" not in artifacts.p4c_flags(P.BMV2_MAX_K)
+    assert "P4::LocalCopyPropagation" in artifacts.p4c_flags(P.BMV2_MAX_K + 8)
+    assert "SimplifyDefUse" in artifacts.p4c_flags(P.HARDWARE_K)
+    before = artifacts.source_hash(k=P.HARDWARE_K)
+    monkeypatch.setattr(artifacts, "P4C_FLAGS", artifacts.P4C_FLAGS + ("--Wdisable",))
+    assert artifacts.source_hash(k=P.HARDWARE_K) != before  # other options, another program
+
+
 def test_generator_refuses_a_k_beyond_the_protocol_bound(capsys, tmp_path):
     with pytest.raises(SystemExit):
         gen_p4.main(["--k", str(P.MAX_K + 1), "--out", str(tmp_path)])
