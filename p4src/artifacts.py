@@ -79,14 +79,14 @@ def source_hash(root: pathlib.Path | None = None, k: int | None = None) -> str:
     mindp/protocol.py, switch_constants.py or gen_p4.py changes it too) and p4c's options."""
     from . import gen_p4
 
-    root = root or HERE
+    root, k = root or HERE, P.K if k is None else k
     digest = hashlib.sha256()
-    digest.update(f"K={P.K if k is None else k}\0".encode())
-    digest.update(" ".join(p4c_flags(P.K if k is None else k)).encode() + b"\0")
+    digest.update(f"K={k}\0".encode())
+    digest.update(" ".join(p4c_flags(k)).encode() + b"\0")
     for path in hand_written(root):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
-    for name, text in sorted(gen_p4.render(P.K if k is None else k).items()):
+    for name, text in sorted(gen_p4.render(k).items()):
         digest.update(f"generated/{name}\0".encode() + text.encode() + b"\0")
     return digest.hexdigest()
 
