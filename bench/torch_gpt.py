@@ -4,9 +4,11 @@ optimizer node) through the embedded switch and through BMv2 (when installed), a
 model and global batch trained by one process with torch.optim.AdamW, and by PyTorch DDP (gloo,
 one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
-    sudo .venv/bin/python bench/torch_gpt.py [--steps 13] [--workers 2] [--local-steps 12] [--rounds 1] [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE]
+    sudo .venv/bin/python bench/torch_gpt.py [--steps 13] [--workers 2] [--local-steps 12] [--rounds 1] [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE] [--k K]
 
-Each make run line names the K (elements a frame) it ran: the target's default (make run K=).
+Each make run line names the K (elements a frame) it ran: the target's default (make run K=), or
+--k's on the embedded switch (a K with no committed program is compiled with p4c first, as make
+run K= does: minutes at a large K, once).
 
 Like is compared with like: every side times the steps after its first (warm-up) one, and the
 switch run's worker 0 evaluates only the first and the last model (make run EVAL=0; DDP's ranks
@@ -339,15 +341,17 @@ def state_in_ram(wl: workload.WorkloadConfig) -> int:
 def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int,
                timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
     """(steps/s, '' or why it failed, the run's K, each process's Usage) of make run's orchestrator,
-    MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes."""
+    MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes: BMv2 at its default K, the
+    embedded switch at this process's (MINDP_K, as --k sets it, else the default)."""
     runs = tmp / target
-    k = protocol.HARDWARE_K if target == "bmv2" else protocol.DEFAULT_K  # make run's choice without K=
+    k = protocol.HARDWARE_K if target == "bmv2" else protocol.K
     p4 = "committed" if artifacts.staleness(k=k) is None else "auto"
     cmd = [sys.executable, "-m", "mininet_topos.run", "--target", target, "--model", "gpt",
            "--workers", str(workers), "--steps", str(steps), "--cli", "0", "--p4", p4,
            "--runs-dir", str(runs), "--state-file", str(tmp / f"{target}-state.json"),
            "--grpc-port", str(targets.free_port()), "--thrift-port", str(targets.free_port()),
-           "--if-prefix", "mnb-", "--eval", "0", "--node-ram", str(node_ram)] + (["--gpt", gpt] if gpt != "{}" else [])
+           "--if-prefix", "mnb-", "--eval", "0", "--node-ram", str(node_ram), "--k", str(k)] + \
+        (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
     sampler = Sampler(p.pid, runs, steps)
@@ -476,7 +480,15 @@ def main() -> int:
                     "whole state, as each DDP rank holds its own; 256M, make run's default, streams a large "
                     "model's state from disk)")
     ap.add_argument("--gpt", default="{}", help="the gpt's size as JSON, as make run's GPT=, e.g. '{\"d\": 512, \"layers\": 8}'")
+    ap.add_argument("--k", type=integer(8, protocol.MAX_K), help=f"elements a frame on the embedded switch (default: "
+                    f"its default, {protocol.DEFAULT_K}; BMv2 runs {protocol.HARDWARE_K}); a K with no committed program "
+                    "is compiled with p4c first, as make run K= does")
     args = ap.parse_args()
+    if args.k is not None and args.k % 8:
+        print(f"torch_gpt: --k {args.k}: elements per frame must be a multiple of 8 (docs/PROTOCOL.md, 'Choosing K')")
+        return 2
+    if args.k is not None and args.k != protocol.K:  # this process's K too: the node's budget is in chunks of K
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], {**os.environ, protocol.K_ENV: str(args.k)})
     unknown = set(args.targets.split(",")) - {"embedded", "bmv2"}
     if unknown:
         print(f"torch_gpt: --targets {args.targets!r}: choose from embedded, bmv2")

@@ -33,6 +33,7 @@ BAD = [
     ("softswitch.py", ["--rounds", "0"]),
     ("torch_gpt.py", ["--workers", "0"]),
     ("torch_gpt.py", ["--rounds", "0"]),
+    ("torch_gpt.py", ["--k", "4"]),
     ("wire.py", ["--scapy-packets", "0"]),
 ]
 
@@ -44,6 +45,14 @@ def test_a_bad_size_is_one_line_and_exit_2(script, args):
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
     assert f"error: argument {args[0]}: want an integer" in done.stderr.splitlines()[-1]
+
+
+def test_torch_gpt_refuses_a_k_that_is_no_multiple_of_8_in_one_line():
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--k", "100"], capture_output=True,
+                          text=True, cwd=REPO)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stdout.splitlines() == ["torch_gpt: --k 100: elements per frame must be a multiple of 8 "
+                                        "(docs/PROTOCOL.md, 'Choosing K')"]
 
 
 def test_integer_bounds():
