@@ -51,8 +51,7 @@ def test_torch_gpt_refuses_a_k_that_is_no_multiple_of_8_in_one_line():
     done = subprocess.run([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--k", "100"], capture_output=True,
                           text=True, cwd=REPO)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stdout.splitlines() == ["torch_gpt: --k 100: elements per frame must be a multiple of 8 "
-                                        "(docs/PROTOCOL.md, 'Choosing K')"]
+    assert done.stdout.splitlines() == ["torch_gpt: --k 100: elements per frame must be a multiple of 8 in 8..8000"]
 
 
 def test_integer_bounds():
