@@ -66,20 +66,24 @@ def wait(done: Callable[[], bool], progress: Callable[[], Hashable], *, stall: f
 
 class StallWatch:
     """The stall check of a loop that does other work between looks (a run's main loop): look()
-    samples (extra, busy()) at most every `every` s (busy() may scan /proc), and stalled() says
-    whether that sample kept one value for `stall` s."""
+    takes the loop's own progress (extra: the steps done) at every call, and samples busy() (a
+    /proc scan) only once that progress has kept still for `every` s, at most every `every` s;
+    stalled() says whether neither moved for `stall` s. A run whose steps advance never scans."""
 
     def __init__(self, busy: Callable[[], Hashable], stall: float, every: float = 1.0,
                  clock: Callable[[], float] = time.monotonic):
         self.busy, self.stall, self.every, self.clock = busy, stall, every, clock
+        self.extra: tuple | None = None
         self.seen: Hashable = None
         self.last_change = clock()
         self.last_look = -float("inf")
 
     def look(self, *extra: Hashable) -> None:
         now = self.clock()
-        if now - self.last_look >= self.every:
-            self.last_look, value = now, (extra, self.busy())
+        if extra != self.extra:
+            self.extra, self.last_change = extra, now
+        elif now - max(self.last_look, self.last_change) >= self.every:
+            self.last_look, value = now, self.busy()
             if value != self.seen:
                 self.seen, self.last_change = value, now
 

@@ -146,7 +146,8 @@ def test_activity_sees_other_threads_and_children_not_the_caller():
 
 
 def test_stall_watch_follows_steps_or_cpu_and_samples_once_a_second():
-    """make run's main loop: a stall is neither a step nor CPU for the stall time (a fake clock)."""
+    """make run's main loop: a stall is neither a step nor CPU for the stall time (a fake clock);
+    the CPU (a /proc scan) is sampled only once the steps have kept still for a second."""
     now, cpu, samples = [0.0], [0], []
 
     def busy():
@@ -154,12 +155,12 @@ def test_stall_watch_follows_steps_or_cpu_and_samples_once_a_second():
         return cpu[0]
 
     watch = progress.StallWatch(busy, stall=60.0, clock=lambda: now[0])
-    for t, step, used in [(0.5, 0, 0), (30.0, 1, 0), (80.0, 1, 5), (139.0, 1, 5)]:
+    for t, step, used in [(0.5, 0, 0), (1.2, 1, 0), (1.9, 2, 0), (30.0, 3, 0), (80.0, 3, 5), (139.0, 3, 5)]:
         now[0], cpu[0] = t, used
         watch.look(step)
         watch.look(step)  # a second look within the second does not sample again
         assert not watch.stalled(), t
-    assert samples == [0.5, 30.0, 80.0, 139.0]
+    assert samples == [80.0, 139.0]  # none while the steps advanced
     now[0] = 140.5
-    watch.look(1)
+    watch.look(3)
     assert watch.stalled()  # nothing changed since 80 s
