@@ -484,12 +484,9 @@ def main() -> int:
                     f"its default, {protocol.DEFAULT_K}; BMv2 runs {protocol.HARDWARE_K}); a K with no committed program "
                     "is compiled with p4c first, as make run K= does")
     args = ap.parse_args()
-    if args.k is not None:
-        try:  # protocol's rule for K, as every process of the run will apply it
-            protocol.k_from_env({protocol.K_ENV: str(args.k)})
-        except SystemExit as exc:
-            print(f"torch_gpt: --k {args.k}: {str(exc).split(': ', 1)[1]}")
-            return 2
+    if args.k is not None and (error := protocol.k_error(str(args.k))) is not None:  # as every process of the run
+        print(f"torch_gpt: --k {args.k}: {error}")
+        return 2
     if args.k is not None and args.k != protocol.K:  # this process's K too: the node's budget is in chunks of K
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], {**os.environ, protocol.K_ENV: str(args.k)})
     unknown = set(args.targets.split(",")) - {"embedded", "bmv2"}

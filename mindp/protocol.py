@@ -32,14 +32,21 @@ MAX_K = 8000
 K_ENV = "MINDP_K"
 
 
+def k_error(text: str) -> str | None:
+    """Why `text` is no K (None if it is one): K is a multiple of 8 (the hosts' vector code takes 8
+    elements at a time) in 8..MAX_K."""
+    if not text.isdigit() or not 8 <= int(text) <= MAX_K or int(text) % 8:
+        return f"elements per frame must be a multiple of 8 in 8..{MAX_K}"
+    return None
+
+
 def k_from_env(environ: Mapping[str, str] = os.environ) -> int:
-    """MINDP_K as an int, a multiple of 8 (the hosts' vector code takes 8 elements at a time) in
-    8..MAX_K, else DEFAULT_K; anything else exits with one line."""
+    """MINDP_K as an int (k_error's rule), else DEFAULT_K; anything else exits with one line."""
     text = environ.get(K_ENV, "").strip()
     if not text:
         return DEFAULT_K
-    if not text.isdigit() or not 8 <= int(text) <= MAX_K or int(text) % 8:
-        raise SystemExit(f"{K_ENV}={text!r}: elements per frame must be a multiple of 8 in 8..{MAX_K}")
+    if (error := k_error(text)) is not None:
+        raise SystemExit(f"{K_ENV}={text!r}: {error}")
     return int(text)
 
 

@@ -192,10 +192,10 @@ def run_k(k: str, target: str, old: resume.Resumed | None = None, given: tuple[s
         return n
     k = k or os.environ.get(protocol.K_ENV, "").strip()
     if k:
-        try:
-            n = protocol.k_from_env({protocol.K_ENV: k})
-        except SystemExit as exc:
-            raise config.RunConfigError(f"K={k}: {str(exc).split(': ', 1)[1]}") from None
+        k = k.strip()
+        if (error := protocol.k_error(k)) is not None:
+            raise config.RunConfigError(f"K={k}: {error}")
+        n = int(k)
         if target == "bmv2" and not protocol.bmv2_fits(n):
             raise config.RunConfigError(f"K={n}: BMv2 runs K up to {protocol.BMV2_MAX_K} (it lets a packet grow "
                                         f"by {protocol.BMV2_HEADROOM} bytes; a GRAD becomes a SUM 6 bytes an element "

@@ -233,6 +233,17 @@ def test_target_auto_says_which_switch_it_chose_and_why():
         assert why == " (TARGET=auto: BMv2 is not installed)"
 
 
+def test_a_k_that_is_no_multiple_of_8_is_one_line_from_protocols_rule():
+    from mindp import protocol
+    from mininet_topos import run as orchestrator
+
+    for bad in ("100", "0", f"{protocol.MAX_K + 8}", "1e3", "-8"):
+        assert protocol.k_error(bad) == f"elements per frame must be a multiple of 8 in 8..{protocol.MAX_K}", bad
+        with pytest.raises(config.RunConfigError, match=rf"^K={bad}: elements per frame must be a multiple of 8 "):
+            orchestrator.run_k(bad, "embedded")
+    assert protocol.k_error("104") is None and orchestrator.run_k(" 104 ", "embedded") == 104
+
+
 def test_k_beyond_bmv2s_packet_headroom_is_refused_on_bmv2_and_auto_takes_the_embedded_switch():
     from mindp import protocol, targets
     from mininet_topos import run as orchestrator
