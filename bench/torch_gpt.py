@@ -338,11 +338,12 @@ def state_in_ram(wl: workload.WorkloadConfig) -> int:
     return residency.mapped_budget(state.new_state_workload(n_chunks, 3))
 
 
-def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int,
+def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int, sync: str,
                timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
     """(steps/s, '' or why it failed, the run's K, each process's Usage) of make run's orchestrator,
-    MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes: BMv2 at its default K, the
-    embedded switch at this process's (MINDP_K, as --k sets it, else the default)."""
+    MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes and commits made durable as
+    `sync` says: BMv2 at its default K, the embedded switch at this process's (MINDP_K, as --k sets
+    it, else the default)."""
     runs = tmp / target
     k = protocol.HARDWARE_K if target == "bmv2" else protocol.K
     p4 = "committed" if artifacts.staleness(k=k) is None else "auto"
@@ -350,7 +351,7 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
            "--workers", str(workers), "--steps", str(steps), "--cli", "0", "--p4", p4,
            "--runs-dir", str(runs), "--state-file", str(tmp / f"{target}-state.json"),
            "--grpc-port", str(targets.free_port()), "--thrift-port", str(targets.free_port()),
-           "--if-prefix", "mnb-", "--eval", "0", "--node-ram", str(node_ram), "--k", str(k)] + \
+           "--if-prefix", "mnb-", "--eval", "0", "--node-ram", str(node_ram), "--sync", sync, "--k", str(k)] + \
         (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
@@ -425,7 +426,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             if side == "bmv2" and targets.find_bmv2() is None:
                 print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
                 continue
-            rate, err, k, usages = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram)
+            rate, err, k, usages = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram, args.sync)
             label += f" K={k}"
         if err:
             print(f"  {label:<34} failed: {err}")
@@ -479,6 +480,9 @@ def main() -> int:
     ap.add_argument("--node-ram", type=parse_size, help="the optimizer node's RAM budget (default: one holding its "
                     "whole state, as each DDP rank holds its own; 256M, make run's default, streams a large "
                     "model's state from disk)")
+    ap.add_argument("--sync", choices=state.SYNC_MODES, default="exit",
+                    help="when the node makes a committed step durable (make run's SYNC=): exit, as DDP, which "
+                         "persists nothing each step; step, make run's default, msync and fsync at every commit")
     ap.add_argument("--gpt", default="{}", help="the gpt's size as JSON, as make run's GPT=, e.g. '{\"d\": 512, \"layers\": 8}'")
     ap.add_argument("--k", type=integer(8, protocol.MAX_K), help=f"elements a frame on the embedded switch (default: "
                     f"its default, {protocol.DEFAULT_K}; BMv2 runs {protocol.HARDWARE_K}); a K with no committed program "
@@ -510,7 +514,8 @@ def main() -> int:
     args.node_ram = whole if args.node_ram is None else args.node_ram
     print(f"{workload.describe(wl, workload.init_params(wl))}, {args.workers} workers x {wl.batch} examples, AdamW lr "
           f"{config.DEFAULT_LR['gpt']}, {args.steps} steps; the node's RAM budget {args.node_ram / 2**20:,.0f} MiB "
-          f"({'its whole state' if args.node_ram >= whole else 'out of core'})")
+          f"({'its whole state' if args.node_ram >= whole else 'out of core'}), made durable "
+          f"{'at every step' if args.sync == 'step' else 'at exit (--sync exit)'}")
     rounds = []
     with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
         for i in range(args.rounds):

@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", help="without --topology: the other shards' IPv4 addresses, comma-separated")
     p.add_argument("--state-dir", required=True, help="directory of the out-of-core state (resumed if present)")
     p.add_argument("--ram-budget", type=parse_size, default=parse_size(RAM_BUDGET), help="resident state budget")
+    p.add_argument("--sync", choices=state.SYNC_MODES, default="step",
+                   help="when a committed step is made durable: step, at each commit (msync and fsync; survives "
+                        "a machine crash); exit, when the node stops (a killed node loses nothing, a machine crash "
+                        "the whole state, which is then refused)")
     p.add_argument("--page-chunks", type=int, default=state.DEFAULT_PAGE_CHUNKS, help="chunks per page")
     agent_args.add_model_args(p)
     p.add_argument("--optimizer", choices=optim.KINDS, default="adamw")
@@ -159,7 +163,7 @@ def open_state(args, chunks: tuple[int, int] | None = None) -> state.Store:
         layout = agent_args.read_layout(args.layout) if args.layout else optim.layout_of(init)
         state.create(args.state_dir, layout, state.init_pieces(layout, init, seed or 0), cfg, args.page_chunks,
                      chunks)
-    store = state.Store(args.state_dir, args.ram_budget)
+    store = state.Store(args.state_dir, args.ram_budget, sync=args.sync)
     if (store.chunks if store.sharded else None) != chunks:
         held = "all chunks" if not store.sharded else "chunks {}:{}".format(*store.chunks)
         want = "all chunks" if chunks is None else "chunks {}:{}".format(*chunks)

@@ -339,8 +339,9 @@ class Pager:
             done += n
         return out
 
-    def flush(self) -> None:
-        """Write back every page written so far and make the files durable (fsync)."""
+    def flush(self, durable: bool = True) -> None:
+        """Write back every page written so far and make the files durable (fsync; durable=False:
+        none, the written-back pages are in the files for any process)."""
         with self._cv:
             self._wb.extend(k for k in self._cached if k not in self._wb)
             self._cv.notify_all()
@@ -348,7 +349,7 @@ class Pager:
                 self._cv.wait()
             if self.error:
                 raise self.error
-        for fl in self.files:
+        for fl in self.files if durable else ():
             _fsync(fl.fd, fl.path)
 
     def close(self) -> None:

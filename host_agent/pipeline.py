@@ -172,16 +172,17 @@ class PagedState:
             self.pager.drop(page)
         self.updated.clear()
 
-    def flush(self, copy: int | None = None) -> None:
+    def flush(self, copy: int | None = None, durable: bool = True) -> None:
         """Make the writes to the state durable: mapped whole, those to copy `copy` only (None:
         both), the only one a step writes (the other, its source, was made durable by the commit
-        before); streamed, every page written back (each was written to the step's destination)."""
+        before); streamed, every page written back (each was written to the step's destination).
+        durable=False: only as far as a killed process loses nothing (mapped whole: nothing to do)."""
         if self.mapped:
             for i, f in enumerate(self.files):
-                if copy is None or i == copy:
+                if durable and (copy is None or i == copy):
                     f.flush()
         else:
-            self.pager.flush()
+            self.pager.flush(durable)
 
     def next_step(self, skipped: bool) -> None:
         """The step committed: keep the resident pages whose buffer is the next step's source (every

@@ -12,7 +12,10 @@ Step t reads copy t % 2 and writes copy (t + 1) % 2, so applying a chunk is
 idempotent: redoing it after a crash gives the same bits. When the last chunk of
 step t is applied, the written pages are made durable (msync + fsync) and only
 then is commit.json replaced atomically (write, fsync, rename, fsync of the
-directory). A chunk is marked in progress.bin after its record is written and
+directory). With sync="exit" a commit skips the msync and the fsyncs (a killed node loses
+nothing: its writes are in the page cache) and names the boot in commit.json; the files are made
+durable when the store closes, and a state committed so on an earlier boot is refused, its files
+possibly torn. A chunk is marked in progress.bin after its record is written and
 before its parameters leave the node, so a node killed mid-step resumes without
 applying any chunk twice and without needing sums that workers will never resend
 (workers only retransmit chunks whose parameters they lack). progress.bin is
@@ -44,6 +47,9 @@ MASTER, M, V = 0, 1, 2
 PROGRESS_MAGIC = b"MINDPRG1"
 PROGRESS_HEADER = 64  # magic 8, step int64 8, boot id 36, non-finite flag 1, pad
 NONFINITE_AT = 52
+#: When a commit is made durable: "step", each (survives a machine crash); "exit", when the store
+#: closes (survives a killed node; the disk's writes each step cost a small model's step ~5 %).
+SYNC_MODES = ("step", "exit")
 #: Elements a state page holds by default, at any K: 192 KiB of AdamW records (128 KiB of SGD's).
 PAGE_ELEMENTS = 1 << 14
 
@@ -94,15 +100,28 @@ def boot_id() -> bytes:
         return b"?" * 36
 
 
-def _write_atomic(path: pathlib.Path, data: bytes) -> None:
-    """Replace `path` with `data` durably, or raise StorageError leaving the old file in place."""
+def check_boot(d: pathlib.Path, commit: dict) -> None:
+    """Refuse a commit made without fsync (sync="exit") on an earlier boot: the machine stopped
+    before its files were made durable, so they may hold parts of different steps."""
+    if "boot" in commit and commit["boot"].encode().ljust(36) != boot_id():
+        raise ConfigError(f"state directory {d}: step {commit['step']} was committed without fsync "
+                          f"(mindp-optimizer --sync exit) and the machine has restarted since, so its files "
+                          f"may be torn: start a fresh state, or restore a checkpoint into one")
+
+
+def _write_atomic(path: pathlib.Path, data: bytes, durable: bool = True) -> None:
+    """Replace `path` with `data` (durably, or atomically against a killed process only), or raise
+    StorageError leaving the old file in place."""
     tmp = path.with_suffix(path.suffix + ".tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+        if not durable:
+            return
         dfd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dfd)
@@ -216,14 +235,20 @@ class Store:
     """An open state directory: pager-backed records, the commit and the step's progress."""
 
     def __init__(self, state_dir: str | pathlib.Path, budget_bytes: int, *, prefetch: bool = True,
-                 drop_cache: bool = True, window: int = 64, map_whole: bool = True):
+                 drop_cache: bool = True, window: int = 64, map_whole: bool = True, sync: str = "step"):
         """budget_bytes: RAM for state pages (see residency.decide); window: how many chunks out
         of order sums may arrive (the job's slot count), which sets how far ahead pages are read;
-        map_whole=False streams the state through the pipeline even if it fits (tests)."""
+        map_whole=False streams the state through the pipeline even if it fits (tests); sync: one
+        of SYNC_MODES."""
+        if sync not in SYNC_MODES:
+            raise ConfigError(f"sync must be one of {'|'.join(SYNC_MODES)}, got {sync!r}")
+        self.sync = sync
         d = self.dir = pathlib.Path(state_dir)
         meta = read_meta(d)
         try:
             commit = json.loads((d / "commit.json").read_text())
+            check_boot(d, commit)
+            self.unsynced = "boot" in commit  # committed without fsync: made durable at close
             self.committed = int(commit["step"])
             # Optimizer updates through the committed step (a skipped, non-finite step is none);
             # the state after the committed step is in copy updates % 2.
@@ -341,11 +366,10 @@ class Store:
 
     def commit(self) -> None:
         """The current step is fully applied: make it durable, then advance."""
-        self.pages.flush(self.copy_after(self.current))
+        self.pages.flush(self.copy_after(self.current), durable=self.sync == "step")
         skipped = self.step_nonfinite
         updates = self.updates + (not skipped)
-        _write_atomic(self.dir / "commit.json",
-                      json.dumps({"step": self.current, "updates": updates, "skipped": skipped}).encode() + b"\n")
+        self._write_commit(self.current, updates, skipped, durable=self.sync == "step")
         self.committed += 1
         self.updates = updates
         self.last_skipped = skipped
@@ -362,13 +386,20 @@ class Store:
         if self.n_applied or self.updates == 0:
             raise StorageError(f"cannot skip step {self.committed}: "
                                f"{self.n_applied} chunks of step {self.current} are applied already")
-        _write_atomic(self.dir / "commit.json",
-                      json.dumps({"step": self.committed, "updates": self.updates - 1, "skipped": True}).encode()
-                      + b"\n")
+        self._write_commit(self.committed, self.updates - 1, True, durable=self.sync == "step")
         self.updates -= 1
         self.last_skipped = True
         self.pages.forget_all()  # kept buffers hold the undone step's state
         return True
+
+    def _write_commit(self, step: int, updates: int, skipped: bool, durable: bool) -> None:
+        commit = {"step": step, "updates": updates, "skipped": skipped}
+        if durable and self.unsynced:  # the commits before wrote both copies without fsync
+            self.pages.flush(None)
+        if not durable:
+            commit["boot"] = boot_id().decode().strip()
+        _write_atomic(self.dir / "commit.json", json.dumps(commit).encode() + b"\n", durable)
+        self.unsynced = not durable
 
     # --- whole-model access (export) ---------------------------------------------
     def tensor(self, name: str, step: int | None = None) -> np.ndarray:
@@ -405,6 +436,9 @@ class Store:
                     np.lib.format.write_array(f, self.tensor(spec.name), allow_pickle=False)
 
     def close(self) -> None:
+        """Close the files, made durable: a commit made without fsync is written again with one."""
+        if self.unsynced:
+            self._write_commit(self.committed, self.updates, self.last_skipped, durable=True)
         self.pages.close()
         self.applied = None
         try:
@@ -460,6 +494,7 @@ def read_state(state_dir: str | pathlib.Path, before_commit: bool = False
     meta = read_meta(d)
     try:
         commit = json.loads((d / "commit.json").read_text())
+        check_boot(d, commit)
         cfg = OptimizerConfig.from_dict(meta["optimizer"])
         layout = optim.layout_from_json(meta["layout"])
         chunks = (int(meta["chunks"][0]), int(meta["chunks"][1])) if "chunks" in meta else None

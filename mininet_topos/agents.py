@@ -163,7 +163,7 @@ class Agents:
                     "--job", str(job.job_id), "--state-dir", str(jf.state_dir(i)),
                     "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
                     "--weight-decay", str(self.opt.weight_decay), "--ram-budget", str(self.cfg.node_ram),
-                    "--export", str(jf.shard_master_path(i)), "--stats", str(jf.shard_stats_path(i)), "--step-lines",
+                    "--sync", self.cfg.sync, "--export", str(jf.shard_master_path(i)), "--stats", str(jf.shard_stats_path(i)), "--step-lines",
                     *(["--shard", str(i)] if job.sharded else []), *self._faults(opt_name)]))
         self.optimizers = optimizers
         self.wait_started(optimizers)

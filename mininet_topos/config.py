@@ -9,6 +9,7 @@ from argparse import ArgumentTypeError
 from dataclasses import asdict, dataclass, field, replace
 
 from host_agent.agent_args import RAM_BUDGET, parse_size
+from host_agent.state import SYNC_MODES
 from mindp import INSTALL_TORCH
 from mindp.protocol import MAX_WORKERS
 from mindp.switch_constants import MAX_SHARDS, POOL_SLOTS
@@ -75,6 +76,9 @@ class RunConfig:
     # NODE_RAM: each optimizer node's RAM budget for its state (mindp-optimizer --ram-budget): a
     # state larger than half of it (two copies) is streamed from disk, out of core (docs/STATE.md).
     node_ram: int = parse_size(NODE_RAM_DEFAULT)
+    # SYNC: when each node makes a committed step durable (mindp-optimizer --sync): step, at each
+    # commit; exit, when it stops (a machine crash then loses the state; docs/STATE.md).
+    sync: str = "step"
 
     @property
     def total_workers(self) -> int:
@@ -140,7 +144,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
           slots: str = "auto", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
           script_args: str = "", gpt: str = "", eval_every: str = "auto", node_ram: str = NODE_RAM_DEFAULT,
-          given: str = "") -> RunConfig:
+          sync: str = "step", given: str = "") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig. `given`: the
     make variables set on make's command line or in the environment (not defaults), space-separated:
     one the run would not use is refused rather than silently ignored."""
@@ -179,6 +183,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         model_args={} if str(script).strip() else _gpt(gpt, model_name),  # SCRIPT: GPT refused by _unused
         eval_every=_eval(eval_every, model_name),
         node_ram=_size("NODE_RAM", node_ram),
+        sync=_sync(sync),
     )
     _unused(cfg, str(given or "").split())
     if cfg.script and cfg.jobs != 1:
@@ -195,6 +200,13 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
     if cfg.grpc_port == cfg.thrift_port:
         raise RunConfigError("--grpc-port and --thrift-port must differ")
     return cfg
+
+
+def _sync(text: str) -> str:
+    mode = str(text).strip()
+    if mode not in SYNC_MODES:
+        raise RunConfigError(f"SYNC must be one of {'|'.join(SYNC_MODES)}, got {text!r}")
+    return mode
 
 
 def _size(name: str, text: str) -> int:

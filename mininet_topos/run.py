@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpt", default="", help='MODEL=gpt: its size as JSON, e.g. \'{"d": 64, "layers": 2}\'')
     p.add_argument("--node-ram", default=config.NODE_RAM_DEFAULT, help="each optimizer node's RAM budget for its state (64M, 2G, ...; "
                    "a state over half of it runs out of core)")
+    p.add_argument("--sync", default="step", help="when each optimizer node makes a committed step durable: "
+                   "step (at each commit) or exit (when it stops; docs/STATE.md)")
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                            leaves=args.leaves, optimizers=args.optimizers,
                            script=args.script or (old.cfg.get("script", "") if old is not None else ""),
                            script_args=args.args, gpt=args.gpt, eval_every=args.eval, node_ram=args.node_ram,
-                           given=args.given)
+                           sync=args.sync, given=args.given)
         if args.up and not cfg.script:
             raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
         if old is not None:

@@ -180,7 +180,7 @@ class ScriptRun(Run):
             "-m", "host_agent.node", "--iface", "eth0", "--topology", str(self.topo_path), "--job", "1",
             "--state-dir", str(f.state_dir(i)), "--init", str(self.spec_dir / "init.npz"),
             "--optimizer-spec", str(self.spec_dir / "optimizer.json"), "--ram-budget", str(self.cfg.node_ram),
-            "--export", str(f.shard_master_path(i)), "--stats", str(f.shard_stats_path(i)),
+            "--sync", self.cfg.sync, "--export", str(f.shard_master_path(i)), "--stats", str(f.shard_stats_path(i)),
             "--step-lines", *(["--shard", str(i)] if self.job.sharded else []), *a._faults(host)])
             for i, host in enumerate(self.job.optimizers)]
         a.optimizers = nodes

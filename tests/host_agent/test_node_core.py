@@ -15,11 +15,11 @@ from .helpers import BUDGET, SCALE, initial_fp16, same_bits, small_model, step_s
 N, S, JOB = 3, 8, 1
 
 
-def open_core(tmp_path, init, cfg, budget=BUDGET, create=True, **kw):
+def open_core(tmp_path, init, cfg, budget=BUDGET, create=True, sync="step", **kw):
     lay = optim.layout_of(init)
     if create:
         state.create(tmp_path, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
-    return node_core.NodeCore(state.Store(tmp_path, budget), JOB, N, S, **kw)
+    return node_core.NodeCore(state.Store(tmp_path, budget, sync=sync), JOB, N, S, **kw)
 
 
 def run_step(core, lay, gf, step, params, rng, dup=0.3, batch=5, only=None, window=None):
@@ -316,11 +316,12 @@ CRASH_POINTS = [
 ]
 
 
+@pytest.mark.parametrize("sync", state.SYNC_MODES)
 @pytest.mark.parametrize("where,nth", CRASH_POINTS)
-def test_crash_at_each_point_of_the_apply_and_commit_path(tmp_path, monkeypatch, where, nth):
+def test_crash_at_each_point_of_the_apply_and_commit_path(tmp_path, monkeypatch, where, nth, sync):
     """A crash injected at the n-th call of one step of the apply/commit path, then a restart
     from disk: the workers resend sums only for chunks whose parameters they lack, and the
-    final parameters equal the reference."""
+    final parameters equal the reference (with commits made durable each step or at exit)."""
     init = small_model()
     lay = optim.layout_of(init)
     cfg = OptimizerConfig()
@@ -342,8 +343,9 @@ def test_crash_at_each_point_of_the_apply_and_commit_path(tmp_path, monkeypatch,
         orig_write = state._write_atomic
         hit = crashing(orig_write)
         monkeypatch.setattr(state, "_write_atomic",
-                            lambda path, data: hit(path, data) if path.name == "commit.json" else orig_write(path, data))
-    core = open_core(tmp_path, init, cfg)
+                            lambda path, data, *durable: (hit if path.name == "commit.json" else orig_write)(
+                                path, data, *durable))
+    core = open_core(tmp_path, init, cfg, sync=sync)
     if where != "commit_record":
         cls, name = targets[where]
         monkeypatch.setattr(cls, name, crashing(getattr(cls, name)))
@@ -366,7 +368,7 @@ def test_crash_at_each_point_of_the_apply_and_commit_path(tmp_path, monkeypatch,
                     crashed = True
                     monkeypatch.undo()
                     del core
-                    core = open_core(tmp_path, init, cfg, create=False)  # the restarted node
+                    core = open_core(tmp_path, init, cfg, create=False, sync=sync)  # the restarted node
                     break
                 for h, v in zip(hdr, vals):
                     have.setdefault(int(h["chunk"]), v.copy())

@@ -39,14 +39,18 @@ def test_eval_auto_spares_the_gpt_an_evaluation_a_step():
     assert config.parse(model="gpt", eval_every="1").eval_every == 1
 
 
-def test_node_ram_is_a_size_and_reaches_every_node_s_command_line(tmp_path):
+def test_node_ram_and_sync_reach_every_node_s_command_line(tmp_path):
     """NODE_RAM=2G: each optimizer node's --ram-budget, built-in and SCRIPT= runs alike; 256M unset;
-    a bad size is one line naming it; make passes it only when set."""
+    a bad size is one line naming it; make passes it only when set. SYNC=exit: its --sync (step
+    unset; another word refused in one line)."""
     from mininet_topos.agents import Agents, JobFiles
 
     assert (config.parse().node_ram, config.parse(node_ram="2G").node_ram) == (256 << 20, 2 << 30)
     with pytest.raises(config.RunConfigError, match=r"^NODE_RAM: bad size 'lots' \(e\.g\. 64M, 1G\)$"):
         config.parse(node_ram="lots")
+    assert (config.parse().sync, config.parse(sync=" exit ").sync) == ("step", "exit")
+    with pytest.raises(config.RunConfigError, match=r"^SYNC must be one of step\|exit, got 'never'$"):
+        config.parse(sync="never")
     started = []
 
     class Rec(Agents):
@@ -66,15 +70,18 @@ def test_node_ram_is_a_size_and_reaches_every_node_s_command_line(tmp_path):
             return []
 
     job = type("Job", (), {"job_id": 1, "optimizers": ["opt1"], "workers": {}, "sharded": False})()
-    Rec(config.parse(node_ram="2G")).start([JobFiles(job, tmp_path, wl=None, init={})])
+    Rec(config.parse(node_ram="2G", sync="exit")).start([JobFiles(job, tmp_path, wl=None, init={})])
     (node,) = started
     assert node[node.index("--ram-budget") + 1] == str(2 << 30)
+    assert node[node.index("--sync") + 1] == "exit"
     assert node[node.index("--state-dir") + 1] == str(tmp_path / "optimizer-state")
     env = {k: v for k, v in os.environ.items() if k not in config_module_vars()}
     make = ["make", "-n", "-s", "--no-print-directory", "run"]
     assert "--node-ram" not in subprocess.run(make, capture_output=True, text=True, cwd=REPO, env=env).stdout
     out = subprocess.run(make + ["NODE_RAM=2G"], capture_output=True, text=True, cwd=REPO, env=env).stdout
     assert '--node-ram "2G"' in out and "--given 'NODE_RAM'" in out
+    out = subprocess.run(make + ["SYNC=exit"], capture_output=True, text=True, cwd=REPO, env=env).stdout
+    assert '--sync "exit"' in out and "--given 'SYNC'" in out
 
 
 def test_eval_and_gpt_are_refused_with_a_script():
@@ -216,7 +223,7 @@ def test_make_passes_args_that_look_like_options_and_names_the_variables_given()
 
 def config_module_vars() -> tuple[str, ...]:
     """make run's variables, which this test's environment must not set."""
-    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "NODE_RAM", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
+    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "NODE_RAM", "SYNC", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
             "LEAVES", "OPTIMIZERS", "SCRIPT", "ARGS")
 
 
