@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from mininet_topos.agents import STATE
 from tests.run.test_make_run import REPO, MakeRun, assert_clean, needs_root
 
 pytestmark = pytest.mark.net
@@ -238,13 +239,15 @@ def test_a_script_run_resumes_under_the_users_own_torchrun_with_new_args(tmp_pat
 
 @needs_root
 def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path):
+    """With SYNC=exit (commits without fsync): the stopped run's node state resumes (the same boot),
+    and the resumed run, which keeps SYNC=exit, leaves its node's last commit durable."""
     import signal
 
     from mindp import progress
 
     # 400 steps (the mlp runs about 35 a second here): the SIGINT comes well before the last
-    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "400", "--p4", "committed"
-                  ).start(ctrl_c=True)
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "400", "--p4", "committed",
+                  "--sync", "exit").start(ctrl_c=True)
     log = tmp_path / "runs" / "latest" / "logs" / "worker-job1-0.log"
 
     def at_step_3() -> bool:
@@ -263,4 +266,7 @@ def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path)
     s = latest(tmp_path)
     assert s["resumed_from"]["run"] == str(old) and s["resumed_from"]["first_step"] >= 3
     assert s["steps"] == 400 and s["max_abs_param_diff_vs_reference"] == 0.0
+    commit = json.loads((tmp_path / "runs" / "latest" / "job1" / STATE / "commit.json").read_text())
+    assert commit["step"] == 399 and "boot" not in commit
+    assert json.loads((tmp_path / "runs" / "latest" / "config.json").read_text())["sync"] == "exit"
     assert_clean(again)
