@@ -103,7 +103,7 @@ def boot_id() -> bytes:
 def check_boot(d: pathlib.Path, commit: dict) -> None:
     """Refuse a commit made without fsync (sync="exit") on an earlier boot: the machine stopped
     before its files were made durable, so they may hold parts of different steps."""
-    if "boot" in commit and commit["boot"].encode().ljust(36) != boot_id():
+    if "boot" in commit and str(commit["boot"]).encode().ljust(36) != boot_id():
         raise ConfigError(f"state directory {d}: step {commit['step']} was committed without fsync "
                           f"(mindp-optimizer --sync exit) and the machine has restarted since, so its files "
                           f"may be torn: start a fresh state, or restore a checkpoint into one")

@@ -72,6 +72,9 @@ def test_a_state_committed_without_fsync_is_refused_after_a_reboot_until_closed_
     store = state.Store(tmp_path, BUDGET)
     assert store.committed == 0
     store.close()
+    (tmp_path / "commit.json").write_text('{"step": 0, "updates": 1, "skipped": false, "boot": 7}')
+    with pytest.raises(ConfigError, match="restarted since"):  # a boot that is no text: another boot
+        state.Store(tmp_path, BUDGET)
 
 
 def test_the_first_step_synced_after_unsynced_ones_makes_both_copies_durable(tmp_path, monkeypatch):
