@@ -204,7 +204,8 @@ def print_plan(args) -> int:
             cfg = config_from_args(args)
             lanes = cfg.lanes
         slots = args.slots or (Topology.load(args.topology).job(args.job).slots if args.topology else 64)
-        print(probe.report(args.state_dir, args.ram_budget, hi - lo + 1, page_chunks, slots, cfg, lanes), flush=True)
+        print(probe.report(args.state_dir, args.ram_budget, hi - lo + 1, page_chunks, slots, cfg, lanes, args.sync),
+              flush=True)
     except (ConfigError, TopologyError, OSError, ValueError, KeyError, TypeError) as exc:
         print(f"mindp-optimizer: {exc}", file=sys.stderr)
         return 2

@@ -206,9 +206,10 @@ def machine(directory: str | pathlib.Path, cfg: OptimizerConfig | None = None, d
 
 
 def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunks: int, window: int,
-           cfg: OptimizerConfig | None = None, lanes: int = 3) -> str:
+           cfg: OptimizerConfig | None = None, lanes: int = 3, sync: str = "step") -> str:
     """`mindp-optimizer --plan`: this machine's figures (measured on the state's disk), the
-    residency the budget gets, and the predicted step time (`lanes`: the state's records')."""
+    residency the budget gets, and the predicted step time (`lanes`: the state's records'; `sync`:
+    when commits are made durable, state.SYNC_MODES)."""
     from . import state
     where = pathlib.Path(state_dir).resolve()
     while not where.is_dir():
@@ -216,7 +217,7 @@ def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunk
     w = residency.Workload(n_chunks, page_chunks, window=window, record_bytes=state.record(lanes).itemsize)
     r = residency.decide(budget, w)
     m = machine(where, cfg)
-    p = residency.predict(r, w, m)
+    p = residency.predict(r, w, m, durable=sync == "step")
     elements = n_chunks * K
     return "\n".join([
         f"state: {n_chunks:,} chunks ({elements:,} elements), {2 * w.copy_bytes / 2**20:,.1f} MiB in two copies, "
@@ -227,7 +228,7 @@ def report(state_dir: str | pathlib.Path, budget: int, n_chunks: int, page_chunk
         f"{m.cores:.1f} cores free",
         f"plan: {r.mode}" + ("" if r.mode == "mapped" else
                              f", {len(r.resident)} of {w.n_pages} pages resident across steps, {r.ahead} read ahead, "
-                             f"{r.behind} written behind"),
+                             f"{r.behind} written behind") + ("; commits durable at exit (--sync exit)" if sync == "exit" else ""),
         f"per step: read {p.read_bytes / 2**20:,.0f} MiB, write {p.write_bytes / 2**20:,.0f} MiB; disk "
         f"{p.disk_time:.3f} s, compute {p.compute_time:.3f} s",
         f"predicted step time: {p.step_time:.3f} s ({elements / p.step_time / 1e6:,.1f} M elem/s, {p.bound}-bound)",

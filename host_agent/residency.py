@@ -154,11 +154,14 @@ def spread(order: list[int], keep: int) -> list[int]:
     return [p for i, p in enumerate(order) if keep and -(-(i + 1) * keep // n) > -(-i * keep // n)]
 
 
-def predict(r: Residency, w: Workload, m: Machine) -> Prediction:
-    """The steady-state step time of residency `r` (every step after the first)."""
+def predict(r: Residency, w: Workload, m: Machine, durable: bool = True) -> Prediction:
+    """The steady-state step time of residency `r` (every step after the first); durable=False:
+    commits without fsync (--sync exit), so a mapped state is not written back each step."""
     elements = w.n_chunks * K
     compute = m.cpu_time(elements / m.update, 0.0)
     arrival = 0.0 if w.arrival is None else w.n_chunks / w.arrival
+    if r.mode == "mapped" and not durable:  # in the page cache; the kernel writes it back now and then
+        return Prediction(max(compute, arrival), 0, 0, 0.0, compute, arrival, "compute" if compute >= arrival else "arrival")
     if r.mode == "mapped":  # updated in place in the page cache, all written back at commit
         disk = w.copy_bytes * (1 / m.disk_write + m.flush)
         compute = m.cpu_time(elements / m.update, m.io_cpu * w.copy_bytes)
@@ -184,5 +187,5 @@ def predict(r: Residency, w: Workload, m: Machine) -> Prediction:
         lead += 1
     fill = max(0.0, t_read - lead * (compute / w.n_pages))
     # The commit's fsync persists what a write cache acknowledged during the step.
-    tail = t_write + m.sync + writes * m.flush
-    return Prediction(pace + fill + tail, reads, writes, disk + writes * m.flush, compute, arrival, bound)
+    flush, sync = (writes * m.flush, m.sync) if durable else (0.0, 0.0)
+    return Prediction(pace + fill + t_write + sync + flush, reads, writes, disk + flush, compute, arrival, bound)

@@ -138,7 +138,8 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         steps = "" if cfg.script else f"{cfg.steps} steps, "  # a script's steps are its own
         console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch"
             f"{target_reason(cfg.target, target)}, {jobs} x {shape}, "
-            f"{steps}loss {cfg.loss:g}, seed {cfg.seed}")
+            f"{steps}loss {cfg.loss:g}, seed {cfg.seed}"
+            f"{'; node state made durable at exit (SYNC=exit)' if cfg.sync == 'exit' else ''}")
         json_path, p4info, how = p4_program(args.p4, run_dir, console.say)
         console.say(f"  P4 program: {how}; K = {protocol.K} elements a frame, link MTU {protocol.link_mtu()}")
         try:

@@ -72,6 +72,21 @@ def test_predicted_step_follows_the_bottleneck():
     assert predict(decide(10 * PAGE, slow_net), slow_net, DISK).bound == "arrival"
 
 
+def test_commits_without_fsync_leave_the_commit_s_disk_work_out():
+    """--sync exit: a mapped state is not written back a step; a streamed one still writes every
+    page back (the budget needs its page cache freed) but waits for no fsync."""
+    synced = Machine(DISK.disk_read, DISK.disk_write, update=DISK.update, sync=0.01, flush=2e-9)
+    mapped = decide(1 << 40, W)
+    assert mapped.mode == "mapped"
+    p, q = predict(mapped, W, synced), predict(mapped, W, synced, durable=False)
+    assert p.write_bytes == W.copy_bytes and p.step_time > p.compute_time
+    assert (q.write_bytes, q.disk_time, q.step_time, q.bound) == (0, 0.0, q.compute_time, "compute")
+    r = decide(20 * PAGE, W)
+    p, q = predict(r, W, synced), predict(r, W, synced, durable=False)
+    assert q.write_bytes == p.write_bytes == W.copy_bytes
+    assert q.step_time == pytest.approx(p.step_time - 0.01 - W.copy_bytes * 2e-9)
+
+
 def test_budget_buys_time_only_while_the_disk_is_the_bottleneck():
     times = [predict(decide(b * PAGE, W), W, DISK).step_time for b in (4, 10, 50, 150)]
     assert times == sorted(times, reverse=True) and times[0] > times[-1]
@@ -97,6 +112,8 @@ def test_plan_cli_prints_the_residency_and_predicted_step_time(tmp_path, capsys)
     assert "plan: stream, 13 of 123 pages resident across steps, 2 read ahead, 8 written behind" in out
     assert "predicted step time: " in out and not (tmp_path / "s").exists()  # nothing created
     assert "184.5 MiB in two copies, pages of 768 KiB" in out
+    assert node.main(args + ["--ram-budget", "20M", "--sync", "exit"]) == 0
+    assert "8 written behind; commits durable at exit (--sync exit)" in capsys.readouterr().out
     assert node.main(args + ["--ram-budget", "20M", "--optimizer", "sgd"]) == 0
     assert "123.0 MiB in two copies, pages of 512 KiB" in capsys.readouterr().out  # SGD's records have no v
     assert node.main(args + ["--ram-budget", "1M"]) == 2

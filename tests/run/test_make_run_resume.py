@@ -263,6 +263,7 @@ def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path)
     assert len((old / "metrics.csv").read_text().splitlines()) >= 1 + 3 and (old / "curve.svg").exists()
     again = MakeRun(tmp_path, "--resume", "latest", "--given", "RESUME", "--p4", "committed")
     assert again.run() == 0, again.err + again.out
+    assert "seed 0; node state made durable at exit (SYNC=exit)" in again.out
     s = latest(tmp_path)
     assert s["resumed_from"]["run"] == str(old) and s["resumed_from"]["first_step"] >= 3
     assert s["steps"] == 400 and s["max_abs_param_diff_vs_reference"] == 0.0
