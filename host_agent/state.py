@@ -242,7 +242,7 @@ class Store:
         of SYNC_MODES."""
         if sync not in SYNC_MODES:
             raise ConfigError(f"sync must be one of {'|'.join(SYNC_MODES)}, got {sync!r}")
-        self.sync = sync
+        self.durable = sync == "step"  # each commit; else only at close
         d = self.dir = pathlib.Path(state_dir)
         meta = read_meta(d)
         try:
@@ -366,10 +366,10 @@ class Store:
 
     def commit(self) -> None:
         """The current step is fully applied: make it durable, then advance."""
-        self.pages.flush(self.copy_after(self.current), durable=self.sync == "step")
+        self.pages.flush(self.copy_after(self.current), durable=self.durable)
         skipped = self.step_nonfinite
         updates = self.updates + (not skipped)
-        self._write_commit(self.current, updates, skipped, durable=self.sync == "step")
+        self._write_commit(self.current, updates, skipped, durable=self.durable)
         self.committed += 1
         self.updates = updates
         self.last_skipped = skipped
@@ -386,7 +386,7 @@ class Store:
         if self.n_applied or self.updates == 0:
             raise StorageError(f"cannot skip step {self.committed}: "
                                f"{self.n_applied} chunks of step {self.current} are applied already")
-        self._write_commit(self.committed, self.updates - 1, True, durable=self.sync == "step")
+        self._write_commit(self.committed, self.updates - 1, True, durable=self.durable)
         self.updates -= 1
         self.last_skipped = True
         self.pages.forget_all()  # kept buffers hold the undone step's state
@@ -437,9 +437,10 @@ class Store:
 
     def close(self) -> None:
         """Close the files, made durable: a commit made without fsync is written again with one."""
+        self.pages.close()  # both copies written back and fsynced
         if self.unsynced:
+            self.unsynced = False  # (so the commit record does not flush the closed copies again)
             self._write_commit(self.committed, self.updates, self.last_skipped, durable=True)
-        self.pages.close()
         self.applied = None
         try:
             self._pmm.close()
