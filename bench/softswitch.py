@@ -21,7 +21,8 @@ On one veth testbed (sender host -> switch port 1, sink host <- port 2):
   (c) a batched raw-socket forwarding loop (recvmmsg, sendmmsg; the switch's batch size)
       between the same ports, in C (bench/loops.c: the I/O ceiling of any switch on this
       machine) and in Python with numpy (mindp.harness.loadgen.forward_loop);
-plus each pipeline alone (no I/O, batches of the switch's size) on the same frames. Prints
+plus each pipeline alone (no I/O, batches of the switch's size) on the same frames, and the seconds
+a new switch takes to load the program, first in an empty cache and again from it. Prints
 packets/s and the ratios embedded/BMv2 (goal >= 20) and embedded/ceiling (goal >= 0.5).
 Closed loop with a fixed window of frames in flight (sent and received in bursts; the generator
 in C through PACKET_MMAP rings, bench/loops.c, where a compiler is found), so the switch, not its
@@ -186,6 +187,19 @@ def executor_alone(frames, pipeline: str) -> float:
     return len(frames) / (time.perf_counter() - t0)
 
 
+START = ("import sys, time; t = time.perf_counter(); from softswitch import compiler; from softswitch.engine import Engine; "
+         "Engine(compiler.load(open(sys.argv[1], 'rb').read())); print(time.perf_counter() - t)")
+
+
+def start_seconds() -> tuple[float, float]:
+    """Seconds to load this K's program into a new switch process's engine: the first start (checked,
+    generated and compiled to C) and a later one (from the start-up cache), in an empty cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "XDG_CACHE_HOME": cache}
+        return tuple(float(subprocess.run([sys.executable, "-c", START, str(artifacts.BMV2_JSON)], env=env, cwd=REPO,
+                                          check=True, stdout=subprocess.PIPE, text=True).stdout) for _ in range(2))
+
+
 def best(measure, windows: list[int], name: str, want: int | None = None) -> tuple[float, int, dict[int, float]]:
     """(best packets/s, its window, packets/s per window) of measure(window) -> (packets/s, outputs)
     over `windows`; a run that returned fewer than `want` outputs is reported."""
@@ -223,6 +237,8 @@ def compare_one_k(args) -> dict[str, float]:
     print(f"aggregation program, K={K}, {len(frames)} gradient frames of {len(frames[0])} bytes, closed loop "
           f"windows {', '.join(map(str, windows))} (best counts), switch batch {BATCH}, load generator in "
           f"{'Python' if load is closed_loop else 'C'}")
+    first, later = start_seconds()
+    print(f"  {'start: first (compile to C) / later':38} {first:10.2f} s / {later:.2f} s  (loading the program)")
     results = {"compiled pipeline alone (no I/O)": (executor_alone(frames, "compiled"), None, {}),
                "Python pipeline alone (no I/O)": (executor_alone(frames, "python"), None, {})}
     cpu = None

@@ -10,7 +10,7 @@ shared object cached by the source's hash, and run a batch of frames per call.
   cspread    interleaved per-element temporaries laid out side by side
   clocal     per-element temporaries whose old value is dead held in a loop's locals
   cprogram   the glue: the C translation unit and the context layout
-  build      compile, cache on disk, load
+  build      compile, cache on disk (by the source, and by the program's JSON), load
   state      the flat tables and groups the C code reads, shared registers/counters, the call
   serve      the packet loop in C (io.h): receive, process, send until the ports run dry
 
@@ -32,9 +32,13 @@ def attach(program, engine):
     """A NativeRunner running `program` for `engine`, or None (logged once) to use the Python path."""
     from . import build, cprogram, state
     try:
-        source, layout = cprogram.generate(program)
-        lib, fn = build.load(build.build(source))
-        return state.NativeRunner(program, engine, layout, lib, fn)
+        path = build.built_for(program.digest, program.drop_port)
+        if path is None:  # generated and built (or found by its source) once per program and code
+            source, _ = cprogram.generate(program)
+            path = build.build(source)
+            build.remember(program.digest, program.drop_port, path)
+        lib, fn = build.load(path)
+        return state.NativeRunner(program, engine, cprogram.context_layout(program.analysis), lib, fn)
     except (ProgramError, build.BuildError, OSError, TypeError) as exc:
         log.warning("compiled pipeline unavailable (%s), running the Python pipeline", one_line(str(exc)))
     except Exception as exc:  # a generator bug must not stop the switch: the Python path is exact

@@ -1,6 +1,7 @@
 """Build generated C into a shared object with the system C compiler, cached on disk by the hash of
-the source (which holds the generator version), and load it. The cache is
-$XDG_CACHE_HOME/mindp/softswitch (default ~/.cache/...): <sha256>.so and the <sha256>.c it came from."""
+the source (which holds the generator version), and load it. The cache (softswitch.diskcache) holds
+<sha256>.so and the <sha256>.c it came from, and <sha256>.program: the object a program's JSON
+built, so that a later start of the same program generates no C at all."""
 from __future__ import annotations
 
 import ctypes
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 
+from .. import diskcache
 from .cprogram import GENERATOR_VERSION
 
 # -O3: its loop unswitching takes a per-element loop's register bound check (the same cell every time
@@ -25,11 +27,6 @@ COMPILE_TIMEOUT = 300  # seconds
 
 class BuildError(Exception):
     """No compiler, or the compiler failed: one line saying which."""
-
-
-def cache_dir() -> pathlib.Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "mindp" / "softswitch"
 
 
 def cpu() -> str:
@@ -49,7 +46,7 @@ def compiler() -> str | None:
 def build(source: str) -> pathlib.Path:
     """The shared object of `source`, compiled now or found in the cache."""
     key = hashlib.sha256(f"{GENERATOR_VERSION}\0{' '.join(CFLAGS)}\0{cpu()}\0".encode() + source.encode()).hexdigest()
-    directory = cache_dir()
+    directory = diskcache.cache_dir()
     target = directory / f"{key}.so"
     if target.exists():
         return target
@@ -72,6 +69,28 @@ def build(source: str) -> pathlib.Path:
         os.replace(src, target.with_suffix(".c"))  # kept beside it, to read when debugging
         os.replace(out, target)  # atomic: a concurrent start sees the whole file or none
     return target
+
+
+def _program_entry(digest: str, drop_port: int) -> str:
+    """The index entry of a program: its JSON, drop port, this code, the flags and the CPU."""
+    key = f"{diskcache.code_version()}\0{' '.join(CFLAGS)}\0{cpu()}\0{drop_port}\0{digest}"
+    return hashlib.sha256(key.encode()).hexdigest() + ".program"
+
+
+def built_for(digest: str | None, drop_port: int) -> pathlib.Path | None:
+    """The shared object an earlier start built from the program of JSON `digest`, if still cached."""
+    if digest is None:
+        return None
+    name = (diskcache.read(_program_entry(digest, drop_port)) or b"").decode("ascii", "replace")
+    if not name.endswith(".so") or "/" in name:
+        return None
+    target = diskcache.cache_dir() / name
+    return target if target.exists() else None
+
+
+def remember(digest: str | None, drop_port: int, target: pathlib.Path) -> None:
+    if digest is not None:
+        diskcache.write(_program_entry(digest, drop_port), target.name.encode("ascii"))
 
 
 def load(path: pathlib.Path):

@@ -1,0 +1,86 @@
+"""The switch's start-up cache (softswitch.diskcache): a second start of the same JSON by the same code
+checks, generates and compiles nothing and runs the same program; a changed JSON or drop port, a
+damaged entry or a cache that cannot be written costs time, never a wrong program or a failed start."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from softswitch import compiler, diskcache
+from softswitch.compiler import ProgramBuilder, runtime, shape
+from softswitch.engine import Engine
+from softswitch.native import build, cprogram
+
+from . import compiled
+from .test_native import assert_same, generic_seeds, mutations
+
+pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler")
+NAME = "exprs"
+
+
+def _forbid_recomputing(monkeypatch, tmp_path) -> None:
+    def recomputed(*_args, **_kwargs):
+        raise AssertionError("recomputed on a cached start")
+    monkeypatch.setattr(shape, "check", recomputed)
+    monkeypatch.setattr(ProgramBuilder, "emit_program", recomputed)
+    monkeypatch.setattr(cprogram, "generate", recomputed)
+    monkeypatch.setattr(runtime, "compile", recomputed, raising=False)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+
+
+def _entries(tmp_path, suffix: str) -> list:
+    return sorted((tmp_path / "mindp" / "softswitch").glob(f"*{suffix}"))
+
+
+def test_a_second_start_recomputes_nothing_and_runs_the_same_program(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    data = compiled.json_path(NAME).read_bytes()
+    first = Engine(compiler.load(data), "compiled")
+    assert first.native is not None
+    assert len(_entries(tmp_path, ".pysrc")) == len(_entries(tmp_path, ".program")) == 1
+    with monkeypatch.context() as m:
+        _forbid_recomputing(m, tmp_path)
+        cached = Engine(compiler.load(data), "compiled")
+    assert cached.native is not None and cached.program.source == first.program.source
+    rng = np.random.default_rng(7)
+    out = assert_same(cached, Engine(compiler.load(data), "python"), mutations(rng, generic_seeds(rng), 1500))
+    assert out, "some frames are forwarded"
+
+
+def test_another_json_or_drop_port_is_another_entry(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    text = compiled.json_path(NAME).read_text()
+    compiler.load(text)
+    compiler.load(text, drop_port=510)
+    compiler.load(text + "\n")
+    assert len(_entries(tmp_path, ".pysrc")) == 3
+    assert compiler.load(text, drop_port=510).drop_port == 510
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "empty"])
+def test_a_damaged_entry_is_recomputed_and_replaced(monkeypatch, tmp_path, damage):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    data = compiled.json_path(NAME).read_bytes()
+    want = Engine(compiler.load(data), "compiled").program.source
+    entries = _entries(tmp_path, ".pysrc") + _entries(tmp_path, ".pycode") + _entries(tmp_path, ".program")
+    good = {path: path.read_bytes() for path in entries}
+    for path, stored in good.items():
+        if damage == "flip":
+            path.write_bytes(stored[:-1] + bytes([stored[-1] ^ 1]))
+        elif damage == "truncate":
+            path.write_bytes(stored[: len(stored) // 2])
+        else:
+            path.write_bytes(b"")
+        assert diskcache.read(path.name) is None
+    again = Engine(compiler.load(data), "compiled")
+    assert again.native is not None and again.program.source == want
+    assert {path: path.read_bytes() for path in entries} == good, "each entry written again, whole"
+
+
+def test_a_cache_that_cannot_be_written_costs_only_time(monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    data = compiled.json_path(NAME).read_bytes()
+    assert compiler.load(data).source == compiler.load(data).source
+    assert blocker.read_text() == ""
