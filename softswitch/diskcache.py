@@ -10,6 +10,7 @@ import functools
 import hashlib
 import os
 import pathlib
+import stat
 import tempfile
 
 
@@ -29,14 +30,31 @@ def code_version() -> str:
     return digest.hexdigest()
 
 
+#: Above this many bytes in all, a write removes the entries used longest ago (each start of a
+#: program at K = 1,024 keeps ~5 MB here; a new version of the switch's code makes new entries).
+BUDGET = 256 << 20
+
+
 def read(name: str) -> bytes | None:
     """The entry's data, or None if it is absent or damaged (its digest does not match)."""
+    path = cache_dir() / name
     try:
-        stored = (cache_dir() / name).read_bytes()
+        stored = path.read_bytes()
     except OSError:
         return None
     digest, data = stored[:32], stored[32:]
-    return data if hashlib.sha256(data).digest() == digest else None
+    if hashlib.sha256(data).digest() != digest:
+        return None
+    used(path)
+    return data
+
+
+def used(path: pathlib.Path) -> None:
+    """Mark an entry as just used: the budget removes the entries used longest ago first."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def write(name: str, data: bytes) -> None:
@@ -48,9 +66,33 @@ def write(name: str, data: bytes) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(hashlib.sha256(data).digest() + data)
+            os.chmod(tmp, 0o644)
             os.replace(tmp, directory / name)
         except BaseException:
             os.unlink(tmp)
             raise
+        prune(directory)
     except OSError:
         pass
+
+
+def prune(directory: pathlib.Path) -> None:
+    """Remove the entries used longest ago (build.py's objects too) until the cache fits BUDGET.
+    A running switch keeps an object it loaded (the file goes, its mapping stays)."""
+    entries = []
+    for path in directory.iterdir():
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # removed meanwhile by another start
+        if stat.S_ISREG(st.st_mode) and not path.name.startswith("."):  # not a write or build under way
+            entries.append((st.st_mtime, st.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries, key=lambda e: e[0]):
+        if total <= BUDGET:
+            break
+        try:
+            path.unlink()
+        except OSError:
+            continue
+        total -= size

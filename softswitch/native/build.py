@@ -49,6 +49,7 @@ def build(source: str) -> pathlib.Path:
     directory = diskcache.cache_dir()
     target = directory / f"{key}.so"
     if target.exists():
+        diskcache.used(target)
         return target
     cc = compiler()
     if cc is None:
@@ -85,7 +86,10 @@ def built_for(digest: str | None, drop_port: int) -> pathlib.Path | None:
     if not name.endswith(".so") or "/" in name:
         return None
     target = diskcache.cache_dir() / name
-    return target if target.exists() else None
+    if not target.exists():
+        return None
+    diskcache.used(target)
+    return target
 
 
 def remember(digest: str | None, drop_port: int, target: pathlib.Path) -> None:

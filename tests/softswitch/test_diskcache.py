@@ -3,6 +3,8 @@ checks, generates and compiles nothing and runs the same program; a changed JSON
 damaged entry or a cache that cannot be written costs time, never a wrong program or a failed start."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -84,3 +86,16 @@ def test_a_cache_that_cannot_be_written_costs_only_time(monkeypatch, tmp_path):
     data = compiled.json_path(NAME).read_bytes()
     assert compiler.load(data).source == compiler.load(data).source
     assert blocker.read_text() == ""
+
+
+def test_the_cache_keeps_to_its_budget_removing_the_least_recently_used(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    directory = tmp_path / "mindp" / "softswitch"
+    for i in range(4):
+        diskcache.write(f"{i}.entry", bytes(1000))
+        os.utime(directory / f"{i}.entry", (i, i))  # written in the order 0, 1, 2, 3
+    assert diskcache.read("0.entry") == bytes(1000)  # used now: the latest
+    (directory / ".tmp-under-way").write_bytes(bytes(5000))  # another start's write
+    monkeypatch.setattr(diskcache, "BUDGET", 3200)  # three entries and their digests
+    diskcache.write("4.entry", bytes(1000))
+    assert sorted(p.name for p in directory.iterdir()) == [".tmp-under-way", "0.entry", "3.entry", "4.entry"]
