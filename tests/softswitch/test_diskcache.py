@@ -8,6 +8,8 @@ import os
 import numpy as np
 import pytest
 
+from mindp.protocol import HARDWARE_K
+from p4src import artifacts
 from softswitch import compiler, diskcache
 from softswitch.compiler import ProgramBuilder, runtime, shape
 from softswitch.engine import Engine
@@ -99,3 +101,15 @@ def test_the_cache_keeps_to_its_budget_removing_the_least_recently_used(monkeypa
     monkeypatch.setattr(diskcache, "BUDGET", 3200)  # three entries and their digests
     diskcache.write("4.entry", bytes(1000))
     assert sorted(p.name for p in directory.iterdir()) == [".tmp-under-way", "0.entry", "3.entry", "4.entry"]
+
+
+@pytest.mark.parametrize("path", [compiled.json_path(n) for n in compiled.NAMES] + [artifacts.program(HARDWARE_K).json],
+                         ids=lambda p: p.parent.name + "/" + p.stem)
+def test_the_c_of_a_program_from_the_cache_is_the_c_of_one_generated(monkeypatch, tmp_path, path):
+    """A start with the program's Python source cached but not its object (another CPU, other flags)
+    generates C from the analysis alone: the same C as from a program generated in full."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    data = path.read_bytes()
+    generated, cached = compiler.load(data), compiler.load(data)
+    assert generated.analysis.lines and not cached.analysis.lines, "the second load took the cached source"
+    assert cprogram.generate(cached) == cprogram.generate(generated)
