@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -23,10 +24,12 @@ import time
 # GRPC_VERBOSITY=info (or debug) in the environment brings them back.
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
+from mindp import interrupts  # noqa: E402
 from mindp.topology import JobSpec, Topology, TopologyError  # noqa: E402
 
 from . import p4info_names as n  # noqa: E402
 from . import digests, stats as statsmodel  # noqa: E402
+from .cliargs import election_id, positive_float, positive_int, worker_map  # noqa: E402
 from .controller import Controller, ControllerError  # noqa: E402
 from .jobs import AttachedHost, JobError, JobState  # noqa: E402
 from .p4runtime import (DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection,  # noqa: E402
@@ -73,66 +76,7 @@ def job_detail(job: JobState) -> str:
     return head + table(rows, ["worker", "host", "port", "mac", "ip", "rid", "role"])
 
 
-# --- arguments ------------------------------------------------------------------
-
-
-def election_id(text: str) -> tuple[int, int]:
-    try:
-        parts = [int(x, 0) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad election id {text!r}: expected HIGH,LOW or LOW") from None
-    if len(parts) == 1:
-        parts = [0, parts[0]]
-    if len(parts) != 2 or min(parts) < 0 or parts == [0, 0]:
-        raise argparse.ArgumentTypeError(f"bad election id {text!r}: expected HIGH,LOW (not 0,0)")
-    return parts[0], parts[1]
-
-
-def worker_map(text: str) -> dict[int, str]:
-    """'0=w1_0,1=w1_1' or 'w1_0,w1_1' (ids 0, 1, ...); every id and host once."""
-    items = [item.strip() for item in text.split(",")]
-    if not any(items):
-        raise argparse.ArgumentTypeError("no workers given")
-    if "" in items:
-        raise argparse.ArgumentTypeError(f"empty worker in {text!r}: expected ID=HOST,...")
-    explicit = ["=" in item for item in items]
-    if any(explicit) and not all(explicit):
-        raise argparse.ArgumentTypeError(f"give every worker as ID=HOST or none ({text!r} mixes both)")
-    out: dict[int, str] = {}
-    for i, item in enumerate(items):
-        wid, _, host = item.partition("=") if explicit[i] else (str(i), "=", item)
-        try:
-            w = int(wid)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad worker {item!r}: expected ID=HOST with an integer ID") from None
-        if w < 0 or not host:
-            raise argparse.ArgumentTypeError(f"bad worker {item!r}: expected ID=HOST, ID >= 0")
-        if w in out:
-            raise argparse.ArgumentTypeError(f"worker id {w} given twice ({out[w]} and {host})")
-        if host in out.values():
-            raise argparse.ArgumentTypeError(f"host {host} given for two worker ids")
-        out[w] = host
-    return out
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value
+# --- arguments (their types: cliargs.py) ------------------------------------------
 
 
 class Parser(argparse.ArgumentParser):
@@ -666,6 +610,17 @@ def main(argv: list[str] | None = None) -> int:
     log.addHandler(handler)
     log.setLevel(logging.INFO if args.verbose else logging.WARNING)
     log.propagate = False
+    try:
+        with interrupts.deferred({signal.SIGINT: interrupts.keyboard_interrupt}):
+            return _run(args)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        log.removeHandler(handler)
+        log.level, log.propagate = saved
+
+
+def _run(args: argparse.Namespace) -> int:
     ctl = None
     try:
         topo = load_topology(args)
@@ -692,8 +647,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if ctl is not None:
             ctl.close()
-        log.removeHandler(handler)
-        log.level, log.propagate = saved
 
 
 if __name__ == "__main__":

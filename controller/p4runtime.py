@@ -30,6 +30,8 @@ from p4runtime_sh.context import Context, P4Type
 from p4runtime_sh.p4runtime import P4RuntimeClient, SSLOptions
 from p4runtime_sh.utils import UserError
 
+from mindp import interrupts
+
 from . import p4info_names as n
 from .model import Entry, Group, Op, OpKind
 
@@ -152,6 +154,10 @@ class _Client(P4RuntimeClient):
         super().__init__(device_id, grpc_addr, election_id, None, ssl_options)
 
     def set_up_stream(self):
+        with interrupts.shielded():  # a stop signal waits for the session (module mindp.interrupts)
+            self._set_up_stream()
+
+    def _set_up_stream(self):
         # One call that waits for the channel, not channel_ready_future: that one leaves a connectivity
         # watch pending for up to 0.2 s, which channel.close() then waits out (every mindp-ctl command).
         try:
@@ -279,6 +285,20 @@ def check_program_k(bmv2_json: bytes, path) -> None:
                           f"{protocol.K} ({protocol.K_ENV}): set {protocol.K_ENV}={k}, or push p4src/compiled/k{protocol.K}/")
 
 
+def interruptible(call: grpc.Future):
+    """A long call's answer (a push: minutes on a busy machine), waited for in our own code rather
+    than inside gRPC's: a stop signal may come at once, leaving none of gRPC's locks held, and
+    cancels the call. Short calls are `interrupts.shielded()` instead: a stop waits for them."""
+    done = threading.Event()
+    call.add_done_callback(lambda _: done.set())
+    try:
+        done.wait()
+    except BaseException:
+        call.cancel()
+        raise
+    return call.result()
+
+
 class SwitchConnection:
     """One P4Runtime session with one device.
 
@@ -384,7 +404,7 @@ class SwitchConnection:
         req.config.p4info.CopyFrom(info)
         req.config.cookie.cookie = pipeline_cookie(p4info_path, bmv2_json_path)
         try:
-            self.client.stub.SetForwardingPipelineConfig(req, timeout=PUSH_TIMEOUT)
+            interruptible(self.client.stub.SetForwardingPipelineConfig.future(req, timeout=PUSH_TIMEOUT))
         except grpc.RpcError as exc:
             raise self._err(exc, "pipeline push") from None
         self.p4info = info
@@ -397,7 +417,8 @@ class SwitchConnection:
         req.device_id = self.device_id
         req.response_type = p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE
         try:
-            rep = self.client.stub.GetForwardingPipelineConfig(req, timeout=10)
+            with interrupts.shielded():
+                rep = self.client.stub.GetForwardingPipelineConfig(req, timeout=10)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 return None, 0
@@ -518,7 +539,8 @@ class SwitchConnection:
                   OpKind.DELETE: p4runtime_pb2.Update.DELETE}[kind]
         u.entity.CopyFrom(entity)
         try:
-            self.client.stub.Write(req, timeout=10)
+            with interrupts.shielded():
+                self.client.stub.Write(req, timeout=10)
         except grpc.RpcError as exc:
             raise self._err(exc, what) from None
 
@@ -579,7 +601,8 @@ class SwitchConnection:
         req.device_id = self.device_id
         req.entities.extend(entity if isinstance(entity, list) else [entity])
         try:
-            return [e for rep in self.client.stub.Read(req, timeout=timeout) for e in rep.entities]
+            with interrupts.shielded():
+                return [e for rep in self.client.stub.Read(req, timeout=timeout) for e in rep.entities]
         except grpc.RpcError as exc:
             raise self._err(exc, what) from None
 

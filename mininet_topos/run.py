@@ -29,7 +29,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
-from mindp import protocol, targets  # noqa: E402
+from mindp import interrupts, protocol, targets  # noqa: E402
 
 from . import clean, config, resume  # noqa: E402
 from .console import Console, RunError, Stopped, one_line  # noqa: E402
@@ -47,8 +47,12 @@ from .tree_script import TreeScriptRun, TreeUpRun  # noqa: E402
 STUCK_STACKS = 60.0
 
 
-def _raise_stopped(signum, frame):
-    raise Stopped(signal.Signals(signum).name)
+def _stopped(signum: int) -> Stopped:
+    return Stopped(signal.Signals(signum).name)
+
+
+#: What each stop signal raises in the main thread (at a point where raising leaves no lock held).
+STOP_SIGNALS = {signal.SIGINT: interrupts.keyboard_interrupt, signal.SIGTERM: _stopped, signal.SIGHUP: _stopped}
 
 
 def if_prefix(text: str) -> str:
@@ -171,8 +175,7 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
             run.cli(p4info)
         return code
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        interrupts.ignore(signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # a second Ctrl-C must not cut the cleanup short
         console.stacks_after(STUCK_STACKS)
         if run is not None:
             run.close()
@@ -228,9 +231,20 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"main(argv) runs at this process's K = {protocol.K}, not {k}: set MINDP_K")
         os.execve(sys.executable, [sys.executable, "-m", "mininet_topos.run", *sys.argv[1:]],
                   {**os.environ, protocol.K_ENV: str(k)})
-    signal.signal(signal.SIGTERM, _raise_stopped)
-    signal.signal(signal.SIGHUP, _raise_stopped)
     console = Console()
+    try:
+        with interrupts.deferred(STOP_SIGNALS):
+            return _main(args, console, old)
+    except (KeyboardInterrupt, Stopped) as exc:
+        return _stopped_exit(console, exc)
+
+
+def _stopped_exit(console: Console, exc: BaseException) -> int:
+    console.fail(f"stopped ({str(exc) or 'interrupted'}); everything it started is cleaned up")
+    return 130
+
+
+def _main(args: argparse.Namespace, console: Console, old: resume.Resumed | None) -> int:
     try:
         if old is not None:
             resume.check_given(old, args.given.split())
@@ -251,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         console.fail(str(exc))
         return 2 if isinstance(exc, config.RunConfigError) else 1
     except (KeyboardInterrupt, Stopped) as exc:
-        console.fail(f"stopped ({str(exc) or 'interrupted'}); everything it started is cleaned up")
-        return 130
+        return _stopped_exit(console, exc)
     except Exception as exc:  # a bug: cleaned up already (finally); the traceback goes to a file, not the screen
         log = pathlib.Path(args.state_file).parent / "make-run-error.log"
         with contextlib.suppress(OSError):

@@ -5,6 +5,8 @@ import ctypes
 import pathlib
 import subprocess
 import sys
+import types
+from concurrent import futures
 
 import grpc
 import pytest
@@ -62,14 +64,21 @@ def test_freed_buffers_above_a_raised_mmap_threshold_are_given_back():
 
 
 class Stub:
+    """The push's call as push_pipeline makes it: SetForwardingPipelineConfig.future(...)."""
+
     def __init__(self, refuse: bool):
         self.refuse = refuse
         self.pushed = []
+        self.SetForwardingPipelineConfig = types.SimpleNamespace(future=self.push)
 
-    def SetForwardingPipelineConfig(self, req, timeout):
+    def push(self, req, timeout) -> futures.Future:
         self.pushed.append(req.ByteSize())
+        answer = futures.Future()
         if self.refuse:
-            raise FakeRpcError()
+            answer.set_exception(FakeRpcError())
+        else:
+            answer.set_result(None)
+        return answer
 
 
 class FakeRpcError(grpc.RpcError):

@@ -1,0 +1,64 @@
+"""mindp-ctl's argument types: each parses one option's text or says, in one line, what it expects."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def election_id(text: str) -> tuple[int, int]:
+    try:
+        parts = [int(x, 0) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad election id {text!r}: expected HIGH,LOW or LOW") from None
+    if len(parts) == 1:
+        parts = [0, parts[0]]
+    if len(parts) != 2 or min(parts) < 0 or parts == [0, 0]:
+        raise argparse.ArgumentTypeError(f"bad election id {text!r}: expected HIGH,LOW (not 0,0)")
+    return parts[0], parts[1]
+
+
+def worker_map(text: str) -> dict[int, str]:
+    """'0=w1_0,1=w1_1' or 'w1_0,w1_1' (ids 0, 1, ...); every id and host once."""
+    items = [item.strip() for item in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError("no workers given")
+    if "" in items:
+        raise argparse.ArgumentTypeError(f"empty worker in {text!r}: expected ID=HOST,...")
+    explicit = ["=" in item for item in items]
+    if any(explicit) and not all(explicit):
+        raise argparse.ArgumentTypeError(f"give every worker as ID=HOST or none ({text!r} mixes both)")
+    out: dict[int, str] = {}
+    for i, item in enumerate(items):
+        wid, _, host = item.partition("=") if explicit[i] else (str(i), "=", item)
+        try:
+            w = int(wid)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad worker {item!r}: expected ID=HOST with an integer ID") from None
+        if w < 0 or not host:
+            raise argparse.ArgumentTypeError(f"bad worker {item!r}: expected ID=HOST, ID >= 0")
+        if w in out:
+            raise argparse.ArgumentTypeError(f"worker id {w} given twice ({out[w]} and {host})")
+        if host in out.values():
+            raise argparse.ArgumentTypeError(f"host {host} given for two worker ids")
+        out[w] = host
+    return out
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
+    return value
