@@ -154,14 +154,12 @@ class _Client(P4RuntimeClient):
         super().__init__(device_id, grpc_addr, election_id, None, ssl_options)
 
     def set_up_stream(self):
-        with interrupts.shielded():  # a stop signal waits for the session (module mindp.interrupts)
-            self._set_up_stream()
-
-    def _set_up_stream(self):
         # One call that waits for the channel, not channel_ready_future: that one leaves a connectivity
         # watch pending for up to 0.2 s, which channel.close() then waits out (every mindp-ctl command).
         try:
-            self.stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=self._timeout, wait_for_ready=True)
+            with interrupts.shielded():  # a stop signal waits for the answer (mindp/interrupts.py)
+                self.stub.Capabilities(p4runtime_pb2.CapabilitiesRequest(), timeout=self._timeout,
+                                       wait_for_ready=True)
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 self.channel.close()
@@ -188,7 +186,8 @@ class _Client(P4RuntimeClient):
             for q in self.stream_in_q.values():
                 q.put(None)
 
-        self.stream = self.stub.StreamChannel(requests())
+        with interrupts.shielded():
+            self.stream = self.stub.StreamChannel(requests())
         self.stream_recv_thread = threading.Thread(target=receive, daemon=True, name="p4rt-stream")
         self.stream_recv_thread.start()
         self.handshake()
