@@ -44,21 +44,19 @@ def worker_map(text: str) -> dict[int, str]:
     return out
 
 
-def positive_float(text: str) -> float:
+def _positive(text: str, kind: type, expected: str, must: str) -> float:
     try:
-        value = float(text)
+        value = kind(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {expected}, not {text!r}") from None
     if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+        raise argparse.ArgumentTypeError(f"must be {must}, not {text}")
     return value
+
+
+def positive_float(text: str) -> float:
+    return _positive(text, float, "a number of seconds", "a positive number of seconds")
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text}")
-    return value
+    return _positive(text, int, "a positive integer", "a positive integer")
