@@ -284,20 +284,6 @@ def check_program_k(bmv2_json: bytes, path) -> None:
                           f"{protocol.K} ({protocol.K_ENV}): set {protocol.K_ENV}={k}, or push p4src/compiled/k{protocol.K}/")
 
 
-def interruptible(call: grpc.Future):
-    """A long call's answer (a push: minutes on a busy machine), waited for in our own code rather
-    than inside gRPC's: a stop signal may come at once, leaving none of gRPC's locks held, and
-    cancels the call. Short calls are `interrupts.shielded()` instead: a stop waits for them."""
-    done = threading.Event()
-    call.add_done_callback(lambda _: done.set())
-    try:
-        done.wait()
-    except BaseException:
-        call.cancel()
-        raise
-    return call.result()
-
-
 class SwitchConnection:
     """One P4Runtime session with one device.
 
@@ -403,7 +389,7 @@ class SwitchConnection:
         req.config.p4info.CopyFrom(info)
         req.config.cookie.cookie = pipeline_cookie(p4info_path, bmv2_json_path)
         try:
-            interruptible(self.client.stub.SetForwardingPipelineConfig.future(req, timeout=PUSH_TIMEOUT))
+            interrupts.interruptible(self.client.stub.SetForwardingPipelineConfig.future(req, timeout=PUSH_TIMEOUT))
         except grpc.RpcError as exc:
             raise self._err(exc, "pipeline push") from None
         self.p4info = info

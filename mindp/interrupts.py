@@ -3,7 +3,7 @@
 Python raises a signal handler's exception at whatever bytecode the main thread has reached. Inside
 gRPC's Python layer that can be just after it took a lock of the channel's, which is then never let
 go: the session's stream threads block on it and closing the session waits for them for ever
-(make run's Ctrl-C during a switch probe: 8 teardowns in 60 hung in a loop of calls). A handler
+(make run's Ctrl-C during a switch probe). A handler
 installed by `deferred` raises at once unless the main thread is inside `shielded()` (every RPC of
 the controller's), where it notes the signal and raises it as the outermost shield ends. Elsewhere
 in gRPC or logging, or entering a lock, it notes the signal too, and a timer (SIGALRM) looks again
@@ -74,6 +74,20 @@ class shielded:
             raise _active.raisers[signum](signum)  # the stop asked for wins over the call's own error
 
 
+def interruptible(call):
+    """A long call's answer (a gRPC future: a pipeline push, minutes on a busy machine), waited for
+    in our own code rather than inside gRPC's: a stop signal may come at once, leaving none of
+    gRPC's locks held, and cancels the call. Short calls are `shielded()` instead."""
+    done = threading.Event()
+    call.add_done_callback(lambda _: done.set())
+    try:
+        done.wait()
+    except BaseException:
+        call.cancel()
+        raise
+    return call.result()
+
+
 class _Deferring:
     """The installed handlers' state: which exception each signal raises, and the signal waiting."""
 
@@ -116,8 +130,8 @@ def keyboard_interrupt(_signum: int) -> BaseException:
 @contextlib.contextmanager
 def deferred(raisers: Mapping[int, Raiser]) -> Iterator[None]:
     """Within the block, each signal of `raisers` that is not ignored raises raisers[signal](signal)
-    in the main thread, at the first safe point; the previous handlers come back after it. A signal still waiting when
-    the block ends normally is raised then. Outside the main thread (a test's in-process call) no
+    in the main thread, at the first safe point; the previous handlers come back after it. A signal
+    still waiting when the block ends normally is raised then. Outside the main thread (a test's in-process call) no
     handler can be set: the block runs as it is."""
     global _active
     if threading.current_thread() is not threading.main_thread():

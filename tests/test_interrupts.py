@@ -149,10 +149,8 @@ def test_a_signal_within_a_shield_is_raised_as_the_outermost_shield_ends():
 
 
 def test_a_long_call_waited_for_interruptibly_stops_at_once_and_is_cancelled(echo):
-    """controller.p4runtime.interruptible (a pipeline push): the stop comes while the switch is
-    still working, the call is cancelled, and the channel is left usable."""
-    from controller.p4runtime import interruptible
-
+    """interrupts.interruptible (a pipeline push): the stop comes while the switch is still
+    working, the call is cancelled, and the channel is left usable."""
     entered, cancelled = threading.Event(), threading.Event()
 
     def slow(request, context):
@@ -177,7 +175,7 @@ def test_a_long_call_waited_for_interruptibly_stops_at_once_and_is_cancelled(ech
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             threading.Thread(target=stop_once_entered, daemon=True).start()
             with pytest.raises(Stop), interrupts.deferred(RAISERS):
-                interruptible(channel.unary_unary("/t.Slow/Push").future(b"x", timeout=600))
+                interrupts.interruptible(channel.unary_unary("/t.Slow/Push").future(b"x", timeout=600))
             assert cancelled.wait(60)
             assert echo.unary_unary("/t.T/Echo")(b"y", timeout=60) == b"y"
     finally:
@@ -197,7 +195,7 @@ def test_every_rpc_of_the_controller_is_shielded_or_interruptible():
         guarded: set[int] = set()
         for node in ast.walk(tree):
             shield = isinstance(node, ast.With) and any("shielded" in ast.unparse(i.context_expr) for i in node.items)
-            waited = isinstance(node, ast.Call) and ast.unparse(node.func) == "interruptible"
+            waited = isinstance(node, ast.Call) and ast.unparse(node.func) == "interrupts.interruptible"
             if shield or waited:
                 guarded.update(id(n) for n in ast.walk(node))
         for node in ast.walk(tree):
