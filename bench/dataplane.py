@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from controller.p4runtime import SwitchConnection  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
-from mindp import targets  # noqa: E402
+from mindp import interrupts, targets  # noqa: E402
 from mindp.protocol import K, K_ENV, MAX_K  # noqa: E402
 from mindp.harness.loadgen import aggregation_entries, closed_loop, forward_frames, gradient_frames  # noqa: E402
 from mindp.harness.testbed import Testbed  # noqa: E402
@@ -102,4 +102,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        with interrupts.deferred(interrupts.CTRL_C):  # a Ctrl-C waits for the P4Runtime call under way
+            sys.exit(main())
+    except KeyboardInterrupt:  # the testbeds and switches it started are ended on the way out
+        print("bench/dataplane.py: interrupted", file=sys.stderr)
+        sys.exit(130)

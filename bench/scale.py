@@ -39,7 +39,7 @@ from host_agent.agent_args import integer  # noqa: E402
 from host_agent.optim import OptimizerConfig  # noqa: E402
 from host_agent.window import RtoConfig  # noqa: E402
 from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noqa: E402
-from mindp import codec  # noqa: E402
+from mindp import codec, interrupts  # noqa: E402
 from mindp.layout import Layout, TensorSpec, shard_ranges  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
 from mindp.topology import Topology, leafspine, star  # noqa: E402
@@ -209,4 +209,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        with interrupts.deferred(interrupts.CTRL_C):  # a Ctrl-C waits for the P4Runtime call under way
+            sys.exit(main())
+    except KeyboardInterrupt:  # the testbeds and switches it started are ended on the way out
+        print("bench/scale.py: interrupted", file=sys.stderr)
+        sys.exit(130)

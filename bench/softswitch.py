@@ -51,7 +51,7 @@ sys.path.insert(0, REPO)
 
 from controller.p4runtime import SwitchConnection  # noqa: E402
 from host_agent.agent_args import integer  # noqa: E402
-from mindp import mmsg, targets  # noqa: E402
+from mindp import interrupts, mmsg, targets  # noqa: E402
 from mindp.harness.loadgen import aggregation_entries, closed_loop, gradient_frames  # noqa: E402
 from mindp.protocol import BMV2_MAX_K, HARDWARE_K, K, K_ENV, MAX_K, Kind, bmv2_fits, frame_len  # noqa: E402
 from mindp.harness.testbed import Testbed  # noqa: E402
@@ -367,4 +367,9 @@ def print_table(per_k: dict[int, dict[str, float]]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        with interrupts.deferred(interrupts.CTRL_C):  # a Ctrl-C waits for the P4Runtime call under way
+            sys.exit(main())
+    except KeyboardInterrupt:  # the testbeds and switches it started are ended on the way out
+        print("bench/softswitch.py: interrupted", file=sys.stderr)
+        sys.exit(130)

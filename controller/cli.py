@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import time
 
@@ -611,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     log.setLevel(logging.INFO if args.verbose else logging.WARNING)
     log.propagate = False
     try:
-        with interrupts.deferred({signal.SIGINT: interrupts.keyboard_interrupt}):
+        with interrupts.deferred(interrupts.CTRL_C):
             return _run(args)
     except KeyboardInterrupt:
         return 130

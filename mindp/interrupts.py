@@ -127,6 +127,11 @@ def keyboard_interrupt(_signum: int) -> BaseException:
     return KeyboardInterrupt()
 
 
+#: Ctrl-C as Python raises it (KeyboardInterrupt), deferred: what a command holding a P4Runtime
+#: session passes to `deferred` when only Ctrl-C stops it (mindp-ctl, the benches, tools.soak).
+CTRL_C: Mapping[int, Raiser] = {signal.SIGINT: keyboard_interrupt}
+
+
 @contextlib.contextmanager
 def deferred(raisers: Mapping[int, Raiser]) -> Iterator[None]:
     """Within the block, each signal of `raisers` that is not ignored raises raisers[signal](signal)

@@ -202,3 +202,17 @@ def test_every_rpc_of_the_controller_is_shielded_or_interruptible():
             if isinstance(node, ast.Call) and ".stub." in f".{ast.unparse(node.func)}" and id(node) not in guarded:
                 bare.append(f"{path.name}:{node.lineno} {ast.unparse(node.func)}")
     assert bare == []
+
+
+def test_every_command_holding_a_p4runtime_session_defers_ctrl_c():
+    """A bench or tool that opens P4Runtime sessions in its own process (a controller, a switch
+    connection, a testbed of trees) runs them within `interrupts.deferred`: its Ctrl-C must not
+    land inside gRPC either."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sessions = ("Controller(", "SwitchConnection(", "treebed")
+    scripts = [p for d in ("bench", "tools") for p in sorted((root / d).glob("*.py"))
+               if any(s in p.read_text() for s in sessions)]
+    assert len(scripts) >= 5  # bench/softswitch, bench/dataplane, bench/scale, tools/soak, tools/stress_ctl
+    assert [p.name for p in scripts if "interrupts.deferred(" not in p.read_text()] == []

@@ -39,7 +39,7 @@ from host_agent.digest import MISMATCH_LINE
 from host_agent.node import UP_LINE
 from host_agent.optim import OptimizerConfig
 from host_agent.resume import ResumeFile
-from mindp import progress, targets
+from mindp import interrupts, progress, targets
 from mindp.harness import testbed
 from mindp.protocol import K
 from mindp.topology import star
@@ -420,9 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         soak = Soak(args, work)
         t0 = time.monotonic()
         try:
-            soak.start()
-            print(f"soak: {args.steps} steps in {work}", flush=True)
-            soak.run()
+            with interrupts.deferred(interrupts.CTRL_C):  # its controller's RPCs end before a Ctrl-C stops it
+                soak.start()
+                print(f"soak: {args.steps} steps in {work}", flush=True)
+                soak.run()
         except SystemExit as exc:
             print(exc, file=sys.stderr)
             return 1

@@ -24,28 +24,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reconcile", action="store_true", help="learn the job from the switch; write nothing")
     args = p.parse_args(argv)
     from controller.controller import Controller
+    from mindp import interrupts
     from mindp.topology import Topology
 
     topo = Topology.load(args.topology)
     try:
-        ctl = Controller(args.grpc_addr, topology=topo)
-        if args.reconcile:
-            got = ctl.reconcile()
-            if sorted(got.jobs) != [j.job_id for j in topo.jobs]:
-                raise RuntimeError(f"learned jobs {sorted(got.jobs)} from the switch, not the topology's")
-        else:
-            ctl.push()
-            ctl.install_forwarding()
-            ctl.create_job(topo.jobs[0])
-        print(READY, flush=True)
-        for line in sys.stdin:
-            if line.strip() == "restore":
-                ctl.reconnect()
-                print("restored: " + ("; ".join(ctl.restore()) or "nothing"), flush=True)
-        ctl.close()
+        with interrupts.deferred(interrupts.CTRL_C):  # the scenario's Ctrl-C reaches it too
+            return _serve(Controller(args.grpc_addr, topology=topo), topo, args.reconcile)
     except Exception as exc:  # the scenario fails on this line (its log keeps it)
         print(f"error: {type(exc).__name__}: {exc}", flush=True)
         return 1
+
+
+def _serve(ctl, topo, reconcile: bool) -> int:
+    """Configure the switch (or learn its configuration), say `ready`, then serve stdin's commands."""
+    if reconcile:
+        got = ctl.reconcile()
+        if sorted(got.jobs) != [j.job_id for j in topo.jobs]:
+            raise RuntimeError(f"learned jobs {sorted(got.jobs)} from the switch, not the topology's")
+    else:
+        ctl.push()
+        ctl.install_forwarding()
+        ctl.create_job(topo.jobs[0])
+    print(READY, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "restore":
+            ctl.reconnect()
+            print("restored: " + ("; ".join(ctl.restore()) or "nothing"), flush=True)
+    ctl.close()
     return 0
 
 
