@@ -36,6 +36,16 @@ def hard_records(rng, n):
     return src
 
 
+def same_records(got, want):
+    """float32 records bit for bit, but where two NaNs meet in one operation: IEEE 754 leaves whose
+    payload the result carries to the implementation, and numpy's loops choose by version and
+    alignment. Such a result must still be a NaN; the fp16 parameters the workers see are compared
+    bit for bit apart from this."""
+    g, w = got.view(np.uint32), want.view(np.uint32)
+    nan = np.isnan(want)
+    return bool(np.array_equal(g[~nan], w[~nan]) and np.isnan(got[nan]).all())
+
+
 @needs_numba
 @pytest.mark.parametrize("kind", ["adamw", "sgd"])
 @pytest.mark.parametrize("wd", [0.0, 0.05])
@@ -55,7 +65,7 @@ def test_kernel_equals_the_numpy_composition_bit_for_bit(kernel, kind, wd, n):
         fused.update_records(cfg, src, got, sums, nworkers, step, got_p, kernel)
         with np.errstate(all="ignore"):
             fused.update_numpy(cfg, src, want, sums, nworkers, step, want_p)
-        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert same_records(got, want)
         assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
         assert not np.array_equal(got, src)
 
@@ -108,7 +118,7 @@ def test_narrow_and_wide_rows_mixed_in_a_block_equal_the_numpy_composition(kerne
     fused.update_records(cfg, src, got, sums, nworkers, 3, got_p, kernel)
     with np.errstate(all="ignore"):
         fused.update_numpy(cfg, src, want, sums, nworkers, 3, want_p)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert same_records(got, want)
     assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
 
 
@@ -134,11 +144,11 @@ def test_records_stream_out_alike_at_any_alignment_and_in_place(kernel, kind, of
     dst[:, 2] = src[:, 2]
     got_p = np.empty((n, K), np.float16)
     fused.update_records(cfg, src, dst, sums, 3, 4, got_p, kernel)
-    assert np.array_equal(dst.view(np.uint32), want.view(np.uint32))
+    assert same_records(dst, want)
     assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
     dst[:] = src
     fused.update_records(cfg, dst, dst, sums, 3, 4, got_p, kernel)
-    assert np.array_equal(dst.view(np.uint32), want.view(np.uint32))
+    assert same_records(dst, want)
 
 
 @needs_numba
@@ -183,7 +193,7 @@ def test_rounding_ties_and_special_masters_reach_fp16_as_numpy_rounds_them(kerne
         fused.update_numpy(cfg, src, want, sums, 2, 0, want_p)
     kept = ~np.isnan(src[:, 0])
     assert np.array_equal(got[:, 0][kept].view(np.uint32), src[:, 0][kept].view(np.uint32))
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert same_records(got, want)
     assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16))
 
 
@@ -213,7 +223,7 @@ def test_numpy_path_updates_in_place_like_a_copy():
     with np.errstate(all="ignore"):
         fused.update_numpy(cfg, a, a, sums, 3, 0, pa)
         fused.update_numpy(cfg, src, b, sums, 3, 0, pb)
-    assert np.array_equal(a.view(np.uint32), b.view(np.uint32)) and np.array_equal(pa.view(np.uint16), pb.view(np.uint16))
+    assert same_records(a, b) and np.array_equal(pa.view(np.uint16), pb.view(np.uint16))
 
 
 @needs_numba
@@ -404,7 +414,7 @@ import numpy as np
 from host_agent import fused, portable
 from host_agent.optim import OptimizerConfig
 from mindp.protocol import K
-from tests.host_agent.test_fused import hard_records
+from tests.host_agent.test_fused import hard_records, same_records
 
 assert not fused.host_has_avx2() and fused.selected() == "portable", fused.selected()
 rng = np.random.default_rng(5)
@@ -418,7 +428,7 @@ for kind in ("adamw", "sgd"):
     fused.update_records(cfg, src, got, sums, nworkers, 2, got_p)
     with np.errstate(all="ignore"):
         fused.update_numpy(cfg, src, want, sums, nworkers, 2, want_p)
-    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), kind
+    assert same_records(got, want), kind
     assert np.array_equal(got_p.view(np.uint16), want_p.view(np.uint16)), kind
     compiled = portable.KERNELS[kind]
     asm = compiled.inspect_asm(compiled.signatures[0])
