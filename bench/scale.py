@@ -209,9 +209,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        with interrupts.deferred(interrupts.CTRL_C):  # a Ctrl-C waits for the P4Runtime call under way
-            sys.exit(main())
-    except KeyboardInterrupt:  # the testbeds and switches it started are ended on the way out
-        print("bench/scale.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+    interrupts.exit_with(main, "bench/scale.py")

@@ -367,9 +367,4 @@ def print_table(per_k: dict[int, dict[str, float]]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        with interrupts.deferred(interrupts.CTRL_C):  # a Ctrl-C waits for the P4Runtime call under way
-            sys.exit(main())
-    except KeyboardInterrupt:  # the testbeds and switches it started are ended on the way out
-        print("bench/softswitch.py: interrupted", file=sys.stderr)
-        sys.exit(130)
+    interrupts.exit_with(main, "bench/softswitch.py")

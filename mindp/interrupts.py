@@ -16,9 +16,11 @@ import importlib.util
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
+from typing import NoReturn
 
 #: Seconds between looks while a signal waits for the main thread to leave unsafe code.
 RETRY = 0.05
@@ -159,6 +161,18 @@ def deferred(raisers: Mapping[int, Raiser]) -> Iterator[None]:
         _active = outer
     if pending is not None:
         raise state.raisers[pending](pending)
+
+
+def exit_with(main: Callable[[], int | None], name: str) -> NoReturn:
+    """Exit with main()'s code, run with Ctrl-C deferred (a bench or tool holding P4Runtime sessions
+    in its process). A Ctrl-C ends it with one line and 130, the shell's code for SIGINT, after the
+    cleanup main()'s own blocks run on the way out (testbeds, switches, controllers)."""
+    try:
+        with deferred(CTRL_C):
+            sys.exit(main())
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 def ignore(*signums: int) -> None:

@@ -4,6 +4,7 @@ teardown then waited for ever on the session's stream (CI, test_make_run_resume)
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -215,4 +216,19 @@ def test_every_command_holding_a_p4runtime_session_defers_ctrl_c():
     scripts = [p for d in ("bench", "tools") for p in sorted((root / d).glob("*.py"))
                if any(s in p.read_text() for s in sessions)]
     assert len(scripts) >= 5  # bench/softswitch, bench/dataplane, bench/scale, tools/soak, tools/stress_ctl
-    assert [p.name for p in scripts if "interrupts.deferred(" not in p.read_text()] == []
+    calls = ("interrupts.deferred(", "interrupts.exit_with(")
+    assert [p.name for p in scripts if not any(c in p.read_text() for c in calls)] == []
+
+
+def test_exit_with_exits_with_mains_code_and_130_after_a_ctrl_c(capsys):
+    with pytest.raises(SystemExit) as done:
+        interrupts.exit_with(lambda: 3, "bench/x.py")
+    assert done.value.code == 3 and capsys.readouterr().err == ""
+
+    def stopped():
+        os.kill(os.getpid(), signal.SIGINT)  # as a Ctrl-C in the terminal
+        time.sleep(5)  # the deferred handler raises here, at once
+
+    with pytest.raises(SystemExit) as done:
+        interrupts.exit_with(stopped, "bench/x.py")
+    assert done.value.code == 130 and capsys.readouterr().err == "bench/x.py: interrupted\n"
