@@ -232,6 +232,7 @@ class OptimizerNode:
         self._stall_resends = 0
         self._down_since: float | None = None
         self._backoff = LINK_BACKOFF[0]
+        self._sends_failed = False  # since the link was last looked at (rawsock.raise_if_link_down)
 
     def stop(self) -> None:
         self._stop = True
@@ -243,6 +244,7 @@ class OptimizerNode:
         self._digest_ready = True  # (unless select says otherwise)
         try:
             n = self._poll(timeout)
+            self._check_link()
         except OSError as exc:
             if exc.errno not in LINK_ERRNOS:
                 raise
@@ -259,6 +261,13 @@ class OptimizerNode:
                   flush=True)
             self._down_since, self._backoff = None, LINK_BACKOFF[0]
         return n
+
+    def _check_link(self) -> None:
+        """Sends failed since the last look: raise the link's error if it went down. Looked at
+        after a whole poll, not inside a send: the batch's commit and digests go first."""
+        if self._sends_failed:
+            self._sends_failed = False
+            rawsock.raise_if_link_down(self.sock)
 
     def _link_down(self, exc: OSError) -> None:
         if self._down_since is None:
@@ -393,6 +402,7 @@ class OptimizerNode:
         _, failed = rawsock.send_rows(self.sock, frames, range(n), self.faults, lens)
         self.stats["params_sent"] += len(hdr)
         self.stats["send_errors"] += failed  # frames
+        self._sends_failed |= failed > 0
         return len(hdr)
 
     def check_stall(self, now: float) -> None:
@@ -405,6 +415,7 @@ class OptimizerNode:
         self._stall_resends += 1
         try:
             self.stats["stall_resends"] += self._send(*self.core.recent_params())
+            self._check_link()
         except OSError as exc:  # the link went down between polls: as in poll(), one line and a wait
             if exc.errno not in LINK_ERRNOS:
                 raise

@@ -10,9 +10,11 @@ pointers are 64-bit; elsewhere the same functions loop over send/recvmsg_into.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import random
 import socket
+import struct
 import sys
 import threading
 import time
@@ -45,11 +47,13 @@ RCVBUF = 16 << 20  # asked; the kernel doubles it
 AUXDATA = mmsg.AUXDATA
 TP_STATUS_VLAN_VALID = 1 << 4
 AUX_SPACE = mmsg.AUX_SPACE
-SEND_ERRNOS = (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN)  # a frame lost, counted; not fatal
+SEND_ERRNOS = (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN)  # a frame lost, counted (then raise_if_link_down)
 #: Errors of a socket whose link went down or away: retried, never fatal.
 LINK_ERRNOS = (errno.ENETDOWN, errno.ENXIO, errno.ENODEV)
 #: Retry interval while the link is down: first, most (doubling in between).
 LINK_BACKOFF = (0.05, 2.0)
+SIOCGIFFLAGS = 0x8913
+IFF_UP = 0x1
 _MMSG = mmsg.CALLS  # (sendmmsg, recvmmsg), or None: per-frame loops
 MMSG = _MMSG is not None  # sendmmsg/recvmmsg in use
 
@@ -157,6 +161,22 @@ def _raise_pending_error(s: socket.socket) -> None:
     err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
     if err:
         raise OSError(err, os.strerror(err))
+
+
+def raise_if_link_down(s: socket.socket) -> None:
+    """Where sends failed: raise the error of a link that went down, as a receive would. A send
+    that is under way as the link goes down can take the socket's pending ENETDOWN for itself (the
+    kernel's packet_snd checks the interface, then reads the socket's error as it allocates the
+    frame), and no receive then ever reports it: ask the socket, then the interface itself."""
+    _raise_pending_error(s)
+    if s.family != socket.AF_PACKET:
+        return
+    name = s.getsockname()[0]
+    if not name:  # unbound by the kernel: the interface is gone
+        raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+    ifreq = fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, struct.pack("16sH14x", name.encode()[:15], 0))
+    if not struct.unpack_from("16sH", ifreq)[1] & IFF_UP:
+        raise OSError(errno.ENETDOWN, os.strerror(errno.ENETDOWN))
 
 
 def _queued(s: socket.socket, limit: int) -> tuple[list[bytes], rxring.RxRing | None]:

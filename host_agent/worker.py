@@ -326,6 +326,7 @@ class StepHandle:
             a.digest.ask(w.step)
         a.stats["pumps"] += 1
         self.unsent = 0
+        errors = a.stats["send_errors"]
         if new:
             late = w.after_own_resend(new)
             if late:
@@ -342,6 +343,8 @@ class StepHandle:
             # A test's reordered frames go after later ones, or with this pump that sends none: not
             # with the next resend, which its peers would time as a round trip.
             a.faults.release(a.sock.send)
+        if a.stats["send_errors"] > errors:
+            rawsock.raise_if_link_down(a.sock)
         if timeout > 0:
             ready, _, _ = select.select([a.sock], [], [], timeout)
             if not ready:

@@ -224,3 +224,41 @@ def test_a_wake_up_mid_step_waits_rx_usecs_before_reading_and_the_step_s_last_ch
     finally:
         tx.close()
         sock.close()
+
+
+@pytest.mark.net
+def test_a_link_down_whose_error_a_send_took_is_told_by_the_node_s_next_poll(monkeypatch, capsys):
+    """The node's parameters go out as its link goes down, and a send takes the socket's pending
+    ENETDOWN (no receive will report it): the poll after the failed sends looks at the interface
+    and says so in one line; once the link is up again it sends and polls without a word."""
+    import numpy as np
+
+    from host_agent import rawsock
+    from mindp import codec
+    from mindp.harness import testbed
+    from mindp.protocol import K, Kind
+
+    monkeypatch.setattr(node_socket.time, "sleep", lambda s: None)
+    a, b = testbed.tagged("mdp-nl0"), testbed.tagged("mdp-nl1")
+    with testbed.veth_pair(a, b):
+        sock = rawsock.open_raw(b)
+        try:
+            core = SimpleNamespace(stats=collections.Counter())  # _send needs no state
+            node = node_socket.OptimizerNode(core, sock, node_socket.NodeAddress("02:00:00:00:00:09", "10.0.0.9"),
+                                             stall_resend=0)
+            hdr = codec.header_array(3, kind=Kind.PARAM, job=1, step=0, chunk=np.arange(3), count=K)
+            vals = np.zeros((3, K), np.float16)
+            testbed.sh("ip", "link", "set", b, "down")
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ENETDOWN  # as the racing send took it
+            node._send(hdr, vals)
+            assert node.stats["send_errors"] > 0 and node.poll(0) == 0
+            assert node.stats["link_down"] == 1
+            assert capsys.readouterr().err.splitlines() == [
+                "mindp-optimizer: link down (Network is down); retrying every 0.05-2.0 s"]
+            testbed.sh("ip", "link", "set", b, "up")
+            errors = node.stats["send_errors"]
+            node._send(hdr, vals)
+            assert node.stats["send_errors"] == errors and node.poll(0) == 0
+            assert node.stats["link_down"] == 1 and capsys.readouterr().err == ""
+        finally:
+            sock.close()

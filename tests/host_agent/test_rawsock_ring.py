@@ -332,3 +332,42 @@ def test_a_link_going_down_is_reported_by_a_ring_receive_as_by_a_receive_call():
         finally:
             if rx is not None:
                 rx.close()
+
+
+@pytest.mark.net
+def test_a_link_down_whose_error_a_send_took_is_still_told_where_sends_failed():
+    """A send under way as the link goes down can take the socket's pending ENETDOWN for itself;
+    the ring's receive then never reports it. raise_if_link_down, asked where sends failed, looks
+    at the interface: ENETDOWN while it is down, nothing once it is up, ENODEV once it is gone."""
+    import errno
+    import socket
+
+    from host_agent import rawsock
+    from mindp.harness import testbed
+    from mindp.protocol import Kind, frame_len
+
+    a, b = testbed.tagged("mdp-rs0"), testbed.tagged("mdp-rs1")
+    with testbed.veth_pair(a, b):
+        s = None
+        try:
+            s = rawsock.open_raw(b)
+            assert rawsock.enable_auxdata(s)
+            frames = np.zeros((4, frame_len(Kind.GRAD)), np.uint8)
+            buf = np.zeros((8, frame_len(Kind.PARAM)), np.uint8)
+            rawsock.raise_if_link_down(s)
+            testbed.sh("ip", "link", "set", b, "down")
+            assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ENETDOWN  # as the racing send took it
+            assert rawsock.recv_rows_untagged(s, buf) == (0, 0, 0)  # the receive can no longer tell
+            assert rawsock.send_rows(s, frames, range(4)) == (4, 4)
+            with pytest.raises(OSError) as err:
+                rawsock.raise_if_link_down(s)
+            assert err.value.errno == errno.ENETDOWN
+            testbed.sh("ip", "link", "set", b, "up")
+            rawsock.raise_if_link_down(s)
+            testbed.sh("ip", "link", "del", a)
+            with pytest.raises(OSError) as err:
+                rawsock.raise_if_link_down(s)
+            assert err.value.errno in rawsock.LINK_ERRNOS
+        finally:
+            if s is not None:
+                s.close()
