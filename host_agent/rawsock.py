@@ -10,11 +10,9 @@ pointers are 64-bit; elsewhere the same functions loop over send/recvmsg_into.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import random
 import socket
-import struct
 import sys
 import threading
 import time
@@ -24,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mindp import mmsg, rxring
-from mindp.netutil import hold_udp_port, mtu_problem, packet_socket
+from mindp.netutil import IFF_UP, hold_udp_port, interface_flags, mtu_problem, packet_socket
 from mindp.protocol import Kind, frame_len, link_mtu
 from mindp.switch_constants import POOL_SLOTS
 
@@ -52,8 +50,6 @@ SEND_ERRNOS = (errno.ENOBUFS, errno.EAGAIN, errno.ENETDOWN)  # a frame lost, cou
 LINK_ERRNOS = (errno.ENETDOWN, errno.ENXIO, errno.ENODEV)
 #: Retry interval while the link is down: first, most (doubling in between).
 LINK_BACKOFF = (0.05, 2.0)
-SIOCGIFFLAGS = 0x8913
-IFF_UP = 0x1
 _MMSG = mmsg.CALLS  # (sendmmsg, recvmmsg), or None: per-frame loops
 MMSG = _MMSG is not None  # sendmmsg/recvmmsg in use
 
@@ -174,8 +170,7 @@ def raise_if_link_down(s: socket.socket) -> None:
     name = s.getsockname()[0]
     if not name:  # unbound by the kernel: the interface is gone
         raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
-    ifreq = fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, struct.pack("16sH14x", name.encode()[:15], 0))
-    if not struct.unpack_from("16sH", ifreq)[1] & IFF_UP:
+    if not interface_flags(s, name) & IFF_UP:
         raise OSError(errno.ENETDOWN, os.strerror(errno.ENETDOWN))
 
 

@@ -1,14 +1,18 @@
 """Host-side socket helpers shared by the agents and the testbed."""
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import socket
+import struct
 import subprocess
 
 from .protocol import K, K_ENV, UDP_PORT, required_mtu
 
 ETH_P_ALL = 0x0003
+SIOCGIFFLAGS = 0x8913
+IFF_UP, IFF_RUNNING = 0x1, 0x40
 
 
 def interface_holding(ip: str) -> str | None:
@@ -35,6 +39,13 @@ def packet_socket(iface: str) -> socket.socket:
         s.close()
         raise
     return s
+
+
+def interface_flags(sock: socket.socket, iface: str) -> int:
+    """`iface`'s flags (IFF_UP, IFF_RUNNING, ...) in the network namespace `sock` was made in; OSError
+    (ENODEV) where it does not exist."""
+    ifreq = fcntl.ioctl(sock.fileno(), SIOCGIFFLAGS, struct.pack("16sH22x", iface.encode()[:15], 0))
+    return struct.unpack_from("16sH", ifreq)[1]
 
 
 def interface_mtu(iface: str) -> int | None:

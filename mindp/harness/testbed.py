@@ -14,7 +14,6 @@ import pathlib
 import tempfile
 import select
 import socket
-import struct
 import subprocess
 import time
 from collections import deque
@@ -23,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mindp import progress
-from mindp.netutil import drop_at_ingress, hold_udp_port, packet_socket
+from mindp.netutil import IFF_RUNNING, drop_at_ingress, hold_udp_port, interface_flags, packet_socket
 from mindp.protocol import link_mtu
 from mindp.topology import Host
 
@@ -104,9 +103,6 @@ def quiet_link(iface: str, netns: str | None = None) -> None:
     sh(*pre, "ip", "link", "set", iface, "up")
 
 
-SIOCGIFFLAGS, IFF_RUNNING = 0x8913, 0x40
-
-
 def running(iface: str, netns: str | None = None) -> bool:
     """The link is operationally up. A veth end brought up before its peer gets its carrier later,
     from the kernel's link watch work, and until then drops what is sent on it without an error (a
@@ -114,8 +110,7 @@ def running(iface: str, netns: str | None = None) -> bool:
     with in_netns(netns) if netns else nullcontext():
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     with s:
-        ifreq = fcntl.ioctl(s, SIOCGIFFLAGS, struct.pack("16sH22x", iface.encode(), 0))
-    return bool(struct.unpack_from("16sH", ifreq)[1] & IFF_RUNNING)
+        return bool(interface_flags(s, iface) & IFF_RUNNING)
 
 
 def quiet_veths(*ends: tuple[str, str | None]) -> None:
