@@ -4,7 +4,8 @@ optimizer node) through the embedded switch and through BMv2 (when installed), a
 model and global batch trained by one process with torch.optim.AdamW, and by PyTorch DDP (gloo,
 one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
-    sudo .venv/bin/python bench/torch_gpt.py [--steps 13] [--workers 2] [--local-steps 12] [--rounds 1] [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE] [--k K]
+    sudo .venv/bin/python bench/torch_gpt.py [--steps 13] [--workers 2] [--local-steps 12] [--rounds 1]
+        [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE] [--k K] [--network-cores CPUS]
 
 Each make run line names the K (elements a frame) it ran: the target's default (make run K=), or
 --k's on the embedded switch (a K with no committed program is compiled with p4c first, as make
@@ -30,6 +31,11 @@ CPU and wake-ups taken from it.
 
 --rounds N runs every side N times in turn and ends with the median of each round's ratios: the
 host's speed drifts from minute to minute, so a ratio is taken within a round, never across.
+
+--network-cores CPUS runs the switch, the optimizer node and make run's orchestrator on those cores
+and everything that trains (the workers, DDP's ranks and their gloo threads, the one process) on
+the others: the workers' hosts as where the switch is a switch and the node a machine of its own.
+Without it every process shares every core, and the network's CPU is taken from training.
 """
 from __future__ import annotations
 
@@ -70,7 +76,7 @@ def single_process(wl: workload.WorkloadConfig, steps: int) -> float:
     from mindp.torch import models, tasks
 
     net = tasks.model(wl)
-    torch.set_num_threads(os.cpu_count() or 1)  # the whole machine, as the switch run has it
+    torch.set_num_threads(len(os.sched_getaffinity(0)))  # every core it may use, as the switch run's workers
     opt = torch.optim.AdamW(net.parameters(), lr=config.DEFAULT_LR["gpt"], weight_decay=0.01)
     batches = [tasks.batch(wl, w, s) for s in range(steps + 1) for w in range(wl.n_workers)]
 
@@ -226,18 +232,47 @@ ROLES = (("mininet_topos.trainer", "worker"), ("host_agent.node", "node"), ("sof
 BMV2 = "simple_switch_grpc"
 
 
+def _role(pid: int) -> str | None:
+    """The role of one of make run's processes ("worker N", N its id), or None (a wrapper such as
+    flock or sudo, or a process that ended)."""
+    try:
+        argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        role = next((r for word, r in ROLES if word in " ".join(argv)), None)
+        if role is None or ("python" not in argv[0] and not argv[0].endswith(BMV2)):
+            return None
+        return f"worker {argv[argv.index('--worker') + 1]}" if role == "worker" and "--worker" in argv else role
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (threads it starts later inherit their creator's); threads
+    that end meanwhile are passed over."""
+    for task in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
+        try:
+            if os.sched_getaffinity(int(task)) != cpus:
+                os.sched_setaffinity(int(task), cpus)
+        except OSError:
+            continue
+
+
+def parse_cpus(text: str) -> set[int]:
+    """'1', '2-3' or '0,2' -> {1}, {2, 3}, {0, 2}."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
     """(role, CPU seconds, voluntary context switches of all its threads, CPU seconds of its
     threads mindp names, by name) of one of make run's processes; a worker's role is "worker N",
     N its id."""
+    role = _role(pid)
+    if role is None:
+        return None
     try:
-        argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        cmd = " ".join(argv)
-        role = next((r for word, r in ROLES if word in cmd), None)
-        if role is None or ("python" not in argv[0] and not argv[0].endswith(BMV2)):  # not a wrapper (flock, sudo)
-            return None
-        if role == "worker" and "--worker" in argv:
-            role = f"worker {argv[argv.index('--worker') + 1]}"
         stat = procstat.of(pid)
         if stat is None:
             return None
@@ -259,15 +294,39 @@ def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
     return role, cpu, vol, named
 
 
+@dataclass(frozen=True)
+class Cores:
+    """--network-cores: the switch, the node and the orchestrator on `network`, what trains on
+    `training`."""
+    training: set[int]
+    network: set[int]
+
+    def place(self, root: int) -> None:
+        """Pin make run's processes under `root` by role."""
+        for pid in procstat.tree(root):
+            if (role := _role(pid)) is not None:
+                pin(pid, self.training if role.startswith("worker") else self.network)
+
+    def describe(self) -> str:
+        return (f"the switch, node and orchestrator on cores {_cpus(self.network)}, what trains on "
+                f"{_cpus(self.training)}")
+
+
+def _cpus(cpus: set[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
 class Sampler(threading.Thread):
     """Each process's CPU time and wake-ups when worker 0 logs its step 1 and each later step but
     the run's last (its log polled every 20 ms; /proc read only then): the figures a step between
     the first and the last of those. Worker 0 logs the last step only once it has evaluated the
     last model, and the other workers end meanwhile: neither is a step's cost."""
 
-    def __init__(self, root: int, runs: pathlib.Path, steps: int):
+    def __init__(self, root: int, runs: pathlib.Path, steps: int, cores: Cores | None = None):
+        """cores: where make run's processes run (--network-cores): each is pinned from its start
+        until the first timed step; None leaves them where the kernel puts them."""
         super().__init__(daemon=True)
-        self.root, self.runs = root, runs
+        self.root, self.runs, self.cores = root, runs, cores
         self.last = steps - 1  # the run's last step (from 0)
         self.done = threading.Event()
         self.snaps: list[tuple[int, dict]] = []  # (worker 0's step, each process's figures then)
@@ -288,6 +347,8 @@ class Sampler(threading.Thread):
                 except ValueError:
                     continue
                 step = max(step, j.get("step", -1) if j.get("ev") == "step" else -1)
+            if self.cores and (step < 1 or not self.snaps):
+                self.cores.place(self.root)
             if self.sampled(step):
                 self.snaps.append((step, {pid: u for pid in procstat.tree(self.root) if (u := _proc_usage(pid)) is not None}))
 
@@ -339,7 +400,7 @@ def state_in_ram(wl: workload.WorkloadConfig) -> int:
 
 
 def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int, sync: str,
-               timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
+               cores: Cores | None = None, timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
     """(steps/s, '' or why it failed, the run's K, each process's Usage) of make run's orchestrator,
     MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes and commits made durable as
     `sync` says: BMv2 at its default K, the embedded switch at this process's (MINDP_K, as --k sets
@@ -355,7 +416,7 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
         (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    sampler = Sampler(p.pid, runs, steps)
+    sampler = Sampler(p.pid, runs, steps, cores)
     sampler.start()
     try:
         _, err = p.communicate(timeout=timeout)
@@ -426,7 +487,8 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             if side == "bmv2" and targets.find_bmv2() is None:
                 print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
                 continue
-            rate, err, k, usages = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram, args.sync)
+            rate, err, k, usages = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram, args.sync,
+                                                  args.cores)
             label += f" K={k}"
         if err:
             print(f"  {label:<34} failed: {err}")
@@ -434,7 +496,8 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
         key = "DDP" if side == "DDP" else label
         rates[key] = ddp if side == "DDP" else rate
         if usages:
-            cpu_ms[key] = sum(u.cpu_ms for u in usages)
+            # Pinned (--network-cores), the training cores' CPU: the switch's and node's is not taken from it.
+            cpu_ms[key] = sum(u.cpu_ms for u in usages if not args.cores or u.role.split()[0] in ("rank", "worker"))
         print(f"  {label:<34} {rates[key]:8.3f} steps/s" + ("" if side == "DDP" else " (bit-exact)"))
         for line in usage_lines(usages):
             print(f"      {line}")
@@ -444,9 +507,11 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
                                       f"{r / ddp:.3f}" for s, r in rates.items() if s.startswith("make run")))
     if "DDP" in cpu_ms:
         cpus = [(s.removeprefix("make run "), ms) for s, ms in cpu_ms.items() if s.startswith("make run")]
-        print(f"  CPU a step, all processes: DDP {cpu_ms['DDP']:.0f} ms" + "".join(
+        where = "the training cores" if args.cores else "all processes"
+        print(f"  CPU a step, {where}: DDP {cpu_ms['DDP']:.0f} ms" + "".join(
             f"; {s} {ms:.0f} ms, DDP / mindp {cpu_ms['DDP'] / ms:.3f}" for s, ms in cpus) +
-            " (with every core training, steps/s follows this ratio)")
+            (" (steps/s follows it where the training cores never wait for the network)" if args.cores else
+             " (with every core training, steps/s follows this ratio)"))
     return fig
 
 
@@ -487,12 +552,28 @@ def main() -> int:
     ap.add_argument("--k", type=integer(8, protocol.MAX_K), help=f"elements a frame on the embedded switch (default: "
                     f"its default, {protocol.DEFAULT_K}; BMv2 runs {protocol.HARDWARE_K}); a K with no committed program "
                     "is compiled with p4c first, as make run K= does")
+    ap.add_argument("--network-cores", metavar="CPUS", help="run the switch, the optimizer node and make run's "
+                    "orchestrator on these cores (e.g. 1, or 2-3) and every side's training on the others, as where "
+                    "the switch and the node are machines of their own (default: every process on every core)")
     args = ap.parse_args()
     if args.k is not None and (error := protocol.k_error(str(args.k))) is not None:  # as every process of the run
         print(f"torch_gpt: --k {args.k}: {error}")
         return 2
     if args.k is not None and args.k != protocol.K:  # this process's K too: the node's budget is in chunks of K
         os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], {**os.environ, protocol.K_ENV: str(args.k)})
+    args.cores = None
+    if args.network_cores is not None:
+        mine = os.sched_getaffinity(0)
+        try:
+            network = parse_cpus(args.network_cores)
+        except ValueError:
+            network = set()
+        if not network or not network < mine:
+            print(f"torch_gpt: --network-cores {args.network_cores!r}: give some, not all, of the cores this process "
+                  f"may use ({_cpus(mine)})")
+            return 2
+        args.cores = Cores(mine - network, network)
+        pin(os.getpid(), args.cores.training)  # what this process starts trains there: DDP's ranks, the one process
     unknown = set(args.targets.split(",")) - {"embedded", "bmv2"}
     if unknown:
         print(f"torch_gpt: --targets {args.targets!r}: choose from embedded, bmv2")
@@ -515,7 +596,8 @@ def main() -> int:
     print(f"{workload.describe(wl, workload.init_params(wl))}, {args.workers} workers x {wl.batch} examples, AdamW lr "
           f"{config.DEFAULT_LR['gpt']}, {args.steps} steps; the node's RAM budget {args.node_ram / 2**20:,.0f} MiB "
           f"({'its whole state' if args.node_ram >= whole else 'out of core'}), made durable "
-          f"{'at every step' if args.sync == 'step' else 'at exit (--sync exit)'}")
+          f"{'at every step' if args.sync == 'step' else 'at exit (--sync exit)'}" +
+          (f"; {args.cores.describe()}" if args.cores else ""))
     rounds = []
     with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
         for i in range(args.rounds):

@@ -249,3 +249,47 @@ def test_torch_gpt_runs_its_sides_in_reverse_every_other_round(monkeypatch):
     orders = [bench.side_order(i, sides) for i in range(4)]
     assert orders[0] == orders[2] == sides
     assert orders[1] == orders[3] == sides[::-1]
+
+
+@pytest.mark.parametrize("cpus", ["x", "", "99999", ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))])
+def test_torch_gpt_refuses_network_cores_that_leave_no_core_to_train_in_one_line(cpus):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--network-cores", cpus],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stdout.startswith(f"torch_gpt: --network-cores {cpus!r}: give some, not all, of the cores")
+    assert len(done.stdout.splitlines()) == 1
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_torch_gpt_pins_make_run_s_processes_by_role_every_thread_of_them(monkeypatch):
+    """--network-cores: the workers' threads on the training cores; the node's, the switch's and the
+    orchestrator's on the network's, threads they start later included."""
+    bench = load("torch_gpt", monkeypatch)
+    assert bench.parse_cpus("0,2-3") == {0, 2, 3} and bench.parse_cpus("1") == {1}
+    mine = sorted(os.sched_getaffinity(0))
+    cores = bench.Cores(training={mine[0]}, network=set(mine[1:]))
+    child = ("import sys, threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
+             "print('up', flush=True)\nsys.stdin.readline()\n"
+             "threading.Thread(target=lambda: print(sorted(__import__('os').sched_getaffinity(0)), flush=True)).start()\n"
+             "time.sleep(600)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", child, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+             for argv in (["mininet_topos.run"], ["mininet_topos.trainer", "--worker", "1"], ["host_agent.node"],
+                          ["softswitch"])]
+    try:
+        for p in procs:
+            assert p.stdout.readline() == "up\n"
+        for p in procs:
+            cores.place(p.pid)
+        roles = [bench._role(p.pid) for p in procs]
+        assert roles == ["orchestrator", "worker 1", "node", "switch"]
+        for p, role in zip(procs, roles):
+            want = cores.training if role.startswith("worker") else cores.network
+            assert {os.sched_getaffinity(int(t)) == want for t in os.listdir(f"/proc/{p.pid}/task")} == {True}
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.stdout.readline() == f"{sorted(want)}\n"  # a thread started after the pinning
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
