@@ -332,6 +332,8 @@ class Sampler(threading.Thread):
         self.snaps: list[tuple[int, dict]] = []  # (worker 0's step, each process's figures then)
 
     def run(self) -> None:
+        if self.cores:  # this thread's reading costs the network's cores, not training's (this thread only)
+            os.sched_setaffinity(0, self.cores.network)
         log, pos, step = None, 0, 0
         while not self.done.wait(0.02):
             if log is None:
@@ -350,7 +352,10 @@ class Sampler(threading.Thread):
             if self.cores and (step < 1 or not self.snaps):
                 self.cores.place(self.root)
             if self.sampled(step):
-                self.snaps.append((step, {pid: u for pid in procstat.tree(self.root) if (u := _proc_usage(pid)) is not None}))
+                # The first snapshot's processes are the run's from then on: a scan of all of /proc
+                # a step would cost a core a per cent at 1.3M parameters.
+                pids = list(self.snaps[0][1]) if self.snaps else procstat.tree(self.root)
+                self.snaps.append((step, {pid: u for pid in pids if (u := _proc_usage(pid)) is not None}))
 
     def sampled(self, step: int) -> bool:
         """Whether worker 0's newest logged step `step` is sampled now."""

@@ -293,3 +293,30 @@ def test_torch_gpt_pins_make_run_s_processes_by_role_every_thread_of_them(monkey
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_torch_gpt_scans_proc_for_the_run_s_processes_once(monkeypatch, tmp_path):
+    """A scan of all of /proc costs a core about a per cent at 1.3M parameters: the processes of the
+    first snapshot are sampled from then on."""
+    bench = load("torch_gpt", monkeypatch)
+    scans = []
+    monkeypatch.setattr(bench.procstat, "tree", lambda root: scans.append(root) or [11, 12])
+    monkeypatch.setattr(bench, "_proc_usage", lambda pid: (f"worker {pid - 11}", 1.0, 1, {}))
+    logs = tmp_path / "20261204-030000" / "logs"
+    logs.mkdir(parents=True)
+    sampler = bench.Sampler(7, tmp_path, steps=6)
+    sampler.start()
+    try:
+        with open(logs / "worker-job1-0.log", "w") as f:
+            for step in range(5):
+                f.write(json.dumps({"ev": "step", "step": step}) + "\n")
+                f.flush()
+                for _ in range(12000):  # each step sampled before the next is logged (a hang guard of minutes)
+                    if step < 1 or len(sampler.snaps) >= step or not sampler.is_alive():
+                        break
+                    sampler.done.wait(0.01)
+    finally:
+        sampler.done.set()
+        sampler.join()
+    assert [s for s, _ in sampler.snaps] == [1, 2, 3, 4] and scans == [7]
+    assert all(set(snap) == {11, 12} for _, snap in sampler.snaps)
