@@ -248,7 +248,11 @@ def _role(pid: int) -> str | None:
 def pin(pid: int, cpus: set[int]) -> None:
     """Every thread of `pid` onto `cpus` (threads it starts later inherit their creator's); threads
     that end meanwhile are passed over."""
-    for task in os.listdir(f"/proc/{pid}/task") if os.path.isdir(f"/proc/{pid}/task") else ():
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # the process ended since it was listed
+        return
+    for task in tasks:
         try:
             if os.sched_getaffinity(int(task)) != cpus:
                 os.sched_setaffinity(int(task), cpus)
