@@ -27,7 +27,10 @@ run in it); all CPU but that is the rest of the step: optimizer, communication. 
 sum of CPU is what a step costs, and each round prints DDP's sum over a switch run's: where every
 core trains, the ratio of steps/s follows it, with less of the host's drift (a side's CPU a step
 moves less than its steps/s). A worker's forward+backward above a rank's is the other processes'
-CPU and wake-ups taken from it.
+CPU and wake-ups taken from it. A worker's wait for the parameters after its backward is split: the
+parameters reach every worker at once, so the step's least wait is the network's round trip after
+the last worker's backward, and a worker's wait beyond it is time spent behind a slower worker
+(DDP's ranks wait for each other the same way, inside their backward's last allreduce).
 
 --rounds N runs every side N times in turn and ends with the median of each round's ratios: the
 host's speed drifts from minute to minute, so a ratio is taken within a round, never across.
@@ -162,6 +165,10 @@ class Usage:
     wait_ms: float | None = None
     threads: dict[str, float] = field(default_factory=dict)  # CPU ms of its threads mindp names (in cpu_ms)
     compute_cpu_ms: float | None = None
+    # Of wait_ms, the part beyond the step's least wait: the parameters reach every worker at once
+    # (multicast), so the worker that ended backward last waits least, the network's round trip of
+    # the step's last gradients, and the others wait that much longer for its gradients.
+    behind_ms: float | None = None
 
 
 def _cpu_ms(u: Usage) -> str:
@@ -178,6 +185,7 @@ def usage_lines(usages: list[Usage]) -> list[str]:
     wake = ", ".join(f"{u.role} {u.wakeups:.0f}" for u in usages)
     fb = ", ".join(f"{u.role} {u.compute_ms:.0f}" for u in usages if u.compute_ms is not None)
     waits = ", ".join(f"{u.role} {u.wait_ms:.0f}" for u in usages if u.wait_ms is not None)
+    behind = ", ".join(f"{u.role} {u.behind_ms:.0f}" for u in usages if u.behind_ms is not None)
     model = [u.compute_cpu_ms for u in usages if u.compute_cpu_ms is not None]
     fb_cpu = ", ".join(f"{u.role} {u.compute_cpu_ms:.0f}" for u in usages if u.compute_cpu_ms is not None)
     rest = sum(u.cpu_ms for u in usages) - sum(model)
@@ -185,7 +193,9 @@ def usage_lines(usages: list[Usage]) -> list[str]:
             f"voluntary context switches a step: {wake}", f"forward+backward ms (wall): {fb}",
             *([f"forward+backward CPU ms (training thread, gradient hooks in): {fb_cpu}; all the rest {rest:.0f} "
                "(optimizer, communication: every other thread and process)"] if model else []),
-            *([f"then waiting for the parameters, ms (wall): {waits}"] if waits else [])]
+            *([f"then waiting for the parameters, ms (wall): {waits}"] if waits else []),
+            *([f"of which waiting for a worker still in backward: {behind} (the rest: the round trip of the "
+               "step's last gradients, after the last worker's backward)"] if behind else [])]
 
 
 def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str, list[Usage]]:
@@ -381,10 +391,14 @@ class Sampler(threading.Thread):
             xs = [j[key] for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1 and key in j]
             return sum(xs) / len(xs) * 1e3 if xs else None
 
+        waits = {}
         for path in self.runs.glob("2*/logs/worker-job1-*.log"):
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
-            logs[int(path.stem.rsplit("-", 1)[1])] = (mean_ms(lines, "compute"), mean_ms(lines, "wait"),
-                                                      mean_ms(lines, "compute_cpu"))
+            worker = int(path.stem.rsplit("-", 1)[1])
+            logs[worker] = (mean_ms(lines, "compute"), mean_ms(lines, "wait"), mean_ms(lines, "compute_cpu"))
+            waits[worker] = {j["step"]: j["wait"] for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1
+                             and "wait" in j}
+        behind = behind_ms(waits)
         order = [r for _, r in ROLES]
 
         def rank(pid: int) -> tuple[int, int]:
@@ -398,8 +412,18 @@ class Sampler(threading.Thread):
                 else (None,) * 3
             threads = {name: (sec - a[pid][3].get(name, 0.0)) / n * 1e3 for name, sec in sorted(named.items())}
             out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute, wait, threads,
-                             compute_cpu))
+                             compute_cpu, behind.get(int(label.split()[1])) if label.startswith("worker ") else None))
         return out
+
+
+def behind_ms(waits: dict[int, dict[int, float]]) -> dict[int, float]:
+    """Per worker, its mean wait for the parameters (seconds, by step) beyond the least wait of the
+    same step, in ms, over the steps every worker logged; {} with fewer than two workers."""
+    steps = set.intersection(*(set(w) for w in waits.values())) if len(waits) > 1 else set()
+    if not steps:
+        return {}
+    least = {s: min(w[s] for w in waits.values()) for s in steps}
+    return {worker: sum(w[s] - least[s] for s in steps) / len(steps) * 1e3 for worker, w in waits.items()}
 
 
 def state_in_ram(wl: workload.WorkloadConfig) -> int:

@@ -156,6 +156,31 @@ def test_torch_gpt_splits_the_cpu_into_forward_backward_and_the_rest(monkeypatch
            "all the rest 250 (optimizer, communication: every other thread and process)" in lines
 
 
+def test_torch_gpt_tells_the_wait_for_a_slower_worker_from_the_network_s_round_trip(monkeypatch, tmp_path):
+    """Parameters reach the workers at once: per step, the least wait is the network's round trip
+    after the last backward, and each worker's wait beyond it is time spent behind a slower worker.
+    A worker ahead in one step and behind in the next gets its lead counted only where it led."""
+    bench = load("torch_gpt", monkeypatch)
+    logs = tmp_path / "20261204-070000" / "logs"
+    logs.mkdir(parents=True)
+    waits = {0: (0.5, 0.040, 0.004, 0.030, 0.5), 1: (0.5, 0.005, 0.024, 0.006, 0.5)}
+    for w, ws in waits.items():
+        (logs / f"worker-job1-{w}.log").write_text("".join(
+            json.dumps({"ev": "step", "step": s, "compute": 0.2, "wait": x, "compute_cpu": 0.2}) + "\n"
+            for s, x in enumerate(ws)))
+    sampler = bench.Sampler(0, tmp_path, steps=5)
+    at = lambda cpu: {10: ("worker 0", cpu, 5, {}), 11: ("worker 1", cpu, 7, {}), 12: ("node", cpu, 9, {})}
+    sampler.snaps = [(0, at(1.0)), (3, at(1.6))]
+    usages = {u.role: u for u in sampler.usages()}
+    assert round(usages["worker 0"].behind_ms, 6) == round((35 + 0 + 24) / 3, 6)
+    assert round(usages["worker 1"].behind_ms, 6) == round((0 + 20 + 0) / 3, 6)
+    assert usages["node"].behind_ms is None
+    assert "of which waiting for a worker still in backward: worker 0 20, worker 1 7 (the rest: the round trip of " \
+           "the step's last gradients, after the last worker's backward)" in bench.usage_lines(list(usages.values()))
+    assert bench.behind_ms({0: {1: 0.01}}) == {}
+    assert bench.behind_ms({0: {1: 0.01}, 1: {2: 0.01}}) == {}
+
+
 def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):
     """A worker's pump thread (named by mindp.threadname) is sampled apart, by its name; the
     process's other threads are not listed."""
