@@ -165,10 +165,7 @@ class Usage:
     wait_ms: float | None = None
     threads: dict[str, float] = field(default_factory=dict)  # CPU ms of its threads mindp names (in cpu_ms)
     compute_cpu_ms: float | None = None
-    # Of wait_ms, the part beyond the step's least wait: the parameters reach every worker at once
-    # (multicast), so the worker that ended backward last waits least, the network's round trip of
-    # the step's last gradients, and the others wait that much longer for its gradients.
-    behind_ms: float | None = None
+    behind_ms: float | None = None  # of wait_ms, the time behind a slower worker (behind_ms())
 
 
 def _cpu_ms(u: Usage) -> str:
@@ -387,17 +384,17 @@ class Sampler(threading.Thread):
         n = s1 - s0
         logs = {}
 
-        def mean_ms(lines: list[dict], key: str) -> float | None:
-            xs = [j[key] for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1 and key in j]
+        def mean_ms(steps: list[dict], key: str) -> float | None:
+            xs = [j[key] for j in steps if key in j]
             return sum(xs) / len(xs) * 1e3 if xs else None
 
         waits = {}
         for path in self.runs.glob("2*/logs/worker-job1-*.log"):
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
+            steps = [j for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1]  # the sampled steps' lines
             worker = int(path.stem.rsplit("-", 1)[1])
-            logs[worker] = (mean_ms(lines, "compute"), mean_ms(lines, "wait"), mean_ms(lines, "compute_cpu"))
-            waits[worker] = {j["step"]: j["wait"] for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1
-                             and "wait" in j}
+            logs[worker] = (mean_ms(steps, "compute"), mean_ms(steps, "wait"), mean_ms(steps, "compute_cpu"))
+            waits[worker] = {j["step"]: j["wait"] for j in steps if "wait" in j}
         behind = behind_ms(waits)
         order = [r for _, r in ROLES]
 
@@ -418,7 +415,9 @@ class Sampler(threading.Thread):
 
 def behind_ms(waits: dict[int, dict[int, float]]) -> dict[int, float]:
     """Per worker, its mean wait for the parameters (seconds, by step) beyond the least wait of the
-    same step, in ms, over the steps every worker logged; {} with fewer than two workers."""
+    same step, in ms, over the steps every worker logged; {} with fewer than two workers. The
+    parameters reach every worker at once (multicast): the worker that ended backward last waits
+    least, the network's round trip of the step's last gradients; the others wait for its gradients."""
     steps = set.intersection(*(set(w) for w in waits.values())) if len(waits) > 1 else set()
     if not steps:
         return {}
