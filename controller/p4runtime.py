@@ -12,8 +12,8 @@ import ctypes
 import functools
 import hashlib
 import ipaddress
-import math
 import json
+import math
 import os
 import pathlib
 import queue
@@ -30,7 +30,7 @@ from p4runtime_sh.context import Context, P4Type
 from p4runtime_sh.p4runtime import P4RuntimeClient, SSLOptions
 from p4runtime_sh.utils import UserError
 
-from mindp import interrupts
+from mindp import gcpause, interrupts
 
 from . import p4info_names as n
 from .model import Entry, Group, Op, OpKind
@@ -276,7 +276,8 @@ def check_program_k(bmv2_json: bytes, path) -> None:
     from p4src import artifacts
 
     try:
-        k = artifacts.program_k(json.loads(bmv2_json))
+        with gcpause.paused():
+            k = artifacts.program_k(json.loads(bmv2_json))
     except ValueError:
         return  # not JSON: the switch's own refusal names it
     if k is not None and k != protocol.K:

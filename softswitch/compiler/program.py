@@ -8,6 +8,8 @@ import random
 from array import array
 from dataclasses import dataclass, field
 
+from mindp import gcpause
+
 from .. import diskcache, hashing
 from ..compiler_errors import ProgramError, UnsupportedConstruct
 from ..tables import Table, noop
@@ -73,7 +75,8 @@ class CompiledProgram:
 def load(json_bytes: bytes | str, drop_port: int = DEFAULT_DROP_PORT) -> CompiledProgram:
     """Compile a BMv2 JSON; any fault of the program is a one-line ProgramError."""
     try:
-        return _load(json_bytes, drop_port)
+        with gcpause.paused():
+            return _load(json_bytes, drop_port)
     except ProgramError as exc:
         raise type(exc)(_one_line(str(exc))) from None
     except (KeyError, TypeError, IndexError, ValueError, AttributeError, OverflowError, RecursionError,
