@@ -19,8 +19,8 @@ from .console import how_it_ended
 
 #: torchrun's line for a failed rank: "failed (exitcode: 1) local_rank: 1 (pid: 123) of binary: ..."
 FAILED_RANK = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
-#: torchrun --tee prefixes each line of local rank r with "[default<r>]:"
-RANK_LINE = re.compile(r"^\[default(\d+)\]:(.*)$")
+#: torchrun --tee prefixes what it prints of local rank r with "[default<r>]:" (RankLines)
+RANK_MARK = re.compile(r"\[default(\d+)\]:")
 TRACEBACK_PART = re.compile(r"^(Traceback \(most recent call last\):|\s+File \"|\s+\^|\s{2,}\S)")
 
 
@@ -64,9 +64,35 @@ def from_error_files(log_dir: pathlib.Path) -> RankFailure | None:
     return min(found, key=lambda f: (f.time, str(f.rank))) if found else None
 
 
+class RankLines:
+    """torchrun's --tee'd output, a line of its log at a time -> each rank's own lines, whole.
+
+    torchrun's tail of a rank's output prints what it has read, prefixed, even a line the rank has
+    not ended yet (it wrote its text and its newline apart, as an unbuffered print does, and the
+    tail read in between): its log then holds '[default0]:{"loss": 2.3}[default0]:', one line of
+    rank 0 in two pieces, maybe with other ranks' pieces between them, or on later lines. A rank's
+    line ends where a piece of it ends a line of the log."""
+
+    def __init__(self):
+        self._open: dict[int, str] = {}  # rank -> the pieces of its line so far
+
+    def feed(self, line: str) -> list[tuple[int | None, str]]:
+        """(rank, its line) for each rank's line that `line` ends; (None, text) for torchrun's own."""
+        parts = RANK_MARK.split(line)
+        if len(parts) == 1:
+            return [(None, line)]
+        ended = [(None, parts[0])] if parts[0] else []
+        for rank, text in zip(map(int, parts[1::2]), parts[2::2]):
+            self._open[rank] = self._open.get(rank, "") + text
+        last = int(parts[-2])
+        ended.append((last, self._open.pop(last)))
+        return ended
+
+
 def last_words(lines: list[str], rank: int) -> str:
     """The last line rank `rank` printed that is not part of a traceback's frames."""
-    said = [m.group(2).strip() for m in map(RANK_LINE.match, lines) if m and int(m.group(1)) == rank]
+    split = RankLines()
+    said = [text.strip() for line in lines for r, text in split.feed(line) if r == rank]
     said = [s for s in said if s and not TRACEBACK_PART.match(s)]
     return said[-1] if said else ""
 

@@ -192,6 +192,7 @@ class ScriptRun(Run):
         pids = self.dir / "host-pids.json"
         pids.write_text(json.dumps({h: self.net.get(h).pid for h in self.job.workers.values()}))
         n = self.job.n_workers
+        self.rank_lines = rankerrors.RankLines()  # torchrun's log -> each rank's lines, whole
         # Kept out of a.workers: its end is read here (the first failing rank), not as an agent's exit.
         self.torchrun = a.popen_root("torchrun", [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
@@ -203,13 +204,9 @@ class ScriptRun(Run):
     def show(self, line: str, progress: Progress, tty: bool) -> None:
         """A line of torchrun's log: rank 0's JSON {"loss", ...} feeds the curve (Progress.feed_output, as
         mindp.torch.log does); its other lines are shown prefixed [rank0]; other ranks' stay in the log."""
-        m = rankerrors.RANK_LINE.match(line)
-        if not m or m.group(1) != "0":
-            return
-        text = m.group(2)
-        if progress.feed_output(text):
-            return
-        self.console.say(("\r\x1b[K" if tty else "") + "[rank0] " + text)
+        for rank, text in self.rank_lines.feed(line):
+            if rank == 0 and not progress.feed_output(text):
+                self.console.say(("\r\x1b[K" if tty else "") + "[rank0] " + text)
 
     def train(self) -> tuple[Progress, float]:
         """Follow the ranks' figures and rank 0's output until torchrun exits; stalls follow progress."""
