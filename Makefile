@@ -113,8 +113,8 @@ LARGE_K_TESTS := tests/dataplane tests/softswitch/test_native.py tests/softswitc
   tests/host_agent/test_codec.py tests/host_agent/test_state.py tests/host_agent/test_worker_io.py \
   tests/host_agent/test_worker_guard.py tests/host_agent/test_shard_worker.py tests/host_agent/test_fused.py \
   tests/host_agent/test_node_core.py tests/host_agent/test_shard_core.py tests/host_agent/test_digest.py \
-  tests/host_agent/test_rawsock_ring.py tests/host_agent/test_rawsock_batch.py tests/host_agent/test_storage.py \
-  tests/host_agent/test_residency.py tests/host_agent/test_optim.py tests/host_agent/test_groups.py \
+  tests/host_agent/test_rawsock_ring.py tests/host_agent/test_rawsock_batch.py tests/host_agent/test_udpgso.py \
+  tests/host_agent/test_storage.py tests/host_agent/test_residency.py tests/host_agent/test_optim.py tests/host_agent/test_groups.py \
   tests/run/test_make_run.py tests/test_mtu.py tests/test_wire.py
 test: setup
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist load --durations=10 $(PYTEST_ARGS)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from host_agent import udpgso
 from mindp import mmsg, rxring
 from mindp.netutil import IFF_UP, hold_udp_port, interface_flags, mtu_problem, packet_socket
 from mindp.protocol import Kind, frame_len, link_mtu
@@ -70,6 +71,7 @@ def open_raw(iface: str) -> socket.socket:
     except OSError as exc:
         raise SocketError(f"cannot open a raw socket on {iface!r}: {exc.strerror or exc}") from None
     prepare(s)
+    udpgso.attach(s)
     return s
 
 
@@ -446,6 +448,12 @@ def _send_mmsg(fd: int, frames: np.ndarray, rows, lens=None) -> tuple[int, int]:
     return n, len(mmsg.send_at(fd, vec.address, n, SEND_ERRNOS))
 
 
+def _send_each_row(s: socket.socket, frames: np.ndarray, rows, lens=None) -> tuple[int, int]:
+    if _MMSG:
+        return _send_mmsg(s.fileno(), frames, rows, lens)
+    return _send_plain(s.send, frames, rows, lens)
+
+
 def _send_plain(send, frames: np.ndarray, rows, lens=None) -> tuple[int, int]:
     """send_rows without fault injection: slices of one flat memoryview (no numpy row objects),
     one try block for the whole batch (re-entered only after a failed send)."""
@@ -472,11 +480,18 @@ def _send_plain(send, frames: np.ndarray, rows, lens=None) -> tuple[int, int]:
 def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None = None,
               lens=None) -> tuple[int, int]:
     """Send frames[rows] (each its first lens[row] bytes, if given); returns (sent, failed). A full
-    queue counts as a loss (retransmission covers it)."""
+    queue counts as a loss (retransmission covers it). Rows (a range, list or index array) of
+    equal width and header leave as UDP GSO super-frames where `s` has a sender (udpgso)."""
     if faults is None and frames.flags.c_contiguous:
-        if _MMSG:
-            return _send_mmsg(s.fileno(), frames, rows, lens)
-        return _send_plain(s.send, frames, rows, lens)
+        g = udpgso.sender(s) if lens is None else None
+        if g is not None:
+            pick = np.asarray(rows, dtype=np.intp).reshape(-1)
+            if len(pick) > 1:
+                done, failed = g.send(frames, pick, SEND_ERRNOS)
+                if done < len(pick):  # the kernel will not segment: the rest frame by frame
+                    failed += _send_each_row(s, frames, pick[done:])[1]
+                return len(pick), failed
+        return _send_each_row(s, frames, rows, lens)
     sent = failed = 0
     send = s.send
     held = []

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from controller.controller import Controller
-from host_agent import digest, optim, rawsock
+from host_agent import digest, optim, rawsock, udpgso
 from mindp import progress, targets
 from mindp.harness import testbed
 from mindp.topology import JobSpec, star
@@ -186,6 +186,8 @@ class Workers:
         for w in (job.workers if ids is None else ids):
             sock = bed.hosts[job.workers[w]].socket()
             rawsock.prepare(sock)
+            with testbed.in_netns(bed.hosts[job.workers[w]].netns):
+                udpgso.attach(sock)  # as rawsock.open_raw does in a worker's own process
             faults = rawsock.Faults(drop, drop, 100 + w, dup, reorder) if (drop or dup or reorder) else None
             if recv_drop and w in recv_drop:
                 faults = rawsock.Faults(drop, recv_drop[w], 100 + w, dup, reorder)
