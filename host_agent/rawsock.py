@@ -2,10 +2,12 @@
 
 An agent's socket receives through a PACKET_MMAP ring (mindp.rxring), set up by `enable_auxdata`
 before traffic, in slots of the longest frame (SUM: K int64): every receive function here reads
-the ring where the socket has one. Elsewhere (the ring cannot be set up, RING off) and for sends,
-bursts go through sendmmsg/recvmmsg (ctypes, one system call for up to 1024 frames, the message
-vectors built once and only the rows of each call written, with numpy) where libc has them and
-pointers are 64-bit; elsewhere the same functions loop over send/recvmsg_into.
+the ring where the socket has one. A burst of plain UDP frames leaves as UDP GSO super-frames
+(host_agent.udpgso) where the socket has a sender. Elsewhere (the ring cannot be set up, RING off;
+no GSO sender), bursts go through sendmmsg/recvmmsg (ctypes, one system
+call for up to 1024 frames, the message vectors built once and only the rows of each call written,
+with numpy) where libc has them and pointers are 64-bit; elsewhere the same functions loop over
+send/recvmsg_into.
 """
 from __future__ import annotations
 
@@ -481,15 +483,15 @@ def send_rows(s: socket.socket, frames: np.ndarray, rows, faults: Faults | None 
               lens=None) -> tuple[int, int]:
     """Send frames[rows] (each its first lens[row] bytes, if given); returns (sent, failed). A full
     queue counts as a loss (retransmission covers it). Rows (a range, list or index array) of
-    equal width and header leave as UDP GSO super-frames where `s` has a sender (udpgso)."""
+    equal length and header leave as UDP GSO super-frames where `s` has a sender (udpgso)."""
     if faults is None and frames.flags.c_contiguous:
-        g = udpgso.sender(s) if lens is None else None
+        g = udpgso.sender(s)
         if g is not None:
             pick = np.asarray(rows, dtype=np.intp).reshape(-1)
             if len(pick) > 1:
-                done, failed = g.send(frames, pick, SEND_ERRNOS)
+                done, failed = g.send(frames, pick, SEND_ERRNOS, lens)
                 if done < len(pick):  # the kernel will not segment: the rest frame by frame
-                    failed += _send_each_row(s, frames, pick[done:])[1]
+                    failed += _send_each_row(s, frames, pick[done:], lens)[1]
                 return len(pick), failed
         return _send_each_row(s, frames, rows, lens)
     sent = failed = 0

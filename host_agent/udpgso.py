@@ -71,7 +71,7 @@ def plain_udp(header, width: int) -> bool:
     and unfragmented, UDP, with IP and UDP lengths to its end: a frame the kernel's segmentation
     gives back as it is."""
     h = bytes(header[:PREFIX])
-    return (len(h) == PREFIX and h[12:14] == b"\x08\x00" and h[ETH] == 0x45 and h[ETH + 9] == socket.IPPROTO_UDP
+    return (len(h) == PREFIX and width > PREFIX and h[12:14] == b"\x08\x00" and h[ETH] == 0x45 and h[ETH + 9] == socket.IPPROTO_UDP
             and h[ETH + 6] & 0x3F == 0 and h[ETH + 7] == 0
             and struct.unpack_from("!H", h, ETH + 2)[0] == width - ETH
             and struct.unpack_from("!H", h, ETH + IP + 4)[0] == width - ETH - IP)
@@ -105,31 +105,34 @@ class Sender:
             hit = self._headers[key] = (vnet, super_header(header, count, seg))
         return hit
 
-    def send(self, frames: np.ndarray, rows: np.ndarray, refused: tuple[int, ...]) -> tuple[int, int]:
-        """Send frames[rows] (C-contiguous rows, each sent whole): runs of rows with one plain
-        IPv4/UDP header (plain_udp) as super-frames, other rows alone. Returns (rows sent,
-        failed): a super-frame the kernel refuses with an errno of `refused` counts all its frames
-        as lost (retransmission covers them). Where the kernel will not segment (UNSUPPORTED), the
-        sender turns itself off and returns the rows it did send: the caller sends the others."""
-        width = frames.shape[1]
-        seg = width - PREFIX
-        per = max(1, min(MAX_SEGMENTS, (MAX_BYTES - IP - UDP) // seg)) if seg > 0 else 1
+    def send(self, frames: np.ndarray, rows: np.ndarray, refused: tuple[int, ...],
+             lens: np.ndarray | None = None) -> tuple[int, int]:
+        """Send frames[rows] (C-contiguous rows, each its first lens[row] bytes if given, else
+        whole): runs of rows with one plain IPv4/UDP header and length (plain_udp) as
+        super-frames, other rows alone. Returns (rows sent, failed): a super-frame the kernel
+        refuses with an errno of `refused` counts all its frames as lost (retransmission covers
+        them). Where the kernel will not segment (UNSUPPORTED), the sender turns itself off and
+        returns the rows it did send: the caller sends the others."""
+        stride = frames.shape[1]
         heads = frames[rows, :PREFIX]
-        # a run ends where a row's header differs from the one before it
-        starts = np.flatnonzero(np.r_[True, (heads[1:] != heads[:-1]).any(1)])
+        sizes = np.full(len(rows), stride) if lens is None else np.asarray(lens, dtype=np.int64)[rows]
+        # a run ends where a row's header or length differs from the one before it
+        starts = np.flatnonzero(np.r_[True, (heads[1:] != heads[:-1]).any(1) | (sizes[1:] != sizes[:-1])])
         ends = np.r_[starts[1:], len(rows)]
         mv = memoryview(frames).cast("B")
         sendmsg = self.sock.sendmsg
         failed = 0
         for a, b in zip(starts.tolist(), ends.tolist()):
-            step = per if plain_udp(heads[a], width) else 1
+            width = int(sizes[a])
+            seg = width - PREFIX
+            step = min(MAX_SEGMENTS, (MAX_BYTES - IP - UDP) // seg) if plain_udp(heads[a], width) else 1
             for i in range(a, b, step):
                 pick = rows[i:min(b, i + step)].tolist()
                 if len(pick) == 1:
-                    bufs = [NO_GSO, mv[pick[0] * width:(pick[0] + 1) * width]]
+                    bufs = [NO_GSO, mv[pick[0] * stride:pick[0] * stride + width]]
                 else:
                     bufs = [*self._prefix(bytes(heads[i]), len(pick), seg)]
-                    bufs += [mv[r * width + PREFIX:(r + 1) * width] for r in pick]
+                    bufs += [mv[r * stride + PREFIX:r * stride + width] for r in pick]
                 try:
                     sendmsg(bufs)
                 except OSError as exc:

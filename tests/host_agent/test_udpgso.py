@@ -96,6 +96,24 @@ def test_runs_of_one_header_arrive_as_the_frames_built(link, width):
     assert got[-1] == f[3].tobytes()  # alone: sent as built
 
 
+def test_rows_sent_with_lengths_go_as_runs_of_one_length(link):
+    """As the node sends PARAM frames of 1-4 chunks: rows as wide as the longest, each its own length."""
+    tx, rx = link
+    stride = link_mtu() + 14
+    sizes = [stride] * 70 + [stride - 100] * 3 + [200] + [stride] * 5 + [43] * 2
+    f = np.zeros((len(sizes), stride), np.uint8)
+    for i, size in enumerate(sizes):
+        f[i, :size] = build(1, size)[0]
+    f[:, -50:] = 0xEE  # past the shorter rows' lengths: never sent
+    rows = list(range(len(sizes)))
+    assert rawsock.send_rows(tx, f, rows, lens=np.array(sizes)) == (len(rows), 0)
+    got = received(rx, len(rows))
+    assert [len(g) for g in got] == sizes
+    assert all(same_but_kernel_fields(g, f[r, :size]) for g, r, size in zip(got, rows, sizes))
+    assert all(checksums_valid(g) for g in got)
+    assert [int.from_bytes(g[18:20], "big") for g in got[70:73]] == [7, 8, 9]  # a run of 3 cut by the kernel
+
+
 def test_rows_that_are_not_plain_udp_go_as_built(link):
     tx, rx = link
     width = frame_len(Kind.GRAD)
