@@ -59,6 +59,9 @@ class Scenario:
         self.pcaps: list[subprocess.Popen] = []
         self.fabric = None
         self.faults: list[str] = []
+        # Held while an event runs: a kill and its restart are one step to _wait, which never takes
+        # the exit code of a process an event killed and is about to start again for an ending.
+        self.injecting = threading.Lock()
 
     def _module(self, name: str) -> list[str]:
         """How an agent's module is run: with small socket buffers where the scenario says so."""
@@ -136,7 +139,8 @@ class Scenario:
             if stop.wait(max(0.0, t0 + e.at - time.monotonic())):
                 return
             try:
-                self._event(e)
+                with self.injecting:
+                    self._event(e)
             except Exception as exc:  # a fault that could not be injected is reported, not fatal
                 self.faults.append(f"{e.action} {e.target}: not injected ({exc})")
 
@@ -231,8 +235,8 @@ class Scenario:
                 with contextlib.suppress(ProcessLookupError):
                     told.terminate()  # `ip netns exec` execs: the node's own PID
             if all(v is not None for v in codes.values()):
-                time.sleep(0.5)  # an event may be restarting one right now
-                again = {n: a.proc.poll() for n, a in self.procs.items()}
+                with self.injecting:  # no event is between a kill and its restart now
+                    again = {n: a.proc.poll() for n, a in self.procs.items()}
                 if all(v is not None for v in again.values()):
                     return again
             time.sleep(0.1)

@@ -11,6 +11,7 @@ import shlex
 import socket
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -205,6 +206,40 @@ def test_a_node_told_to_end_is_told_once_and_exits_as_it_does(monkeypatch, tmp_p
     sc.procs = {"node": type("A", (), {"proc": node})(), "worker0": type("A", (), {"proc": FakeProc(3)})()}
     assert sc._wait() == {"node": 0, "worker0": 0}
     assert node.told == 1
+
+
+class KilledLife:
+    """A process an event killed (SIGKILL, -9); `seen` is set once the scenario has polled it."""
+
+    def __init__(self):
+        self.seen = threading.Event()
+
+    def poll(self):
+        self.seen.set()
+        return -9
+
+
+def test_a_node_killed_and_being_restarted_by_an_event_is_waited_for_in_its_new_life(monkeypatch, tmp_path):
+    """The workers ended while an event had the node killed and held it down: its -9 is not the
+    scenario's result (a replayed threads scenario failed so, its training exact); the new life is
+    waited for and ends as told."""
+    from tools import stress_scenario
+
+    clock = [0.0]
+    monkeypatch.setattr(stress_scenario.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(stress_scenario.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    sc = stress_scenario.Scenario(Config("threads", 1, workers=1), tmp_path)
+    killed, node = KilledLife(), type("A", (), {"proc": None})()
+    node.proc = killed
+    sc.procs = {"node": node}
+    out = {}
+    with sc.injecting:  # the event: the node killed, its restart after the hold
+        waiter = threading.Thread(target=lambda: out.update(sc._wait()), daemon=True)
+        waiter.start()
+        assert killed.seen.wait(60)
+        node.proc = restarted = ExportingNode(polls=3)
+    waiter.join(60)
+    assert out == {"node": 0} and restarted.told == 1
 
 
 def test_a_stress_run_that_kept_no_scenario_leaves_no_directory(monkeypatch, tmp_path):
