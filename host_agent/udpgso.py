@@ -24,6 +24,8 @@ import weakref
 
 import numpy as np
 
+from mindp.codec import ipv4_checksum
+
 SOL_PACKET = 263
 PACKET_VNET_HDR = 15
 VIRTIO_NET_HDR_F_NEEDS_CSUM = 1
@@ -41,16 +43,6 @@ NO_GSO = VNET_HDR.pack(0, 0, 0, 0, 0, 0)
 ENABLED = os.environ.get("MINDP_NO_GSO") != "1"
 
 
-def _fold(total: int) -> int:
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return total
-
-
-def _sum16(data: bytes) -> int:
-    return sum(struct.unpack(f"!{len(data) // 2}H", data))
-
-
 def super_header(header: bytes, count: int, seg: int) -> bytes:
     """The 42-byte header of a super-frame of `count` frames of `seg` payload bytes each, from
     its frames' shared header: IP and UDP lengths of the whole, IP checksum, and the UDP
@@ -59,10 +51,10 @@ def super_header(header: bytes, count: int, seg: int) -> bytes:
     udp_len = UDP + count * seg
     struct.pack_into("!H", h, ETH + 2, IP + udp_len)
     h[ETH + 10:ETH + 12] = b"\0\0"
-    struct.pack_into("!H", h, ETH + 10, ~_fold(_sum16(bytes(h[ETH:ETH + IP]))) & 0xFFFF)
+    struct.pack_into("!H", h, ETH + 10, ipv4_checksum(bytes(h[ETH:ETH + IP])))
     struct.pack_into("!H", h, ETH + IP + 4, udp_len)
-    pseudo = _sum16(bytes(h[ETH + 12:ETH + 20])) + socket.IPPROTO_UDP + udp_len
-    struct.pack_into("!H", h, ETH + IP + 6, _fold(pseudo))
+    pseudo = bytes(h[ETH + 12:ETH + 20]) + struct.pack("!BBH", 0, socket.IPPROTO_UDP, udp_len)
+    struct.pack_into("!H", h, ETH + IP + 6, ~ipv4_checksum(pseudo) & 0xFFFF)  # the sum, not its complement
     return bytes(h)
 
 
