@@ -118,7 +118,9 @@ def test_worker_link_down_and_up_mid_step(bed, tmp_path, target):
     with AgentFabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
-            workers = Workers(b, topo, init, gf, steps, ids=[0, 1, 3]).start()
+            # Worker 0 holds the last step open until released: however fast the job, worker 2 is
+            # still training when its link goes down (it once ended all 6 steps before).
+            workers = Workers(b, topo, init, gf, steps, ids=[0, 1, 3], pause={0: steps - 1}).start()
             w2.start(steps)
             while not 0 < w2.progress()[1] or w2.progress()[0] < 2:
                 time.sleep(0.001)
@@ -126,6 +128,7 @@ def test_worker_link_down_and_up_mid_step(bed, tmp_path, target):
             time.sleep(2.5)  # past its step deadline; and until it noticed, however slowly
             progress.wait(lambda: "link down" in w2.log.read_text(), progress.activity(w2.proc.pid), stall=STALL,
                           what="worker 2 noticing its link is down")
+            workers.release()
             w2.host.exec("ip", "link", "set", "dev", "eth0", "up", check=True)
             workers.join()
             w2.wait()
