@@ -167,9 +167,10 @@ class Workers:
         that worker alone loses received frames with probability p. digests: each worker checks
         every step against the node's step digest (host_agent.digest). stop_before: {worker: step},
         that worker ends before the step, as a process killed between steps (see stopped).
-        pause: {worker: step}, that worker puts only its first tensor of the step until release():
-        its peers then hold that tensor's chunks of the step answered and no other, for as long as
-        a test needs (a worker process killed mid-step, whatever the machine's speed)."""
+        pause: {worker: step or steps}, that worker puts only its first tensor of each such step
+        until release(): its peers then hold that tensor's chunks of the step answered and no
+        other, for as long as a test needs (a worker process killed mid-step, whatever the
+        machine's speed)."""
         self.overlap = overlap
         self.layout = optim.layout_of(init)
         self.results: dict[int, dict] = {}
@@ -179,8 +180,8 @@ class Workers:
         self.params: dict[int, dict] = {}  # each worker's parameters after its last completed step
         self.first_step = first_step
         self.stop_before: dict[int, int] = dict(stop_before or {})
-        self.pause: dict[int, int] = dict(pause or {})
-        self.released = threading.Event()
+        self.pause: dict[int, set[int]] = {w: {s} if isinstance(s, int) else set(s) for w, s in (pause or {}).items()}
+        self.released = {s: threading.Event() for steps in self.pause.values() for s in steps}
         job = topo.jobs[0]
         rto = rto or RtoConfig(initial=0.05, min=0.01, max=0.5, deadline=STALL)
         for w in (job.workers if ids is None else ids):
@@ -204,9 +205,11 @@ class Workers:
         self.threads = [threading.Thread(target=self._run, args=(w, start, grad_fn, steps), daemon=True)
                         for w in self.agents]
 
-    def release(self) -> None:
-        """The paused workers put the rest of their step."""
-        self.released.set()
+    def release(self, step: int | None = None) -> None:
+        """The paused workers put the rest of that step (of every paused step if None)."""
+        for s, event in self.released.items():
+            if step is None or s == step:
+                event.set()
 
     def _run(self, w, params, grad_fn, steps):
         try:
@@ -214,11 +217,11 @@ class Workers:
                 if step == self.stop_before.get(w):  # killed between steps by the test
                     return
                 grads = grad_fn(w, step, params)
-                if self.pause.get(w) == step:
+                if step in self.pause.get(w, ()):
                     h = self.agents[w].start_step()
                     first, *rest = grads
                     h.put(first, grads[first])
-                    self.released.wait(STALL)
+                    self.released[step].wait(STALL)
                     for name in rest:
                         h.put(name, grads[name])
                     params = h.wait()

@@ -21,7 +21,6 @@ from mindp import INSTALL_TORCH
 from tests.conftest import TARGET_PARAMS
 
 from mindp import progress
-from mindp.protocol import K
 
 from .harness import STALL, AgentFabric, NodeProcess, Workers, check_against, job_bed, load_npz, run_files
 from .helpers import same_bits, small_model
@@ -159,9 +158,7 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
     b, topo = bed
     steps = 5
     if model == "mlp":
-        # As many chunks at any K as at K = 32 (38): at K = 512 a 3-chunk step could be answered
-        # whole between two looks, and the kill then missed the middle of every step.
-        cfg = workload.WorkloadConfig(n_workers=4, seed=3, batch=8, hidden=16 * max(1, K // 32))
+        cfg = workload.WorkloadConfig(n_workers=4, seed=3, batch=8, hidden=16)
     else:
         pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
         cfg = workload.WorkloadConfig(n_workers=4, seed=3, batch=8, model="cnn", loss_scale=2.0**12,
@@ -171,6 +168,13 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
     cfg.dump(tmp_path / "workload.json")
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
     procs = [WorkerProcess(b, topo, w, tmp_path, init, workload=tmp_path / "workload.json") for w in range(4)]
+    # Worker 0 holds steps 1 and 3 open (all but its last gradient sent) until released: worker 1
+    # is then mid-step for as long as the kill takes, however fast the job (polling alone once
+    # missed the middle of every step of a 4-chunk model).
+    hold = tmp_path / "hold"
+    hold.mkdir()
+    procs[0].argv = [sys.executable, "-m", "tests.host_agent.held_trainer", str(hold), "1,3", "--",
+                     *procs[0].argv[3:]]
     with AgentFabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
@@ -180,6 +184,7 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
             for at in (1, 3):
                 kills.append(procs[1].kill_mid_step(at))
                 procs[1].start(steps)
+                (hold / f"release-{at}").touch()
             for p in procs:
                 p.wait()
             assert node.finish() == 0
@@ -189,6 +194,7 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
                 if p.proc and p.proc.poll() is None:
                     p.proc.kill()
     assert all(0 < done < procs[1].layout.n_chunks for _, done in kills), kills
+    assert (hold / "held-1").exists() and (hold / "held-3").exists()
     log = procs[1].log.read_text()
     assert all(f"worker 1/1: resuming at step {s} ({d} chunk(s) of it answered)" in log for s, d in kills), log
     for p in procs:
@@ -307,12 +313,15 @@ def test_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_path, targ
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         w2 = WorkerProcess(b, topo, 2, tmp_path, init, 34)
         try:
-            workers = Workers(b, topo, init, gf, steps, ids=[0, 1, 3]).start()
+            # Worker 0 holds steps 1 and 3 open until released: worker 2 is then mid-step for as
+            # long as the kill takes, however fast the job.
+            workers = Workers(b, topo, init, gf, steps, ids=[0, 1, 3], pause={0: (1, 3)}).start()
             w2.start(steps)
             kills = []
             for at in (1, 3):
                 kills.append(w2.kill_mid_step(at))
                 w2.start(steps)
+                workers.release(at)
             workers.join()
             w2.wait()
             assert node.finish() == 0
