@@ -33,12 +33,17 @@ def bed():
     yield from job_bed("hrc-", 4)
 
 
+TRAINER = ("mininet_topos.trainer",)
+
+
 class WorkerProcess:
     """One worker process in its namespace with a resume file (mindp-worker with synthetic gradients,
     or the training worker with `workload`): killed (SIGKILL) at any moment and started again with
     the same command line, it goes on where it was."""
 
-    def __init__(self, bed, topo, w: int, tmp_path, init: dict, grad_seed: int = 0, workload=None):
+    def __init__(self, bed, topo, w: int, tmp_path, init: dict, grad_seed: int = 0, workload=None,
+                 trainer: tuple[str, ...] = TRAINER):
+        """trainer: the training worker's module and any arguments of its own before the trainer's."""
         self.host = bed.hosts[topo.jobs[0].workers[w]]
         self.w = w
         self.layout = optim.layout_of(init)
@@ -53,7 +58,7 @@ class WorkerProcess:
         if workload is None:
             self.argv = [sys.executable, "-m", "host_agent.worker", *common, "--grad-seed", str(grad_seed)]
         else:
-            self.argv = [sys.executable, "-m", "mininet_topos.trainer", *common, "--workload", str(workload),
+            self.argv = [sys.executable, "-m", *trainer, *common, "--workload", str(workload),
                          "--rto-min", "0.01", "--rto-max", "0.5"]
         self.proc = None
         self.file: ResumeFile | None = None
@@ -167,14 +172,14 @@ def test_training_worker_killed_mid_step_rejoins_from_its_resume_file(bed, tmp_p
     ref = workload.reference_train(cfg, init, steps, OptimizerConfig())
     cfg.dump(tmp_path / "workload.json")
     args = run_files(tmp_path, topo, init, steps) + ["--stall-resend", "0.5"]
-    procs = [WorkerProcess(b, topo, w, tmp_path, init, workload=tmp_path / "workload.json") for w in range(4)]
     # Worker 0 holds steps 1 and 3 open (all but its last gradient sent) until released: worker 1
     # is then mid-step for as long as the kill takes, however fast the job (polling alone once
     # missed the middle of every step of a 4-chunk model).
     hold = tmp_path / "hold"
     hold.mkdir()
-    procs[0].argv = [sys.executable, "-m", "tests.host_agent.held_trainer", str(hold), "1,3", "--",
-                     *procs[0].argv[3:]]
+    held = ("tests.host_agent.held_trainer", str(hold), "1,3", "--")
+    procs = [WorkerProcess(b, topo, w, tmp_path, init, workload=tmp_path / "workload.json",
+                           trainer=held if w == 0 else TRAINER) for w in range(4)]
     with AgentFabric(target, bed, tmp_path):
         node = NodeProcess(b.hosts["opt1"], args, tmp_path / "node.log").start()
         try:
