@@ -71,15 +71,19 @@ class Agent:
                                         stderr=subprocess.STDOUT)
         return self
 
+    def said(self, text: str) -> bool:
+        """Whether this life's log holds `text`."""
+        with open(self.log, "rb") as f:
+            f.seek(self.log_start)
+            return text.encode() in f.read()
+
     def wait_line(self, text: str) -> Agent:
         """Until this life's log holds `text` (a node's UP_LINE: its state and sockets are open, so a
         worker's first digest query finds its port), as long as the process starts up (CPU, log)."""
         def up() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before {text!r}; see {self.log}")
-            with open(self.log, "rb") as f:
-                f.seek(self.log_start)
-                return text.encode() in f.read()
+            return self.said(text)
 
         progress.wait(up, progress.both(progress.activity(self.proc.pid), progress.file_sizes(self.log)),
                       stall=progress.STALL, poll=0.05, what=f"{self.name} start")

@@ -218,7 +218,10 @@ class Scenario:
     def _wait(self) -> dict[str, int]:
         """Each agent's exit code; an agent restarted by an event is waited for in its new life.
         Once every worker has ended, the node still serving LINGER s later is told to end (SIGTERM:
-        it exports and exits, as make run ends it): after failed workers it served to the cap."""
+        it exports and exits, as make run ends it): after failed workers it served to the cap. A
+        life an event started is told only once up (its UP_LINE: its SIGTERM handler is set), as
+        make run tells only nodes it saw start: one told while still starting on a busy machine
+        died by the signal, exit -15, a failed scenario with exact training."""
         deadline = time.monotonic() + SCENARIO_CAP
         workers_gone = None
         told = None  # the node process told to end (once: a second SIGTERM in its interpreter's
@@ -226,14 +229,17 @@ class Scenario:
         while time.monotonic() < deadline:
             codes = {n: a.proc.poll() for n, a in self.procs.items()}
             now = time.monotonic()
+            node = self.procs["node"]
             if any(v is None for n, v in codes.items() if n != "node"):
                 workers_gone = None
             elif workers_gone is None:
                 workers_gone = now
-            elif codes["node"] is None and now - workers_gone > LINGER and told is not self.procs["node"].proc:
-                told = self.procs["node"].proc
-                with contextlib.suppress(ProcessLookupError):
-                    told.terminate()  # `ip netns exec` execs: the node's own PID
+            elif codes["node"] is None and now - workers_gone > LINGER:
+                with self.injecting:  # the life looked at is the one told
+                    if told is not node.proc and node.said(UP_LINE):
+                        told = node.proc
+                        with contextlib.suppress(ProcessLookupError):
+                            told.terminate()  # `ip netns exec` execs: the node's own PID
             if all(v is not None for v in codes.values()):
                 with self.injecting:  # no event is between a kill and its restart now
                     again = {n: a.proc.poll() for n, a in self.procs.items()}
