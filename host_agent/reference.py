@@ -69,6 +69,7 @@ def train(
     members: Callable[[int], list[int]] | None = None,
     told_lrs: dict[int, tuple[float, ...]] | None = None,
     more_grad_fns: Sequence[GradFn] = (),
+    on_step: Callable[[int], None] | None = None,
 ) -> Result:
     """Train `steps` steps of `n_workers` data-parallel workers in one process.
 
@@ -82,6 +83,8 @@ def train(
     whose membership changes between steps; the mean divides by their number.
     told_lrs: the "script" schedule's lrs of each step, a parameter group each (as the script's
     ranks told the node).
+    on_step(done): called after each step (a skipped one too) with the steps done so far, e.g. to
+    show the check's progress: a long run's reference takes about as long as its training.
     """
     layout = layout or optim.layout_of(init)
     n = layout.n_chunks
@@ -104,13 +107,15 @@ def train(
                     skipped.append((step, int(c)))
                     if on_nonfinite:
                         on_nonfinite(step, int(c))
-                continue
-            for a, b, cfg, rates in runs:  # elementwise: each group's slices apart, a block at a time
-                rate = rates.at(step)
-                for x in range(a, b, SUM_BLOCK):
-                    y = min(b, x + SUM_BLOCK)
-                    optim.apply(cfg, master[x:y], m[x:y], v[x:y], g[x:y], updates, rate)
-            updates += 1
+            else:
+                for a, b, cfg, rates in runs:  # elementwise: each group's slices apart, a block at a time
+                    rate = rates.at(step)
+                    for x in range(a, b, SUM_BLOCK):
+                        y = min(b, x + SUM_BLOCK)
+                        optim.apply(cfg, master[x:y], m[x:y], v[x:y], g[x:y], updates, rate)
+                updates += 1
+            if on_step:
+                on_step(step + 1)
     flat = master[: layout.total]
     return Result(layout.unflatten(flat.astype(np.float16)), unflatten_f32(layout, flat), skipped)
 

@@ -134,8 +134,9 @@ def describe(cfg: WorkloadConfig, init: dict[str, np.ndarray]) -> str:
 THREADED_REFERENCE = 100_000
 
 
-def reference_train(cfg: WorkloadConfig, init: dict[str, np.ndarray], steps: int, opt):
-    """host_agent.reference.train of this workload, with the loss scale the workers hold at each step."""
+def reference_train(cfg: WorkloadConfig, init: dict[str, np.ndarray], steps: int, opt, on_step=None):
+    """host_agent.reference.train of this workload, with the loss scale the workers hold at each step
+    (on_step(done) after each step)."""
     from host_agent import optim, reference
     from mindp.lossscale import LossScaler
 
@@ -145,7 +146,8 @@ def reference_train(cfg: WorkloadConfig, init: dict[str, np.ndarray], steps: int
     threads = 1 if cfg.model == "mlp" or size < THREADED_REFERENCE else min(cfg.n_workers, len(os.sched_getaffinity(0)))
     if not cfg.loss_scale:
         fns = [grad_fn(cfg) for _ in range(threads)]
-        return reference.train(init, fns[0], cfg.n_workers, steps, opt, optim.layout_of(init), more_grad_fns=fns[1:])
+        return reference.train(init, fns[0], cfg.n_workers, steps, opt, optim.layout_of(init), more_grad_fns=fns[1:],
+                               on_step=on_step)
     scaler = LossScaler(cfg.loss_scale, growth_interval=cfg.scale_growth_interval)
     skipped: set[int] = set()
     at = [0]
@@ -160,4 +162,4 @@ def reference_train(cfg: WorkloadConfig, init: dict[str, np.ndarray], steps: int
 
     fns = [grad_fn(cfg, scale_of) for _ in range(threads)]
     return reference.train(init, fns[0], cfg.n_workers, steps, opt, optim.layout_of(init),
-                           on_nonfinite=lambda step, chunk: skipped.add(step), more_grad_fns=fns[1:])
+                           on_nonfinite=lambda step, chunk: skipped.add(step), more_grad_fns=fns[1:], on_step=on_step)

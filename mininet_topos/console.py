@@ -68,6 +68,24 @@ class Console:
         self.keep(f"make run: {msg}")
 
 
+def duration(seconds: float) -> str:
+    """'42 s', '6 min 5 s', '2 h 3 min'."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def pace(done: int, total: int, seconds: float) -> str:
+    """'step 300/1500, 3.12 steps/s, 6 min 25 s left' (no rate before the first step is done)."""
+    if done <= 0 or seconds <= 0:
+        return f"step {done}/{total}"
+    rate = done / seconds
+    return f"step {done}/{total}, {rate:.3g} steps/s, {duration((total - done) / rate)} left"
+
+
 class ProgressLine:
     """The live progress line: redrawn in place on a terminal; elsewhere (a log, a pipe) printed at
     most every `every` s when the step moved on, and once more at the end if its text changed since
@@ -92,3 +110,22 @@ class ProgressLine:
             self.console.say("\r" + self.indent + text + "\x1b[K")
         elif text != self.text:
             self.console.say(self.indent + text)
+
+
+class Pace:
+    """A long phase's steps on a ProgressLine (the check's reference trainer: about as long as the
+    training it checks): called with the steps done; end() says how long the whole took."""
+
+    def __init__(self, console: Console, what: str, total: int, indent: str = "    ", header: str = ""):
+        self.bar = ProgressLine(console, indent=indent)
+        self.console, self.what, self.total, self.header = console, what, total, header
+        self.done, self.t0 = 0, time.monotonic()
+
+    def __call__(self, done: int) -> None:
+        if self.header and not self.done:  # (said once the phase is known to run)
+            self.console.say(self.header)
+        self.done = done
+        self.bar.show(done, f"{self.what} {pace(done, self.total, time.monotonic() - self.t0)}")
+
+    def end(self) -> None:
+        self.bar.end(f"{self.what}: {self.done} step(s) in {duration(time.monotonic() - self.t0)}")

@@ -163,14 +163,7 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         workers = "" if args.up else f" and {cfg.jobs * cfg.total_workers} workers"
         console.say(f"  optimizer node(s){workers} started; logs in {run.logs}/")
         setup = time.monotonic() - t_start
-        try:
-            progress, wall = run.train()
-        except (KeyboardInterrupt, Stopped) as exc:
-            console.stacks_after(STUCK_STACKS)
-            with contextlib.suppress(Exception):  # what is kept must not hide why the run ended
-                run.keep_partial(model, str(exc) or "interrupted")
-            raise
-        code = run.report(progress, wall, setup, model)
+        code = train_and_report(run, console, model, setup)
         if cfg.cli == "1" or (cfg.cli == "auto" and sys.stdin.isatty() and sys.stdout.isatty()):
             run.cli(p4info)
         return code
@@ -183,6 +176,21 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         console.stacks_cancelled()
         if refused:
             clean.withdraw(run_dir)
+
+
+def train_and_report(run: Run, console: Console, model: str, setup: float) -> int:
+    """Train, then report (the check against the reference included). A stop in either keeps what
+    the run's steps showed (during the check: saying its bits were not compared) and goes on up."""
+    trained = False
+    try:
+        progress, wall = run.train()
+        trained = True
+        return run.report(progress, wall, setup, model)
+    except (KeyboardInterrupt, Stopped) as exc:
+        console.stacks_after(STUCK_STACKS)
+        with contextlib.suppress(Exception):  # what is kept must not hide why the run ended
+            run.keep_partial(model, str(exc) or "interrupted", checking=trained)
+        raise
 
 
 def run_k(k: str, target: str, old: resume.Resumed | None = None, given: tuple[str, ...] = ()) -> int:

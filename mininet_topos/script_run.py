@@ -31,7 +31,7 @@ from mindp import progress as pace, protocol
 
 from . import metrics, rankerrors, results, resume
 from .agents import REPO, Agents, NodeFiles
-from .console import ProgressLine, RunError, one_line
+from .console import Pace, ProgressLine, RunError, one_line
 from .progress import LogTail, Progress, three_digits
 from .star import STALL_SECONDS, Run
 
@@ -260,15 +260,19 @@ class ScriptRun(Run):
         done = int(stats.get("committed", progress.step - 1)) + 1  # the node's steps: a stopped run has fewer
         from mindp.torch import scriptref  # torch: imported by SCRIPT= runs only (make torch)
 
+        table = self.draw(progress, model)  # first: a run stopped during the check keeps them
+        check = Pace(self.console, "reference", done,
+                     header=f"  training the script's mindp_reference in this process ({done} steps) to compare bits")
         try:
             follows = json.loads((self.spec_dir / "optimizer.json").read_text())["schedule"]["kind"] == "script"
             ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, args_from(self.dir), steps=done,
-                                             starts=rank_starts(self.dir), told_lrs=told_lrs(self.dir) if follows else None)
+                                             starts=rank_starts(self.dir), told_lrs=told_lrs(self.dir) if follows else None,
+                                             on_step=check)
             diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
+            check.end()
         except scriptref.NoReference:
             ref, diff = None, None
         curve = progress.curves[1]
-        table = self.draw(progress, model)
         summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "k": protocol.K, "workers": self.job.n_workers,
                 "model": model, "steps": progress.step,
                 "loss_curve": [[s, x] for s, x in zip(curve.steps, curve.loss)],  # s: the script's 0-based step

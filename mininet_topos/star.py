@@ -20,7 +20,7 @@ from mindp import progress as pace, protocol, targets, topology, workload
 
 from . import config, metrics, results, resume
 from .agents import Agents, JobFiles
-from .console import Console, ProgressLine, RunError, how_it_ended, one_line
+from .console import Console, Pace, ProgressLine, RunError, how_it_ended, one_line
 from .progress import Progress
 from .runstate import RunState
 
@@ -36,6 +36,8 @@ DROPS_SECONDS = 1.0
 SWITCH_DEADLINE = 5.0
 CRASH_GRACE = 2.0
 SLOW_TEARDOWN = 10.0  # s: docs/RUN.md promises a run ends within this of its last step or a stop
+# A run stopped after its training, while the reference that checks it trained (summary.json's not_compared).
+NOT_COMPARED = "training had ended; stopped during the check, so its bits are not compared with the reference"
 
 
 class Run:
@@ -269,8 +271,10 @@ class Run:
         out = []
         for jf in self.jobs:
             j = jf.job.job_id
-            self.console.say(f"  job {j}: training the reference in this process ({self.cfg.steps} steps) to compare bits")
-            ref = workload.reference_train(jf.wl, jf.init, self.cfg.steps, self.opt)
+            check = Pace(self.console, "reference", self.cfg.steps,
+                         header=f"  job {j}: training the reference in this process ({self.cfg.steps} steps) to compare bits")
+            ref = workload.reference_train(jf.wl, jf.init, self.cfg.steps, self.opt, on_step=check)
+            check.end()
             try:
                 master = optim.load_npz(jf.master_path)
                 worker_params = []
@@ -311,25 +315,29 @@ class Run:
                      results.accuracy_label(self.cfg.model))
         return table
 
-    def keep_partial(self, model: str, why: str) -> None:
-        """A stopped run keeps what its steps showed: summary.json (stopped), curve.svg, metrics.csv."""
+    def keep_partial(self, model: str, why: str, checking: bool = False) -> None:
+        """A stopped run keeps what its steps showed: summary.json (stopped), curve.svg, metrics.csv.
+        checking: stopped after training, while its reference trained: its bits are not compared."""
         if self.progress is None:
             return
         p = self.progress
         for hp in self.agents.workers + self.agents.optimizers if self.agents else []:  # said before the signal
             for line in hp.tail.lines():
                 p.feed(line)
+        unchecked = {"not_compared": NOT_COMPARED} if checking else {}
         results.write_summary(self.dir / "summary.json", {
             "model": model, "target": self.target, "k": protocol.K, "workers": self.cfg.total_workers, "stopped": why,
-            "steps_done": p.step, "loss_curve": {j: list(zip(c.steps, c.loss)) for j, c in p.curves.items()},
+            **unchecked, "steps_done": p.step, "loss_curve": {j: list(zip(c.steps, c.loss)) for j, c in p.curves.items()},
             "packets_sent": p.packets, "retransmissions": p.retransmissions})
         self.draw(p, model)
-        self.console.say(f"  kept the {p.step} step(s) done: {self.dir / 'summary.json'}, curve.svg, metrics.csv")
+        self.console.say(f"  kept the {p.step} step(s) done{' (' + NOT_COMPARED + ')' if checking else ''}: "
+                         f"{self.dir / 'summary.json'}, curve.svg, metrics.csv")
 
     def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
-        """summary.json, the curve and the table; 0 when the run is bit-exact with the reference."""
-        jobs_res = self.results(progress)
+        """summary.json, the curve and the table; 0 when the run is bit-exact with the reference. The
+        curve and metrics.csv come first: a run stopped during the check keeps them."""
         table = self.draw(progress, model)
+        jobs_res = self.results(progress)
         summ = results.summary(self.run_dict(), jobs_res, wall, setup, model, results.n_params(self.jobs[0].init))
         summ.update(metrics.timing(table))
         if self.resumed:

@@ -24,7 +24,7 @@ import importlib.util
 import pathlib
 import random
 import sys
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -84,14 +84,16 @@ def load_script(path: str | pathlib.Path):
 
 def script_reference(path: str | pathlib.Path, world: int, argv: list[str] | dict[int, list[str]],
                      steps: int | None = None, starts: dict[int, Iterable[int]] | None = None,
-                     told_lrs: dict[int, tuple[float, ...]] | None = None) -> reference.Result:
+                     told_lrs: dict[int, tuple[float, ...]] | None = None,
+                     on_step: Callable[[int], None] | None = None) -> reference.Result:
     """Train the script's reference for `world` ranks: its step count, or its first `steps` (a run
     stopped early is compared with the steps it did). `argv`: the script's arguments, or step -> its
     arguments from that step on (a resumed run given other ARGS): each step takes the batches and
     loss of its own, the model those of step 0, the step count and optimizer the last (the run
     refused a model or optimizer they change). `starts[rank]`: the steps at which that rank's
     process started after the first (RankStreams); `told_lrs`: a script that follows its own lr
-    (init(follow_lr=True)): each step's lrs, a parameter group each, as its ranks told the node.
+    (init(follow_lr=True)): each step's lrs, a parameter group each, as its ranks told the node;
+    on_step(done) after each step.
     NoReference if it defines none (a script without one is not imported: its training may run at
     import)."""
     if "def mindp_reference" not in pathlib.Path(path).read_text(errors="replace"):
@@ -122,4 +124,4 @@ def script_reference(path: str | pathlib.Path, world: int, argv: list[str] | dic
 
     total = int(parts["steps"])
     return reference.train(init, grad_fn, world, total if steps is None else min(steps, total), cfg,
-                           told_lrs=told_lrs)
+                           told_lrs=told_lrs, on_step=on_step)

@@ -106,9 +106,10 @@ def test_reference_skips_the_whole_step_of_a_nonfinite_chunk_and_counts_no_updat
     cfg = OptimizerConfig()
     gf = reference.synthetic_grads(2)
     seen = []
-    bad = reference.train(init, with_nonfinite(gf, 1, 1, "w", 5), 2, 3, cfg, on_nonfinite=lambda s, c: seen.append((s, c)))
+    bad = reference.train(init, with_nonfinite(gf, 1, 1, "w", 5), 2, 3, cfg, on_nonfinite=lambda s, c: seen.append((s, c)),
+                          on_step=lambda done: seen.append(done))
     chunk = lay.offsets["w"] // K
-    assert seen == [(1, chunk)] and bad.nonfinite == [(1, chunk)]
+    assert seen == [1, (1, chunk), 2, 3] and bad.nonfinite == [(1, chunk)]  # on_step after each step, skipped too
     # Step 1 changed nothing, and step 2 is the second update (Adam's t = 2): the same as training
     # on step 0's and step 2's gradients alone.
     skip_1 = lambda w, s, p: gf(w, 2 if s == 1 else s, p)  # noqa: E731
