@@ -33,6 +33,9 @@ NODE_RAM ?=
 # When each optimizer node makes a committed step durable: step (each commit, msync + fsync) or exit
 # (when the node stops: a killed node loses nothing, a machine crash the state; docs/STATE.md).
 SYNC ?= step
+# After training, 1: train the reference in one process and compare bits (about as long as training
+# again); 0: skip it (summary.json says not_compared).
+CHECK ?= 1
 LOSS ?= 0
 # Elements a frame, a parameter of the switch build (docs/PROTOCOL.md, "Choosing K"): empty takes the
 # target's default (32 on BMv2, the large default on the embedded switch); make p4 K=N compiles N.
@@ -62,7 +65,7 @@ RESUME ?=
 UP ?= 0
 # The run variables set on make's command line or in the environment (not defaults): make run refuses
 # one that the run would not use (STEPS with SCRIPT=, LEAVES without TOPO=leafspine ...) instead of ignoring it.
-RUN_VARS := TARGET K MODEL WORKERS STEPS GPT EVAL NODE_RAM SYNC LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS RESUME UP
+RUN_VARS := TARGET K MODEL WORKERS STEPS GPT EVAL NODE_RAM SYNC CHECK LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS RESUME UP
 GIVEN = $(strip $(foreach v,$(RUN_VARS),$(if $(filter command% environment%,$(origin $(v))),$(v))))
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
@@ -137,7 +140,7 @@ run:
 	@$(PY) -m mininet_topos.run --target $(TARGET) $(if $(K),--k $(K)) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) --eval $(EVAL) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
-	  $(if $(SCRIPT),--script "$$SCRIPT") $(if $(filter ARGS,$(GIVEN)),--args="$$ARGS") $(if $(GPT),--gpt "$$GPT") $(if $(NODE_RAM),--node-ram "$(NODE_RAM)") --sync "$(SYNC)" --given '$(GIVEN)' \
+	  $(if $(SCRIPT),--script "$$SCRIPT") $(if $(filter ARGS,$(GIVEN)),--args="$$ARGS") $(if $(GPT),--gpt "$$GPT") $(if $(NODE_RAM),--node-ram "$(NODE_RAM)") --sync "$(SYNC)" --check "$(CHECK)" --given '$(GIVEN)' \
 	  $(if $(RESUME),--resume "$$RESUME") $(if $(filter 1,$(UP)),--up); \
 	  rc=$$?; mkdir -p build && echo $$rc > build/run-exit-code; exit $$rc
 

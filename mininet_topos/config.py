@@ -79,6 +79,9 @@ class RunConfig:
     # SYNC: when each node makes a committed step durable (mindp-optimizer --sync): step, at each
     # commit; exit, when it stops (a machine crash then loses the state; docs/STATE.md).
     sync: str = "step"
+    # CHECK: after training, train the reference in make run's process and compare bits (about as
+    # long as the training); False: the run's summary says it was not compared.
+    check: bool = True
 
     @property
     def total_workers(self) -> int:
@@ -144,7 +147,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
           slots: str = "auto", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
           script_args: str = "", gpt: str = "", eval_every: str = "auto", node_ram: str = NODE_RAM_DEFAULT,
-          sync: str = "step", given: str = "") -> RunConfig:
+          sync: str = "step", check: str = "1", given: str = "") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig. `given`: the
     make variables set on make's command line or in the environment (not defaults), space-separated:
     one the run would not use is refused rather than silently ignored."""
@@ -161,6 +164,8 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         raise RunConfigError(f"CLI must be 0, 1 or auto, got {cli!r}")
     if log_text not in LOG_LEVELS:
         raise RunConfigError(f"LOG must be one of {'|'.join(LOG_LEVELS)}, got {log!r}")
+    if str(check).strip() not in ("0", "1"):
+        raise RunConfigError(f"CHECK must be 0 or 1, got {check!r}")
     cfg = RunConfig(
         target=target,
         model=model_name,
@@ -184,6 +189,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         eval_every=_eval(eval_every, model_name),
         node_ram=_size("NODE_RAM", node_ram),
         sync=_sync(sync),
+        check=str(check).strip() == "1",
     )
     _unused(cfg, str(given or "").split())
     if cfg.script and cfg.jobs != 1:

@@ -17,6 +17,8 @@ TABLE_FIELDS = ("model", "target", "workers", "steps", "jobs", "initial_loss", "
                 "max_abs_param_diff_vs_reference", "packets_sent", "retransmissions", "wall_seconds",
                 "steps_per_second")
 TABLE_IF_SAID = ("compute_share",)  # printed after TABLE_FIELDS when the summary has it (metrics.timing)
+#: summary.json's not_compared of a run made with CHECK=0.
+NOT_CHECKED = "CHECK=0: the run's bits were not compared with the reference"
 
 
 @dataclass
@@ -25,8 +27,8 @@ class JobResult:
     initial_loss: float
     final_loss: float
     final_accuracy: float
-    reference_final_loss: float
-    max_abs_param_diff_vs_reference: float  # over workers' fp16 params and the node's fp32 master
+    reference_final_loss: float | None  # None: not compared (CHECK=0)
+    max_abs_param_diff_vs_reference: float | None  # over workers' fp16 params and the node's fp32 master
     packets_sent: int
     retransmissions: int
     switch_counters: dict | None = None  # the job's P4 counters, read by the controller after the run
@@ -98,6 +100,8 @@ def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds
     model: mindp.workload.describe (name and parameter count); parameters: the exact count."""
     n = len(jobs)
     steps = int(cfg["steps"])
+    diffs = [j.max_abs_param_diff_vs_reference for j in jobs]
+    compared = {"max_abs_param_diff_vs_reference": max(diffs)} if None not in diffs else {"not_compared": NOT_CHECKED}
     return {
         "model": model,
         "parameters": int(parameters),
@@ -111,7 +115,7 @@ def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds
         "initial_loss": sum(j.initial_loss for j in jobs) / n,
         "final_loss": sum(j.final_loss for j in jobs) / n,
         "final_accuracy": sum(j.final_accuracy for j in jobs) / n,
-        "max_abs_param_diff_vs_reference": max(j.max_abs_param_diff_vs_reference for j in jobs),
+        **compared,
         "packets_sent": sum(j.packets_sent for j in jobs),
         "retransmissions": sum(j.retransmissions for j in jobs),
         **{k: sum(getattr(j, k) for j in jobs) for k in DIGEST_FIELDS},
@@ -125,6 +129,8 @@ def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds
 def table(s: dict) -> str:
     rows = []
     for k in TABLE_FIELDS + tuple(k for k in TABLE_IF_SAID if k in s):
+        if k not in s:  # (the comparison of a run made with CHECK=0)
+            continue
         v = s[k]
         if k == "max_abs_param_diff_vs_reference":
             v = repr(float(v))  # 0.0 exactly when bit-exact

@@ -31,7 +31,7 @@ from .agents import STATE
 from .config import RunConfig, RunConfigError
 
 #: What may differ from the resumed run: none of them changes a bit of the training.
-MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "SYNC", "RESUME")
+MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "SYNC", "CHECK", "RESUME")
 #: A SCRIPT= run's: its steps are its script's own, so ARGS may change (to train on, say) and STEPS
 #: does not apply. A model or optimizer the new arguments change is refused (check_script), and the
 #: reference replays each step with the arguments it ran with (script_run.args_from). UP=1 or not:
@@ -95,7 +95,7 @@ def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
                    script_args=now.script_args if "ARGS" in given else base.script_args,
                    log=now.log, cli=now.cli, steps=steps, node_ram=now.node_ram if "NODE_RAM" in given else base.node_ram,
                    sync=now.sync if "SYNC" in given else base.sync, grpc_port=now.grpc_port, thrift_port=now.thrift_port,
-                   slots=base.slots if "TARGET" not in given else 0)
+                   slots=base.slots if "TARGET" not in given else 0, check=now.check)
 
 
 def check_script(old: Resumed, job: int, cfg: OptimizerConfig, layout: Layout) -> None:

@@ -105,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a state over half of it runs out of core)")
     p.add_argument("--sync", default="step", help="when each optimizer node makes a committed step durable: "
                    "step (at each commit) or exit (when it stops; docs/STATE.md)")
+    p.add_argument("--check", default="1", help="1: compare the run's bits with the reference trained in this "
+                   "process after training (about as long again); 0: do not (its summary says so)")
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
@@ -263,7 +265,7 @@ def _main(args: argparse.Namespace, console: Console, old: resume.Resumed | None
                            leaves=args.leaves, optimizers=args.optimizers,
                            script=args.script or (old.cfg.get("script", "") if old is not None else ""),
                            script_args=args.args, gpt=args.gpt, eval_every=args.eval, node_ram=args.node_ram,
-                           sync=args.sync, given=args.given)
+                           sync=args.sync, check=args.check, given=args.given)
         if args.up and not cfg.script:
             raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
         if old is not None:

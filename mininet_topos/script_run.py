@@ -264,6 +264,8 @@ class ScriptRun(Run):
         check = Pace(self.console, "reference", done,
                      header=f"  training the script's mindp_reference in this process ({done} steps) to compare bits")
         try:
+            if not self.cfg.check:
+                raise scriptref.NoReference("CHECK=0")
             follows = json.loads((self.spec_dir / "optimizer.json").read_text())["schedule"]["kind"] == "script"
             ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, args_from(self.dir), steps=done,
                                              starts=rank_starts(self.dir), told_lrs=told_lrs(self.dir) if follows else None,
@@ -281,6 +283,7 @@ class ScriptRun(Run):
                 "wall_seconds": round(wall, 2),
                 "steps_per_second": round((progress.step - self.resume_step) / wall, 3) if wall else 0.0,
                 "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff,
+                **({} if self.cfg.check else {"not_compared": results.NOT_CHECKED}),
                 "skipped_steps": results.skipped_steps(stats), **metrics.timing(table),
                 **results.digest_counts([w.done for w in progress.workers.values()]),  # the ranks' exit records
                 **({"resumed_from": {"run": str(self.resumed.run), "first_step": self.resume_step}}
@@ -297,6 +300,9 @@ class ScriptRun(Run):
         for line in (results.skipped_line(summ["skipped_steps"]), results.digest_warning(summ, self.logs)):
             if line:
                 self.console.say(line)
+        if not self.cfg.check:
+            self.console.say("  not compared with the script's reference (CHECK=0)")
+            return 0
         if diff is None:
             self.console.say("  the script defines no mindp_reference(argv): no reference to compare with "
                              "(docs/TORCH.md)")

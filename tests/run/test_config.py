@@ -131,6 +131,7 @@ def test_torch_models_are_named_in_any_case_with_their_own_learning_rates():
     ({"log": "verbose"}, "LOG"),
     ({"model": "resnet"}, "MODEL"),
     ({"lr": "fast"}, "--lr"),
+    ({"check": "yes"}, "CHECK"),
 ])
 def test_bad_values_name_the_variable(kw, name):
     with pytest.raises(config.RunConfigError) as err:
@@ -217,13 +218,13 @@ def test_make_passes_args_that_look_like_options_and_names_the_variables_given()
     assert build_parser().parse_args(["--args=--steps=3"]).args == "--steps=3"
     env = {k: v for k, v in os.environ.items() if k not in config_module_vars()}
     out = subprocess.run(["make", "-n", "-s", "--no-print-directory", "run", "SCRIPT=x.py", "ARGS=--steps=3",
-                          "STEPS=4"], capture_output=True, text=True, cwd=REPO, env=env).stdout
-    assert '--args="$ARGS"' in out and "--given 'STEPS SCRIPT ARGS'" in out
+                          "STEPS=4", "CHECK=0"], capture_output=True, text=True, cwd=REPO, env=env).stdout
+    assert '--args="$ARGS"' in out and "--given 'STEPS CHECK SCRIPT ARGS'" in out and '--check "0"' in out
 
 
 def config_module_vars() -> tuple[str, ...]:
     """make run's variables, which this test's environment must not set."""
-    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "NODE_RAM", "SYNC", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
+    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "NODE_RAM", "SYNC", "CHECK", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
             "LEAVES", "OPTIMIZERS", "SCRIPT", "ARGS")
 
 

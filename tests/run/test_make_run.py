@@ -202,6 +202,18 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
 
 
 @needs_root
+def test_a_run_with_check_0_trains_no_reference_and_says_its_bits_were_not_compared(tmp_path):
+    run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "3", "--p4", "committed", "--check", "0")
+    assert run.run() == 0, run.err
+    s = run.summary()
+    assert s["not_compared"].startswith("CHECK=0") and "max_abs_param_diff_vs_reference" not in s
+    assert s["steps"] == 3 and s["per_job"][0]["reference_final_loss"] is None
+    assert "training the reference" not in run.out and "not compared with the reference trainer (CHECK=0)" in run.out
+    assert json.loads((run.run_dir / "config.json").read_text())["check"] is False
+    assert_clean(run)
+
+
+@needs_root
 def test_embedded_run_with_loss_is_still_bit_exact(tmp_path):
     run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "4", "--loss", "0.05",
               "--p4", "committed", "--seed", "3", "--eval", "2")

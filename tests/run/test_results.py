@@ -44,6 +44,15 @@ def test_summary_has_the_required_fields_and_aggregates_jobs(tmp_path):
     assert results.table({**s, "compute_share": 0.9219}).splitlines()[-1].split() == ["compute_share", "0.9219"]
 
 
+def test_a_run_not_compared_says_so_instead_of_a_difference():
+    """CHECK=0: no reference trained, so no difference is claimed (none a 0.0 that reads as bit-exact)."""
+    cfg = {"target": "embedded", "workers": 2, "steps": 10, "loss": 0.0, "seed": 0}
+    s = results.summary(cfg, [job(1), job(2, diff=None)], wall_seconds=4.0, setup_seconds=1.0, model="mlp", parameters=1)
+    assert "max_abs_param_diff_vs_reference" not in s and s["not_compared"] == results.NOT_CHECKED
+    t = results.table(s)
+    assert "max_abs_param_diff_vs_reference" not in t and t.splitlines()[-1].split() == ["steps_per_second", "2.5"]
+
+
 def series(path) -> list[list[tuple[float, float]]]:
     """The SVG's data lines, each as its (x, y) points on the page."""
     root = ET.parse(path).getroot()

@@ -38,6 +38,7 @@ def test_resume_finds_the_run_keeps_its_settings_and_copies_its_state(tmp_path):
     assert resume.settings(old, config.parse(node_ram="1G"), ["RESUME", "NODE_RAM"]).node_ram == 1 << 30
     assert resume.settings(old, config.parse(sync="exit"), ["RESUME", "SYNC"]).sync == "exit"
     assert resume.settings(old, config.parse(sync="exit"), ["RESUME"]).sync == "step"  # the run's own
+    assert not resume.settings(old, config.parse(check="0"), ["RESUME", "CHECK"]).check  # this run's own
     new_job = tmp_path / "new" / "job1"
     new_job.mkdir(parents=True)
     first, got = resume.take_state(old, 1, new_job)
@@ -63,10 +64,10 @@ def test_resume_refusals_are_one_line(tmp_path):
     with pytest.raises(config.RunConfigError, match="is a SCRIPT= run, whose steps are its script's own"):
         resume.settings(resume.find("20261128-020202", runs), config.parse(steps="80"), ["RESUME", "STEPS"])
     with pytest.raises(config.RunConfigError, match=r"ARGS cannot change \(only TARGET, LOSS, PCAP, LOG, CLI, STEPS, "
-                       r"NODE_RAM, SYNC\)$"):
+                       r"NODE_RAM, SYNC, CHECK\)$"):
         resume.check_given(old, ["RESUME", "ARGS"])  # a built-in run has no script to take them
     with pytest.raises(config.RunConfigError, match=r"WORKERS cannot change \(only TARGET, LOSS, PCAP, LOG, CLI, "
-                       r"NODE_RAM, SYNC, ARGS, UP\)$"):
+                       r"NODE_RAM, SYNC, CHECK, ARGS, UP\)$"):
         resume.check_given(resume.find("20261128-020202", runs), ["RESUME", "WORKERS"])
     with pytest.raises(config.RunConfigError, match=r"UP cannot change"):
         resume.check_given(old, ["RESUME", "UP"])  # a built-in run's workers are make run's
