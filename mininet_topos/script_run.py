@@ -263,17 +263,17 @@ class ScriptRun(Run):
         table = self.draw(progress, model)  # first: a run stopped during the check keeps them
         check = Pace(self.console, "reference", done,
                      header=f"  training the script's mindp_reference in this process ({done} steps) to compare bits")
+        diff = None  # not compared: CHECK=0, or no reference in the script
         try:
-            if not self.cfg.check:
-                raise scriptref.NoReference("CHECK=0")
-            follows = json.loads((self.spec_dir / "optimizer.json").read_text())["schedule"]["kind"] == "script"
-            ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, args_from(self.dir), steps=done,
-                                             starts=rank_starts(self.dir), told_lrs=told_lrs(self.dir) if follows else None,
-                                             on_step=check)
-            diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
-            check.end()
+            if self.cfg.check:
+                follows = json.loads((self.spec_dir / "optimizer.json").read_text())["schedule"]["kind"] == "script"
+                ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, args_from(self.dir), steps=done,
+                                                 starts=rank_starts(self.dir),
+                                                 told_lrs=told_lrs(self.dir) if follows else None, on_step=check)
+                diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
+                check.end()
         except scriptref.NoReference:
-            ref, diff = None, None
+            pass
         curve = progress.curves[1]
         summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "k": protocol.K, "workers": self.job.n_workers,
                 "model": model, "steps": progress.step,
