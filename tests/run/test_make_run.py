@@ -198,6 +198,7 @@ def test_embedded_short_run_is_bit_exact_and_learns(tmp_path):
         sums = dissector.tshark(d / "pcaps" / f"{PREFIX}p3_out.pcap", "mindp.kind", "mindp.nworkers", "mindp.chunk")
         assert {(k, n) for k, n, _ in sums} == {("2", "2")} and len({c for *_, c in sums}) == n_chunks
     assert "max_abs_param_diff_vs_reference  0.0" in run.out and "bit-exact" in run.out
+    assert "training the reference in this process (4 steps)" in run.out and "reference: 4 step(s) in " in run.out
     assert_clean(run)
 
 

@@ -45,8 +45,19 @@ def test_cnn_example_is_bit_exact_with_its_reference(tmp_path, target):
     # every rank checked every step against the node's step digest, as a built-in worker does
     assert (s["digest_checks"], s["digest_mismatches"]) == (2 * 5, 0)
     assert "bit-exact with the script's single-process reference" in run.out
+    assert "mindp_reference in this process (5 steps)" in run.out and "reference: 5 step(s) in " in run.out
     assert "train_cnn.py (3,818 parameters, adamw lr 0.003, schedule cosine)" in run.out
     assert json.loads((run.run_dir / "job1" / "spec" / "optimizer.json").read_text())["schedule"]["warmup"] == 1
+    assert_clean(run)
+
+
+@needs_root
+def test_a_script_run_with_check_0_trains_no_reference_and_says_so(tmp_path):
+    run = script_run(tmp_path, "embedded", str(REPO / "examples" / "train_cnn.py"), "--steps 3", "--check", "0")
+    assert run.run() == 0, run.err + run.out
+    s = run.summary()
+    assert s["not_compared"].startswith("CHECK=0") and s["max_abs_param_diff_vs_reference"] is None and s["steps"] == 3
+    assert "not compared with the script's reference (CHECK=0)" in run.out and "mindp_reference in this" not in run.out
     assert_clean(run)
 
 
