@@ -271,22 +271,17 @@ class Run:
         out = []
         for jf in self.jobs:
             j = jf.job.job_id
-            ref = None
+            ref = diff = None
             if self.cfg.check:
                 check = Pace(self.console, "reference", self.cfg.steps,
                              header=f"  job {j}: training the reference in this process ({self.cfg.steps} steps) to compare bits")
                 ref = workload.reference_train(jf.wl, jf.init, self.cfg.steps, self.opt, on_step=check)
                 check.end()
+                diff = self.compare(jf, ref)
             try:
-                master = optim.load_npz(jf.master_path)
-                worker_params = []
-                for w in sorted(jf.job.workers):
-                    with np.load(jf.worker_out(w)) as npz:
-                        worker_params.append({n: npz[n] for n in npz.files})
                 opt_stats = json.loads(jf.opt_stats_path.read_text())
-            except (OSError, ValueError, optim.ConfigError) as exc:
-                raise RunError(f"job {j}: cannot read final parameters: {exc}") from None
-            diff = results.compare(ref, worker_params, master) if ref is not None else None
+            except (OSError, ValueError) as exc:
+                raise RunError(f"job {j}: cannot read the node's stats: {exc}") from None
             curve = progress.curves[j]
             ws = [progress.workers[(j, w)] for w in sorted(jf.job.workers)]
             out.append(results.JobResult(
@@ -297,6 +292,20 @@ class Run:
                 retransmissions=sum(w.retx for w in ws) + int(opt_stats.get("resent", 0)),
                 switch_counters=counters.get(j), **results.digest_counts([w.done for w in ws])))
         return out
+
+    @staticmethod
+    def compare(jf: JobFiles, ref) -> float:
+        """The largest difference of the job's final parameters (the node's master, every worker's
+        fp16) from the reference's; read only to compare (CHECK=0 reads none of them)."""
+        try:
+            master = optim.load_npz(jf.master_path)
+            worker_params = []
+            for w in sorted(jf.job.workers):
+                with np.load(jf.worker_out(w)) as npz:
+                    worker_params.append({n: npz[n] for n in npz.files})
+        except (OSError, ValueError, optim.ConfigError) as exc:
+            raise RunError(f"job {jf.job.job_id}: cannot read final parameters: {exc}") from None
+        return results.compare(ref, worker_params, master)
 
     def model_text(self) -> str:
         return workload.describe(self.jobs[0].wl, self.jobs[0].init)
