@@ -5,9 +5,11 @@ A frame sent alone costs a system call's share, an skb, and a pass through the p
 the link's transmit path; DDP's TCP pays those once per 64 KB segment. Sent through a second
 packet socket with PACKET_VNET_HDR, a virtio_net_hdr asking GSO_UDP_L4 (gso_size: one frame's
 UDP payload) makes a run of up to 64 KB one skb: the kernel segments it on the way out (in
-software on our links, whose offloads are off, computing each frame's UDP checksum from the
+software where the link's offloads are off, computing each frame's UDP checksum from the
 pseudo-header seed written here) and every frame arrives as if sent alone, with its own IP
-length, id and checksums. Receivers need nothing new.
+length, id and checksums. Receivers need nothing new. Where the link has UDP segmentation offload
+on (make run's hosts on the embedded switch, mindp/vnet.py), the super-frame reaches the switch
+whole and the switch cuts it into the same frames.
 
 The payload bytes are gathered by the kernel from the rows themselves (an iovec per frame), so
 nothing is copied here. A socket gets a sender from `attach` where it is opened (rawsock.open_raw,

@@ -23,6 +23,7 @@ import struct
 
 import numpy as np
 
+from . import vnet as vn
 from .protocol import IPPROTO_UDP, UDP_PORT, K, Kind, frame_len
 from .switch_constants import POOL_SLOTS
 
@@ -69,8 +70,9 @@ def slot_bytes(longest: int) -> int:
 def switch_slot(k: int = K) -> int:
     """A switch port's slot at K = k: bytes, its header (struct tpacket2_hdr, struct sockaddr_ll)
     included: 2 KiB, or a whole SUM/PARTIAL frame of k (a child switch's PARTIAL comes in at a
-    parent), so no mindp frame takes the socket queue's slower path."""
-    return max(2048, slot_bytes(frame_len(Kind.SUM, k)))
+    parent), so no mindp frame takes the socket queue's slower path; with room for the
+    virtio_net_hdr before it (mindp/vnet.py)."""
+    return max(2048, slot_bytes(vn.VNET_LEN + frame_len(Kind.SUM, k)))
 
 
 #: The switch's slot at this K.
@@ -120,12 +122,22 @@ def is_mindp(rows: np.ndarray, lens: np.ndarray) -> np.ndarray:
 class RxRing:
     """The receive ring of packet socket `sock` (bound, not yet receiving through a ring): `frames`
     slots (rounded up to whole blocks) of `frame` bytes (FRAME, or `slot_bytes`). Frames queued on
-    the socket before are dropped by the kernel when the ring is set up: set it up before traffic."""
+    the socket before are dropped by the kernel when the ring is set up: set it up before traffic.
+    `vnet` (the switch, where the kernel has it: mindp/vnet.py): each frame comes with its
+    virtio_net_hdr, and `receive` cuts super-frames and completes partial checksums."""
 
-    def __init__(self, sock: socket.socket, frame: int = FRAME, frames: int = FRAMES, copy_long: bool = True):
+    vnet = False
+
+    def __init__(self, sock: socket.socket, frame: int = FRAME, frames: int = FRAMES, copy_long: bool = True,
+                 vnet: bool = False):
         self.sock = sock
         per_block, frames = whole_blocks(frames, frame)
         self.frame, self.frames = frame, frames
+        self.vnet = vnet
+        if vnet:
+            sock.setsockopt(SOL_PACKET, vn.PACKET_VNET_HDR, 1)  # before the ring: the kernel refuses it after
+            self._vbuf = bytearray(vn.VNET_LEN)
+            self._big = np.zeros(1 << 17, np.uint8)  # a super-frame from the socket's queue: 64 KB and headers
         sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V2)
         if copy_long:
             sock.setsockopt(SOL_PACKET, PACKET_COPY_THRESH, 1)
@@ -302,14 +314,35 @@ class RxRing:
                 outgoing: bool) -> tuple[int, int]:
         """Up to `want` waiting frames into rows start.. of `buf` (their lengths into `lens`), each
         with the VLAN tag the kernel took off put back; (frames kept, frames dropped as longer
-        than `limit` bytes). `outgoing`: leave out our own transmissions (kernels before 4.20)."""
-        head, kept, too_long = int(self.head[0]), start, 0
+        than `limit` bytes, super-frames cut). `outgoing`: leave out our own transmissions
+        (kernels before 4.20). With `vnet`, a super-frame becomes its frames, taken only while rows
+        are left for all of them, and a partial checksum is completed (mindp/vnet.py); a
+        super-frame that is no UDP one, or would make more frames than `want`, counts as too long."""
+        head, kept, too_long, cut, end = int(self.head[0]), start, 0, 0, start + want
         try:
-            for _ in range(want):
+            while kept < end:
                 k = head % self.frames
                 status = int(self.status[k])
                 if not status & TP_STATUS_USER:
                     break
+                v = vn.Vnet.parse(self.slots[k, int(self.macs[k]) - vn.VNET_LEN:]) if self.vnet else None
+                if v is not None and v.gso_type != vn.GSO_NONE:
+                    n = int(self.lens[k])
+                    count = vn.segment_count(n, v) if n > v.hdr_len and v.gso_size else 0
+                    if kept > start and count > end - kept:
+                        break  # the next call takes it with room for all its frames
+                    head += 1
+                    frames = self._segments(k, status, v, limit if 0 < count <= end - kept else 0)
+                    self.status[k] = 0
+                    if frames is None:
+                        too_long += 1
+                    elif not (outgoing and self.pkttypes[k] == PACKET_OUTGOING):
+                        cut += 1
+                        for f in frames:
+                            buf[kept, :len(f)] = f
+                            lens[kept] = self._tag(k, status, buf[kept], len(f))
+                            kept += 1
+                    continue
                 head += 1
                 n = self._take(k, status, buf[kept], limit)
                 self.status[k] = 0
@@ -318,24 +351,55 @@ class RxRing:
                     continue
                 if outgoing and self.pkttypes[k] == PACKET_OUTGOING:
                     continue
-                if status & TP_STATUS_VLAN_VALID and n >= 12:
-                    tpid = int(self.tpids[k]) if status & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
-                    row = buf[kept]
-                    row[12 + TAG:n + TAG] = row[12:n]  # numpy copies overlapping ranges as if through a buffer
-                    row[12:12 + TAG] = np.frombuffer(struct.pack("!HH", tpid, int(self.tcis[k])), np.uint8)
-                    n += TAG
-                lens[kept] = n
+                if v is not None and v.needs_csum:
+                    vn.complete(buf[kept], n, v.csum_start, v.csum_offset)
+                lens[kept] = self._tag(k, status, buf[kept], n)
                 kept += 1
         finally:
             self.head[0] = head
-        return kept - start, too_long
+        return kept - start, too_long, cut
+
+    def _tag(self, k: int, status: int, row: np.ndarray, n: int) -> int:
+        """The VLAN tag the kernel took off slot k's frame (row[:n]) put back in it; its length."""
+        if status & TP_STATUS_VLAN_VALID and n >= 12:
+            tpid = int(self.tpids[k]) if status & TP_STATUS_VLAN_TPID_VALID else ETH_P_8021Q
+            row[12 + TAG:n + TAG] = row[12:n]  # numpy copies overlapping ranges as if through a buffer
+            row[12:12 + TAG] = np.frombuffer(struct.pack("!HH", tpid, int(self.tcis[k])), np.uint8)
+            n += TAG
+        return n
+
+    def _segments(self, k: int, status: int, v: vn.Vnet, limit: int) -> list[np.ndarray] | None:
+        """Slot k's super-frame (whole in the slot, or waiting in the socket's queue: read either
+        way, so the queue stays in step with the ring) as its segments, or None: gone, cut short,
+        no UDP super-frame, or a segment longer than `limit`."""
+        if status & TP_STATUS_COPY:
+            try:
+                got = self.sock.recvmsg_into([self._vbuf, self._big], 0, socket.MSG_TRUNC | socket.MSG_DONTWAIT)[0]
+            except OSError:
+                return None
+            n = got - vn.VNET_LEN
+            if n > len(self._big):
+                return None
+            frame = self._big
+        else:
+            n, mac = int(self.lens[k]), int(self.macs[k])
+            if int(self.snaplens[k]) != n:
+                return None
+            frame = self.slots[k, mac:mac + n]
+        if n <= v.hdr_len or v.hdr_len + min(v.gso_size, n - v.hdr_len) > limit:
+            return None
+        return vn.segments(frame, n, v)
 
     def _take(self, k: int, status: int, row: np.ndarray, limit: int) -> int:
         """Slot k's frame into `row`: its length, TOO_LONG, or GONE (the link went down before a
         frame that waited in the socket's queue was read)."""
         if status & TP_STATUS_COPY:
             try:
-                n = self.sock.recv_into(memoryview(row)[:limit], limit, socket.MSG_TRUNC | socket.MSG_DONTWAIT)
+                if self.vnet:  # the virtio_net_hdr comes first here too (it is in the slot as well)
+                    n = self.sock.recvmsg_into([self._vbuf, memoryview(row)[:limit]], 0,
+                                               socket.MSG_TRUNC | socket.MSG_DONTWAIT)[0] - vn.VNET_LEN
+                else:
+                    n = self.sock.recv_into(memoryview(row)[:limit], limit, socket.MSG_TRUNC | socket.MSG_DONTWAIT)
             except OSError:
                 return GONE
             return n if n <= limit else TOO_LONG

@@ -16,11 +16,18 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from . import progress, protocol
+from . import progress, protocol, vnet
 
 #: embedded-python: the embedded switch on its Python pipeline only (the reference the compiled one equals)
 TARGETS = ("auto", "bmv2", "embedded", "embedded-python")
 P4TOOLS_BIN = pathlib.Path("/opt/p4tools/bin")
+
+
+def hosts_offload(target: str) -> bool:
+    """Whether the hosts of a run on `target` keep UDP segmentation offload on their links, so
+    their super-frames reach the switch whole (mindp/vnet.py): the embedded switch cuts them
+    itself; BMv2 cannot, so there the hosts' kernels cut them. MINDP_NO_USO=1 turns it off."""
+    return target.startswith("embedded") and vnet.kernel_supports() and os.environ.get("MINDP_NO_USO") != "1"
 
 
 class TargetError(RuntimeError):

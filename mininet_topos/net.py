@@ -120,8 +120,10 @@ class DataTopo(Topo):
                          intfName2=port_iface(topology, link.b, link.b_port, prefix))
 
 
-def quiet_host(host: Host, iface: str = "eth0") -> None:
+def quiet_host(host: Host, iface: str = "eth0", offload: bool = False) -> None:
     """Offloads and IPv6 off in the host (as BMv2's veth_setup.sh does): only our frames on the wire.
+    `offload` (targets.hosts_offload): UDP segmentation offload on again, and the transmit
+    checksums and scatter-gather it needs, so the agents' super-frames leave whole.
 
     mindp frames are read from raw sockets, so the host's kernel finds no UDP socket on the
     protocol's port and would answer with ICMP port unreachable (6 a peer, then 1/s), which the
@@ -129,6 +131,8 @@ def quiet_host(host: Host, iface: str = "eth0") -> None:
     60 s of credit stops them (echo replies, i.e. ping, are not rate-limited).
     """
     cmds = [f"ethtool -K {iface} {f} off" for f in OFFLOADS] + [f"ip link set {iface} mtu {link_mtu()}"]
+    if offload:
+        cmds += [f"ethtool -K {iface} tx on sg on tx-udp-segmentation on"]
     cmds += ["sysctl -qw net.ipv6.conf.all.disable_ipv6=1", f"sysctl -qw net.ipv6.conf.{iface}.disable_ipv6=1",
              f"sysctl -qw net.ipv4.icmp_ratelimit={ICMP_SILENCE_MS}"]
     host.cmd("; ".join(f"{c} >/dev/null 2>&1" for c in cmds))

@@ -132,7 +132,7 @@ class Run:
             for intf in sw.port_ifaces().values():
                 mnet.quiet_root_iface(intf)
         for host in self.net.hosts:
-            mnet.quiet_host(host)
+            mnet.quiet_host(host, offload=targets.hosts_offload(self.target))
         self.net.staticArp()
         try:
             self.net.start()

@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                                        for n, p in ports.items() if p.pcap_errors)
                  + "".join(f", frames too long for a slot on port {n}: {p.rx_truncated}"
                            for n, p in ports.items() if p.rx_truncated)
+                 + "".join(f", super-frames cut on port {n}: {p.rx_cut}" for n, p in ports.items() if p.rx_cut)
                  + "".join(f", frames dropped by the kernel on port {n} (receive ring full): {d}"
                            for n, d in ((n, p.ring.dropped()) for n, p in ports.items()) if d))
         dp.close()

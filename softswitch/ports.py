@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 from mindp import mmsg
+from mindp import vnet as vn
 from mindp.netutil import mtu_problem, packet_socket
 from mindp.rxring import SOL_PACKET, TAG, RxRing
 
@@ -26,6 +27,7 @@ from .batch import Batch
 
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
 PACKET_VNET_HDR = 15
+SO_RCVBUFFORCE = 33  # root may pass net.core.rmem_max
 SNAPLEN = 262144  # a pcap's snapshot length: libpcap's maximum, so no frame (up to a slot) is cut
 log = logging.getLogger("softswitch")
 
@@ -42,6 +44,7 @@ class Port:
         self.iface = iface
         self.rx = self.tx = self.tx_errors = 0
         self.rx_truncated = 0  # frames longer than a batch slot: dropped
+        self.rx_cut = 0  # super-frames from the host cut into their frames (mindp/vnet.py), each in rx
         self._txv = None  # (batch buffer, its message vector) for sendmmsg
         self.pcap_errors = 0  # failed capture writes; the first one ends this port's capture
         too_small = mtu_problem(iface)
@@ -58,16 +61,26 @@ class Port:
             self.filter_outgoing = False
         except OSError:
             self.filter_outgoing = True  # old kernel: drop PACKET_OUTGOING frames by hand
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)  # frames too long for the ring wait here
+        try:  # frames too long for the ring (a host's super-frames, up to 64 KB) wait here
+            s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
+        except OSError:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         s.setblocking(False)
         try:
-            self.ring = RxRing(s)
+            self.ring = RxRing(s, vnet=vn.kernel_supports())
         except OSError as exc:
             s.close()
             raise PortError(f"port {number}: interface {iface!r}: receive ring: {exc.strerror or exc}") from None
         self.sock = s
-        self.paged_sock = paged_sender(iface)
+        # A socket with virtio_net_hdrs takes one before each frame it sends as well: the port
+        # sends through a plain one then.
+        self.tx_sock = sender(iface, vnet=False) if self.ring.vnet else s
+        if self.tx_sock is None:
+            self.ring.close()
+            s.close()
+            raise PortError(f"port {number}: interface {iface!r}: no socket to send on")
+        self.paged_sock = sender(iface, vnet=True)
         self.pcap_in = self.pcap_out = None
         if pcap_dir:
             try:
@@ -86,8 +99,10 @@ class Port:
         want = min(limit, batch.capacity - start)
         if want <= 0:
             return 0
-        got, too_long = self.ring.receive(batch.buf, batch.lens, start, want, batch.slot - TAG, self.filter_outgoing)
+        got, too_long, cut = self.ring.receive(batch.buf, batch.lens, start, want, batch.slot - TAG,
+                                               self.filter_outgoing)
         self.rx_truncated += too_long
+        self.rx_cut += cut
         batch.ports[start:start + got] = self.number
         batch.n = start + got
         self.rx += got
@@ -139,20 +154,20 @@ class Port:
         else:
             vec.iov_lens[rows] = batch.lens[rows]
             msgs = vec.msgs[rows]
-        return mmsg.send(self.sock.fileno(), msgs)
+        return mmsg.send(self.tx_sock.fileno(), msgs)
 
     def _send_plain(self, batch: Batch, rows: np.ndarray | None) -> list[int]:
         failed = []
         for j, i in enumerate(range(batch.n) if rows is None else rows.tolist()):
             try:
-                self.sock.send(batch.buf[i, :batch.lens[i]])
+                self.tx_sock.send(batch.buf[i, :batch.lens[i]])
             except OSError:
                 failed.append(j)
         return failed
 
     def send(self, frame: bytes) -> bool:
         try:
-            self.sock.send(frame)
+            self.tx_sock.send(frame)
         except OSError:  # ENOBUFS, link down, too big: a counted drop
             self.tx_errors += 1
             return False
@@ -191,21 +206,24 @@ class Port:
     def close(self) -> None:
         self.ring.close()
         self.sock.close()
+        if self.tx_sock is not self.sock:
+            self.tx_sock.close()
         if self.paged_sock:
             self.paged_sock.close()
         self._close_pcaps()
 
 
-def paged_sender(iface: str) -> socket.socket | None:
-    """A socket that only sends on `iface`, each frame after a virtio_net_hdr (PACKET_VNET_HDR): the C
-    packet loop's way out for frames of a page or more (io.h says why); None where the kernel has
-    no such option (the frames then take the port's socket)."""
+def sender(iface: str, vnet: bool) -> socket.socket | None:
+    """A socket that only sends on `iface`: with `vnet`, each frame after a virtio_net_hdr
+    (PACKET_VNET_HDR), the C packet loop's way out for frames of a page or more (io.h says why);
+    None where the kernel has no such option (the frames then take the port's other socket)."""
     try:
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
     except OSError:
         return None
     try:
-        s.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
+        if vnet:
+            s.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         s.bind((iface, 0))  # protocol 0: it receives nothing
     except OSError:

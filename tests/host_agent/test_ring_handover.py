@@ -90,7 +90,7 @@ def read(ring: FakeRing, how: str, rng: random.Random) -> list[bytes]:
         return [f for f in ring.frames_waiting(most)[0] if len(f) == WIDTH]
     buf = np.zeros((most, ring.frame), np.uint8)  # the switch's: tags put back (longer), short frames kept
     lens = np.zeros(most, np.int64)
-    n, _ = ring.receive(buf, lens, 0, most, WIDTH, outgoing=True)
+    n, _, _ = ring.receive(buf, lens, 0, most, WIDTH, outgoing=True)
     return [bytes(buf[i, : lens[i]]) for i in range(n) if lens[i] == WIDTH]
 
 
