@@ -33,6 +33,11 @@ F_NEEDS_CSUM = 1
 GSO_NONE, GSO_UDP_L4 = 0, 5
 ETH = 14
 IPPROTO_UDP = 17
+#: `ethtool -K IFACE ...` argument groups, in order, that give a host's link what the switch finishes:
+#: UDP segmentation offload and the transmit checksums and scatter-gather it needs; SCTP's CRC
+#: offload off again (`tx on` sets it, and a CRC is no checksum the switch completes).
+HOST_OFFLOADS = (("tx", "on", "sg", "on", "tx-udp-segmentation", "on"),
+                 ("tx-checksum-sctp", "off", "tx-sctp-segmentation", "off"))
 #: Kernels whose receive ring writes a virtio_net_hdr before each frame (tpacket_rcv's vnet
 #: support, in every kernel since 4.x): older ones leave the bytes as they were, so a switch there
 #: keeps its hosts' offloads off.

@@ -18,6 +18,7 @@ from mininet.net import Mininet
 from mininet.node import Host, Switch
 from mininet.topo import Topo
 
+from mindp import vnet
 from mindp.netutil import drop_at_ingress
 from mindp.protocol import link_mtu
 from mindp.targets import SwitchConfig, SwitchProcess
@@ -132,7 +133,7 @@ def quiet_host(host: Host, iface: str = "eth0", offload: bool = False) -> None:
     """
     cmds = [f"ethtool -K {iface} {f} off" for f in OFFLOADS] + [f"ip link set {iface} mtu {link_mtu()}"]
     if offload:
-        cmds += [f"ethtool -K {iface} tx on sg on tx-udp-segmentation on"]
+        cmds += [f"ethtool -K {iface} {' '.join(group)}" for group in vnet.HOST_OFFLOADS]
     cmds += ["sysctl -qw net.ipv6.conf.all.disable_ipv6=1", f"sysctl -qw net.ipv6.conf.{iface}.disable_ipv6=1",
              f"sysctl -qw net.ipv4.icmp_ratelimit={ICMP_SILENCE_MS}"]
     host.cmd("; ".join(f"{c} >/dev/null 2>&1" for c in cmds))
