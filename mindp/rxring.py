@@ -327,8 +327,9 @@ class RxRing:
                     break
                 v = vn.Vnet.parse(self.slots[k, int(self.macs[k]) - vn.VNET_LEN:]) if self.vnet else None
                 if v is not None and v.gso_type != vn.GSO_NONE:
-                    n = int(self.lens[k])
-                    count = vn.segment_count(n, v) if n > v.hdr_len and v.gso_size else 0
+                    n, mac, snap = int(self.lens[k]), int(self.macs[k]), int(self.snaplens[k])
+                    hdr = vn.udp_layout(self.slots[k, mac:mac + snap], n, v) if snap >= 34 else None  # headers in the slot
+                    count = vn.segment_count(n, hdr, v) if hdr else 0
                     if kept > start and count > end - kept:
                         break  # the next call takes it with room for all its frames
                     head += 1
@@ -386,7 +387,8 @@ class RxRing:
             if int(self.snaplens[k]) != n:
                 return None
             frame = self.slots[k, mac:mac + n]
-        if n <= v.hdr_len or v.hdr_len + min(v.gso_size, n - v.hdr_len) > limit:
+        hdr = vn.udp_layout(frame, n, v)
+        if hdr is None or hdr + min(v.gso_size, n - hdr) > limit:
             return None
         return vn.segments(frame, n, v)
 

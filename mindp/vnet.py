@@ -98,22 +98,22 @@ def complete(frame: np.ndarray, n: int, start: int, offset: int) -> bool:
 
 
 def udp_layout(frame: np.ndarray, n: int, v: Vnet) -> int | None:
-    """The IPv4 header's length of an untagged Ethernet/IPv4/UDP super-frame that `v` describes
-    (GSO_UDP_L4, its UDP header right after the IP header, hdr_len its headers, some payload), or
-    None when the frame is not one."""
-    if v.gso_type != GSO_UDP_L4 or v.gso_size == 0 or n <= v.hdr_len or n < ETH + 20:
+    """The headers' length (Ethernet, IPv4, UDP) of the untagged Ethernet/IPv4/UDP super-frame
+    frame[:n] that `v` describes (GSO_UDP_L4, some payload), or None when it is not one. Read from
+    the frame: the kernel's hdr_len is the skb's linear part, which may be the whole frame."""
+    if v.gso_type != GSO_UDP_L4 or v.gso_size == 0 or n < ETH + 20:
         return None
     if frame[12] != 0x08 or frame[13] != 0x00 or frame[ETH] >> 4 != 4 or frame[ETH + 9] != IPPROTO_UDP:
         return None
     ihl = (int(frame[ETH]) & 0xF) * 4
-    if ihl < 20 or v.hdr_len != ETH + ihl + 8 or (v.needs_csum and v.csum_start != ETH + ihl):
+    if ihl < 20 or n <= ETH + ihl + 8 or (v.needs_csum and v.csum_start != ETH + ihl):
         return None
-    return ihl
+    return ETH + ihl + 8
 
 
-def segment_count(n: int, v: Vnet) -> int:
-    """Frames a super-frame of n bytes makes."""
-    return -(-(n - v.hdr_len) // v.gso_size)
+def segment_count(n: int, hdr: int, v: Vnet) -> int:
+    """Frames a super-frame of n bytes with hdr bytes of headers makes."""
+    return -(-(n - hdr) // v.gso_size)
 
 
 def segments(frame: np.ndarray, n: int, v: Vnet) -> list[np.ndarray] | None:
@@ -121,14 +121,14 @@ def segments(frame: np.ndarray, n: int, v: Vnet) -> list[np.ndarray] | None:
     cuts it: each segment the headers with up to gso_size bytes of the payload; IP total length,
     id (the super-frame's, plus the segment's index) and checksum, UDP length and checksum (0 sent
     as 0xFFFF) of its own. None when it is not such a frame (udp_layout)."""
-    ihl = udp_layout(frame, n, v)
-    if ihl is None:
+    hdr = udp_layout(frame, n, v)
+    if hdr is None:
         return None
-    head = np.array(frame[: v.hdr_len], np.uint8)
+    head = np.array(frame[:hdr], np.uint8)
     ip_id = int(head[ETH + 4]) << 8 | int(head[ETH + 5])
-    udp = ETH + ihl
+    udp = hdr - 8
     out = []
-    for i, at in enumerate(range(v.hdr_len, n, v.gso_size)):
+    for i, at in enumerate(range(hdr, n, v.gso_size)):
         payload = frame[at : min(n, at + v.gso_size)]
         seg = np.concatenate([head, payload])
         _store(seg, ETH + 2, len(seg) - ETH)

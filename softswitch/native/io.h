@@ -99,24 +99,24 @@ static void serve_complete(uint8_t *row, int64_t n, const struct virtio_net_hdr 
     if (at + 2 <= n) serve_put16(row + at, serve_csum(serve_sum(row + v->csum_start, n - v->csum_start), 0));
 }
 
-/* The IPv4 header's length of the untagged Ethernet/IPv4/UDP super-frame src[0..n) that v
- * describes, or 0 when it is not one (vnet.udp_layout). */
-static int64_t serve_udp_layout(const uint8_t *src, int64_t n, const struct virtio_net_hdr *v) {
-    if ((v->gso_type & ~VIRTIO_NET_HDR_GSO_ECN) != VIRTIO_NET_HDR_GSO_UDP_L4 || !v->gso_size || n <= v->hdr_len || n < 34)
-        return 0;
+/* The headers' length (Ethernet, IPv4, UDP) of the untagged Ethernet/IPv4/UDP super-frame that v
+ * describes, n bytes long, its first `have` bytes at src; 0 when it is not one (vnet.udp_layout).
+ * Read from the frame: the kernel's hdr_len is the skb's linear part, which may be the whole frame. */
+static int64_t serve_udp_layout(const uint8_t *src, int64_t have, int64_t n, const struct virtio_net_hdr *v) {
+    if (v->gso_type != VIRTIO_NET_HDR_GSO_UDP_L4 || !v->gso_size || have < 34 || n < 34) return 0;
     if (src[12] != 8 || src[13] != 0 || src[14] >> 4 != 4 || src[23] != 17) return 0;
     int64_t ihl = (src[14] & 15) * 4;
-    if (ihl < 20 || v->hdr_len != 14 + ihl + 8) return 0;
+    if (ihl < 20 || n <= 14 + ihl + 8) return 0;
     if ((v->flags & VIRTIO_NET_HDR_F_NEEDS_CSUM) && v->csum_start != 14 + ihl) return 0;
-    return ihl;
+    return 14 + ihl + 8;
 }
 
 /* Super-frame src[0..n) cut into rows kept.. as the sending kernel's UDP segmentation cuts it
  * (vnet.segments): each row the headers and up to gso_size payload bytes, with IP total length,
  * id (counted up), IP checksum, UDP length and UDP checksum of its own. */
-static void serve_split(serve_t *s, const uint8_t *src, int64_t n, const struct virtio_net_hdr *v, int64_t ihl,
+static void serve_split(serve_t *s, const uint8_t *src, int64_t n, const struct virtio_net_hdr *v, int64_t hdr,
                         int64_t kept, int32_t port) {
-    int64_t hdr = v->hdr_len, udp = 14 + ihl;
+    int64_t udp = hdr - 8, ihl = udp - 14;
     uint32_t id = (uint32_t)(src[18] << 8 | src[19]);
     for (int64_t at = hdr, i = 0; at < n; at += v->gso_size, i++) {
         int64_t pay = n - at < v->gso_size ? n - at : v->gso_size, len = hdr + pay;
@@ -165,10 +165,10 @@ static int64_t serve_super(serve_t *s, int64_t p, const struct tpacket2_hdr *h, 
     } else if (h->tp_snaplen != h->tp_len) {
         return -1;
     }
-    int64_t ihl = serve_udp_layout(src, n, v), limit = s->rslot - SERVE_TAG;
-    if (!fits || !ihl || v->hdr_len + (n - v->hdr_len < v->gso_size ? n - v->hdr_len : v->gso_size) > limit) return -1;
-    serve_split(s, src, n, v, ihl, kept, s->numbers[p]);
-    int64_t made = (n - v->hdr_len + v->gso_size - 1) / v->gso_size;
+    int64_t hdr = serve_udp_layout(src, n, n, v), limit = s->rslot - SERVE_TAG;
+    if (!fits || !hdr || hdr + (n - hdr < v->gso_size ? n - hdr : v->gso_size) > limit) return -1;
+    serve_split(s, src, n, v, hdr, kept, s->numbers[p]);
+    int64_t made = (n - hdr + v->gso_size - 1) / v->gso_size;
     for (int64_t i = 0; i < made; i++) {
         uint8_t *r = s->rbuf + (kept + i) * s->rslot;
         s->rlens[kept + i] = (int32_t)serve_tag(r, s->rlens[kept + i], status, h->tp_vlan_tci, h->tp_vlan_tpid);
@@ -190,7 +190,8 @@ static int64_t serve_recv(serve_t *s, int64_t p, int64_t *kept_out) {
         struct virtio_net_hdr v = {0};
         if (s->vnet) memcpy(&v, (const uint8_t *)h + h->tp_mac - sizeof v, sizeof v);
         if (v.gso_type != VIRTIO_NET_HDR_GSO_NONE) {
-            int64_t n = h->tp_len, count = n > v.hdr_len && v.gso_size ? (n - v.hdr_len + v.gso_size - 1) / v.gso_size : 0;
+            int64_t n = h->tp_len, hdr = serve_udp_layout((const uint8_t *)h + h->tp_mac, h->tp_snaplen, n, &v);
+            int64_t count = hdr ? (n - hdr + v.gso_size - 1) / v.gso_size : 0; /* its headers are in the slot */
             if (kept && count > s->rcap - kept) break; /* the next call takes it with room for all its frames */
             int64_t made = serve_super(s, p, h, status, &v, kept, count > 0 && count <= s->rcap - kept);
             __atomic_store_n(&h->tp_status, TP_STATUS_KERNEL, __ATOMIC_RELEASE);

@@ -3,6 +3,8 @@ of an uninterrupted run (the reference trainer over all steps), built-in model a
 from __future__ import annotations
 
 import json
+import signal
+from contextlib import contextmanager
 
 import pytest
 
@@ -10,6 +12,17 @@ from mininet_topos.agents import STATE
 from tests.run.test_make_run import REPO, MakeRun, assert_clean, needs_root
 
 pytestmark = pytest.mark.net
+
+
+@contextmanager
+def ended(run: MakeRun):
+    """The body with a run up (UP=1); make stop's SIGTERM after it, whether it passed or not: the
+    network stays up until told, and a failed test must not leave it running."""
+    try:
+        yield
+    finally:
+        if run.proc.poll() is None:
+            run.proc.send_signal(signal.SIGTERM)
 
 
 def latest(tmp_path) -> dict:
@@ -182,20 +195,18 @@ def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path, to
     (or a leaf-spine, the job's optimizer in two shards); make stop's SIGTERM ends the run, which
     reports the ranks' steps bit-exact with the reference."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
-    import signal
-
     from mindp import progress
 
     run = MakeRun(tmp_path, "--target", "embedded", *topo, "--p4", "committed", "--script",
                   str(REPO / "examples" / "train_cnn.py"), "--args=--steps 3", "--up").start()
     cmds = tmp_path / "runs" / "latest" / "torchrun-commands.sh"
-    progress.wait(lambda: cmds.exists() or run.proc.poll() is not None, progress.activity(run.proc.pid),
-                  stall=progress.STALL, what="make run UP=1 start")
-    assert run.proc.poll() is None, run.proc.communicate()
-    assert cmds.read_text().count("--rdzv-backend static") == 2
-    ranks = progress.run(["sh", str(cmds)], cwd=REPO, capture_output=True, text=True)
-    assert ranks.returncode == 0, ranks.stdout[-2000:] + ranks.stderr[-2000:]
-    run.proc.send_signal(signal.SIGTERM)
+    with ended(run):
+        progress.wait(lambda: cmds.exists() or run.proc.poll() is not None, progress.activity(run.proc.pid),
+                      stall=progress.STALL, what="make run UP=1 start")
+        assert run.proc.poll() is None, run.proc.communicate()
+        assert cmds.read_text().count("--rdzv-backend static") == 2
+        ranks = progress.run(["sh", str(cmds)], cwd=REPO, capture_output=True, text=True)
+        assert ranks.returncode == 0, ranks.stdout[-2000:] + ranks.stderr[-2000:]
     assert run.wait() == 0, run.err + run.out
     s = latest(tmp_path)
     assert s["steps"] == 3 and s["max_abs_param_diff_vs_reference"] == 0.0
@@ -211,8 +222,6 @@ def test_a_script_run_resumes_under_the_users_own_torchrun_with_new_args(tmp_pat
     """RESUME= UP=1 ARGS=...: the printed commands start the ranks at the node's step with the new
     arguments, and the run ends on the reference's bits over every step."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
-    import signal
-
     from mindp import progress
 
     script = tmp_path / "stopping.py"
@@ -223,13 +232,13 @@ def test_a_script_run_resumes_under_the_users_own_torchrun_with_new_args(tmp_pat
     run = MakeRun(tmp_path, "--resume", "latest", "--args=--steps 5 --shift 100", "--up", "--given", "RESUME ARGS UP",
                   "--p4", "committed").start()
     cmds = tmp_path / "runs" / "latest" / "torchrun-commands.sh"
-    progress.wait(lambda: cmds.exists() or run.proc.poll() is not None, progress.activity(run.proc.pid),
-                  stall=progress.STALL, what="make run RESUME= UP=1 start")
-    assert run.proc.poll() is None, run.proc.communicate()
-    assert "--steps 5 --shift 100" in cmds.read_text()
-    ranks = progress.run(["sh", str(cmds)], cwd=REPO, capture_output=True, text=True)
-    assert ranks.returncode == 0, ranks.stdout[-2000:] + ranks.stderr[-2000:]
-    run.proc.send_signal(signal.SIGTERM)
+    with ended(run):
+        progress.wait(lambda: cmds.exists() or run.proc.poll() is not None, progress.activity(run.proc.pid),
+                      stall=progress.STALL, what="make run RESUME= UP=1 start")
+        assert run.proc.poll() is None, run.proc.communicate()
+        assert "--steps 5 --shift 100" in cmds.read_text()
+        ranks = progress.run(["sh", str(cmds)], cwd=REPO, capture_output=True, text=True)
+        assert ranks.returncode == 0, ranks.stdout[-2000:] + ranks.stderr[-2000:]
     assert run.wait() == 0, run.err + run.out
     s = latest(tmp_path)
     assert s["resumed_from"]["first_step"] == 2 and s["steps"] == 5
@@ -241,8 +250,6 @@ def test_a_script_run_resumes_under_the_users_own_torchrun_with_new_args(tmp_pat
 def test_a_run_stopped_by_ctrl_c_keeps_its_steps_and_resumes_bit_exact(tmp_path):
     """With SYNC=exit (commits without fsync): the stopped run's node state resumes (the same boot),
     and the resumed run, which keeps SYNC=exit, leaves its node's last commit durable."""
-    import signal
-
     from mindp import progress
 
     # 400 steps (the mlp runs about 35 a second here): the SIGINT comes well before the last

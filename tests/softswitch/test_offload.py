@@ -52,9 +52,9 @@ def vnet_sender(netns: str) -> socket.socket:
     return s
 
 
-def send_super(s: socket.socket, payload: bytes) -> None:
-    """One UDP super-frame of `payload` in SEG-byte frames, as host_agent/udpgso.py sends them."""
-    s.sendmsg([vnet.VNET_HDR.pack(vnet.F_NEEDS_CSUM, vnet.GSO_UDP_L4, 42, SEG, 34, 6), pseudo_seed(ipv4_udp(payload))])
+def send_super(s: socket.socket, payload: bytes, seg: int = SEG) -> None:
+    """One UDP super-frame of `payload` in seg-byte frames, as host_agent/udpgso.py sends them."""
+    s.sendmsg([vnet.VNET_HDR.pack(vnet.F_NEEDS_CSUM, vnet.GSO_UDP_L4, 42, seg, 34, 6), pseudo_seed(ipv4_udp(payload))])
 
 
 def send_partial(s: socket.socket, payload: bytes) -> None:
@@ -93,14 +93,16 @@ def checksums_hold(frame: bytes) -> bool:
 
 @pytest.mark.skipif(not vnet.kernel_supports(), reason="the kernel's receive rings carry no virtio_net_hdr")
 @pytest.mark.parametrize("loop", ["python", "c"])
-def test_a_super_frame_leaves_the_switch_as_the_hosts_kernel_would_cut_it(loop):
-    """The exprs program reflects IPv4 frames unchanged. The same super-frame (43 frames' payload,
-    a short last one) from a host whose link passes it whole and from one whose kernel cuts it
-    comes back as the same frames, with valid checksums and ids counted up; so does a frame with a
-    partial checksum; the switch counts the super-frame it cut."""
+@pytest.mark.parametrize("seg, count", [(SEG, 43), (88, 64)])
+def test_a_super_frame_leaves_the_switch_as_the_hosts_kernel_would_cut_it(loop, seg, count):
+    """The exprs program reflects IPv4 frames unchanged. The same super-frame (`count` frames'
+    payload, a short last one; of 1,000-byte frames, and of 64 K = 32 GRADs' 88 bytes, which the
+    kernel keeps in one linear buffer and so reports as all header) from a host whose link passes it
+    whole and from one whose kernel cuts it comes back as the same frames, with valid checksums and
+    ids counted up; so does a frame with a partial checksum; the switch counts the super-frame it cut."""
     from .test_executor import engine
 
-    payload = body(42 * SEG + 123, 1)
+    payload = body((count - 1) * seg + 57, 1)
     with testbed.Testbed("off") as bed:
         nets = {1: bed.add(H1), 2: bed.add(H2)}
         offload_on(nets[1])
@@ -112,7 +114,7 @@ def test_a_super_frame_leaves_the_switch_as_the_hosts_kernel_would_cut_it(loop):
         got = {}
         try:
             for n in nets:
-                send_super(senders[n], payload)
+                send_super(senders[n], payload, seg)
                 send_partial(senders[n], body(333, 2))
 
             def all_in() -> bool:
@@ -121,20 +123,20 @@ def test_a_super_frame_leaves_the_switch_as_the_hosts_kernel_would_cut_it(loop):
                 else:
                     for p in ports.values():
                         dp._port_ready(p)
-                return eng.stats.rx >= 2 * 44
+                return eng.stats.rx >= 2 * (count + 1)
 
             progress.wait(all_in, lambda: eng.stats.rx, stall=progress.STALL, what="the switch reading", poll=0)
-            got = {n: arrivals(socks[n], 44) for n in nets}
+            got = {n: arrivals(socks[n], count + 1) for n in nets}
         finally:
             for s in [*socks.values(), *senders.values()]:
                 s.close()
             dp.close()
-    assert [len(f) for f in got[1][:43]] == [42 + SEG] * 42 + [42 + 123]
+    assert [len(f) for f in got[1][:count]] == [42 + seg] * (count - 1) + [42 + 57]
     assert got[1] == got[2]
     assert all(checksums_hold(f) for f in got[1])
-    assert [struct.unpack_from("!H", f, 18)[0] for f in got[1][:43]] == [0x1234 + i for i in range(43)]
-    assert b"".join(f[42:] for f in got[1][:43]) == payload
-    assert (ports[1].rx, ports[1].rx_cut, ports[2].rx_cut, ports[1].rx_truncated) == (44, 1, 0, 0)
+    assert [struct.unpack_from("!H", f, 18)[0] for f in got[1][:count]] == [0x1234 + i for i in range(count)]
+    assert b"".join(f[42:] for f in got[1][:count]) == payload
+    assert (ports[1].rx, ports[1].rx_cut, ports[2].rx_cut, ports[1].rx_truncated) == (count + 1, 1, 0, 0)
 
 
 @pytest.mark.skipif(not vnet.kernel_supports(), reason="the kernel's receive rings carry no virtio_net_hdr")
@@ -179,7 +181,8 @@ def test_the_reference_cuts_and_completes_as_specified():
     assert all(checksums_hold(s.tobytes()) for s in segs)
     assert [struct.unpack_from("!HH", s.tobytes(), 16) for s in segs] == [(28 + SEG, 0x1234), (28 + SEG, 0x1235),
                                                                           (29, 0x1236)]
-    assert vnet.segments(frame, len(frame), vnet.Vnet(0, vnet.GSO_UDP_L4, 40, SEG, 34, 6)) is None
+    assert vnet.segments(frame, len(frame), vnet.Vnet(1, vnet.GSO_UDP_L4, 42, SEG, 30, 6)) is None
+    assert len(vnet.segments(frame, len(frame), vnet.Vnet(1, vnet.GSO_UDP_L4, len(frame), SEG, 34, 6))) == 3
     one = np.frombuffer(pseudo_seed(ipv4_udp(b"abc")), np.uint8).copy()
     assert vnet.complete(one, len(one), 34, 6) and checksums_hold(one.tobytes())
     assert not vnet.complete(one, 40, 34, 6)
