@@ -27,12 +27,8 @@ import weakref
 import numpy as np
 
 from mindp.codec import ipv4_checksum
+from mindp.vnet import F_NEEDS_CSUM, GSO_UDP_L4, PACKET_VNET_HDR, SOL_PACKET, VNET_HDR
 
-SOL_PACKET = 263
-PACKET_VNET_HDR = 15
-VIRTIO_NET_HDR_F_NEEDS_CSUM = 1
-VIRTIO_NET_HDR_GSO_UDP_L4 = 5
-VNET_HDR = struct.Struct("=BBHHHH")  # flags, gso_type, hdr_len, gso_size, csum_start, csum_offset
 ETH, IP, UDP = 14, 20, 8
 PREFIX = ETH + IP + UDP
 #: Frames per super-frame at most: UDP GSO's limit in the kernels that have it (UDP_MAX_SEGMENTS, 64
@@ -94,7 +90,7 @@ class Sender:
         if hit is None:
             if len(self._headers) > 256:
                 self._headers.clear()
-            vnet = VNET_HDR.pack(VIRTIO_NET_HDR_F_NEEDS_CSUM, VIRTIO_NET_HDR_GSO_UDP_L4, PREFIX, seg,
+            vnet = VNET_HDR.pack(F_NEEDS_CSUM, GSO_UDP_L4, PREFIX, seg,
                                  ETH + IP, 6)
             hit = self._headers[key] = (vnet, super_header(header, count, seg))
         return hit

@@ -26,7 +26,6 @@ from mindp.rxring import SOL_PACKET, TAG, RxRing
 from .batch import Batch
 
 PACKET_IGNORE_OUTGOING = 23  # Linux >= 4.20: do not hand our own transmissions back
-PACKET_VNET_HDR = 15
 SO_RCVBUFFORCE = 33  # root may pass net.core.rmem_max
 SNAPLEN = 262144  # a pcap's snapshot length: libpcap's maximum, so no frame (up to a slot) is cut
 log = logging.getLogger("softswitch")
@@ -223,7 +222,7 @@ def sender(iface: str, vnet: bool) -> socket.socket | None:
         return None
     try:
         if vnet:
-            s.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
+            s.setsockopt(SOL_PACKET, vn.PACKET_VNET_HDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
         s.bind((iface, 0))  # protocol 0: it receives nothing
     except OSError:

@@ -62,9 +62,8 @@ class ServeLoop:
     def usable(self) -> bool:
         """Whether every port is one the C loop serves as the Python loop would: no capture, the
         kernel leaves out the switch's own transmissions, and all rings have one geometry and
-        virtio_net_hdrs alike. Once
-        true, true for good: a port's capture only ever stops (ports.py), and the rest is fixed
-        when the port is made."""
+        virtio_net_hdrs alike. Once true, true for good: a port's capture only ever stops
+        (ports.py), and the rest is fixed when the port is made."""
         if not self._usable:
             self._usable = all(not (p.pcap_in or p.pcap_out or p.filter_outgoing) for p in self.ports) and \
                 self.rx.slot == self.tx.slot and self.shape is not None and self.vnet is not None
