@@ -30,7 +30,9 @@ moves less than its steps/s). A worker's forward+backward above a rank's is the 
 CPU and wake-ups taken from it. A worker's wait for the parameters after its backward is split: the
 parameters reach every worker at once, so the step's least wait is the network's round trip after
 the last worker's backward, and a worker's wait beyond it is time spent behind a slower worker
-(DDP's ranks wait for each other the same way, inside their backward's last allreduce).
+(DDP's ranks wait for each other the same way, inside their backward's last allreduce). Each round
+also prints the cores' idle time a step (the cores times a step's wall time, less the CPU a step of
+all processes): a side's steps/s falls short of its CPU a step by what its cores wait idle.
 
 --rounds N runs every side N times in turn and ends with the median of each round's ratios: the
 host's speed drifts from minute to minute, so a ratio is taken within a round, never across.
@@ -476,6 +478,13 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
     return len(timed) / sum(timed), "", k, sampler.usages()
 
 
+def idle_ms(rate: float, cpu_ms: float, cores: int) -> float:
+    """The cores' idle ms a step: `cores` times a step's wall time (1 / rate steps/s) less the CPU ms
+    a step of all processes; 0 where that CPU exceeds it (rate and CPU are sampled over nearly, not
+    exactly, the same steps)."""
+    return max(0.0, cores * 1000.0 / rate - cpu_ms)
+
+
 @dataclass
 class Round:
     """One round's figures by side ("one process", "DDP", each switch run's label): steps/s, and
@@ -543,7 +552,11 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
         print(f"  CPU a step, {where}: DDP {cpu_ms['DDP']:.0f} ms" + "".join(
             f"; {s} {ms:.0f} ms, DDP / mindp {cpu_ms['DDP'] / ms:.3f}" for s, ms in cpus) +
             (" (steps/s follows it where the training cores never wait for the network)" if args.cores else
-             " (with every core training, steps/s follows this ratio)"))
+             " (with every core training, steps/s follows this ratio less the idle time below)"))
+        cores = len(args.cores.training if args.cores else os.sched_getaffinity(0))
+        print(f"  idle a step, {cores} {'training ' if args.cores else ''}cores: DDP "
+              f"{idle_ms(rates['DDP'], cpu_ms['DDP'], cores):.0f} ms" +
+              "".join(f"; {s} {idle_ms(rates['make run ' + s], ms, cores):.0f} ms" for s, ms in cpus))
     return fig
 
 

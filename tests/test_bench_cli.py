@@ -156,6 +156,15 @@ def test_torch_gpt_splits_the_cpu_into_forward_backward_and_the_rest(monkeypatch
            "all the rest 250 (optimizer, communication: every other thread and process)" in lines
 
 
+def test_torch_gpt_idle_time_is_the_cores_wall_time_less_every_process_s_cpu(monkeypatch):
+    """4 steps/s on 2 cores is 500 core-ms a step: 400 ms of CPU leaves 100 idle; CPU sampled
+    above the wall time (a slightly different span of steps) is no idle time, not a negative one."""
+    bench = load("torch_gpt", monkeypatch)
+    assert bench.idle_ms(4.0, 400.0, 2) == 100.0
+    assert bench.idle_ms(4.0, 400.0, 1) == 0.0
+    assert bench.idle_ms(2.0, 250.0, 4) == 1750.0
+
+
 def test_torch_gpt_tells_the_wait_for_a_slower_worker_from_the_network_s_round_trip(monkeypatch, tmp_path):
     """Parameters reach the workers at once: per step, the least wait is the network's round trip
     after the last backward, and each worker's wait beyond it is time spent behind a slower worker.
