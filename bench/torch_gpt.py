@@ -5,7 +5,7 @@ model and global batch trained by one process with torch.optim.AdamW, and by PyT
 one process a worker, each in its own network namespace on a veth, the veths on a Linux bridge).
 
     sudo .venv/bin/python bench/torch_gpt.py [--steps 13] [--workers 2] [--local-steps 12] [--rounds 1]
-        [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE] [--k K] [--network-cores CPUS]
+        [--gpt '{"d": 512, "layers": 8}'] [--node-ram SIZE] [--k K] [--network-cores CPUS | --pin]
 
 Each make run line names the K (elements a frame) it ran: the target's default (make run K=), or
 --k's on the embedded switch (a K with no committed program is compiled with p4c first, as make
@@ -40,7 +40,9 @@ host's speed drifts from minute to minute, so a ratio is taken within a round, n
 --network-cores CPUS runs the switch, the optimizer node and make run's orchestrator on those cores
 and everything that trains (the workers, DDP's ranks and their gloo threads, the one process) on
 the others: the workers' hosts as where the switch is a switch and the node a machine of its own.
-Without it every process shares every core, and the network's CPU is taken from training.
+Without it every process shares every core, and the network's CPU is taken from training. --pin puts
+worker (DDP rank) N on core N, the switch and node on the next (round-robin; threads follow): left to
+the kernel, the network's CPU lands on one worker's core more than on the other's from step to step.
 """
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def single_process(wl: workload.WorkloadConfig, steps: int) -> float:
     return steps / (time.perf_counter() - t)
 
 
-def ddp_worker(rank: int, world: int, master: str, steps: int, gpt: dict) -> None:
+def ddp_worker(rank: int, world: int, master: str, steps: int, gpt: dict, cpu: int | None = None) -> None:
     """One DDP rank (run in its host's namespace): the model and batches of `make run`'s worker
     `rank`, gradients averaged by gloo over TCP on eth0, torch.optim.AdamW; rank 0 prints steps/s."""
     import datetime
@@ -108,6 +110,8 @@ def ddp_worker(rank: int, world: int, master: str, steps: int, gpt: dict) -> Non
 
     from mindp.torch import models, tasks
 
+    if cpu is not None:  # --pin: before gloo starts its threads, which follow
+        os.sched_setaffinity(0, {cpu})
     os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
     dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))
@@ -197,9 +201,9 @@ def usage_lines(usages: list[Usage]) -> list[str]:
                "step's last gradients, after the last worker's backward)"] if behind else [])]
 
 
-def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str, list[Usage]]:
+def ddp_run(workers: int, steps: int, gpt: str, pinned: bool = False) -> tuple[float, str, list[Usage]]:
     """(steps/s, '' or why it failed, each rank's Usage) of DDP with `workers` ranks on veth hosts
-    joined by a bridge."""
+    joined by a bridge; `pinned` (--pin): rank N on worker N's core."""
     bridge = "tgbr"
     hosts = [Host(f"d{r}", f"02:00:00:00:07:{r + 1:02x}", f"10.0.7.{r + 1}", r + 1) for r in range(workers)]
     master = f"{hosts[0].ip}:{targets.free_port()}"
@@ -213,6 +217,7 @@ def ddp_run(workers: int, steps: int, gpt: str) -> tuple[float, str, list[Usage]
             testbed.quiet_link(bridge)
             procs = [bed.hosts[h.name].popen(sys.executable, str(pathlib.Path(__file__).resolve()), "--ddp-rank", str(r), "--workers", str(workers),
                                              "--ddp-master", master, "--local-steps", str(steps), "--gpt", gpt,
+                                             *(["--pin"] if pinned else []),
                                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for r, h in enumerate(hosts)]
             try:
@@ -267,6 +272,25 @@ def pin(pid: int, cpus: set[int]) -> None:
                 os.sched_setaffinity(int(task), cpus)
         except OSError:
             continue
+
+
+@dataclass(frozen=True)
+class RoundRobin:
+    """--pin: worker (DDP rank) N on the N-th of `cpus`, then the switch and the node, round-robin."""
+    cpus: tuple[int, ...]
+    workers: int
+
+    def core(self, role: str) -> int:  # role: "worker N", "switch" or "node"
+        kind, _, n = role.partition(" ")
+        return self.cpus[(int(n) if kind == "worker" else self.workers + ("switch", "node").index(kind)) % len(self.cpus)]
+
+    def place(self, root: int) -> None:
+        for pid in procstat.tree(root):  # make run's, by role; the orchestrator where the kernel puts it
+            if (role := _role(pid)) is not None and role != "orchestrator":
+                pin(pid, {self.core(role)})
+
+    def describe(self) -> str:
+        return f"each rank, worker, switch and node on one of cores {_cpus(set(self.cpus))} (--pin)"
 
 
 def parse_cpus(text: str) -> set[int]:
@@ -335,9 +359,9 @@ class Sampler(threading.Thread):
     the first and the last of those. Worker 0 logs the last step only once it has evaluated the
     last model, and the other workers end meanwhile: neither is a step's cost."""
 
-    def __init__(self, root: int, runs: pathlib.Path, steps: int, cores: Cores | None = None):
-        """cores: where make run's processes run (--network-cores): each is pinned from its start
-        until the first timed step; None leaves them where the kernel puts them."""
+    def __init__(self, root: int, runs: pathlib.Path, steps: int, cores: Cores | RoundRobin | None = None):
+        """cores: where make run's processes run (--network-cores, --pin): each is pinned from its
+        start until the first timed step; None leaves them where the kernel puts them."""
         super().__init__(daemon=True)
         self.root, self.runs, self.cores = root, runs, cores
         self.last = steps - 1  # the run's last step (from 0)
@@ -345,7 +369,7 @@ class Sampler(threading.Thread):
         self.snaps: list[tuple[int, dict]] = []  # (worker 0's step, each process's figures then)
 
     def run(self) -> None:
-        if self.cores:  # this thread's reading costs the network's cores, not training's (this thread only)
+        if isinstance(self.cores, Cores):  # this thread's reading costs the network's cores, not training's
             os.sched_setaffinity(0, self.cores.network)
         log, pos, step = None, 0, 0
         while not self.done.wait(0.02):
@@ -434,7 +458,7 @@ def state_in_ram(wl: workload.WorkloadConfig) -> int:
 
 
 def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int, sync: str,
-               cores: Cores | None = None, timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
+               cores: Cores | RoundRobin | None = None, timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
     """(steps/s, '' or why it failed, the run's K, each process's Usage) of make run's orchestrator,
     MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes and commits made durable as
     `sync` says: BMv2 at its default K, the embedded switch at this process's (MINDP_K, as --k sets
@@ -521,7 +545,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
                   f"(torch threads {torch.get_num_threads()})")
             continue
         if side == "DDP":
-            ddp, err, usages = ddp_run(args.workers, args.local_steps, args.gpt)
+            ddp, err, usages = ddp_run(args.workers, args.local_steps, args.gpt, isinstance(args.cores, RoundRobin))
             label = f"PyTorch DDP (gloo), {args.workers} namespaces"
         else:
             label = f"make run MODEL=gpt TARGET={side}"
@@ -538,7 +562,8 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
         rates[key] = ddp if side == "DDP" else rate
         if usages:
             # Pinned (--network-cores), the training cores' CPU: the switch's and node's is not taken from it.
-            cpu_ms[key] = sum(u.cpu_ms for u in usages if not args.cores or u.role.split()[0] in ("rank", "worker"))
+            cpu_ms[key] = sum(u.cpu_ms for u in usages if not isinstance(args.cores, Cores)
+                              or u.role.split()[0] in ("rank", "worker"))
         print(f"  {label:<34} {rates[key]:8.3f} steps/s" + ("" if side == "DDP" else " (bit-exact)"))
         for line in usage_lines(usages):
             print(f"      {line}")
@@ -548,13 +573,13 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
                                       f"{r / ddp:.3f}" for s, r in rates.items() if s.startswith("make run")))
     if "DDP" in cpu_ms:
         cpus = [(s.removeprefix("make run "), ms) for s, ms in cpu_ms.items() if s.startswith("make run")]
-        where = "the training cores" if args.cores else "all processes"
+        where = "the training cores" if (split := isinstance(args.cores, Cores)) else "all processes"
         print(f"  CPU a step, {where}: DDP {cpu_ms['DDP']:.0f} ms" + "".join(
             f"; {s} {ms:.0f} ms, DDP / mindp {cpu_ms['DDP'] / ms:.3f}" for s, ms in cpus) +
-            (" (steps/s follows it where the training cores never wait for the network)" if args.cores else
+            (" (steps/s follows it where the training cores never wait for the network)" if split else
              " (with every core training, steps/s follows this ratio less the idle time below)"))
-        cores = len(args.cores.training if args.cores else os.sched_getaffinity(0))
-        print(f"  idle a step, {cores} {'training ' if args.cores else ''}cores: DDP "
+        cores = len(args.cores.training if split else os.sched_getaffinity(0))
+        print(f"  idle a step, {cores} {'training ' if split else ''}cores: DDP "
               f"{idle_ms(rates['DDP'], cpu_ms['DDP'], cores):.0f} ms" +
               "".join(f"; {s} {idle_ms(rates['make run ' + s], ms, cores):.0f} ms" for s, ms in cpus))
     return fig
@@ -600,6 +625,7 @@ def main() -> int:
     ap.add_argument("--network-cores", metavar="CPUS", help="run the switch, the optimizer node and make run's "
                     "orchestrator on these cores (e.g. 1, or 2-3) and every side's training on the others, as where "
                     "the switch and the node are machines of their own (default: every process on every core)")
+    ap.add_argument("--pin", action="store_true", help="worker and rank N on core N, then the switch and node")
     args = ap.parse_args()
     if args.k is not None and (error := protocol.k_error(str(args.k))) is not None:  # as every process of the run
         print(f"torch_gpt: --k {args.k}: {error}")
@@ -619,6 +645,11 @@ def main() -> int:
             return 2
         args.cores = Cores(mine - network, network)
         pin(os.getpid(), args.cores.training)  # what this process starts trains there: DDP's ranks, the one process
+    if args.pin:
+        if args.cores:
+            print("torch_gpt: --pin and --network-cores: choose one placement")
+            return 2
+        args.cores = RoundRobin(tuple(sorted(os.sched_getaffinity(0))), args.workers)
     unknown = set(args.targets.split(",")) - {"embedded", "bmv2"}
     if unknown:
         print(f"torch_gpt: --targets {args.targets!r}: choose from embedded, bmv2")
@@ -633,7 +664,8 @@ def main() -> int:
         print(f"torch_gpt: skipped: torch is not installed: {INSTALL_TORCH}")
         return 0
     if args.ddp_rank is not None:
-        ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps, gpt)
+        ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps, gpt,
+                   args.cores.core(f"worker {args.ddp_rank}") if args.pin else None)
         return 0
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
     whole = state_in_ram(wl)

@@ -302,6 +302,28 @@ def test_torch_gpt_pins_make_run_s_processes_by_role_every_thread_of_them(monkey
     assert bench.parse_cpus("0,2-3") == {0, 2, 3} and bench.parse_cpus("1") == {1}
     mine = sorted(os.sched_getaffinity(0))
     cores = bench.Cores(training={mine[0]}, network=set(mine[1:]))
+    placed_as(bench, cores, lambda role: cores.training if role.startswith("worker") else cores.network)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_torch_gpt_pin_puts_worker_n_on_core_n_then_the_switch_and_the_node(monkeypatch):
+    """--pin: round-robin over the cores, workers first (DDP's rank N as worker N); the
+    orchestrator stays where the kernel puts it."""
+    bench = load("torch_gpt", monkeypatch)
+    two, three = bench.RoundRobin((4, 6), 4), bench.RoundRobin((0, 1, 2), 2)
+    assert [two.core(r) for r in ("worker 0", "worker 1", "worker 2", "worker 3", "switch", "node")] == [4, 6, 4, 6, 4, 6]
+    assert [three.core(r) for r in ("worker 0", "worker 1", "switch", "node")] == [0, 1, 2, 0]
+    mine = sorted(os.sched_getaffinity(0))
+    pinned = bench.RoundRobin(tuple(mine), 2)
+    placed_as(bench, pinned, lambda role: set(mine) if role == "orchestrator" else {pinned.core(role)})
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--pin", "--network-cores", str(mine[-1])],
+                          capture_output=True, text=True, cwd=REPO)
+    assert (done.returncode, done.stdout) == (2, "torch_gpt: --pin and --network-cores: choose one placement\n")
+
+
+def placed_as(bench, placement, want) -> None:
+    """Stand-ins for make run's processes, each with a thread: after placement.place, every thread
+    of each is on want(its role), and so is a thread it starts later."""
     child = ("import sys, threading, time\nthreading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
              "print('up', flush=True)\nsys.stdin.readline()\n"
              "threading.Thread(target=lambda: print(sorted(__import__('os').sched_getaffinity(0)), flush=True)).start()\n"
@@ -314,15 +336,14 @@ def test_torch_gpt_pins_make_run_s_processes_by_role_every_thread_of_them(monkey
         for p in procs:
             assert p.stdout.readline() == "up\n"
         for p in procs:
-            cores.place(p.pid)
+            placement.place(p.pid)
         roles = [bench._role(p.pid) for p in procs]
         assert roles == ["orchestrator", "worker 1", "node", "switch"]
         for p, role in zip(procs, roles):
-            want = cores.training if role.startswith("worker") else cores.network
-            assert {os.sched_getaffinity(int(t)) == want for t in os.listdir(f"/proc/{p.pid}/task")} == {True}
+            assert {os.sched_getaffinity(int(t)) == want(role) for t in os.listdir(f"/proc/{p.pid}/task")} == {True}
             p.stdin.write("\n")
             p.stdin.flush()
-            assert p.stdout.readline() == f"{sorted(want)}\n"  # a thread started after the pinning
+            assert p.stdout.readline() == f"{sorted(want(role))}\n"  # a thread started after the pinning
     finally:
         for p in procs:
             p.kill()
