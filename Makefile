@@ -37,6 +37,9 @@ SYNC ?= step
 # again); 0: skip it (summary.json says not_compared).
 CHECK ?= 1
 LOSS ?= 0
+# Where the run's processes run: 1: worker N on core N, then the switch and the node on the next cores
+# (round-robin); 0: wherever the kernel puts them; auto: 1 where they outnumber the cores (docs/RUN.md).
+PIN ?= auto
 # Elements a frame, a parameter of the switch build (docs/PROTOCOL.md, "Choosing K"): empty takes the
 # target's default (32 on BMv2, the large default on the embedded switch); make p4 K=N compiles N.
 K ?=
@@ -65,7 +68,7 @@ RESUME ?=
 UP ?= 0
 # The run variables set on make's command line or in the environment (not defaults): make run refuses
 # one that the run would not use (STEPS with SCRIPT=, LEAVES without TOPO=leafspine ...) instead of ignoring it.
-RUN_VARS := TARGET K MODEL WORKERS STEPS GPT EVAL NODE_RAM SYNC CHECK LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS RESUME UP
+RUN_VARS := TARGET K MODEL WORKERS STEPS GPT EVAL NODE_RAM SYNC CHECK PIN LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS RESUME UP
 GIVEN = $(strip $(foreach v,$(RUN_VARS),$(if $(filter command% environment%,$(origin $(v))),$(v))))
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
@@ -140,7 +143,7 @@ run:
 	@$(PY) -m mininet_topos.run --target $(TARGET) $(if $(K),--k $(K)) --model $(MODEL) --workers $(WORKERS) --steps $(STEPS) --eval $(EVAL) \
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
-	  $(if $(SCRIPT),--script "$$SCRIPT") $(if $(filter ARGS,$(GIVEN)),--args="$$ARGS") $(if $(GPT),--gpt "$$GPT") $(if $(NODE_RAM),--node-ram "$(NODE_RAM)") --sync "$(SYNC)" --check "$(CHECK)" --given '$(GIVEN)' \
+	  $(if $(SCRIPT),--script "$$SCRIPT") $(if $(filter ARGS,$(GIVEN)),--args="$$ARGS") $(if $(GPT),--gpt "$$GPT") $(if $(NODE_RAM),--node-ram "$(NODE_RAM)") --sync "$(SYNC)" --check "$(CHECK)" --pin "$(PIN)" --given '$(GIVEN)' \
 	  $(if $(RESUME),--resume "$$RESUME") $(if $(filter 1,$(UP)),--up); \
 	  rc=$$?; mkdir -p build && echo $$rc > build/run-exit-code; exit $$rc
 

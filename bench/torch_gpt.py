@@ -40,9 +40,10 @@ host's speed drifts from minute to minute, so a ratio is taken within a round, n
 --network-cores CPUS runs the switch, the optimizer node and make run's orchestrator on those cores
 and everything that trains (the workers, DDP's ranks and their gloo threads, the one process) on
 the others: the workers' hosts as where the switch is a switch and the node a machine of its own.
-Without it every process shares every core, and the network's CPU is taken from training. --pin puts
-worker (DDP rank) N on core N, the switch and node on the next (round-robin; threads follow): left to
-the kernel, the network's CPU lands on one worker's core more than on the other's from step to step.
+Without it every process shares every core, and the network's CPU is taken from training. --pin runs
+make run with PIN=1 (worker N on core N, the switch and node on the next, round-robin) and DDP's rank N
+on worker N's core; without it make run runs with PIN=0 and DDP's ranks where the kernel puts them:
+left to the kernel, the network's CPU lands on one worker's core more than on the other's.
 """
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ from host_agent.agent_args import integer, parse_size  # noqa: E402
 from mindp import INSTALL_TORCH, procstat, protocol, targets, threadname, workload  # noqa: E402
 from mindp.harness import testbed  # noqa: E402
 from mindp.topology import Host  # noqa: E402
-from mininet_topos import config  # noqa: E402
+from mininet_topos import config, placement  # noqa: E402
+from mininet_topos.placement import Placement  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
 
@@ -274,25 +276,6 @@ def pin(pid: int, cpus: set[int]) -> None:
             continue
 
 
-@dataclass(frozen=True)
-class RoundRobin:
-    """--pin: worker (DDP rank) N on the N-th of `cpus`, then the switch and the node, round-robin."""
-    cpus: tuple[int, ...]
-    workers: int
-
-    def core(self, role: str) -> int:  # role: "worker N", "switch" or "node"
-        kind, _, n = role.partition(" ")
-        return self.cpus[(int(n) if kind == "worker" else self.workers + ("switch", "node").index(kind)) % len(self.cpus)]
-
-    def place(self, root: int) -> None:
-        for pid in procstat.tree(root):  # make run's, by role; the orchestrator where the kernel puts it
-            if (role := _role(pid)) is not None and role != "orchestrator":
-                pin(pid, {self.core(role)})
-
-    def describe(self) -> str:
-        return f"each rank, worker, switch and node on one of cores {_cpus(set(self.cpus))} (--pin)"
-
-
 def parse_cpus(text: str) -> set[int]:
     """'1', '2-3' or '0,2' -> {1}, {2, 3}, {0, 2}."""
     cpus = set()
@@ -359,9 +342,9 @@ class Sampler(threading.Thread):
     the first and the last of those. Worker 0 logs the last step only once it has evaluated the
     last model, and the other workers end meanwhile: neither is a step's cost."""
 
-    def __init__(self, root: int, runs: pathlib.Path, steps: int, cores: Cores | RoundRobin | None = None):
-        """cores: where make run's processes run (--network-cores, --pin): each is pinned from its
-        start until the first timed step; None leaves them where the kernel puts them."""
+    def __init__(self, root: int, runs: pathlib.Path, steps: int, cores: Cores | None = None):
+        """cores: where make run's processes run (--network-cores): each is pinned from its start
+        until the first timed step; None leaves them where make run puts them (PIN=)."""
         super().__init__(daemon=True)
         self.root, self.runs, self.cores = root, runs, cores
         self.last = steps - 1  # the run's last step (from 0)
@@ -458,7 +441,7 @@ def state_in_ram(wl: workload.WorkloadConfig) -> int:
 
 
 def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int, sync: str,
-               cores: Cores | RoundRobin | None = None, timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
+               cores: Cores | Placement | None = None, timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
     """(steps/s, '' or why it failed, the run's K, each process's Usage) of make run's orchestrator,
     MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes and commits made durable as
     `sync` says: BMv2 at its default K, the embedded switch at this process's (MINDP_K, as --k sets
@@ -470,11 +453,12 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
            "--workers", str(workers), "--steps", str(steps), "--cli", "0", "--p4", p4,
            "--runs-dir", str(runs), "--state-file", str(tmp / f"{target}-state.json"),
            "--grpc-port", str(targets.free_port()), "--thrift-port", str(targets.free_port()),
-           "--if-prefix", "mnb-", "--eval", "0", "--node-ram", str(node_ram), "--sync", sync, "--k", str(k)] + \
+           "--if-prefix", "mnb-", "--eval", "0", "--node-ram", str(node_ram), "--sync", sync, "--k", str(k),
+           "--pin", "1" if isinstance(cores, Placement) else "0"] + \
         (["--gpt", gpt] if gpt != "{}" else [])
     p = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
-    sampler = Sampler(p.pid, runs, steps, cores)
+    sampler = Sampler(p.pid, runs, steps, cores if isinstance(cores, Cores) else None)
     sampler.start()
     try:
         _, err = p.communicate(timeout=timeout)
@@ -545,7 +529,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
                   f"(torch threads {torch.get_num_threads()})")
             continue
         if side == "DDP":
-            ddp, err, usages = ddp_run(args.workers, args.local_steps, args.gpt, isinstance(args.cores, RoundRobin))
+            ddp, err, usages = ddp_run(args.workers, args.local_steps, args.gpt, isinstance(args.cores, Placement))
             label = f"PyTorch DDP (gloo), {args.workers} namespaces"
         else:
             label = f"make run MODEL=gpt TARGET={side}"
@@ -649,7 +633,7 @@ def main() -> int:
         if args.cores:
             print("torch_gpt: --pin and --network-cores: choose one placement")
             return 2
-        args.cores = RoundRobin(tuple(sorted(os.sched_getaffinity(0))), args.workers)
+        args.cores = placement.plan("1", os.sched_getaffinity(0), args.workers, 1, 1)  # make run's PIN=1
     unknown = set(args.targets.split(",")) - {"embedded", "bmv2"}
     if unknown:
         print(f"torch_gpt: --targets {args.targets!r}: choose from embedded, bmv2")
@@ -665,7 +649,7 @@ def main() -> int:
         return 0
     if args.ddp_rank is not None:
         ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps, gpt,
-                   args.cores.core(f"worker {args.ddp_rank}") if args.pin else None)
+                   args.cores.worker(args.ddp_rank) if args.pin else None)
         return 0
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
     whole = state_in_ram(wl)
@@ -674,7 +658,8 @@ def main() -> int:
           f"{config.DEFAULT_LR['gpt']}, {args.steps} steps; the node's RAM budget {args.node_ram / 2**20:,.0f} MiB "
           f"({'its whole state' if args.node_ram >= whole else 'out of core'}), made durable "
           f"{'at every step' if args.sync == 'step' else 'at exit (--sync exit)'}" +
-          (f"; {args.cores.describe()}" if args.cores else ""))
+          (f"; {args.cores.describe()}" if isinstance(args.cores, Cores) else "") +
+          (f"; pinned (make run PIN=1, DDP's rank N as worker N): {args.cores.describe()}" if args.pin else ""))
     rounds = []
     with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
         for i in range(args.rounds):

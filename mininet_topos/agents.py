@@ -20,6 +20,7 @@ from mindp import progress, topology, workload
 
 from .config import RunConfig
 from .console import RunError, how_it_ended, one_line
+from .placement import Placement, taskset
 from .progress import LogTail
 from .runstate import RunState
 
@@ -120,8 +121,10 @@ class Agents:
     """Starts, watches and stops the run's agent processes."""
 
     def __init__(self, net, state: RunState, logs: pathlib.Path, topo: topology.Topology,
-                 topo_path: pathlib.Path, cfg: RunConfig, opt: OptimizerConfig):
+                 topo_path: pathlib.Path, cfg: RunConfig, opt: OptimizerConfig, placement: Placement | None = None):
+        """placement (PIN): each node's and worker's core, in the order they start; None: the kernel's."""
         self.net = net
+        self.placement = placement
         self.state = state
         self.logs = logs
         self.topo = topo
@@ -132,13 +135,13 @@ class Agents:
         self.optimizers: list[HostProc] = []
         self.workers: list[HostProc] = []
 
-    def _popen(self, host_name: str, name: str, args: list[str]) -> HostProc:
+    def _popen(self, host_name: str, name: str, args: list[str], cpu: int | None = None) -> HostProc:
         host = self.net.get(host_name)
         log = self.logs / f"{name}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(log, "wb") as f:
-            proc = host.popen([sys.executable, *args], stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                              cwd=str(REPO), env=env)
+            proc = host.popen([*taskset(cpu), sys.executable, *args], stdin=subprocess.DEVNULL, stdout=f,
+                              stderr=subprocess.STDOUT, cwd=str(REPO), env=env)
         self.state.add_proc(proc.pid, f"{name} in {host_name}", True)
         hp = HostProc(name, proc, log)
         self.procs.append(hp)
@@ -164,7 +167,8 @@ class Agents:
                     "--init", str(jf.init_path), "--optimizer", self.opt.kind, "--lr", str(self.opt.lr),
                     "--weight-decay", str(self.opt.weight_decay), "--ram-budget", str(self.cfg.node_ram),
                     "--sync", self.cfg.sync, "--export", str(jf.shard_master_path(i)), "--stats", str(jf.shard_stats_path(i)), "--step-lines",
-                    *(["--shard", str(i)] if job.sharded else []), *self._faults(opt_name)]))
+                    *(["--shard", str(i)] if job.sharded else []), *self._faults(opt_name)],
+                    self.node_cpu(len(optimizers))))
         self.optimizers = optimizers
         self.wait_started(optimizers)
         for jf in jobs:
@@ -174,7 +178,15 @@ class Agents:
                     "--worker", str(w), "--workload", str(jf.dir / "workload.json"),
                     "--init", str(jf.worker_init or jf.init_path), "--first-step", str(jf.first_step),
                     "--steps", str(self.cfg.steps), "--out", str(jf.worker_out(w)),
-                    *(["--eval-every", str(self.cfg.eval_every)] if w == 0 else []), *self._faults(host_name)]))
+                    *(["--eval-every", str(self.cfg.eval_every)] if w == 0 else []), *self._faults(host_name)],
+                    self.worker_cpu(len(self.workers))))
+
+    def node_cpu(self, i: int) -> int | None:
+        """The core of the i-th node started (PIN), or None."""
+        return self.placement.node(i) if self.placement else None
+
+    def worker_cpu(self, i: int) -> int | None:
+        return self.placement.worker(i) if self.placement else None
 
     def wait_started(self, optimizers: list[HostProc]) -> None:
         """Until each node has opened its state and socket (its first line)."""

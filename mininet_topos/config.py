@@ -16,6 +16,8 @@ from mindp.switch_constants import MAX_SHARDS, POOL_SLOTS
 from mindp.targets import TARGETS
 from mindp.workload import MODELS
 
+from .placement import PIN_MODES
+
 MAX_STEPS = 100_000
 MAX_LOSS = 0.5  # beyond this a run spends its time retransmitting
 CLI_MODES = ("auto", "0", "1")  # auto: the Mininet CLI when stdin and stdout are a terminal
@@ -82,6 +84,9 @@ class RunConfig:
     # CHECK: after training, train the reference in make run's process and compare bits (about as
     # long as the training); False: the run's summary says it was not compared.
     check: bool = True
+    # PIN: auto, 0 or 1: each worker, switch and node on a core of its own, round-robin (placement.py);
+    # auto pins where the run's processes outnumber the cores make run may use.
+    pin: str = "auto"
 
     @property
     def total_workers(self) -> int:
@@ -147,7 +152,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
           slots: str = "auto", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
           script_args: str = "", gpt: str = "", eval_every: str = "auto", node_ram: str = NODE_RAM_DEFAULT,
-          sync: str = "step", check: str = "1", given: str = "") -> RunConfig:
+          sync: str = "step", check: str = "1", pin: str = "auto", given: str = "") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig. `given`: the
     make variables set on make's command line or in the environment (not defaults), space-separated:
     one the run would not use is refused rather than silently ignored."""
@@ -166,6 +171,8 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         raise RunConfigError(f"LOG must be one of {'|'.join(LOG_LEVELS)}, got {log!r}")
     if str(check).strip() not in ("0", "1"):
         raise RunConfigError(f"CHECK must be 0 or 1, got {check!r}")
+    if str(pin).strip() not in PIN_MODES:
+        raise RunConfigError(f"PIN must be auto, 0 or 1, got {pin!r}")
     cfg = RunConfig(
         target=target,
         model=model_name,
@@ -190,6 +197,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
         node_ram=_size("NODE_RAM", node_ram),
         sync=_sync(sync),
         check=str(check).strip() == "1",
+        pin=str(pin).strip(),
     )
     _unused(cfg, str(given or "").split())
     if cfg.script and cfg.jobs != 1:

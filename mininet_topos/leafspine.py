@@ -73,8 +73,9 @@ class TreeRun(Run):
                       log_level=None if self.cfg.log == "off" else self.cfg.log)
         per_switch = {s.name: dict(grpc_addr=s.grpc_addr, device_id=s.device_id, thrift_port=s.thrift_port,
                                    log_file=str(self.logs / f"switch-{s.name}.log"),
-                                   pcap_dir=str(pcaps / s.name) if pcaps else None)
-                      for s in self.topo.switches}
+                                   pcap_dir=str(pcaps / s.name) if pcaps else None,
+                                   cpu=self.placement.switch(i) if self.placement else None)
+                      for i, s in enumerate(self.topo.switches)}
         for p in per_switch.values():
             if p["pcap_dir"]:
                 pathlib.Path(p["pcap_dir"]).mkdir()

@@ -24,6 +24,8 @@ from mindp.protocol import link_mtu
 from mindp.targets import SwitchConfig, SwitchProcess
 from mindp.topology import Topology
 
+from .placement import taskset
+
 PREFIX = "mnr-"
 ICMP_SILENCE_MS = 3_600_000  # icmp_ratelimit: one ICMP error per peer an hour, after none for 60 s
 OFFLOADS = ("rx", "tx", "sg", "tso", "ufo", "gso", "gro", "lro", "rxvlan", "txvlan", "rxhash")
@@ -53,8 +55,10 @@ class MindpSwitch(Switch):
                  json_path: str | None = None, log_file: str | None = None, log_level: str | None = None,
                  pcap_dir: str | None = None,
                  thrift_port: int | None = None, fault_args: list[str] | None = None,
-                 record: Recorder | None = None, **params):
+                 record: Recorder | None = None, cpu: int | None = None, **params):
+        """cpu: the core the switch process runs on (PIN), None: where the kernel puts it."""
         self.record = record
+        self.cpu = cpu
         self.switch_cfg = dict(grpc_addr=grpc_addr, device_id=device_id, json_path=json_path, log_file=log_file,
                                log_level=log_level, pcap_dir=pcap_dir, thrift_port=thrift_port,
                                fault_args=list(fault_args or []))
@@ -73,7 +77,7 @@ class MindpSwitch(Switch):
 
     def start(self, controllers) -> None:
         cfg = SwitchConfig(ports=self.port_ifaces(), **self.switch_cfg)
-        self.process = SwitchProcess(self.target, cfg)
+        self.process = SwitchProcess(self.target, cfg, prefix=taskset(self.cpu))
         try:
             self.process.start()
         finally:

@@ -18,15 +18,16 @@ import time
 
 from .progress import LogTail, Progress
 from .console import Stopped
+from .placement import taskset
 from .script_run import ScriptRun
 
 RDZV_PORT = 29400
 
 
 def commands(script: str, argv: list[str], workers: dict[int, str], host_pids: dict[str, int], master_ip: str,
-             env: dict[str, str], python: str, log_dir: pathlib.Path) -> list[str]:
-    """One shell command per worker (rank r on its host; its torchrun's files in log_dir/node<r>), in
-    rank order (pure)."""
+             env: dict[str, str], python: str, log_dir: pathlib.Path, cores: dict[int, int] | None = None) -> list[str]:
+    """One shell command per worker (rank r on its host; its torchrun's files in log_dir/node<r>; on core
+    cores[r] where given, PIN), in rank order (pure)."""
     torchrun = str(pathlib.Path(python).parent / "torchrun")
     env_words = [f"{k}={v}" for k, v in sorted(env.items()) if k != "MINDP_IFACE"]  # init finds the interface
     if "MINDP_IFACE" in env:  # the host's, where a script's own gloo process group binds (not the hostname's)
@@ -34,7 +35,7 @@ def commands(script: str, argv: list[str], workers: dict[int, str], host_pids: d
     out = []
     n = len(workers)
     for r, host in sorted(workers.items()):
-        words = ["mnexec", "-a", str(host_pids[host]), "env", *env_words, torchrun, "--nnodes", str(n), "--node-rank",
+        words = [*taskset((cores or {}).get(r)), "mnexec", "-a", str(host_pids[host]), "env", *env_words, torchrun, "--nnodes", str(n), "--node-rank",
                  str(r), "--nproc-per-node", "1", "--rdzv-backend", "static", "--master-addr", master_ip,
                  "--master-port", str(RDZV_PORT), "--log-dir", str(log_dir / f"node{r}"), "--tee", "3", script, *argv]
         out.append(shlex.join(words))
@@ -46,8 +47,9 @@ class UpRun(ScriptRun):
         self.start_node()
         pids = {h: self.net.get(h).pid for h in self.job.workers.values()}
         master = self.topo.hosts[self.job.workers[0]].ip
+        cores = {r: self.placement.worker(r) for r in self.job.workers} if self.placement else None
         lines = commands(self.cfg.script, self.argv, self.job.workers, pids, master, self.rank_env, sys.executable,
-                         self.logs / "torchrun")
+                         self.logs / "torchrun", cores)
         (self.dir / "torchrun-commands.sh").write_text("".join(f"{c} &\n" for c in lines) + "wait\n")
         self.console.say("  up: the network, switch, controller and optimizer node wait for your torchrun; one "
                          "command per worker host (as root, from this directory; all of them at once: "

@@ -1,7 +1,7 @@
 """`make run RESUME=<run>`: continue an earlier run from its optimizer nodes' committed state.
 
 The new run takes the earlier run's settings (its config.json; STEPS may be raised to train on,
-TARGET, LOSS, PCAP, LOG, CLI, NODE_RAM and SYNC may change) and, per job, a copy of its node state (the
+the rest of MAY_CHANGE below may change) and, per job, a copy of its node state (the
 earlier run stays as it was). Each node resumes after its last commit; the workers start at the step
 after it from the parameters the node committed (the fp16 values they held then), so the run ends on
 the same bits as one that was never interrupted: the comparison with the reference trainer (from the
@@ -31,7 +31,7 @@ from .agents import STATE
 from .config import RunConfig, RunConfigError
 
 #: What may differ from the resumed run: none of them changes a bit of the training.
-MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "SYNC", "CHECK", "RESUME")
+MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "SYNC", "CHECK", "PIN", "RESUME")
 #: A SCRIPT= run's: its steps are its script's own, so ARGS may change (to train on, say) and STEPS
 #: does not apply. A model or optimizer the new arguments change is refused (check_script), and the
 #: reference replays each step with the arguments it ran with (script_run.args_from). UP=1 or not:
@@ -95,7 +95,7 @@ def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
                    script_args=now.script_args if "ARGS" in given else base.script_args,
                    log=now.log, cli=now.cli, steps=steps, node_ram=now.node_ram if "NODE_RAM" in given else base.node_ram,
                    sync=now.sync if "SYNC" in given else base.sync, grpc_port=now.grpc_port, thrift_port=now.thrift_port,
-                   slots=base.slots if "TARGET" not in given else 0, check=now.check)
+                   slots=base.slots if "TARGET" not in given else 0, check=now.check, pin=now.pin)
 
 
 def check_script(old: Resumed, job: int, cfg: OptimizerConfig, layout: Layout) -> None:

@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "step (at each commit) or exit (when it stops; docs/STATE.md)")
     p.add_argument("--check", default="1", help="1: compare the run's bits with the reference trained in this "
                    "process after training (about as long again); 0: do not (its summary says so)")
+    p.add_argument("--pin", default="auto", help="1: worker N on core N, then each switch and node on the next "
+                   "cores; 0: the kernel places them; auto: 1 where the run's processes outnumber the cores")
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p
@@ -164,6 +166,8 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         run.start_agents()
         workers = "" if args.up else f" and {cfg.jobs * cfg.total_workers} workers"
         console.say(f"  optimizer node(s){workers} started; logs in {run.logs}/")
+        if run.placement:
+            console.say(f"  pinned (PIN={cfg.pin}): {run.placement.describe()}")
         setup = time.monotonic() - t_start
         code = train_and_report(run, console, model, setup)
         if cfg.cli == "1" or (cfg.cli == "auto" and sys.stdin.isatty() and sys.stdout.isatty()):
@@ -265,7 +269,7 @@ def _main(args: argparse.Namespace, console: Console, old: resume.Resumed | None
                            leaves=args.leaves, optimizers=args.optimizers,
                            script=args.script or (old.cfg.get("script", "") if old is not None else ""),
                            script_args=args.args, gpt=args.gpt, eval_every=args.eval, node_ram=args.node_ram,
-                           sync=args.sync, check=args.check, given=args.given)
+                           sync=args.sync, check=args.check, pin=args.pin, given=args.given)
         if args.up and not cfg.script:
             raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
         if old is not None:

@@ -28,6 +28,7 @@ import numpy as np
 
 from host_agent import optim
 from mindp import progress as pace, protocol
+from mindp.torch.launch import PIN_CPUS_ENV
 
 from . import metrics, rankerrors, results, resume
 from .agents import REPO, Agents, NodeFiles
@@ -173,7 +174,8 @@ class ScriptRun(Run):
 
     def start_node(self) -> None:
         """The job's optimizer node, or a node per shard (each owning a chunk range)."""
-        self.agents = a = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt)
+        self.agents = a = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt,
+                                 self.placement)
         self.metrics_dir = self.logs / "ranks"
         f = self.files
         nodes = [a._popen(host, f"optimizer-job1{f.shard_suffix(i)}", [
@@ -181,7 +183,7 @@ class ScriptRun(Run):
             "--state-dir", str(f.state_dir(i)), "--init", str(self.spec_dir / "init.npz"),
             "--optimizer-spec", str(self.spec_dir / "optimizer.json"), "--ram-budget", str(self.cfg.node_ram),
             "--sync", self.cfg.sync, "--export", str(f.shard_master_path(i)), "--stats", str(f.shard_stats_path(i)),
-            "--step-lines", *(["--shard", str(i)] if self.job.sharded else []), *a._faults(host)])
+            "--step-lines", *(["--shard", str(i)] if self.job.sharded else []), *a._faults(host)], a.node_cpu(i))
             for i, host in enumerate(self.job.optimizers)]
         a.optimizers = nodes
         a.wait_started(nodes)
@@ -199,7 +201,12 @@ class ScriptRun(Run):
             "--nproc-per-node", str(n), "--log-dir", str(self.logs / "torchrun"),  # not a dir of its own in /tmp
             "--tee", "3",  # each rank's lines prefixed [default<r>]: in torchrun.log, and in its own files
             "-m", "mindp.torch.launch", "--host-pids", str(pids), "--script", self.cfg.script, *self.argv],
-            self.rank_env)
+            {**self.rank_env, **self.rank_cores()})
+
+    def rank_cores(self) -> dict[str, str]:
+        """PIN: rank r's core, the r-th of a list mindp.torch.launch reads."""
+        p = self.placement
+        return {PIN_CPUS_ENV: ",".join(str(p.worker(r)) for r in range(self.job.n_workers))} if p else {}
 
     def show(self, line: str, progress: Progress, tty: bool) -> None:
         """A line of torchrun's log: rank 0's JSON {"loss", ...} feeds the curve (Progress.feed_output, as

@@ -4,6 +4,7 @@ a run's settings ask for."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import pathlib
@@ -18,7 +19,7 @@ from host_agent import optim, residency, state
 from host_agent.optim import OptimizerConfig
 from mindp import progress as pace, protocol, targets, topology, workload
 
-from . import config, metrics, results, resume
+from . import config, metrics, placement, results, resume
 from .agents import Agents, JobFiles
 from .console import Console, Pace, ProgressLine, RunError, how_it_ended, one_line
 from .progress import Progress
@@ -65,6 +66,13 @@ class Run:
         self.jobs: list[JobFiles] = []
         self.probed = 0.0
         self.progress: Progress | None = None  # while training: what a stopped run keeps (keep_partial)
+
+    @functools.cached_property
+    def placement(self) -> placement.Placement | None:
+        """PIN: each process's core (computed once the topology is final), or None."""
+        jobs = self.topo.jobs
+        return placement.plan(self.cfg.pin, placement.own_cpus(), sum(j.n_workers for j in jobs),
+                              len(self.topo.switches), sum(len(j.optimizers) for j in jobs))
 
     def network_text(self) -> str:
         return f"switch {self.topo.switch.name} ({self.target}, gRPC {self.topo.switch.grpc_addr})"
@@ -118,7 +126,7 @@ class Run:
                       json_path=str(json_path), log_file=str(self.logs / "switch.log"),
                       log_level=None if self.cfg.log == "off" else self.cfg.log,
                       pcap_dir=str(pcaps) if pcaps else None,
-                      thrift_port=self.cfg.thrift_port)
+                      thrift_port=self.cfg.thrift_port, cpu=self.placement.switch(0) if self.placement else None)
         self.net = mnet.make_net(self.topo, params, record=self.state.add_proc, prefix=self.if_prefix)
         self.switch = self.net.switches[0]
         self.start_net({"": self.switch}, lambda name: self.logs / "switch.log")
@@ -216,7 +224,8 @@ class Run:
         self.probed = time.monotonic()
 
     def start_agents(self) -> None:
-        self.agents = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt)
+        self.agents = Agents(self.net, self.state, self.logs, self.topo, self.topo_path, self.cfg, self.opt,
+                             self.placement)
         self.agents.start(self.jobs)
 
     def train(self) -> tuple[Progress, float]:

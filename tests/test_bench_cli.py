@@ -305,20 +305,29 @@ def test_torch_gpt_pins_make_run_s_processes_by_role_every_thread_of_them(monkey
     placed_as(bench, cores, lambda role: cores.training if role.startswith("worker") else cores.network)
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_torch_gpt_pin_puts_worker_n_on_core_n_then_the_switch_and_the_node(monkeypatch):
-    """--pin: round-robin over the cores, workers first (DDP's rank N as worker N); the
-    orchestrator stays where the kernel puts it."""
+def test_torch_gpt_pin_runs_make_run_pinned_and_without_it_unpinned(monkeypatch, tmp_path):
+    """--pin: make run PIN=1 (DDP's rank N on worker N's core, mininet_topos.placement); otherwise
+    PIN=0, also under --network-cores, which pins make run's processes itself."""
     bench = load("torch_gpt", monkeypatch)
-    two, three = bench.RoundRobin((4, 6), 4), bench.RoundRobin((0, 1, 2), 2)
-    assert [two.core(r) for r in ("worker 0", "worker 1", "worker 2", "worker 3", "switch", "node")] == [4, 6, 4, 6, 4, 6]
-    assert [three.core(r) for r in ("worker 0", "worker 1", "switch", "node")] == [0, 1, 2, 0]
+    cmds = []
+
+    class Started(Exception):
+        pass
+
+    def popen(cmd, **kw):
+        cmds.append(cmd)
+        raise Started
+
     mine = sorted(os.sched_getaffinity(0))
-    pinned = bench.RoundRobin(tuple(mine), 2)
-    placed_as(bench, pinned, lambda role: set(mine) if role == "orchestrator" else {pinned.core(role)})
     done = subprocess.run([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--pin", "--network-cores", str(mine[-1])],
                           capture_output=True, text=True, cwd=REPO)
     assert (done.returncode, done.stdout) == (2, "torch_gpt: --pin and --network-cores: choose one placement\n")
+    monkeypatch.setattr(bench.subprocess, "Popen", popen)
+    for cores, pin in ((bench.placement.plan("1", mine, 2, 1, 1), "1"), (None, "0"),
+                       (bench.Cores({mine[0]}, {mine[-1]}), "0")):
+        with pytest.raises(Started):
+            bench.switch_run("embedded", 2, 3, tmp_path, "{}", 2**30, "exit", cores)
+        assert cmds[-1][cmds[-1].index("--pin") + 1] == pin
 
 
 def placed_as(bench, placement, want) -> None:

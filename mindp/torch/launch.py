@@ -28,6 +28,8 @@ from .runscript import GLOO_ADDR_ENV
 
 #: Where rank 0 serves the store of a script's own torch.distributed process group (its host's port).
 GROUP_PORT = 29500
+#: make run's PIN: the cores of ranks 0, 1, ... ('0,1,0,1'); each rank runs on its own, threads and children too.
+PIN_CPUS_ENV = "MINDP_PIN_CPUS"
 
 
 def group_env(master_ip: str, own_ip: str) -> dict[str, str]:
@@ -51,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         print("mindp.torch.launch: RANK/WORLD_SIZE not set: start it with torchrun", file=sys.stderr)
         return 2
     rest = [a.replace("{rank}", str(rank)) for a in rest]
+    if os.environ.get(PIN_CPUS_ENV):
+        try:
+            os.sched_setaffinity(0, {int(os.environ[PIN_CPUS_ENV].split(",")[rank])})
+        except (ValueError, IndexError, OSError) as exc:
+            print(f"mindp.torch.launch: {PIN_CPUS_ENV}={os.environ[PIN_CPUS_ENV]!r} gives rank {rank} no core: {exc}",
+                  file=sys.stderr)
+            return 2
     if args.script:
         cmd = [sys.executable, "-m", "mindp.torch.runscript", args.script, *rest]  # records why it failed
         where = (os.environ.get("MINDP_TOPOLOGY", ""), os.environ.get("MINDP_JOB", ""))

@@ -57,9 +57,9 @@ def test_node_ram_and_sync_reach_every_node_s_command_line(tmp_path):
         def __init__(self, cfg):
             self.cfg, self.topo_path = cfg, tmp_path / "t.json"
             self.opt = type("Opt", (), {"kind": "adamw", "lr": 0.1, "weight_decay": 0.0})()
-            self.workers = []
+            self.workers, self.placement = [], None
 
-        def _popen(self, host, name, args):
+        def _popen(self, host, name, args, cpu=None):
             started.append(args)
             return None
 

@@ -3,6 +3,7 @@ of an uninterrupted run (the reference trainer over all steps), built-in model a
 from __future__ import annotations
 
 import json
+import os
 import signal
 from contextlib import contextmanager
 
@@ -191,14 +192,14 @@ def test_script_run_that_failed_resumes_where_its_node_committed(tmp_path, topo,
 @needs_root
 @TOPOS
 def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path, topo):
-    """UP=1: the printed commands (one per worker host) train examples/train_cnn.py through the switch
-    (or a leaf-spine, the job's optimizer in two shards); make stop's SIGTERM ends the run, which
-    reports the ranks' steps bit-exact with the reference."""
+    """UP=1: the printed commands (one per worker host, each on its core: PIN=1) train
+    examples/train_cnn.py through the switch (or a leaf-spine, the job's optimizer in two shards);
+    make stop's SIGTERM ends the run, which reports the ranks' steps bit-exact with the reference."""
     pytest.importorskip("torch")  # a SCRIPT= run (make torch)
     from mindp import progress
 
     run = MakeRun(tmp_path, "--target", "embedded", *topo, "--p4", "committed", "--script",
-                  str(REPO / "examples" / "train_cnn.py"), "--args=--steps 3", "--up").start()
+                  str(REPO / "examples" / "train_cnn.py"), "--args=--steps 3", "--up", "--pin", "1").start()
     cmds = tmp_path / "runs" / "latest" / "torchrun-commands.sh"
     with ended(run):
         progress.wait(lambda: cmds.exists() or run.proc.poll() is not None, progress.activity(run.proc.pid),
@@ -210,7 +211,8 @@ def test_up_runs_the_users_own_torchrun_commands_through_the_switch(tmp_path, to
     assert run.wait() == 0, run.err + run.out
     s = latest(tmp_path)
     assert s["steps"] == 3 and s["max_abs_param_diff_vs_reference"] == 0.0
-    assert "rank 1 (w1_1): mnexec -a" in run.out
+    cores = sorted(os.sched_getaffinity(0))  # PIN=1: rank N's command on core N, round-robin
+    assert f"rank 1 (w1_1): taskset -c {cores[1 % len(cores)]} mnexec -a" in run.out
     # the example prints {"step", "loss"} lines (no mindp.torch.log): rank 0's output is the curve
     assert [st for st, _ in s["loss_curve"]] == [0, 1, 2], s["loss_curve"]
     assert '{"step": 2, "loss": ' in ranks.stdout and f"steps done 3  loss {s['loss_curve'][-1][1]:.4f}" in run.out

@@ -64,10 +64,10 @@ def test_resume_refusals_are_one_line(tmp_path):
     with pytest.raises(config.RunConfigError, match="is a SCRIPT= run, whose steps are its script's own"):
         resume.settings(resume.find("20261128-020202", runs), config.parse(steps="80"), ["RESUME", "STEPS"])
     with pytest.raises(config.RunConfigError, match=r"ARGS cannot change \(only TARGET, LOSS, PCAP, LOG, CLI, STEPS, "
-                       r"NODE_RAM, SYNC, CHECK\)$"):
+                       r"NODE_RAM, SYNC, CHECK, PIN\)$"):
         resume.check_given(old, ["RESUME", "ARGS"])  # a built-in run has no script to take them
     with pytest.raises(config.RunConfigError, match=r"WORKERS cannot change \(only TARGET, LOSS, PCAP, LOG, CLI, "
-                       r"NODE_RAM, SYNC, CHECK, ARGS, UP\)$"):
+                       r"NODE_RAM, SYNC, CHECK, PIN, ARGS, UP\)$"):
         resume.check_given(resume.find("20261128-020202", runs), ["RESUME", "WORKERS"])
     with pytest.raises(config.RunConfigError, match=r"UP cannot change"):
         resume.check_given(old, ["RESUME", "UP"])  # a built-in run's workers are make run's
