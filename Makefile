@@ -38,7 +38,8 @@ SYNC ?= step
 CHECK ?= 1
 LOSS ?= 0
 # Where the run's processes run: 1: worker N on core N, then the switch and the node on the next cores
-# (round-robin); 0: wherever the kernel puts them; auto: 1 where they outnumber the cores (docs/RUN.md).
+# (round-robin); 0: wherever the kernel puts them; auto: 1 where each worker has a core of its own but
+# the switch and node do not (docs/RUN.md).
 PIN ?= auto
 # Elements a frame, a parameter of the switch build (docs/PROTOCOL.md, "Choosing K"): empty takes the
 # target's default (32 on BMv2, the large default on the embedded switch); make p4 K=N compiles N.

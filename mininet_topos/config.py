@@ -84,8 +84,8 @@ class RunConfig:
     # CHECK: after training, train the reference in make run's process and compare bits (about as
     # long as the training); False: the run's summary says it was not compared.
     check: bool = True
-    # PIN: auto, 0 or 1: each worker, switch and node on a core of its own, round-robin (placement.py);
-    # auto pins where the run's processes outnumber the cores make run may use.
+    # PIN: auto, 0 or 1: each worker, switch and node on a core, round-robin (placement.plan says
+    # where auto pins).
     pin: str = "auto"
 
     @property

@@ -5,16 +5,19 @@ run` gives it 2-5), round-robin; then each switch, then each optimizer node, on 
 process's threads and children inherit its core. The Mininet orchestrator (make run's own process)
 stays unpinned: it mostly waits, and the bit-exact check after training uses every core.
 
-Why: where processes outnumber cores, the kernel's scheduler puts the network's processes beside one
-worker more often than beside the other, and the other worker's core idles while it waits for the
-slower one at every step (bench/torch_gpt.py prints each side's idle core time a step).
+Why: where each worker has a core but the switch and the node do not, the kernel's scheduler puts the
+network's processes beside one worker more often than beside the other, and the other worker's core
+idles while it waits for the slower one at every step (bench/torch_gpt.py prints each side's idle
+core time a step). Where workers outnumber the cores they share cores either way, and the kernel's
+freedom to move each worker's packet thread to a free core measured as good or better (PIN=auto
+leaves them unpinned then).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-PIN_MODES = ("auto", "0", "1")  # auto: pin when the run's processes outnumber its cores
+PIN_MODES = ("auto", "0", "1")  # auto: plan() says when
 
 
 @dataclass(frozen=True)
@@ -47,8 +50,9 @@ class Placement:
 
 
 def plan(mode: str, cpus: set[int] | tuple[int, ...], workers: int, switches: int, nodes: int) -> Placement | None:
-    """The placement PIN=`mode` gives a run of these processes on `cpus`, or None: the kernel places them."""
-    if mode == "0" or (mode == "auto" and workers + switches + nodes <= len(cpus)):
+    """The placement PIN=`mode` gives a run of these processes on `cpus`, or None: the kernel places them.
+    auto pins where every worker has a core of its own but the switches and nodes must share them."""
+    if mode == "0" or (mode == "auto" and not workers <= len(cpus) < workers + switches + nodes):
         return None
     return Placement(tuple(sorted(cpus)), workers, switches, nodes)
 

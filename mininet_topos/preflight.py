@@ -14,7 +14,7 @@ from . import config
 from .console import Console, RunError
 from .runstate import RunState
 
-TOOLS = {"mnexec": "mininet", "ip": "iproute2", "ethtool": "ethtool"}
+TOOLS = {"mnexec": "mininet", "ip": "iproute2", "ethtool": "ethtool", "taskset": "util-linux"}  # taskset: PIN
 
 
 def preflight(cfg: config.RunConfig) -> str:

@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", default="1", help="1: compare the run's bits with the reference trained in this "
                    "process after training (about as long again); 0: do not (its summary says so)")
     p.add_argument("--pin", default="auto", help="1: worker N on core N, then each switch and node on the next "
-                   "cores; 0: the kernel places them; auto: 1 where the run's processes outnumber the cores")
+                   "cores; 0: the kernel places them; auto: 1 where each worker has a core but the switch and node do not")
     p.add_argument("--if-prefix", default="mnr-", type=if_prefix,
                    help="prefix of the switch-side interface names (<prefix>p<port>)")
     return p

@@ -27,9 +27,11 @@ def test_workers_take_the_cores_in_turn_then_the_switches_then_the_nodes():
     assert p.describe() == "workers on cores 4,6,4,6; the switch on core 4; the node on core 6"
 
 
-def test_auto_pins_only_where_the_processes_outnumber_the_cores():
+def test_auto_pins_only_where_each_worker_has_a_core_and_the_network_does_not():
     assert placement.plan("auto", {0, 1}, 2, 1, 1) is not None
     assert placement.plan("auto", {0, 1, 2, 3}, 2, 1, 1) is None  # a core each: the kernel's placement
+    assert placement.plan("auto", {0, 1}, 4, 1, 1) is None  # workers share cores either way
+    assert placement.plan("auto", {0}, 1, 1, 1) is not None
     assert placement.plan("0", {0}, 4, 1, 1) is None
     assert placement.plan("1", {0, 1, 2, 3}, 1, 1, 1).worker(0) == 0
     assert placement.taskset(None) == [] and placement.taskset(3) == ["taskset", "-c", "3"]
