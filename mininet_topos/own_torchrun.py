@@ -35,9 +35,10 @@ def commands(script: str, argv: list[str], workers: dict[int, str], host_pids: d
     out = []
     n = len(workers)
     for r, host in sorted(workers.items()):
-        words = [*taskset((cores or {}).get(r)), "mnexec", "-a", str(host_pids[host]), "env", *env_words, torchrun, "--nnodes", str(n), "--node-rank",
-                 str(r), "--nproc-per-node", "1", "--rdzv-backend", "static", "--master-addr", master_ip,
-                 "--master-port", str(RDZV_PORT), "--log-dir", str(log_dir / f"node{r}"), "--tee", "3", script, *argv]
+        words = [*taskset((cores or {}).get(r)), "mnexec", "-a", str(host_pids[host]), "env", *env_words, torchrun,
+                 "--nnodes", str(n), "--node-rank", str(r), "--nproc-per-node", "1", "--rdzv-backend", "static",
+                 "--master-addr", master_ip, "--master-port", str(RDZV_PORT), "--log-dir", str(log_dir / f"node{r}"),
+                 "--tee", "3", script, *argv]
         out.append(shlex.join(words))
     return out
 
