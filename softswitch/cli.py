@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     from .ports import Port, PortError
     from .thrift_server import ThriftServer
 
-    engine = Engine(pipeline=args.pipeline)
+    engine = Engine(pipeline=args.pipeline, settle_gc=True)
     if args.json and not os.path.isfile(args.json):
         print(f"mindp-softswitch: cannot read {args.json}: no such file", file=sys.stderr)
         return 1

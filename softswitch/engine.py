@@ -12,6 +12,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from mindp import gcpause
+
 from .batch import Batch
 from .compiler import INSTANCE_NORMAL, INSTANCE_REPLICATION, CompiledProgram
 
@@ -79,8 +81,10 @@ class Engine:
     """`pipeline` "compiled" runs batches on the program compiled to native code (softswitch.native)
     where it can be, "python" always on the generated Python; both share the program's state."""
 
-    def __init__(self, program: CompiledProgram | None = None, pipeline: str | None = None):
+    def __init__(self, program: CompiledProgram | None = None, pipeline: str | None = None,
+                 settle_gc: bool = False):
         self.program: CompiledProgram | None = None
+        self.settle_gc = settle_gc  # the switch process: each program loaded leaves the collector's passes
         self.pipeline = pipeline or default_pipeline()
         if self.pipeline not in PIPELINES:
             raise ValueError(f"pipeline {self.pipeline!r}: one of {', '.join(PIPELINES)}")
@@ -112,6 +116,8 @@ class Engine:
         if self.native is not None:
             log.info("pipeline compiled to native code")
         self.program = program
+        if self.settle_gc:
+            gcpause.settle()
 
     def process(self, data: bytes, port: int) -> list[tuple[int, bytes]]:
         if self.program is None:
