@@ -419,6 +419,9 @@ class StepHandle:
         elapsed = time.monotonic() - self.t0
         a.step_times.append(elapsed)
         a.stats["steps"] += 1
+        ring = rawsock.ring_of(a.sock)
+        if ring is not None:  # frames the kernel dropped on a full ring (the pump fell behind)
+            a.stats["ring_drops"] += ring.dropped()
         a.nonfinite_chunks = sorted(self.nonfinite)
         if self.nonfinite:
             # The node skipped the whole step; answers sent before it learned so may carry

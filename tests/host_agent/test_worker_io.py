@@ -102,6 +102,23 @@ def test_push_sends_protocol_frames_and_reassembles_parameters():
     assert agent.stats["params_received"] == 2 * n and len(agent.step_times) == 2
 
 
+def test_frames_the_kernel_dropped_on_a_full_ring_are_counted_at_each_steps_end(monkeypatch):
+    """The kernel's count of frames it dropped on the worker's full receive ring (tp_drops, which
+    reading resets) is read once a step into stats' ring_drops (the ring itself: the node's test)."""
+    class Ring:
+        reads = 0
+
+        def dropped(self):
+            Ring.reads += 1
+            return 3
+
+    monkeypatch.setattr(rawsock, "ring_of", lambda sock: Ring())
+    init = small_model()
+    steps = [{k: np.ones(v.shape, np.float32) for k, v in init.items()} for _ in range(2)]
+    agent, _, _ = run_steps(steps, optim.layout_of(init))
+    assert Ring.reads == 2 and agent.stats["ring_drops"] == 6
+
+
 def test_torch_gradients_equal_numpy_gradients():
     torch = pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
     init = small_model()
