@@ -5,7 +5,7 @@ A state directory holds:
   meta.json       layout, optimizer, page geometry, K (written once, at creation)
   state0.bin      records of (master, m, v) x K float32 per chunk (SGD: (master, m)): the state
   state1.bin      after an even number of steps in state0, odd in state1
-  commit.json     {"step": s}: the last step whose state is durable (-1: initial)
+  commit.json     {"step": s, ...}: the last step whose state is durable (-1: initial), padded, with a crc
   progress.bin    chunks of step s+1 already applied (see below)
 
 Step t reads copy t % 2 and writes copy (t + 1) % 2, so applying a chunk is
@@ -13,7 +13,7 @@ idempotent: redoing it after a crash gives the same bits. When the last chunk of
 step t is applied, the written pages are made durable (msync + fsync) and only
 then is commit.json replaced atomically (write, fsync, rename, fsync of the
 directory). With sync="exit" a commit skips the msync and the fsyncs (a killed node loses
-nothing: its writes are in the page cache) and names the boot in commit.json; the files are made
+nothing: its writes are in the page cache) and rewrites commit.json in place, naming the boot; the files are made
 durable when the store closes, and a state committed so on an earlier boot is refused, its files
 possibly torn. A chunk is marked in progress.bin after its record is written and
 before its parameters leave the node, so a node killed mid-step resumes without
@@ -31,6 +31,7 @@ import mmap
 import os
 import pathlib
 import zipfile
+import zlib
 from typing import Iterable
 
 import numpy as np
@@ -133,6 +134,43 @@ def _write_atomic(path: pathlib.Path, data: bytes, durable: bool = True) -> None
                            "the last committed step is intact") from None
 
 
+#: commit.json's size: every record is padded to it, so a commit made without fsync rewrites the file
+#: in place (one write, no new file, rename or directory update: 0.05 against 1-3 ms a step on ext4).
+COMMIT_BYTES = 256
+#: Reads of a commit.json found torn (a write of it under way) before one is called damaged.
+COMMIT_READS = 3
+
+
+def commit_bytes(commit: dict) -> bytes:
+    """commit.json's text for `commit`: its fields and their crc32, padded to COMMIT_BYTES. A file
+    rewritten in place can be read half old, half new by another process (a save waiting for a
+    commit); the crc tells that read from a whole one."""
+    body = json.dumps(commit)
+    text = json.dumps({**commit, "crc": zlib.crc32(body.encode())}).encode()
+    if len(text) >= COMMIT_BYTES:
+        raise ValueError(f"commit record of {len(text)} bytes: more than {COMMIT_BYTES - 1}")
+    return text.ljust(COMMIT_BYTES - 1) + b"\n"
+
+
+def read_commit(d: pathlib.Path) -> dict:
+    """The fields of d's commit.json, its crc checked where it has one (older states' have none).
+    A read that found it torn (no JSON, or a crc that does not match) is made again; ValueError if
+    every read did (a damaged file)."""
+    for _ in range(COMMIT_READS):
+        try:
+            commit = json.loads((d / "commit.json").read_bytes())
+        except ValueError as exc:
+            error = f"commit.json is not JSON: {exc}"
+            continue
+        if not isinstance(commit, dict):
+            raise TypeError("commit.json holds no record")
+        crc = commit.pop("crc", None)
+        if crc is None or crc == zlib.crc32(json.dumps(commit).encode()):
+            return commit
+        error = "commit.json's crc does not match its fields"
+    raise ValueError(f"{error} ({COMMIT_READS} reads): damaged")
+
+
 def _preallocate(f, nbytes: int) -> None:
     """Reserve every block of the file now, so no later write through the mapping can find the disk
     full (a write fault into an unallocated block on a full disk is SIGBUS, not an error)."""
@@ -223,7 +261,7 @@ def create(state_dir: str | pathlib.Path, layout: Layout, init: Iterable[np.ndar
     if chunks is not None:
         meta["chunks"] = [int(chunks[0]), int(chunks[1])]
     _write_atomic(d / "meta.json", json.dumps(meta, indent=1).encode())
-    _write_atomic(d / "commit.json", b'{"step": -1, "updates": 0, "skipped": false}\n')
+    _write_atomic(d / "commit.json", commit_bytes({"step": -1, "updates": 0, "skipped": False}))
 
 
 def exists(state_dir: str | pathlib.Path) -> bool:
@@ -246,7 +284,7 @@ class Store:
         d = self.dir = pathlib.Path(state_dir)
         meta = read_meta(d)
         try:
-            commit = json.loads((d / "commit.json").read_text())
+            commit = read_commit(d)
             check_boot(d, commit)
             self.unsynced = "boot" in commit  # committed without fsync: made durable at close
             self.committed = int(commit["step"])
@@ -396,10 +434,30 @@ class Store:
         commit = {"step": step, "updates": updates, "skipped": skipped}
         if durable and self.unsynced:  # the commits before wrote both copies without fsync
             self.pages.flush(None)
-        if not durable:
+        if durable:
+            _write_atomic(self.dir / "commit.json", commit_bytes(commit))
+        else:
             commit["boot"] = boot_id().decode().strip()
-        _write_atomic(self.dir / "commit.json", json.dumps(commit).encode() + b"\n", durable)
+            self._rewrite_commit(commit_bytes(commit))
         self.unsynced = not durable
+
+    def _rewrite_commit(self, text: bytes) -> None:
+        """commit.json rewritten in place (a commit without fsync): one write of the whole padded
+        record, which a killed process cannot leave half done. A file of another size (made before
+        records were padded) is replaced instead."""
+        path = self.dir / "commit.json"
+        try:
+            if path.stat().st_size != COMMIT_BYTES:
+                _write_atomic(path, text, durable=False)
+                return
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                if os.pwrite(fd, text, 0) != len(text):
+                    raise OSError(0, "short write")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise StorageError(f"rewriting {path} failed: {exc.strerror} (errno {exc.errno})") from None
 
     # --- whole-model access (export) ---------------------------------------------
     def tensor(self, name: str, step: int | None = None) -> np.ndarray:
@@ -494,7 +552,7 @@ def read_state(state_dir: str | pathlib.Path, before_commit: bool = False
     d = pathlib.Path(state_dir)
     meta = read_meta(d)
     try:
-        commit = json.loads((d / "commit.json").read_text())
+        commit = read_commit(d)
         check_boot(d, commit)
         cfg = OptimizerConfig.from_dict(meta["optimizer"])
         layout = optim.layout_from_json(meta["layout"])
@@ -578,4 +636,4 @@ def create_at(state_dir: str | pathlib.Path, layout: Layout, cfg: OptimizerConfi
     del copy
     with open(d / f"state{updates % 2}.bin", "rb+") as f:
         os.fsync(f.fileno())
-    _write_atomic(d / "commit.json", json.dumps({"step": step, "updates": updates, "skipped": False}).encode() + b"\n")
+    _write_atomic(d / "commit.json", commit_bytes({"step": step, "updates": updates, "skipped": False}))

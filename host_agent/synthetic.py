@@ -114,7 +114,7 @@ def run(d: pathlib.Path, steps: int, budget: int, batch: int | None = None, seed
 def checksum(d: pathlib.Path) -> str:
     """blake2b of the committed copy's records (master, m, v of every chunk), read with large I/O."""
     meta = state.read_meta(d)
-    commit = json.loads((d / "commit.json").read_text())
+    commit = state.read_commit(d)
     n = state.optim.layout_from_json(meta["layout"]).n_chunks
     nbytes = n * state.record(state.record_lanes(meta)).itemsize
     h = hashlib.blake2b(digest_size=16)

@@ -259,11 +259,11 @@ class Optimizer:
         """Until the node committed `step`, the last this rank finished: the node answers a step's last
         chunks and its digest before its commit (docs/STATE.md), so a save right after step() could
         read the step before. A sharded job: until every shard committed it."""
-        commits = [pathlib.Path(d) / "commit.json" for d in state_dirs(self.state_dir)]
+        dirs = [pathlib.Path(d) for d in state_dirs(self.state_dir)]
 
         def committed() -> int:
             try:
-                return min(int(json.loads(c.read_text())["step"]) for c in commits)
+                return min(int(state.read_commit(d)["step"]) for d in dirs)
             except (OSError, ValueError, KeyError, TypeError):
                 return -2
 

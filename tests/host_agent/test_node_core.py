@@ -201,7 +201,7 @@ def test_nonfinite_chunk_makes_the_whole_step_a_no_op(tmp_path, crash):
     sent.update(late_sent)
     params = as_worker(lay, sent, params)
     assert core.committed == 1 and core.store.last_skipped and core.store.updates == 1
-    assert json.loads((tmp_path / "commit.json").read_text()) == {"step": 1, "updates": 1, "skipped": True}
+    assert state.read_commit(tmp_path) == {"step": 1, "updates": 1, "skipped": True}
     assert hook == [(1, bad_chunk)]
     assert core.stats["nonfinite_steps"] == 1 - crash  # counted by the process that learned it
     # Duplicates of the skipped step's sums are answered with NONFINITE too.
@@ -311,8 +311,8 @@ CRASH_POINTS = [
     ("mark_applied", 3),  # a chunk's record written, not yet marked applied
     ("mark_applied", 11),
     ("commit", 1),  # the step's last chunk applied, nothing durable yet
-    ("commit_record", 2),  # pages durable, commit.json not yet replaced
-    ("reset_progress", 2),  # commit.json replaced, progress not yet reset
+    ("commit_record", 2),  # pages durable, commit.json not yet written
+    ("reset_progress", 2),  # commit.json written, progress not yet reset
 ]
 
 
@@ -338,17 +338,10 @@ def test_crash_at_each_point_of_the_apply_and_commit_path(tmp_path, monkeypatch,
         return fn
 
     targets = {"mark_applied": (state.Store, "mark_applied"), "commit": (state.Store, "commit"),
-               "reset_progress": (state.Store, "_reset_progress")}
-    if where == "commit_record":
-        orig_write = state._write_atomic
-        hit = crashing(orig_write)
-        monkeypatch.setattr(state, "_write_atomic",
-                            lambda path, data, *durable: (hit if path.name == "commit.json" else orig_write)(
-                                path, data, *durable))
+               "commit_record": (state.Store, "_write_commit"), "reset_progress": (state.Store, "_reset_progress")}
     core = open_core(tmp_path, init, cfg, sync=sync)
-    if where != "commit_record":
-        cls, name = targets[where]
-        monkeypatch.setattr(cls, name, crashing(getattr(cls, name)))
+    cls, name = targets[where]
+    monkeypatch.setattr(cls, name, crashing(getattr(cls, name)))
     rng = random.Random(nth)
     params = initial_fp16(init)
     crashed = False

@@ -31,7 +31,7 @@ def open_core(d, sync, create=False, map_whole=True):
 
 
 def commit_record(d) -> dict:
-    return json.loads((d / "commit.json").read_text())
+    return state.read_commit(d)
 
 
 @pytest.mark.parametrize("map_whole", [True, False])  # mapped whole; streamed through the pager
@@ -101,3 +101,39 @@ def test_an_unknown_sync_mode_is_refused(tmp_path):
     open_core(tmp_path, "step", create=True).store.close()
     with pytest.raises(ConfigError, match="sync must be one of step|exit"):
         state.Store(tmp_path, BUDGET, sync="never")
+
+
+def test_exit_sync_rewrites_the_commit_record_in_place_and_close_replaces_it(tmp_path):
+    init, gf, rng = small_model(), reference.synthetic_grads(5), random.Random(7)
+    lay = optim.layout_of(init)
+    core = open_core(tmp_path, "exit", create=True)
+    path = tmp_path / "commit.json"
+    path.write_text('{"step": -1, "updates": 0, "skipped": false}\n')  # a record before records were padded
+    params = initial_fp16(init)
+    inodes = []
+    for step in range(3):
+        params = assemble(lay, run_step(core, lay, gf, step, params, rng), params)
+        inodes.append(path.stat().st_ino)
+        assert path.stat().st_size == state.COMMIT_BYTES and state.read_commit(tmp_path)["step"] == step
+    assert inodes[1] == inodes[2] and not list(tmp_path.glob("*.tmp"))  # the old record replaced once, then rewritten
+    assert state.read_commit(tmp_path)["boot"] == state.boot_id().decode().strip()
+    core.store.close()
+    assert path.stat().st_ino != inodes[-1] and "boot" not in state.read_commit(tmp_path)
+
+
+def test_a_torn_commit_record_is_read_again_and_a_damaged_one_refused(tmp_path, monkeypatch):
+    open_core(tmp_path, "step", create=True).store.close()
+    old = state.commit_bytes({"step": 199, "updates": 200, "skipped": False, "boot": "b"})
+    new = state.commit_bytes({"step": 200, "updates": 201, "skipped": False, "boot": "b"})
+    torn = new[:10] + old[10:]  # a reader's copy of the bytes while the writer's copy is under way
+    assert json.loads(torn)["step"] == 299  # whole JSON, a step never committed: only the crc tells
+    path = tmp_path / "commit.json"
+    reads = iter([torn, b'{"step": 2', new])
+    real = type(path).read_bytes
+    monkeypatch.setattr(type(path), "read_bytes", lambda p: next(reads) if p == path else real(p))
+    assert state.read_commit(tmp_path)["step"] == 200  # read until whole
+    monkeypatch.setattr(type(path), "read_bytes", lambda p: torn if p == path else real(p))
+    with pytest.raises(ValueError, match="crc does not match its fields .*damaged"):
+        state.read_commit(tmp_path)
+    with pytest.raises(ConfigError, match="not usable: commit.json's crc does not match"):
+        state.Store(tmp_path, BUDGET)
