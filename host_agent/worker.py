@@ -68,7 +68,9 @@ class WorkerConfig:
     # Streaming: from a step's start to wait(), a thread of the agent's takes the answers as they
     # come and sends each slot's next chunk at once (host_agent.pumper), where put()'s pumps alone
     # left most of a large model's chunks for wait(); put() then only nudges it once a bucket is
-    # ready. False: put() pumps itself, wait() sends the rest (no thread).
+    # ready. Only where a step's chunks outnumber its window (slots): a step that fits leaves whole
+    # from put()'s pumps, and the thread's hand-offs at each step's start and end cost the MLP a
+    # sixth of its steps/s. False: never (put() pumps itself, wait() sends the rest).
     stream: bool = True
 
     def __post_init__(self) -> None:  # here, not in WorkerAgent: a bad option is told before any I/O
@@ -152,7 +154,7 @@ class WorkerAgent:
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
         self.param_rx = param_rx.ParamReceiver(cfg.job_id, self.counts, cfg.optimizer_mac, cfg.optimizer_ip,
                                                self.param_sources, len(self.rx))
-        self.pumper = Pumper(sock, cfg.coalesce, cfg.coalesce_min) if cfg.stream else None
+        self.pumper = Pumper(sock, cfg.coalesce, cfg.coalesce_min) if cfg.stream and n > cfg.slots else None
         # Held by every pump and by put() marking chunks ready (re-entered: the thread holds it
         # around its pump's own).
         self.lock = threading.RLock() if self.pumper is None else self.pumper.lock

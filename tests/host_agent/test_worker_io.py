@@ -437,6 +437,23 @@ def test_a_streaming_agent_pumps_its_step_while_the_caller_computes():
     b.close()
 
 
+@pytest.mark.parametrize("chunks,stream,thread", [(4, True, False), (5, True, True), (12, False, False)])
+def test_the_streaming_thread_runs_only_where_a_step_outnumbers_its_window(chunks, stream, thread):
+    """A step of at most `slots` (4) chunks leaves whole from put()'s pumps: no thread, whose two
+    hand-offs a step cost a small model a sixth of its steps/s; one more chunk, and it streams."""
+    lay = optim.layout_of({"a": np.zeros(chunks * K, np.float32)})
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    before = {t for t in threading.enumerate() if t.name == "mindp-pump"}
+    agent = WorkerAgent(replace(CFG, stream=stream), lay, a)
+    try:
+        assert (agent.pumper is not None) == thread
+        assert bool({t for t in threading.enumerate() if t.name == "mindp-pump"} - before) == thread
+    finally:
+        agent.close()
+        a.close()
+        b.close()
+
+
 def test_frames_held_back_by_the_reordering_fault_go_with_the_next_pump():
     """--reorder-send (and the tests' reorder) holds a frame until the next send: a step's last
     chunks waited for their resend, which peers timed as a round trip (RTOs of seconds). The next
