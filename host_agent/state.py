@@ -168,7 +168,7 @@ def read_commit(d: pathlib.Path) -> dict:
         if crc is None or crc == zlib.crc32(json.dumps(commit).encode()):
             return commit
         error = "commit.json's crc does not match its fields"
-    raise ValueError(f"{error} ({COMMIT_READS} reads): damaged")
+    raise ValueError(f"{error} ({COMMIT_READS} reads): damaged, or edited without removing its crc")
 
 
 def _preallocate(f, nbytes: int) -> None:
