@@ -5,7 +5,8 @@ A state directory holds:
   meta.json       layout, optimizer, page geometry, K (written once, at creation)
   state0.bin      records of (master, m, v) x K float32 per chunk (SGD: (master, m)): the state
   state1.bin      after an even number of steps in state0, odd in state1
-  commit.json     {"step": s, ...}: the last step whose state is durable (-1: initial), padded, with a crc
+  commit.json     {"step": s, ...}: the last step whose state is durable (-1: initial), with a
+                  crc of its fields, padded to COMMIT_BYTES
   progress.bin    chunks of step s+1 already applied (see below)
 
 Step t reads copy t % 2 and writes copy (t + 1) % 2, so applying a chunk is
@@ -13,9 +14,9 @@ idempotent: redoing it after a crash gives the same bits. When the last chunk of
 step t is applied, the written pages are made durable (msync + fsync) and only
 then is commit.json replaced atomically (write, fsync, rename, fsync of the
 directory). With sync="exit" a commit skips the msync and the fsyncs (a killed node loses
-nothing: its writes are in the page cache) and rewrites commit.json in place, naming the boot; the files are made
-durable when the store closes, and a state committed so on an earlier boot is refused, its files
-possibly torn. A chunk is marked in progress.bin after its record is written and
+nothing: its writes are in the page cache) and rewrites commit.json in place, naming the boot;
+the files are made durable when the store closes, and a state committed so on an earlier boot is
+refused, its files possibly torn. A chunk is marked in progress.bin after its record is written and
 before its parameters leave the node, so a node killed mid-step resumes without
 applying any chunk twice and without needing sums that workers will never resend
 (workers only retransmit chunks whose parameters they lack). progress.bin is
