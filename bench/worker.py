@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import sys
 import time
 
@@ -30,6 +29,7 @@ from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version  # noq
 from mindp import codec  # noqa: E402
 from mindp.harness import testbed  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
+from mindp.readable import readable  # noqa: E402
 from mindp.topology import star  # noqa: E402
 
 #: Chunks per step: fit the agent's receive buffer (4,096 rows) and its ring, so nothing is dropped.
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name == "bare":
                     got = 0
                     while got < CHUNKS:
-                        select.select([socks[name]], [], [], 1.0)
+                        readable([socks[name]], 1.0)
                         got += len(rawsock.recv_batch(socks[name]))
                 else:
                     handles[name].wait()

@@ -19,7 +19,6 @@ chunk, compares them to its own to name the first differing chunks, and takes th
 from __future__ import annotations
 
 import collections
-import select
 import socket
 import struct
 import sys
@@ -31,6 +30,7 @@ import numpy as np
 from mindp import listed
 from mindp.netutil import bound_udp, ephemeral_udp
 from mindp.protocol import K, UDP_PORT
+from mindp.readable import readable
 
 from . import fused
 
@@ -354,7 +354,7 @@ class Client:
     def _select(self, timeout: float) -> bool:
         """Wait up to `timeout` for an answer; True if the link is known to be down. The worker
         replaces it with one that also watches its raw socket (a link going down while it waits)."""
-        select.select([self.sock], [], [], timeout)
+        readable([self.sock], timeout)
         return False
 
     def ask(self, step: int, lrs: tuple[float, ...] | None = None) -> None:

@@ -5,7 +5,6 @@ restarts (the stall resend) and a sharded job's non-finite agreement (shards).
 from __future__ import annotations
 
 import collections
-import select
 import socket
 import sys
 import time
@@ -15,6 +14,7 @@ import numpy as np
 
 from mindp import codec
 from mindp.protocol import PARAM_CHUNKS_MAX, K, Kind, param_frame_len
+from mindp.readable import readable
 
 from . import digest, fused, rawsock, shards
 from .node_core import NodeCore
@@ -241,7 +241,7 @@ class OptimizerNode:
         """Wait up to `timeout` for frames, handle one batch; returns frames received. A link that
         went down (ENETDOWN/ENXIO/ENODEV) is reported in one line and retried with backoff;
         frames lost meanwhile are recovered by the workers' retransmissions and the stall resend."""
-        self._digest_ready = True  # (unless select says otherwise)
+        self._digest_ready = True  # (unless poll says otherwise)
         try:
             n = self._poll(timeout)
             self._check_link()
@@ -282,7 +282,7 @@ class OptimizerNode:
         peers = [self.agreement.sock] if self.agreement else []
         if self.digests:
             peers.append(self.digests.sock)
-        ready, _, _ = select.select([self.sock, *peers], [], [], timeout)
+        ready = readable([self.sock, *peers], timeout)
         self._digest_ready = self.digests is not None and self.digests.sock in ready
         if self._digest_ready and self.core.told_lr:  # a step's lr comes with its queries: read them first
             self.digests.poll(self.core.committed)

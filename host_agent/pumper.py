@@ -4,7 +4,7 @@ A step's window lets chunk c + S (S the job's slots) leave only once chunk c's p
 back, and pumps made only from put() (each backward hook) took answers and sent the next chunks
 only between two hooks: when a 25.5M-parameter gpt's backward ended, 83 % of its 49,834 chunks
 had not left, and sending them after backward was a seventh of each step. The `Pumper` thread
-waits on the socket while the caller computes (select releases the GIL), takes the answers as
+waits on the socket while the caller computes (poll releases the GIL), takes the answers as
 they come and sends each slot's next chunk at once, from StepHandle.start to wait(); wait()
 parks it and pumps the rest itself, as before.
 
@@ -14,11 +14,11 @@ gradient into its frame before marking it ready, and the thread sends only ready
 from __future__ import annotations
 
 import os
-import select
 import threading
 import time
 
 from mindp import threadname
+from mindp.readable import readable
 
 
 class Pumper:
@@ -88,7 +88,7 @@ class Pumper:
                 timeout = max(0.0, min(w.wake_at() - time.monotonic(), 0.05))
                 busy = w.n_sent - w.n_done >= self.coalesce_min
             try:
-                ready, _, _ = select.select([self.sock, self._r], [], [], timeout)
+                ready = readable([self.sock, self._r], timeout)
             except (ValueError, OSError) as exc:  # the caller closed the socket under a step it left
                 with self._cv:
                     self.error, self._handle = exc, None

@@ -9,7 +9,6 @@ import argparse
 import collections
 import json
 import pathlib
-import select
 import sys
 import threading
 import time
@@ -21,6 +20,7 @@ import numpy as np
 from mindp import codec, rxring, schedule
 from mindp.layout import Layout
 from mindp.protocol import HEADER_DTYPE, PARAM_CHUNKS_MAX, K, Flag, Kind, param_frame_len
+from mindp.readable import readable
 from mindp.topology import Topology, TopologyError
 
 from . import agent_args, digest, fused, gradframes, param_rx, rawsock, reference, shards
@@ -107,7 +107,7 @@ class WorkerAgent:
         self.cfg = cfg
         self.layout = layout
         self.sock = sock
-        sock.setblocking(False)  # the agent waits in select(), never in recv()
+        sock.setblocking(False)  # the agent waits in poll(), never in recv()
         self.faults = faults
         self.step = cfg.first_step
         self.on_nonfinite = on_nonfinite
@@ -348,7 +348,7 @@ class StepHandle:
         if a.stats["send_errors"] > errors:
             rawsock.raise_if_link_down(a.sock)
         if timeout > 0:
-            ready, _, _ = select.select([a.sock], [], [], timeout)
+            ready = readable([a.sock], timeout)
             if not ready:
                 return
             if a.cfg.coalesce > 0 and w.n_sent - w.n_done >= a.cfg.coalesce_min:
@@ -396,7 +396,7 @@ class StepHandle:
         and the ENETDOWN of a link that went down, told in one line as in a step); True while the
         link is down (the digest's deadline waits for it, as the step's does)."""
         a = self.agent
-        ready, _, _ = select.select([a.digest.sock, a.sock], [], [], timeout)
+        ready = readable([a.digest.sock, a.sock], timeout)
         if a.sock in ready:
             self.pump(0.0)
         return a.link.down

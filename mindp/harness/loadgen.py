@@ -6,7 +6,6 @@ in order), so every second gradient frame completes a sum at the sink.
 from __future__ import annotations
 
 import ipaddress
-import select
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ from host_agent import rawsock
 
 from mindp import codec, mmsg
 from mindp.protocol import K, Kind, frame_len
+from mindp.readable import readable
 from mindp.topology import Host
 
 
@@ -77,7 +77,7 @@ def closed_loop(tx, rx, frames: list[bytes], per_output: int, window: int) -> tu
         if room > 0:
             rawsock.send_rows(tx, rows, range(sent, sent + room))
             sent += room
-        ready, _, _ = select.select([rx], [], [], 1.0)
+        ready = readable([rx], 1.0)
         if not ready:
             break
         got = inbox.take()
@@ -122,7 +122,7 @@ def forward_loop(in_iface: str, out_iface: str, batch: int) -> None:
     lens = vec.iov["len"]
     print("ready", flush=True)
     while True:
-        select.select([a], [], [])
+        readable([a], None)
         n = vec.recv(a.fileno(), 0, batch)
         if n:
             lens[:n] = vec.msgs["len"][:n]

@@ -12,7 +12,6 @@ import fcntl
 import os
 import pathlib
 import tempfile
-import select
 import socket
 import subprocess
 import time
@@ -24,6 +23,7 @@ from typing import Callable
 from mindp import progress
 from mindp.netutil import IFF_RUNNING, drop_at_ingress, hold_udp_port, interface_flags, packet_socket
 from mindp.protocol import link_mtu
+from mindp.readable import readable
 from mindp.topology import Host
 
 CLONE_NEWNET = 0x40000000
@@ -283,7 +283,7 @@ class FrameTap:
             end = quiet_until if quiet_until is not None else deadline
             if now >= end:
                 return got
-            ready, _, _ = select.select(list(self.socks.values()), [], [], end - now)
+            ready = readable(list(self.socks.values()), end - now)
             for s in ready:
                 while True:
                     try:

@@ -59,3 +59,16 @@ def with_nonfinite(grad_fn, worker_id: int, step: int, name: str, index: int):
         return g
 
     return fn
+
+
+def numbered_high(sock, low: int = 1024):
+    """`sock` moved to a descriptor numbered `low` or more (closing the old one): select() refuses
+    those (FD_SETSIZE), as a training process holding many files gives its agents' sockets."""
+    import fcntl
+    import socket
+
+    fd = fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, low)
+    high = socket.socket(sock.family, sock.type, sock.proto, fileno=fd)
+    high.setblocking(sock.getblocking())
+    sock.close()
+    return high

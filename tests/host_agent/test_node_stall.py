@@ -10,7 +10,7 @@ from host_agent import node_socket, optim, rawsock, reference, state
 from host_agent.node_core import NodeCore
 from host_agent.optim import OptimizerConfig
 
-from .helpers import BUDGET, initial_fp16, small_model, step_sums, sum_headers
+from .helpers import BUDGET, initial_fp16, numbered_high, small_model, step_sums, sum_headers
 
 N, S, JOB = 2, 64, 1  # 64 slots, as make soak gives a job: each of the 44 chunks its own
 PERIOD = 0.5  # --stall-resend, as make soak gives it
@@ -79,15 +79,19 @@ def test_a_sum_restarts_the_backoff(node, monkeypatch):
     assert [t for t, _ in resends(node, monkeypatch, 12 * PERIOD) if t > 10 * PERIOD] == [11 * PERIOD]
 
 
-def test_answers_held_back_by_the_reordering_fault_go_once_the_node_is_idle(tmp_path, monkeypatch):
+@pytest.mark.parametrize("high", [False, True])
+def test_answers_held_back_by_the_reordering_fault_go_once_the_node_is_idle(tmp_path, monkeypatch, high):
     """--reorder-send holds a frame until the next send: with nothing more to answer (a step's last
     chunks, a window of few slots) that was the stall resend's second or more, which the workers
-    timed as a round trip (RTOs of seconds in make stress). The node's idle loop sends them."""
+    timed as a round trip (RTOs of seconds in make stress). The node's idle loop sends them.
+    `high`: the node's socket numbered past select()'s 1,024 (a process holding many files)."""
     init = small_model()
     lay = optim.layout_of(init)
     state.create(tmp_path, lay, state.init_pieces(lay, init), OptimizerConfig(), page_chunks=32)
     monkeypatch.setattr(node_socket.rawsock, "enable_auxdata", lambda s: False)
     ours, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if high:
+        ours = numbered_high(ours)
     peer.setblocking(False)
     faults = rawsock.Faults(reorder=0.999, seed=1)
     node = node_socket.OptimizerNode(NodeCore(state.Store(tmp_path, BUDGET), JOB, N, S), ours,

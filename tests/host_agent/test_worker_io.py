@@ -16,7 +16,7 @@ from host_agent.worker import WorkerAgent, WorkerConfig, slot_and_version
 from mindp import INSTALL_TORCH, codec, progress
 from mindp.protocol import K, Flag, Kind, frame_len
 
-from .helpers import small_model
+from .helpers import numbered_high, small_model
 
 CFG = WorkerConfig(3, 1, 4, "02:00:00:00:00:01", "10.0.0.1", "02:00:00:00:00:09", "10.0.0.9",
                    rto=RtoConfig(initial=0.05, min=0.01, deadline=60.0))  # hung, not just busy
@@ -410,14 +410,19 @@ def test_a_worker_waits_to_read_a_batch_only_with_many_chunks_unanswered(monkeyp
     assert all(s == coalesce for s in slept)
 
 
-def test_a_streaming_agent_pumps_its_step_while_the_caller_computes():
+@pytest.mark.parametrize("high", [False, True])
+def test_a_streaming_agent_pumps_its_step_while_the_caller_computes(high):
     """By default a thread of the agent's takes the answers as they come and sends each slot's next
     chunk (and resends what was lost): the whole step is sent and answered before wait() is called,
-    where put()'s own pump sends only the first window (`slots` chunks)."""
+    where put()'s own pump sends only the first window (`slots` chunks). `high`: the agent's socket
+    numbered past select()'s 1,024, as in a process holding many files (it stopped with "filedescriptor
+    out of range in select()")."""
     init = {"a": np.zeros(12 * K, np.float32)}  # 12 chunks, 4 slots
     lay = optim.layout_of(init)
     n = lay.n_chunks
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    if high:
+        a = numbered_high(a)
     echo = Echo(b)  # (loses the first copy of chunks 0, 5 and 10)
     echo.start()
     agent = WorkerAgent(CFG, lay, a)
