@@ -601,7 +601,10 @@ COMMANDS = {"push": cmd_push, "jobs": cmd_jobs, "workers": cmd_workers, "slots":
 
 def main(argv: list[str] | None = None) -> int:
     """mindp-ctl with `argv` -> its exit status; log lines on this call's sys.stderr (main may run again)."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.cmd == "stats" and args.count is not None and args.watch is None:
+        p.error("stats: --count needs --watch")  # a snapshot has no updates to count
     log = logging.getLogger("mindp")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("mindp-ctl: %(levelname)s: %(message)s"))

@@ -225,6 +225,7 @@ def test_usage_values_are_checked_before_connecting(tmp_path, topo):
     cli.fails("stats", "--timeout", "nan", match="must be a positive number of seconds", code=2)
     cli.fails("stats", "--watch", "0", match="must be a positive number", code=2)
     cli.fails("stats", "--watch", "1", "--count", "0", match="must be a positive integer", code=2)
+    cli.fails("stats", "--count", "5", match="--count needs --watch", code=2)
     cli.fails("jobs", "create", "--job-id", "2", "--slots", "-3", match="must be a positive integer", code=2)
 
 
