@@ -638,15 +638,14 @@ def main() -> int:
     if unknown:
         print(f"torch_gpt: --targets {args.targets!r}: choose from embedded, bmv2")
         return 2
-    try:
-        gpt = json.loads(args.gpt)
-        workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
-    except (ValueError, TypeError) as exc:
-        print(f"torch_gpt: --gpt {args.gpt!r}: {exc}")
-        return 2
     if torch is None:
         print(f"torch_gpt: skipped: torch is not installed: {INSTALL_TORCH}")
         return 0
+    try:
+        gpt = config._gpt(args.gpt, "gpt")  # make run's GPT= checks: the same sizes run on every side
+    except config.RunConfigError as exc:
+        print(f"torch_gpt: --gpt: {exc}")
+        return 2
     if args.ddp_rank is not None:
         ddp_worker(args.ddp_rank, args.workers, args.ddp_master, args.local_steps, gpt,
                    args.cores.worker(args.ddp_rank) if args.pin else None)

@@ -54,6 +54,16 @@ def test_torch_gpt_refuses_a_k_that_is_no_multiple_of_8_in_one_line():
     assert done.stdout.splitlines() == ["torch_gpt: --k 100: elements per frame must be a multiple of 8 in 8..8000"]
 
 
+@pytest.mark.parametrize("gpt", ['{"foo": 1}', '{"d": -4}', '{"d": 30, "heads": 4}', "x"])
+def test_torch_gpt_checks_its_gpt_sizes_as_make_run_does(gpt):
+    """--gpt '{"foo": 1}' and '{"d": -4}' ended in tracebacks from the model's constructor."""
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--gpt", gpt], capture_output=True,
+                          text=True, cwd=REPO)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stdout.splitlines()) == 1 and done.stdout.startswith("torch_gpt: --gpt: GPT")
+
+
 def test_integer_bounds():
     assert integer(2)("2") == 2 and integer(1, 255)("255") == 255
     for parse, text in ((integer(2), "1"), (integer(1, 255), "256"), (integer(1), "1e3"), (integer(1), "")):
