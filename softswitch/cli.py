@@ -66,8 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rx-usecs", type=int, default=RX_USECS, metavar="US",
                    help="receive coalescing: after a serve of --rx-frames frames or more, the next serve waits "
                         "until US microseconds have passed (fewer, larger batches; e.g. 100; default %(default)s: off)")
-    p.add_argument("--rx-frames", type=int, default=RX_FRAMES, metavar="N", help="the frames a serve takes to hold "
-                   "the next one back (default %(default)s)")
+    p.add_argument("--rx-frames", type=int, metavar="N", help="with --rx-usecs: the frames a serve takes to hold "
+                   f"the next one back (default {RX_FRAMES})")
     p.add_argument("--drop-prob", type=float, default=0.0)
     p.add_argument("--dup-prob", type=float, default=0.0)
     p.add_argument("--reorder-prob", type=float, default=0.0)
@@ -119,8 +119,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.ports = ports
     if args.rx_usecs < 0:
         raise SwitchUsageError(f"--rx-usecs {args.rx_usecs}: must be 0 (off) or more")
+    if args.rx_frames is not None and not args.rx_usecs:
+        raise SwitchUsageError("--rx-frames needs --rx-usecs (receive coalescing is off without it)")
+    args.rx_frames = RX_FRAMES if args.rx_frames is None else args.rx_frames
     if args.rx_frames < 1:
         raise SwitchUsageError(f"--rx-frames {args.rx_frames}: must be 1 or more")
+    if args.pipeline is None:
+        from .engine import default_pipeline  # (numpy and the compiler: imported by the start anyway)
+
+        try:
+            default_pipeline()
+        except ValueError as exc:
+            raise SwitchUsageError(str(exc)) from None
     for name in ("drop_prob", "dup_prob", "reorder_prob"):
         v = getattr(args, name)
         if not 0.0 <= v <= 1.0:

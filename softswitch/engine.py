@@ -23,9 +23,12 @@ PIPELINES = ("compiled", "python")
 
 
 def default_pipeline() -> str:
-    """MINDP_SOFTSWITCH_PIPELINE=python forces the Python path where no --pipeline is given."""
-    mode = os.environ.get("MINDP_SOFTSWITCH_PIPELINE", "compiled")
-    return mode if mode in PIPELINES else "compiled"
+    """MINDP_SOFTSWITCH_PIPELINE=python forces the Python path where no --pipeline is given; a value
+    that is neither raises ValueError (taken as `compiled`, a mistyped "Python" went unnoticed)."""
+    mode = os.environ.get("MINDP_SOFTSWITCH_PIPELINE", "").strip() or "compiled"
+    if mode not in PIPELINES:
+        raise ValueError(f"MINDP_SOFTSWITCH_PIPELINE={mode!r}: one of {', '.join(PIPELINES)}")
+    return mode
 
 
 class Groups(dict):

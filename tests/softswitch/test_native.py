@@ -278,6 +278,16 @@ def test_environment_forces_the_python_path(monkeypatch):
     assert te.engine("parser").native is None
 
 
+def test_an_unknown_pipeline_in_the_environment_is_refused_in_one_line(monkeypatch):
+    """MINDP_SOFTSWITCH_PIPELINE=Python ran the compiled pipeline without a word."""
+    from softswitch.engine import default_pipeline
+    monkeypatch.setenv("MINDP_SOFTSWITCH_PIPELINE", "Python")
+    r = progress.run([sys.executable, "-m", "softswitch", "--no-p4"], capture_output=True, text=True)
+    assert (r.returncode, r.stderr) == (2, "mindp-softswitch: MINDP_SOFTSWITCH_PIPELINE='Python': one of compiled, python\n")
+    monkeypatch.setenv("MINDP_SOFTSWITCH_PIPELINE", "")  # empty: as unset
+    assert default_pipeline() == "compiled"
+
+
 def test_trace_runs_batches_on_the_python_path(caplog):
     """-L debug: every packet through the traced Python pipeline, same outputs."""
     native, python = twins("features")
@@ -302,7 +312,10 @@ def test_command_line_sets_receive_coalescing_and_rejects_a_negative_value_in_on
     from softswitch.cli import RX_FRAMES, RX_USECS, parse_args
     args = parse_args(["--no-p4"])
     assert (args.rx_usecs, args.rx_frames) == (RX_USECS, RX_FRAMES)
-    assert (parse_args(["--rx-usecs", "100", "--no-p4"]).rx_usecs, parse_args(["--rx-frames", "8", "--no-p4"]).rx_frames) == (100, 8)
-    for flag, value, why in (("--rx-usecs", "-1", "must be 0 (off) or more"), ("--rx-frames", "0", "must be 1 or more")):
-        r = progress.run([sys.executable, "-m", "softswitch", flag, value, "--no-p4"], capture_output=True, text=True)
-        assert (r.returncode, r.stderr) == (2, f"mindp-softswitch: {flag} {value}: {why}\n")
+    coalesce = parse_args(["--rx-usecs", "100", "--rx-frames", "8", "--no-p4"])
+    assert (coalesce.rx_usecs, coalesce.rx_frames) == (100, 8)
+    for args, why in ((["--rx-usecs", "-1"], "--rx-usecs -1: must be 0 (off) or more"),
+                      (["--rx-usecs", "5", "--rx-frames", "0"], "--rx-frames 0: must be 1 or more"),
+                      (["--rx-frames", "8"], "--rx-frames needs --rx-usecs (receive coalescing is off without it)")):
+        r = progress.run([sys.executable, "-m", "softswitch", *args, "--no-p4"], capture_output=True, text=True)
+        assert (r.returncode, r.stderr) == (2, f"mindp-softswitch: {why}\n")
