@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 
 import numpy as np
@@ -118,11 +119,42 @@ def requested_layout(layout_path: str | None, init: str) -> Layout | None:
     return None
 
 
-def load_model(layout_path: str | None, init: str) -> tuple[Layout, dict[str, np.ndarray]]:
-    """(layout, float32 initial parameters) from --layout / --init, as the optimizer node reads them."""
+def model_init(layout_path: str | None, init: str) -> tuple[Layout, dict[str, np.ndarray] | None, int]:
+    """--layout/--init as the worker and the node both read them (one reading, so that they agree on
+    the model's order): (layout, the .npz's float32 arrays in the layout's order or None for seed:N,
+    the seed). --layout, when given, is the order and the shapes even for an .npz; every tensor it
+    names must be in the file with that shape, checked here before anything is made from them."""
     seed = init_seed(init, layout_path)
     if seed is not None:
-        layout = read_layout(layout_path)
-        return layout, optim.seed_params(layout, seed)
+        return read_layout(layout_path), None, seed
     arrays = optim.load_npz(init)
-    return optim.layout_of(arrays), arrays
+    if not layout_path:
+        return optim.layout_of(arrays), arrays, 0
+    layout = read_layout(layout_path)
+    missing = [s.name for s in layout.specs if s.name not in arrays]
+    if missing:
+        raise ConfigError(f"--layout {layout_path} names tensor(s) {missing} that {init} lacks")
+    for s in layout.specs:
+        if tuple(arrays[s.name].shape) != s.shape:
+            raise ConfigError(f"{s.name}: shape {arrays[s.name].shape} in {init}, {s.shape} in --layout {layout_path}")
+    return layout, {s.name: arrays[s.name] for s in layout.specs}, 0
+
+
+def load_model(layout_path: str | None, init: str) -> tuple[Layout, dict[str, np.ndarray]]:
+    """(layout, float32 initial parameters) from --layout / --init, as the optimizer node reads them."""
+    layout, arrays, seed = model_init(layout_path, init)
+    return layout, arrays if arrays is not None else optim.seed_params(layout, seed)
+
+
+def check_output(path: str | None, option: str) -> None:
+    """Refuse at start an output file that could not be written at the end, when its failure would
+    come after every step ran (and lose their result)."""
+    if not path:
+        return
+    p = pathlib.Path(path)
+    if not p.parent.is_dir():
+        raise ConfigError(f"{option} {path}: no directory {p.parent}")
+    if p.is_dir():
+        raise ConfigError(f"{option} {path} is a directory")
+    if not os.access(p.parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ConfigError(f"{option} {path}: not writable")

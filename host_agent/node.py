@@ -12,6 +12,7 @@ import sys
 import time
 
 from mindp.protocol import MAX_WORKERS
+from mindp.switch_constants import MAX_JOB_ID
 from mindp.topology import Topology, TopologyError
 
 from . import agent_args, digest, fused, optim, probe, rawsock, shards, state
@@ -35,8 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mindp-optimizer", description="mindp optimizer node (out-of-core AdamW/SGD)")
     p.add_argument("--iface", default="eth0", help="interface facing the switch")
     p.add_argument("--topology", help="topology JSON (mindp.topology); gives the job's workers, slots and our addresses")
-    p.add_argument("--job", type=int, default=1, help="job id")
-    p.add_argument("--workers", type=int, help="worker count (without --topology)")
+    p.add_argument("--job", type=int, default=1, help=f"job id (0..{MAX_JOB_ID})")
+    p.add_argument("--workers", type=int,
+                   help=f"the job's worker count, 1..{MAX_WORKERS} (without --topology): only reported, as the "
+                        "count of every sum is its mean's divisor (--max-workers bounds it)")
     p.add_argument("--slots", type=int, help="the job's slot count (without --topology)")
     p.add_argument("--max-workers", type=int, default=MAX_WORKERS,
                    help="largest worker count a sum may carry (the job's membership may change between steps)")
@@ -62,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the optimizer as JSON (OptimizerConfig.to_dict: kind, lr, schedule...; written by a "
                         "mindp.torch script's describe run) instead of --optimizer/--lr/...; a state that exists "
                         "must have been created with the same")
-    p.add_argument("--steps", type=int, help="exit after this many steps are committed (and late resends settle)")
+    p.add_argument("--steps", type=int,
+                   help="exit once the job's steps 0..STEPS-1 are committed (and late resends settle); >= 0")
     p.add_argument("--linger", type=finite, default=LINGER,
                    help="seconds of quiet after the last step before exiting (more than the workers' largest RTO, "
                         "so a worker whose last parameters were lost is still answered)")
@@ -72,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "microseconds after a wake-up before reading (0: off)" % COALESCE_MIN)
     p.add_argument("--stall-resend", type=finite, default=1.0,
                    help="seconds without a sum before the recent parameters are sent again (0: never)")
-    p.add_argument("--export", help="write the final master parameters to this .npz")
+    p.add_argument("--export", help="write the final master parameters to this .npz (its directory checked at start)")
     p.add_argument("--stats", help="write counters as JSON here at exit")
     p.add_argument("--step-lines", action="store_true",
                    help="print a JSON line per committed step: its elements updated, the seconds spent updating "
@@ -158,11 +162,8 @@ def open_state(args, chunks: tuple[int, int] | None = None) -> state.Store:
     directory's."""
     cfg = config_from_args(args)
     if not state.exists(args.state_dir):
-        seed = agent_args.init_seed(args.init, args.layout)
-        init = optim.load_npz(args.init) if seed is None else None
-        layout = agent_args.read_layout(args.layout) if args.layout else optim.layout_of(init)
-        state.create(args.state_dir, layout, state.init_pieces(layout, init, seed or 0), cfg, args.page_chunks,
-                     chunks)
+        layout, init, seed = agent_args.model_init(args.layout, args.init)  # the workers' reading of them
+        state.create(args.state_dir, layout, state.init_pieces(layout, init, seed), cfg, args.page_chunks, chunks)
     store = state.Store(args.state_dir, args.ram_budget, sync=args.sync)
     if (store.chunks if store.sharded else None) != chunks:
         held = "all chunks" if not store.sharded else "chunks {}:{}".format(*store.chunks)
@@ -178,6 +179,16 @@ def open_state(args, chunks: tuple[int, int] | None = None) -> state.Store:
         store.close()
         raise ConfigError(f"{args.state_dir} holds another model than --init/--layout describe")
     return store
+
+
+def finish(store: state.Store, export: str | None) -> None:
+    """--export's parameters written, then the store closed whatever the export did: the close is its
+    final write-back and, with --sync exit, its only fsync."""
+    try:
+        if export:
+            store.export(export)
+    finally:
+        store.close()
 
 
 def proc_status_kb(field: str) -> int:
@@ -226,6 +237,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 0 seconds")
         if not 1 <= args.max_workers <= MAX_WORKERS:
             raise ConfigError(f"--max-workers must be in 1..{MAX_WORKERS}")
+        if not 0 <= args.job <= MAX_JOB_ID:
+            raise ConfigError(f"--job must be in 0..{MAX_JOB_ID}")
+        if args.workers is not None and not 1 <= args.workers <= MAX_WORKERS:
+            raise ConfigError(f"--workers must be in 1..{MAX_WORKERS}")
+        if args.steps is not None and args.steps < 0:
+            raise ConfigError("--steps must be >= 0")
+        agent_args.check_output(args.export, "--export")
+        agent_args.check_output(args.stats, "--stats")
         if args.rx_usecs < 0:
             raise ConfigError("--rx-usecs must be >= 0 (0: off)")
         store = open_state(args, chunks)
@@ -284,9 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     stats = dict(core.stats, committed=store.committed, nonfinite=skipped, peak_pages=store.pages.peak_pages,
                  page_bytes=store.pages.page_bytes, rss_start_kb=rss_start, vm_hwm_kb=proc_status_kb("VmHWM"),
                  **store.pages.paging)
-    if args.export:
-        store.export(args.export)
-    store.close()
+    code = 0
+    try:  # the directories were checked at start: a failure here is one removed or full since
+        finish(store, args.export)
+    except OSError as exc:
+        print(f"mindp-optimizer: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    except StorageError as exc:  # the close's write-back or fsync
+        print(f"mindp-optimizer: {exc}", file=sys.stderr, flush=True)
+        code = 3
     if guard:
         guard.close()
     if agreement:
@@ -294,10 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         agreement.close()
     if digests:
         digests.close()
-    if args.stats:
-        pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
+    try:
+        if args.stats:
+            pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
+    except OSError as exc:
+        print(f"mindp-optimizer: {exc}", file=sys.stderr, flush=True)
+        code = code or 1
     print(f"mindp-optimizer: stopped after step {stats['committed']}", flush=True)
-    return 0
+    return code
 
 
 if __name__ == "__main__":

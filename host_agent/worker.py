@@ -19,8 +19,9 @@ import numpy as np
 
 from mindp import codec, rxring, schedule
 from mindp.layout import Layout
-from mindp.protocol import HEADER_DTYPE, PARAM_CHUNKS_MAX, K, Flag, Kind, param_frame_len
+from mindp.protocol import HEADER_DTYPE, MAX_WORKERS, PARAM_CHUNKS_MAX, K, Flag, Kind, param_frame_len
 from mindp.readable import readable
+from mindp.switch_constants import MAX_JOB_ID
 from mindp.topology import Topology, TopologyError
 
 from . import agent_args, digest, fused, gradframes, param_rx, rawsock, reference, shards
@@ -74,6 +75,10 @@ class WorkerConfig:
     stream: bool = True
 
     def __post_init__(self) -> None:  # here, not in WorkerAgent: a bad option is told before any I/O
+        if not 0 <= self.job_id <= MAX_JOB_ID:  # the switch's per-job registers, as a topology's jobs
+            raise ConfigError(f"job id {self.job_id} outside 0..{MAX_JOB_ID}")
+        if not 0 <= self.worker_id < MAX_WORKERS:  # a bit each in the switch's worker bitmap
+            raise ConfigError(f"worker id {self.worker_id} outside 0..{MAX_WORKERS - 1}")
         if self.slots < 1:
             raise ConfigError("slots must be >= 1")
         if self.bucket < 1:
@@ -454,8 +459,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mindp-worker", description="mindp worker agent pushing synthetic gradients")
     p.add_argument("--iface", default="eth0")
     p.add_argument("--topology", help="topology JSON (mindp.topology)")
-    p.add_argument("--job", type=int, default=1)
-    p.add_argument("--worker", type=int, required=True, help="worker id in the job")
+    p.add_argument("--job", type=int, default=1, help=f"job id (0..{MAX_JOB_ID})")
+    p.add_argument("--worker", type=int, required=True, help=f"worker id in the job (0..{MAX_WORKERS - 1})")
     p.add_argument("--slots", type=int, help="the job's slot count (without --topology)")
     p.add_argument("--mac", help="our MAC (without --topology)")
     p.add_argument("--ip", help="our IPv4 address (without --topology)")
@@ -463,14 +468,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--opt-ip", help="optimizer node IPv4 (without --topology)")
     agent_args.add_model_args(p)
     p.add_argument("--grad-seed", type=int, default=0, help="seed of the synthetic gradients")
-    p.add_argument("--steps", type=int, default=1, help="the job's step count: run until this step is done")
+    p.add_argument("--steps", type=int, default=1,
+                   help="the job's step count: run until this step is done (not below --first-step)")
     p.add_argument("--first-step", type=int, default=0,
                    help="rejoin a live job at this step, --init being the parameters held before it")
     p.add_argument("--resume", metavar="FILE",
                    help="resume file, kept current at every received chunk: if it exists the worker goes on "
                         "where it was (step, parameters, chunks answered), whatever --first-step says")
     p.add_argument("--deadline", type=float, default=RtoConfig.deadline, help="seconds without progress before failing")
-    p.add_argument("--out", help="write the final fp16 parameters to this .npz")
+    p.add_argument("--out", help="write the final fp16 parameters to this .npz (its directory checked at start)")
     p.add_argument("--stats", help="write counters as JSON here at exit")
     agent_args.add_fault_args(p)
     return p
@@ -495,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     try:
+        agent_args.check_output(args.out, "--out")
+        agent_args.check_output(args.stats, "--stats")
         layout, init = agent_args.load_model(args.layout, args.init)
         rto = RtoConfig(deadline=args.deadline)
         if args.topology:
@@ -507,6 +515,8 @@ def _main(args: argparse.Namespace) -> int:
             cfg = WorkerConfig(args.job, args.worker, args.slots, args.mac, args.ip, args.opt_mac, args.opt_ip, rto=rto)
         if args.first_step < 0:
             raise ConfigError("--first-step must be >= 0")
+        if args.steps < args.first_step:  # no step to run, and --out would hold a step past the job's end
+            raise ConfigError(f"--steps {args.steps} is below --first-step {args.first_step}: no step to run")
         cfg = replace(cfg, first_step=args.first_step)
         faults = agent_args.faults_from_args(args)
         resume, resumed = open_resume(args.resume, cfg, layout, init)
@@ -537,13 +547,17 @@ def _main(args: argparse.Namespace) -> int:
         code = 130
     if guard:
         guard.close()
-    if args.out and code == 0:
-        np.savez(args.out, **params)
-    elif args.out:
+    if args.out and code != 0:
         print(f"mindp-worker: {args.out} not written: the run did not finish", file=sys.stderr)
     stats = dict(agent.stats, step_times=agent.step_times, rto=agent.rtt.rto)
-    if args.stats:
-        pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
+    try:  # the directories were checked at start: a failure here is one removed or full since
+        if args.out and code == 0:
+            np.savez(args.out, **params)
+        if args.stats:
+            pathlib.Path(args.stats).write_text(json.dumps(stats, indent=1) + "\n")
+    except OSError as exc:
+        print(f"mindp-worker: {exc}", file=sys.stderr)
+        code = code or 1
     print(f"mindp-worker {args.worker}: {agent.stats['steps']} steps, sent {agent.stats['sent']}, "
           f"retransmitted {agent.stats['retransmitted']}, duplicates {agent.stats['duplicates']}", flush=True)
     return code
