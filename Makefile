@@ -15,14 +15,10 @@ STAMP_PIP := $(VENV)/.pip-done
 # Training run (see README: make run).
 TARGET ?= auto
 MODEL ?= mlp
-# gpt (1.3M parameters) takes about 8 s a step on BMv2 (K = 32), a third of a second on the embedded
-# switch: fewer steps by default.
-ifeq ($(MODEL),gpt)
-WORKERS ?= 2
-STEPS ?= 6
-endif
-WORKERS ?= 4
-STEPS ?= 60
+# auto: the model's defaults (DEFAULT_WORKERS and DEFAULT_STEPS in mininet_topos/config.py, fewer for
+# the gpt), taken after MODEL is read, in any case.
+WORKERS ?= auto
+STEPS ?= auto
 # MODEL=gpt: its size as JSON, e.g. GPT='{"d": 64, "layers": 2}' (default d 160, 4 layers, 4 heads, ctx 64)
 GPT ?=
 # Worker 0 evaluates the model every EVAL-th step on a thread beside training (0: only the first and
@@ -145,7 +141,7 @@ run:
 	  --loss $(LOSS) --jobs $(JOBS) --seed $(SEED) --pcap $(PCAP) --cli $(CLI) --log $(LOG) --topo $(TOPO) \
 	  --optimizers $(OPTIMIZERS) $(if $(filter leafspine,$(TOPO)),--leaves $(LEAVES)) \
 	  $(if $(SCRIPT),--script "$$SCRIPT") $(if $(filter ARGS,$(GIVEN)),--args="$$ARGS") $(if $(GPT),--gpt "$$GPT") $(if $(NODE_RAM),--node-ram "$(NODE_RAM)") --sync "$(SYNC)" --check "$(CHECK)" --pin "$(PIN)" --given '$(GIVEN)' \
-	  $(if $(RESUME),--resume "$$RESUME") $(if $(filter 1,$(UP)),--up); \
+	  $(if $(RESUME),--resume "$$RESUME") --up "$(UP)"; \
 	  rc=$$?; mkdir -p build && echo $$rc > build/run-exit-code; exit $$rc
 
 stop:
@@ -191,8 +187,14 @@ bench: setup
 	@failed=; for b in bench/*.py; do echo "== $$b"; $(PY) $$b || failed="$$failed $$b"; done; \
 	[ -z "$$failed" ] || { echo "make bench: failed:$$failed" >&2; exit 1; }
 
-# Old runs go too; the newest (runs/latest) stays unless ALL=1.
+# Old runs go too; the newest (runs/latest) stays unless ALL=1. Another value stops make before
+# anything (make stop included) runs.
 ALL ?= 0
+ifneq ($(filter clean,$(MAKECMDGOALS)),)
+ifneq ($(words $(ALL)) $(filter 0 1,$(ALL)),1 $(strip $(ALL)))
+$(error make clean: ALL must be 0 or 1, got '$(ALL)')
+endif
+endif
 clean: stop
 	rm -rf build logs pcaps
 	@$(PY) -m mininet_topos.clean $(if $(filter 1,$(ALL)),--all)

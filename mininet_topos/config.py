@@ -24,6 +24,10 @@ CLI_MODES = ("auto", "0", "1")  # auto: the Mininet CLI when stdin and stdout ar
 LOG_LEVELS = ("off", "info", "debug", "trace")  # the switch's log level; debug and trace log every packet
 # AdamW's learning rate when --lr is auto: at 0.01 the transformer's loss jumps back up after 3 steps.
 DEFAULT_LR = {"mlp": 0.01, "cnn": 0.01, "gpt": 0.003}
+# WORKERS and STEPS when auto (make's defaults): every parameter crosses the network every step, so
+# the gpt's steps are slow (docs/RUN.md, Models) and it runs fewer.
+DEFAULT_WORKERS = {"mlp": 4, "cnn": 4, "gpt": 2}
+DEFAULT_STEPS = {"mlp": 60, "cnn": 60, "gpt": 6}
 # EVAL=auto: worker 0 evaluates every N-th step. The gpt's evaluation costs a third of a worker's
 # step at any size (81 ms against 234 at 1.3M parameters, 1.34 s against 3.78 at 25.5M): every step
 # it took 23.5 % of a core and cut a run from 3.5 to 2.57 steps/s; every 10th costs about 3 %.
@@ -36,8 +40,9 @@ AUTO_SLOTS = {"embedded": POOL_SLOTS // 2, "bmv2": 64}
 NODE_RAM_DEFAULT = RAM_BUDGET  # NODE_RAM: mindp-optimizer's own default
 
 
-#: Variables a SCRIPT= run does not use: the script brings its own model and step count.
-NOT_WITH_SCRIPT = ("MODEL", "STEPS", "GPT", "EVAL")
+#: Variables (and flags make has no variable for) a SCRIPT= run does not use: the script brings its
+#: own model, batches, optimizer and step count.
+NOT_WITH_SCRIPT = ("MODEL", "STEPS", "GPT", "EVAL", "--hidden", "--batch", "--lr")
 #: RunConfig's fields only the built-in trainer reads: a SCRIPT= run's config.json leaves them out.
 #: ARGS set (even empty) where no SCRIPT takes them: refused, never ignored.
 ARGS_WITHOUT_SCRIPT = "ARGS are the arguments of SCRIPT: give SCRIPT=path/to/train.py"
@@ -54,8 +59,8 @@ class RunConfigError(ValueError):
 class RunConfig:
     target: str = "auto"
     model: str = "mlp"
-    workers: int = 4
-    steps: int = 60
+    workers: int = DEFAULT_WORKERS["mlp"]
+    steps: int = DEFAULT_STEPS["mlp"]
     loss: float = 0.0
     jobs: int = 1
     seed: int = 0
@@ -126,11 +131,14 @@ def _float(name: str, text: str, lo: float, hi: float) -> float:
     return value
 
 
+def _auto(name: str, text: str, default: int, lo: int, hi: int) -> int:
+    """auto: the model's `default`; else an integer in lo..hi."""
+    return default if str(text).strip().lower() == "auto" else _int(name, text, lo, hi)
+
+
 def _eval(text: str, model: str) -> int:
-    if str(text).strip().lower() == "auto":
-        return DEFAULT_EVAL[model]
     try:
-        return _int("EVAL", text, 0, MAX_STEPS)
+        return _auto("EVAL", text, DEFAULT_EVAL[model], 0, MAX_STEPS)
     except RunConfigError:
         raise RunConfigError(f"EVAL must be auto or an integer in 0..{MAX_STEPS}, got {text!r}") from None
 
@@ -147,15 +155,16 @@ def _model(text: str) -> str:
     return name
 
 
-def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps: str = "60", loss: str = "0",
+def parse(*, target: str = "auto", model: str = "mlp", workers: str = "auto", steps: str = "auto", loss: str = "0",
           jobs: str = "1", seed: str = "0", pcap: str = "0", hidden: str = "64", batch: str = "32", lr: str = "auto",
           slots: str = "auto", grpc_port: str = "9559", thrift_port: str = "9090", cli: str = "auto",
           log: str = "off", topo: str = "star", leaves: str = "1", optimizers: str = "1", script: str = "",
           script_args: str = "", gpt: str = "", eval_every: str = "auto", node_ram: str = NODE_RAM_DEFAULT,
           sync: str = "step", check: str = "1", pin: str = "auto", given: str = "") -> RunConfig:
     """Strings as given on the command line (make variables) -> a checked RunConfig. `given`: the
-    make variables set on make's command line or in the environment (not defaults), space-separated:
-    one the run would not use is refused rather than silently ignored."""
+    make variables set on make's command line or in the environment (not defaults), and flags make
+    has no variable for (--hidden ...), space-separated (mininet_topos.run.given_names): one the run
+    would not use is refused rather than silently ignored."""
     target = str(target).strip()
     if target not in TARGETS:
         raise RunConfigError(f"TARGET must be one of {'|'.join(TARGETS)}, got {target!r}")
@@ -176,8 +185,8 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "4", steps
     cfg = RunConfig(
         target=target,
         model=model_name,
-        workers=_int("WORKERS", workers, 1, MAX_WORKERS),
-        steps=_int("STEPS", steps, 1, MAX_STEPS),
+        workers=_auto("WORKERS", workers, DEFAULT_WORKERS[model_name], 1, MAX_WORKERS),
+        steps=_auto("STEPS", steps, DEFAULT_STEPS[model_name], 1, MAX_STEPS),
         loss=_float("LOSS", loss, 0.0, MAX_LOSS),
         jobs=jobs_n,
         seed=_int("SEED", seed, 0, 2**31 - 1),
@@ -278,9 +287,14 @@ def _unused(cfg: RunConfig, given: list[str]) -> None:
         unused = [v for v in NOT_WITH_SCRIPT if v in given]
         if unused:
             raise RunConfigError(f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} not used with SCRIPT= "
-                                 "(the script builds its own model and runs its own steps): leave "
-                                 f"{'it' if len(unused) == 1 else 'them'} out and give the script's own "
+                                 "(the script builds its own model, batches and optimizer and runs its own steps): "
+                                 f"leave {'it' if len(unused) == 1 else 'them'} out and give the script's own "
                                  "arguments in ARGS, e.g. ARGS='--steps 20'")
+    if cfg.script and not cfg.loss and "SEED" in given:
+        raise RunConfigError("SEED is not used with SCRIPT= and LOSS=0: it seeds only the loss injected on the "
+                             "optimizer node; the script seeds its own model and data")
+    if cfg.model != "mlp" and "--hidden" in given:
+        raise RunConfigError(f"--hidden sizes MODEL=mlp, not MODEL={cfg.model}")
     if cfg.topo != "leafspine":
         unused = [v for v in ONLY_LEAFSPINE if v in given]
         if unused:

@@ -1,7 +1,7 @@
 """`make run RESUME=<run>`: continue an earlier run from its optimizer nodes' committed state.
 
-The new run takes the earlier run's settings (its config.json; STEPS may be raised to train on,
-the rest of MAY_CHANGE below may change) and, per job, a copy of its node state (the
+The new run takes the earlier run's settings (its config.json; those of MAY_CHANGE below keep their
+value too unless given: STEPS may be raised to train on) and, per job, a copy of its node state (the
 earlier run stays as it was). Each node resumes after its last commit; the workers start at the step
 after it from the parameters the node committed (the fp16 values they held then), so the run ends on
 the same bits as one that was never interrupted: the comparison with the reference trainer (from the
@@ -30,13 +30,16 @@ from mindp.layout import Layout
 from .agents import STATE
 from .config import RunConfig, RunConfigError
 
-#: What may differ from the resumed run: none of them changes a bit of the training.
-MAY_CHANGE = ("TARGET", "LOSS", "PCAP", "LOG", "CLI", "STEPS", "NODE_RAM", "SYNC", "CHECK", "PIN", "RESUME")
+#: What may differ from the resumed run (none of them changes a bit of the training): variable ->
+#: its RunConfig field (None: none), which keeps the earlier run's value unless the variable is given,
+#: so a resumed run goes on as it was configured (LOSS=0.02 CHECK=0 stay so).
+MAY_CHANGE = {"TARGET": "target", "LOSS": "loss", "PCAP": "pcap", "LOG": "log", "CLI": "cli", "STEPS": "steps",
+              "NODE_RAM": "node_ram", "SYNC": "sync", "CHECK": "check", "PIN": "pin", "RESUME": None}
 #: A SCRIPT= run's: its steps are its script's own, so ARGS may change (to train on, say) and STEPS
 #: does not apply. A model or optimizer the new arguments change is refused (check_script), and the
 #: reference replays each step with the arguments it ran with (script_run.args_from). UP=1 or not:
 #: the ranks are the script's either way, started by make run or by your torchrun.
-SCRIPT_MAY_CHANGE = tuple(v for v in MAY_CHANGE if v != "STEPS") + ("ARGS", "UP")
+SCRIPT_MAY_CHANGE = {**{v: f for v, f in MAY_CHANGE.items() if v != "STEPS"}, "ARGS": "script_args", "UP": None}
 
 
 def state_dirs(job_dir: pathlib.Path) -> list[pathlib.Path]:
@@ -84,18 +87,18 @@ def check_given(old: Resumed, given: list[str]) -> None:
 
 
 def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
-    """The resumed run's settings: the earlier run's, with what may change taken from this command."""
+    """The resumed run's settings: the earlier run's, with each variable given that may change taken
+    from this command; the switch's ports are this command's (they are free now, not then)."""
     check_given(old, given)
     known = {f.name for f in fields(RunConfig)}
     base = RunConfig(**{k: v for k, v in old.cfg.items() if k in known})
-    steps = now.steps if "STEPS" in given else base.steps
-    if steps < base.steps:
-        raise RunConfigError(f"RESUME: STEPS={steps} is fewer than the run's own {base.steps}")
-    return replace(base, target=now.target if "TARGET" in given else base.target, loss=now.loss, pcap=now.pcap,
-                   script_args=now.script_args if "ARGS" in given else base.script_args,
-                   log=now.log, cli=now.cli, steps=steps, node_ram=now.node_ram if "NODE_RAM" in given else base.node_ram,
-                   sync=now.sync if "SYNC" in given else base.sync, grpc_port=now.grpc_port, thrift_port=now.thrift_port,
-                   slots=base.slots if "TARGET" not in given else 0, check=now.check, pin=now.pin)
+    may = SCRIPT_MAY_CHANGE if base.script else MAY_CHANGE
+    cfg = replace(base, **{f: getattr(now, f) for v, f in may.items() if f and v in given},
+                  grpc_port=now.grpc_port, thrift_port=now.thrift_port,
+                  slots=base.slots if "TARGET" not in given else 0)  # 0: auto, for the new target
+    if cfg.steps < base.steps:
+        raise RunConfigError(f"RESUME: STEPS={cfg.steps} is fewer than the run's own {base.steps}")
+    return cfg
 
 
 def check_script(old: Resumed, job: int, cfg: OptimizerConfig, layout: Layout) -> None:

@@ -64,14 +64,37 @@ def if_prefix(text: str) -> str:
 P_DEFAULTS = f"{protocol.HARDWARE_K} on BMv2, {protocol.DEFAULT_K} on the embedded switch"
 
 
+def _by_model(defaults: dict) -> str:
+    return ", ".join(f"{m} {n}" for m, n in defaults.items())
+
+
+#: Flags no make variable carries, named as flags where refused (`--hidden sizes MODEL=mlp ...`).
+FLAG_ONLY = ("hidden", "batch", "lr", "slots")
+#: Flags for where and how this process runs, never a run's setting that could go unused.
+PLUMBING = ("grpc_port", "thrift_port", "p4", "runs_dir", "state_file", "if_prefix", "given")
+
+
+def given_names(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
+    """The settings this command sets, each by its make variable (TARGET ...), or its flag where make
+    has none (--hidden ...), for config.parse and resume to refuse one the run would not use. make
+    passes every variable's flag, defaults too, and names those given in --given; run directly, a
+    flag sets what differs from its default."""
+    ours = [f"--{d}" for d in FLAG_ONLY if getattr(args, d) != parser.get_default(d)]
+    if args.given is not None:
+        return args.given.split() + ours
+    return [d.upper() for d, v in vars(args).items()
+            if d not in PLUMBING + FLAG_ONLY and v != parser.get_default(d)] + ours
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mininet_topos.run", description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="auto", help="auto|bmv2|embedded|embedded-python (auto: BMv2 when installed)")
     p.add_argument("--k", default="", help=f"elements a frame (default: {P_DEFAULTS})")
     p.add_argument("--model", default="mlp", help="mlp|cnn|gpt (cnn, gpt: PyTorch, the torch extra)")
-    p.add_argument("--workers", default="4", help="workers per job")
-    p.add_argument("--steps", default="60")
-    p.add_argument("--loss", default="0", help="loss rate injected on every host's send and receive paths")
+    p.add_argument("--workers", default="auto", help=f"workers per job (auto: {_by_model(config.DEFAULT_WORKERS)})")
+    p.add_argument("--steps", default="auto", help=f"training steps (auto: {_by_model(config.DEFAULT_STEPS)})")
+    p.add_argument("--loss", default="0", help="loss rate injected on every host's send and receive paths "
+                   "(with --script the optimizer node's only: the ranks inject none)")
     p.add_argument("--jobs", default="1", help="1, or 2 jobs sharing the switch")
     p.add_argument("--seed", default="0")
     p.add_argument("--pcap", default="0", help="1: per-port pcaps in runs/<ts>/pcaps/")
@@ -95,11 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--script", default="", help="a torchrun script using mindp.torch.init (docs/TORCH.md)")
     p.add_argument("--args", default="", help="the script's arguments, one string (--args='--steps=3')")
     p.add_argument("--resume", default="", help="continue this earlier run (a directory or a name under runs/)")
-    p.add_argument("--up", action="store_true", help="with --script: start no ranks; print a torchrun command per host")
-    p.add_argument("--given", default="", help="make variables set explicitly (refused where this run ignores them)")
+    p.add_argument("--up", nargs="?", const="1", default="0",
+                   help="1 (or no value), with --script: start no ranks; print a torchrun command per host")
+    p.add_argument("--given", help="make variables set explicitly (refused where this run ignores them); without "
+                   "it, each flag that differs from its default")
     p.add_argument("--eval", default="auto", help="worker 0 evaluates the model every N-th step (0: only before the "
-                   "first and after the last; auto: by model, " +
-                   ", ".join(f"{m} {n}" for m, n in config.DEFAULT_EVAL.items()) + ")")
+                   "first and after the last; auto: by model, " + _by_model(config.DEFAULT_EVAL) + ")")
     p.add_argument("--gpt", default="", help='MODEL=gpt: its size as JSON, e.g. \'{"d": 64, "layers": 2}\'')
     p.add_argument("--node-ram", default=config.NODE_RAM_DEFAULT, help="each optimizer node's RAM budget for its state (64M, 2G, ...; "
                    "a state over half of it runs out of core)")
@@ -129,11 +153,11 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         state.run_dir = str(run_dir)
         state.save()
         if cfg.script and cfg.topo == "leafspine":
-            run = (TreeUpRun if args.up else TreeScriptRun)(cfg, target, run_dir, state, args.p4, console,
+            run = (TreeUpRun if up(args) else TreeScriptRun)(cfg, target, run_dir, state, args.p4, console,
                                                              args.if_prefix)
             shape = f"{cfg.leaves} leaves x {cfg.workers} torchrun ranks, {cfg.optimizers} optimizer node(s)"
         elif cfg.script:
-            run = (UpRun if args.up else ScriptRun)(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
+            run = (UpRun if up(args) else ScriptRun)(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
             shape = f"{cfg.workers} torchrun ranks"
         elif cfg.topo == "leafspine":
             run = TreeRun(cfg, target, run_dir, state, args.p4, console, args.if_prefix)
@@ -144,9 +168,11 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         run.resumed = resumed
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
         steps = "" if cfg.script else f"{cfg.steps} steps, "  # a script's steps are its own
+        loss = f"loss {cfg.loss:g}, seed {cfg.seed}"
+        if cfg.script:  # its ranks inject no loss, only its node, and SEED seeds nothing else there
+            loss = f"loss {cfg.loss:g} on the node, seed {cfg.seed}" if cfg.loss else "loss 0"
         console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch"
-            f"{target_reason(cfg.target, target)}, {jobs} x {shape}, "
-            f"{steps}loss {cfg.loss:g}, seed {cfg.seed}"
+            f"{target_reason(cfg.target, target)}, {jobs} x {shape}, {steps}{loss}"
             f"{'; node state made durable at exit (SYNC=exit)' if cfg.sync == 'exit' else ''}")
         json_path, p4info, how = p4_program(args.p4, run_dir, console.say)
         console.say(f"  P4 program: {how}; K = {protocol.K} elements a frame, link MTU {protocol.link_mtu()}")
@@ -164,7 +190,7 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         run.configure(json_path, p4info)
         console.say(f"  controller: pipeline pushed, forwarding and {jobs} installed")
         run.start_agents()
-        workers = "" if args.up else f" and {cfg.jobs * cfg.total_workers} workers"
+        workers = "" if up(args) else f" and {cfg.jobs * cfg.total_workers} workers"
         console.say(f"  optimizer node(s){workers} started; logs in {run.logs}/")
         if run.placement:
             console.say(f"  pinned (PIN={cfg.pin}): {run.placement.describe()}")
@@ -232,10 +258,12 @@ def _resolved(target: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    given = given_names(args, parser)
     try:  # an earlier run is found before this run's directory moves runs/latest
         old = resume.find(args.resume, pathlib.Path(args.runs_dir)) if args.resume else None
-        k = run_k(args.k, args.target, old, tuple(args.given.split()))
+        k = run_k(args.k, args.target, old, tuple(given))
     except config.RunConfigError as exc:
         Console().fail(str(exc))
         return 2
@@ -248,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         with interrupts.deferred(STOP_SIGNALS):
-            return _main(args, console, old)
+            return _main(args, given, console, old)
     except (KeyboardInterrupt, Stopped) as exc:
         return _stopped_exit(console, exc)
 
@@ -258,23 +286,34 @@ def _stopped_exit(console: Console, exc: BaseException) -> int:
     return 130
 
 
-def _main(args: argparse.Namespace, console: Console, old: resume.Resumed | None) -> int:
+def up(args: argparse.Namespace) -> bool:
+    """UP: 1 (`--up` alone too) brings up a SCRIPT= run's network for your own torchrun; 0 does not."""
+    if args.up.strip() not in ("0", "1"):
+        raise config.RunConfigError(f"UP must be 0 or 1, got {args.up!r}")
+    return args.up.strip() == "1"
+
+
+def settings(args: argparse.Namespace, given: list[str], old: resume.Resumed | None) -> config.RunConfig:
+    """The run's settings from this command's flags, `given` those it sets (given_names), and the
+    run it resumes; config.RunConfigError names what is refused."""
+    if old is not None:
+        resume.check_given(old, given)
+    cfg = config.parse(target=args.target, model=args.model, workers=args.workers, steps=args.steps,
+                       loss=args.loss, jobs=args.jobs, seed=args.seed, pcap=args.pcap, hidden=args.hidden,
+                       batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
+                       thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
+                       leaves=args.leaves, optimizers=args.optimizers,
+                       script=args.script or (old.cfg.get("script", "") if old is not None else ""),
+                       script_args=args.args, gpt=args.gpt, eval_every=args.eval, node_ram=args.node_ram,
+                       sync=args.sync, check=args.check, pin=args.pin, given=" ".join(given))
+    if up(args) and not cfg.script:
+        raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
+    return cfg if old is None else resume.settings(old, cfg, given)
+
+
+def _main(args: argparse.Namespace, given: list[str], console: Console, old: resume.Resumed | None) -> int:
     try:
-        if old is not None:
-            resume.check_given(old, args.given.split())
-        cfg = config.parse(target=args.target, model=args.model, workers=args.workers, steps=args.steps,
-                           loss=args.loss, jobs=args.jobs, seed=args.seed, pcap=args.pcap, hidden=args.hidden,
-                           batch=args.batch, lr=args.lr, slots=args.slots, grpc_port=args.grpc_port,
-                           thrift_port=args.thrift_port, cli=args.cli, log=args.log, topo=args.topo,
-                           leaves=args.leaves, optimizers=args.optimizers,
-                           script=args.script or (old.cfg.get("script", "") if old is not None else ""),
-                           script_args=args.args, gpt=args.gpt, eval_every=args.eval, node_ram=args.node_ram,
-                           sync=args.sync, check=args.check, pin=args.pin, given=args.given)
-        if args.up and not cfg.script:
-            raise config.RunConfigError("UP=1 brings up a SCRIPT= run's network for your own torchrun: give SCRIPT=")
-        if old is not None:
-            cfg = resume.settings(old, cfg, args.given.split())
-        return execute(cfg, args, console, old)
+        return execute(settings(args, given, old), args, console, old)
     except (config.RunConfigError, RunError) as exc:
         console.fail(str(exc))
         return 2 if isinstance(exc, config.RunConfigError) else 1

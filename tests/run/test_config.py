@@ -1,8 +1,10 @@
 """make run's variables: defaults accepted, every bad value refused with a line naming it."""
 import os
 import pathlib
+import shlex
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -75,12 +77,10 @@ def test_node_ram_and_sync_reach_every_node_s_command_line(tmp_path):
     assert node[node.index("--ram-budget") + 1] == str(2 << 30)
     assert node[node.index("--sync") + 1] == "exit"
     assert node[node.index("--state-dir") + 1] == str(tmp_path / "optimizer-state")
-    env = {k: v for k, v in os.environ.items() if k not in config_module_vars()}
-    make = ["make", "-n", "-s", "--no-print-directory", "run"]
-    assert "--node-ram" not in subprocess.run(make, capture_output=True, text=True, cwd=REPO, env=env).stdout
-    out = subprocess.run(make + ["NODE_RAM=2G"], capture_output=True, text=True, cwd=REPO, env=env).stdout
+    assert "--node-ram" not in make_n("run").stdout
+    out = make_n("run", "NODE_RAM=2G").stdout
     assert '--node-ram "2G"' in out and "--given 'NODE_RAM'" in out
-    out = subprocess.run(make + ["SYNC=exit"], capture_output=True, text=True, cwd=REPO, env=env).stdout
+    out = make_n("run", "SYNC=exit").stdout
     assert '--sync "exit"' in out and "--given 'SYNC'" in out
 
 
@@ -216,16 +216,144 @@ def test_make_passes_args_that_look_like_options_and_names_the_variables_given()
     from mininet_topos.run import build_parser
 
     assert build_parser().parse_args(["--args=--steps=3"]).args == "--steps=3"
-    env = {k: v for k, v in os.environ.items() if k not in config_module_vars()}
-    out = subprocess.run(["make", "-n", "-s", "--no-print-directory", "run", "SCRIPT=x.py", "ARGS=--steps=3",
-                          "STEPS=4", "CHECK=0"], capture_output=True, text=True, cwd=REPO, env=env).stdout
+    out = make_n("run", "SCRIPT=x.py", "ARGS=--steps=3", "STEPS=4", "CHECK=0").stdout
     assert '--args="$ARGS"' in out and "--given 'STEPS CHECK SCRIPT ARGS'" in out and '--check "0"' in out
 
 
 def config_module_vars() -> tuple[str, ...]:
-    """make run's variables, which this test's environment must not set."""
-    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "NODE_RAM", "SYNC", "CHECK", "LOSS", "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO",
-            "LEAVES", "OPTIMIZERS", "SCRIPT", "ARGS")
+    """make run's and make clean's variables, which this test's environment must not set."""
+    return ("TARGET", "K", "MODEL", "WORKERS", "STEPS", "GPT", "EVAL", "NODE_RAM", "SYNC", "CHECK", "PIN", "LOSS",
+            "JOBS", "SEED", "PCAP", "CLI", "LOG", "TOPO", "LEAVES", "OPTIMIZERS", "SCRIPT", "ARGS", "RESUME", "UP",
+            "ALL")
+
+
+def make_n(*argv: str) -> subprocess.CompletedProcess:
+    """`make -n ARGV` (prints the recipes, runs none), without the variables of this test's environment."""
+    env = {k: v for k, v in os.environ.items() if k not in config_module_vars()}
+    return subprocess.run(["make", "-n", "-s", "--no-print-directory", *argv], capture_output=True, text=True,
+                          cwd=REPO, env=env, check=False)
+
+
+def make_run_args(*variables: str):
+    """The flags `make run VARIABLES` passes to mininet_topos.run, parsed as it parses them."""
+    from mininet_topos.run import build_parser
+
+    line = next(ln for ln in make_n("run", *variables).stdout.replace("\\\n", " ").splitlines()
+                if "-m mininet_topos.run" in ln)
+    argv = shlex.split(line.split(";")[0])
+    return build_parser().parse_args(argv[argv.index("mininet_topos.run") + 1:])
+
+
+def direct(*argv: str, old=None) -> config.RunConfig:
+    """The settings of `python -m mininet_topos.run ARGV` (no --given: run directly, not by make)."""
+    from mininet_topos import run
+
+    parser = run.build_parser()
+    args = parser.parse_args(argv)
+    return run.settings(args, run.given_names(args, parser), old)
+
+
+def test_the_models_defaults_follow_model_in_any_case():
+    """make run MODEL=GPT took the mlp's 4 workers and 60 steps: the Makefile chose the gpt's by a
+    case-sensitive ifeq, while MODEL is read in any case. Both now come from config.py, after MODEL."""
+    pytest.importorskip("torch")
+    for variables, want in ((["MODEL=GPT"], ("gpt", 2, 6)), (["MODEL=Gpt", "STEPS=3"], ("gpt", 2, 3)),
+                            (["MODEL=CNN"], ("cnn", 4, 60)), ([], ("mlp", 4, 60)), (["WORKERS=3"], ("mlp", 3, 60))):
+        args = make_run_args(*variables)
+        cfg = config.parse(model=args.model, workers=args.workers, steps=args.steps)
+        assert (cfg.model, cfg.workers, cfg.steps) == want, variables
+    assert (direct("--model", "GPT").workers, direct("--model", "gpt").steps) == (2, 6)  # run directly too
+    with pytest.raises(config.RunConfigError, match=r"^STEPS must be an integer in 1\.\.\d+, got 'many'$"):
+        config.parse(steps="many")
+
+
+def test_up_and_all_are_0_or_1_and_anything_else_is_one_line():
+    """UP=yes started no --up (SCRIPT=: a whole run instead of your torchrun's network; alone: an mlp
+    run, where UP=1 is refused), and make clean ALL=yes kept the newest run: both were ignored."""
+    from mininet_topos import run
+
+    assert (make_run_args().up, make_run_args("UP=1").up, make_run_args("UP=yes").up) == ("0", "1", "yes")
+    assert not run.up(run.build_parser().parse_args([])) and run.up(run.build_parser().parse_args(["--up"]))
+    for bad in ("yes", "", "2"):
+        with pytest.raises(config.RunConfigError, match=rf"^UP must be 0 or 1, got '{bad}'$"):
+            direct("--up", bad)
+    with pytest.raises(config.RunConfigError, match="^UP=1 brings up a SCRIPT= run's network"):
+        direct("--up")
+    for bad in ("yes", "", "0 1"):  # make stops before any recipe (make stop's included) runs
+        out = make_n("clean", f"ALL={bad}")
+        assert out.returncode == 2 and not out.stdout, bad
+        assert out.stderr.strip().endswith(f"*** make clean: ALL must be 0 or 1, got '{bad}'.  Stop.") and \
+            len(out.stderr.strip().splitlines()) == 1
+    assert "mininet_topos.clean --all" in make_n("clean", "ALL=1").stdout
+    assert "mininet_topos.clean --all" not in make_n("clean", "ALL=0").stdout
+    assert "mininet_topos.clean --all" not in make_n("clean").stdout
+
+
+def test_a_resumed_run_keeps_each_setting_that_may_change_unless_it_is_given(tmp_path):
+    """LOSS, CHECK, PIN, PCAP, LOG and CLI took this command's value (make's defaults) even when not
+    given: a LOSS=0.02 CHECK=0 run resumed with RESUME=<run> alone ran without loss and checked."""
+    from mininet_topos import resume
+
+    before = config.parse(target="embedded", steps="3", loss="0.02", check="0", pin="1", pcap="1", log="debug",
+                          cli="0", node_ram="1G", sync="exit").on("embedded")
+    old = resume.Resumed(tmp_path, before.to_dict())
+    now = config.parse(target="auto", steps="9", grpc_port="9600", thrift_port="9700")  # the rest make's defaults
+    kept = resume.settings(old, now, ["RESUME"])
+    assert (kept.loss, kept.check, kept.slots) == (0.02, False, before.slots)
+    assert (kept.grpc_port, kept.thrift_port) == (9600, 9700)  # free now, not then
+    fields = [f for f in resume.MAY_CHANGE.values() if f]
+    assert all(getattr(before, f) != getattr(now, f) for f in fields)  # each would show a change
+    assert [getattr(kept, f) for f in fields] == [getattr(before, f) for f in fields]
+    for var, field in resume.MAY_CHANGE.items():
+        if field:
+            got = resume.settings(old, now, ["RESUME", var])
+            assert [getattr(got, f) for f in fields] == [getattr(now if f == field else before, f) for f in fields]
+    script = config.RunConfig(script="train.py", script_args="--steps 4", loss=0.02).recorded()
+    assert resume.settings(resume.Resumed(tmp_path, script), replace(now, script_args="--steps 8"),
+                           ["RESUME"]).script_args == "--steps 4"
+    assert resume.settings(resume.Resumed(tmp_path, script), replace(now, script_args="--steps 8"),
+                           ["RESUME", "ARGS", "LOSS"]).loss == 0.0
+
+
+def test_run_directly_every_flag_that_differs_from_its_default_is_given():
+    """make passes --given; `python -m mininet_topos.run` did not, so flags the run would not use were
+    accepted silently there: --steps and --model with --script, --hidden with another model, and with
+    --resume, --lr, --hidden, --batch and --slots replaced by the earlier run's."""
+    pytest.importorskip("torch")  # SCRIPT= and the gpt need it
+    from mininet_topos import resume, run
+
+    script = str(REPO / "examples" / "train_cnn.py")
+    with pytest.raises(config.RunConfigError, match=r"^MODEL, STEPS are not used with SCRIPT= "):
+        direct("--script", script, "--steps", "20", "--model", "gpt")
+    with pytest.raises(config.RunConfigError, match=r"^--batch, --lr are not used with SCRIPT= "):
+        direct("--script", script, "--lr", "0.1", "--batch", "8")
+    with pytest.raises(config.RunConfigError, match=r"^--hidden sizes MODEL=mlp, not MODEL=gpt$"):
+        direct("--model", "gpt", "--hidden", "128")
+    assert direct("--hidden", "128").hidden == 128 and direct("--script", script, "--workers", "4").script
+    assert direct("--script", script, "--loss", "0", "--steps", "auto").script  # the defaults: nothing given
+    old = resume.Resumed(pathlib.Path("earlier"), config.parse(steps="3").on("embedded").to_dict())
+    with pytest.raises(config.RunConfigError, match=r": --hidden, --batch, --lr, --slots cannot change \(only "):
+        direct("--resume", "earlier", "--lr", "0.1", "--hidden", "128", "--batch", "8", "--slots", "16", old=old)
+    got = direct("--resume", "earlier", "--steps", "6", "--loss", "0.02", "--cli", "0", old=old)
+    assert (got.steps, got.loss, got.cli) == (6, 0.02, "0")
+    parser = run.build_parser()  # make: its --given names the variables, and every flag has a value
+    args = parser.parse_args(["--workers", "4", "--steps", "60", "--hidden", "32", "--given", "STEPS"])
+    assert run.given_names(args, parser) == ["STEPS", "--hidden"]
+    args = parser.parse_args(["--workers", "4", "--up", "--k", "32", "--seed", "0"])
+    assert sorted(run.given_names(args, parser)) == ["K", "UP", "WORKERS"]
+
+
+def test_seed_is_refused_where_it_seeds_nothing():
+    """With SCRIPT= SEED only seeds the optimizer node's loss injection (the ranks inject none and the
+    script seeds its own model and data): without LOSS it was accepted, printed and did nothing."""
+    pytest.importorskip("torch")  # SCRIPT= needs it
+    script = str(REPO / "examples" / "train_cnn.py")
+    with pytest.raises(config.RunConfigError, match=r"^SEED is not used with SCRIPT= and LOSS=0: it seeds only "):
+        config.parse(script=script, seed="3", given="SCRIPT SEED")
+    with pytest.raises(config.RunConfigError, match=r"^SEED is not used with SCRIPT= and LOSS=0"):
+        direct("--script", script, "--seed", "3")
+    assert config.parse(script=script, seed="3", loss="0.02", given="SCRIPT SEED LOSS").seed == 3
+    assert config.parse(seed="3", given="SEED").seed == 3  # the built-in models' data, batches and start
 
 
 def test_target_auto_says_which_switch_it_chose_and_why():
