@@ -30,7 +30,8 @@ def command(c: Config, work: pathlib.Path, lock_wait: int = LOCK_WAIT) -> list[s
         ["--model", c.model, "--steps", str(c.steps), *(["--gpt", c.gpt] if c.gpt else [])]
     return ["flock", "-w", str(lock_wait), "-E", str(LOCK_BUSY), "/tmp/mindp-run.lock", sys.executable, "-m",
             "mininet_topos.run", "--target", c.target, *(["--k", str(c.k)] if c.k else []), *what,
-            "--workers", str(c.workers), "--loss", str(c.agent_loss), "--jobs", str(c.jobs), "--seed", str(c.seed % 1000),
+            "--workers", str(c.workers), "--loss", str(c.agent_loss), "--jobs", str(c.jobs),
+            *(["--seed", str(c.seed % 1000)] if not c.script or c.agent_loss else []),  # (a script's run seeds only loss)
             "--pcap", "1", "--cli", "0", "--topo", c.topo, "--optimizers", str(c.optimizers),
             *(["--leaves", "2"] if c.topo == "leafspine" else []),
             "--runs-dir", str(work / "runs"), "--state-file", str(work / "runstate.json")]

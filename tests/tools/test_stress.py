@@ -310,3 +310,18 @@ def test_a_stress_run_that_kept_no_scenario_leaves_no_directory(monkeypatch, tmp
     clock = iter([0.0, 1e9])  # the lambda reads it: no scenario this time
     stress.stress(1, 0, ["loopback"], out, 0)
     assert (out / "0000-loopback-1").is_dir()
+
+
+def test_every_makerun_command_passes_make_runs_own_checks(tmp_path):
+    """The makerun family's command lines as mininet_topos.run checks them: a script's run without loss
+    passed --seed, which such a run refuses (it seeds only the loss)."""
+    from mininet_topos import run
+
+    rng = random.Random(5)
+    configs = [random_config(rng, "makerun") for _ in range(200)]
+    assert any(c.script and not c.agent_loss for c in configs) and any(c.script and c.agent_loss for c in configs)
+    parser = run.build_parser()
+    for c in configs:
+        cmd = stress_makerun.command(c, tmp_path)
+        args = parser.parse_args(cmd[cmd.index("mininet_topos.run") + 1:])
+        run.settings(args, run.given_names(args, parser), None)  # raises config.RunConfigError if refused
