@@ -642,7 +642,7 @@ def main() -> int:
         print(f"torch_gpt: skipped: torch is not installed: {INSTALL_TORCH}")
         return 0
     try:
-        gpt = config._gpt(args.gpt, "gpt")  # make run's GPT= checks: the same sizes run on every side
+        gpt = config.gpt_sizes(args.gpt, "gpt")  # make run's GPT= checks: the same sizes run on every side
     except config.RunConfigError as exc:
         print(f"torch_gpt: --gpt: {exc}")
         return 2

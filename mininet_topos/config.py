@@ -201,7 +201,7 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "auto", st
         log=log_text,
         **_tree(topo, leaves, optimizers),
         **_script(script, script_args),
-        model_args={} if str(script).strip() else _gpt(gpt, model_name),  # SCRIPT: GPT refused by _unused
+        model_args={} if str(script).strip() else gpt_sizes(gpt, model_name),  # SCRIPT: GPT refused by _unused
         eval_every=_eval(eval_every, model_name),
         node_ram=_size("NODE_RAM", node_ram),
         sync=_sync(sync),
@@ -243,7 +243,7 @@ TOPOS = ("star", "leafspine")
 GPT_LIMITS = {"d": 4096, "layers": 64, "heads": 64, "ctx": 4096}  # what GPT may set (the vocabulary is bytes)
 
 
-def _gpt(text: str, model: str) -> dict:
+def gpt_sizes(text: str, model: str) -> dict:
     """GPT: a JSON object giving some of the gpt's d, layers, heads, ctx (the rest keep their
     defaults); only with MODEL=gpt."""
     text = str(text or "").strip()
