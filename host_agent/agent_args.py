@@ -90,6 +90,12 @@ def faults_from_args(args: argparse.Namespace) -> rawsock.Faults | None:
     return rawsock.Faults(args.drop_send, args.drop_recv, args.fault_seed, dup, reorder)
 
 
+def host_fault_seed(seed: int, hosts, host: str) -> int:
+    """A run's fault-injection seed for `host` (`hosts`: the topology's host names, in order): its
+    own for each host (by its place in the topology), the same whichever process injects there."""
+    return seed * 1000 + list(hosts).index(host) + 1
+
+
 def init_seed(init: str, layout_path: str | None) -> int | None:
     """The N of --init seed:N (which needs --layout), or None when --init names a file."""
     if not init.startswith("seed:"):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from host_agent import state
+from host_agent import agent_args, state
 from host_agent.node import UP_LINE
 from host_agent.optim import ConfigError, OptimizerConfig
 from mindp import progress, topology, workload
@@ -151,9 +151,8 @@ class Agents:
         """Loss injection, seeded per host (by its place in the topology: its port on a single switch)."""
         if not self.cfg.loss:
             return []
-        index = list(self.topo.hosts).index(host_name) + 1
         return ["--drop-send", str(self.cfg.loss), "--drop-recv", str(self.cfg.loss),
-                "--fault-seed", str(self.cfg.seed * 1000 + index)]
+                "--fault-seed", str(agent_args.host_fault_seed(self.cfg.seed, self.topo.hosts, host_name))]
 
     def start(self, jobs: list[JobFiles]) -> None:
         optimizers = []

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", default="auto", help=f"workers per job (auto: {_by_model(config.DEFAULT_WORKERS)})")
     p.add_argument("--steps", default="auto", help=f"training steps (auto: {_by_model(config.DEFAULT_STEPS)})")
     p.add_argument("--loss", default="0", help="loss rate injected on every host's send and receive paths "
-                   "(with --script the optimizer node's only: the ranks inject none)")
+                   "(with --script the ranks' too: mindp.torch reads MINDP_LOSS and MINDP_SEED)")
     p.add_argument("--jobs", default="1", help="1, or 2 jobs sharing the switch")
     p.add_argument("--seed", default="0")
     p.add_argument("--pcap", default="0", help="1: per-port pcaps in runs/<ts>/pcaps/")

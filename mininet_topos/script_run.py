@@ -28,7 +28,7 @@ import numpy as np
 
 from host_agent import optim
 from mindp import progress as pace, protocol
-from mindp.torch.launch import PIN_CPUS_ENV
+from mindp.torch.launch import LOSS_ENV, PIN_CPUS_ENV, SEED_ENV
 
 from . import metrics, rankerrors, results, resume
 from .agents import REPO, Agents, NodeFiles
@@ -170,7 +170,8 @@ class ScriptRun(Run):
         states = os.pathsep.join(str(self.files.state_dir(i)) for i in range(len(self.job.optimizers)))
         return {"MINDP_TOPOLOGY": str(self.topo_path), "MINDP_JOB": "1", "MINDP_STATE": states,
                 "MINDP_IFACE": "eth0", "OMP_NUM_THREADS": "1",
-                "MINDP_METRICS": str(self.logs / "ranks"), "MINDP_K": str(protocol.K)}  # UP=1's printed commands too
+                "MINDP_METRICS": str(self.logs / "ranks"), "MINDP_K": str(protocol.K),  # UP=1's printed commands too
+                **({LOSS_ENV: str(self.cfg.loss), SEED_ENV: str(self.cfg.seed)} if self.cfg.loss else {})}
 
     def start_node(self) -> None:
         """The job's optimizer node, or a node per shard (each owning a chunk range)."""

@@ -30,6 +30,9 @@ from .runscript import GLOO_ADDR_ENV
 GROUP_PORT = 29500
 #: make run's PIN: the cores of ranks 0, 1, ... ('0,1,0,1'); each rank runs on its own, threads and children too.
 PIN_CPUS_ENV = "MINDP_PIN_CPUS"
+#: make run's LOSS and SEED for the ranks (mindp.torch.init): each drops that share of its frames on
+#: send and on receive, seeded per host as every agent of the run is, so retransmission is at work.
+LOSS_ENV, SEED_ENV = "MINDP_LOSS", "MINDP_SEED"
 
 
 def group_env(master_ip: str, own_ip: str) -> dict[str, str]:

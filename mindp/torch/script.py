@@ -41,7 +41,7 @@ import warnings
 import numpy as np
 import torch
 
-from host_agent import lr, optim, rawsock, state
+from host_agent import agent_args, lr, optim, rawsock, state
 from host_agent.optim import ConfigError
 from host_agent.window import RtoConfig, StepTimeout
 from host_agent.worker import WorkerAgent, WorkerConfig
@@ -49,6 +49,7 @@ from mindp import listed, netutil, progress
 from mindp.topology import Topology, TopologyError
 
 from . import checkpoint
+from .launch import LOSS_ENV, SEED_ENV
 from .parallel import DataParallel, GradientChanged, layout_arrays, layout_of, trained
 from .spec import base_lr, optimizer_config, told_groups, value
 
@@ -79,6 +80,19 @@ def _env(value, name: str, what: str) -> str:
     if value in (None, ""):
         raise MindpError(f"no {what}: set {name} or pass it to mindp.torch.init")
     return str(value)
+
+
+def faults(topo: Topology, host: str) -> rawsock.Faults | None:
+    """The loss MINDP_LOSS and MINDP_SEED ask for on `host` (None: none)."""
+    text, seed = os.environ.get(LOSS_ENV, "").strip(), os.environ.get(SEED_ENV, "0").strip() or "0"
+    try:
+        rate, seed_n = float(text or 0), int(seed)
+    except ValueError:
+        rate = seed_n = -1
+    if not 0 <= rate <= 0.5 or seed_n < 0:
+        raise MindpError(f"{LOSS_ENV}={text!r} {SEED_ENV}={seed!r}: a loss rate in [0, 0.5] and a seed >= 0 "
+                         "(make run's LOSS and SEED)")
+    return rawsock.Faults(rate, rate, agent_args.host_fault_seed(seed_n, topo.hosts, host)) if rate else None
 
 
 def iface_with(ip: str) -> str:
@@ -446,12 +460,14 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout
         named = dict(trained(module))
         for n, a in start.items():  # the fp16 parameters the workers hold, as the reference does
             named[n].copy_(torch.from_numpy(a.astype(np.float16).astype(np.float32)))
+    rank_faults = faults(topo, spec.workers[rank])
     name = iface or os.environ.get("MINDP_IFACE") or iface_with(wcfg.ip)
     try:
         sock = rawsock.open_raw(name)
     except rawsock.SocketError as exc:
         raise MindpError(f"interface {name}: {exc}") from None
-    agent = WorkerAgent(wcfg, layout_of(module), sock, initial={n: a.astype(np.float16) for n, a in start.items()})
+    agent = WorkerAgent(wcfg, layout_of(module), sock, rank_faults,
+                        initial={n: a.astype(np.float16) for n, a in start.items()})
     agent.check_digests()  # each step checked against the optimizer node's digest (host_agent.digest)
     optimizer._opt_called = True  # its scheduler's step() need not warn: the node steps, not this optimizer
     _catch_up(scheduler, first)

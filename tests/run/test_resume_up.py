@@ -154,9 +154,13 @@ def test_the_ranks_env_carries_the_runs_k_so_up_commands_match_the_switch(monkey
                           (["opt1_0", "opt1_1"], "/r/job1/optimizer-state-shard0:/r/job1/optimizer-state-shard1")):
         job = SimpleNamespace(optimizers=nodes, sharded=len(nodes) > 1)
         run = SimpleNamespace(topo_path=pathlib.Path("/r/topology.json"), logs=pathlib.Path("/r/logs"), job=job,
-                              files=NodeFiles(job, pathlib.Path("/r/job1")))
+                              files=NodeFiles(job, pathlib.Path("/r/job1")), cfg=SimpleNamespace(loss=0.0, seed=4))
         env = ScriptRun.rank_env.fget(run)
         assert env["MINDP_K"] == "32" and env["MINDP_STATE"] == states  # a sharded job's: every shard's
+        assert "MINDP_LOSS" not in env and "MINDP_SEED" not in env
+        run.cfg.loss = 0.02  # LOSS reaches the ranks (mindp.torch.init injects it), seeded by SEED
+        env = ScriptRun.rank_env.fget(run)
+        assert (env["MINDP_LOSS"], env["MINDP_SEED"]) == ("0.02", "4")
 
 
 def test_a_resumed_run_keeps_its_k_and_bmv2_cannot_take_a_large_one(tmp_path, monkeypatch):

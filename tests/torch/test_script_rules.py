@@ -435,3 +435,25 @@ def test_a_parameter_group_added_after_init_ends_the_rank_in_one_line():
     msg = str(exc.value.code)
     assert msg.startswith("mindp.torch: step 1: the optimizer's parameter groups changed since init") \
         and "build every group before mindp.torch.init" in msg and "\n" not in msg
+
+
+def test_make_runs_loss_reaches_the_ranks_seeded_per_host_as_every_agent(monkeypatch):
+    """With SCRIPT= make run's LOSS was injected on the optimizer node only: the ranks ignored it."""
+    from host_agent import agent_args
+    from mindp.topology import star
+
+    topo = star([2], slots=8)
+    host = topo.jobs[0].workers[1]
+    monkeypatch.delenv("MINDP_LOSS", raising=False)
+    assert script.faults(topo, host) is None
+    monkeypatch.setenv("MINDP_LOSS", "0.02")
+    monkeypatch.setenv("MINDP_SEED", "7")
+    f = script.faults(topo, host)
+    assert (f.drop_send, f.drop_recv) == (0.02, 0.02)
+    twin = __import__("random").Random(agent_args.host_fault_seed(7, topo.hosts, host))
+    assert [f.rng.random() for _ in range(3)] == [twin.random() for _ in range(3)]
+    for loss, seed in (("0.7", "7"), ("x", "7"), ("0.02", "-1"), ("0.02", "y")):
+        monkeypatch.setenv("MINDP_LOSS", loss)
+        monkeypatch.setenv("MINDP_SEED", seed)
+        with pytest.raises(script.MindpError, match="make run's LOSS and SEED"):
+            script.faults(topo, host)
