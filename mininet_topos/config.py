@@ -292,7 +292,7 @@ def _unused(cfg: RunConfig, given: list[str]) -> None:
                                  "arguments in ARGS, e.g. ARGS='--steps 20'")
     if cfg.script and not cfg.loss and "SEED" in given:
         raise RunConfigError("SEED is not used with SCRIPT= and LOSS=0: it seeds only the loss injected on the "
-                             "optimizer node; the script seeds its own model and data")
+                             "node's and the ranks' paths; the script seeds its own model and data")
     if cfg.model != "mlp" and "--hidden" in given:
         raise RunConfigError(f"--hidden sizes MODEL=mlp, not MODEL={cfg.model}")
     if cfg.topo != "leafspine":

@@ -344,8 +344,8 @@ def test_run_directly_every_flag_that_differs_from_its_default_is_given():
 
 
 def test_seed_is_refused_where_it_seeds_nothing():
-    """With SCRIPT= SEED only seeds the optimizer node's loss injection (the ranks inject none and the
-    script seeds its own model and data): without LOSS it was accepted, printed and did nothing."""
+    """With SCRIPT= SEED only seeds the loss injection (the script seeds its own model and data):
+    without LOSS it was accepted, printed and did nothing."""
     pytest.importorskip("torch")  # SCRIPT= needs it
     script = str(REPO / "examples" / "train_cnn.py")
     with pytest.raises(config.RunConfigError, match=r"^SEED is not used with SCRIPT= and LOSS=0: it seeds only "):
