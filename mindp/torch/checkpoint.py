@@ -18,6 +18,7 @@ import argparse
 import os
 import pathlib
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -63,9 +64,18 @@ def save(state_dirs, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
             opt.state[p] = st
     ckpt = {"model": model, "optimizer": opt.state_dict(), "step": step,
             "mindp": {"optimizer": cfg.to_dict(), "updates": updates, "params": names}}
-    tmp = pathlib.Path(str(path) + ".tmp")
-    torch.save(ckpt, tmp)
-    tmp.replace(path)
+    # A temporary of this writer's own, beside `path` so the rename is atomic: any rank may save the
+    # same path at once, and a shared name would be renamed away under another writer.
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(ckpt, f)
+        os.chmod(tmp, 0o644)  # as torch.save's own file (mkstemp's is the owner's only)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
     return ckpt
 
 

@@ -1,6 +1,7 @@
 """Checkpoints: the node's committed state -> a torch checkpoint -> a fresh node that resumes
 bit-exactly; the checkpoint loads into a plain torch model; the torch spec translation."""
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -212,3 +213,46 @@ def test_a_tied_parameter_is_saved_as_the_master_under_each_of_its_names(tmp_pat
     plain = Tied()
     plain.load_state_dict(torch.load(tmp_path / "c.pt", weights_only=True)["model"])  # (head.weight loads last)
     assert np.array_equal(plain.head.weight.detach().numpy(), master["wte.weight"])
+
+
+def test_ranks_saving_the_same_path_at_once_each_write_a_whole_checkpoint(tmp_path):
+    # Any rank may save: each writes a temporary of its own, so no rename takes another's file away.
+    net = Tied()
+    init = layout_arrays(net)
+    state.create(tmp_path / "s", optim.layout_of(init), state.init_pieces(optim.layout_of(init), init),
+                 OptimizerConfig())
+    errors = []
+
+    def saves():
+        try:
+            for _ in range(100):
+                checkpoint.save(tmp_path / "s", tmp_path / "c.pt", net)
+        except Exception as exc:  # (a thread's exception would not fail the test)
+            errors.append(exc)
+
+    writers = [threading.Thread(target=saves) for _ in range(2)]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    assert errors == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "s"]
+    assert checkpoint.restore(tmp_path / "c.pt", tmp_path / "r") == -1
+
+
+def test_a_save_that_fails_leaves_no_temporary_and_the_old_checkpoint(tmp_path, monkeypatch):
+    net = Tied()
+    init = layout_arrays(net)
+    state.create(tmp_path / "s", optim.layout_of(init), state.init_pieces(optim.layout_of(init), init),
+                 OptimizerConfig())
+    checkpoint.save(tmp_path / "s", tmp_path / "c.pt", net)
+    old = (tmp_path / "c.pt").read_bytes()
+
+    def full_disk(obj, f):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save(tmp_path / "s", tmp_path / "c.pt", net)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt", "s"] and (tmp_path / "c.pt").read_bytes() == old
