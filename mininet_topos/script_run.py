@@ -23,6 +23,7 @@ import shlex
 import subprocess
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -261,7 +262,8 @@ class ScriptRun(Run):
 
     def report(self, progress: Progress, wall: float, setup: float, model: str) -> int:
         """summary.json, curve.svg, metrics.csv and the comparison with the script's reference; exit 0
-        when bit-exact (or when the script defines no reference: then the loss curve is the result)."""
+        when bit-exact (or when the script defines no reference: then the loss curve is the result), 1
+        when it differs or the reference fails."""
         master = optim.load_npz(self.files.master_path)
         stats_path = self.files.opt_stats_path
         stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
@@ -271,17 +273,21 @@ class ScriptRun(Run):
         table = self.draw(progress, model)  # first: a run stopped during the check keeps them
         check = Pace(self.console, "reference", done,
                      header=f"  training the script's mindp_reference in this process ({done} steps) to compare bits")
-        diff = None  # not compared: CHECK=0, or no reference in the script
-        try:
-            if self.cfg.check:
-                follows = json.loads((self.spec_dir / "optimizer.json").read_text())["schedule"]["kind"] == "script"
-                ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, args_from(self.dir), steps=done,
-                                                 starts=rank_starts(self.dir),
-                                                 told_lrs=told_lrs(self.dir) if follows else None, on_step=check)
+        diff = None  # not compared: CHECK=0, no reference in the script, or one that failed
+        unchecked = None if self.cfg.check else results.NOT_CHECKED  # summary.json's not_compared: why
+        if self.cfg.check:
+            follows = json.loads((self.spec_dir / "optimizer.json").read_text())["schedule"]["kind"] == "script"
+            argv, starts, lrs = args_from(self.dir), rank_starts(self.dir), told_lrs(self.dir) if follows else None
+            try:
+                ref = scriptref.script_reference(self.cfg.script, self.job.n_workers, argv, steps=done, starts=starts,
+                                                 told_lrs=lrs, on_step=check)
+            except scriptref.NoReference:
+                ref = None
+            except (Exception, SystemExit) as exc:  # the script's code runs in it (argparse exits): blamed on it
+                ref, unchecked = None, self.reference_failed(exc)
+            if ref is not None:
                 diff = max(float(np.max(np.abs(master[n] - ref.master[n]))) if master[n].size else 0.0 for n in master)
                 check.end()
-        except scriptref.NoReference:
-            pass
         curve = progress.curves[1]
         summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "k": protocol.K, "workers": self.job.n_workers,
                 "model": model, "steps": progress.step,
@@ -291,7 +297,7 @@ class ScriptRun(Run):
                 "wall_seconds": round(wall, 2),
                 "steps_per_second": round((progress.step - self.resume_step) / wall, 3) if wall else 0.0,
                 "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff,
-                **({} if self.cfg.check else {"not_compared": results.NOT_CHECKED}),
+                **({"not_compared": unchecked} if unchecked else {}),
                 "skipped_steps": results.skipped_steps(stats), **metrics.timing(table),
                 **results.digest_counts([w.done for w in progress.workers.values()]),  # the ranks' exit records
                 **({"resumed_from": {"run": str(self.resumed.run), "first_step": self.resume_step}}
@@ -311,6 +317,9 @@ class ScriptRun(Run):
         if not self.cfg.check:
             self.console.say("  not compared with the script's reference (CHECK=0)")
             return 0
+        if unchecked:
+            self.console.fail(f"the check could not run: {unchecked}; traceback in {self.reference_log}")
+            return 1
         if diff is None:
             self.console.say("  the script defines no mindp_reference(argv): no reference to compare with "
                              "(docs/TORCH.md)")
@@ -318,3 +327,14 @@ class ScriptRun(Run):
         self.console.say(f"  final weights after {done} step(s) " + ("bit-exact with the script's single-process reference" if diff == 0.0
                                                else f"DIFFER from the script's reference (max |diff| {diff:g})"))
         return 0 if diff == 0.0 else 1
+
+    @property
+    def reference_log(self) -> pathlib.Path:
+        return self.logs / "reference.log"
+
+    def reference_failed(self, exc: BaseException) -> str:
+        """Why the script's reference could not be compared, in one line; the traceback, which shows
+        the part of mindp_reference at fault, goes to reference_log."""
+        self.reference_log.write_text("".join(traceback.format_exception(exc)))
+        said = one_line(str(exc))
+        return f"the script's mindp_reference failed ({type(exc).__name__}{': ' + said if said else ''})"
