@@ -94,6 +94,12 @@ def compare(ref: reference.Result, workers_fp16: list[dict[str, np.ndarray]], ma
     return max(diffs)
 
 
+def faults(loss: float, seed: int) -> dict:
+    """The packet loss a run injected and the seed of its draws, as every run's summary.json states
+    them (tools.compare names the loss in its legend)."""
+    return {"loss_rate": float(loss), "seed": int(seed)}
+
+
 def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds: float, model: str,
             parameters: int) -> dict:
     """The run's summary.json: the figures of the run as a whole, then each job's.
@@ -110,8 +116,7 @@ def summary(cfg: dict, jobs: list[JobResult], wall_seconds: float, setup_seconds
         "workers": int(cfg["workers"]),
         "steps": steps,
         "jobs": n,
-        "loss_rate": float(cfg["loss"]),
-        "seed": int(cfg["seed"]),
+        **faults(cfg["loss"], cfg["seed"]),
         "initial_loss": sum(j.initial_loss for j in jobs) / n,
         "final_loss": sum(j.final_loss for j in jobs) / n,
         "final_accuracy": sum(j.final_accuracy for j in jobs) / n,

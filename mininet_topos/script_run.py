@@ -290,7 +290,7 @@ class ScriptRun(Run):
                 check.end()
         curve = progress.curves[1]
         summ = {"script": self.cfg.script, "args": self.argv, "target": self.target, "k": protocol.K, "workers": self.job.n_workers,
-                "model": model, "steps": progress.step,
+                "model": model, "steps": progress.step, **results.faults(self.cfg.loss, self.cfg.seed),
                 "loss_curve": [[s, x] for s, x in zip(curve.steps, curve.loss)],  # s: the script's 0-based step
                 "packets_sent": progress.packets + int(stats.get("params_sent", 0)),
                 "retransmissions": progress.retransmissions + int(stats.get("resent", 0)),

@@ -1,6 +1,6 @@
 """The end of a SCRIPT= run without Mininet: ScriptRun.report on a finished run's files. A failing
 mindp_reference is the script's one line and its summary.json is kept, saying why the bits were not
-compared."""
+compared; the summary states the packet loss and seed as a MODEL= run's does (make compare's legend)."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,11 @@ import pytest
 
 pytest.importorskip("torch")
 
+from mininet_topos import results  # noqa: E402
 from mininet_topos.console import Console  # noqa: E402
 from mininet_topos.progress import Progress  # noqa: E402
 from mininet_topos.script_run import ScriptRun  # noqa: E402
+from tools import compare  # noqa: E402
 
 BROKEN_REFERENCE = '''
 import torch
@@ -61,3 +63,11 @@ def test_a_failing_mindp_reference_is_the_scripts_one_line_and_the_summary_is_ke
     assert s["not_compared"] == why and s["max_abs_param_diff_vs_reference"] is None and s["steps"] == 2
     assert (tmp_path / "curve.svg").exists() and (tmp_path / "metrics.csv").exists()
 
+
+def test_a_script_runs_summary_states_its_packet_loss_and_seed_as_a_model_runs_does(tmp_path, capsys):
+    run = finished_run(tmp_path, "", check=False, loss=0.05, seed=7)
+    assert run.report(run.progress, 2.0, 1.0, "train.py") == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert (s["loss_rate"], s["seed"], s["not_compared"]) == (0.05, 7, results.NOT_CHECKED)
+    assert results.faults(0.05, 7).keys() <= s.keys()  # the fields of results.summary (MODEL= runs)
+    assert compare.label(tmp_path).endswith("2 workers, loss 0.05")
