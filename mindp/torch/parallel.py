@@ -116,7 +116,13 @@ class DataParallel:
             for name, p in self.named.items():  # fp16 to float32 in the copy (exact), no temporary
                 p.copy_(torch.from_numpy(params[name]))
         self.module.zero_grad(set_to_none=True)
+        self._pushed.clear()
         return params
+
+    @property
+    def pushed_any(self) -> bool:
+        """Whether a backward() of the step in progress has sent a gradient."""
+        return bool(self._pushed)
 
     def _check_unchanged(self) -> None:
         """Refuse a step whose gradients changed after the hook sent them (clip_grad_norm_, a manual

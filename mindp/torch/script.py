@@ -104,8 +104,19 @@ def iface_with(ip: str) -> str:
                      "make run SCRIPT=... UP=1 prints the command for each host) or set MINDP_IFACE")
 
 
+#: The names each line of a rank's figures keeps for itself (Optimizer.record): not mindp.torch.log's.
+RECORD_FIELDS = frozenset({"ev", "step", "job", "worker", "t", "sent", "retx", "rej"})
+GRAD_SCALER_REFUSED = ("mindp.torch: torch.amp.GradScaler is not supported: mindp sends each gradient as backward() "
+                       "produces it, before the scaler unscales it, so the node would train on gradients times the "
+                       "scale; drop the scaler (a non-finite step is skipped by the node, as GradScaler skips it)")
+
+
 class Optimizer:
     """What init returns: zero_grad() / step() like a torch optimizer, save(path), the step number."""
+
+    #: torch.amp.GradScaler.step then hands step() its scale (as `grad_scale`) instead of unscaling
+    #: the gradients in place unseen (no version counter moves): step() refuses it.
+    _step_supports_amp_scaling = True
 
     def __init__(self, module: torch.nn.Module, agent: WorkerAgent, state_dir: str | None, job: int = 0,
                  rank: int = 0, metrics: str | None = None, torch_optimizer: torch.optim.Optimizer | None = None,
@@ -130,7 +141,11 @@ class Optimizer:
         self.agent = agent
         self.state_dir = state_dir
         self.job, self.rank = job, rank
+        # a forward pass with gradients since the last step(): what mindp.torch.log reports belongs to
+        # the step in progress, not to the one step() finished (zero_grad() alone starts none: a
+        # loop of backward, step, zero_grad, log logs the step it finished)
         self.in_step = False
+        module.register_forward_pre_hook(self._forward)
         self.began: float | None = None  # perf_counter at the step's zero_grad()
         self.metrics = pathlib.Path(metrics) / f"rank{rank}.jsonl" if metrics else None
         if self.metrics:
@@ -178,9 +193,12 @@ class Optimizer:
                              "state (opt.save(path) writes it as a torch checkpoint); it offers zero_grad, step, "
                              "no_sync, step_number, param_groups and save (docs/TORCH.md)")
 
+    def _forward(self, module, args) -> None:
+        if torch.is_grad_enabled():  # (an evaluation under no_grad trains no step)
+            self.in_step = True
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.dp.begin(set_to_none)
-        self.in_step = True
         self.began = time.perf_counter()
 
     def no_sync(self):
@@ -189,6 +207,8 @@ class Optimizer:
         return self.dp.no_sync()
 
     def step(self, closure=None) -> None:
+        if "grad_scale" in vars(self):
+            raise SystemExit(GRAD_SCALER_REFUSED)
         if closure is not None:
             raise SystemExit("mindp.torch: step(closure) is not supported: call backward before step()")
         step = self.agent.step
@@ -304,7 +324,13 @@ def log(**figures: float) -> None:
         values = {k: float(v) for k, v in figures.items()}
     except (TypeError, ValueError) as exc:
         raise SystemExit(f"mindp.torch.log: figures must be numbers: {exc}") from None
-    opt.record(ev="log", step=opt.agent.step if opt.in_step else opt.agent.step - 1, **values)
+    step = opt.agent.step if opt.in_step or opt.dp.pushed_any else opt.agent.step - 1
+    reserved = sorted(set(values) & RECORD_FIELDS - {"step"})
+    if reserved or values.pop("step", step) != step:
+        raise SystemExit(f"mindp.torch.log: {', '.join(reserved) or 'step'}: " + (
+            "names the record keeps for itself" if reserved else f"the step is {step}, the one in progress or just "
+            "finished; leave step= out"))
+    opt.record(ev="log", step=step, **values)
 
 
 def _guard_clipping() -> None:

@@ -1,6 +1,7 @@
 """What a mindp script may not do silently: frozen parameters stay out of the layout (as DDP leaves
 them out), clipping or changing gradients after backward() ends the rank in one line, a failing
 rank's exception reaches torchrun's error file; the one-line failure make run prints from it."""
+import collections
 import json
 import os
 import pathlib
@@ -457,3 +458,70 @@ def test_make_runs_loss_reaches_the_ranks_seeded_per_host_as_every_agent(monkeyp
         monkeypatch.setenv("MINDP_SEED", seed)
         with pytest.raises(script.MindpError, match="make run's LOSS and SEED"):
             script.faults(topo, host)
+
+
+def test_torch_amp_grad_scaler_is_refused_in_one_line():
+    """GradScaler unscaled the gradients in place after the hooks had sent them scaled (no version
+    counter moved): the node trained on gradients times 65,536, without a word."""
+    m = torch.nn.Linear(2, 2)
+    opt = script.Optimizer.__new__(script.Optimizer)
+    opt.torch_optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale(m(torch.ones(1, 2)).sum()).backward()
+    with pytest.raises(SystemExit) as exc:
+        scaler.step(opt)
+    msg = str(exc.value.code)
+    assert msg == script.GRAD_SCALER_REFUSED and msg.startswith("mindp.torch: torch.amp.GradScaler is not supported")
+
+
+class SteppingAgent(FakeAgent):
+    """FakeAgent whose steps count and whose counters a mindp Optimizer's records read."""
+
+    def __init__(self, layout):
+        super().__init__(layout)
+        self.step, self.rejected, self.nonfinite_chunks = 0, 0, []
+        self.stats = collections.Counter()
+
+    def start_step(self):
+        handle = super().start_step()
+        wait = handle.wait
+
+        def waited():
+            self.step += 1
+            return wait()
+        handle.wait = waited
+        return handle
+
+
+@pytest.mark.parametrize("order", ["zero_grad forward log backward step", "forward backward step zero_grad log",
+                                   "zero_grad forward backward step log", "forward log backward step zero_grad"])
+def test_log_reports_the_step_the_loss_was_computed_in_whatever_the_loops_order(order, tmp_path):
+    """The Hugging Face loop (backward, step, zero_grad, then log) had each loss labelled a step late:
+    zero_grad() counted as the next step's start."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    agent = SteppingAgent(parallel.layout_of(m))
+    opt = script.Optimizer(m, agent, None, 1, 0, str(tmp_path), torch.optim.SGD(m.parameters(), lr=0.1))
+    try:
+        for step in range(3):
+            for op in order.split():
+                if op == "forward":
+                    loss = m(torch.ones(1, 4)).sum()
+                    with torch.no_grad():
+                        m(torch.ones(1, 4))  # an evaluation's forward starts no step
+                elif op == "log":
+                    script.log(loss=float(step))
+                elif op == "backward":
+                    loss.backward()
+                else:
+                    getattr(opt, op)()
+        lines = [json.loads(x) for x in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+        assert [(r["step"], r["loss"]) for r in lines if r["ev"] == "log"] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+        with pytest.raises(SystemExit, match=r"^mindp.torch.log: step: the step is 2, "):
+            script.log(step=5, loss=1.0)
+        script.log(step=2, loss=1.0)  # the step it is: accepted
+        with pytest.raises(SystemExit, match=r"^mindp.torch.log: job, t: names the record keeps for itself"):
+            script.log(job=7, t=1.0, loss=1.0)
+    finally:
+        script._current.clear()
+        script._owned.clear()
