@@ -57,6 +57,7 @@ class DataParallel:
         self.backward_cpu = 0.0  # its CPU seconds in this thread (the hooks' sends included)
         self.wait_seconds = 0.0  # the last finish()'s wait for the step's parameters (after backward)
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
+        self._written = self._versions()  # each parameter's version counter as the network last left it
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
 
     def _syncing(self) -> bool:
@@ -90,9 +91,28 @@ class DataParallel:
         finally:
             self._sync = True
 
+    def _versions(self) -> dict[str, int]:
+        return {name: p._version for name, p in self.named.items()}
+
+    def _check_parameters(self) -> None:
+        """Refuse a module whose parameters changed outside the network: what the node holds would
+        undo them without a word (a load_state_dict or an in-place edit after init), and the layout
+        is fixed at init (a parameter frozen or unfrozen since)."""
+        now = dict(trained(self.module))
+        if now.keys() != self.named.keys() or any(now[n] is not p for n, p in self.named.items()):
+            changed = sorted(now.keys() ^ self.named.keys()) or [n for n, p in self.named.items() if now[n] is not p]
+            raise self.error(f"the trained parameters changed since init ({', '.join(changed[:3])}: requires_grad "
+                             "set, or replaced): freeze or replace parameters before init, as before wrapping in DDP")
+        edited = [n for n, v in self._versions().items() if v != self._written[n]]
+        if edited:
+            raise self.error(f"{', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''} changed in place since the "
+                             "network last wrote the parameters (load_state_dict, or an edit, after init): the optimizer "
+                             "node holds them and would undo it; load weights before init")
+
     def begin(self, set_to_none: bool = True) -> None:
         """Start a step: gradients from now on go to the network as autograd finishes each
         (set_to_none: as torch's zero_grad; False leaves zeros that backward() adds to)."""
+        self._check_parameters()
         self.module.zero_grad(set_to_none=set_to_none)
         self._pushed.clear()
         self._handle = self.agent.start_step()
@@ -104,6 +124,7 @@ class DataParallel:
         if h is None:
             h = self.agent.start_step()
         self._check_unchanged()
+        self._check_parameters()
         for name, p in self.named.items():  # parameters the loss does not depend on
             if name not in h.put_names:
                 h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(p.grad))
@@ -115,6 +136,7 @@ class DataParallel:
         with torch.no_grad():
             for name, p in self.named.items():  # fp16 to float32 in the copy (exact), no temporary
                 p.copy_(torch.from_numpy(params[name]))
+        self._written = self._versions()
         self.module.zero_grad(set_to_none=True)
         self._pushed.clear()
         return params

@@ -525,3 +525,30 @@ def test_log_reports_the_step_the_loss_was_computed_in_whatever_the_loops_order(
     finally:
         script._current.clear()
         script._owned.clear()
+
+
+@pytest.mark.parametrize("change", ["load_state_dict", "edit", "unfreeze", "freeze"])
+def test_parameters_changed_outside_the_network_are_refused_not_undone(change):
+    """Weights loaded after init were undone by the node's at the next step, and a parameter
+    unfrozen after init trained nothing: each without a word."""
+    m = frozen_model()
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp.begin()
+    m(torch.ones(2, 4)).sum().backward()
+    dp.finish()
+    dp.begin()  # the network's own writes are no change
+    m(torch.ones(2, 4)).sum().backward()
+    dp.finish()
+    if change == "load_state_dict":
+        m.load_state_dict({k: v + 1 for k, v in m.state_dict().items()})
+    elif change == "edit":
+        with torch.no_grad():
+            m[1].bias.clamp_(-0.1, 0.1)
+    else:
+        m[0].weight.requires_grad_(change == "unfreeze")
+        m[1].weight.requires_grad_(change != "freeze")
+    with pytest.raises(parallel.GradientChanged) as exc:
+        dp.begin()
+    why = "changed in place since the network last wrote" if change in ("load_state_dict", "edit") else \
+        "the trained parameters changed since init"
+    assert why in str(exc.value) and "\n" not in str(exc.value)
