@@ -23,7 +23,7 @@ def trained(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
 
 def layout_arrays(module: torch.nn.Module) -> dict[str, np.ndarray]:
     """The trained parameters as float32 numpy arrays, in chunk order (reverse registration)."""
-    return {n: p.detach().float().numpy().copy() for n, p in reversed(trained(module))}
+    return {n: p.detach().float().cpu().numpy().copy() for n, p in reversed(trained(module))}
 
 
 def layout_of(module: torch.nn.Module) -> Layout:
@@ -74,9 +74,15 @@ class DataParallel:
                                      "the first sent it: run the earlier backward() calls under `with opt.no_sync():` (or with "
                                      "model.require_backward_grad_sync = False), "
                                      f"as with DDP ({CHANGED_HINT})")
-                self._handle.put(name, self._unscaled(p.grad))
+                self._handle.put(name, self._unscaled(self._dense(name, p.grad)))
                 self._pushed[name] = (id(p.grad), p.grad._version)
         return ready
+
+    def _dense(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        if grad.layout != torch.strided:
+            raise self.error(f"the gradient of {name} is sparse (nn.Embedding(sparse=True)?): the switch sums dense "
+                             "gradients; build the module with sparse=False")
+        return grad
 
     def _unscaled(self, grad: torch.Tensor) -> torch.Tensor:
         return grad / self.scaler.scale if self.scaler else grad
@@ -127,7 +133,7 @@ class DataParallel:
         self._check_parameters()
         for name, p in self.named.items():  # parameters the loss does not depend on
             if name not in h.put_names:
-                h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(p.grad))
+                h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(self._dense(name, p.grad)))
         t = time.perf_counter()
         params = h.wait()
         self.wait_seconds = time.perf_counter() - t

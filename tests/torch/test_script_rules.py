@@ -552,3 +552,22 @@ def test_parameters_changed_outside_the_network_are_refused_not_undone(change):
     why = "changed in place since the network last wrote" if change in ("load_state_dict", "edit") else \
         "the trained parameters changed since init"
     assert why in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_sparse_gradient_is_refused_in_one_line():
+    """nn.Embedding(sparse=True): a TypeError traceback from inside the backward hook."""
+    m = torch.nn.Embedding(10, 4, sparse=True)
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp.begin()
+    with pytest.raises(parallel.GradientChanged, match=r"^the gradient of weight is sparse \(nn.Embedding"):
+        m(torch.tensor([1, 2])).sum().backward()
+
+
+def test_a_sparse_gradient_accumulated_under_no_sync_is_refused_in_one_line():
+    m = torch.nn.Embedding(10, 4, sparse=True)
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp.begin()
+    with dp.no_sync():
+        m(torch.tensor([1, 2])).sum().backward()
+    with pytest.raises(parallel.GradientChanged, match=r"^the gradient of weight is sparse"):
+        dp.finish()
