@@ -168,9 +168,8 @@ def execute(cfg: config.RunConfig, args, console: Console, resumed: resume.Resum
         run.resumed = resumed
         jobs = f"{cfg.jobs} jobs" if cfg.jobs > 1 else "1 job"
         steps = "" if cfg.script else f"{cfg.steps} steps, "  # a script's steps are its own
-        loss = f"loss {cfg.loss:g}, seed {cfg.seed}"
-        if cfg.script:  # its ranks inject no loss, only its node, and SEED seeds nothing else there
-            loss = f"loss {cfg.loss:g} on the node, seed {cfg.seed}" if cfg.loss else "loss 0"
+        # a script's SEED seeds only the loss: without loss, none to name
+        loss = f"loss {cfg.loss:g}, seed {cfg.seed}" if cfg.loss or not cfg.script else "loss 0"
         console.say(f"mindp run {run_dir}: {cfg.script or cfg.model} on the {target} switch"
             f"{target_reason(cfg.target, target)}, {jobs} x {shape}, {steps}{loss}"
             f"{'; node state made durable at exit (SYNC=exit)' if cfg.sync == 'exit' else ''}")
