@@ -282,6 +282,7 @@ class Store:
         if sync not in SYNC_MODES:
             raise ConfigError(f"sync must be one of {'|'.join(SYNC_MODES)}, got {sync!r}")
         self.durable = sync == "step"  # each commit; else only at close
+        self._padded = False  # commit.json known to be COMMIT_BYTES long (this store wrote it)
         d = self.dir = pathlib.Path(state_dir)
         meta = read_meta(d)
         try:
@@ -448,9 +449,11 @@ class Store:
         records were padded) is replaced instead."""
         path = self.dir / "commit.json"
         try:
-            if path.stat().st_size != COMMIT_BYTES:
+            if not self._padded and path.stat().st_size != COMMIT_BYTES:
                 _write_atomic(path, text, durable=False)
+                self._padded = True
                 return
+            self._padded = True  # (every record this store writes is padded: no stat again)
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
             try:
                 if os.pwrite(fd, text, 0) != len(text):
