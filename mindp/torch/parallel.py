@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from host_agent import optim
+from mindp import listed
 from mindp.layout import Layout
 from mindp.lossscale import LossScaler
 
@@ -41,9 +42,12 @@ class DataParallel:
     """Wraps a module and a host_agent.worker.WorkerAgent whose layout is layout_of(module)."""
 
     def __init__(self, module: torch.nn.Module, agent, scaler: LossScaler | None = None,
-                 error: Callable[[str], BaseException] = GradientChanged):
-        """error: what a refused gradient raises, from its message (during backward(), from the hook)."""
+                 error: Callable[[str], BaseException] = GradientChanged, find_unused_parameters: bool = False):
+        """error: what a refused gradient raises, from its message (during backward(), from the hook).
+        find_unused_parameters: a trained parameter without a gradient in a step is sent as zeros
+        (DDP's keyword); without it such a step is refused, as DDP refuses it by default."""
         self.module = module
+        self.find_unused_parameters = find_unused_parameters
         self.error = error
         self._sync = True  # no_sync() clears it
         self.agent = agent
@@ -131,7 +135,14 @@ class DataParallel:
             h = self.agent.start_step()
         self._check_unchanged()
         self._check_parameters()
-        for name, p in self.named.items():  # parameters the loss does not depend on
+        unused = [n for n, p in self.named.items() if n not in h.put_names and p.grad is None]
+        if unused and not self.find_unused_parameters:
+            raise self.error(f"{listed(unused, 3)}: no gradient in this step (the loss does not depend on "
+                             f"{'it' if len(unused) == 1 else 'them'}), and the node would still move "
+                             f"{'it' if len(unused) == 1 else 'them'} (weight decay and momentum on a zero gradient; "
+                             "torch's optimizer skips a parameter without one): freeze such parameters before init "
+                             "(requires_grad_(False)), or pass find_unused_parameters=True to send zeros")
+        for name, p in self.named.items():  # gradients accumulated under no_sync, or zeros for unused ones
             if name not in h.put_names:
                 h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(self._dense(name, p.grad)))
         t = time.perf_counter()

@@ -120,9 +120,9 @@ class Optimizer:
 
     def __init__(self, module: torch.nn.Module, agent: WorkerAgent, state_dir: str | None, job: int = 0,
                  rank: int = 0, metrics: str | None = None, torch_optimizer: torch.optim.Optimizer | None = None,
-                 cfg: optim.OptimizerConfig | None = None):
+                 cfg: optim.OptimizerConfig | None = None, find_unused_parameters: bool = False):
         """torch_optimizer, cfg: the script's optimizer and the node's configuration, whose lr of
-        each step step() checks the optimizer's against."""
+        each step step() checks the optimizer's against; find_unused_parameters: DataParallel's."""
         self.module = module
         self.torch_optimizer = torch_optimizer
         # each torch parameter group's lr of every step, as the node replays it from the group's base
@@ -137,7 +137,8 @@ class Optimizer:
         if cfg and cfg.schedule.kind == "script":
             agent.step_lr = self._tell_lr
         self.cfg = cfg
-        self.dp = DataParallel(module, agent, error=lambda msg: SystemExit(f"mindp.torch: {msg}"))
+        self.dp = DataParallel(module, agent, error=lambda msg: SystemExit(f"mindp.torch: {msg}"),
+                               find_unused_parameters=find_unused_parameters)
         self.agent = agent
         self.state_dir = state_dir
         self.job, self.rank = job, rank
@@ -403,17 +404,21 @@ def _catch_up(scheduler, steps: int) -> None:
 
 def init(module: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler=None, *, topology: str | None = None,
          job: int | None = None, iface: str | None = None, state_dir: str | None = None,
-         timeout: float | datetime.timedelta | None = None, follow_lr: bool = False) -> Optimizer:
+         timeout: float | datetime.timedelta | None = None, follow_lr: bool = False,
+         find_unused_parameters: bool = False) -> Optimizer:
     """Join the job as worker RANK; see the module docstring. A piece missing ends the script with one
     line on stderr (SystemExit), not a traceback. `timeout` (seconds or a timedelta, as
     torch.distributed's): how long step() waits with no parameters arriving before the rank fails;
     default mindp.progress.STALL (60 s). A rank waits for its peers' gradients, so a script whose
     rank works alone between steps for longer (rank 0 evaluating, saving) gives more.
     `follow_lr`: the node applies, each step, the lr the optimizer holds as the step's first
-    gradient leaves (set by hand, or by any scheduler), instead of replaying `scheduler`."""
+    gradient leaves (set by hand, or by any scheduler), instead of replaying `scheduler`.
+    `find_unused_parameters`: a parameter the step's loss does not depend on is sent as a zero
+    gradient (the node's weight decay and momentum still move it); without it, such a step ends the
+    rank in one line, as DDP ends it by default."""
     try:
         return _init(module, optimizer, scheduler, topology, job, iface, state_dir, _seconds(timeout),
-                     bool(follow_lr))
+                     bool(follow_lr), bool(find_unused_parameters))
     except (MindpError, ConfigError) as exc:
         raise SystemExit(f"mindp.torch.init: {exc}") from None
 
@@ -450,7 +455,8 @@ def _check_params(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
                          "(requires_grad_(False)) or give them to the optimizer")
 
 
-def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout: float, follow_lr: bool) -> Optimizer:
+def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout: float, follow_lr: bool,
+          find_unused: bool) -> Optimizer:
     if isinstance(module, torch.nn.parallel.DistributedDataParallel):
         raise MindpError("the model is wrapped in DistributedDataParallel, whose allreduce would overwrite the "
                          "gradients mindp sends: pass the module itself (mindp replaces DDP; docs/TORCH.md)")
@@ -497,4 +503,5 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout
     agent.check_digests()  # each step checked against the optimizer node's digest (host_agent.digest)
     optimizer._opt_called = True  # its scheduler's step() need not warn: the node steps, not this optimizer
     _catch_up(scheduler, first)
-    return Optimizer(module, agent, state_dir, job_id, rank, os.environ.get(METRICS_ENV) or None, optimizer, cfg)
+    return Optimizer(module, agent, state_dir, job_id, rank, os.environ.get(METRICS_ENV) or None, optimizer, cfg,
+                     find_unused)

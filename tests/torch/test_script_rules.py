@@ -571,3 +571,67 @@ def test_a_sparse_gradient_accumulated_under_no_sync_is_refused_in_one_line():
         m(torch.tensor([1, 2])).sum().backward()
     with pytest.raises(parallel.GradientChanged, match=r"^the gradient of weight is sparse"):
         dp.finish()
+
+
+def half_used_model():
+    """A module whose loss below depends on `used` only (a second head, an unused branch)."""
+    torch.manual_seed(0)
+    return torch.nn.ModuleDict({"used": torch.nn.Linear(4, 2), "head": torch.nn.Linear(4, 2)})
+
+
+def test_a_parameter_without_a_gradient_is_refused_unless_asked_then_sent_as_zeros():
+    """torch's optimizer skips a parameter whose grad is None; the node would move it on a zero
+    gradient (AdamW's decay, momentum). DDP refuses such a step by default and takes
+    find_unused_parameters=True; so does mindp, which then sends zeros. A zero gradient left by
+    zero_grad(set_to_none=False) is a gradient, stepped by torch too: sent, not refused."""
+    for find in (False, True):
+        m = half_used_model()
+        agent = FakeAgent(parallel.layout_of(m))
+        dp = parallel.DataParallel(m, agent, find_unused_parameters=find)
+        dp.begin()
+        m["used"](torch.ones(2, 4)).sum().backward()
+        if not find:
+            with pytest.raises(parallel.GradientChanged, match=r"^head.weight, head.bias: no gradient in this step "
+                                                               r"\(the loss does not depend on them\).*"
+                                                               r"pass find_unused_parameters=True"):
+                dp.finish()
+            m.zero_grad(set_to_none=False)  # zeros where a backward left a gradient: still None for head
+            dp.begin(set_to_none=False)
+            m["used"](torch.ones(2, 4)).sum().backward()
+            with pytest.raises(parallel.GradientChanged, match=r"^head.weight, head.bias: no gradient"):
+                dp.finish()
+            m["head"](torch.ones(2, 4)).sum().backward()  # head gets a gradient once ...
+            dp.begin(set_to_none=False)  # ... which zero_grad(set_to_none=False) keeps as zeros
+            m["used"](torch.ones(2, 4)).sum().backward()
+            dp.finish()
+            assert not agent.handles[-1].got["head.weight"].any()
+            continue
+        dp.finish()
+        got = agent.handles[-1].got
+        assert not got["head.weight"].any() and not got["head.bias"].any() and got["used.weight"].any()
+        assert got["head.weight"].shape == m["head"].weight.shape
+
+
+class StepAgent(FakeAgent):
+    """FakeAgent with what a script Optimizer reads of a worker agent."""
+
+    step, stats, rejected = 0, {"sent": 0, "retransmitted": 0}, 0
+
+
+@pytest.mark.parametrize("find", [False, True])
+def test_a_script_whose_loss_leaves_a_parameter_out_ends_in_one_line_or_sends_zeros(find):
+    m = half_used_model()
+    o = torch.optim.AdamW(m.parameters(), lr=0.01)
+    opt = script.Optimizer(m, StepAgent(parallel.layout_of(m)), None, torch_optimizer=o,
+                           cfg=script.optimizer_config(o, None, m), find_unused_parameters=find)
+    opt.zero_grad()
+    m["used"](torch.ones(2, 4)).sum().backward()
+    if find:
+        opt.step()
+        assert not opt.agent.handles[-1].got["head.bias"].any()
+        return
+    with pytest.raises(SystemExit) as exc:
+        opt.step()
+    msg = str(exc.value.code)
+    assert msg.startswith("mindp.torch: head.weight, head.bias: no gradient in this step") and "\n" not in msg
+    assert "requires_grad_(False)" in msg and "find_unused_parameters=True" in msg
