@@ -1,11 +1,14 @@
 """Checkpoints of the optimizer node's state as regular torch checkpoints, and back.
 
     {'model': state_dict (fp32 master weights; buffers from the module),
-     'optimizer': the matching torch.optim.AdamW/SGD state_dict (exp_avg, exp_avg_sq / momentum_buffer,
-                  step = the node's update count; each group's lr = its lr of the next step; a group
-                  per lr and weight decay, the script's first group's first),
+     'optimizer': the script's torch optimizer's state_dict (its groups as built, frozen parameters
+                  it holds included) with the node's state: exp_avg, exp_avg_sq / momentum_buffer,
+                  step = the node's update count. Without the script's optimizer: a torch.optim.AdamW/SGD
+                  state_dict of a group per lr and weight decay (the script's first group's first),
+                  each group's lr = its lr of the next step,
      'step': the last step trained (0-based; -1: none),
-     'mindp': {'optimizer': OptimizerConfig.to_dict(), 'updates': ..., 'params': names in torch order}}
+     'mindp': {'optimizer': OptimizerConfig.to_dict(), 'updates': ..., 'params': names in torch order,
+               'state_index': the trained parameter's name at each index of 'optimizer' (None: frozen)}}
 
 `torch.load` + `model.load_state_dict(ckpt['model'])` gives a model usable without mindp;
 `restore` (or `python -m mindp.torch.checkpoint CKPT STATE_DIR [STATE_DIR ...]`) writes a fresh
@@ -33,9 +36,11 @@ from .spec import groups_of, torch_optimizer
 LANES = {"adamw": {state.M: "exp_avg", state.V: "exp_avg_sq"}, "sgd": {state.M: "momentum_buffer"}}
 
 
-def save(state_dirs, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
+def save(state_dirs, path: str | pathlib.Path, module: torch.nn.Module,
+         own: torch.optim.Optimizer | None = None) -> dict:
     """Write the committed state of `state_dirs` (the node's directory, or every shard's) as a torch
-    checkpoint at `path` (atomically)."""
+    checkpoint at `path` (atomically). own: the script's torch optimizer, whose structure
+    'optimizer' takes, so that own.load_state_dict takes it whatever its groups' order."""
     commit, cfg, layout, records = state.read_committed(state_dirs)
     names = [n for n, _ in trained(module)]  # frozen parameters come with the module's state_dict
     if sorted(names) != sorted(s.name for s in layout.specs):
@@ -53,17 +58,28 @@ def save(state_dirs, path: str | pathlib.Path, module: torch.nn.Module) -> dict:
     alias = {n: layout_name[id(p)] for n, p in module.named_parameters(remove_duplicate=False) if id(p) in layout_name}
     model = {k: (master[alias[k]] if k in alias else v.detach().clone()) for k, v in module.state_dict().items()}
     step, updates = int(commit["step"]), int(commit["updates"])
-    params = [torch.nn.Parameter(master[n].clone()) for n in names]
-    opt = torch_optimizer(cfg, list(zip(names, params)), step + 1)
-    if updates:
-        per_lane = {key: tensors(lane) for lane, key in LANES[cfg.kind].items()}
-        for p, n in zip(params, names):
-            st = {key: t[n] for key, t in per_lane.items()}
-            if cfg.kind == "adamw":
-                st["step"] = torch.tensor(float(updates))
-            opt.state[p] = st
-    ckpt = {"model": model, "optimizer": opt.state_dict(), "step": step,
-            "mindp": {"optimizer": cfg.to_dict(), "updates": updates, "params": names}}
+    per_lane = {key: tensors(lane) for lane, key in LANES[cfg.kind].items()}
+
+    def state_of(n: str) -> dict:
+        st = {key: t[n] for key, t in per_lane.items()}
+        return {**st, "step": torch.tensor(float(updates))} if cfg.kind == "adamw" else st
+
+    if own is not None:
+        packed = own.state_dict()  # its groups and numbering; its state is empty (the node steps)
+        index: list[str | None] = [None] * sum(len(g["params"]) for g in packed["param_groups"])
+        for group, packed_group in zip(own.param_groups, packed["param_groups"]):
+            for p, i in zip(group["params"], packed_group["params"]):
+                index[i] = layout_name.get(id(p))
+        packed["state"] = {i: state_of(n) for i, n in enumerate(index) if n is not None} if updates else {}
+    else:
+        params = [torch.nn.Parameter(master[n].clone()) for n in names]
+        opt = torch_optimizer(cfg, list(zip(names, params)), step + 1)
+        if updates:
+            for p, n in zip(params, names):
+                opt.state[p] = state_of(n)
+        packed, index = opt.state_dict(), [n for _, _, ns in groups_of(cfg, names) for n in ns]
+    ckpt = {"model": model, "optimizer": packed, "step": step,
+            "mindp": {"optimizer": cfg.to_dict(), "updates": updates, "params": names, "state_index": index}}
     # A temporary of this writer's own, beside `path` so the rename is atomic: any rank may save the
     # same path at once, and a shared name would be renamed away under another writer.
     path = pathlib.Path(path)
@@ -97,16 +113,19 @@ def restore(path: str | pathlib.Path, state_dirs) -> int:
         cfg = OptimizerConfig.from_dict(info["optimizer"])
         names, updates, step = list(info["params"]), int(info["updates"]), int(ckpt["step"])
         model, opt_state = ckpt["model"], ckpt["optimizer"]["state"]
+        # the name at each index of 'optimizer' (a checkpoint of before 'state_index': the node's grouping)
+        numbered = info.get("state_index") or [n for _, _, ns in groups_of(cfg, names) for n in ns]
+        index = {n: i for i, n in enumerate(numbered) if n is not None}
     except (OSError, RuntimeError, KeyError, TypeError, ValueError, EOFError) as exc:
         raise ConfigError(f"{path} is not a mindp checkpoint: {exc}") from None
     arrays = {n: model[n].detach().float().numpy() for n in reversed(names)}  # chunk order: reverse registration
     layout = optim.layout_of(arrays)
     lanes = {state.MASTER: layout.flatten(arrays, dtype=np.float32)}
-    index = {n: i for i, n in enumerate(n for _, _, ns in groups_of(cfg, names) for n in ns)}  # state_dict's numbering
     for lane, key in LANES[cfg.kind].items():
-        lanes[lane] = layout.flatten({n: (opt_state[i][key].float().numpy() if i in opt_state and key in opt_state[i]
+        lanes[lane] = layout.flatten({n: (opt_state[index[n]][key].float().numpy()
+                                          if index.get(n) in opt_state and key in opt_state[index[n]]
                                           else np.zeros(arrays[n].shape, np.float32))
-                                      for n, i in index.items()}, dtype=np.float32)
+                                      for n in names}, dtype=np.float32)
     if len(dirs) > layout.n_chunks:
         raise ConfigError(f"{len(dirs)} shards for a model of {layout.n_chunks} chunks: at most one shard a chunk")
     ranges = shard_ranges(layout.n_chunks, len(dirs)) if len(dirs) > 1 else [None]

@@ -288,7 +288,7 @@ class Optimizer:
         if not self.state_dir:
             raise MindpError("save needs the node's state directory: set MINDP_STATE")
         self._await_commit(self.agent.step - 1)
-        return checkpoint.save(state_dirs(self.state_dir), path, self.module)
+        return checkpoint.save(state_dirs(self.state_dir), path, self.module, self.torch_optimizer)
 
     def _await_commit(self, step: int) -> None:
         """Until the node committed `step`, the last this rank finished: the node answers a step's last

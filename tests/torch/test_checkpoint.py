@@ -70,6 +70,59 @@ def test_checkpoint_resumes_bit_exactly_in_a_fresh_node(tmp_path, kind, groups):
         assert all(torch.equal(own.state[p][key], opt.state[p][key]) for p in plain.parameters())
 
 
+def own_optimizer(net, kind: str) -> torch.optim.Optimizer:
+    """A script's optimizer in no order the node keeps: the biases' group first, each group's
+    parameters reversed, and a frozen parameter held among them."""
+    weights = [p for p in net.parameters() if p.dim() >= 2][::-1]
+    biases = [p for p in net.parameters() if p.dim() < 2][::-1]
+    groups = [{"params": biases, "lr": 2e-2, "weight_decay": 0.0}, {"params": weights}]
+    return torch.optim.AdamW(groups, lr=1e-2) if kind == "adamw" else \
+        torch.optim.SGD(groups, lr=1e-2, momentum=0.9, weight_decay=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_checkpoint_optimizer_loads_into_the_scripts_own_optimizer(tmp_path, kind):
+    """opt.save hands checkpoint.save the script's torch optimizer: 'optimizer' is that optimizer's
+    state_dict (its groups, order and frozen parameters) with the node's state under each index, so
+    load_state_dict puts every tensor on its own parameter; restore reads it back bit for bit, and
+    a checkpoint of before 'state_index' (the node's grouping) still restores."""
+    def build(seed):
+        net = models.build("cnn", {"channels": 4}, seed)
+        next(net.parameters()).requires_grad_(False)
+        return net
+
+    net = build(0)
+    own = own_optimizer(net, kind)
+    cfg = spec.optimizer_config(own, None, net)
+    init = layout_arrays(net)
+    lay = optim.layout_of(init)
+    train_core(tmp_path / "a", lay, reference.synthetic_grads(3), range(3), initial_fp16(init), (init, cfg))
+    ckpt = checkpoint.save(tmp_path / "a", tmp_path / "own.pt", net, own)
+    grouped = checkpoint.save(tmp_path / "a", tmp_path / "grouped.pt", net)  # no script optimizer: the node's groups
+
+    plain = build(1)
+    named = dict(plain.named_parameters())
+    mine = own_optimizer(plain, kind)
+    mine.load_state_dict(torch.load(tmp_path / "own.pt", weights_only=True)["optimizer"])
+    ref = spec.torch_optimizer(cfg, [(n, named[n]) for n in ckpt["mindp"]["params"]], 0)
+    ref.load_state_dict(grouped["optimizer"])
+    key = "exp_avg" if kind == "adamw" else "momentum_buffer"
+    frozen = next(plain.parameters())
+    assert frozen not in mine.state and [g["lr"] for g in mine.param_groups] == [2e-2, 1e-2]
+    for n in ckpt["mindp"]["params"]:
+        assert torch.count_nonzero(mine.state[named[n]][key]) and torch.equal(mine.state[named[n]][key],
+                                                                              ref.state[named[n]][key]), n
+    with pytest.raises(ValueError):  # the node's grouping is not the script's optimizer's
+        own_optimizer(build(2), kind).load_state_dict(grouped["optimizer"])
+
+    records = state.read_committed(tmp_path / "a")[3].view(np.uint32)
+    old = dict(grouped, mindp={k: v for k, v in grouped["mindp"].items() if k != "state_index"})
+    torch.save(old, tmp_path / "old.pt")
+    for name in ("own.pt", "grouped.pt", "old.pt"):
+        checkpoint.restore(tmp_path / name, tmp_path / f"from-{name}")
+        assert np.array_equal(state.read_committed(tmp_path / f"from-{name}")[3].view(np.uint32), records), name
+
+
 @pytest.mark.parametrize("m", [2, 3])
 def test_checkpoint_restored_into_shards_resumes_bit_exactly(tmp_path, m, capsys):
     """A checkpoint of a whole-model node restored into M shard directories (the ranges a job of M
