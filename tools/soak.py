@@ -41,7 +41,7 @@ from host_agent.optim import OptimizerConfig
 from host_agent.resume import ResumeFile
 from mindp import interrupts, progress, targets
 from mindp.harness import testbed
-from mindp.protocol import K
+from mindp.protocol import MAX_WORKERS, K
 from mindp.topology import star
 
 GROWTH_LIMIT = 1.05
@@ -399,10 +399,38 @@ def print_report(soak: Soak, exact: dict[int, bool], digests: DigestTally, secon
     return all(exact.values()) and not grew and not digests.mismatches
 
 
+def refusal(args) -> str | None:
+    """Why these arguments cannot make a soak (None: they can): said before a namespace or a
+    process exists, as each would otherwise fail later (an agent refuses its probabilities, the
+    topology its workers, the switch its target) or pass a check it never made."""
+    if args.window < 1:
+        return "--window must be >= 1"
+    if args.steps < 3 * args.window:  # growth needs a window after the base one; fewer pass it unmeasured
+        return "--steps must cover 3 windows (warm-up, base, later): at least 3 x --window"
+    if not 1 <= args.workers <= MAX_WORKERS:
+        return f"--workers must be 1..{MAX_WORKERS} (a job's worker ids are 0..{MAX_WORKERS - 1}), not {args.workers}"
+    for name in ("loss", "dup", "reorder"):
+        value = getattr(args, name)
+        if not 0 <= value < 1:  # the agents' own range (host_agent.agent_args.probability)
+            return f"--{name} must be a probability in [0, 1), not {value:g}"
+    if args.faults < 0:
+        return f"--faults must be >= 0, not {args.faults}"
+    try:
+        targets.resolve(args.target, K)
+    except targets.TargetError as exc:
+        return f"--target: {exc}"
+    keep = pathlib.Path(args.keep) if args.keep else None
+    if keep and keep.exists() and not keep.is_dir():
+        return f"--keep {keep} is not a directory"
+    if keep and keep.is_dir() and any(keep.iterdir()):  # its resume files and state would be taken up
+        return f"--keep {keep} is not empty: give a new or empty directory"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools.soak", description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--workers", type=int, default=2, help="workers per job")
+    p.add_argument("--steps", type=int, default=2000, help="at least 3 x --window")
+    p.add_argument("--workers", type=int, default=2, help=f"workers per job (1..{MAX_WORKERS})")
     p.add_argument("--loss", type=float, default=0.05, help="loss on every agent's send and receive paths")
     p.add_argument("--dup", type=float, default=0.01, help="duplication by the nodes and the embedded switch")
     p.add_argument("--reorder", type=float, default=0.01, help="reordering by the nodes and the embedded switch")
@@ -410,17 +438,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=500, help="steps per RSS window")
     p.add_argument("--target", default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--keep", help="keep the run's files in this directory (default: a temporary one)")
+    p.add_argument("--keep", help="keep the run's files in this new or empty directory (default: a temporary one)")
     args = p.parse_args(argv)
+    why = refusal(args)
+    if why:
+        print(f"soak: {why}", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("soak: must run as root (network namespaces)", file=sys.stderr)
         return 1
-    if args.steps < 2 or args.window < 1:
-        print("soak: --steps must be >= 2 and --window >= 1", file=sys.stderr)
-        return 2
     with tempfile.TemporaryDirectory(prefix="mindp-soak-") as tmp:
         work = pathlib.Path(args.keep or tmp)
-        work.mkdir(parents=True, exist_ok=True)
+        try:
+            work.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"soak: cannot create --keep {work}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         soak = Soak(args, work)
         t0 = time.monotonic()
         try:
@@ -430,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
                 soak.run()
         except SystemExit as exc:
             print(exc, file=sys.stderr)
+            return 1
+        except targets.TargetError as exc:  # the switch did not come up (or back)
+            print(f"soak: {exc}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             print("soak: interrupted", file=sys.stderr)

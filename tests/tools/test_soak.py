@@ -111,3 +111,65 @@ def test_workers_start_once_this_life_of_the_node_is_up_and_a_node_that_dies_fir
             agent.wait_line(UP_LINE)
     finally:
         agent.kill()
+
+
+class NoNetwork:
+    """In place of Soak: a soak main() lets through gets this far and no further (no namespace)."""
+
+    def __init__(self, args, work):
+        raise AssertionError(f"the soak started with {args}")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--target", "bogus"], "soak: --target: unknown target 'bogus': choose one of auto, bmv2, embedded, embedded-python"),
+    (["--workers", "0"], "soak: --workers must be 1..32 (a job's worker ids are 0..31), not 0"),
+    (["--workers", "40"], "soak: --workers must be 1..32 (a job's worker ids are 0..31), not 40"),
+    (["--loss", "7"], "soak: --loss must be a probability in [0, 1), not 7"),
+    (["--dup", "-3"], "soak: --dup must be a probability in [0, 1), not -3"),
+    (["--reorder", "nan"], "soak: --reorder must be a probability in [0, 1), not nan"),
+    (["--faults", "-2"], "soak: --faults must be >= 0, not -2"),
+    (["--window", "0"], "soak: --window must be >= 1"),
+    # growth() has no window after the base one: the RSS check would pass without being made
+    (["--steps", "1000"], "soak: --steps must cover 3 windows (warm-up, base, later): at least 3 x --window"),
+    (["--steps", "1499"], "soak: --steps must cover 3 windows (warm-up, base, later): at least 3 x --window"),
+])
+def test_bad_arguments_are_refused_in_one_line_before_any_network(monkeypatch, capsys, argv, says):
+    monkeypatch.setattr(soak, "Soak", NoNetwork)
+    assert soak.main(argv) == 2
+    assert capsys.readouterr().err == says + "\n"
+
+
+def test_keep_must_be_a_new_or_empty_directory_and_the_limits_themselves_pass(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(soak, "Soak", NoNetwork)
+    monkeypatch.setattr(soak.os, "geteuid", lambda: 0)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "worker1-0.resume").write_text("a previous soak's")  # it would be resumed from
+    assert soak.main(["--keep", str(tmp_path / "file")]) == 2
+    assert soak.main(["--keep", str(tmp_path / "old")]) == 2
+    assert soak.main(["--keep", str(tmp_path / "file" / "sub")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"soak: --keep {tmp_path / 'file'} is not a directory",
+        f"soak: --keep {tmp_path / 'old'} is not empty: give a new or empty directory",
+        f"soak: cannot create --keep {tmp_path / 'file' / 'sub'}: Not a directory"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AssertionError, match="the soak started"):
+        soak.main(["--keep", str(tmp_path / "empty"), "--workers", "32", "--steps", "3", "--window", "1",
+                   "--loss", "0", "--dup", "0.99", "--faults", "0", "--target", "embedded"])
+
+
+def test_a_switch_that_does_not_come_up_ends_the_soak_in_one_line(monkeypatch, capsys, tmp_path):
+    class SwitchDown:
+        def __init__(self, args, work):
+            pass
+
+        def start(self):
+            raise soak.targets.TargetError("embedded switch exited with code 1 at start; see switch.log")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(soak, "Soak", SwitchDown)
+    monkeypatch.setattr(soak.os, "geteuid", lambda: 0)
+    assert soak.main(["--keep", str(tmp_path / "k"), "--target", "embedded"]) == 1
+    assert capsys.readouterr().err == "soak: embedded switch exited with code 1 at start; see switch.log\n"
