@@ -61,7 +61,9 @@ class DataParallel:
         self.backward_cpu = 0.0  # its CPU seconds in this thread (the hooks' sends included)
         self.wait_seconds = 0.0  # the last finish()'s wait for the step's parameters (after backward)
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
-        self._written = self._versions()  # each parameter's version counter as the network last left it
+        self._written = self._stamps()  # each parameter as the network last left it
+        # called once a step before its first gradient leaves (a script Optimizer checks its lr there)
+        self.before_send: Callable[[], None] | None = None
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
 
     def _syncing(self) -> bool:
@@ -76,8 +78,11 @@ class DataParallel:
                 if name in self._pushed:
                     raise self.error(f"a second backward() in one step accumulated into the gradient of {name} after "
                                      "the first sent it: run the earlier backward() calls under `with opt.no_sync():` (or with "
-                                     "model.require_backward_grad_sync = False), "
-                                     f"as with DDP ({CHANGED_HINT})")
+                                     "model.require_backward_grad_sync = False), as with DDP; or a parameter used in "
+                                     "several torch.utils.checkpoint(use_reentrant=True) segments: use_reentrant=False "
+                                     f"({CHANGED_HINT})")
+                if not self._pushed and self.before_send:
+                    self.before_send()
                 self._handle.put(name, self._unscaled(self._dense(name, p.grad)))
                 self._pushed[name] = (id(p.grad), p.grad._version)
         return ready
@@ -101,8 +106,10 @@ class DataParallel:
         finally:
             self._sync = True
 
-    def _versions(self) -> dict[str, int]:
-        return {name: p._version for name, p in self.named.items()}
+    def _stamps(self) -> dict[str, tuple]:
+        """Each parameter's version counter, storage, dtype and device: an in-place op moves the
+        first; `p.data = ...`, .to() or .double() the others (an edit through .data moves none)."""
+        return {name: (p._version, p.data_ptr(), p.dtype, p.device) for name, p in self.named.items()}
 
     def _check_parameters(self) -> None:
         """Refuse a module whose parameters changed outside the network: what the node holds would
@@ -113,15 +120,19 @@ class DataParallel:
             changed = sorted(now.keys() ^ self.named.keys()) or [n for n, p in self.named.items() if now[n] is not p]
             raise self.error(f"the trained parameters changed since init ({', '.join(changed[:3])}: requires_grad "
                              "set, or replaced): freeze or replace parameters before init, as before wrapping in DDP")
-        edited = [n for n, v in self._versions().items() if v != self._written[n]]
+        edited = [n for n, v in self._stamps().items() if v != self._written[n]]
         if edited:
-            raise self.error(f"{', '.join(edited[:3])}{' ...' if len(edited) > 3 else ''} changed in place since the "
-                             "network last wrote the parameters (load_state_dict, or an edit, after init): the optimizer "
+            raise self.error(f"{listed(edited, 3)} changed in place since the network last wrote the parameters "
+                             "(load_state_dict, an edit, `.data =`, .to() or .double(), after init): the optimizer "
                              "node holds them and would undo it; load weights before init")
 
     def begin(self, set_to_none: bool = True) -> None:
         """Start a step: gradients from now on go to the network as autograd finishes each
         (set_to_none: as torch's zero_grad; False leaves zeros that backward() adds to)."""
+        if self._handle is not None and self._pushed:
+            raise self.error("zero_grad() after a backward() sent this step's gradients: the switch keeps the first "
+                             "gradients of a step it gets, so they cannot be taken back; run a backward() you may "
+                             "discard under `with opt.no_sync():`, or end the step with step()")
         self._check_parameters()
         self.module.zero_grad(set_to_none=set_to_none)
         self._pushed.clear()
@@ -136,12 +147,17 @@ class DataParallel:
         self._check_unchanged()
         self._check_parameters()
         unused = [n for n, p in self.named.items() if n not in h.put_names and p.grad is None]
+        if len(unused) == len(self.named):
+            raise self.error("step() without a backward() since the last step(): no parameter has a gradient, and "
+                             "the node would still take a step (weight decay, momentum, the schedule)")
         if unused and not self.find_unused_parameters:
             raise self.error(f"{listed(unused, 3)}: no gradient in this step (the loss does not depend on "
                              f"{'it' if len(unused) == 1 else 'them'}), and the node would still move "
                              f"{'it' if len(unused) == 1 else 'them'} (weight decay and momentum on a zero gradient; "
                              "torch's optimizer skips a parameter without one): freeze such parameters before init "
                              "(requires_grad_(False)), or pass find_unused_parameters=True to send zeros")
+        if not self._pushed and self.before_send:
+            self.before_send()
         for name, p in self.named.items():  # gradients accumulated under no_sync, or zeros for unused ones
             if name not in h.put_names:
                 h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(self._dense(name, p.grad)))
@@ -153,7 +169,7 @@ class DataParallel:
         with torch.no_grad():
             for name, p in self.named.items():  # fp16 to float32 in the copy (exact), no temporary
                 p.copy_(torch.from_numpy(params[name]))
-        self._written = self._versions()
+        self._written = self._stamps()
         self.module.zero_grad(set_to_none=True)
         self._pushed.clear()
         return params
@@ -179,11 +195,7 @@ class DataParallel:
         non-finite anywhere changes no parameter; the scale then backs off."""
         self.begin()
         t, cpu = time.perf_counter(), time.thread_time()
-        try:
-            (loss * self.scaler.scale if self.scaler else loss).backward()
-        except BaseException:
-            self._handle = None
-            raise
+        (loss * self.scaler.scale if self.scaler else loss).backward()  # (a failure leaves the step to begin())
         self.backward_seconds = time.perf_counter() - t  # with the hooks' sends it overlaps
         self.backward_cpu = time.thread_time() - cpu
         return self.finish()

@@ -139,6 +139,9 @@ class Optimizer:
         self.cfg = cfg
         self.dp = DataParallel(module, agent, error=lambda msg: SystemExit(f"mindp.torch: {msg}"),
                                find_unused_parameters=find_unused_parameters)
+        if self.rates is not None:  # refused before the node applies a step at another lr, not after
+            self.dp.before_send = lambda: self._check_schedule(agent.step, " as the step's first gradient leaves",
+                                                               "will apply")
         self.agent = agent
         self.state_dir = state_dir
         self.job, self.rank = job, rank
@@ -267,6 +270,10 @@ class Optimizer:
                                      f"applied {lr_told!r}, the lr it held as the step's first gradient left "
                                      "(follow_lr): set the lrs before backward() (docs/TORCH.md)")
             return
+        self._check_schedule(step, "", "applied")
+
+    def _check_schedule(self, step: int, when: str, applies: str) -> None:
+        """The lr each group holds is the node's schedule's for `step`, or the script ends in one line."""
         if self.rates is None:
             return
         groups = self.torch_optimizer.param_groups
@@ -274,8 +281,8 @@ class Optimizer:
             have, want = float(value(g["lr"])), rates.at(step)
             if have != want:
                 which = f", parameter group {i}" if len(groups) > 1 else ""
-                raise SystemExit(f"mindp.torch: step {step}: the script's optimizer holds lr {have!r}, the node "
-                                 f"applied {want!r} ({self.cfg.schedule.kind} schedule from lr {rates.base!r}{which}): "
+                raise SystemExit(f"mindp.torch: step {step}: the script's optimizer holds lr {have!r}{when}, the node "
+                                 f"{applies} {want!r} ({self.cfg.schedule.kind} schedule from lr {rates.base!r}{which}): "
                                  "the node runs the schedule of the scheduler given to mindp.torch.init, so set the "
                                  "lr only through it and call its step() once after each opt.step() (docs/TORCH.md)")
 
@@ -312,6 +319,8 @@ class Optimizer:
     def close(self) -> None:
         self.dp.close()
         self.agent.sock.close()
+        if _current == [self]:
+            _current.clear()
 
 
 def log(**figures: float) -> None:
@@ -443,6 +452,11 @@ def _check_params(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
                          "module): run a forward pass on a dummy batch before init, as DDP requires")
     if not trainable:
         raise MindpError("the model has no parameter that requires a gradient: nothing to train")
+    other = [f"{n} ({p.dtype})" for n, p in trainable.items() if p.dtype != torch.float32]
+    if other:
+        raise MindpError(f"{listed(other, 3)}: the node keeps float32 master weights and the ranks hold their fp16 "
+                         "values, so this would train in another precision than your optimizer: keep parameters "
+                         "float32 (torch.autocast for lower-precision compute)")
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     foreign = len(held - {id(p) for p in module.parameters()})
     if foreign:
@@ -492,6 +506,9 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout
         named = dict(trained(module))
         for n, a in start.items():  # the fp16 parameters the workers hold, as the reference does
             named[n].copy_(torch.from_numpy(a.astype(np.float16).astype(np.float32)))
+    if _current:
+        raise MindpError("init was already called in this process: a job trains one model with one optimizer "
+                         "(close() the first one's optimizer before another init)")
     rank_faults = faults(topo, spec.workers[rank])
     name = iface or os.environ.get("MINDP_IFACE") or iface_with(wcfg.ip)
     try:

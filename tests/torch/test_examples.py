@@ -147,6 +147,13 @@ def test_init_errors_are_one_line(tmp_path, monkeypatch):
                  optim.OptimizerConfig(lr=0.01))
     assert "keeps the optimizer it was created with, and this script's differs: lr 0.01 -> 0.001: " \
         in err({**j, "MINDP_STATE": str(tmp_path / "st2")})
+    # a second init in one process (a GAN's two models): two agents would send as one worker
+    from mindp.torch import script
+    script._current[:] = [object()]
+    try:
+        assert "init was already called in this process: a job trains one model with one optimizer" in err(j)
+    finally:
+        script._current.clear()
 
 
 def test_clip_grad_norm_is_refused_in_one_line():

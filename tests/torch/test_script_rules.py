@@ -624,6 +624,7 @@ def test_a_script_whose_loss_leaves_a_parameter_out_ends_in_one_line_or_sends_ze
     o = torch.optim.AdamW(m.parameters(), lr=0.01)
     opt = script.Optimizer(m, StepAgent(parallel.layout_of(m)), None, torch_optimizer=o,
                            cfg=script.optimizer_config(o, None, m), find_unused_parameters=find)
+    script._current.clear()  # (log()'s optimizer: this process's other tests make their own)
     opt.zero_grad()
     m["used"](torch.ones(2, 4)).sum().backward()
     if find:
@@ -635,3 +636,94 @@ def test_a_script_whose_loss_leaves_a_parameter_out_ends_in_one_line_or_sends_ze
     msg = str(exc.value.code)
     assert msg.startswith("mindp.torch: head.weight, head.bias: no gradient in this step") and "\n" not in msg
     assert "requires_grad_(False)" in msg and "find_unused_parameters=True" in msg
+
+
+def test_zero_grad_after_a_backward_sent_the_step_is_refused():
+    """The switch keeps a step's first gradients from a worker: a backward discarded by zero_grad()
+    (a skipped batch, an out-of-memory retry) cannot be taken back. Under no_sync nothing has left,
+    so a discard there is fine; a backward that failed midway has sent part of the step."""
+    m = frozen_model()
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp.begin()
+    with dp.no_sync():
+        m(torch.ones(2, 4)).sum().backward()
+    dp.begin()  # nothing sent yet: discarded as torch discards it
+    m(torch.ones(2, 4)).sum().backward()
+    with pytest.raises(parallel.GradientChanged, match=r"^zero_grad\(\) after a backward\(\) sent this step's "
+                                                       r"gradients: .* under `with opt.no_sync\(\):`"):
+        dp.begin()
+    dp.close()
+
+    class Boom(torch.autograd.Function):  # fails once the later layer's gradients have left
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            raise MemoryError("out of memory")
+
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    with pytest.raises(MemoryError):
+        dp.step(m[1](Boom.apply(m[0](torch.ones(2, 4)))).sum())
+    with pytest.raises(parallel.GradientChanged, match=r"^zero_grad\(\) after a backward\(\) sent"):
+        dp.begin()
+
+
+@pytest.mark.parametrize("change", ["data", "double"])
+def test_a_parameter_replaced_or_converted_after_init_is_refused(change):
+    """`p.data = ...` and .double() move no version counter: the storage and dtype tell."""
+    m = frozen_model()
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp.step(m(torch.ones(2, 4)).sum())
+    if change == "data":
+        m[1].weight.data = m[1].weight.data.clamp(-0.01, 0.01)
+    else:
+        m.double()
+    with pytest.raises(parallel.GradientChanged, match=r"changed in place since the network last wrote the "
+                                                       r"parameters \(load_state_dict, an edit, `.data =`"):
+        dp.begin()
+
+
+@pytest.mark.parametrize("find", [False, True])
+def test_step_without_a_backward_is_refused(find):
+    m = frozen_model()
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)), find_unused_parameters=find)
+    dp.step(m(torch.ones(2, 4)).sum())
+    dp.begin()
+    with pytest.raises(parallel.GradientChanged, match=r"^step\(\) without a backward\(\) since the last step\(\)"):
+        dp.finish()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_parameters_that_are_not_float32_are_refused_at_init(monkeypatch, dtype):
+    for k in list(os.environ):
+        if k.startswith(("MINDP_", "RANK", "WORLD_SIZE")):
+            monkeypatch.delenv(k)
+    m = torch.nn.Linear(3, 2).to(dtype)
+    with pytest.raises(SystemExit) as exc:
+        script.init(m, torch.optim.SGD(m.parameters(), lr=0.1))
+    assert str(exc.value.code) == (f"mindp.torch.init: weight ({dtype}), bias ({dtype}): the node keeps float32 master "
+                                   "weights and the ranks hold their fp16 values, so this would train in another "
+                                   "precision than your optimizer: keep parameters float32 (torch.autocast for "
+                                   "lower-precision compute)")
+
+
+def test_an_lr_off_the_schedule_is_refused_before_the_steps_first_gradient_leaves():
+    """sched.step() before opt.step() (or by epoch): the node would apply a step at its own lr first."""
+    m = half_used_model()
+    o = torch.optim.AdamW(m.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5)
+    agent = StepAgent(parallel.layout_of(m))
+    opt = script.Optimizer(m, agent, None, torch_optimizer=o, cfg=script.optimizer_config(o, sched, m))
+    try:
+        opt.zero_grad()
+        with pytest.warns(UserWarning, match=r"before `optimizer.step\(\)`"):  # torch's warning of it
+            sched.step()
+        with pytest.raises(SystemExit) as exc:
+            m["used"](torch.ones(2, 4)).sum().backward()
+    finally:
+        script._current.clear()
+    assert str(exc.value.code).startswith("mindp.torch: step 0: the script's optimizer holds lr 0.005 as the step's "
+                                          "first gradient leaves, the node will apply 0.01 (step schedule")
+    assert agent.handles[-1].got == {}  # nothing left
