@@ -67,6 +67,18 @@ UP ?= 0
 # one that the run would not use (STEPS with SCRIPT=, LEAVES without TOPO=leafspine ...) instead of ignoring it.
 RUN_VARS := TARGET K MODEL WORKERS STEPS GPT EVAL NODE_RAM SYNC CHECK PIN LOSS JOBS SEED PCAP CLI LOG TOPO LEAVES OPTIMIZERS SCRIPT ARGS RESUME UP
 GIVEN = $(strip $(foreach v,$(RUN_VARS),$(if $(filter command% environment%,$(origin $(v))),$(v))))
+# make soak, stress and bench stop in one line where one of make run's variables is given that they
+# would ignore: $(call refuse_unused,TARGET,VARIABLES IT USES,WHAT IT TAKES).
+define refuse_unused
+ifneq ($$(filter $(1),$$(MAKECMDGOALS)),)
+ifneq ($$(filter-out $(2),$$(GIVEN)),)
+$$(error make $(1): $$(filter-out $(2),$$(GIVEN)): not used by make $(1) (it takes $(3)))
+endif
+endif
+endef
+$(eval $(call refuse_unused,soak,TARGET SEED,TARGET SEED SOAK_STEPS SOAK_WINDOW SOAK_LOSS SOAK_KEEP))
+$(eval $(call refuse_unused,stress,,MINUTES LOAD STRESS_SEED))
+$(eval $(call refuse_unused,bench,,none: each bench/NAME.py --help lists its own options))
 # Extra pytest arguments, e.g. make test PYTEST_ARGS='-k wire'
 PYTEST_ARGS ?=
 # Parallel test processes (pytest-xdist). Most tests wait (packets, other processes, I/O) rather

@@ -289,6 +289,22 @@ def test_up_and_all_are_0_or_1_and_anything_else_is_one_line():
     assert "mininet_topos.clean --all" not in make_n("clean").stdout
 
 
+def test_soak_stress_and_bench_refuse_make_runs_variables_they_would_ignore():
+    """make stress SEED=5 ran unseeded (it takes STRESS_SEED), make soak K=64 LOSS=0.2 at the default
+    K and SOAK_LOSS, make bench TARGET=bmv2 every bench as ever: make now stops in one line first."""
+    for argv, names in ((["stress", "SEED=5"], "SEED"), (["soak", "K=64", "LOSS=0.2"], "K LOSS"),
+                        (["bench", "TARGET=bmv2"], "TARGET"), (["soak", "WORKERS=4", "TARGET=bmv2"], "WORKERS")):
+        out = make_n(*argv)
+        assert out.returncode == 2 and not out.stdout, argv
+        err = out.stderr.strip()
+        assert f"*** make {argv[0]}: {names}: not used by make {argv[0]} (it takes " in err and \
+            len(err.splitlines()) == 1, err
+    assert "-m tools.soak --steps 2000 --window 500 --loss 0.05 --target bmv2 --seed 3" in \
+        make_n("soak", "TARGET=bmv2", "SEED=3").stdout
+    assert "-m tools.stress --minutes 3 --load 2 --seed 7" in make_n("stress", "MINUTES=3", "STRESS_SEED=7").stdout
+    assert make_n("bench").returncode == 0 and make_n("run", "K=64").returncode == 0
+
+
 def test_a_resumed_run_keeps_each_setting_that_may_change_unless_it_is_given(tmp_path):
     """LOSS, CHECK, PIN, PCAP, LOG and CLI took this command's value (make's defaults) even when not
     given: a LOSS=0.02 CHECK=0 run resumed with RESUME=<run> alone ran without loss and checked."""
