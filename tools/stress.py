@@ -2,7 +2,7 @@
 contention, until MINUTES are over; every divergence is kept with the one command that replays it.
 
     sudo python -m tools.stress --minutes 30 [--seed S] [--families loopback,embedded] [--out DIR]
-    sudo python -m tools.stress --replay DIR/config.json          # one scenario again
+    sudo python -m tools.stress --replay DIR/config.json [--load N]   # one scenario again
 
 A scenario trains a small model with mindp-worker processes (synthetic gradients, resume files,
 the step digest checked) and the mindp-optimizer node, in namespaces on veths, through
@@ -26,9 +26,10 @@ worker's step digest may have differed (a divergence the digest caught and repai
 
 Each scenario runs in its own process (`--replay`); one that diverges or fails keeps its directory
 (config.json, the agents' logs and stats, a pcap per switch port, verdict.json) and the command
-replaying it is printed; one that cannot run here (BMv2 absent, make run's lock busy) is skipped
-with its reason. Timed faults replay at the same moments, not the same packet order. The
-last line reads `<n> scenarios, <m> divergences`. Exit 0 when there is none.
+replaying it (beside as many busy loops as the loop's --load) is printed; one that cannot run here
+(BMv2 absent, make run's lock busy) is skipped with its reason. Timed faults replay at the same
+moments, not the same packet order. The last line reads `<n> scenarios, <m> divergences`. Exit 0
+when there is none.
 """
 from __future__ import annotations
 
@@ -72,17 +73,30 @@ def run_scenario(cfg: Config, work: pathlib.Path, in_loop: bool = False) -> dict
     return Scenario(cfg, work).run()
 
 
-def replay(config: pathlib.Path, in_place: bool) -> int:
-    """One scenario in config's directory (in_place: the stress loop's fresh one), else in a new
-    replay-<time> directory beside the config; at the configuration's K (this process again
-    with MINDP_K set, as every module takes K at import)."""
-    cfg = Config.load(config)
+@contextlib.contextmanager
+def busy_loops(n: int):
+    """n busy loops beside what runs inside (the loop's --load, or a replay's)."""
+    busy = [subprocess.Popen(BUSY_LOOP) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in busy:
+            p.terminate()
+            p.wait()
+
+
+def replay(cfg: Config, config: pathlib.Path, in_place: bool, load: int = 0) -> int:
+    """cfg's scenario (read from config) in config's directory (in_place: the stress loop's fresh
+    one), else in a new replay-<time> directory beside it, beside `load` busy loops (a failure the
+    loop found under its --load replays under the same); at the configuration's K (this process
+    again with MINDP_K set, as every module takes K at import)."""
     if cfg.family != "makerun" and cfg.k and cfg.k != protocol.K:
         os.execve(sys.executable, [sys.executable, "-m", "tools.stress", *sys.argv[1:]],
                   {**os.environ, protocol.K_ENV: str(cfg.k)})
     work = config.parent if in_place else config.parent / f"replay-{time.strftime('%Y%m%d-%H%M%S')}"
     work.mkdir(parents=True, exist_ok=True)
-    verdict = run_scenario(cfg, work, in_place)
+    with busy_loops(load):
+        verdict = run_scenario(cfg, work, in_place)
     (work / "verdict.json").write_text(json.dumps(verdict, indent=1) + "\n")
     print(f"{cfg.family} seed {cfg.seed}: {verdict['result']}"
           + (f" ({', '.join(verdict['differs'])} differ; digest mismatches {verdict['digest_mismatches']})"
@@ -98,10 +112,9 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
     end = time.monotonic() + minutes * 60
     counts: dict[str, collections.Counter] = {f: collections.Counter() for f in families}
     skips: dict[str, collections.Counter] = {f: collections.Counter() for f in families}
-    busy = [subprocess.Popen(BUSY_LOOP) for _ in range(load)]
     n = diverged = 0
     interrupted = False
-    try:
+    with busy_loops(load):
         while time.monotonic() < end:
             family = families[n % len(families)]
             cfg = random_config(rng, family)
@@ -134,11 +147,7 @@ def stress(minutes: float, seed: int, families: list[str], out: pathlib.Path, lo
                 continue
             diverged += code == DIVERGED
             print(f"{result.upper()}: {family} seed {cfg.seed}: {d}\n  replay: sudo .venv/bin/python -m tools.stress "
-                  f"--replay {d / 'config.json'}", flush=True)
-    finally:
-        for p in busy:
-            p.terminate()
-            p.wait()
+                  f"--replay {d / 'config.json'}" + (f" --load {load}" if load else ""), flush=True)
     for f, c in counts.items():
         print(f"{f}: {sum(c.values()) - c['skipped']} scenarios, {c['exact']} exact, {c['diverged']} diverged, "
               f"{c['failed']} failed" + (f" ({c['skipped']} skipped: " + "; ".join(
@@ -157,33 +166,67 @@ def skip_reason(work: pathlib.Path) -> str:
         return "no reason recorded"
 
 
+#: The loop's options and their defaults: argparse leaves them None when not given, so that a
+#: replay can refuse one given (it would be ignored: the config holds the scenario and its seeds).
+LOOP_DEFAULTS = {"minutes": 10.0, "seed": None, "families": ",".join(DEFAULT_FAMILIES), "out": None}
+
+
+def refuse(why: str) -> int:
+    print(f"stress: {why}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tools.stress", description=__doc__.splitlines()[0])
-    p.add_argument("--minutes", type=float, default=10.0, help="how long to keep starting scenarios")
+    p.add_argument("--minutes", type=float, help="how long to keep starting scenarios (default 10)")
     p.add_argument("--seed", type=int, help="seed of the scenarios' configurations (default: random, printed)")
-    p.add_argument("--families", default=",".join(DEFAULT_FAMILIES), help=f"comma-separated, of {', '.join(FAMILIES)}")
-    p.add_argument("--load", type=integer(0), default=0, help="busy loops beside the whole run")
+    p.add_argument("--families", help=f"comma-separated, of {', '.join(FAMILIES)} (default: all)")
+    p.add_argument("--load", type=integer(0), default=0, help="busy loops beside the whole run, or a replay")
     p.add_argument("--out", help="where failing scenarios are kept (default runs/stress-<time>)")
     p.add_argument("--replay", metavar="CONFIG", help="run the one scenario of this config.json again")
     p.add_argument("--in-place", action="store_true", help=argparse.SUPPRESS)  # the loop's: in config's directory
     args = p.parse_args(argv)
+    if args.in_place and not args.replay:
+        return refuse("--in-place is the loop's own, with --replay")
+    if args.replay:
+        given = [f"--{name}" for name in LOOP_DEFAULTS if getattr(args, name) is not None]
+        if given:
+            return refuse(f"--replay runs one scenario: {'/'.join(given)} do not apply (only --load does)")
+        config = pathlib.Path(args.replay)
+        try:
+            cfg = Config.load(config)
+        except OSError as exc:
+            return refuse(f"cannot read scenario config {config}: {exc.strerror or exc}")
+        except ValueError as exc:  # ConfigError, or the JSON's own
+            return refuse(f"cannot read scenario config {config}: {exc}")
+    else:
+        for name, default in LOOP_DEFAULTS.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+        families = [f for f in args.families.split(",") if f]
+        if not families or any(f not in FAMILIES for f in families):
+            return refuse(f"--families: want some of {', '.join(FAMILIES)}, got {args.families!r}")
+        if not args.minutes > 0:
+            return refuse("--minutes must be > 0")
+        out = pathlib.Path(args.out or f"runs/stress-{time.strftime('%Y%m%d-%H%M%S')}")
+        if out.exists() and not out.is_dir():
+            return refuse(f"--out {out} is not a directory")
+        if out.is_dir() and any(out.iterdir()):
+            return refuse(f"--out {out} is not empty: give a new directory (its scenarios would be mixed with this run's)")
     if os.geteuid() != 0:
-        p.error("must run as root (network namespaces)")
+        print("stress: must run as root (network namespaces)", file=sys.stderr)
+        return 1
     # Names of its own: another stress run, replay or test run never shares a namespace or a veth
     # (the loop's scenarios, one at a time, inherit the loop's).
     os.environ.setdefault(testbed.TAG_ENV, testbed.claim_tag())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # cleans up as Ctrl-C does
     if args.replay:
-        return replay(pathlib.Path(args.replay), args.in_place)
-    families = [f for f in args.families.split(",") if f]
-    if not families or any(f not in FAMILIES for f in families):
-        p.error(f"--families: want some of {', '.join(FAMILIES)}")
-    if not args.minutes > 0:
-        p.error("--minutes must be > 0")
+        return replay(cfg, config, args.in_place, args.load)
+    try:
+        out.mkdir(parents=True, exist_ok=True)  # here, not at the first failing scenario minutes later
+    except OSError as exc:
+        return refuse(f"cannot create --out {out}: {exc.strerror or exc}")
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    out = pathlib.Path(args.out or f"runs/stress-{time.strftime('%Y%m%d-%H%M%S')}")
-    if out.exists() and any(out.iterdir()):
-        p.error(f"--out {out} is not empty: give a new directory (its scenarios would be mixed with this run's)")
     print(f"tools.stress: {args.minutes:g} minutes of {', '.join(families)} scenarios, seed {seed}, "
           f"{args.load} busy loop(s); failing scenarios kept in {out}", flush=True)
     return stress(args.minutes, seed, families, out, args.load)

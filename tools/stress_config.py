@@ -6,7 +6,7 @@ import json
 import pathlib
 import random
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from mindp import protocol
 from p4src import artifacts
@@ -28,6 +28,10 @@ SMALL_GPT = '{"d": 16, "layers": 1, "heads": 2, "ctx": 8}'
 SOCKBUFS = (32 << 10, 64 << 10, 256 << 10)
 #: A scenario that takes longer than this (seconds) is stopped and counted as failed.
 SCENARIO_CAP = 900
+
+
+class ConfigError(ValueError):
+    """A config.json that is not one dump() writes; the message says what is wrong."""
 
 
 @dataclass
@@ -71,8 +75,15 @@ class Config:
 
     @classmethod
     def load(cls, path: pathlib.Path) -> Config:
-        d = json.loads(path.read_text())
-        d["events"] = [Event(**e) for e in d.get("events", [])]
+        """config.json as dump() wrote it (an older one lacks later keys: their defaults); OSError
+        or ValueError (ConfigError, json's) naming what is wrong, before the scenario starts anything."""
+        d = checked(cls, json.loads(path.read_text()), "")
+        if d["family"] not in FAMILIES:
+            raise ConfigError(f"unknown family {d['family']!r} (families: {', '.join(FAMILIES)})")
+        events = d.get("events", [])
+        if not isinstance(events, list):
+            raise ConfigError("events: want a list")
+        d["events"] = [Event(**checked(Event, e, f"event {i}: ")) for i, e in enumerate(events)]
         return cls(**d)
 
     def dump(self, path: pathlib.Path) -> None:
@@ -92,6 +103,30 @@ class Config:
         if self.family in SWITCH_FAMILIES and not artifacts.program(k).exists():
             return f"no compiled program for K = {k} (p4src/compiled/k{k}/: make p4 K={k})"
         return None
+
+
+#: The JSON types of the fields' annotations (an int stands for a float: a hand-written 0).
+JSON_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def checked(cls, d, where: str) -> dict:
+    """d, a JSON object of cls's fields: no unknown key, every field without a default there,
+    each of its annotation's type (a mistyped value would fail only mid-scenario)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where}want a JSON object, got {type(d).__name__}")
+    kinds = {f.name: f.type for f in fields(cls)}
+    unknown = sorted(set(d) - set(kinds))
+    if unknown:
+        raise ConfigError(f"{where}unknown key {unknown[0]!r}")
+    missing = [f.name for f in fields(cls) if f.name not in d and f.default is MISSING
+               and f.default_factory is MISSING]
+    if missing:
+        raise ConfigError(f"{where}no {missing[0]!r}")
+    for name, value in d.items():
+        want = JSON_TYPES.get(kinds[name])
+        if want and (not isinstance(value, want) or isinstance(value, bool) and bool not in want):
+            raise ConfigError(f"{where}{name}: want {kinds[name]}, got {value!r}")
+    return d
 
 
 def random_config(rng: random.Random, family: str) -> Config:
