@@ -32,6 +32,21 @@ def run_dir(name: str, runs: pathlib.Path) -> pathlib.Path:
     raise CompareError(f"{name}: no such run (a directory, or a name under {runs}/)")
 
 
+def run_dirs(names: list[str], runs: pathlib.Path) -> list[pathlib.Path]:
+    """Each named run's directory, each once: a run given twice (latest and its name, say) would
+    draw one line per panel over the other and be counted twice."""
+    given: dict[pathlib.Path, str] = {}  # resolved directory -> the name it was given as
+    dirs = []
+    for name in names:
+        d = run_dir(name, runs)
+        first = given.get(d.resolve())
+        if first is not None:
+            raise CompareError(f"run {d.resolve().name} given twice" + (f" (as {first} and {name})" if first != name else ""))
+        given[d.resolve()] = name
+        dirs.append(d)
+    return dirs
+
+
 def label(d: pathlib.Path) -> str:
     """The run's name (the latest link resolved) and what it ran."""
     name = d.resolve().name
@@ -39,8 +54,12 @@ def label(d: pathlib.Path) -> str:
         s = json.loads((d / "summary.json").read_text())
     except (OSError, ValueError):
         return name
+    if not isinstance(s, dict):
+        raise CompareError(f"{d / 'summary.json'}: not a JSON object")
     what = s.get("model") or "?"
     loss = s.get("loss_rate")
+    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float))):
+        raise CompareError(f"{d / 'summary.json'}: loss_rate {loss!r} is not a number")
     return (f"{name}: {what}, {s.get('target', '?')}, {s.get('workers', '?')} workers"
             + (f", loss {loss:g}" if loss else ""))
 
@@ -118,21 +137,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     runs_root = pathlib.Path(args.runs_dir)
     try:
-        dirs = [run_dir(r, runs_root) for r in args.runs]
+        dirs = run_dirs(args.runs, runs_root)
         loaded = [(label(d), load(d)) for d in dirs]
     except (CompareError, ValueError) as exc:
         print(f"make compare: {exc}", file=sys.stderr)
         return 2
     out = pathlib.Path(args.out) if args.out else runs_root / "compare"
-    out.parent.mkdir(parents=True, exist_ok=True)
     ps = panels(loaded)
     title = f"mindp: {len(dirs)} runs compared"
-    out.with_suffix(".svg").write_text(svgplot.chart(ps, title))
-    made = [str(out.with_suffix(".svg"))]
-    if write_png(out.with_suffix(".png"), ps, title):
-        made.append(str(out.with_suffix(".png")))
-    else:
-        made.append("no PNG: matplotlib is not installed (.venv/bin/pip install matplotlib)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.with_suffix(".svg").write_text(svgplot.chart(ps, title))
+        made = [str(out.with_suffix(".svg"))]
+        if write_png(out.with_suffix(".png"), ps, title):
+            made.append(str(out.with_suffix(".png")))
+        else:
+            made.append("no PNG: matplotlib is not installed (.venv/bin/pip install matplotlib)")
+    except OSError as exc:  # mkdir's FileExistsError: a part of OUT's directory is a file
+        why = "not a directory" if isinstance(exc, FileExistsError) else exc.strerror or exc
+        print(f"make compare: cannot write {out}: {exc.filename or out}: {why}", file=sys.stderr)
+        return 2
     print("make compare: " + "; ".join(made))
     return 0
 
