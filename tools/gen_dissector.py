@@ -131,12 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=pathlib.Path, default=OUT)
     args = ap.parse_args(argv)
     text = render()
-    if args.check:
-        if not args.out.exists() or args.out.read_text() != text:
-            print(f"{args.out} is stale: run python -m tools.gen_dissector", file=sys.stderr)
-            return 1
-        return 0
-    args.out.write_text(text)
+    try:
+        if args.check:
+            if not args.out.exists() or args.out.read_text() != text:
+                print(f"{args.out} is stale: run python -m tools.gen_dissector", file=sys.stderr)
+                return 1
+            return 0
+        args.out.write_text(text)
+    except OSError as exc:  # an --out in a missing directory, or a directory itself
+        print(f"gen_dissector: cannot {'read' if args.check else 'write'} {args.out}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     return 0
 
 

@@ -88,3 +88,12 @@ def test_make_wireshark_installs_the_plugin_tshark_loads_by_itself(tmp_path):
                           "mindp.job", "-e", "mindp.step"], capture_output=True, text=True,
                          env={"HOME": str(home), "PATH": "/usr/bin:/bin"})
     assert out.stdout.split() == ["3", "3", "9"], out.stderr
+
+
+def test_an_out_that_cannot_be_written_or_read_is_refused_in_one_line(tmp_path, capsys):
+    missing = tmp_path / "nonexistent" / "x.lua"
+    assert gen_dissector.main(["--out", str(missing)]) == 2
+    assert gen_dissector.main(["--check", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"gen_dissector: cannot write {missing}: No such file or directory",
+        f"gen_dissector: cannot read {tmp_path}: Is a directory"]
