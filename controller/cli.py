@@ -28,7 +28,7 @@ from mindp.topology import JobSpec, Topology, TopologyError  # noqa: E402
 
 from . import p4info_names as n  # noqa: E402
 from . import digests, stats as statsmodel  # noqa: E402
-from .cliargs import election_id, positive_float, positive_int, worker_map  # noqa: E402
+from .cliargs import device_id, election_id, host_port, positive_float, positive_int, worker_map  # noqa: E402
 from .controller import Controller, ControllerError  # noqa: E402
 from .jobs import AttachedHost, JobError, JobState  # noqa: E402
 from .p4runtime import (DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection,  # noqa: E402
@@ -86,6 +86,7 @@ class Parser(argparse.ArgumentParser):
 
 
 DEFAULT_ELECTION_ID = (0, 1)
+DEFAULT_THRIFT_PORT = 9090  # BMv2's (and the embedded switch's) when the topology names none
 
 
 def add_global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
@@ -98,7 +99,8 @@ def add_global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
                    help=f"switch P4Runtime address (default: the topology's switch, else {DEFAULT_GRPC_ADDR})")
     p.add_argument("--switch", "-s", metavar="NAME", default=d(None),
                    help="one switch of a tree topology (push, jobs create/delete and topo work on all of them)")
-    p.add_argument("--device-id", type=int, default=d(None), help="P4Runtime device id (default: the topology's, else 0)")
+    p.add_argument("--device-id", type=device_id, default=d(None),
+                   help="P4Runtime device id (default: the topology's, else 0)")
     p.add_argument("--election-id", type=election_id, default=d(None), metavar="HIGH,LOW",
                    help="election id of this controller (default 0,1; the shell picks a read-only session "
                    "when another controller is primary)")
@@ -179,10 +181,11 @@ def parser() -> argparse.ArgumentParser:
                 "switch's Thrift runtime port (BMv2's --thrift-port, or the embedded switch's), as simple_switch_CLI does.")
     s.add_argument("job_id", type=int)
     s.add_argument("slot", type=int, nargs="?", help="one slot of the job (both versions); default: all its cells")
-    s.add_argument("--thrift-addr", default="127.0.0.1:9090", metavar="HOST:PORT",
-                   help="the switch's Thrift runtime address (default 127.0.0.1:9090)")
+    s.add_argument("--thrift-addr", type=host_port, metavar="HOST:PORT",
+                   help="the switch's Thrift runtime address (default: the topology's thrift_port of the switch, "
+                   f"else {DEFAULT_THRIFT_PORT}, on its gRPC host)")
     s.add_argument("--all", action="store_true", help="also cells that hold no use of the job's current epoch")
-    s.add_argument("--elements", type=positive_int, default=4, help="sums shown per cell in text (default 4)")
+    s.add_argument("--elements", type=positive_int, help="sums shown per cell in text (default 4; --json has all)")
     command(sub, "topo", help="the tree: switches, ports, links, each switch's jobs and counters, per level",
             description="The topology's switches as a tree (each under its parent), their host ports, the "
             "jobs each switch holds with its role (root: sums to the optimizer node or shards; leaf: partial "
@@ -249,6 +252,47 @@ def read_only(args) -> bool:
     """Commands that only read need no P4Runtime session, so they never disturb the primary
     (e.g. `stats --watch` next to the controller of `make run`)."""
     return args.cmd in ("slots", "stats", "tables", "cells", "topo") or (args.cmd == "jobs" and args.sub in ("list", "show"))
+
+
+def check_usage(args, topo: Topology | None) -> None:
+    """Refuse, before connecting, what is wrong whatever the switch holds (a wait for the switch,
+    or gRPC aborting on half a TLS key pair, would come first), and keep what a command takes from
+    its arguments alone: args.spec, args.place, args.table, args.thrift_addr."""
+    if bool(args.cert) != bool(args.key):
+        raise UsageError("--cert and --key go together (client TLS needs both)")
+    if args.switch and (args.grpc_addr or args.device_id is not None):
+        raise UsageError("give --switch or --grpc-addr/--device-id, not both")
+    if args.election_id is not None and read_only(args):
+        what = f"jobs {args.sub}" if args.cmd == "jobs" else args.cmd
+        raise UsageError(f"--election-id does not apply: {what} only reads (no session, so no election)")
+    if args.cmd == "shell" and args.json:
+        raise UsageError("--json does not apply to shell (p4runtime-shell prints its own output)")
+    if args.cmd == "shell" and args.bmv2_json:
+        raise UsageError("--bmv2-json does not apply to shell (the shell pushes nothing)")
+    if args.cmd == "topo" and topo is None:
+        raise UsageError("topo needs --topology (the switches, hosts and links to show)")
+    if args.cmd == "jobs" and args.sub == "create":
+        if topo is None:
+            raise UsageError("jobs create needs --topology (host addresses and ports)")
+        args.spec = job_spec(args, topo)
+    if args.cmd == "workers" and args.sub != "remove":
+        args.place = worker_place(args, topo)
+    if args.cmd == "tables" and args.table:
+        args.table = resolve_table(args.table)
+    if args.cmd == "cells":
+        if args.json and args.elements is not None:
+            raise UsageError("--elements is for cells' text: --json gives every sum")
+        args.thrift_addr = args.thrift_addr or thrift_addr(args, topo)
+
+
+def thrift_addr(args, topo: Topology | None) -> tuple[str, int]:
+    """cells' Thrift address without --thrift-addr: the switch's gRPC host, at the topology's
+    thrift_port for that switch (unless --grpc-addr names another), else 9090."""
+    spec = one_switch(args, topo)
+    grpc = args.grpc_addr or (spec.grpc_addr if spec else DEFAULT_GRPC_ADDR)
+    host, colon, _ = grpc.rpartition(":")
+    own = spec is not None and args.grpc_addr is None and spec.thrift_port is not None
+    return host if colon else grpc, spec.thrift_port if own else DEFAULT_THRIFT_PORT
 
 
 def cmd_push(args, ctl: Controller, topo) -> None:
@@ -338,9 +382,7 @@ def cmd_jobs(args, ctl: Controller, topo) -> None:
         job = ctl.job(args.job_id)
         emit(args, job.to_dict(), job_detail(job))
     elif args.sub == "create":
-        if topo is None:
-            raise UsageError("jobs create needs --topology (host addresses and ports)")
-        job = ctl.create_job(job_spec(args, topo), topo)
+        job = ctl.create_job(args.spec, topo)
         emit(args, job.to_dict(), f"created {job_detail(job)}")
     elif args.sub == "delete":
         gone = ctl.delete_job(args.job_id)
@@ -356,21 +398,24 @@ def cmd_workers(args, ctl: Controller, topo) -> None:
         job = ctl.remove_worker(args.job_id, args.worker)
         emit(args, job.to_dict(), f"removed worker {args.worker}; job {job.job_id} has {len(job.workers)} workers")
         return
-    if args.host and (args.port or args.mac or args.ip):
+    fn = ctl.add_worker if args.sub == "add" else ctl.replace_worker
+    job = fn(args.job_id, args.worker, args.place, topo)
+    e = job.workers[args.worker]
+    emit(args, job.to_dict(), f"worker {args.worker} of job {job.job_id} {'added' if args.sub == 'add' else 'now'} "
+         f"at {e.label()} (port {e.port}); job has {len(job.workers)} workers")
+
+
+def worker_place(args, topo: Topology | None) -> str | AttachedHost:
+    """Where workers add/replace puts the worker: a host of the topology, or --port/--mac/--ip."""
+    if args.host and any(v is not None for v in (args.port, args.mac, args.ip)):
         raise UsageError("give a host name or --port/--mac/--ip, not both")
     if args.host:
         if topo is None:
             raise UsageError("a host name needs --topology")
-        where = args.host
-    elif args.port is not None and args.mac and args.ip:
-        where = AttachedHost(args.port, args.mac.lower(), args.ip)
-    else:
-        raise UsageError(f"workers {args.sub} needs a host name or all of --port, --mac and --ip")
-    fn = ctl.add_worker if args.sub == "add" else ctl.replace_worker
-    job = fn(args.job_id, args.worker, where, topo)
-    e = job.workers[args.worker]
-    emit(args, job.to_dict(), f"worker {args.worker} of job {job.job_id} {'added' if args.sub == 'add' else 'now'} "
-         f"at {e.label()} (port {e.port}); job has {len(job.workers)} workers")
+        return args.host
+    if args.port is not None and args.mac and args.ip:
+        return AttachedHost(args.port, args.mac.lower(), args.ip)
+    raise UsageError(f"workers {args.sub} needs a host name or all of --port, --mac and --ip")
 
 
 def cmd_slots(args, ctl: Controller, topo) -> None:
@@ -436,7 +481,7 @@ def resolve_table(name: str) -> str:
 
 def cmd_tables(args, ctl: Controller, topo) -> None:
     ctl.conn.check_pipeline()
-    which = resolve_table(args.table) if args.table else None
+    which = args.table  # resolved by check_usage
     entries = ctl.conn.read_entries(which)
     groups = None if which else ctl._read_groups()
     if args.json:
@@ -536,23 +581,21 @@ def cmd_cells(args, ctl: Controller, topo) -> None:
     job = ctl.job(args.job_id)
     if args.slot is not None and not 0 <= args.slot < job.slot_count:
         raise UsageError(f"slot {args.slot} outside job {job.job_id}'s slots 0..{job.slot_count - 1}")
-    host, _, port = args.thrift_addr.rpartition(":")
+    host, port = args.thrift_addr
     try:
-        client = ThriftClient(host or "127.0.0.1", int(port), timeout=args.timeout or default_timeout())
-    except ValueError:
-        raise UsageError(f"bad --thrift-addr {args.thrift_addr!r}: expected HOST:PORT") from None
+        client = ThriftClient(host, port, timeout=args.timeout or default_timeout())
     except ThriftError as exc:
-        raise ControllerError(f"Thrift at {args.thrift_addr}: {exc}") from None
+        raise ControllerError(f"Thrift at {host}:{port}: {exc}") from None
     try:
         decoded, prog = cells.read_job_cells(client, job, args.slot)
     except ThriftError as exc:
-        raise ControllerError(f"Thrift at {args.thrift_addr}: {exc}") from None
+        raise ControllerError(f"Thrift at {host}:{port}: {exc}") from None
     finally:
         client.close()
     shown = decoded if args.all or args.slot is not None else [c for c in decoded if c.mine]
     emit(args, {"job_id": job.job_id, "epoch": job.epoch, "workers": sorted(job.workers),
                 "newest_step": prog.newest_step, "cells": [c.to_dict() for c in shown]},
-         cells.text(job, decoded, prog, args.all or args.slot is not None, args.elements))
+         cells.text(job, decoded, prog, args.all or args.slot is not None, args.elements or 4))
 
 
 def cmd_tree(args, tctl, topo: Topology) -> None:
@@ -569,7 +612,7 @@ def cmd_tree(args, tctl, topo: Topology) -> None:
                          f"forwarding for {len(topo.hosts)} hosts ({writes[name]} writes)" for name in pushed)
         emit(args, {"switches": {n_: {"pushed": pushed[n_], "forwarding_writes": writes[n_]} for n_ in pushed}}, text)
     elif args.sub == "create":
-        parts = tctl.create_job(job_spec(args, topo))
+        parts = tctl.create_job(args.spec)
         text = "\n".join(f"{name}: created {job_detail(job)}" for name, job in parts.items())
         emit(args, {name: job.to_dict() for name, job in parts.items()}, text)
     else:
@@ -580,12 +623,10 @@ def cmd_tree(args, tctl, topo: Topology) -> None:
         emit(args, {name: {"deleted": d.job.to_dict(), "missing": d.missing} for name, d in gone.items()}, text)
 
 
-def cmd_topo_single(args, ctl: Controller, topo: Topology | None) -> None:
+def cmd_topo_single(args, ctl: Controller, topo: Topology) -> None:
     """topo on a single switch: the same view, one switch."""
     from . import tree
 
-    if topo is None:
-        raise UsageError("topo needs --topology (the switches, hosts and links to show)")
     rebuilt = ctl.reconcile()
     snap = ctl.stats()
     data = tree.view(topo, {ctl.switch: dict(ctl.jobs)}, {ctl.switch: {j: c.values() for j, c in snap.jobs.items()}},
@@ -626,6 +667,7 @@ def _run(args: argparse.Namespace) -> int:
     ctl = None
     try:
         topo = load_topology(args)
+        check_usage(args, topo)
         if args.cmd == "shell":
             cmd_shell(args, topo)
             return 0

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+U64_MAX = (1 << 64) - 1  # P4Runtime's device id and each half of an election id are uint64
+MAX_SECONDS = 86400.0  # a day: far above it a gRPC deadline expires at once and time.sleep overflows
+
 
 def election_id(text: str) -> tuple[int, int]:
     try:
@@ -14,7 +17,31 @@ def election_id(text: str) -> tuple[int, int]:
         parts = [0, parts[0]]
     if len(parts) != 2 or min(parts) < 0 or parts == [0, 0]:
         raise argparse.ArgumentTypeError(f"bad election id {text!r}: expected HIGH,LOW (not 0,0)")
+    if max(parts) > U64_MAX:
+        raise argparse.ArgumentTypeError(f"bad election id {text!r}: HIGH and LOW must be 0..{U64_MAX}")
     return parts[0], parts[1]
+
+
+def device_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, not {text!r}") from None
+    if not 0 <= value <= U64_MAX:
+        raise argparse.ArgumentTypeError(f"must be 0..{U64_MAX}, not {text}")
+    return value
+
+
+def host_port(text: str) -> tuple[str, int]:
+    """'HOST:PORT' (HOST default 127.0.0.1) -> (host, port)."""
+    host, _, port = text.rpartition(":")
+    try:
+        value = int(port)
+    except ValueError:
+        value = 0
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"bad address {text!r}: expected HOST:PORT, PORT 1..65535")
+    return host or "127.0.0.1", value
 
 
 def worker_map(text: str) -> dict[int, str]:
@@ -44,18 +71,19 @@ def worker_map(text: str) -> dict[int, str]:
     return out
 
 
-def _positive(text: str, kind: type, expected: str, must: str) -> float:
+def _positive(text: str, kind: type, expected: str, must: str, most: float = float("inf")) -> float:
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {expected}, not {text!r}") from None
-    if not 0 < value < float("inf"):
+    if not 0 < value <= most:  # NaN too
         raise argparse.ArgumentTypeError(f"must be {must}, not {text}")
     return value
 
 
 def positive_float(text: str) -> float:
-    return _positive(text, float, "a number of seconds", "a positive number of seconds")
+    return _positive(text, float, "a number of seconds", f"a positive number of seconds, at most {MAX_SECONDS:g}",
+                     MAX_SECONDS)
 
 
 def positive_int(text: str) -> int:

@@ -140,6 +140,9 @@ def test_mindp_ctl_topo_and_tree_commands(tree, tmp_path, capsys):
     assert code == 1 and "3 switches (spine, leaf1, leaf2): give --switch NAME" in err and len(err.splitlines()) == 1
     code, out, err = run_cli(capsys, *t, "--switch", "leaf2", "--json", "jobs", "show", "1")
     assert code == 0 and json.loads(out)["uplink"]["port"] == 3 and json.loads(out)["child_id"] == 1, err
+    # cells reads the named switch over its own Thrift port (the topology's thrift_port, not 9090).
+    code, out, err = run_cli(capsys, *t, "--switch", "leaf2", "--json", "cells", "1", "--all")
+    assert code == 0 and json.loads(out)["workers"] == [2, 3] and len(json.loads(out)["cells"]) == 2 * 64, err
     code, out, err = run_cli(capsys, *t, "--switch", "leaf9", "stats")
     assert code == 1 and "unknown switch 'leaf9'" in err
     # A switch that is down is shown so; the rest is read.
