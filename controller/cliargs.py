@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from .p4runtime import MAX_SECONDS
+
 U64_MAX = (1 << 64) - 1  # P4Runtime's device id and each half of an election id are uint64
-MAX_SECONDS = 86400.0  # a day: far above it a gRPC deadline expires at once and time.sleep overflows
 
 
 def election_id(text: str) -> tuple[int, int]:

@@ -39,6 +39,7 @@ DEFAULT_GRPC_ADDR = "127.0.0.1:9559"
 #: Overrides the 3 s a session waits for the switch (connect, arbitration) when no timeout is
 #: given: a person at a terminal wants 3 s; a test suite on a loaded machine sets a hang guard.
 TIMEOUT_ENV = "MINDP_CTL_TIMEOUT"
+MAX_SECONDS = 86400.0  # a day: far above it a gRPC deadline expires at once and time.sleep overflows
 
 
 class SwitchError(RuntimeError):
@@ -58,8 +59,8 @@ def default_timeout() -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not 0 < value < math.inf:
-        raise SwitchError(f"{TIMEOUT_ENV} must be a positive number of seconds, not {text!r}")
+    if not 0 < value <= MAX_SECONDS:
+        raise SwitchError(f"{TIMEOUT_ENV} must be a positive number of seconds, at most {MAX_SECONDS:g}, not {text!r}")
     return value
 
 

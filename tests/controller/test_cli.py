@@ -178,8 +178,13 @@ def test_unreachable_switch_and_usage(tmp_path, topo):
 
 
 @pytest.mark.parametrize("value, message", [("0.3", "no gRPC server answered within 0.3 s"),
-                                            ("soon", "MINDP_CTL_TIMEOUT must be a positive number of seconds, not 'soon'"),
-                                            ("-2", "MINDP_CTL_TIMEOUT must be a positive number of seconds, not '-2'")])
+                                            ("soon", "MINDP_CTL_TIMEOUT must be a positive number of seconds, at "
+                                                     "most 86400, not 'soon'"),
+                                            ("-2", "MINDP_CTL_TIMEOUT must be a positive number of seconds, at most "
+                                                   "86400, not '-2'"),
+                                            # gRPC's deadline then lay in the past: 'no server answered' at once
+                                            ("1e10", "MINDP_CTL_TIMEOUT must be a positive number of seconds, at "
+                                                     "most 86400, not '1e10'")])
 def test_the_default_timeout_comes_from_the_environment(tmp_path, topo, value, message):
     """$MINDP_CTL_TIMEOUT replaces the 3 s default (this suite sets a hang guard there); a bad one is one line."""
     path = tmp_path / "topo.json"
