@@ -15,6 +15,8 @@ import os
 import signal
 import sys
 
+from mindp.switch_constants import MAX_PORT
+
 DEFAULT_GRPC = "127.0.0.1:9559"
 DEFAULT_THRIFT = 9090  # as BMv2
 # receive coalescing (dataplane.RxCoalesce), off by default: it trades latency for fewer wake-ups,
@@ -23,6 +25,10 @@ DEFAULT_THRIFT = 9090  # as BMv2
 # steps/s moved from -20% to +50% round to round on the loaded 2-core host: no win shown, so off
 RX_USECS = 0
 RX_FRAMES = 1
+# v1model's ports are 9 bits: 0..511, the last BMv2's default drop port (mindp's hosts take ports up to
+# MAX_PORT, just below it)
+LAST_PORT = MAX_PORT + 1
+FAULTS = ("drop_prob", "dup_prob", "reorder_prob")
 # BMv2's -L values (and two Python spellings); debug and trace turn on the per-packet lines that
 # the engine logs on "softswitch.trace", as BMv2 logs them at debug
 LEVELS = {"off": None, "critical": logging.CRITICAL, "error": logging.ERROR, "warn": logging.WARNING,
@@ -40,8 +46,10 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_port(spec: str) -> tuple[int, str]:
     num, sep, iface = spec.partition("@")
-    if not sep or not num.isdigit() or not iface:
+    if not sep or not num.isdecimal() or not iface:
         raise SwitchUsageError(f"bad interface {spec!r}: expected PORT@IFACE, e.g. 1@veth1")
+    if int(num) > LAST_PORT:
+        raise SwitchUsageError(f"bad interface {spec!r}: port {int(num)} is not within 0..{LAST_PORT} (9 bits)")
     return int(num), iface
 
 
@@ -68,11 +76,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "until US microseconds have passed (fewer, larger batches; e.g. 100; default %(default)s: off)")
     p.add_argument("--rx-frames", type=int, metavar="N", help="with --rx-usecs: the frames a serve takes to hold "
                    f"the next one back (default {RX_FRAMES})")
-    p.add_argument("--drop-prob", type=float, default=0.0)
-    p.add_argument("--dup-prob", type=float, default=0.0)
-    p.add_argument("--reorder-prob", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--drop-port", type=int, default=511)
+    for name in FAULTS:
+        p.add_argument(f"--{name.replace('_', '-')}", type=float, metavar="P", help="default 0")
+    p.add_argument("--seed", type=int, help="the fault injection's random numbers (default 0)")
+    p.add_argument("--drop-port", type=int, metavar="N", help=f"default {LAST_PORT}; or after --, as BMv2's")
     p.add_argument("--pipeline", choices=("compiled", "python"), default=None,
                    help="compiled: batches run as native code built from the JSON (the default; "
                         "MINDP_SOFTSWITCH_PIPELINE sets it too); python: the generated Python pipeline only")
@@ -101,9 +108,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.grpc_server_addr = targs.grpc_server_addr
     if args.thrift_port is not None and not 0 < args.thrift_port < 65536:
         raise SwitchUsageError(f"--thrift-port {args.thrift_port}: not a TCP port")
+    if args.device_id not in range(2**64):
+        raise SwitchUsageError(f"--device-id {args.device_id}: must be within 0..2^64-1 (P4Runtime's uint64)")
+    if args.drop_port is not None and targs.drop_port is not None:
+        raise SwitchUsageError("--drop-port given before and after --: give it once")
+    args.drop_port = next((n for n in (args.drop_port, targs.drop_port) if n is not None), LAST_PORT)
     args.cpu_port = targs.cpu_port
-    if targs.drop_port is not None:
-        args.drop_port = targs.drop_port
+    for name, num in (("--drop-port", args.drop_port), ("--cpu-port", args.cpu_port)):
+        if num is not None and num not in range(LAST_PORT + 1):
+            raise SwitchUsageError(f"{name} {num}: not within 0..{LAST_PORT} (v1model's ports are 9 bits)")
+    if args.cpu_port == 0:  # BMv2 exits on it: 0 is its "no CPU port"
+        raise SwitchUsageError(f"--cpu-port 0: BMv2 reads 0 as no CPU port; give 1..{LAST_PORT}")
+    if args.cpu_port == args.drop_port:
+        raise SwitchUsageError(f"--cpu-port {args.cpu_port} is the drop port (give --drop-port another)")
     if args.json and args.no_p4:
         raise SwitchUsageError("give a JSON program or --no-p4, not both")
     if not args.json and not args.no_p4:
@@ -113,8 +130,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         num, iface = parse_port(spec)
         if num in ports:
             raise SwitchUsageError(f"port {num} given twice")
+        if iface in ports.values():  # two ports on one link: each frame received twice
+            raise SwitchUsageError(f"interface {iface} given twice")
         if num == args.drop_port:
             raise SwitchUsageError(f"port {num} is the drop port")
+        if num == args.cpu_port:  # as BMv2: the CPU port is the controller's (packet-in/out), no interface
+            raise SwitchUsageError(f"port {num} is the CPU port")
         ports[num] = iface
     args.ports = ports
     if args.rx_usecs < 0:
@@ -131,10 +152,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             default_pipeline()
         except ValueError as exc:
             raise SwitchUsageError(str(exc)) from None
-    for name in ("drop_prob", "dup_prob", "reorder_prob"):
-        v = getattr(args, name)
+    # An explicit 0 counts as given (tools/soak.py passes --dup-prob 0.0 --reorder-prob 0.0 --seed S)
+    if args.seed is not None and all(getattr(args, name) is None for name in FAULTS):
+        raise SwitchUsageError("--seed seeds the fault injection: give it with --drop-prob, --dup-prob or "
+                               "--reorder-prob")
+    args.seed = args.seed or 0
+    for name in FAULTS:
+        v = getattr(args, name) or 0.0
         if not 0.0 <= v <= 1.0:
             raise SwitchUsageError(f"--{name.replace('_', '-')} must be within [0, 1]")
+        setattr(args, name, v)
     return args
 
 
