@@ -1,6 +1,7 @@
 """Host-agent figures, side by side in one run.
 
-    python bench/agents.py [--chunks N] [--elements N] [--ooc-elements N] [--budget BYTES]
+    python bench/agents.py [--only send|ram|ooc ...] [--chunks N] [--elements N ...] [--batch N]
+        [--ooc-elements N] [--page-chunks C] [--dir D]
 
 1. Worker send rate (packets/s, encode included) against a bare raw-socket send
    loop of the same frames on the same veth (ratio), and against the worker sending
@@ -36,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from bench.ooc import dir_error  # noqa: E402
 from host_agent import (fused, kernelpick, node_core, node_socket, optim, probe, rawsock, residency, state,  # noqa: E402
                         udpgso)
 from host_agent.agent_args import integer  # noqa: E402
@@ -47,6 +49,9 @@ from mindp.protocol import K, Kind  # noqa: E402
 from mindp.harness.testbed import quiet_veths, sh  # noqa: E402
 
 VETH = ("ha-bench0", "ha-bench1")
+#: The figure each option sizes (or, --dir, measures): one given for a figure --only leaves out is refused
+FIGURE_OF = {"chunks": "send", "elements": "ram", "batch": "ram", "ooc_elements": "ooc", "page_chunks": "ooc",
+             "dir": "ooc"}
 
 
 # --- 1. worker send rate ------------------------------------------------------------
@@ -279,21 +284,36 @@ def disk_bandwidth(tmp: pathlib.Path, nbytes: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--chunks", type=integer(1), default=100_000, help="chunks per step for the send-rate figure")
-    ap.add_argument("--elements", type=integer(K), nargs="+", default=[4_000_000, 8_000_000, 32_000_000],
+    # Sizes default to None here, so that one given for a figure --only leaves out can be told apart
+    defaults = {"chunks": 100_000, "elements": [4_000_000, 8_000_000, 32_000_000], "ooc_elements": 4_000_000,
+                "batch": node_socket.RECV_ROWS, "page_chunks": state.page_chunks_for(1 << 16)}
+    ap.add_argument("--chunks", type=integer(1), help="chunks per step for the send-rate figure (default 100,000)")
+    ap.add_argument("--elements", type=integer(K), nargs="+",
                     help="model sizes for the in-RAM figures (default: one whose torch state half fits this "
                          "machine's 32 MiB L3, twice that, and one 8x larger)")
-    ap.add_argument("--ooc-elements", type=integer(K), default=4_000_000, help="model size for the out-of-core figure")
-    ap.add_argument("--batch", type=integer(1), default=node_socket.RECV_ROWS,
-                    help="sums per NodeCore.handle call in RAM (at most the node's receive batch, "
+    ap.add_argument("--ooc-elements", type=integer(K), help="model size for the out-of-core figure (default 4,000,000)")
+    ap.add_argument("--batch", type=integer(1),
+                    help="sums per NodeCore.handle call in RAM (default and at most the node's receive batch, "
                          "node_socket.RECV_ROWS)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
-    ap.add_argument("--page-chunks", type=integer(1), default=state.page_chunks_for(1 << 16),
+    ap.add_argument("--page-chunks", type=integer(1),
                     help="pager page size in chunks (out of core; default: 64Ki elements a page)")
     ap.add_argument("--only", choices=("send", "ram", "ooc"), action="append",
                     help="run only these figures (repeatable; default all); 'ram' needs neither root nor veths")
     args = ap.parse_args()
     only = set(args.only or ("send", "ram", "ooc"))
+    left_out = [f"--{name.replace('_', '-')} ({fig})" for name, fig in FIGURE_OF.items()
+                if getattr(args, name) is not None and fig not in only]
+    if left_out:
+        print(f"bench/agents.py: {', '.join(left_out)}: for figures --only leaves out (it runs "
+              f"{', '.join(sorted(only))})", file=sys.stderr)
+        return 2
+    if error := dir_error(args.dir):
+        print(f"bench/agents.py: {error}", file=sys.stderr)
+        return 2
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if os.geteuid() != 0 and only & {"send", "ooc"}:
         print("bench/agents.py: needs root (raw sockets, veths)", file=sys.stderr)
         return 2

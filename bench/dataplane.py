@@ -65,11 +65,16 @@ def measure(target: str, k: int, program: tuple[str, str], packets: int, window:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="auto", choices=targets.TARGETS)
-    ap.add_argument("--k", type=integer(8, MAX_K), nargs="+", default=list(artifacts.COMMITTED_K))
+    ap.add_argument("--k", type=integer(8, MAX_K), nargs="+",
+                    help=f"default: the committed programs' ({' '.join(map(str, artifacts.COMMITTED_K))})")
     ap.add_argument("--packets", type=integer(2), default=6000)
     ap.add_argument("--window", type=integer(2), default=48, help="frames in flight (BMv2 queues hold 64)")
     ap.add_argument("--row", action="store_true", help="one K, this process's: its row only")
     args = ap.parse_args()
+    if args.row and args.k not in (None, [K]):  # a row runs at its process's K: the parent sets K_ENV for each --k
+        print(f"bench/dataplane.py: --row measures this process's K, {K} ({K_ENV}), not --k "
+              f"{' '.join(map(str, args.k))} (without --row, each --k runs at its own K)", file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("bench/dataplane.py needs root (network namespaces)")
         return 1
@@ -78,7 +83,7 @@ def main() -> int:
               f"{args.packets} packets per figure")
         print(f"{'K':>4} {'forward pps':>12} {'aggregate pps':>14} {'agg/fwd':>8} {'elements/s':>12}  switch",
               flush=True)
-        for k in args.k:
+        for k in args.k or artifacts.COMMITTED_K:
             try:
                 targets.resolve(args.target, k)
             except targets.TargetError as exc:

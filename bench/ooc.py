@@ -45,6 +45,27 @@ from mindp.protocol import K  # noqa: E402
 
 BUDGETS = (2, 10, 50)
 SLOTS = 64
+SCALE_ENV = "MINDP_BENCH_SCALE"  # make bench's switch for the scale run; read here only
+SCALE_PARAMS, SCALE_BUDGET = 1_000_000_000, "1G"
+
+
+def scale_from_env() -> bool:
+    """MINDP_BENCH_SCALE: 1 (or unset, or empty) runs the scale run, 0 leaves it out; anything else
+    is refused ('false' and 'no' ran it)."""
+    value = os.environ.get(SCALE_ENV) or "1"
+    if value not in ("0", "1"):
+        raise ValueError(f"{SCALE_ENV} must be 0 or 1, not {value!r}")
+    return value == "1"
+
+
+def dir_error(path: str | None) -> str | None:
+    """Why --dir cannot take the bench's temporary directory (None: it can), to say before any work
+    (tempfile.mkdtemp's own error is a traceback); bench/agents.py's --dir too."""
+    if path is None:
+        return None
+    if not os.path.isdir(path):
+        return f"--dir {path}: {'not a directory' if os.path.exists(path) else 'no such directory'}"
+    return None if os.access(path, os.W_OK | os.X_OK) else f"--dir {path}: not writable"
 
 
 def measure(tmp: pathlib.Path, elements: int, budget: int, page_chunks: int, steps: int = 3,
@@ -117,6 +138,11 @@ def budgets(tmp: pathlib.Path, elements: int, page_chunks: int, steps: int = 8, 
               f"{moved / seq:.2f}x disk seq read+write (peak {peaks[div]} pages)", flush=True)
 
 
+def usage_error(why: str) -> int:
+    print(f"bench/ooc.py: {why}", file=sys.stderr)
+    return 2
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--elements", type=integer(K), default=16_000_000, help="model size for the budget figures")
@@ -124,20 +150,31 @@ def main() -> int:
                     help="chunks per page (default: 64Ki elements, 768 KiB of AdamW records, at any K)")
     ap.add_argument("--dir", default=None, help="directory on the disk to measure (default: a temp dir in /var/tmp)")
     ap.add_argument("--scale", action=argparse.BooleanOptionalAction,
-                    default=os.environ.get("MINDP_BENCH_SCALE") != "0",
-                    help="the 1-billion-parameter run (minutes; needs 2 x 12 GB free; default on unless "
-                         "MINDP_BENCH_SCALE=0)")
-    ap.add_argument("--params", type=integer(K), default=1_000_000_000, help="parameters of the scale run")
-    ap.add_argument("--budget", type=parse_size, default=parse_size("1G"), help="RAM budget of the scale run")
+                    help=f"the 1-billion-parameter run (minutes; needs 2 x 12 GB free; default on unless "
+                         f"{SCALE_ENV}=0)")
+    ap.add_argument("--params", type=integer(K), help=f"parameters of the scale run (default {SCALE_PARAMS:,})")
+    ap.add_argument("--budget", type=parse_size, help=f"RAM budget of the scale run (default {SCALE_BUDGET})")
     args = ap.parse_args()
+    try:  # refused under --[no-]scale too: it is set for all of make bench's scripts
+        env_scale = scale_from_env()
+    except ValueError as exc:
+        return usage_error(str(exc))
+    scale = env_scale if args.scale is None else args.scale
+    sizes = [name for name, v in (("--params", args.params), ("--budget", args.budget)) if v is not None]
+    if sizes and not scale:
+        off = "--no-scale" if args.scale is False else f"{SCALE_ENV}=0"
+        return usage_error(f"{' and '.join(sizes)}: for the scale run, which {off} leaves out")
+    args.params = SCALE_PARAMS if args.params is None else args.params
+    args.budget = parse_size(SCALE_BUDGET) if args.budget is None else args.budget
+    if error := dir_error(args.dir):
+        return usage_error(error)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="mindp-ooc-", dir=args.dir or "/var/tmp"))
     try:
         budgets(tmp, args.elements, args.page_chunks)
-        if args.scale:
+        if scale:
             synthetic.bench(tmp, args.params, args.budget)
     except (ConfigError, residency.PlanError) as exc:  # sizes the state cannot take
-        print(f"bench/ooc.py: {exc}", file=sys.stderr)
-        return 2
+        return usage_error(str(exc))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return 0

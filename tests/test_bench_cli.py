@@ -394,3 +394,96 @@ def test_torch_gpt_scans_proc_for_the_run_s_processes_once(monkeypatch, tmp_path
         sampler.join()
     assert [s for s, _ in sampler.snaps] == [1, 2, 3, 4] and scans == [7]
     assert all(set(snap) == {11, 12} for _, snap in sampler.snaps)
+
+
+class WorkStarted(Exception):
+    """A bench went past its checks to its measurements."""
+
+
+def started(*_, **__):
+    raise WorkStarted
+
+
+def bench_main(bench, monkeypatch, *args: str):
+    """bench.main() with these arguments, its measurements replaced by a raise of WorkStarted."""
+    for name in ("budgets", "send_rates", "memory_bandwidth", "node_rate", "disk_bandwidth", "program_for",
+                 "measure"):
+        if hasattr(bench, name):
+            monkeypatch.setattr(bench, name, started)
+    if hasattr(bench, "synthetic"):
+        monkeypatch.setattr(bench.synthetic, "bench", started)
+    monkeypatch.setattr(sys, "argv", [f"{bench.__name__.removeprefix('bench_')}.py", *args])
+    return bench.main()
+
+
+@pytest.mark.parametrize("value", ["false", "no", "2", "yes"])
+def test_ooc_takes_0_or_1_for_mindp_bench_scale(value, monkeypatch, capsys):
+    """'false' and 'no' ran the 1-billion-parameter scale run: only '0' left it out."""
+    bench = load("ooc", monkeypatch)
+    monkeypatch.setenv("MINDP_BENCH_SCALE", value)
+    assert bench_main(bench, monkeypatch, "--no-scale") == 2
+    assert capsys.readouterr().err == f"bench/ooc.py: MINDP_BENCH_SCALE must be 0 or 1, not {value!r}\n"
+    for good, scale in (("0", False), ("1", True), ("", True)):
+        monkeypatch.setenv("MINDP_BENCH_SCALE", good)
+        assert bench.scale_from_env() is scale
+    monkeypatch.delenv("MINDP_BENCH_SCALE")
+    assert bench.scale_from_env() is True
+
+
+@pytest.mark.parametrize("env,args,why", [
+    (None, ["--no-scale", "--params", "PARAMS", "--budget", "1M"], "--params and --budget: for the scale run, "
+     "which --no-scale leaves out"),
+    ("0", ["--budget", "1M"], "--budget: for the scale run, which MINDP_BENCH_SCALE=0 leaves out"),
+])
+def test_ooc_refuses_sizes_of_a_scale_run_it_leaves_out(env, args, why, monkeypatch, capsys):
+    bench = load("ooc", monkeypatch)
+    monkeypatch.delenv("MINDP_BENCH_SCALE", raising=False)
+    if env is not None:
+        monkeypatch.setenv("MINDP_BENCH_SCALE", env)
+    assert bench_main(bench, monkeypatch, *[str(2 * bench.K) if a == "PARAMS" else a for a in args]) == 2
+    assert capsys.readouterr().err == f"bench/ooc.py: {why}\n"
+    monkeypatch.setenv("MINDP_BENCH_SCALE", "0")
+    with pytest.raises(WorkStarted):  # --scale takes them, the environment's 0 notwithstanding
+        bench_main(bench, monkeypatch, "--scale", "--budget", "1M")
+
+
+@pytest.mark.parametrize("script", ["ooc", "agents"])
+def test_a_dir_the_bench_cannot_write_in_is_refused_in_one_line(script, monkeypatch, tmp_path, capsys):
+    """tempfile.mkdtemp's FileNotFoundError was a traceback."""
+    bench = load(script, monkeypatch)
+    monkeypatch.setenv("MINDP_BENCH_SCALE", "0")
+    (tmp_path / "a-file").write_text("")
+    for path, why in ((tmp_path / "missing", "no such directory"), (tmp_path / "a-file", "not a directory")):
+        assert bench_main(bench, monkeypatch, "--dir", str(path)) == 2
+        assert capsys.readouterr().err == f"bench/{script}.py: --dir {path}: {why}\n"
+
+
+def test_agents_refuses_sizes_of_figures_only_leaves_out(monkeypatch, capsys):
+    """--only send ran the send figure alone and said nothing of --elements, --batch, ..."""
+    bench = load("agents", monkeypatch)
+    elements = str(4 * bench.K)
+    for args, why in ((["--only", "send", "--elements", elements], "--elements (ram): for figures --only leaves out "
+                       "(it runs send)"),
+                      (["--only", "send", "--ooc-elements", elements, "--page-chunks", "2", "--batch", "3"],
+                       "--batch (ram), --ooc-elements (ooc), --page-chunks (ooc): for figures --only leaves out "
+                       "(it runs send)"),
+                      (["--only", "ooc", "--only", "ram", "--chunks", "5", "--dir", "/"], "--chunks (send): for "
+                       "figures --only leaves out (it runs ooc, ram)")):
+        assert bench_main(bench, monkeypatch, *args) == 2
+        assert capsys.readouterr().err == f"bench/agents.py: {why}\n"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(WorkStarted):
+        bench_main(bench, monkeypatch, "--only", "ram", "--elements", elements, "--batch", "3")
+
+
+def test_dataplane_row_refuses_a_k_other_than_its_own(monkeypatch, capsys):
+    """--row --k 128 measured the process's own K (MINDP_K) and printed it as the row."""
+    bench = load("dataplane", monkeypatch)
+    other = 16 if bench.K != 16 else 32
+    assert bench_main(bench, monkeypatch, "--row", "--k", str(other)) == 2
+    assert capsys.readouterr().err == (f"bench/dataplane.py: --row measures this process's K, {bench.K} (MINDP_K), "
+                                       f"not --k {other} (without --row, each --k runs at its own K)\n")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    for args in (["--row"], ["--row", "--k", str(bench.K)]):
+        with pytest.raises(WorkStarted):
+            bench_main(bench, monkeypatch, *args)
