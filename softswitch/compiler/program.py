@@ -9,6 +9,7 @@ from array import array
 from dataclasses import dataclass, field
 
 from mindp import gcpause
+from mindp.switch_constants import MAX_PORT
 
 from .. import diskcache, hashing
 from ..compiler_errors import ProgramError, UnsupportedConstruct
@@ -25,7 +26,7 @@ from .primitives import generate_action
 from .registers import RegisterCells
 from .trace import Tracer
 
-DEFAULT_DROP_PORT = 511
+DEFAULT_DROP_PORT = MAX_PORT + 1  # BMv2's: v1model's last 9-bit port
 INSTANCE_NORMAL = 0
 INSTANCE_REPLICATION = 5
 INTRINSIC_FIELDS = ("ingress_port", "egress_spec", "egress_port", "instance_type", "packet_length",
