@@ -118,7 +118,7 @@ class DataParallel:
         now = dict(trained(self.module))
         if now.keys() != self.named.keys() or any(now[n] is not p for n, p in self.named.items()):
             changed = sorted(now.keys() ^ self.named.keys()) or [n for n, p in self.named.items() if now[n] is not p]
-            raise self.error(f"the trained parameters changed since init ({', '.join(changed[:3])}: requires_grad "
+            raise self.error(f"the trained parameters changed since init ({listed(changed, 3)}: requires_grad "
                              "set, or replaced): freeze or replace parameters before init, as before wrapping in DDP")
         edited = [n for n, v in self._stamps().items() if v != self._written[n]]
         if edited:
@@ -151,9 +151,9 @@ class DataParallel:
             raise self.error("step() without a backward() since the last step(): no parameter has a gradient, and "
                              "the node would still take a step (weight decay, momentum, the schedule)")
         if unused and not self.find_unused_parameters:
-            raise self.error(f"{listed(unused, 3)}: no gradient in this step (the loss does not depend on "
-                             f"{'it' if len(unused) == 1 else 'them'}), and the node would still move "
-                             f"{'it' if len(unused) == 1 else 'them'} (weight decay and momentum on a zero gradient; "
+            them = "it" if len(unused) == 1 else "them"
+            raise self.error(f"{listed(unused, 3)}: no gradient in this step (the loss does not depend on {them}), "
+                             f"and the node would still move {them} (weight decay and momentum on a zero gradient; "
                              "torch's optimizer skips a parameter without one): freeze such parameters before init "
                              "(requires_grad_(False)), or pass find_unused_parameters=True to send zeros")
         if not self._pushed and self.before_send:
