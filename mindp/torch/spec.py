@@ -15,6 +15,10 @@ from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup, Schedule
 
 
 def value(x):
+    """A hyper-parameter as torch's optimizer reads it, in plain Python: a tensor's number (torch takes
+    tensors for lr, betas and the rest, as capturable and compiled optimizers hold them), a tuple's each."""
+    if isinstance(x, (tuple, list)):
+        return tuple(value(e) for e in x)
     return x.item() if isinstance(x, torch.Tensor) else x
 
 
@@ -54,8 +58,8 @@ def _groups(opt: torch.optim.Optimizer, names: dict[int, str],
                               "lr and weight_decay only")
     later = [opt.param_groups[i] for i in _later_trained(opt, names)]
     return g0, tuple(ParamGroup(tuple(names[id(p)] for p in g["params"] if id(p) in names), base_lr(g),
-                                float(g["weight_decay"])) for g in later
-                     if apart or (base_lr(g), g["weight_decay"]) != (base_lr(g0), g0["weight_decay"]))
+                                float(value(g["weight_decay"]))) for g in later
+                     if apart or (base_lr(g), value(g["weight_decay"])) != (base_lr(g0), value(g0["weight_decay"])))
 
 
 def base_lr(g: dict) -> float:
@@ -111,18 +115,18 @@ def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Mo
         raise ConfigError(f"follow_lr: {len(groups) + 1} parameter groups, and a step tells the node at most "
                           f"{MAX_TOLD_LRS} lrs")
     schedule = Schedule("script") if follow_lr else schedule_of(sched)
-    decay = next((gr["weight_decay"] for gr in opt.param_groups if gr["weight_decay"]), 0)
+    decay = next((value(gr["weight_decay"]) for gr in opt.param_groups if value(gr["weight_decay"])), 0)
     if type(opt) is torch.optim.Adam and not g.get("decoupled_weight_decay") and decay:
         raise ConfigError(f"Adam(weight_decay={decay}) adds the decay to the gradient (L2), which the node does not "
                           "run: use AdamW (decoupled decay) or Adam with weight_decay=0")
     if type(opt) in (torch.optim.AdamW, torch.optim.Adam):  # Adam without decay: AdamW's update at weight_decay 0
-        return OptimizerConfig("adamw", lr=base_lr(g), betas=tuple(g["betas"]), eps=g["eps"],
-                               weight_decay=g["weight_decay"], schedule=schedule, groups=groups)
+        return OptimizerConfig("adamw", lr=base_lr(g), betas=value(g["betas"]), eps=value(g["eps"]),
+                               weight_decay=value(g["weight_decay"]), schedule=schedule, groups=groups)
     if type(opt) is torch.optim.SGD:
-        if g.get("dampening"):
+        if value(g.get("dampening")):
             raise ConfigError("SGD(dampening != 0) is not supported by the optimizer node")
-        return OptimizerConfig("sgd", lr=base_lr(g), momentum=g["momentum"], weight_decay=g["weight_decay"],
-                               schedule=schedule, groups=groups)
+        return OptimizerConfig("sgd", lr=base_lr(g), momentum=value(g["momentum"]),
+                               weight_decay=value(g["weight_decay"]), schedule=schedule, groups=groups)
     raise ConfigError(f"optimizer {type(opt).__name__} is not supported: the node runs torch.optim.AdamW, Adam "
                       "(weight_decay=0) or SGD")
 

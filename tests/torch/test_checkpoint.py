@@ -182,6 +182,22 @@ def test_restore_refuses_an_existing_state_and_a_foreign_file(tmp_path):
         checkpoint.save(tmp_path / "a", tmp_path / "x.pt", models.build("cnn", {"channels": 8}, 0).fc)
 
 
+def test_hyper_parameters_given_as_tensors_translate_as_their_numbers():
+    """torch takes tensors for lr, betas, eps, weight decay and momentum (capturable and compiled
+    optimizers hold them so): the node gets their numbers, and the step's check of the groups
+    compares numbers (a tuple of tensors was refused as 'must be a finite number')."""
+    p = [torch.nn.Parameter(torch.zeros(3))]
+    t = torch.tensor
+    opt = torch.optim.AdamW(p, lr=t(3e-3), betas=(t(0.8), t(0.99)), eps=t(1e-6), weight_decay=t(0.1))
+    assert spec.optimizer_config(opt) == OptimizerConfig(
+        "adamw", lr=t(3e-3).item(), betas=(t(0.8).item(), t(0.99).item()), eps=t(1e-6).item(),
+        weight_decay=t(0.1).item())
+    sgd = torch.optim.SGD(p, lr=t(0.1), momentum=t(0.9), weight_decay=t(1e-4))
+    assert spec.optimizer_config(sgd) == OptimizerConfig("sgd", lr=t(0.1).item(), momentum=t(0.9).item(),
+                                                         weight_decay=t(1e-4).item())
+    assert spec.value([t(0.5), (t(2.0), 3)]) == (0.5, (2.0, 3))
+
+
 def test_torch_optimizer_and_scheduler_translate():
     p = [torch.nn.Parameter(torch.zeros(3))]
     opt = torch.optim.AdamW(p, lr=3e-3, betas=(0.8, 0.99), weight_decay=0.1)
