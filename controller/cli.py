@@ -28,7 +28,7 @@ from mindp.topology import JobSpec, Topology, TopologyError  # noqa: E402
 
 from . import p4info_names as n  # noqa: E402
 from . import digests, stats as statsmodel  # noqa: E402
-from .cliargs import DEFAULT_THRIFT_PORT, parser  # noqa: E402
+from .cliargs import DEFAULT_ELECTION, DEFAULT_ELECTION_ID, DEFAULT_THRIFT_PORT, parser  # noqa: E402
 from .controller import Controller, ControllerError  # noqa: E402
 from .jobs import AttachedHost, JobError, JobState  # noqa: E402
 from .p4runtime import (DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection,  # noqa: E402
@@ -73,12 +73,6 @@ def job_detail(job: JobState) -> str:
              f"child switch, <= {job.children[w]} workers" if w in job.children else "worker"]
             for w, e in sorted(job.workers.items())]
     return head + table(rows, ["worker", "host", "port", "mac", "ip", "rid", "role"])
-
-
-# --- arguments (their types: cliargs.py) ------------------------------------------
-
-
-DEFAULT_ELECTION_ID = (0, 1)
 
 
 def load_topology(args) -> Topology | None:
@@ -434,11 +428,11 @@ def shell_session(args, addr: str, dev: int, tls) -> tuple[tuple[int, int], bool
         if wanted is None or wanted == DEFAULT_ELECTION_ID:
             if wanted is not None:
                 raise
-            return DEFAULT_ELECTION_ID, True, ("another controller holds election id 0,1: read-only session "
-                                               "(writes need --election-id)")
+            return DEFAULT_ELECTION_ID, True, (f"another controller holds election id {DEFAULT_ELECTION}: read-only "
+                                               "session (writes need --election-id)")
         got_primary, _ = probe(wanted)
-        note = (f"election id {wanted[0]},{wanted[1]} is now primary: the controller with 0,1 is a backup "
-                "until this shell exits") if got_primary else None
+        note = (f"election id {wanted[0]},{wanted[1]} is now primary: the controller with {DEFAULT_ELECTION} is a "
+                "backup until this shell exits") if got_primary else None
         return wanted, False, note
     if alone:
         return wanted or DEFAULT_ELECTION_ID, False, None

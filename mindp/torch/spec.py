@@ -115,7 +115,7 @@ def optimizer_config(opt: torch.optim.Optimizer, sched=None, module: torch.nn.Mo
         raise ConfigError(f"follow_lr: {len(groups) + 1} parameter groups, and a step tells the node at most "
                           f"{MAX_TOLD_LRS} lrs")
     schedule = Schedule("script") if follow_lr else schedule_of(sched)
-    decay = next((value(gr["weight_decay"]) for gr in opt.param_groups if value(gr["weight_decay"])), 0)
+    decay = next((d for d in (value(gr["weight_decay"]) for gr in opt.param_groups) if d), 0)
     if type(opt) is torch.optim.Adam and not g.get("decoupled_weight_decay") and decay:
         raise ConfigError(f"Adam(weight_decay={decay}) adds the decay to the gradient (L2), which the node does not "
                           "run: use AdamW (decoupled decay) or Adam with weight_decay=0")
