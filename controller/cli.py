@@ -32,7 +32,7 @@ from .cliargs import DEFAULT_ELECTION, DEFAULT_ELECTION_ID, DEFAULT_THRIFT_PORT,
 from .controller import Controller, ControllerError  # noqa: E402
 from .jobs import AttachedHost, JobError, JobState  # noqa: E402
 from .p4runtime import (DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection,  # noqa: E402
-                        SwitchError, default_timeout)
+                        SwitchError, default_timeout, election_text)
 from .slots import SlotError  # noqa: E402
 
 EXIT_ERROR = 1
@@ -398,7 +398,7 @@ def cmd_shell(args, topo) -> None:
         print(f"mindp-ctl: {note}", file=sys.stderr)
     module = "controller.readonly_shell" if read_only else "p4runtime_sh"
     cmd = [sys.executable, "-m", module, "--grpc-addr", addr, "--device-id", str(dev),
-           "--election-id", f"{eid[0]},{eid[1]}"]
+           "--election-id", election_text(eid)]
     if tls:
         cmd.append("--ssl")
         cmd += [x for flag, v in (("--cacert", tls.cacert), ("--cert", tls.cert), ("--private-key", tls.key))
@@ -431,17 +431,17 @@ def shell_session(args, addr: str, dev: int, tls) -> tuple[tuple[int, int], bool
             return DEFAULT_ELECTION_ID, True, (f"another controller holds election id {DEFAULT_ELECTION}: read-only "
                                                "session (writes need --election-id)")
         got_primary, _ = probe(wanted)
-        note = (f"election id {wanted[0]},{wanted[1]} is now primary: the controller with {DEFAULT_ELECTION} is a "
+        note = (f"election id {election_text(wanted)} is now primary: the controller with {DEFAULT_ELECTION} is a "
                 "backup until this shell exits") if got_primary else None
         return wanted, False, note
     if alone:
         return wanted or DEFAULT_ELECTION_ID, False, None
-    p = f"{primary[0]},{primary[1]}" if primary else "another id"
+    p = election_text(primary) if primary else "another id"
     if wanted is None:
         return DEFAULT_ELECTION_ID, True, f"controller with election id {p} is primary: read-only session"
     if primary is not None and wanted > primary:
         raise UsageError(f"controller with election id {p} is primary: the shell's --election-id "
-                         f"{wanted[0]},{wanted[1]} would take primary away; give one below {p}, "
+                         f"{election_text(wanted)} would take primary away; give one below {p}, "
                          "or none for a read-only session")
     probe(wanted)  # below the primary: a backup; refused if another client uses it
     return wanted, False, None

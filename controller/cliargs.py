@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from .p4runtime import DEFAULT_GRPC_ADDR, MAX_SECONDS
+from .p4runtime import DEFAULT_GRPC_ADDR, MAX_SECONDS, election_text
 
 U64_MAX = (1 << 64) - 1  # P4Runtime's device id and each half of an election id are uint64
 
@@ -100,7 +100,7 @@ class Parser(argparse.ArgumentParser):
 
 
 DEFAULT_ELECTION_ID = (0, 1)  # a controller's when it names none
-DEFAULT_ELECTION = ",".join(map(str, DEFAULT_ELECTION_ID))  # as --election-id takes it
+DEFAULT_ELECTION = election_text(DEFAULT_ELECTION_ID)  # as --election-id takes it
 DEFAULT_THRIFT_PORT = 9090  # BMv2's (and the embedded switch's) when the topology names none
 
 

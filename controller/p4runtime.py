@@ -50,6 +50,11 @@ class SwitchUnreachable(SwitchError):
     pass
 
 
+def election_text(eid: tuple[int, int]) -> str:
+    """An election id as --election-id takes it and messages print it: HIGH,LOW."""
+    return f"{eid[0]},{eid[1]}"
+
+
 def default_timeout() -> float:
     """Seconds to wait for the switch: $MINDP_CTL_TIMEOUT, else 3."""
     text = os.environ.get(TIMEOUT_ENV, "").strip()
@@ -204,10 +209,10 @@ class _Client(P4RuntimeClient):
             self.tear_down()
             low = why.lower()
             if "election id" in low and ("exists" in low or "in use" in low):
-                raise ElectionIdInUse(f"election id {self.election_id[0]},{self.election_id[1]} is in use by another "
+                raise ElectionIdInUse(f"election id {election_text(self.election_id)} is in use by another "
                                       f"controller on {self._grpc_addr}: choose another with --election-id")
             raise SwitchError(f"switch at {self._grpc_addr} refused the session (device id {self.device_id}, "
-                              f"election id {self.election_id[0]},{self.election_id[1]}): {why}")
+                              f"election id {election_text(self.election_id)}): {why}")
         self._on_arbitration(rep)
         threading.Thread(target=self._watch_arbitration, daemon=True, name="p4rt-arb").start()
 
@@ -321,7 +326,7 @@ class SwitchConnection:
             primary = self.client.primary_election_id
             self.close()
             raise NotPrimary(f"not primary on {grpc_addr}: another controller holds election id "
-                             f"{primary[0]},{primary[1]} (ours is {self.election_id[0]},{self.election_id[1]})"
+                             f"{election_text(primary)} (ours is {election_text(self.election_id)})"
                              if primary else f"not primary on {grpc_addr}")
 
     # --- session ----------------------------------------------------------
@@ -350,8 +355,8 @@ class SwitchConnection:
         if code == grpc.StatusCode.UNAVAILABLE:
             return SwitchUnreachable(f"switch at {self.grpc_addr} went away during {what}: {msg}")
         if code == grpc.StatusCode.PERMISSION_DENIED:
-            return NotPrimary(f"{what} refused: this controller (election id {self.election_id[0]},"
-                              f"{self.election_id[1]}) is not primary on {self.grpc_addr}")
+            return NotPrimary(f"{what} refused: this controller (election id {election_text(self.election_id)}) "
+                              f"is not primary on {self.grpc_addr}")
         if code == grpc.StatusCode.FAILED_PRECONDITION:
             return NoPipeline(f"{what}: the switch at {self.grpc_addr} has no pipeline (run `mindp-ctl push`)")
         if code == grpc.StatusCode.UNKNOWN:
