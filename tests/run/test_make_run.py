@@ -39,6 +39,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="make run needs root")
 
 
 class MakeRun:
+    started: list[MakeRun] = []  # the runs of the test in progress, for stop_left_runs
+
     def __init__(self, tmp: pathlib.Path, *args: str):
         self.tmp = tmp
         self.state_file = tmp / "run-state.json"
@@ -57,6 +59,7 @@ class MakeRun:
         self.proc = subprocess.Popen(self.cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True,
                                      preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if ctrl_c else None)
+        MakeRun.started.append(self)
         return self
 
     def wait(self) -> int:
@@ -80,8 +83,16 @@ class MakeRun:
         return self.start().wait()
 
     def written(self) -> int:
-        """Bytes the run wrote so far (logs, results)."""
-        return sum(p.stat().st_size for p in self.runs.rglob("*") if p.is_file()) if self.runs.exists() else 0
+        """Bytes the run wrote so far (logs, results). Files come and go while it looks (the node
+        renames its commit's .tmp): one gone between listing and stat counts nothing."""
+        total = 0
+        for root, _, files in os.walk(self.runs):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(root, name)).st_size
+                except FileNotFoundError:
+                    pass
+        return total
 
     @property
     def run_dir(self) -> pathlib.Path:
@@ -126,6 +137,21 @@ class MakeRun:
             return None
         logs = list(self.runs.glob("*/logs/worker-*.log"))
         return st if any('"step": 0' in p.read_text() for p in logs) else None
+
+
+@pytest.fixture(autouse=True)
+def stop_left_runs():
+    """End what a failed test's runs left (a run still going, a crashed run's network and
+    processes), as `make stop` does, so that the next test of this worker does not meet them."""
+    MakeRun.started.clear()
+    yield
+    for run in MakeRun.started:
+        if run.proc.poll() is None or run.state_file.exists():
+            progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)], cwd=REPO,
+                         capture_output=True, text=True)
+        if run.proc.poll() is None:
+            progress.end(run.proc)
+    MakeRun.started.clear()
 
 
 def leftovers(state: RunState | None, recorded: RunState) -> tuple[list, list]:
