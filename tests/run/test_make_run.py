@@ -396,6 +396,7 @@ class Terminal:
         self.master, slave = pty.openpty()
         run.proc = subprocess.Popen(run.cmd, cwd=REPO, stdin=slave, stdout=slave, stderr=slave,
                                     start_new_session=True)
+        MakeRun.started.append(run)
         os.close(slave)
         self.run = run
         self.text = ""
