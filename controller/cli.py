@@ -28,7 +28,7 @@ from mindp.topology import JobSpec, Topology, TopologyError  # noqa: E402
 
 from . import p4info_names as n  # noqa: E402
 from . import digests, stats as statsmodel  # noqa: E402
-from .cliargs import DEFAULT_ELECTION, DEFAULT_ELECTION_ID, DEFAULT_THRIFT_PORT, parser  # noqa: E402
+from .cliargs import DEFAULT_ELECTION_ID, DEFAULT_THRIFT_PORT, parser  # noqa: E402
 from .controller import Controller, ControllerError  # noqa: E402
 from .jobs import AttachedHost, JobError, JobState  # noqa: E402
 from .p4runtime import (DEFAULT_GRPC_ADDR, TLS, ElectionIdInUse, PipelineMismatch, SwitchConnection,  # noqa: E402
@@ -428,11 +428,12 @@ def shell_session(args, addr: str, dev: int, tls) -> tuple[tuple[int, int], bool
         if wanted is None or wanted == DEFAULT_ELECTION_ID:
             if wanted is not None:
                 raise
-            return DEFAULT_ELECTION_ID, True, (f"another controller holds election id {DEFAULT_ELECTION}: read-only "
-                                               "session (writes need --election-id)")
+            return DEFAULT_ELECTION_ID, True, (f"another controller holds election id "
+                                               f"{election_text(DEFAULT_ELECTION_ID)}: read-only session (writes "
+                                               "need --election-id)")
         got_primary, _ = probe(wanted)
-        note = (f"election id {election_text(wanted)} is now primary: the controller with {DEFAULT_ELECTION} is a "
-                "backup until this shell exits") if got_primary else None
+        note = (f"election id {election_text(wanted)} is now primary: the controller with "
+                f"{election_text(DEFAULT_ELECTION_ID)} is a backup until this shell exits") if got_primary else None
         return wanted, False, note
     if alone:
         return wanted or DEFAULT_ELECTION_ID, False, None

@@ -100,7 +100,6 @@ class Parser(argparse.ArgumentParser):
 
 
 DEFAULT_ELECTION_ID = (0, 1)  # a controller's when it names none
-DEFAULT_ELECTION = election_text(DEFAULT_ELECTION_ID)  # as --election-id takes it
 DEFAULT_THRIFT_PORT = 9090  # BMv2's (and the embedded switch's) when the topology names none
 
 
@@ -117,8 +116,8 @@ def add_global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     p.add_argument("--device-id", type=device_id, default=d(None),
                    help="P4Runtime device id (default: the topology's, else 0)")
     p.add_argument("--election-id", type=election_id, default=d(None), metavar="HIGH,LOW",
-                   help=f"election id of this controller (default {DEFAULT_ELECTION}; the shell picks a read-only "
-                   "session when another controller is primary)")
+                   help=f"election id of this controller (default {election_text(DEFAULT_ELECTION_ID)}; the shell "
+                   "picks a read-only session when another controller is primary)")
     p.add_argument("--topology", "-t", metavar="FILE", default=d(None),
                    help="topology JSON (mindp.topology): hosts' MAC, IP and port")
     p.add_argument("--p4info", metavar="FILE", default=d(None),
