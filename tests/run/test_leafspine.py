@@ -14,7 +14,7 @@ from mininet_topos import config, net
 from mininet_topos.leafspine import switch_ports
 from tests.conftest import TARGET_PARAMS
 
-from .test_make_run import MakeRun, assert_clean, needs_root
+from .makerun import MakeRun, assert_clean, needs_root
 
 LEAVES, WORKERS, SHARDS, STEPS = 2, 2, 2, 4
 

@@ -11,7 +11,7 @@ import pytest
 
 from mininet_topos import metrics
 
-from .test_make_run import MakeRun, assert_clean, needs_root
+from .makerun import MakeRun, assert_clean, needs_root
 
 pytestmark = pytest.mark.net
 STEPS = 8

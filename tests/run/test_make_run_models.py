@@ -15,7 +15,7 @@ pytest.importorskip("torch", reason=f"torch is not installed: {INSTALL_TORCH}")
 from host_agent import optim  # noqa: E402
 from mindp import targets, workload  # noqa: E402
 from mininet_topos import metrics  # noqa: E402
-from tests.run.test_make_run import MakeRun, assert_clean, needs_root  # noqa: E402
+from tests.run.makerun import MakeRun, assert_clean, needs_root  # noqa: E402
 
 pytestmark = pytest.mark.net
 SMALL_GPT = '{"d": 32, "layers": 1, "heads": 2}'

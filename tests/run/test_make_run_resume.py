@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 
 from mininet_topos.agents import STATE
-from tests.run.test_make_run import REPO, MakeRun, assert_clean, needs_root
+from tests.run.makerun import REPO, MakeRun, assert_clean, needs_root
 
 pytestmark = pytest.mark.net
 

@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from mindp import targets  # noqa: E402
 from mininet_topos import config, metrics  # noqa: E402
-from tests.run.test_make_run import REPO, MakeRun, assert_clean, needs_root  # noqa: E402
+from tests.run.makerun import REPO, MakeRun, assert_clean, needs_root  # noqa: E402
 
 pytestmark = pytest.mark.net
 TARGETS = [pytest.param("embedded"),

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.run.test_make_run import REPO, MakeRun, assert_clean, needs_root  # noqa: E402
+from tests.run.makerun import REPO, MakeRun, assert_clean, needs_root  # noqa: E402
 
 pytestmark = pytest.mark.net
 

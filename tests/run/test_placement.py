@@ -14,7 +14,7 @@ from mindp.torch import launch
 from mininet_topos import config, placement
 from mininet_topos.own_torchrun import commands
 
-from .test_make_run import REPO, MakeRun, assert_clean, needs_root
+from .makerun import REPO, MakeRun, assert_clean, needs_root
 
 
 def test_workers_take_the_cores_in_turn_then_the_switches_then_the_nodes():

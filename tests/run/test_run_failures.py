@@ -19,7 +19,7 @@ import pytest
 from mindp import progress
 from mininet_topos import star as orchestrator
 
-from .test_make_run import REPO, MakeRun, assert_clean, needs_root
+from .makerun import REPO, MakeRun, assert_clean, needs_root
 
 pytestmark = pytest.mark.net
 EXIT_WITHIN = 10.0  # seconds on an idle machine; a loaded one scales it (progress.load_factor)
