@@ -69,6 +69,11 @@ class MakeRun:
     def run(self) -> int:
         return self.start().wait()
 
+    def stop(self) -> subprocess.CompletedProcess:
+        """`make stop` on this run (its module on the run's state file): its exit code and output."""
+        return progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(self.state_file)],
+                            cwd=REPO, capture_output=True, text=True)
+
     def written(self) -> int:
         """Bytes the run wrote so far (logs, results). Files come and go while it looks (the node
         renames its commit's .tmp): one gone between listing and stat counts nothing."""
@@ -134,8 +139,7 @@ def stop_left_runs():
     yield
     for run in MakeRun.started:
         if run.proc.poll() is None or run.state_file.exists():
-            progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)], cwd=REPO,
-                         capture_output=True, text=True)
+            run.stop()
         if run.proc.poll() is None:
             progress.end(run.proc)
     MakeRun.started.clear()

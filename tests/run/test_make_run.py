@@ -158,11 +158,10 @@ def test_stop_after_a_crashed_run_removes_everything_and_is_safe_twice(tmp_path)
     run.proc.send_signal(signal.SIGKILL)  # a crash: no cleanup of its own
     run.wait()
     assert recorded.existing_interfaces(), "the crash should have left interfaces for stop to remove"
-    stop = [sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)]
-    first = progress.run(stop, cwd=REPO, capture_output=True, text=True)
+    first = run.stop()
     assert first.returncode == 0 and "ended" in first.stdout
     assert_clean(run, recorded)
-    second = progress.run(stop, cwd=REPO, capture_output=True, text=True)
+    second = run.stop()
     assert second.returncode == 0 and "nothing to stop" in second.stdout
 
 
@@ -170,8 +169,7 @@ def test_stop_after_a_crashed_run_removes_everything_and_is_safe_twice(tmp_path)
 def test_stop_during_a_run_makes_it_clean_up_and_exit(tmp_path):
     run = MakeRun(tmp_path, "--target", "embedded", "--workers", "2", "--steps", "500", "--p4", "committed").start()
     recorded = run.wait_for(run.training)
-    stop = progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
-                        cwd=REPO, capture_output=True, text=True)
+    stop = run.stop()
     assert "asked the running make run to stop" in stop.stdout
     assert run.wait() == 130
     assert "stopped" in run.err and "Traceback" not in run.err
@@ -333,8 +331,7 @@ def test_cli_after_training_pings_runs_mindp_ctl_and_cleans_up(tmp_path, how):
             term.drain()
             assert progress.wait_process(run.proc) == 0
         else:
-            stop = progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
-                                cwd=REPO, capture_output=True, text=True)
+            stop = run.stop()
             assert "asked the running make run to stop" in stop.stdout
             term.drain()
             assert progress.wait_process(run.proc) == 130

@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from mindp import progress
 from mindp.torch import launch
 from mininet_topos import config, placement
 from mininet_topos.own_torchrun import commands
@@ -94,8 +93,7 @@ def test_make_run_runs_each_process_where_pin_says(tmp_path, pin):
             seen[name] = cores_of(proc.pid)
     assert sorted(seen) == sorted(want)
     assert seen == {n: {frozenset({c} if pin == "1" else mine)} for n, c in want.items()}
-    stop = progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
-                        cwd=REPO, capture_output=True, text=True)
+    stop = run.stop()
     assert "asked the running make run to stop" in stop.stdout
     assert run.wait() == 130
     said = run.out + run.err + (run.run_dir / "logs" / "run.log").read_text()

@@ -19,7 +19,7 @@ import pytest
 from mindp import progress
 from mininet_topos import star as orchestrator
 
-from .makerun import REPO, MakeRun, assert_clean, needs_root
+from .makerun import MakeRun, assert_clean, needs_root
 
 pytestmark = pytest.mark.net
 EXIT_WITHIN = 10.0  # seconds on an idle machine; a loaded one scales it (progress.load_factor)
@@ -36,8 +36,7 @@ def one_failure_line(run: MakeRun) -> str:
 
 
 def assert_nothing_to_stop(run: MakeRun) -> None:
-    stop = progress.run([sys.executable, "-m", "mininet_topos.stop", "--state-file", str(run.state_file)],
-                          cwd=REPO, capture_output=True, text=True)
+    stop = run.stop()
     assert stop.returncode == 0 and "nothing to stop" in stop.stdout, stop.stdout
 
 
