@@ -10,7 +10,7 @@ from controller import cli
 from mindp import progress, targets
 from mindp.topology import leafspine
 
-from .test_cli import ctl_command, in_process
+from .ctl import ctl_command, in_process
 
 U64 = 2**64
 

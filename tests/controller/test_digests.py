@@ -7,7 +7,7 @@ import json
 from controller import digests
 from controller.stats import snapshot
 
-from .test_cli import Ctl
+from .ctl import Ctl
 
 MISMATCH = ("mindp-worker 1/2: step 3: parameters differ from the optimizer node's digest in 2 chunk(s): 4, 5; "
             "taken again from the node")
