@@ -9,9 +9,9 @@ from mindp import progress
 
 from mindp.fixedpoint import exact_sum
 
-from ..controller.test_cli import ctl_command
+from ..controller.ctl import ctl_command
 from .conftest import random_fp16
-from .test_switch import only_sums_at
+from .sums import only_sums_at
 
 pytestmark = pytest.mark.net
 pytest.importorskip("mindp.bmthrift")

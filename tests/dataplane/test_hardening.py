@@ -14,39 +14,10 @@ from mindp.protocol import K, Kind
 from mindp.switch_constants import STEP_WINDOW
 
 from .conftest import random_fp16
-from .test_switch import only_sums_at
+from .sums import complete_round, only_sums_at
+from .vlan_tags import stripped_by_kernel, tagged
 
 pytestmark = pytest.mark.net
-
-
-def tagged(frame: bytes, *tags: int) -> bytes:
-    """The frame with VLAN tags (EtherType, VID) inserted after the MAC addresses, outermost first."""
-    out = frame[:12]
-    for i, tpid in enumerate(tags):
-        out += struct.pack("!HH", tpid, 10 + i)
-    return out + frame[12:]
-
-
-def complete_round(fabric, job, step, chunk, rng, ver=0):
-    """Every worker of `job` contributes to (step, chunk); the exact sum must arrive."""
-    grads = [random_fp16(rng) for _ in job.workers]
-    for w, g in enumerate(grads):
-        fabric.send(job.workers[w], fabric.grad(job, w, g, step=step, chunk=chunk, ver=ver))
-    dec = only_sums_at(fabric, fabric.collect(1), job.optimizer, 1)
-    assert np.array_equal(dec.elements[0], exact_sum(grads)[0])
-
-
-def stripped_by_kernel(fabric, tags) -> bool:
-    """True where the embedded switch's port would lose an outer 802.1Q/802.1ad tag (the kernel strips
-    it; restoring it from PACKET_AUXDATA is the ports' job): the frame is not the one on the wire."""
-    if tags[0] not in (0x8100, 0x88A8) or not fabric.target.startswith("embedded"):
-        return False
-    if not hasattr(fabric, "keeps_tags"):
-        s, d = fabric.hosts["w1_0"], fabric.hosts["w2_0"]
-        frame = bytes(Ether(src=s.mac, dst=d.mac) / IP(src=s.ip, dst=d.ip, proto=253) / (b"t" * 30))
-        fabric.send("w1_0", tagged(frame, 0x8100))
-        fabric.keeps_tags = not any(fabric.collect(0, grace=0.3).values())
-    return not fabric.keeps_tags
 
 
 def skip_if_stripped(fabric, tags):

@@ -11,7 +11,7 @@ from scapy.layers.l2 import ARP, Ether
 from mindp.fixedpoint import exact_sum
 from mindp.protocol import SHARD_NOTICE, SHARD_NOTICE_FORMAT, SHARD_NOTICE_PORT, K
 
-from .test_switch import only_sums_at
+from .sums import only_sums_at
 
 pytestmark = pytest.mark.net
 

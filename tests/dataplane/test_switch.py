@@ -15,18 +15,9 @@ from mindp.layers import Mindp
 from mindp.protocol import ETH_LEN, K, Flag, Kind, UDP_PORT, link_mtu, param_frame_len
 
 from .conftest import param_frame, random_fp16, unchanged_but_addresses
+from .sums import only_sums_at
 
 pytestmark = pytest.mark.net
-
-
-def only_sums_at(fabric, got, host, n):
-    """Exactly n frames arrived, all SUM frames at `host`; returns the decoded batch."""
-    others = {h: len(f) for h, f in got.items() if f and h != host}
-    assert not others, f"unexpected frames at {others}"
-    assert len(got[host]) == n, f"{len(got[host])} frames at {host}, expected {n}"
-    dec = codec.decode(got[host], Kind.SUM)
-    assert len(dec.headers) == n, dec.rejects
-    return dec
 
 
 def check_ip(frame: bytes) -> None:
