@@ -21,13 +21,13 @@ from softswitch.engine import Engine
 from softswitch.ports import TAG, Port
 
 from . import compiled
+from .payloads import SLOT, body
 
 pytestmark = pytest.mark.net
 
 H1 = Host("h1", "02:00:00:00:00:01", "10.9.0.1", 1)
 H2 = Host("h2", "02:00:00:00:00:02", "10.9.0.2", 2)
 MACS = bytes.fromhex("020000000002" "020000000001")
-SLOT = 65544
 
 
 @pytest.fixture(params=["mmsg", "plain"])
@@ -52,10 +52,6 @@ def pcap_frames(path) -> list[bytes]:
         frames.append(data[off + 16:off + 16 + caplen])
         off += 16 + caplen
     return frames
-
-
-def body(n: int, seed: int) -> bytes:
-    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
 
 
 def receive_all(port: Port, n: int, capacity: int = 5) -> list[bytes]:
@@ -222,7 +218,7 @@ def test_the_batched_loop_sends_what_the_per_frame_path_sends(io_path, loop):
     the frames, in the order, that engine.process gives frame by frame; registers and counters
     agree; outputs to ports the switch lacks (4, 6) are counted. By the Python loop and by the C
     loop (softswitch/native/serve.py), which needs sendmmsg."""
-    from .test_executor import feat_engine, feat_frame
+    from .engines import feat_engine, feat_frame
 
     sent = []
     for i in range(12):
@@ -281,7 +277,7 @@ def test_the_c_packet_loop_serves_as_the_python_loop():
     counted and left out, a jumbo frame (read from the socket's queue) kept; an 802.1Q-tagged
     frame reaches the program with its tag back in place, so the program does not parse it as
     the protocol and reflects it unchanged."""
-    from .test_executor import engine
+    from .engines import engine
 
     tagged = MACS + b"\x81\x00\x20\x07" + b"\x88\xb5" + body(20, 1)
     too_long = MACS + b"\x88\xb5" + body(SLOT - TAG + 1 - 14, 2)
@@ -353,7 +349,7 @@ def test_the_python_and_c_loops_take_turns_on_one_ring_as_it_wraps(monkeypatch, 
     from mindp import rxring
     from softswitch import ports
 
-    from .test_executor import engine
+    from .engines import engine
 
     if ring == "odd":
         monkeypatch.setattr(ports, "RxRing", partial(rxring.RxRing, frame=12288, frames=1003))
@@ -450,7 +446,7 @@ def test_after_a_link_goes_down_and_up_the_packet_loop_waits_and_forwards_again(
     read, which a ring receive never does; the running packet loop reads it, so epoll stops
     reporting the port (the loop would spin otherwise), and a frame sent once the link is back is
     forwarded (the exprs program reflects it)."""
-    from .test_executor import engine
+    from .engines import engine
 
     sent = MACS + b"\x88\xb5" + struct.pack("!HHhhBB", 7, 1, -7, 7, 7, 0)
     with testbed.Testbed("bio") as bed:
@@ -485,7 +481,7 @@ def test_the_running_loop_with_receive_coalescing_forwards_every_frame():
     every frame back once, in order, on its own port."""
     from softswitch.dataplane import RxCoalesce
 
-    from .test_executor import engine
+    from .engines import engine
 
     bursts, each = 4, 1000
     frames = np.zeros((bursts * each + 1, 24), np.uint8)

@@ -16,7 +16,7 @@ from softswitch.engine import Engine
 from softswitch.native import build, cprogram
 
 from . import compiled
-from .test_native import assert_same, generic_seeds, mutations
+from .both_paths import assert_same, generic_seeds, mutations
 
 pytestmark = pytest.mark.skipif(build.compiler() is None, reason="no C compiler")
 NAME = "exprs"

@@ -23,7 +23,7 @@ from softswitch.native import cprogram
 from softswitch.p4runtime_server import Server, SwitchService
 
 from . import compiled
-from .test_p4runtime import L2, Client, ids, l2_update, p4info, source_update
+from .p4rt_client import L2, Client, ids, l2_update, p4info, source_update
 
 MARK_GLOBAL = "MINDP_HOSTILE_PAYLOAD_RAN"
 # v1model's fixed names: renaming them makes a program that is not v1model, tested separately

@@ -17,7 +17,7 @@ from softswitch.batch import Batch
 from softswitch.dataplane import DataPlane
 from softswitch.ports import Port
 
-from .test_batch_io import SLOT, body
+from .payloads import SLOT, body
 
 pytestmark = pytest.mark.net
 
@@ -100,7 +100,7 @@ def test_a_super_frame_leaves_the_switch_as_the_hosts_kernel_would_cut_it(loop, 
     kernel keeps in one linear buffer and so reports as all header) from a host whose link passes it
     whole and from one whose kernel cuts it comes back as the same frames, with valid checksums and
     ids counted up; so does a frame with a partial checksum; the switch counts the super-frame it cut."""
-    from .test_executor import engine
+    from .engines import engine
 
     payload = body((count - 1) * seg + 57, 1)
     with testbed.Testbed("off") as bed:

@@ -16,7 +16,7 @@ from softswitch.engine import Engine
 from softswitch.p4runtime_server import Server, SwitchService
 from softswitch.thrift_server import ThriftServer
 
-from .test_p4runtime import Client, l2_update, p4info
+from .p4rt_client import Client, l2_update, p4info
 
 PROGRAM = json.loads(artifacts.BMV2_JSON.read_text())
 REG64 = next(r for r in PROGRAM["register_arrays"] if r["bitwidth"] == 64)

@@ -7,7 +7,7 @@ import pytest
 
 from softswitch.engine import Engine
 
-from .test_executor import MAC_A, MAC_B, engine, entry, feat_frame
+from .engines import MAC_A, MAC_B, engine, entry, feat_frame
 
 TRACE = "softswitch.trace"
 
