@@ -27,7 +27,7 @@ from mindp import progress, protocol, targets, topology, workload
 from mininet_topos.runstate import RunState
 from p4src import artifacts
 from tests.run.makerun import PREFIX, REPO, MakeRun, assert_clean, needs_root
-from tests.tools import test_dissector as dissector
+from tests.tools import dissector
 
 pytestmark = pytest.mark.net
 

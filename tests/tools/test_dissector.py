@@ -3,7 +3,6 @@ decodes real mindp frames with it (Debian's tshark; the test is skipped where it
 from __future__ import annotations
 
 import pathlib
-import shutil
 import struct
 import subprocess
 
@@ -14,7 +13,8 @@ from mindp import codec, progress
 from mindp.protocol import SCALE_BITS, Flag, K, Kind
 from tools import gen_dissector
 
-TSHARK = shutil.which("tshark")
+from .dissector import TSHARK, tshark
+
 needs_tshark = pytest.mark.skipif(TSHARK is None, reason="tshark not installed (make setup installs it)")
 FIELDS = ("mindp.kind", "mindp.job", "mindp.worker", "mindp.slot", "mindp.ver", "mindp.step", "mindp.chunk",
           "mindp.flags", "mindp.count", "mindp.nworkers", "mindp.value")
@@ -39,14 +39,6 @@ def write_pcap(path: pathlib.Path, frames) -> None:
         f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))  # Ethernet
         for i, fr in enumerate(frames):
             f.write(struct.pack("<IIII", 1_700_000_000 + i, 0, len(fr), len(fr)) + fr.tobytes())
-
-
-def tshark(pcap: pathlib.Path, *fields: str, filt: str = "mindp") -> list[list[str]]:
-    cmd = [TSHARK, "-X", f"lua_script:{gen_dissector.OUT}", "-r", str(pcap), "-Y", filt, "-T", "fields",
-           "-E", "separator=|", *[a for fld in fields for a in ("-e", fld)]]
-    proc = progress.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return [line.split("|") for line in proc.stdout.splitlines() if line]
 
 
 @needs_tshark
