@@ -1,8 +1,6 @@
 """The console entry points: bad input is one clear line and a non-zero exit, never a traceback;
 a state directory is never overwritten or reinterpreted."""
 import json
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -10,23 +8,9 @@ import pytest
 from host_agent import optim, state
 from host_agent.optim import OptimizerConfig
 from mindp.protocol import K
-from mindp import progress
 
+from .entry_points import EXPLICIT, one_line_error, run
 from .helpers import small_model
-
-
-def run(module, *args, env=None):
-    p = progress.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                     env=None if env is None else {**os.environ, **env})
-    return p.returncode, p.stdout, p.stderr
-
-
-def one_line_error(code, err, prog, needle):
-    assert code != 0
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(prog) or "usage:" in err, err
-    assert needle in err, err
 
 
 @pytest.fixture
@@ -38,7 +22,6 @@ def files(tmp_path):
     return tmp_path, init, layout
 
 
-EXPLICIT = ["--workers", "2", "--slots", "8", "--mac", "02:00:00:00:00:09", "--ip", "10.0.0.9"]
 WORKER_EXPLICIT = ["--slots", "4", "--mac", "02:00:00:00:00:01", "--ip", "10.0.0.1", "--opt-mac",
                    "02:00:00:00:00:02", "--opt-ip", "10.0.0.2"]
 NOWHERE = ["--iface", "ha-nosuch0"]  # a refusal that did not come would end at the socket, never on a network

@@ -15,7 +15,7 @@ from mindp.protocol import K
 from .aggregator import Aggregator
 from .harness import NodeProcess, Workers, check_against, job_bed, load_stats, run_files
 from .helpers import initial_fp16, small_model, step_sums, sum_headers, with_nonfinite
-from .test_node_core import JOB, S, open_core, run_step
+from .node_steps import JOB, S, open_core, run_step
 
 N = 3
 
@@ -158,7 +158,7 @@ class DigestNode:
         from mindp import codec
         from mindp.protocol import Kind
 
-        from .test_node_core import N as SUMMED
+        from .node_steps import N as SUMMED
 
         self.params = {}
         addrs = codec.Addresses("02:00:00:00:00:01", "02:00:00:00:00:09", "10.0.0.1", "10.0.0.9")

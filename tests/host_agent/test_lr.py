@@ -10,7 +10,7 @@ from host_agent import lr, node_core, optim, reference, state
 from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup, Schedule
 
 from .helpers import BUDGET, initial_fp16, same_bits, small_model
-from .test_node_core import JOB, N, S, assemble, run_step
+from .node_steps import JOB, N, S, assemble, run_step
 
 torch = pytest.importorskip("torch")
 L = torch.optim.lr_scheduler

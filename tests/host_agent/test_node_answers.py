@@ -16,7 +16,7 @@ from host_agent.optim import OptimizerConfig
 from mindp import codec
 
 from .helpers import initial_fp16, same_bits, small_model, step_sums, sum_headers
-from .test_node_core import JOB, N, S, assemble, open_core
+from .node_steps import JOB, N, S, assemble, open_core
 
 STEPS = 4
 

@@ -11,43 +11,7 @@ from host_agent.optim import OptimizerConfig
 from mindp.protocol import K, Flag
 
 from .helpers import BUDGET, SCALE, initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
-
-N, S, JOB = 3, 8, 1
-
-
-def open_core(tmp_path, init, cfg, budget=BUDGET, create=True, sync="step", **kw):
-    lay = optim.layout_of(init)
-    if create:
-        state.create(tmp_path, lay, state.init_pieces(lay, init), cfg, page_chunks=32)
-    return node_core.NodeCore(state.Store(tmp_path, budget, sync=sync), JOB, N, S, **kw)
-
-
-def run_step(core, lay, gf, step, params, rng, dup=0.3, batch=5, only=None, window=None):
-    """Feed one step's sums (shuffled, or within `window` of their place; some twice) in batches;
-    returns {chunk: [(flags, params) for each answer]}."""
-    sums, nf = step_sums(lay, gf, N, step, params)
-    chunks = list(range(lay.n_chunks)) if only is None else list(only)
-    chunks += [c for c in chunks if rng.random() < dup]
-    if window:
-        chunks.sort(key=lambda c: c + rng.random() * window)  # the order of a window of slots
-    else:
-        rng.shuffle(chunks)
-    sent = {}
-    for i in range(0, len(chunks), batch):
-        part = np.array(chunks[i : i + batch])
-        hdr, vals = core.handle(sum_headers(JOB, step, part, lay, S, N, nf), sums[part])
-        for h, v in zip(hdr, vals):
-            assert h["step"] == step
-            sent.setdefault(int(h["chunk"]), []).append((int(h["flags"]), v.copy()))
-    return sent
-
-
-def assemble(lay, sent, previous):
-    flat = lay.flatten(previous, dtype=np.float16)
-    flat = np.concatenate([flat, np.zeros(lay.n_chunks * K - lay.total, np.float16)])
-    for c, answers in sent.items():
-        flat[c * K : (c + 1) * K] = answers[0][1]
-    return lay.unflatten(flat[: lay.total])
+from .node_steps import JOB, N, S, assemble, open_core, run_step
 
 
 def test_retransmit_flag_of_a_fresh_sum_stays_on_its_parameters(tmp_path):

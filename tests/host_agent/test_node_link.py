@@ -131,7 +131,7 @@ def test_the_node_sends_consecutive_full_chunks_several_to_a_frame(tmp_path, mon
     from mindp.protocol import PARAM_CHUNKS_MAX, K, Kind, param_frame_len
 
     from .helpers import initial_fp16, step_sums, sum_headers
-    from .test_node_core import JOB, N, S, open_core
+    from .node_steps import JOB, N, S, open_core
 
     init = small_model()
     lay = optim.layout_of(init)

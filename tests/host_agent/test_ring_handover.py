@@ -12,7 +12,7 @@ import pytest
 
 from mindp import rxring
 
-from .test_rawsock_ring import FakeRing
+from .fake_ring import FakeRing
 
 WIDTH = 48  # the frames the readers want; FakeRing's 128-byte slots hold them after MAC_OFFSET
 SCRIBBLE = 0xEE

@@ -6,9 +6,9 @@ import pytest
 from host_agent import optim
 from mindp.topology import star
 
+from .entry_points import EXPLICIT, one_line_error, run
 from .helpers import small_model
-from .test_cli import EXPLICIT, one_line_error, run
-from .test_shard_net import sharded_topology
+from .shard_topology import sharded_topology
 
 CHUNKS = optim.layout_of(small_model()).n_chunks
 

@@ -12,8 +12,7 @@ from mindp.layout import shard_ranges
 from mindp.protocol import K, Flag
 
 from .helpers import BUDGET, SCALE, initial_fp16, same_bits, small_model, step_sums, sum_headers, with_nonfinite
-
-N, S, JOB = 3, 8, 1
+from .shard_steps import JOB, N, S, as_worker, feed
 
 
 def open_shards(tmp_path, init, cfg, m, create=True, budget=BUDGET):
@@ -25,27 +24,6 @@ def open_shards(tmp_path, init, cfg, m, create=True, budget=BUDGET):
             state.create(d, lay, state.init_pieces(lay, init), cfg, page_chunks=32, chunks=rng)
         cores.append(node_core.NodeCore(state.Store(d, budget), JOB, N, S))
     return cores
-
-
-def feed(core, lay, step, chunks, sums, nf):
-    """Sums of `chunks` to one shard in batches of 5; {chunk: (flags, params)} of its first answers."""
-    got = {}
-    for i in range(0, len(chunks), 5):
-        part = np.array(chunks[i : i + 5])
-        hdr, vals = core.handle(sum_headers(JOB, step, part, lay, S, N, nf), sums[part])
-        for h, v in zip(hdr, vals):
-            got.setdefault(int(h["chunk"]), (int(h["flags"]), v.copy()))
-    return got
-
-
-def as_worker(lay, got, before):
-    """A worker's parameters after the step: the answers, or those before it if any said NONFINITE."""
-    if any(f & Flag.NONFINITE for f, _ in got.values()):
-        return before
-    flat = np.zeros(lay.n_chunks * K, np.float16)
-    for c, (_, v) in got.items():
-        flat[c * K : (c + 1) * K] = v
-    return lay.unflatten(flat[: lay.total])
 
 
 def exports(tmp_path, cores, lay):

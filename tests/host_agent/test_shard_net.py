@@ -22,7 +22,7 @@ from host_agent.shards import NOTICE_PORT
 from mindp import codec, progress
 from mindp.harness import testbed
 from mindp.protocol import K, SHARD_NOTICE, SHARD_NOTICE_FORMAT, Kind
-from mindp.topology import Host, JobSpec, SwitchSpec, Topology, host_addresses, leafspine
+from mindp.topology import Host, JobSpec, Topology, host_addresses, leafspine
 from mindp.harness.treebed import TreeBed
 
 from tests.conftest import TARGET_PARAMS
@@ -30,22 +30,11 @@ from tests.conftest import TARGET_PARAMS
 from .aggregator import Aggregator
 from .harness import STALL, AgentFabric, NodeProcess, Workers, load_stats, node_args
 from .helpers import same_bits, small_model, with_nonfinite
+from .shard_topology import sharded_topology
 
 pytestmark = pytest.mark.net
 N, M, STEPS = 2, 2, 4
 CHUNKS = optim.layout_of(small_model()).n_chunks
-
-
-def sharded_topology(n_workers: int, m: int, chunks: int, slots: int = 8) -> Topology:
-    """One switch: workers w1_0.. on ports 1..n, shards opt1_0.. on the next m ports."""
-    hosts = {}
-    for port in range(1, n_workers + m + 1):
-        name = f"w1_{port - 1}" if port <= n_workers else f"opt1_{port - n_workers - 1}"
-        hosts[name] = Host(name, *host_addresses(port), port)
-    job = JobSpec(1, {i: f"w1_{i}" for i in range(n_workers)}, tuple(f"opt1_{i}" for i in range(m)), slots, chunks)
-    topo = Topology((SwitchSpec(),), hosts, [job])
-    topo.check()
-    return topo
 
 
 class ShardAggregator(Aggregator):

@@ -11,7 +11,7 @@ from mindp.protocol import K
 from mininet_topos.own_torchrun import commands
 from mininet_topos.progress import LogTail, Progress
 from tests.host_agent.helpers import initial_fp16, small_model
-from tests.host_agent.test_node_core import open_core, run_step
+from tests.host_agent.node_steps import open_core, run_step
 
 
 def test_the_node_reports_each_commit_once_with_every_chunk_it_updated(tmp_path):

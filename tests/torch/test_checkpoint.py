@@ -13,8 +13,8 @@ from host_agent.optim import ConfigError, OptimizerConfig, ParamGroup, Schedule 
 from mindp.torch import checkpoint, layout_arrays, models, spec  # noqa: E402
 from mindp.topology import JobSpec  # noqa: E402
 from tests.host_agent.helpers import initial_fp16, same_bits, step_sums  # noqa: E402
-from tests.host_agent.test_node_core import JOB, N, S, assemble, run_step  # noqa: E402
-from tests.host_agent.test_shard_core import as_worker, feed  # noqa: E402
+from tests.host_agent.node_steps import JOB, N, S, assemble, run_step  # noqa: E402
+from tests.host_agent.shard_steps import as_worker, feed  # noqa: E402
 
 L = torch.optim.lr_scheduler
 
