@@ -14,6 +14,14 @@ os.environ.setdefault("MINDP_K", "32")
 
 import pytest  # noqa: E402
 
+# pytest explains a failed assert (values, diffs) only in test modules, conftest files and modules
+# named here before their import: these helpers came out of test modules and keep that.
+pytest.register_assert_rewrite(
+    "tests.controller.ctl", "tests.dataplane.fuzzer", "tests.dataplane.sums", "tests.dataplane.vlan_tags",
+    "tests.host_agent.entry_points", "tests.host_agent.fake_ring", "tests.host_agent.node_steps",
+    "tests.host_agent.shard_steps", "tests.host_agent.shard_topology", "tests.softswitch.both_paths",
+    "tests.softswitch.engines", "tests.softswitch.p4rt_client", "tests.softswitch.payloads", "tests.tools.dissector")
+
 from controller.p4runtime import TIMEOUT_ENV  # noqa: E402
 from mindp import progress, protocol, targets  # noqa: E402
 from mindp.harness import testbed  # noqa: E402
