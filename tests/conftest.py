@@ -6,6 +6,7 @@ A new test is parallel-safe when it names namespaces and interfaces through mind
 keeps its files under tmp_path. It waits with mindp.progress (no progress for a while fails, slow
 progress never does), never with a fixed deadline."""
 import os
+import pathlib
 
 # The suite runs at K = 32 (BMv2's, and the size its small models and pages were written for) unless
 # MINDP_K says otherwise: make test's second pass runs the packet-level tests at the default K.
@@ -15,12 +16,10 @@ os.environ.setdefault("MINDP_K", "32")
 import pytest  # noqa: E402
 
 # pytest explains a failed assert (values, diffs) only in test modules, conftest files and modules
-# named here before their import: these helpers came out of test modules and keep that.
-pytest.register_assert_rewrite(
-    "tests.controller.ctl", "tests.dataplane.fuzzer", "tests.dataplane.sums", "tests.dataplane.vlan_tags",
-    "tests.host_agent.entry_points", "tests.host_agent.fake_ring", "tests.host_agent.node_steps",
-    "tests.host_agent.shard_steps", "tests.host_agent.shard_topology", "tests.softswitch.both_paths",
-    "tests.softswitch.engines", "tests.softswitch.p4rt_client", "tests.softswitch.payloads", "tests.tools.dissector")
+# registered before their import: every test package's helper modules (harnesses, steps, clients)
+# are, as if their asserts were in the tests that call them.
+pytest.register_assert_rewrite(*sorted(f"tests.{d.name}" for d in pathlib.Path(__file__).parent.iterdir()
+                                       if (d / "__init__.py").is_file()))
 
 from controller.p4runtime import TIMEOUT_ENV  # noqa: E402
 from mindp import progress, protocol, targets  # noqa: E402

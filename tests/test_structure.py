@@ -8,7 +8,7 @@ import ast
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("mindp", "host_agent", "controller", "softswitch", "mininet_topos", "p4src", "bench", "tools")
+PACKAGES = ("mindp", "host_agent", "controller", "softswitch", "mininet_topos", "p4src", "bench", "tools", "tests")
 MAX_LINES = 700
 #: The ground: what every other part builds on, importing nothing of the project but itself.
 GROUND = ("mindp.protocol", "mindp.codec", "mindp.layout", "mindp.fixedpoint", "mindp.layers",
@@ -65,7 +65,7 @@ def imports(name: str, top_level_only: bool) -> set[str]:
             out.update(subs)
             if len(subs) < len(node.names):  # (a name of the package, not a module of it)
                 out.add(base)
-    return {m for m in out if m != name and m.split(".")[0] in PACKAGES + ("tests",)}
+    return {m for m in out if m != name and m.split(".")[0] in PACKAGES}
 
 
 def test_no_module_is_longer_than_the_brief_allows():
@@ -115,6 +115,22 @@ def test_the_ground_imports_nothing_above_it():
     for m in GROUND:
         above = {n for n in imports(m, top_level_only=False) if n not in GROUND and n != "mindp"}
         assert not above, f"{m} imports {sorted(above)}"
+
+
+def is_test_module(module: str) -> bool:
+    return module.startswith("tests.") and module.rpartition(".")[2].startswith("test_")
+
+
+#: Collects test_node_core's and test_storage's tests again under its own fixture, on purpose.
+RECOLLECTS = "tests.host_agent.test_pipeline"
+
+
+def test_tests_share_helpers_through_harness_modules_never_through_test_modules():
+    """A helper two test modules need lives in a module of its own (tests/*/helpers.py, harness.py,
+    makerun.py ...): importing a test module runs its fixtures and tests' definitions in the other."""
+    wrong = {m: sorted(filter(is_test_module, imports(m, top_level_only=False)))
+             for m in MODULES if m.startswith("tests") and m != RECOLLECTS}
+    assert not {m: n for m, n in wrong.items() if n}
 
 
 def test_no_library_imports_a_harness_or_a_tool():

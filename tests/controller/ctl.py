@@ -20,7 +20,7 @@ def ctl_command() -> list[str]:
 
 def in_process(argv: list[str]) -> subprocess.CompletedProcess:
     """mindp-ctl's main in this process (a process start costs ~0.4 s of CPU; the entry point itself
-    is run as a process by the tests below that call ctl_command)."""
+    is run as a process by the tests that call ctl_command)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
