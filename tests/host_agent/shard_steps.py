@@ -1,12 +1,11 @@
-"""Sharded optimizer nodes' steps without a network: the job's shape (N workers, S slots, job JOB), a
+"""Sharded optimizer nodes' steps without a network, for node_steps' job (N workers, S slots, job JOB): a
 step's sums fed to one shard's NodeCore, and the parameters a worker keeps from the shards' answers."""
 import numpy as np
 
 from mindp.protocol import K, Flag
 
 from .helpers import sum_headers
-
-N, S, JOB = 3, 8, 1
+from .node_steps import JOB, N, S  # the same job as one node's
 
 
 def feed(core, lay, step, chunks, sums, nf):

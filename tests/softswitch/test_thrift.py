@@ -16,12 +16,11 @@ from softswitch.engine import Engine
 from softswitch.p4runtime_server import Server, SwitchService
 from softswitch.thrift_server import ThriftServer
 
-from .p4rt_client import Client, l2_update, p4info
+from .p4rt_client import L2, Client, l2_update, p4info
 
 PROGRAM = json.loads(artifacts.BMV2_JSON.read_text())
 REG64 = next(r for r in PROGRAM["register_arrays"] if r["bitwidth"] == 64)
 COUNTER = next(c for c in PROGRAM["counter_arrays"] if not c.get("is_direct"))
-L2 = "MindpIngress.forwarding.l2_forward"
 
 
 def mcast_update(gid: int, replicas):
