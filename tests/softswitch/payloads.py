@@ -1,7 +1,5 @@
-"""Frames for the batched-I/O tests: the size of a batch's slot (softswitch.batch's) and random bodies."""
+"""Random frame bodies for the batched-I/O tests."""
 import numpy as np
-
-SLOT = 65544
 
 
 def body(n: int, seed: int) -> bytes:

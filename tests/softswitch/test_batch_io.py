@@ -15,13 +15,13 @@ from host_agent import rawsock
 from mindp import mmsg, progress, protocol, targets
 from mindp.harness import testbed
 from mindp.topology import Host
-from softswitch.batch import Batch
+from softswitch.batch import SLOT, Batch
 from softswitch.dataplane import DataPlane
 from softswitch.engine import Engine
 from softswitch.ports import TAG, Port
 
 from . import compiled
-from .payloads import SLOT, body
+from .payloads import body
 
 pytestmark = pytest.mark.net
 

@@ -13,11 +13,11 @@ import pytest
 from mindp import progress, targets, vnet
 from mindp.harness import testbed
 from mindp.topology import Host
-from softswitch.batch import Batch
+from softswitch.batch import SLOT, Batch
 from softswitch.dataplane import DataPlane
 from softswitch.ports import Port
 
-from .payloads import SLOT, body
+from .payloads import body
 
 pytestmark = pytest.mark.net
 
