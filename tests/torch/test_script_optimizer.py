@@ -11,6 +11,15 @@ torch = pytest.importorskip("torch")
 from mindp.torch import script  # noqa: E402
 
 
+def exit_line(call, *args) -> str:
+    """The line a refused call ends the rank with (SystemExit's code): one line, as every refusal."""
+    with pytest.raises(SystemExit) as exc:
+        call(*args)
+    msg = str(exc.value.code)
+    assert "\n" not in msg, msg
+    return msg
+
+
 def lr_checker(torch_opt, sched=None) -> script.Optimizer:
     """step()'s lr check alone: a mindp Optimizer without a network over `torch_opt`."""
     from host_agent import lr
@@ -48,10 +57,8 @@ def test_an_lr_the_node_does_not_apply_ends_the_script_in_one_line():
     opt = lr_checker(o, sched)
     o._opt_called = True
     opt._check_lr(0)
-    with pytest.raises(SystemExit) as exc:  # the scheduler not stepped: the node's lr moved on, the script's not
-        opt._check_lr(1)
-    msg = str(exc.value.code)
-    assert msg.startswith("mindp.torch: step 1: the script's optimizer holds lr 0.001, the node applied ") and "\n" not in msg
+    msg = exit_line(opt._check_lr, 1)  # the scheduler not stepped: the node's lr moved on, the script's not
+    assert msg.startswith("mindp.torch: step 1: the script's optimizer holds lr 0.001, the node applied ")
     assert "(cosine schedule from lr 0.01, parameter group 0)" in msg
     sched.step()
     opt._check_lr(1)
@@ -150,11 +157,9 @@ def test_follow_lr_tells_each_groups_lr_and_checks_every_group_still_holds_it():
     opt._tell_lr()
     o.param_groups[1]["lr"] = 7.0  # a group training nothing: not told, not checked
     o.param_groups[2]["lr"] = 0.5  # changed after the step's first gradient left
-    with pytest.raises(SystemExit) as exc:
-        opt._check_lr(3)
-    msg = str(exc.value.code)
+    msg = exit_line(opt._check_lr, 3)
     assert msg.startswith("mindp.torch: step 3: parameter group 2 holds lr 0.5, but the node applied 0.002") \
-        and "set the lrs before backward()" in msg and "\n" not in msg
+        and "set the lrs before backward()" in msg
     same = torch.optim.SGD([{"params": [m[0].weight]}, {"params": [m[0].bias]}], lr=0.01)
     assert [g.params for g in optimizer_config(same, None, m, follow_lr=True).groups] == [("0.bias",)]
     assert optimizer_config(same, None, m).groups == ()  # replayed schedules: the same lr, one group
@@ -172,11 +177,9 @@ def test_a_hyper_parameter_other_than_the_lr_changed_by_the_script_ends_the_rank
     sched = torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=10)
     o._opt_called = True
     sched.step()
-    with pytest.raises(SystemExit) as exc:
-        opt._check_fixed(1)
-    msg = str(exc.value.code)
+    msg = exit_line(opt._check_fixed, 1)
     assert msg.startswith("mindp.torch: step 1: parameter group 0's betas changed from (0.9, 0.999) to (") \
-        and "only the lr may change" in msg and "\n" not in msg
+        and "only the lr may change" in msg
 
 
 def test_a_parameter_group_added_after_init_ends_the_rank_in_one_line():
@@ -190,11 +193,9 @@ def test_a_parameter_group_added_after_init_ends_the_rank_in_one_line():
     opt.fixed = [{}]
     opt._check_fixed(0)
     o.add_param_group({"params": list(m[0].parameters()), "lr": 0.001})
-    with pytest.raises(SystemExit) as exc:
-        opt._check_fixed(1)
-    msg = str(exc.value.code)
+    msg = exit_line(opt._check_fixed, 1)
     assert msg.startswith("mindp.torch: step 1: the optimizer's parameter groups changed since init") \
-        and "build every group before mindp.torch.init" in msg and "\n" not in msg
+        and "build every group before mindp.torch.init" in msg
 
 
 def test_torch_amp_grad_scaler_is_refused_in_one_line():
@@ -205,7 +206,5 @@ def test_torch_amp_grad_scaler_is_refused_in_one_line():
     opt.torch_optimizer = torch.optim.SGD(m.parameters(), lr=0.1)
     scaler = torch.amp.GradScaler("cpu")
     scaler.scale(m(torch.ones(1, 2)).sum()).backward()
-    with pytest.raises(SystemExit) as exc:
-        scaler.step(opt)
-    msg = str(exc.value.code)
+    msg = exit_line(scaler.step, opt)
     assert msg == script.GRAD_SCALER_REFUSED and msg.startswith("mindp.torch: torch.amp.GradScaler is not supported")
