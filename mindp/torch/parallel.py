@@ -62,6 +62,7 @@ class DataParallel:
         self.wait_seconds = 0.0  # the last finish()'s wait for the step's parameters (after backward)
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self._written = self._stamps()  # each parameter as the network last left it
+        self._values: dict[str, np.ndarray] = {}  # the fp16 values finish() last wrote (see _check_values)
         # called once a step before its first gradient leaves (a script Optimizer checks its lr there)
         self.before_send: Callable[[], None] | None = None
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
@@ -126,6 +127,20 @@ class DataParallel:
                              "(load_state_dict, an edit, `.data =`, .to() or .double(), after init): the optimizer "
                              "node holds them and would undo it; load weights before init")
 
+    def _check_values(self) -> None:
+        """Refuse parameters whose values changed since finish() wrote them: an in-place edit through
+        `.data` (WGAN's `p.data.clamp_()`) moves no version counter, and the node's next parameters
+        would undo it without a word. The values written stay as they were in the agent's buffer
+        until its next wait() returns (it receives a step into its other buffer): read, not copied.
+        Compared as float32 bits (fp16 widens exactly), so a NaN or an Inf is the same as itself."""
+        edited = [n for n, p in self.named.items() if n in self._values and not torch.equal(
+            p.detach().view(torch.int32), torch.from_numpy(self._values[n]).float().view(torch.int32))]
+        if edited:
+            raise self.error(f"{listed(edited, 3)}: values changed since the network last wrote the parameters (an "
+                             "in-place edit through .data, such as p.data.clamp_()): the optimizer node holds them "
+                             "and its next parameters would undo it; change parameters through the model's loss, "
+                             "or before init")
+
     def begin(self, set_to_none: bool = True) -> None:
         """Start a step: gradients from now on go to the network as autograd finishes each
         (set_to_none: as torch's zero_grad; False leaves zeros that backward() adds to)."""
@@ -161,6 +176,7 @@ class DataParallel:
         for name, p in self.named.items():  # gradients accumulated under no_sync, or zeros for unused ones
             if name not in h.put_names:
                 h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(self._dense(name, p.grad)))
+        self._check_values()  # (here, while the step's last parameters are on their way)
         t = time.perf_counter()
         params = h.wait()
         self.wait_seconds = time.perf_counter() - t
@@ -169,7 +185,7 @@ class DataParallel:
         with torch.no_grad():
             for name, p in self.named.items():  # fp16 to float32 in the copy (exact), no temporary
                 p.copy_(torch.from_numpy(params[name]))
-        self._written = self._stamps()
+        self._written, self._values = self._stamps(), params
         self.module.zero_grad(set_to_none=True)
         self._pushed.clear()
         return params
