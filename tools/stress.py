@@ -27,9 +27,9 @@ worker's step digest may have differed (a divergence the digest caught and repai
 Each scenario runs in its own process (`--replay`); one that diverges or fails keeps its directory
 (config.json, the agents' logs and stats, a pcap per switch port, verdict.json) and the command
 replaying it (beside as many busy loops as the loop's --load) is printed; one that cannot run here
-(BMv2 absent, make run's lock busy) is skipped with its reason. Timed faults replay at the same
-moments, not the same packet order. The last line reads `<n> scenarios, <m> divergences`. Exit 0
-when there is none.
+(BMv2 or, for a torch model, PyTorch absent; make run's lock busy) is skipped with its reason. Timed
+faults replay at the same moments, not the same packet order. The last line reads `<n> scenarios, <m>
+divergences`. Exit 0 when there is none.
 """
 from __future__ import annotations
 

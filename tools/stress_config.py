@@ -2,6 +2,7 @@
 loop draws one at random. Pure logic: no process, no network."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import pathlib
 import random
@@ -28,6 +29,11 @@ SMALL_GPT = '{"d": 16, "layers": 1, "heads": 2, "ctx": 8}'
 SOCKBUFS = (32 << 10, 64 << 10, 256 << 10)
 #: A scenario that takes longer than this (seconds) is stopped and counted as failed.
 SCENARIO_CAP = 900
+
+
+def torch_installed() -> bool:
+    """Whether PyTorch imports here (make run's cnn, gpt and scripts need it; setup may leave it out)."""
+    return importlib.util.find_spec("torch") is not None
 
 
 class ConfigError(ValueError):
@@ -99,6 +105,8 @@ class Config:
             k = self.k or protocol.K
             if not protocol.bmv2_fits(k):
                 return f"BMv2 runs K up to {protocol.BMV2_MAX_K}, not {k}"
+        if self.family == "makerun" and self.model != "mlp" and not torch_installed():
+            return f"PyTorch is not installed ({'SCRIPT=' if self.script else 'MODEL=' + self.model} needs it: make torch)"
         k = self.k or protocol.K
         if self.family in SWITCH_FAMILIES and not artifacts.program(k).exists():
             return f"no compiled program for K = {k} (p4src/compiled/k{k}/: make p4 K={k})"

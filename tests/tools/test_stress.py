@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from mindp import protocol, targets
-from tools import stress, stress_makerun, stress_sockbuf
+from tools import stress, stress_config, stress_makerun, stress_sockbuf
 from tools.stress_config import BMV2_KS, FAMILIES, SCRIPTS, SMALL_GPT, SWITCH_FAMILIES, Config, Event, random_config
 
 
@@ -80,6 +80,20 @@ def test_bmv2_scenarios_are_skipped_with_a_reason(monkeypatch):
     assert Config("bmv2", 1, k=32).skip_reason() == "BMv2 (simple_switch_grpc) is not installed"
     verdict = stress.run_scenario(Config("bmv2", 1, k=32), None)
     assert verdict == {"result": "skipped", "reason": "BMv2 (simple_switch_grpc) is not installed"}
+
+
+def test_makerun_scenarios_that_need_pytorch_are_skipped_where_it_is_not_installed(monkeypatch):
+    """make setup goes on without torch where PyTorch's index is unreachable: make stress then failed
+    every cnn, gpt and script scenario (make run refuses them) instead of skipping them."""
+    cnn, script, mlp = Config("makerun", 1, model="cnn"), Config("makerun", 1, model="script", script=SCRIPTS[0]), \
+        Config("makerun", 1, model="mlp")
+    monkeypatch.setattr(stress_config, "torch_installed", lambda: True)
+    assert cnn.skip_reason() is None and script.skip_reason() is None
+    monkeypatch.setattr(stress_config, "torch_installed", lambda: False)
+    assert cnn.skip_reason() == "PyTorch is not installed (MODEL=cnn needs it: make torch)"
+    assert script.skip_reason() == "PyTorch is not installed (SCRIPT= needs it: make torch)"
+    assert mlp.skip_reason() is None
+    assert stress.run_scenario(cnn, None) == {"result": "skipped", "reason": cnn.skip_reason()}
 
 
 def test_makerun_command_for_a_script_gives_its_steps_and_gpt_as_its_arguments(tmp_path):
@@ -322,6 +336,8 @@ def test_every_makerun_command_passes_make_runs_own_checks(tmp_path):
     assert any(c.script and not c.agent_loss for c in configs) and any(c.script and c.agent_loss for c in configs)
     parser = run.build_parser()
     for c in configs:
+        if c.skip_reason():  # (where PyTorch is not installed, its models' and scripts': make stress skips them too)
+            continue
         cmd = stress_makerun.command(c, tmp_path)
         args = parser.parse_args(cmd[cmd.index("mininet_topos.run") + 1:])
         run.settings(args, run.given_names(args, parser), None)  # raises config.RunConfigError if refused
