@@ -126,6 +126,20 @@ def put(frames: np.ndarray, off: int, grad: np.ndarray, nonfinite: np.ndarray, k
         _put_bits(_fp16_bits(flat), True, out.reshape(-1), width, off, nonfinite)
 
 
+def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = None) -> bool:
+    """Whether elements off .. off + grad.size of the frames are grad as put() writes it (rounded to
+    fp16): put() again into rows of its own (the first and last copied, for other tensors' elements
+    there), the elements compared (not the headers: a pump thread may flag a row meanwhile). Only
+    the caller's put() writes elements."""
+    flat = np.ravel(grad)
+    lo, hi = off // K, -(-(off + flat.size) // K)
+    rows = frames[lo:hi]
+    again = np.empty_like(rows)
+    again[[0, -1]] = rows[[0, -1]]
+    put(again, off - lo * K, flat, np.zeros(len(again), np.uint8), kernel)
+    return np.array_equal(again[:, 2 * BODY16:], rows[:, 2 * BODY16:])
+
+
 def warm(kernel: str | None = None) -> None:
     """Compile (or load from numba's cache) put()'s kernel for float32 gradients now: a first put
     that compiled it held a worker's first gradients for minutes on a loaded machine, longer than

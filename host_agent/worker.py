@@ -289,6 +289,12 @@ class StepHandle:
                         else:
                             self.pump(0.0)
 
+    def holds(self, name: str, grad) -> bool:
+        """Whether this step's frames hold `grad` as put() wrote the gradient `name` (fp16 bits):
+        False once it changed after it was put, by whatever means."""
+        a = self.agent
+        return gradframes.holds(a.frames, a.layout.offsets[name], gradframes.as_array(grad), a.kernel)
+
     def _encode(self) -> None:
         """This step's fields into every chunk's frame, in place, once a step: put() writes the
         gradients, and the NONFINITE flag of a chunk given one. No frame of the step before is sent

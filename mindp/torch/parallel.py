@@ -159,7 +159,7 @@ class DataParallel:
         h, self._handle = self._handle, None
         if h is None:
             h = self.agent.start_step()
-        self._check_unchanged()
+        self._check_unchanged(h)
         self._check_parameters()
         unused = [n for n, p in self.named.items() if n not in h.put_names and p.grad is None]
         if len(unused) == len(self.named):
@@ -195,12 +195,14 @@ class DataParallel:
         """Whether a backward() of the step in progress has sent a gradient."""
         return bool(self._pushed)
 
-    def _check_unchanged(self) -> None:
+    def _check_unchanged(self, h) -> None:
         """Refuse a step whose gradients changed after the hook sent them (clip_grad_norm_, a manual
-        rescale, an in-place op): the network already holds the values of backward() time."""
+        rescale, an in-place op): the network already holds the values of backward() time. An edit
+        through `.grad.data` (an old idiom: `p.grad.data.clamp_(-1, 1)`) moves no version counter:
+        the step's frames, still holding what was sent, tell it."""
         for name, (ident, version) in self._pushed.items():
             g = self.named[name].grad
-            if g is None or id(g) != ident or g._version != version:
+            if g is None or id(g) != ident or g._version != version or not h.holds(name, self._unscaled(g)):
                 self._handle = None
                 raise GradientChanged(f"the gradient of {name} changed after backward() sent it (clipping or "
                                       f"rescaling gradients is not supported: {CHANGED_HINT})")

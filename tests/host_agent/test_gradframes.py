@@ -68,6 +68,33 @@ def test_finite_gradients_mark_nothing(kernel):
     assert not bad.any()
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("off,size", [(0, ROWS * K), (3, 1), (K - 3, K + 9)])
+def test_holds_tells_whether_the_frames_still_hold_a_gradient_as_put_wrote_it(kernel, off, size):
+    """Any element whose fp16 bits differ is a change; a float32 change fp16 cannot see, a header
+    flagged by the pump thread, or another tensor's elements in the same rows are not."""
+    rng = np.random.default_rng(off + size)
+    frames, g = frames_of(rng), hard_values(rng, size)
+    i = size // 2
+    g[i] = np.float32(0.3)  # an ordinary value to edit
+    gradframes.put(frames, off, g, np.zeros(ROWS, np.uint8), kernel)
+    assert gradframes.holds(frames, off, g, kernel)
+    frames[:, codec.PREFIX_LEN + 2] ^= 0x02  # RETRANSMIT flags
+    first, col = divmod(off, K)
+    frames[first, BODY : BODY + 2 * col] ^= 0xFF  # the tensor before's elements
+    last, col = divmod(off + size, K)
+    frames[last:last + 1, BODY + 2 * col:] ^= 0xFF  # the next tensor's (or rows of no element of g)
+    frames[last + 1:, BODY:] ^= 0xFF
+    assert gradframes.holds(frames, off, g, kernel)
+    finer = g.copy()
+    finer[i] = np.float32(0.3 + 1e-6)
+    assert finer[i] != g[i] and np.float16(finer[i]) == np.float16(g[i])
+    assert gradframes.holds(frames, off, finer, kernel)  # the same fp16
+    edited = g.copy()
+    edited[i] = np.float32(0.6)
+    assert not gradframes.holds(frames, off, edited, kernel)
+
+
 def test_put_refuses_what_does_not_fit():
     frames, bad = frames_of(np.random.default_rng(2)), np.zeros(ROWS, np.uint8)
     with pytest.raises(ValueError):

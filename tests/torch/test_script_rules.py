@@ -13,7 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mindp import progress  # noqa: E402
+from host_agent import gradframes  # noqa: E402
+from mindp import codec, progress  # noqa: E402
+from mindp.protocol import Kind  # noqa: E402
 from mindp.torch import parallel, runscript, script  # noqa: E402
 from mininet_topos import rankerrors  # noqa: E402
 
@@ -37,12 +39,19 @@ def test_frozen_parameters_are_left_out_of_the_layout():
 
 
 class FakeHandle:
+    """A step's handle without a network: its frames hold what put() was given, as the agent's do."""
+
     def __init__(self, layout):
         self.layout, self.put_names, self.got = layout, set(), {}
+        self.frames = np.zeros((layout.n_chunks, codec.frame_len(Kind.GRAD)), np.uint8)
 
     def put(self, name, grad):
         self.put_names.add(name)
         self.got[name] = grad.detach().clone()
+        gradframes.put(self.frames, self.layout.offsets[name], gradframes.as_array(grad), np.zeros(len(self.frames), np.uint8))
+
+    def holds(self, name, grad):
+        return gradframes.holds(self.frames, self.layout.offsets[name], gradframes.as_array(grad))
 
     def wait(self):
         return {s.name: np.zeros(s.shape, np.float16) for s in self.layout.specs}
@@ -70,6 +79,22 @@ def test_a_gradient_changed_after_backward_is_refused_not_lost():
     m(torch.ones(2, 4)).sum().backward()
     torch.nn.utils.clip_grad_value_([m[1].weight], 1e-3)  # not a mindp Optimizer's: torch's own function
     with pytest.raises(parallel.GradientChanged, match=r"^the gradient of 1.weight changed after backward"):
+        dp.finish()
+
+
+def test_a_gradient_edited_through_grad_data_is_refused_though_no_counter_moved():
+    """`p.grad.data.clamp_(-1, 1)` (old DQN scripts) moves no version counter: the step's frames
+    tell. An edit that leaves every fp16 value as sent changes nothing the network holds: no error."""
+    m = frozen_model()
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp.begin()
+    m(torch.ones(2, 4)).sum().backward()
+    m[1].bias.grad.data.add_(1e-6)  # 2.0 + 1e-6 rounds to fp16's 2.0: as sent
+    dp.finish()
+    dp.begin()
+    m(torch.ones(2, 4)).sum().backward()
+    m[1].bias.grad.data.clamp_(-1, 1)  # the bias's gradient is 2 (two examples)
+    with pytest.raises(parallel.GradientChanged, match=r"^the gradient of 1.bias changed after backward"):
         dp.finish()
 
 
