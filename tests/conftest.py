@@ -1,5 +1,6 @@
-"""Shared by every test package: the switch targets a test runs against, and what keeps
-concurrent test workers (pytest-xdist, `make test`) apart.
+"""Shared by every test package: the suite's K, the order its tests are handed out in, and what keeps
+concurrent test workers (pytest-xdist, `make test`) apart. The switch targets a test runs against are
+tests/target_params.py's.
 
 A new test is parallel-safe when it names namespaces and interfaces through mindp.harness.testbed
 (Testbed, TreeBed, or testbed.tagged for its own names), takes ports from targets.free_port and
@@ -22,18 +23,9 @@ pytest.register_assert_rewrite(*sorted(f"tests.{d.name}" for d in pathlib.Path(_
                                        if (d / "__init__.py").is_file()))
 
 from controller.p4runtime import TIMEOUT_ENV  # noqa: E402
-from mindp import progress, protocol, targets  # noqa: E402
+from mindp import progress, targets  # noqa: E402
 from mindp.harness import testbed  # noqa: E402
-
-#: The embedded switch always; BMv2 simple_switch_grpc wherever it is installed, at a K it can run
-#: (up to protocol.BMV2_MAX_K: make test's first pass; the second, at the large K, is the embedded switch's).
-TARGET_PARAMS = [
-    pytest.param("embedded"),
-    pytest.param("bmv2", marks=[
-        pytest.mark.skipif(targets.find_bmv2() is None, reason="BMv2 simple_switch_grpc not installed"),
-        pytest.mark.skipif(not protocol.bmv2_fits(protocol.K),
-                           reason=f"BMv2 runs K up to {protocol.BMV2_MAX_K} (its packets grow by 512 bytes at most)")]),
-]
+from tests.target_params import DATAPLANE_TARGETS  # noqa: E402
 
 # Each xdist worker (gw0, gw1, ...) gets its own slice of TCP ports, and every test process a name
 # tag on namespaces and interfaces that no other live process holds, so that even two test runs
@@ -92,9 +84,3 @@ def shared_switch_unit(nodeid: str) -> str | None:
     target = max((t for t in DATAPLANE_TARGETS if params == t + "]" or params.startswith(t + "-")), key=len,
                  default=None)
     return f"{path}[{target}]" if target else None
-
-
-#: The packet tests (tests/dataplane) also run on the embedded switch's Python pipeline, the reference
-#: its compiled pipeline (the default "embedded") must equal.
-DATAPLANE_TARGET_PARAMS = [TARGET_PARAMS[0], pytest.param("embedded-python"), *TARGET_PARAMS[1:]]
-DATAPLANE_TARGETS = [p.values[0] for p in DATAPLANE_TARGET_PARAMS]

@@ -117,8 +117,8 @@ def test_the_ground_imports_nothing_above_it():
         assert not above, f"{m} imports {sorted(above)}"
 
 
-def is_test_module(module: str) -> bool:
-    return module.startswith("tests.") and module.rpartition(".")[2].startswith("test_")
+def loaded_by_pytest(module: str) -> bool:
+    return module.startswith("tests.") and module.rpartition(".")[2].startswith(("test_", "conftest"))
 
 
 #: Collects test_node_core's and test_storage's tests again under its own fixture, on purpose.
@@ -127,8 +127,9 @@ RECOLLECTS = "tests.host_agent.test_pipeline"
 
 def test_tests_share_helpers_through_harness_modules_never_through_test_modules():
     """A helper two test modules need lives in a module of its own (tests/*/helpers.py, harness.py,
-    makerun.py ...): importing a test module runs its fixtures and tests' definitions in the other."""
-    wrong = {m: sorted(filter(is_test_module, imports(m, top_level_only=False)))
+    makerun.py ...): importing a test module runs its tests' definitions in the other, and pytest
+    loads each conftest.py itself (its fixtures), not to be imported."""
+    wrong = {m: sorted(filter(loaded_by_pytest, imports(m, top_level_only=False)))
              for m in MODULES if m.startswith("tests") and m != RECOLLECTS}
     assert not {m: n for m, n in wrong.items() if n}
 

@@ -11,9 +11,9 @@ from mindp.protocol import K, Kind
 from mindp.harness import testbed
 from mindp.topology import Host, star
 
-from tests.conftest import TARGET_PARAMS
+from tests.target_params import TARGET_PARAMS
 
-from .conftest import Switch
+from .switch import Switch
 
 pytestmark = pytest.mark.net
 

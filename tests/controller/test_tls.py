@@ -6,7 +6,7 @@ import pytest
 from controller.p4runtime import TLS, SwitchConnection, SwitchError
 from mindp import progress, targets
 
-from ..conftest import TARGET_PARAMS
+from tests.target_params import TARGET_PARAMS
 
 
 def openssl(*args, cwd):

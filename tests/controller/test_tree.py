@@ -13,9 +13,9 @@ from controller import cli
 from controller.controller import Controller, ControllerError
 from controller.treectl import TreeController
 from mindp.topology import JobSpec, Topology, leafspine
-from tests.conftest import TARGET_PARAMS
+from tests.target_params import TARGET_PARAMS
 
-from .conftest import Switch
+from .switch import Switch
 
 
 @pytest.fixture(params=TARGET_PARAMS)

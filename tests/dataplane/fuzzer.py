@@ -11,7 +11,7 @@ from mindp import codec
 from mindp.protocol import K, Kind
 from mindp.switch_constants import STEP_WINDOW
 
-from .conftest import random_fp16
+from .fabric import random_fp16
 from .vlan_tags import tagged
 
 NO_JOB = N.NO_JOB_ROW

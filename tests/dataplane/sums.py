@@ -6,7 +6,7 @@ from mindp import codec
 from mindp.fixedpoint import exact_sum
 from mindp.protocol import Kind
 
-from .conftest import random_fp16
+from .fabric import random_fp16
 
 
 def only_sums_at(fabric, got, host, n):

@@ -10,7 +10,7 @@ from mindp import progress
 from mindp.fixedpoint import exact_sum
 
 from ..controller.ctl import ctl_command
-from .conftest import random_fp16
+from .fabric import random_fp16
 from .sums import only_sums_at
 
 pytestmark = pytest.mark.net

@@ -13,7 +13,7 @@ from mindp.fixedpoint import exact_sum
 from mindp.protocol import K, Kind
 from mindp.switch_constants import STEP_WINDOW
 
-from .conftest import random_fp16
+from .fabric import random_fp16
 from .sums import complete_round, only_sums_at
 from .vlan_tags import stripped_by_kernel, tagged
 

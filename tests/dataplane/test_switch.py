@@ -14,7 +14,7 @@ from mindp.fixedpoint import exact_sum
 from mindp.layers import Mindp
 from mindp.protocol import ETH_LEN, K, Flag, Kind, UDP_PORT, link_mtu, param_frame_len
 
-from .conftest import param_frame, random_fp16, unchanged_but_addresses
+from .fabric import param_frame, random_fp16, unchanged_but_addresses
 from .sums import only_sums_at
 
 pytestmark = pytest.mark.net

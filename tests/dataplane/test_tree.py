@@ -13,7 +13,7 @@ from mindp import codec
 from mindp.fixedpoint import exact_sum
 from mindp.protocol import K, Flag, Kind
 
-from .conftest import _epoch, param_frame, random_fp16, unchanged_but_addresses
+from .fabric import epochs, param_frame, random_fp16, unchanged_but_addresses
 
 pytestmark = pytest.mark.net
 
@@ -45,7 +45,7 @@ def leaf(fabric):
     """Job 3 as a leaf: workers w1_0, w1_1; its uplink is opt1's port (the node's addresses: opt2's)."""
     node = at(fabric, "opt2")
     uplink = AttachedHost(fabric.hosts["opt1"].port, node.mac, node.ip, "spine")
-    job = JobState(3, SlotRange(300, 4), next(_epoch), {0: at(fabric, "w1_0"), 1: at(fabric, "w1_1")}, uplink,
+    job = JobState(3, SlotRange(300, 4), next(epochs), {0: at(fabric, "w1_0"), 1: at(fabric, "w1_1")}, uplink,
                    uplink=uplink, child_id=CHILD_ID)
     inst = Installed(fabric, job)
     yield job
@@ -61,7 +61,7 @@ def spine(fabric):
     each); node opt1."""
     children = {c: AttachedHost(fabric.hosts[f"w1_{c}"].port, f"02:00:00:00:01:0{c}", f"10.0.1.{c + 1}", f"leaf{c}")
                 for c in range(3)}
-    job = JobState(4, SlotRange(400, 4), next(_epoch), children, at(fabric, "opt1"), children=BENEATH)
+    job = JobState(4, SlotRange(400, 4), next(epochs), children, at(fabric, "opt1"), children=BENEATH)
     inst = Installed(fabric, job)
     yield job
     inst.remove()
@@ -71,7 +71,7 @@ def spine(fabric):
 def sharded(fabric):
     """Job 5: workers w2_0, w2_1; chunks 0..9 owned by opt2, 10..19 by x."""
     opt2, x = at(fabric, "opt2"), at(fabric, "x")
-    job = JobState(5, SlotRange(500, 8), next(_epoch), {0: at(fabric, "w2_0"), 1: at(fabric, "w2_1")}, opt2,
+    job = JobState(5, SlotRange(500, 8), next(epochs), {0: at(fabric, "w2_0"), 1: at(fabric, "w2_1")}, opt2,
                    chunks=20, shards=(Shard(0, 9, opt2), Shard(10, 19, x)))
     inst = Installed(fabric, job)
     yield job
@@ -261,7 +261,7 @@ def test_a_root_with_workers_and_a_child_switch_admits_each_in_its_role(fabric):
     """A parent may hold both (its own workers beside child switches): job 6 has worker 0 on w2_0's
     port and child switch 1 (2 workers beneath it) on w2_1's; the sum carries 3 gradients."""
     child = AttachedHost(fabric.hosts["w2_1"].port, "02:00:00:00:01:11", "10.0.1.17", "leafx")
-    job = JobState(6, SlotRange(600, 4), next(_epoch), {0: at(fabric, "w2_0"), 1: child}, at(fabric, "opt2"),
+    job = JobState(6, SlotRange(600, 4), next(epochs), {0: at(fabric, "w2_0"), 1: child}, at(fabric, "opt2"),
                    children={1: 2})
     inst = Installed(fabric, job)
     try:

@@ -18,7 +18,7 @@ from host_agent.resume import ResumeFile
 from host_agent.window import RtoConfig
 from mindp import INSTALL_TORCH
 
-from tests.conftest import TARGET_PARAMS
+from tests.target_params import TARGET_PARAMS
 
 from mindp import progress
 

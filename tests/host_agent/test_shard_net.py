@@ -25,7 +25,7 @@ from mindp.protocol import K, SHARD_NOTICE, SHARD_NOTICE_FORMAT, Kind
 from mindp.topology import Host, JobSpec, Topology, host_addresses, leafspine
 from mindp.harness.treebed import TreeBed
 
-from tests.conftest import TARGET_PARAMS
+from tests.target_params import TARGET_PARAMS
 
 from .aggregator import Aggregator
 from .harness import STALL, AgentFabric, NodeProcess, Workers, load_stats, node_args

@@ -10,7 +10,7 @@ from host_agent import optim, reference, state
 from host_agent.optim import OptimizerConfig
 from mindp.protocol import K
 
-from tests.conftest import TARGET_PARAMS
+from tests.target_params import TARGET_PARAMS
 
 from .harness import AgentFabric, NodeProcess, Workers, check_against, job_bed, run_files, train
 from .helpers import small_model, with_nonfinite

@@ -12,7 +12,7 @@ from host_agent import optim
 from mindp import topology, workload
 from mininet_topos import config, net
 from mininet_topos.leafspine import switch_ports
-from tests.conftest import TARGET_PARAMS
+from tests.target_params import TARGET_PARAMS
 
 from .makerun import MakeRun, assert_clean, needs_root
 

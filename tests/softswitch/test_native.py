@@ -21,7 +21,7 @@ from softswitch import compiler
 from softswitch.engine import Engine
 from softswitch.native import build
 from softswitch.p4runtime_server import Server, SwitchService
-from tests.dataplane.conftest import SwitchFabric, random_fp16
+from tests.dataplane.fabric import SwitchFabric, random_fp16
 from tests.dataplane.fuzzer import STEP, Fuzzer
 
 from . import compiled

@@ -18,7 +18,7 @@ from mindp import progress, targets  # noqa: E402
 from mindp.harness import testbed  # noqa: E402
 from mindp.topology import star  # noqa: E402
 from mindp.torch import scriptref  # noqa: E402
-from tests.conftest import TARGET_PARAMS  # noqa: E402
+from tests.target_params import TARGET_PARAMS  # noqa: E402
 from tests.host_agent.harness import AgentFabric, NodeProcess, job_bed, node_args  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[2]

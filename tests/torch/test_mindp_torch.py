@@ -17,7 +17,7 @@ from host_agent.optim import OptimizerConfig  # noqa: E402
 from mindp import progress, workload  # noqa: E402
 from mindp.lossscale import LossScaler  # noqa: E402
 from mindp.torch import DataParallel, layout_of, models, tasks  # noqa: E402
-from tests.conftest import TARGET_PARAMS  # noqa: E402
+from tests.target_params import TARGET_PARAMS  # noqa: E402
 from tests.host_agent.harness import STALL, AgentFabric, NodeProcess, check_against, job_bed, run_files  # noqa: E402
 
 pytestmark = pytest.mark.net
