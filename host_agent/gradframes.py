@@ -132,6 +132,8 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
     there), the elements compared (not the headers: a pump thread may flag a row meanwhile). Only
     the caller's put() writes elements."""
     flat = np.ravel(grad)
+    if not flat.size:  # (put() writes nothing for it either)
+        return True
     lo, hi = off // K, -(-(off + flat.size) // K)
     rows = frames[lo:hi]
     again = np.empty_like(rows)

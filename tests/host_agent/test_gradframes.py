@@ -93,6 +93,8 @@ def test_holds_tells_whether_the_frames_still_hold_a_gradient_as_put_wrote_it(ke
     edited = g.copy()
     edited[i] = np.float32(0.6)
     assert not gradframes.holds(frames, off, edited, kernel)
+    for at in (0, K, off):  # an empty tensor (a layout admits one) holds what put() wrote of it: nothing
+        assert gradframes.holds(frames, at, np.zeros(0, np.float32), kernel)
 
 
 def test_put_refuses_what_does_not_fit():
