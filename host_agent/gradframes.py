@@ -10,6 +10,8 @@ a few whole-array passes (numpy's fp16 cast and isfinite cost 10-12 ns an elemen
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from mindp import codec, fixedpoint
@@ -130,16 +132,35 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
     """Whether elements off .. off + grad.size of the frames are grad as put() writes it (rounded to
     fp16): put() again into rows of its own (the first and last copied, for other tensors' elements
     there), the elements compared (not the headers: a pump thread may flag a row meanwhile). Only
-    the caller's put() writes elements."""
+    the caller's put() writes elements. A few rows at a time, into this thread's scratch rows: an
+    array a call was fresh pages a step (the kernel zeroing a worker's whole gradient in faults)."""
     flat = np.ravel(grad)
-    if not flat.size:  # (put() writes nothing for it either)
-        return True
-    lo, hi = off // K, -(-(off + flat.size) // K)
-    rows = frames[lo:hi]
-    again = np.empty_like(rows)
-    again[[0, -1]] = rows[[0, -1]]
-    put(again, off - lo * K, flat, np.zeros(len(again), np.uint8), kernel)
-    return np.array_equal(again[:, 2 * BODY16:], rows[:, 2 * BODY16:])
+    i = 0
+    while i < flat.size:  # (an empty tensor holds: put() writes nothing for it either)
+        row = (off + i) // K
+        end = min(flat.size, (row + HOLDS_ROWS) * K - off)
+        rows = frames[row : -(-(off + end) // K)]
+        again, differ = _scratch(len(rows))
+        again[[0, -1]] = rows[[0, -1]]
+        put(again, off + i - row * K, flat[i:end], np.zeros(len(again), np.uint8), kernel)
+        body = slice(BODY16, None)
+        if np.not_equal(again.view(np.uint16)[:, body], rows.view(np.uint16)[:, body], out=differ).any():
+            return False
+        i = end
+    return True
+
+
+#: holds()'s rows at a time: 64 KiB of frames (a block's arrays stay below malloc's mmap threshold).
+HOLDS_ROWS = max(1, 65536 // codec.frame_len(Kind.GRAD))
+_scratches = threading.local()
+
+
+def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """n GRAD frame rows and their elements' comparison, views of this thread's own arrays."""
+    if len(getattr(_scratches, "rows", ())) < n:
+        _scratches.rows = np.empty((n, codec.frame_len(Kind.GRAD)), np.uint8)
+        _scratches.differ = np.empty((n, K), bool)
+    return _scratches.rows[:n], _scratches.differ[:n]
 
 
 def warm(kernel: str | None = None) -> None:

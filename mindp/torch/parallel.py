@@ -31,6 +31,10 @@ def layout_of(module: torch.nn.Module) -> Layout:
     return optim.layout_of(layout_arrays(module))
 
 
+#: Elements _check_values compares at a time (64 KiB of float32 scratch).
+CHECK_BLOCK = 16384
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an element's bits, by its size
+
 CHANGED_HINT = "the switch sums the gradients as backward() produces them; docs/TORCH.md"
 
 
@@ -63,6 +67,7 @@ class DataParallel:
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self._written = self._stamps()  # each parameter as the network last left it
         self._values: dict[str, np.ndarray] = {}  # the fp16 values finish() last wrote (see _check_values)
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # _same_bits's, a dtype each
         # called once a step before its first gradient leaves (a script Optimizer checks its lr there)
         self.before_send: Callable[[], None] | None = None
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
@@ -132,14 +137,30 @@ class DataParallel:
         `.data` (WGAN's `p.data.clamp_()`) moves no version counter, and the node's next parameters
         would undo it without a word. The values written stay as they were in the agent's buffer
         until its next wait() returns (it receives a step into its other buffer): read, not copied.
-        Compared as float32 bits (fp16 widens exactly), so a NaN or an Inf is the same as itself."""
-        edited = [n for n, p in self.named.items() if n in self._values and not torch.equal(
-            p.detach().view(torch.int32), torch.from_numpy(self._values[n]).float().view(torch.int32))]
+        Compared as bits in the parameter's dtype (fp16 widens exactly to float32 and float64), so a
+        NaN or an Inf is the same as itself."""
+        edited = [n for n, p in self.named.items() if n in self._values and not self._same_bits(p, self._values[n])]
         if edited:
             raise self.error(f"{listed(edited, 3)}: values changed since the network last wrote the parameters (an "
                              "in-place edit through .data, such as p.data.clamp_()): the optimizer node holds them "
                              "and its next parameters would undo it; change parameters through the model's loss, "
                              "or before init")
+
+    def _same_bits(self, p: torch.Tensor, values: np.ndarray) -> bool:
+        """Whether p holds `values` as finish() wrote them (copied into p's dtype), bit for bit: a
+        block at a time through a scratch of its own, reused (a whole copy a step was fresh pages a
+        step, the kernel zeroing them in faults)."""
+        flat, v = p.detach().reshape(-1), torch.from_numpy(values.reshape(-1))
+        scratch = self._scratch.get(p.dtype)
+        if scratch is None:
+            scratch = self._scratch[p.dtype] = torch.empty(CHECK_BLOCK, dtype=p.dtype)
+        bits = _BITS[p.element_size()]
+        for i in range(0, flat.numel(), CHECK_BLOCK):
+            part = scratch[: min(CHECK_BLOCK, flat.numel() - i)]
+            part.copy_(v[i : i + len(part)])
+            if not torch.equal(flat[i : i + len(part)].view(bits), part.view(bits)):
+                return False
+        return True
 
     def begin(self, set_to_none: bool = True) -> None:
         """Start a step: gradients from now on go to the network as autograd finishes each

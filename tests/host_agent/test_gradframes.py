@@ -68,11 +68,14 @@ def test_finite_gradients_mark_nothing(kernel):
     assert not bad.any()
 
 
+@pytest.mark.parametrize("block", [gradframes.HOLDS_ROWS, 1, 2])
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("off,size", [(0, ROWS * K), (3, 1), (K - 3, K + 9)])
-def test_holds_tells_whether_the_frames_still_hold_a_gradient_as_put_wrote_it(kernel, off, size):
+@pytest.mark.parametrize("off,size", [(0, ROWS * K), (3, 1), (K - 3, K + 9), (K + 5, 3 * K)])
+def test_holds_tells_whether_the_frames_still_hold_a_gradient_as_put_wrote_it(kernel, off, size, block, monkeypatch):
     """Any element whose fp16 bits differ is a change; a float32 change fp16 cannot see, a header
-    flagged by the pump thread, or another tensor's elements in the same rows are not."""
+    flagged by the pump thread, or another tensor's elements in the same rows are not. Compared
+    `block` rows at a time."""
+    monkeypatch.setattr(gradframes, "HOLDS_ROWS", block)
     rng = np.random.default_rng(off + size)
     frames, g = frames_of(rng), hard_values(rng, size)
     i = size // 2
@@ -90,9 +93,10 @@ def test_holds_tells_whether_the_frames_still_hold_a_gradient_as_put_wrote_it(ke
     finer[i] = np.float32(0.3 + 1e-6)
     assert finer[i] != g[i] and np.float16(finer[i]) == np.float16(g[i])
     assert gradframes.holds(frames, off, finer, kernel)  # the same fp16
-    edited = g.copy()
-    edited[i] = np.float32(0.6)
-    assert not gradframes.holds(frames, off, edited, kernel)
+    for j in (0, i, size - 1):  # in the first, a middle and the last block
+        edited = g.copy()
+        edited[j] = np.float32(0.6 if np.float16(g[j]) != np.float16(0.6) else 0.7)
+        assert not gradframes.holds(frames, off, edited, kernel)
     for at in (0, K, off):  # an empty tensor (a layout admits one) holds what put() wrote of it: nothing
         assert gradframes.holds(frames, at, np.zeros(0, np.float32), kernel)
 

@@ -379,15 +379,18 @@ def test_parameters_changed_outside_the_network_are_refused_not_undone(change):
     assert why in str(exc.value) and "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize("dtype,block", [(torch.float32, parallel.CHECK_BLOCK), (torch.float32, 2), (torch.float64, 4)])
 @pytest.mark.parametrize("edit", ["add", "clamp", "nan"])
-def test_an_in_place_edit_through_data_is_refused_at_the_next_step_not_undone(edit):
+def test_an_in_place_edit_through_data_is_refused_at_the_next_step_not_undone(edit, dtype, block, monkeypatch):
     """p.data.clamp_() (WGAN's weight clipping) moves no version counter: the node's next parameters
-    undid it without a word. The values the network wrote are compared at the next step, bit for bit."""
-    m = frozen_model()
+    undid it without a word. The values the network wrote are compared at the next step, bit for bit,
+    in the parameters' dtype (a DataParallel of a float64 module too), a block at a time."""
+    monkeypatch.setattr(parallel, "CHECK_BLOCK", block)
+    m = frozen_model().to(dtype)
     dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
     for _ in range(2):  # the network's own writes (zeros here; a NaN among them the same) are no change
         dp.begin()
-        m(torch.ones(2, 4)).sum().backward()
+        m(torch.ones(2, 4, dtype=dtype)).sum().backward()
         dp.agent.handles[-1].wait = lambda: {"1.bias": np.array([np.nan, 0], np.float16),
                                              "1.weight": np.zeros((2, 3), np.float16), "0.bias": np.zeros(3, np.float16)}
         dp.finish()
@@ -395,7 +398,7 @@ def test_an_in_place_edit_through_data_is_refused_at_the_next_step_not_undone(ed
     {"add": lambda: p.data.add_(1e-3), "clamp": lambda: p.data.clamp_(0.01, 0.1),
      "nan": lambda: p.data.__setitem__((0, 0), float("nan"))}[edit]()
     dp.begin()  # no counter moved
-    m(torch.ones(2, 4)).sum().backward()
+    m(torch.ones(2, 4, dtype=dtype)).sum().backward()
     with pytest.raises(parallel.GradientChanged) as exc:
         dp.finish()
     assert str(exc.value).startswith("1.weight: values changed since the network last wrote the parameters (an "
