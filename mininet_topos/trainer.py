@@ -28,7 +28,7 @@ from host_agent.optim import ConfigError
 from host_agent.resume import ResumeFile
 from host_agent.window import RtoConfig, StepTimeout
 from host_agent.worker import WorkerAgent, WorkerConfig
-from mindp import workload
+from mindp import heap, workload
 from mindp.topology import Topology, TopologyError
 
 
@@ -161,6 +161,7 @@ def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, re
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    heap.keep_freed()  # each step's activations and gradients reused, not faulted in again (mindp/heap.py)
     try:
         wl = workload.WorkloadConfig.load(args.workload)
         init = optim.load_npz(args.init)

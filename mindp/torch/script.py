@@ -45,7 +45,7 @@ from host_agent import agent_args, lr, optim, rawsock, state
 from host_agent.optim import ConfigError
 from host_agent.window import RtoConfig, StepTimeout
 from host_agent.worker import WorkerAgent, WorkerConfig
-from mindp import listed, netutil, progress
+from mindp import heap, listed, netutil, progress
 from mindp.topology import Topology, TopologyError
 
 from . import checkpoint
@@ -509,6 +509,7 @@ def _init(module, optimizer, scheduler, topology, job, iface, state_dir, timeout
     if _current:
         raise MindpError("init was already called in this process: a job trains one model with one optimizer "
                          "(close() the first one's optimizer before another init)")
+    heap.keep_freed()  # each step's activations and gradients reused, not faulted in again (mindp/heap.py)
     rank_faults = faults(topo, spec.workers[rank])
     name = iface or os.environ.get("MINDP_IFACE") or iface_with(wcfg.ip)
     try:
