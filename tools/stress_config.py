@@ -9,7 +9,7 @@ import random
 import sys
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from mindp import protocol
+from mindp import INSTALL_TORCH, protocol
 from p4src import artifacts
 
 #: A busy loop taking a core; the terminal's Ctrl-C ends it quietly (no traceback of its own).
@@ -106,7 +106,7 @@ class Config:
             if not protocol.bmv2_fits(k):
                 return f"BMv2 runs K up to {protocol.BMV2_MAX_K}, not {k}"
         if self.family == "makerun" and self.model != "mlp" and not torch_installed():
-            return f"PyTorch is not installed ({'SCRIPT=' if self.script else 'MODEL=' + self.model} needs it: make torch)"
+            return f"PyTorch is not installed ({'SCRIPT=' if self.script else 'MODEL=' + self.model} needs it: {INSTALL_TORCH})"
         k = self.k or protocol.K
         if self.family in SWITCH_FAMILIES and not artifacts.program(k).exists():
             return f"no compiled program for K = {k} (p4src/compiled/k{k}/: make p4 K={k})"

@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from mindp import protocol, targets
+from mindp import INSTALL_TORCH, protocol, targets
 from tools import stress, stress_config, stress_makerun, stress_sockbuf
 from tools.stress_config import BMV2_KS, FAMILIES, SCRIPTS, SMALL_GPT, SWITCH_FAMILIES, Config, Event, random_config
 
@@ -90,8 +90,8 @@ def test_makerun_scenarios_that_need_pytorch_are_skipped_where_it_is_not_install
     monkeypatch.setattr(stress_config, "torch_installed", lambda: True)
     assert cnn.skip_reason() is None and script.skip_reason() is None
     monkeypatch.setattr(stress_config, "torch_installed", lambda: False)
-    assert cnn.skip_reason() == "PyTorch is not installed (MODEL=cnn needs it: make torch)"
-    assert script.skip_reason() == "PyTorch is not installed (SCRIPT= needs it: make torch)"
+    assert cnn.skip_reason() == f"PyTorch is not installed (MODEL=cnn needs it: {INSTALL_TORCH})"
+    assert script.skip_reason() == f"PyTorch is not installed (SCRIPT= needs it: {INSTALL_TORCH})"
     assert mlp.skip_reason() is None
     assert stress.run_scenario(cnn, None) == {"result": "skipped", "reason": cnn.skip_reason()}
 
