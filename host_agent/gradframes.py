@@ -132,8 +132,8 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
     """Whether elements off .. off + grad.size of the frames are grad as put() writes it (rounded to
     fp16): put() again into rows of its own (the first and last copied, for other tensors' elements
     there), the elements compared (not the headers: a pump thread may flag a row meanwhile). Only
-    the caller's put() writes elements. A few rows at a time, into this thread's scratch rows: an
-    array a call was fresh pages a step (the kernel zeroing a worker's whole gradient in faults)."""
+    the caller's put() writes elements. HOLDS_ROWS rows at a time, into this thread's scratch rows:
+    a new array each call was fresh pages each step (the kernel zeroing them in page faults)."""
     flat = np.ravel(grad)
     i = 0
     while i < flat.size:  # (an empty tensor holds: put() writes nothing for it either)
@@ -150,8 +150,9 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
     return True
 
 
-#: holds()'s rows at a time: 64 KiB of frames (a block's arrays stay below malloc's mmap threshold).
-HOLDS_ROWS = max(1, 65536 // codec.frame_len(Kind.GRAD))
+#: holds()'s rows at a time: 256 KiB of frames, in a core's L2 with the rows compared (1.66 ms for 2.8M
+#: elements against 2.34 at 64 KiB; a Python loop's turn a block).
+HOLDS_ROWS = max(1, (256 << 10) // codec.frame_len(Kind.GRAD))
 _scratches = threading.local()
 
 

@@ -31,8 +31,9 @@ def layout_of(module: torch.nn.Module) -> Layout:
     return optim.layout_of(layout_arrays(module))
 
 
-#: Elements _check_values compares at a time (64 KiB of float32 scratch).
-CHECK_BLOCK = 16384
+#: Elements _check_values compares at a time: 256 KiB of float32 scratch, in a core's L2 (1.39 ms a
+#: step for the 1.3M gpt against 1.73 at 64 KiB; a Python loop's turn a block).
+CHECK_BLOCK = 65536
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an element's bits, by its size
 
 CHANGED_HINT = "the switch sums the gradients as backward() produces them; docs/TORCH.md"
@@ -147,9 +148,9 @@ class DataParallel:
                              "or before init")
 
     def _same_bits(self, p: torch.Tensor, values: np.ndarray) -> bool:
-        """Whether p holds `values` as finish() wrote them (copied into p's dtype), bit for bit: a
-        block at a time through a scratch of its own, reused (a whole copy a step was fresh pages a
-        step, the kernel zeroing them in faults)."""
+        """Whether p holds `values` as finish() wrote them (copied into p's dtype), bit for bit:
+        CHECK_BLOCK elements at a time through a scratch of its own, reused (a whole copy each step
+        was fresh pages each step, the kernel zeroing them in page faults)."""
         flat, v = p.detach().reshape(-1), torch.from_numpy(values.reshape(-1))
         scratch = self._scratch.get(p.dtype)
         if scratch is None:
