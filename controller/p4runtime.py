@@ -8,7 +8,6 @@ counters as plain data (controller.model).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import hashlib
 import ipaddress
@@ -30,7 +29,7 @@ from p4runtime_sh.context import Context, P4Type
 from p4runtime_sh.p4runtime import P4RuntimeClient, SSLOptions
 from p4runtime_sh.utils import UserError
 
-from mindp import gcpause, interrupts
+from mindp import gcpause, heap, interrupts
 
 from . import p4info_names as n
 from .model import Entry, Group, Op, OpKind
@@ -253,23 +252,6 @@ class _Client(P4RuntimeClient):
         return self.stream_recv_thread is None or self.stream_recv_thread.is_alive()
 
 
-#: glibc's malloc_trim; None where the C library has none (musl, macOS): nothing to give back there.
-_MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
-
-
-def release_free_heap() -> None:
-    """Give the heap's free pages back to the OS after a push. A push allocates and frees a few
-    buffers of the program's size (10.7 MB at K = 512: its bytes, the request, its serialised copy).
-    The first are mmapped and unmapped, which raises glibc's dynamic mmap threshold to their size
-    and its trim threshold to twice that; from then on such buffers come from the heap, and the
-    20 MB they leave free at its top stay below the trim threshold, so they stay resident (make soak's
-    controller: +18.6 % after a switch restore). Measured at K = 512: 58 MB, then 71 and 82 MB after
-    two pushes (10, then 20 MB free at the top); with this trim 60-63 MB. A fixed M_MMAP_THRESHOLD
-    does as well, but for the whole process (numpy's arrays too); one call after a rare push suffices."""
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
-
-
 #: A hang guard, not a deadline: the embedded switch compiles a pushed program to C (a K = 512
 #: program: 20 s of CPU, minutes on a busy machine) before it answers.
 PUSH_TIMEOUT = 1800
@@ -380,7 +362,7 @@ class SwitchConnection:
         try:
             return self._push_pipeline(p4info_path, bmv2_json_path)
         finally:
-            release_free_heap()  # its buffers (the request's locals) are freed by now
+            heap.release_free()  # its buffers (the request's locals) are freed by now
 
     def _push_pipeline(self, p4info_path: str | pathlib.Path, bmv2_json_path: str | pathlib.Path) -> int:
         req = p4runtime_pb2.SetForwardingPipelineConfigRequest()

@@ -1,4 +1,4 @@
-"""A pipeline push gives the heap's freed pages back (controller.p4runtime.release_free_heap): after
+"""A pipeline push gives the heap's freed pages back (mindp.heap.release_free): after
 a first large buffer, glibc keeps later ones' memory resident (make soak's controller grew 18.6 %
 with a switch restore's push)."""
 import ctypes
@@ -14,6 +14,7 @@ from p4runtime_sh.context import Context
 
 from controller import p4runtime
 from controller.p4runtime import SwitchConnection, SwitchError
+from mindp import heap
 from p4src import artifacts
 
 libc = ctypes.CDLL(None)
@@ -44,11 +45,11 @@ def churn(mb: int, count: int) -> None:
 
 
 def given_back() -> tuple[int, int]:
-    """(bytes free at the heap's top after the churn, after release_free_heap)."""
+    """(bytes free at the heap's top after the churn, after release_free)."""
     churn(12, 1)  # mmapped and unmapped: the mmap threshold rises to 12 MB, the trim threshold to 24
     churn(10, 2)  # now from the heap: 20 MB free at its top, below the trim threshold, stay resident
     before = free_at_top()
-    p4runtime.release_free_heap()
+    heap.release_free()
     return before, free_at_top()
 
 
@@ -95,7 +96,7 @@ def test_a_push_gives_back_the_heap_also_when_refused(monkeypatch, refuse):
     conn.grpc_addr, conn.device_id, conn.election_id, conn.ctx = "127.0.0.1:1", 0, (0, 1), Context()
     conn.client = type("Client", (), {"stub": Stub(refuse)})()
     released = []
-    monkeypatch.setattr(p4runtime, "release_free_heap", lambda: released.append(len(conn.client.stub.pushed)))
+    monkeypatch.setattr(heap, "release_free", lambda: released.append(len(conn.client.stub.pushed)))
     if refuse:
         with pytest.raises(SwitchError, match="pipeline push: INVALID_ARGUMENT refused"):
             conn.push_pipeline(artifacts.P4INFO, artifacts.BMV2_JSON)
