@@ -21,7 +21,8 @@ step's time on the workers' clocks) and the run must end bit-exact; DDP's is ran
 
 Under DDP and each switch run, per process and timed step: its CPU ms (utime + stime, every thread;
 in brackets the share of the threads mindp names, e.g. a worker's pump thread), its voluntary
-context switches (wake-ups) and, for a rank or worker, its forward+backward ms on its own clock (a
+context switches (wake-ups), its minor page faults (memory the kernel zeroes for it again each
+step) and, for a rank or worker, its forward+backward ms on its own clock (a
 worker's `compute`) and their CPU ms in its training thread (`compute_cpu`; the gradient hooks
 run in it); all CPU but that is the rest of the step: optimizer, communication. On two cores the
 sum of CPU is what a step costs, and each round prints DDP's sum over a switch run's: where every
@@ -140,21 +141,21 @@ def ddp_worker(rank: int, world: int, master: str, steps: int, gpt: dict, cpu: i
     for s in range(1, steps + 1):
         step(s)
     dist.barrier()
-    wall, (busy, wakeups) = time.perf_counter() - t, _minus(_cpu_self(), cpu)
+    wall, (busy, wakeups, faults) = time.perf_counter() - t, _minus(_cpu_self(), cpu)
     # steps/s, then this rank's forward+backward (wall), CPU and voluntary context switches a step,
-    # and its forward+backward's CPU in this thread
+    # its forward+backward's CPU in this thread, and its minor page faults a step
     print(f"{steps / wall:.6f} {sum(compute) / steps:.6f} {busy / steps:.6f} {wakeups / steps:.1f} "
-          f"{sum(compute_cpu) / steps:.6f}", flush=True)
+          f"{sum(compute_cpu) / steps:.6f} {faults / steps:.1f}", flush=True)
     dist.destroy_process_group()
     # Out now, past the interpreter's finalization: there a gloo thread still joinable once ended a
     # rank with "terminate called without an active exception" (make bench, 1 Dec), failing the side.
     os._exit(0)
 
 
-def _cpu_self() -> tuple[float, int]:
-    """(CPU seconds, voluntary context switches) of this process, all its threads."""
+def _cpu_self() -> tuple[float, int, int]:
+    """(CPU seconds, voluntary context switches, minor page faults) of this process, all its threads."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime, r.ru_nvcsw
+    return r.ru_utime + r.ru_stime, r.ru_nvcsw, r.ru_minflt
 
 
 def _minus(a: tuple, b: tuple) -> tuple:
@@ -165,7 +166,8 @@ def _minus(a: tuple, b: tuple) -> tuple:
 class Usage:
     """One process's figures a timed step: CPU ms, voluntary context switches (its wake-ups), and
     for a rank or worker its forward+backward ms (wall, as its own clock saw them) and their CPU ms
-    in its training thread, and for a worker the ms it then waited for the step's parameters."""
+    in its training thread, and for a worker the ms it then waited for the step's parameters. Minor
+    page faults: memory the kernel zeroed for it, each step (a cost 5a7bc22 found with perf)."""
     role: str
     cpu_ms: float
     wakeups: float
@@ -174,6 +176,7 @@ class Usage:
     threads: dict[str, float] = field(default_factory=dict)  # CPU ms of its threads mindp names (in cpu_ms)
     compute_cpu_ms: float | None = None
     behind_ms: float | None = None  # of wait_ms, the time behind a slower worker (behind_ms())
+    faults: float | None = None
 
 
 def _cpu_ms(u: Usage) -> str:
@@ -188,6 +191,7 @@ def usage_lines(usages: list[Usage]) -> list[str]:
         return ["(too few steps for per-process figures)"]
     cpu = ", ".join(_cpu_ms(u) for u in usages)
     wake = ", ".join(f"{u.role} {u.wakeups:.0f}" for u in usages)
+    faults = ", ".join(f"{u.role} {u.faults:.0f}" for u in usages if u.faults is not None)
     fb = ", ".join(f"{u.role} {u.compute_ms:.0f}" for u in usages if u.compute_ms is not None)
     waits = ", ".join(f"{u.role} {u.wait_ms:.0f}" for u in usages if u.wait_ms is not None)
     behind = ", ".join(f"{u.role} {u.behind_ms:.0f}" for u in usages if u.behind_ms is not None)
@@ -195,7 +199,8 @@ def usage_lines(usages: list[Usage]) -> list[str]:
     fb_cpu = ", ".join(f"{u.role} {u.compute_cpu_ms:.0f}" for u in usages if u.compute_cpu_ms is not None)
     rest = sum(u.cpu_ms for u in usages) - sum(model)
     return [f"CPU ms a step: {cpu}; all {sum(u.cpu_ms for u in usages):.0f}",
-            f"voluntary context switches a step: {wake}", f"forward+backward ms (wall): {fb}",
+            f"voluntary context switches a step: {wake}",
+            *([f"minor page faults a step: {faults}"] if faults else []), f"forward+backward ms (wall): {fb}",
             *([f"forward+backward CPU ms (training thread, gradient hooks in): {fb_cpu}; all the rest {rest:.0f} "
                "(optimizer, communication: every other thread and process)"] if model else []),
             *([f"then waiting for the parameters, ms (wall): {waits}"] if waits else []),
@@ -236,8 +241,9 @@ def ddp_run(workers: int, steps: int, gpt: str, pinned: bool = False) -> tuple[f
     for p, (_, err) in zip(procs, outs):
         if p.returncode:
             return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], []
-    figures = [[float(x) for x in out.split()[-5:]] for out, _ in outs]
-    ranks = [Usage(f"rank {r}", f[2] * 1e3, f[3], f[1] * 1e3, compute_cpu_ms=f[4] * 1e3) for r, f in enumerate(figures)]
+    figures = [[float(x) for x in out.split()[-6:]] for out, _ in outs]
+    ranks = [Usage(f"rank {r}", f[2] * 1e3, f[3], f[1] * 1e3, compute_cpu_ms=f[4] * 1e3, faults=f[5])
+             for r, f in enumerate(figures)]
     return figures[0][0], "", ranks
 
 
@@ -285,10 +291,10 @@ def parse_cpus(text: str) -> set[int]:
     return cpus
 
 
-def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
+def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float], int] | None:
     """(role, CPU seconds, voluntary context switches of all its threads, CPU seconds of its
-    threads mindp names, by name) of one of make run's processes; a worker's role is "worker N",
-    N its id."""
+    threads mindp names, by name, minor page faults) of one of make run's processes; a worker's
+    role is "worker N", N its id."""
     role = _role(pid)
     if role is None:
         return None
@@ -311,7 +317,7 @@ def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float]] | None:
                     named[name] = named.get(name, 0.0) + procstat.cpu_seconds(stat)
         except OSError:  # a thread that ended meanwhile: the process is still sampled
             continue
-    return role, cpu, vol, named
+    return role, cpu, vol, named, int(stat[procstat.MINFLT])
 
 
 @dataclass(frozen=True)
@@ -413,12 +419,13 @@ class Sampler(threading.Thread):
 
         out = []
         for pid in sorted(set(a) & set(b), key=rank):
-            label, cpu, vol, named = b[pid]
+            label, cpu, vol, named, faults = b[pid]
             compute, wait, compute_cpu = logs.get(int(label.split()[1]), (None,) * 3) if label.startswith("worker ") \
                 else (None,) * 3
             threads = {name: (sec - a[pid][3].get(name, 0.0)) / n * 1e3 for name, sec in sorted(named.items())}
             out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute, wait, threads,
-                             compute_cpu, behind.get(int(label.split()[1])) if label.startswith("worker ") else None))
+                             compute_cpu, behind.get(int(label.split()[1])) if label.startswith("worker ") else None,
+                             (faults - a[pid][4]) / n))
         return out
 
 

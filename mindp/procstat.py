@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import pathlib
 
-#: Indices into fields(): the state letter, the parent's pid, CPU clock ticks (user, system, then
-#: the reaped children's user and system) and the start time (ticks since boot).
-STATE, PPID, UTIME, STIME, CUTIME, CSTIME, START = 0, 1, 11, 12, 13, 14, 19
+#: Indices into fields(): the state letter, the parent's pid, minor page faults (a process's: every
+#: thread's), CPU clock ticks (user, system, then the reaped children's user and system) and the
+#: start time (ticks since boot).
+STATE, PPID, MINFLT, UTIME, STIME, CUTIME, CSTIME, START = 0, 1, 7, 11, 12, 13, 14, 19
 
 
 def fields(path: str | os.PathLike) -> list[str] | None:

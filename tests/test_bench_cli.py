@@ -129,13 +129,15 @@ def test_torch_gpt_takes_each_process_s_figures_up_to_the_last_step_all_were_run
     is listed, and a step's CPU is that snapshot's."""
     bench = load("torch_gpt", monkeypatch)
     sampler = bench.Sampler(0, tmp_path, steps=6)
-    both = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5, {"mindp-pump": cpu0 / 10}), 11: ("worker 1", cpu1, 7, {}),
-                                     12: ("node", node, 9, {})}
-    sampler.snaps = [(1, both(1.0, 2.0, 0.5)), (3, both(1.6, 2.4, 0.7)),
-                     (4, {10: ("worker 0", 9.0, 5, {"mindp-pump": 0.9}), 12: ("node", 0.8, 9, {})})]
+    both = lambda cpu0, cpu1, node, faults: {10: ("worker 0", cpu0, 5, {"mindp-pump": cpu0 / 10}, faults),
+                                             11: ("worker 1", cpu1, 7, {}, 0), 12: ("node", node, 9, {}, faults)}
+    sampler.snaps = [(1, both(1.0, 2.0, 0.5, 100)), (3, both(1.6, 2.4, 0.7, 160)),
+                     (4, {10: ("worker 0", 9.0, 5, {"mindp-pump": 0.9}, 999), 12: ("node", 0.8, 9, {}, 999)})]
     usages = sampler.usages()
     assert {u.role: round(u.cpu_ms) for u in usages} == {"worker 0": 300, "worker 1": 200, "node": 100}
-    assert bench.usage_lines(usages)[0] == "CPU ms a step: worker 0 300 (pump thread 30), worker 1 200, node 100; all 600"
+    lines = bench.usage_lines(usages)
+    assert lines[0] == "CPU ms a step: worker 0 300 (pump thread 30), worker 1 200, node 100; all 600"
+    assert lines[2] == "minor page faults a step: worker 0 30, worker 1 0, node 30"
 
 
 def test_torch_gpt_samples_neither_the_first_step_nor_the_last(monkeypatch, tmp_path):
@@ -159,7 +161,8 @@ def test_torch_gpt_splits_the_cpu_into_forward_backward_and_the_rest(monkeypatch
             json.dumps({"ev": "step", "step": s, "compute": 1.0, "wait": 0.0, "compute_cpu": c}) + "\n"
             for s, c in enumerate(cpus)))
     sampler = bench.Sampler(0, tmp_path, steps=5)
-    at = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5, {}), 11: ("worker 1", cpu1, 7, {}), 12: ("node", node, 9, {})}
+    at = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5, {}, 0), 11: ("worker 1", cpu1, 7, {}, 0),
+                                   12: ("node", node, 9, {}, 0)}
     sampler.snaps = [(1, at(1.0, 2.0, 0.5)), (3, at(1.6, 2.4, 0.7))]
     lines = bench.usage_lines(sampler.usages())
     assert "forward+backward CPU ms (training thread, gradient hooks in): worker 0 220, worker 1 130; " \
@@ -188,7 +191,7 @@ def test_torch_gpt_tells_the_wait_for_a_slower_worker_from_the_network_s_round_t
             json.dumps({"ev": "step", "step": s, "compute": 0.2, "wait": x, "compute_cpu": 0.2}) + "\n"
             for s, x in enumerate(ws)))
     sampler = bench.Sampler(0, tmp_path, steps=5)
-    at = lambda cpu: {10: ("worker 0", cpu, 5, {}), 11: ("worker 1", cpu, 7, {}), 12: ("node", cpu, 9, {})}
+    at = lambda cpu: {10: ("worker 0", cpu, 5, {}, 0), 11: ("worker 1", cpu, 7, {}, 0), 12: ("node", cpu, 9, {}, 0)}
     sampler.snaps = [(0, at(1.0)), (3, at(1.6))]
     usages = {u.role: u for u in sampler.usages()}
     assert round(usages["worker 0"].behind_ms, 6) == round((35 + 0 + 24) / 3, 6)
@@ -215,11 +218,11 @@ def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):
                          stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline() == b"up\n"
-        role, cpu, _, named = bench._proc_usage(p.pid)
+        role, cpu, _, named, faults = bench._proc_usage(p.pid)
     finally:
         p.kill()
         p.wait()
-    assert role == "worker 2" and list(named) == ["mindp-pump"]
+    assert role == "worker 2" and list(named) == ["mindp-pump"] and faults > 0  # (an interpreter's start faults)
     assert 0 < named["mindp-pump"] <= cpu
 
 
@@ -375,7 +378,7 @@ def test_torch_gpt_scans_proc_for_the_run_s_processes_once(monkeypatch, tmp_path
     bench = load("torch_gpt", monkeypatch)
     scans = []
     monkeypatch.setattr(bench.procstat, "tree", lambda root: scans.append(root) or [11, 12])
-    monkeypatch.setattr(bench, "_proc_usage", lambda pid: (f"worker {pid - 11}", 1.0, 1, {}))
+    monkeypatch.setattr(bench, "_proc_usage", lambda pid: (f"worker {pid - 11}", 1.0, 1, {}, 0))
     logs = tmp_path / "20261204-030000" / "logs"
     logs.mkdir(parents=True)
     sampler = bench.Sampler(7, tmp_path, steps=6)
