@@ -128,12 +128,14 @@ def put(frames: np.ndarray, off: int, grad: np.ndarray, nonfinite: np.ndarray, k
         _put_bits(_fp16_bits(flat), True, out.reshape(-1), width, off, nonfinite)
 
 
-def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = None) -> bool:
-    """Whether elements off .. off + grad.size of the frames are grad as put() writes it (rounded to
-    fp16): put() again into rows of its own (the first and last copied, for other tensors' elements
-    there), the elements compared (not the headers: a pump thread may flag a row meanwhile). Only
-    the caller's put() writes elements. HOLDS_ROWS rows at a time, into this thread's scratch rows:
-    a new array each call was fresh pages each step (the kernel zeroing them in page faults)."""
+def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = None, scale: float = 1.0) -> bool:
+    """Whether elements off .. off + grad.size of the frames are grad / scale as put() writes it
+    (rounded to fp16): put() again into rows of its own (the first and last copied, for other
+    tensors' elements there), the elements compared (not the headers: a pump thread may flag a row
+    meanwhile). Only the caller's put() writes elements. HOLDS_ROWS rows at a time, into this
+    thread's scratch rows: a new array each call was fresh pages each step (the kernel zeroing them
+    in page faults). `scale` (a loss scale): each block divided by it in grad's dtype, the bits of
+    torch's `grad / scale` for a float32 tensor (its numpy view; not a gradient's copy)."""
     flat = np.ravel(grad)
     i = 0
     while i < flat.size:  # (an empty tensor holds: put() writes nothing for it either)
@@ -142,7 +144,10 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
         rows = frames[row : -(-(off + end) // K)]
         again, differ = _scratch(len(rows))
         again[[0, -1]] = rows[[0, -1]]
-        put(again, off + i - row * K, flat[i:end], np.zeros(len(again), np.uint8), kernel)
+        part = flat[i:end]
+        if scale != 1.0:  # (in the gradient's own dtype, as torch divides)
+            part = np.divide(part, part.dtype.type(scale), out=_unscaled(end - i) if part.dtype == np.float32 else None)
+        put(again, off + i - row * K, part, np.zeros(len(again), np.uint8), kernel)
         body = slice(BODY16, None)
         if np.not_equal(again.view(np.uint16)[:, body], rows.view(np.uint16)[:, body], out=differ).any():
             return False
@@ -154,6 +159,13 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
 #: elements against 2.34 at 64 KiB; a Python loop's turn a block).
 HOLDS_ROWS = max(1, (256 << 10) // codec.frame_len(Kind.GRAD))
 _scratches = threading.local()
+
+
+def _unscaled(n: int) -> np.ndarray:
+    """n float32 elements of this thread's own, for holds()'s block divided by its scale."""
+    if len(getattr(_scratches, "unscaled", ())) < n:
+        _scratches.unscaled = np.empty(HOLDS_ROWS * K, np.float32)
+    return _scratches.unscaled[:n]
 
 
 def _scratch(n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -289,11 +289,11 @@ class StepHandle:
                         else:
                             self.pump(0.0)
 
-    def holds(self, name: str, grad) -> bool:
-        """Whether this step's frames hold `grad` as put() wrote the gradient `name` (fp16 bits):
-        False once it changed after it was put, by whatever means."""
+    def holds(self, name: str, grad, scale: float = 1.0) -> bool:
+        """Whether this step's frames hold `grad` / `scale` as put() wrote the gradient `name` (fp16
+        bits): False once it changed after it was put, by whatever means."""
         a = self.agent
-        return gradframes.holds(a.frames, a.layout.offsets[name], gradframes.as_array(grad), a.kernel)
+        return gradframes.holds(a.frames, a.layout.offsets[name], gradframes.as_array(grad), a.kernel, scale)
 
     def _encode(self) -> None:
         """This step's fields into every chunk's frame, in place, once a step: put() writes the

@@ -224,10 +224,17 @@ class DataParallel:
         the step's frames, still holding what was sent, tell it."""
         for name, (ident, version) in self._pushed.items():
             g = self.named[name].grad
-            if g is None or id(g) != ident or g._version != version or not h.holds(name, self._unscaled(g)):
+            if g is None or id(g) != ident or g._version != version or not self._holds(h, name, g):
                 self._handle = None
                 raise GradientChanged(f"the gradient of {name} changed after backward() sent it (clipping or "
                                       f"rescaling gradients is not supported: {CHANGED_HINT})")
+
+    def _holds(self, h, name: str, g: torch.Tensor) -> bool:
+        """h.holds of the gradient as the hook sent it: a float32 one unscaled a block at a time
+        there (the hook's `g / scale` again would be a gradient's copy a tensor a step)."""
+        if self.scaler and g.dtype == torch.float32 and g.device.type == "cpu":
+            return h.holds(name, g, self.scaler.scale)
+        return h.holds(name, self._unscaled(g))
 
     def step(self, loss: torch.Tensor) -> dict[str, np.ndarray]:
         """Backward (with the loss scale), push every gradient, wait for the step's parameters and

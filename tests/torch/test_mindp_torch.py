@@ -109,7 +109,7 @@ def test_hooks_push_gradients_during_backward_in_backward_order():
                     rec.order.append((name, torch._C._current_graph_task_id() != -1))
                     self.put_names.add(name)
 
-                def holds(self, name, g):
+                def holds(self, name, g, scale=1.0):
                     return True
 
                 def wait(self):

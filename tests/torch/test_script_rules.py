@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from host_agent import gradframes  # noqa: E402
 from mindp import codec, progress  # noqa: E402
+from mindp.lossscale import LossScaler  # noqa: E402
 from mindp.protocol import Kind  # noqa: E402
 from mindp.torch import parallel, runscript, script  # noqa: E402
 from mininet_topos import rankerrors  # noqa: E402
@@ -50,8 +51,8 @@ class FakeHandle:
         self.got[name] = grad.detach().clone()
         gradframes.put(self.frames, self.layout.offsets[name], gradframes.as_array(grad), np.zeros(len(self.frames), np.uint8))
 
-    def holds(self, name, grad):
-        return gradframes.holds(self.frames, self.layout.offsets[name], gradframes.as_array(grad))
+    def holds(self, name, grad, scale=1.0):
+        return gradframes.holds(self.frames, self.layout.offsets[name], gradframes.as_array(grad), scale=scale)
 
     def wait(self):
         return {s.name: np.zeros(s.shape, np.float16) for s in self.layout.specs}
@@ -82,11 +83,13 @@ def test_a_gradient_changed_after_backward_is_refused_not_lost():
         dp.finish()
 
 
-def test_a_gradient_edited_through_grad_data_is_refused_though_no_counter_moved():
+@pytest.mark.parametrize("scale", [None, 1000.0])
+def test_a_gradient_edited_through_grad_data_is_refused_though_no_counter_moved(scale):
     """`p.grad.data.clamp_(-1, 1)` (old DQN scripts) moves no version counter: the step's frames
-    tell. An edit that leaves every fp16 value as sent changes nothing the network holds: no error."""
+    tell. An edit that leaves every fp16 value as sent changes nothing the network holds: no error.
+    With a loss scale the frames hold each gradient over it, and are compared so."""
     m = frozen_model()
-    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)))
+    dp = parallel.DataParallel(m, FakeAgent(parallel.layout_of(m)), scaler=LossScaler(scale) if scale else None)
     dp.begin()
     m(torch.ones(2, 4)).sum().backward()
     m[1].bias.grad.data.add_(1e-6)  # 2.0 + 1e-6 rounds to fp16's 2.0: as sent
