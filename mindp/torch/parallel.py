@@ -58,6 +58,10 @@ class DataParallel:
         self.agent = agent
         self.scaler = scaler
         self.named = dict(trained(module))
+        odd = [f"{n} ({str(p.dtype).removeprefix('torch.')})" for n, p in self.named.items() if not p.is_floating_point()]
+        if odd:
+            raise ValueError(f"{listed(odd, 3)}: the switch sums real floating-point gradients; train complex "
+                             "parameters as their real and imaginary parts (torch.view_as_real)")
         want = [s.name for s in layout_of(module).specs]
         if [s.name for s in agent.layout.specs] != want:
             raise ValueError("the agent's layout is not layout_of(module) (names or order differ)")

@@ -581,3 +581,12 @@ def test_an_lr_off_the_schedule_is_refused_before_the_steps_first_gradient_leave
     assert str(exc.value.code).startswith("mindp.torch: step 0: the script's optimizer holds lr 0.005 as the step's "
                                           "first gradient leaves, the node will apply 0.01 (step schedule")
     assert agent.handles[-1].got == {}  # nothing left
+
+
+def test_a_complex_parameter_is_refused_by_data_parallel_in_one_line():
+    """The switch sums real gradients: a complex parameter is refused when the module is wrapped,
+    not cast to its real part (torch's .float()) nor failed on at a later step."""
+    m = torch.nn.Linear(2, 2)
+    m.weight = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match=r"^weight \(complex64\): the switch sums real floating-point gradients"):
+        parallel.DataParallel(m, FakeAgent(None))
