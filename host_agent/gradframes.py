@@ -134,9 +134,11 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
     tensors' elements there), the elements compared (not the headers: a pump thread may flag a row
     meanwhile). Only the caller's put() writes elements. HOLDS_ROWS rows at a time, into this
     thread's scratch rows: a new array each call was fresh pages each step (the kernel zeroing them
-    in page faults). `scale` (a loss scale): each block divided by it in grad's dtype, the bits of
-    torch's `grad / scale` for a float32 tensor (its numpy view; not a gradient's copy)."""
+    in page faults). `scale` (a loss scale; float32 gradients only): each block divided by it in
+    float32, the bits of torch's `grad / scale` (not a gradient's copy)."""
     flat = np.ravel(grad)
+    if scale != 1.0 and flat.dtype != np.float32:  # (torch divides fp16 in float32, float64 before its view)
+        raise ValueError(f"holds() divides float32 gradients by a scale, not {flat.dtype}")
     i = 0
     while i < flat.size:  # (an empty tensor holds: put() writes nothing for it either)
         row = (off + i) // K
@@ -145,8 +147,8 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
         again, differ = _scratch(len(rows))
         again[[0, -1]] = rows[[0, -1]]
         part = flat[i:end]
-        if scale != 1.0:  # (in the gradient's own dtype, as torch divides)
-            part = np.divide(part, part.dtype.type(scale), out=_unscaled(end - i) if part.dtype == np.float32 else None)
+        if scale != 1.0:
+            part = np.divide(part, np.float32(scale), out=_unscaled(end - i))
         put(again, off + i - row * K, part, np.zeros(len(again), np.uint8), kernel)
         body = slice(BODY16, None)
         if np.not_equal(again.view(np.uint16)[:, body], rows.view(np.uint16)[:, body], out=differ).any():

@@ -106,7 +106,7 @@ def test_holds_tells_whether_the_frames_still_hold_a_gradient_as_put_wrote_it(ke
 def test_holds_a_gradient_unscaled_a_block_at_a_time_as_torch_divides_it(scale, block, monkeypatch):
     """With a loss scale, the frames hold torch's `g / scale` put() wrote, g compared block by block
     divided in float32 (values down to float32's subnormals, whose quotients round): an edit of g
-    anywhere is seen."""
+    anywhere is seen. Another dtype with a scale is refused (torch divides it in its own arithmetic)."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(gradframes, "HOLDS_ROWS", block)
     rng = np.random.default_rng(int(scale))
@@ -122,6 +122,8 @@ def test_holds_a_gradient_unscaled_a_block_at_a_time_as_torch_divides_it(scale, 
         edited = g.clone()
         edited[j] = (0.6 if np.float16(float(g[j]) / scale) != np.float16(0.6) else 0.7) * scale
         assert not gradframes.holds(frames, off, edited.numpy(), scale=scale)
+    with pytest.raises(ValueError, match="float32 gradients by a scale, not float64"):
+        gradframes.holds(frames, off, g.double().numpy(), scale=scale)
 
 
 def test_put_refuses_what_does_not_fit():
