@@ -101,12 +101,16 @@ def as_array(grad) -> np.ndarray:
     return np.asarray(grad)
 
 
-def put(frames: np.ndarray, off: int, grad: np.ndarray, nonfinite: np.ndarray, kernel: str | None = None) -> None:
-    """Elements off .. off + grad.size of the frames' flat element space (K a row) = grad rounded to
-    fp16, big-endian; nonfinite[row] set to 1 for rows that received an Inf or NaN (never cleared).
+def put(frames: np.ndarray, off: int, grad: np.ndarray, nonfinite: np.ndarray, kernel: str | None = None,
+        scale: float = 1.0) -> None:
+    """Elements off .. off + grad.size of the frames' flat element space (K a row) = grad / scale
+    rounded to fp16, big-endian; nonfinite[row] set to 1 for rows that received an Inf or NaN (never
+    cleared).
 
     frames: (n, GRAD frame length) uint8, C-contiguous; nonfinite: (n,) uint8; kernel: fused's
-    'avx2', 'portable' or 'numpy' (default: fused.selected(), as the node's)."""
+    'avx2', 'portable' or 'numpy' (default: fused.selected(), as the node's); scale (a loss scale;
+    float32 gradients only): divided in float32 a block at a time, the bits of torch's
+    `grad / scale`, not through a gradient's copy."""
     flat = np.ravel(grad)
     if not flat.size:
         return
@@ -114,6 +118,13 @@ def put(frames: np.ndarray, off: int, grad: np.ndarray, nonfinite: np.ndarray, k
         raise ValueError("frames must be C-contiguous rows of GRAD frames")
     if not 0 <= off <= len(frames) * K - flat.size or nonfinite.shape != (len(frames),):
         raise ValueError(f"{flat.size} elements at {off} do not fit {len(frames)} frames")
+    if scale != 1.0:
+        _check_scaled(flat)
+        step = HOLDS_ROWS * K
+        for i in range(0, flat.size, step):
+            part = flat[i : i + step]
+            put(frames, off + i, np.divide(part, np.float32(scale), out=_unscaled(part.size)), nonfinite, kernel)
+        return
     kernel = kernel or fused.selected()
     out, width = frames.view(np.uint16), frames.shape[1] // 2
     if kernel == "numpy":
@@ -137,8 +148,8 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
     in page faults). `scale` (a loss scale; float32 gradients only): each block divided by it in
     float32, the bits of torch's `grad / scale` (not a gradient's copy)."""
     flat = np.ravel(grad)
-    if scale != 1.0 and flat.dtype != np.float32:  # (torch divides fp16 in float32, float64 before its view)
-        raise ValueError(f"holds() divides float32 gradients by a scale, not {flat.dtype}")
+    if scale != 1.0:
+        _check_scaled(flat)
     i = 0
     while i < flat.size:  # (an empty tensor holds: put() writes nothing for it either)
         row = (off + i) // K
@@ -163,8 +174,13 @@ HOLDS_ROWS = max(1, (256 << 10) // codec.frame_len(Kind.GRAD))
 _scratches = threading.local()
 
 
+def _check_scaled(flat: np.ndarray) -> None:
+    if flat.dtype != np.float32:  # (torch divides fp16 in float32, a float64 gradient before its view)
+        raise ValueError(f"gradframes divides float32 gradients by a scale, not {flat.dtype}")
+
+
 def _unscaled(n: int) -> np.ndarray:
-    """n float32 elements of this thread's own, for holds()'s block divided by its scale."""
+    """n float32 elements of this thread's own, for put()'s and holds()'s block divided by a scale."""
     if len(getattr(_scratches, "unscaled", ())) < n:
         _scratches.unscaled = np.empty(HOLDS_ROWS * K, np.float32)
     return _scratches.unscaled[:n]

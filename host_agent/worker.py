@@ -256,8 +256,9 @@ class StepHandle:
         a.digest.ask(a.step, a.step_lr() if a.step_lr else None)
         self.asked = True
 
-    def put(self, name: str, grad) -> None:
-        """One named gradient (numpy or torch); its chunks leave as soon as the window allows."""
+    def put(self, name: str, grad, scale: float = 1.0) -> None:
+        """One named gradient (numpy or torch), divided by `scale` (a loss scale; float32 only); its
+        chunks leave as soon as the window allows."""
         a = self.agent
         if not self.asked:
             self._ask()
@@ -271,7 +272,7 @@ class StepHandle:
             raise ValueError(f"{name}: gradient shape {g.shape} != layout {spec.shape}")
         self.put_names.add(name)
         # Rounded to fp16 straight into the chunks' frames: a chunk is sent only once all of it is in.
-        gradframes.put(a.frames, a.layout.offsets[name], g, self.bad, a.kernel)
+        gradframes.put(a.frames, a.layout.offsets[name], g, self.bad, a.kernel, scale)
         if name in a.tensor_chunks:
             lo, hi = a.tensor_chunks[name]
             self.pending[lo:hi] -= 1

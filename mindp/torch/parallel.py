@@ -94,7 +94,7 @@ class DataParallel:
                                      f"({CHANGED_HINT})")
                 if not self._pushed and self.before_send:
                     self.before_send()
-                self._handle.put(name, self._unscaled(self._dense(name, p.grad)))
+                self._put(self._handle, name, self._dense(name, p.grad))
                 self._pushed[name] = (id(p.grad), p.grad._version)
         return ready
 
@@ -106,6 +106,17 @@ class DataParallel:
 
     def _unscaled(self, grad: torch.Tensor) -> torch.Tensor:
         return grad / self.scaler.scale if self.scaler else grad
+
+    def _by_blocks(self, grad: torch.Tensor) -> bool:
+        """Whether the agent divides `grad` by the loss scale itself, a block at a time (float32 on
+        the CPU: numpy's float32 division, torch's bits), instead of a quotient tensor made for it."""
+        return bool(self.scaler) and grad.dtype == torch.float32 and grad.device.type == "cpu"
+
+    def _put(self, h, name: str, grad: torch.Tensor) -> None:
+        if self._by_blocks(grad):
+            h.put(name, grad, self.scaler.scale)
+        else:
+            h.put(name, self._unscaled(grad))
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -201,7 +212,10 @@ class DataParallel:
             self.before_send()
         for name, p in self.named.items():  # gradients accumulated under no_sync, or zeros for unused ones
             if name not in h.put_names:
-                h.put(name, torch.zeros_like(p) if p.grad is None else self._unscaled(self._dense(name, p.grad)))
+                if p.grad is None:
+                    h.put(name, torch.zeros_like(p))
+                else:
+                    self._put(h, name, self._dense(name, p.grad))
         self._check_values()  # (here, while the step's last parameters are on their way)
         t = time.perf_counter()
         params = h.wait()
@@ -234,9 +248,8 @@ class DataParallel:
                                       f"rescaling gradients is not supported: {CHANGED_HINT})")
 
     def _holds(self, h, name: str, g: torch.Tensor) -> bool:
-        """h.holds of the gradient as the hook sent it: a float32 one unscaled a block at a time
-        there (the hook's `g / scale` again would be a gradient's copy a tensor a step)."""
-        if self.scaler and g.dtype == torch.float32 and g.device.type == "cpu":
+        """h.holds of the gradient as _put sent it."""
+        if self._by_blocks(g):
             return h.holds(name, g, self.scaler.scale)
         return h.holds(name, self._unscaled(g))
 

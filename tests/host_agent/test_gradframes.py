@@ -103,10 +103,11 @@ def test_holds_tells_whether_the_frames_still_hold_a_gradient_as_put_wrote_it(ke
 
 @pytest.mark.parametrize("block", [gradframes.HOLDS_ROWS, 1])
 @pytest.mark.parametrize("scale", [2.0**16, 1000.0, 0.3])
-def test_holds_a_gradient_unscaled_a_block_at_a_time_as_torch_divides_it(scale, block, monkeypatch):
-    """With a loss scale, the frames hold torch's `g / scale` put() wrote, g compared block by block
-    divided in float32 (values down to float32's subnormals, whose quotients round): an edit of g
-    anywhere is seen. Another dtype with a scale is refused (torch divides it in its own arithmetic)."""
+def test_put_and_holds_unscale_a_gradient_a_block_at_a_time_as_torch_divides_it(scale, block, monkeypatch):
+    """With a loss scale, put() writes torch's `g / scale` dividing g a block at a time (the same
+    frames and non-finite rows) and holds() compares g so, in float32 (values down to float32's
+    subnormals, whose quotients round): an edit of g anywhere is seen. Another dtype with a scale
+    is refused (torch divides it in its own arithmetic)."""
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(gradframes, "HOLDS_ROWS", block)
     rng = np.random.default_rng(int(scale))
@@ -114,16 +115,20 @@ def test_holds_a_gradient_unscaled_a_block_at_a_time_as_torch_divides_it(scale, 
     with np.errstate(over="ignore", invalid="ignore"):
         g = torch.from_numpy(hard_values(rng, size) * np.float32(scale))
     g[: size // 4] = torch.from_numpy(rng.standard_normal(size // 4).astype(np.float32) * np.float32(1e-40))
-    frames = frames_of(rng)
-    gradframes.put(frames, off, gradframes.as_array(g / scale), np.zeros(ROWS, np.uint8))
+    frames, bad = frames_of(rng), np.zeros(ROWS, np.uint8)
+    by_blocks, bad_blocks = frames.copy(), np.zeros(ROWS, np.uint8)
+    gradframes.put(frames, off, gradframes.as_array(g / scale), bad)
+    gradframes.put(by_blocks, off, g.numpy(), bad_blocks, scale=scale)  # put() dividing a block at a time
+    assert np.array_equal(by_blocks, frames) and np.array_equal(bad_blocks, bad) and bad.any()
     assert gradframes.holds(frames, off, g.numpy(), scale=scale)
     assert not gradframes.holds(frames, off, g.numpy())  # (the quotients are what was sent)
     for j in (0, size // 2, size - 1):  # in the first, a middle and the last block
         edited = g.clone()
         edited[j] = (0.6 if np.float16(float(g[j]) / scale) != np.float16(0.6) else 0.7) * scale
         assert not gradframes.holds(frames, off, edited.numpy(), scale=scale)
-    with pytest.raises(ValueError, match="float32 gradients by a scale, not float64"):
-        gradframes.holds(frames, off, g.double().numpy(), scale=scale)
+    for check in (gradframes.holds, lambda *a, **kw: gradframes.put(*a[:3], bad, **kw)):
+        with pytest.raises(ValueError, match="float32 gradients by a scale, not float64"):
+            check(frames, off, g.double().numpy(), scale=scale)
 
 
 def test_put_refuses_what_does_not_fit():

@@ -105,7 +105,7 @@ def test_hooks_push_gradients_during_backward_in_backward_order():
             class H:
                 put_names: set = set()
 
-                def put(self, name, g):
+                def put(self, name, g, scale=1.0):
                     rec.order.append((name, torch._C._current_graph_task_id() != -1))
                     self.put_names.add(name)
 

@@ -46,10 +46,11 @@ class FakeHandle:
         self.layout, self.put_names, self.got = layout, set(), {}
         self.frames = np.zeros((layout.n_chunks, codec.frame_len(Kind.GRAD)), np.uint8)
 
-    def put(self, name, grad):
+    def put(self, name, grad, scale=1.0):
         self.put_names.add(name)
-        self.got[name] = grad.detach().clone()
-        gradframes.put(self.frames, self.layout.offsets[name], gradframes.as_array(grad), np.zeros(len(self.frames), np.uint8))
+        self.got[name] = grad.detach() / scale
+        gradframes.put(self.frames, self.layout.offsets[name], gradframes.as_array(grad), np.zeros(len(self.frames), np.uint8),
+                       scale=scale)
 
     def holds(self, name, grad, scale=1.0):
         return gradframes.holds(self.frames, self.layout.offsets[name], gradframes.as_array(grad), scale=scale)
