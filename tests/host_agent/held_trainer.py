@@ -18,13 +18,13 @@ from mininet_topos import trainer
 def hold(directory: pathlib.Path, steps: set[int]) -> None:
     put = worker.StepHandle.put
 
-    def held_put(self: worker.StepHandle, name: str, grad) -> None:
+    def held_put(self: worker.StepHandle, name: str, grad, scale: float = 1.0) -> None:
         step = self.agent.step
         if step in steps and len(self.put_names) == len(self.agent.layout.offsets) - 1:
             (directory / f"held-{step}").touch()
             while not (directory / f"release-{step}").exists():
                 time.sleep(0.01)
-        put(self, name, grad)
+        put(self, name, grad, scale)
 
     worker.StepHandle.put = held_put
 
