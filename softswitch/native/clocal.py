@@ -12,13 +12,16 @@ neither zeroes nor copies). That is decided on the text, conservatively:
   constant index, range copy, other stride or computed index; not a slot the packet path names);
 - in every such loop, a taint of the run's value at the start of a round, followed through the
   round's assignments, reaches neither another field, a held local, nor any other statement.
-  Through `sel(c, a, b)` with a condition the round never changes, the taint is kept per truth
-  value of each such condition (t = sel(c, 0, t); u = sel(c, t, v) leaves u clean); any other
-  expression taints its result when an operand is tainted.
+  Through `sel(c, a, b)` with a condition that holds one value for the rest of the round (nothing
+  it names is assigned later in the round: p4c's conditions are temporaries set once, before
+  their selects), the taint is kept per truth value of each such condition (t = sel(c, 0, t);
+  u = sel(c, t, v) leaves u clean); any other expression taints its result when an operand is
+  tainted.
 """
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 from .croll import FIXED, STEPPED
 
@@ -102,8 +105,7 @@ def _span(base: int, step: int, rounds: int) -> set[int]:
 
 def _dead_at_start(body: list[str], ref: str) -> bool:
     """Whether what `ref` holds when a round of `body` begins reaches nothing but `ref` itself."""
-    assigned = set(ASSIGNED.findall("\n".join(body)))
-    taint = _Taint(assigned)
+    taint = _Taint(Counter(ASSIGNED.findall("\n".join(body))))
     taint.of[ref] = ALL
     for line in body:
         line = line.strip()
@@ -111,18 +113,20 @@ def _dead_at_start(body: list[str], ref: str) -> bool:
         if m is None or BARE.search(m.group(3)):
             if any(taint.of.get(t, 0) for t in THING.findall(line)):
                 return False
-            continue
-        target, accumulate, expr = m.groups()
-        value = taint.expr(expr)
-        taint.of[target] = (taint.of.get(target, 0) if accumulate else 0) | value
+        else:
+            target, accumulate, expr = m.groups()
+            value = taint.expr(expr)
+            taint.of[target] = (taint.of.get(target, 0) if accumulate else 0) | value
+        taint.passed.update(ASSIGNED.findall(line))
     return not any(v for t, v in taint.of.items() if t != ref)
 
 
 class _Taint:
     """Taints (sets of condition worlds, as bits) of a round's fields and locals."""
 
-    def __init__(self, assigned: set[str]):
-        self.assigned = assigned  # what the round writes: a condition naming any of it may change
+    def __init__(self, assigned: Counter):
+        self.assigned = assigned  # how often the round writes each thing
+        self.passed: Counter = Counter()  # how many of those writes the walk has passed
         self.of: dict[str, int] = {}
         self.conditions: dict[str, int] = {}
 
@@ -150,9 +154,9 @@ class _Taint:
         return taint
 
     def _condition(self, cond: str) -> int | None:
-        """The condition's index, or None when the round may change it or too many are kept."""
+        """The condition's index, or None when the rest of the round may change it or too many are kept."""
         key = cond.strip()
-        if any(t in self.assigned for t in THING.findall(key)):
+        if any(self.passed[t] < self.assigned[t] for t in THING.findall(key)):
             return None
         if key not in self.conditions:
             if len(self.conditions) == CONDITIONS:

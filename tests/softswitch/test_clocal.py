@@ -46,6 +46,16 @@ CASES = {
                                            "f[3] = f[3] + 1;",
                                            "f[(24 + 1 * _e)] = u64_sel((f[3] & 1) != 0, f[(8 + 1 * _e)], 1ULL);")
                                       + TO_FIXED[-1:], set()),
+    # p4c's own shape: the condition a temporary set once, before its selects
+    "a condition set earlier in the round": (loop("f[(32 + 1 * _e)] = (f[(40 + 1 * _e)] & 1) != 0;",
+                                                  *(line.strip().replace(C1, "f[(32 + 1 * _e)] != 0") for line in TO_FIXED[1:-2]))
+                                             + TO_FIXED[-1:], {8, 16, 32}),
+    # the condition set again between the selects: t's old value reaches the field
+    "a condition set again": (loop("f[(32 + 1 * _e)] = (f[(40 + 1 * _e)] & 1) != 0;",
+                                   "f[(8 + 1 * _e)] = u64_sel(f[(32 + 1 * _e)] != 0, 0ULL, f[(8 + 1 * _e)]);",
+                                   "f[(32 + 1 * _e)] = (f[(40 + 1 * _e)] & 2) != 0;",
+                                   "f[(24 + 1 * _e)] = u64_sel(f[(32 + 1 * _e)] != 0, f[(8 + 1 * _e)], 1ULL);")
+                              + TO_FIXED[-1:], {32}),
     # an old value ORed into a held local
     "a fold": (["{ uint64_t _f2 = f[2];", *loop("_f2 = (_f2 | f[(8 + 1 * _e)]) & 1ULL;", "f[(8 + 1 * _e)] = 1ULL;"),
                 "f[2] = _f2;", "}"], set()),
