@@ -145,8 +145,7 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
     tensors' elements there), the elements compared (not the headers: a pump thread may flag a row
     meanwhile). Only the caller's put() writes elements. HOLDS_ROWS rows at a time, into this
     thread's scratch rows: a new array each call was fresh pages each step (the kernel zeroing them
-    in page faults). `scale` (a loss scale; float32 gradients only): each block divided by it in
-    float32, the bits of torch's `grad / scale` (not a gradient's copy)."""
+    in page faults). `scale` (a loss scale; float32 gradients only): divided by put(), as it sends."""
     flat = np.ravel(grad)
     if scale != 1.0:
         _check_scaled(flat)
@@ -157,10 +156,7 @@ def holds(frames: np.ndarray, off: int, grad: np.ndarray, kernel: str | None = N
         rows = frames[row : -(-(off + end) // K)]
         again, differ = _scratch(len(rows))
         again[[0, -1]] = rows[[0, -1]]
-        part = flat[i:end]
-        if scale != 1.0:
-            part = np.divide(part, np.float32(scale), out=_unscaled(end - i))
-        put(again, off + i - row * K, part, np.zeros(len(again), np.uint8), kernel)
+        put(again, off + i - row * K, flat[i:end], np.zeros(len(again), np.uint8), kernel, scale)
         body = slice(BODY16, None)
         if np.not_equal(again.view(np.uint16)[:, body], rows.view(np.uint16)[:, body], out=differ).any():
             return False
@@ -180,7 +176,7 @@ def _check_scaled(flat: np.ndarray) -> None:
 
 
 def _unscaled(n: int) -> np.ndarray:
-    """n float32 elements of this thread's own, for put()'s and holds()'s block divided by a scale."""
+    """n float32 elements of this thread's own, for put()'s block divided by a scale."""
     if len(getattr(_scratches, "unscaled", ())) < n:
         _scratches.unscaled = np.empty(HOLDS_ROWS * K, np.float32)
     return _scratches.unscaled[:n]
