@@ -31,7 +31,7 @@ INDIRECT = re.compile(r"\bf \+|\bf\[[^\d(]|&f\b")
 THING = re.compile(r"\bf\[\(\d+ [+-] \d+ \* _e\)\]|\bf\[\d+\]|\b_[fo]\d+\b")
 TARGET = r"(f\[\(\d+ [+-] \d+ \* _e\)\]|f\[\d+\]|_[fo]\d+)"
 ASSIGN = re.compile(rf"^{TARGET} (\|?)= ([^;{{}}]*);$")
-ASSIGNED = re.compile(rf"{TARGET} \|?= ")  # every target, simple statement or not
+ASSIGNED = re.compile(rf"{TARGET} (?:[-+*/%&|^]|<<|>>)?= ")  # every target, simple or compound, statement or not
 BARE = re.compile(r"(?<![=!<>])=(?!=)")  # an assignment inside an expression
 SEL = re.compile(r"\b[ux]64_sel\(")
 CONDITIONS = 8  # distinct conditions a round's taint is kept apart for; more are taken as unknown

@@ -56,6 +56,12 @@ CASES = {
                                    "f[(32 + 1 * _e)] = (f[(40 + 1 * _e)] & 2) != 0;",
                                    "f[(24 + 1 * _e)] = u64_sel(f[(32 + 1 * _e)] != 0, f[(8 + 1 * _e)], 1ULL);")
                               + TO_FIXED[-1:], {32}),
+    # the condition changed by a compound assignment between the selects
+    "a condition added to": (loop("f[(32 + 1 * _e)] = (f[(40 + 1 * _e)] & 1) != 0;",
+                                  "f[(8 + 1 * _e)] = u64_sel(f[(32 + 1 * _e)] != 0, 0ULL, f[(8 + 1 * _e)]);",
+                                  "f[(32 + 1 * _e)] += 1;",
+                                  "f[(24 + 1 * _e)] = u64_sel(f[(32 + 1 * _e)] != 0, f[(8 + 1 * _e)], 1ULL);")
+                             + TO_FIXED[-1:], {32}),
     # an old value ORed into a held local
     "a fold": (["{ uint64_t _f2 = f[2];", *loop("_f2 = (_f2 | f[(8 + 1 * _e)]) & 1ULL;", "f[(8 + 1 * _e)] = 1ULL;"),
                 "f[2] = _f2;", "}"], set()),
