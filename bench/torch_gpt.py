@@ -33,7 +33,8 @@ parameters reach every worker at once, so the step's least wait is the network's
 the last worker's backward, and a worker's wait beyond it is time spent behind a slower worker
 (DDP's ranks wait for each other the same way, inside their backward's last allreduce). Each round
 also prints the cores' idle time a step (the cores times a step's wall time, less the CPU a step of
-all processes): a side's steps/s falls short of its CPU a step by what its cores wait idle.
+all processes, over the steps that CPU was read: a switch run's from its second timed step on, as its
+first can be slower): a side's steps/s falls short of its CPU a step by what its cores wait idle.
 
 --rounds N runs every side N times in turn and ends with the median of each round's ratios: the
 host's speed drifts from minute to minute, so a ratio is taken within a round, never across.
@@ -356,6 +357,7 @@ class Sampler(threading.Thread):
         self.last = steps - 1  # the run's last step (from 0)
         self.done = threading.Event()
         self.snaps: list[tuple[int, dict]] = []  # (worker 0's step, each process's figures then)
+        self.span: tuple[int, int] | None = None  # the steps (after the first, to the last) usages() took
 
     def run(self) -> None:
         if isinstance(self.cores, Cores):  # this thread's reading costs the network's cores, not training's
@@ -396,6 +398,7 @@ class Sampler(threading.Thread):
         # ended while worker 0 still evaluated its last model (at 25M parameters, seconds).
         (s0, a), (s1, b) = self.snaps[0], next((x for x in reversed(self.snaps[1:]) if set(self.snaps[0][1]) <= set(x[1])),
                                                self.snaps[-1])
+        self.span = (s0, s1)
         n = s1 - s0
         logs = {}
 
@@ -428,6 +431,18 @@ class Sampler(threading.Thread):
                              (faults - a[pid][4]) / n))
         return out
 
+    def step_ms(self) -> float | None:
+        """Worker 0's wall ms a step over the steps usages() took their CPU from (its step lines'
+        times): the span an idle time is taken over, as a side's steps/s takes other steps (the
+        first timed step of a short run can be seconds slower than the rest at 25M)."""
+        if self.span is None:
+            return None
+        log = next(self.runs.glob("2*/logs/worker-job1-0.log"), None)
+        lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")] if log else []
+        t = {j["step"]: j["t"] for j in lines if j.get("ev") == "step" and "t" in j}
+        s0, s1 = self.span
+        return (t[s1] - t[s0]) / (s1 - s0) * 1e3 if s0 in t and s1 in t else None
+
 
 def behind_ms(waits: dict[int, dict[int, float]]) -> dict[int, float]:
     """Per worker, its mean wait for the parameters (seconds, by step) beyond the least wait of the
@@ -448,8 +463,10 @@ def state_in_ram(wl: workload.WorkloadConfig) -> int:
 
 
 def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: str, node_ram: int, sync: str,
-               cores: Cores | Placement | None = None, timeout: float = 3600) -> tuple[float, str, int, list[Usage]]:
-    """(steps/s, '' or why it failed, the run's K, each process's Usage) of make run's orchestrator,
+               cores: Cores | Placement | None = None,
+               timeout: float = 3600) -> tuple[float, str, int, list[Usage], float | None]:
+    """(steps/s, '' or why it failed, the run's K, each process's Usage, the wall ms a step over the
+    steps those were sampled over (Sampler.step_ms)) of make run's orchestrator,
     MODEL=gpt, on `target`, its node's RAM budget `node_ram` bytes and commits made durable as
     `sync` says: BMv2 at its default K, the embedded switch at this process's (MINDP_K, as --k sets
     it, else the default)."""
@@ -472,7 +489,7 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
     except subprocess.TimeoutExpired:
         p.terminate()  # make run tears down what it started on SIGTERM
         p.communicate()
-        return 0.0, f"no result within {timeout:.0f} s", k, []
+        return 0.0, f"no result within {timeout:.0f} s", k, [], None
     except KeyboardInterrupt:  # make run had the terminal's Ctrl-C too: it tears down, then ends
         p.terminate()
         p.communicate()
@@ -485,28 +502,30 @@ def switch_run(target: str, workers: int, steps: int, tmp: pathlib.Path, gpt: st
     except (StopIteration, OSError, ValueError):
         s = None
     if s is None or "max_abs_param_diff_vs_reference" not in s:  # failed, or stopped: no result
-        return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], k, []
+        return 0.0, (err.strip().splitlines() or [f"exit {p.returncode}"])[-1], k, [], None
     if s["max_abs_param_diff_vs_reference"] != 0.0:
-        return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})", k, []
+        return 0.0, f"not bit-exact ({s['max_abs_param_diff_vs_reference']})", k, [], None
     with open(next(runs.glob("2*/metrics.csv"))) as f:
         timed = [float(r["step_seconds"]) for r in csv.DictReader(f) if int(r["step"]) >= 1]
-    return len(timed) / sum(timed), "", k, sampler.usages()
+    usages = sampler.usages()
+    return len(timed) / sum(timed), "", k, usages, sampler.step_ms()
 
 
-def idle_ms(rate: float, cpu_ms: float, cores: int) -> float:
-    """The cores' idle ms a step: `cores` times a step's wall time (1 / rate steps/s) less the CPU ms
-    a step of all processes; 0 where that CPU exceeds it (rate and CPU are sampled over nearly, not
-    exactly, the same steps)."""
-    return max(0.0, cores * 1000.0 / rate - cpu_ms)
+def idle_ms(step_ms: float, cpu_ms: float, cores: int) -> float:
+    """The cores' idle ms a step: `cores` times a step's wall ms less the CPU ms a step of all
+    processes, both over the same steps; 0 where that CPU exceeds it (the wall is worker 0's, the
+    CPU read within 20 ms of it)."""
+    return max(0.0, cores * step_ms - cpu_ms)
 
 
 @dataclass
 class Round:
     """One round's figures by side ("one process", "DDP", each switch run's label): steps/s, and
-    CPU ms a step of all its processes where they were sampled."""
+    CPU ms a step of all its processes where they were sampled, with a step's wall ms over the same steps."""
 
     rates: dict[str, float] = field(default_factory=dict)
     cpu_ms: dict[str, float] = field(default_factory=dict)
+    step_ms: dict[str, float] = field(default_factory=dict)  # a step's wall ms over the steps cpu_ms is of
 
 
 def side_order(round_index: int, sides: list[str]) -> list[str]:
@@ -527,7 +546,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
     tmp.mkdir(parents=True, exist_ok=True)
     switch_targets = [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]
     fig = Round()
-    rates, cpu_ms = fig.rates, fig.cpu_ms
+    rates, cpu_ms, wall_ms = fig.rates, fig.cpu_ms, fig.step_ms
     order = side_order(index, ["one process", "DDP", *switch_targets])
     for side in order:
         if side == "one process":
@@ -543,7 +562,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             if side == "bmv2" and targets.find_bmv2() is None:
                 print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
                 continue
-            rate, err, k, usages = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram, args.sync,
+            rate, err, k, usages, step_ms = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram, args.sync,
                                                   args.cores)
             label += f" K={k}"
         if err:
@@ -555,6 +574,8 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             # Pinned (--network-cores), the training cores' CPU: the switch's and node's is not taken from it.
             cpu_ms[key] = sum(u.cpu_ms for u in usages if not isinstance(args.cores, Cores)
                               or u.role.split()[0] in ("rank", "worker"))
+            # DDP's ranks time their CPU over their timed steps; make run's is read over fewer (Sampler)
+            wall_ms[key] = step_ms if side != "DDP" and step_ms else 1000.0 / rates[key]
         print(f"  {label:<34} {rates[key]:8.3f} steps/s" + ("" if side == "DDP" else " (bit-exact)"))
         for line in usage_lines(usages):
             print(f"      {line}")
@@ -570,9 +591,9 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             (" (steps/s follows it where the training cores never wait for the network)" if split else
              " (with every core training, steps/s follows this ratio less the idle time below)"))
         cores = len(args.cores.training if split else os.sched_getaffinity(0))
-        print(f"  idle a step, {cores} {'training ' if split else ''}cores: DDP "
-              f"{idle_ms(rates['DDP'], cpu_ms['DDP'], cores):.0f} ms" +
-              "".join(f"; {s} {idle_ms(rates['make run ' + s], ms, cores):.0f} ms" for s, ms in cpus))
+        print(f"  idle a step, {cores} {'training ' if split else ''}cores (over the steps its CPU was read): DDP "
+              f"{idle_ms(wall_ms['DDP'], cpu_ms['DDP'], cores):.0f} ms" +
+              "".join(f"; {s} {idle_ms(wall_ms['make run ' + s], ms, cores):.0f} ms" for s, ms in cpus))
     return fig
 
 

@@ -170,12 +170,30 @@ def test_torch_gpt_splits_the_cpu_into_forward_backward_and_the_rest(monkeypatch
 
 
 def test_torch_gpt_idle_time_is_the_cores_wall_time_less_every_process_s_cpu(monkeypatch):
-    """4 steps/s on 2 cores is 500 core-ms a step: 400 ms of CPU leaves 100 idle; CPU sampled
-    above the wall time (a slightly different span of steps) is no idle time, not a negative one."""
+    """250 ms a step on 2 cores is 500 core-ms: 400 ms of CPU leaves 100 idle; CPU read a moment
+    after the wall's end (above it) is no idle time, not a negative one."""
     bench = load("torch_gpt", monkeypatch)
-    assert bench.idle_ms(4.0, 400.0, 2) == 100.0
-    assert bench.idle_ms(4.0, 400.0, 1) == 0.0
-    assert bench.idle_ms(2.0, 250.0, 4) == 1750.0
+    assert bench.idle_ms(250.0, 400.0, 2) == 100.0
+    assert bench.idle_ms(250.0, 400.0, 1) == 0.0
+    assert bench.idle_ms(500.0, 250.0, 4) == 1750.0
+
+
+def test_torch_gpt_takes_a_switch_run_s_idle_time_over_the_steps_its_cpu_was_read(monkeypatch, tmp_path):
+    """A switch run's steps/s counts its first timed step, its CPU is read from the second on: the
+    wall a step for its idle time is worker 0's over the steps the CPU was read, not 1 / steps/s
+    (a first timed step 1 s slower than the rest at 25M made 300 ms a step of idle that was not)."""
+    bench = load("torch_gpt", monkeypatch)
+    logs = tmp_path / "20261206-210000" / "logs"
+    logs.mkdir(parents=True)
+    ends = (100.0, 106.7, 112.5, 118.3, 124.1, 130.5)  # step 1 slow; 2-4 at 5.8 s; 5 (not read) slow again
+    (logs / "worker-job1-0.log").write_text("".join(
+        json.dumps({"ev": "step", "step": s, "t": t, "compute": 1.0, "wait": 0.0}) + "\n" for s, t in enumerate(ends)))
+    sampler = bench.Sampler(0, tmp_path, steps=7)
+    assert sampler.step_ms() is None  # nothing read yet
+    at = lambda cpu: {10: ("worker 0", cpu, 5, {}, 0)}
+    sampler.snaps = [(1, at(1.0)), (4, at(12.0))]
+    sampler.usages()
+    assert round(sampler.step_ms(), 6) == round((ends[4] - ends[1]) / 3 * 1e3, 6) == 5800.0
 
 
 def test_torch_gpt_tells_the_wait_for_a_slower_worker_from_the_network_s_round_trip(monkeypatch, tmp_path):
