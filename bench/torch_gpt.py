@@ -434,7 +434,7 @@ class Sampler(threading.Thread):
     def step_ms(self) -> float | None:
         """Worker 0's wall ms a step over the steps usages() took their CPU from (its step lines'
         times): the span an idle time is taken over, as a side's steps/s takes other steps (the
-        first timed step of a short run can be seconds slower than the rest at 25M)."""
+        first timed step of a short run ran up to a second slower than the rest at 25M)."""
         if self.span is None:
             return None
         log = next(self.runs.glob("2*/logs/worker-job1-0.log"), None)
@@ -562,8 +562,8 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             if side == "bmv2" and targets.find_bmv2() is None:
                 print(f"  {label:<34} skipped: BMv2 simple_switch_grpc not installed")
                 continue
-            rate, err, k, usages, step_ms = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram, args.sync,
-                                                  args.cores)
+            rate, err, k, usages, step_ms = switch_run(side, args.workers, args.steps, tmp, args.gpt, args.node_ram,
+                                                       args.sync, args.cores)
             label += f" K={k}"
         if err:
             print(f"  {label:<34} failed: {err}")
