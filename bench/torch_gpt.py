@@ -76,6 +76,7 @@ from host_agent import optim, residency, state  # noqa: E402
 from host_agent.agent_args import integer, parse_size  # noqa: E402
 from mindp import INSTALL_TORCH, procstat, protocol, targets, threadname, workload  # noqa: E402
 from mindp.harness import testbed  # noqa: E402
+from mindp.harness.run_processes import ROLES, Cores, cpu_list, parse_cpus, pin, proc_usage  # noqa: E402
 from mindp.topology import Host  # noqa: E402
 from mininet_topos import config, placement  # noqa: E402
 from mininet_topos.placement import Placement  # noqa: E402
@@ -248,101 +249,6 @@ def ddp_run(workers: int, steps: int, gpt: str, pinned: bool = False) -> tuple[f
     return figures[0][0], "", ranks
 
 
-#: make run's processes by a word of their command lines (the controller runs in the orchestrator's):
-#: Python programs, and BMv2's switch.
-ROLES = (("mininet_topos.trainer", "worker"), ("host_agent.node", "node"), ("softswitch", "switch"),
-         ("simple_switch_grpc", "switch"), ("mininet_topos.run", "orchestrator"))
-BMV2 = "simple_switch_grpc"
-
-
-def _role(pid: int) -> str | None:
-    """The role of one of make run's processes ("worker N", N its id), or None (a wrapper such as
-    flock or sudo, or a process that ended)."""
-    try:
-        argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        role = next((r for word, r in ROLES if word in " ".join(argv)), None)
-        if role is None or ("python" not in argv[0] and not argv[0].endswith(BMV2)):
-            return None
-        return f"worker {argv[argv.index('--worker') + 1]}" if role == "worker" and "--worker" in argv else role
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of `pid` onto `cpus` (threads it starts later inherit their creator's); threads
-    that end meanwhile are passed over."""
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:  # the process ended since it was listed
-        return
-    for task in tasks:
-        try:
-            if os.sched_getaffinity(int(task)) != cpus:
-                os.sched_setaffinity(int(task), cpus)
-        except OSError:
-            continue
-
-
-def parse_cpus(text: str) -> set[int]:
-    """'1', '2-3' or '0,2' -> {1}, {2, 3}, {0, 2}."""
-    cpus = set()
-    for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def _proc_usage(pid: int) -> tuple[str, float, int, dict[str, float], int] | None:
-    """(role, CPU seconds, voluntary context switches of all its threads, CPU seconds of its
-    threads mindp names, by name, minor page faults) of one of make run's processes; a worker's
-    role is "worker N", N its id."""
-    role = _role(pid)
-    if role is None:
-        return None
-    try:
-        stat = procstat.of(pid)
-        if stat is None:
-            return None
-        cpu = procstat.cpu_seconds(stat)
-        tasks = list(pathlib.Path(f"/proc/{pid}/task").iterdir())
-    except (OSError, IndexError, ValueError):
-        return None
-    vol, named = 0, {}
-    for task in tasks:  # (status counts the main thread's only)
-        try:
-            status = (task / "status").read_text()
-            vol += int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
-            if status.startswith(f"Name:\t{threadname.PREFIX}"):  # a thread mindp named (mindp.threadname)
-                name = status.split("\n", 1)[0].split("\t", 1)[1]
-                if (stat := procstat.fields(task / "stat")) is not None:
-                    named[name] = named.get(name, 0.0) + procstat.cpu_seconds(stat)
-        except OSError:  # a thread that ended meanwhile: the process is still sampled
-            continue
-    return role, cpu, vol, named, int(stat[procstat.MINFLT])
-
-
-@dataclass(frozen=True)
-class Cores:
-    """--network-cores: the switch, the node and the orchestrator on `network`, what trains on
-    `training`."""
-    training: set[int]
-    network: set[int]
-
-    def place(self, root: int) -> None:
-        """Pin make run's processes under `root` by role."""
-        for pid in procstat.tree(root):
-            if (role := _role(pid)) is not None:
-                pin(pid, self.training if role.startswith("worker") else self.network)
-
-    def describe(self) -> str:
-        return (f"the switch, node and orchestrator on cores {_cpus(self.network)}, what trains on "
-                f"{_cpus(self.training)}")
-
-
-def _cpus(cpus: set[int]) -> str:
-    return ",".join(str(c) for c in sorted(cpus))
-
-
 class Sampler(threading.Thread):
     """Each process's CPU time and wake-ups when worker 0 logs its step 1 and each later step but
     the run's last (its log polled every 20 ms; /proc read only then): the figures a step between
@@ -383,7 +289,7 @@ class Sampler(threading.Thread):
                 # The first snapshot's processes are the run's from then on: a scan of all of /proc
                 # a step would cost a core a per cent at 1.3M parameters.
                 pids = list(self.snaps[0][1]) if self.snaps else procstat.tree(self.root)
-                self.snaps.append((step, {pid: u for pid in pids if (u := _proc_usage(pid)) is not None}))
+                self.snaps.append((step, {pid: u for pid in pids if (u := proc_usage(pid)) is not None}))
 
     def sampled(self, step: int) -> bool:
         """Whether worker 0's newest logged step `step` is sampled now."""
@@ -653,7 +559,7 @@ def main() -> int:
             network = set()
         if not network or not network < mine:
             print(f"torch_gpt: --network-cores {args.network_cores!r}: give some, not all, of the cores this process "
-                  f"may use ({_cpus(mine)})")
+                  f"may use ({cpu_list(mine)})")
             return 2
         args.cores = Cores(mine - network, network)
         pin(os.getpid(), args.cores.training)  # what this process starts trains there: DDP's ranks, the one process

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from mindp.harness import run_processes as processes
 from host_agent.agent_args import integer
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -116,7 +117,7 @@ def test_torch_gpt_samples_each_worker_by_its_id_while_its_threads_come_and_go(m
     p = subprocess.Popen([sys.executable, "-c", churn, "mininet_topos.trainer", "--worker", "3"], stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline() == b"up\n"
-        seen = [bench._proc_usage(p.pid) for _ in range(300)]
+        seen = [bench.proc_usage(p.pid) for _ in range(300)]
     finally:
         p.kill()
         p.wait()
@@ -236,7 +237,7 @@ def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):
                          stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline() == b"up\n"
-        role, cpu, _, named, faults = bench._proc_usage(p.pid)
+        role, cpu, _, named, faults = bench.proc_usage(p.pid)
     finally:
         p.kill()
         p.wait()
@@ -280,8 +281,8 @@ def test_torch_gpt_samples_bmv2_as_the_switch_and_no_wrapper(monkeypatch):
     try:
         for p in (bmv2, wrapper):
             exec_done(p)
-        assert bench._proc_usage(bmv2.pid)[0] == "switch"
-        assert bench._proc_usage(wrapper.pid) is None
+        assert bench.proc_usage(bmv2.pid)[0] == "switch"
+        assert bench.proc_usage(wrapper.pid) is None
     finally:
         for p in (bmv2, wrapper):
             p.kill()
@@ -377,7 +378,7 @@ def placed_as(bench, placement, want) -> None:
             assert p.stdout.readline() == "up\n"
         for p in procs:
             placement.place(p.pid)
-        roles = [bench._role(p.pid) for p in procs]
+        roles = [processes.role(p.pid) for p in procs]
         assert roles == ["orchestrator", "worker 1", "node", "switch"]
         for p, role in zip(procs, roles):
             assert {os.sched_getaffinity(int(t)) == want(role) for t in os.listdir(f"/proc/{p.pid}/task")} == {True}
@@ -396,7 +397,7 @@ def test_torch_gpt_scans_proc_for_the_run_s_processes_once(monkeypatch, tmp_path
     bench = load("torch_gpt", monkeypatch)
     scans = []
     monkeypatch.setattr(bench.procstat, "tree", lambda root: scans.append(root) or [11, 12])
-    monkeypatch.setattr(bench, "_proc_usage", lambda pid: (f"worker {pid - 11}", 1.0, 1, {}, 0))
+    monkeypatch.setattr(bench, "proc_usage", lambda pid: (f"worker {pid - 11}", 1.0, 1, {}, 0))
     logs = tmp_path / "20261204-030000" / "logs"
     logs.mkdir(parents=True)
     sampler = bench.Sampler(7, tmp_path, steps=6)
