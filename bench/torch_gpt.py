@@ -462,6 +462,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             continue
         if side == "DDP":
             ddp, err, usages = ddp_run(args.workers, args.local_steps, args.gpt, isinstance(args.cores, Placement))
+            step_ms = None  # its ranks time their CPU over their timed steps: 1 / steps/s is their span's
             label = f"PyTorch DDP (gloo), {args.workers} namespaces"
         else:
             label = f"make run MODEL=gpt TARGET={side}"
@@ -480,8 +481,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
             # Pinned (--network-cores), the training cores' CPU: the switch's and node's is not taken from it.
             cpu_ms[key] = sum(u.cpu_ms for u in usages if not isinstance(args.cores, Cores)
                               or u.role.split()[0] in ("rank", "worker"))
-            # DDP's ranks time their CPU over their timed steps; make run's is read over fewer (Sampler)
-            wall_ms[key] = step_ms if side != "DDP" and step_ms else 1000.0 / rates[key]
+            wall_ms[key] = step_ms or 1000.0 / rates[key]  # (a switch run's CPU is read over fewer steps: Sampler)
         print(f"  {label:<34} {rates[key]:8.3f} steps/s" + ("" if side == "DDP" else " (bit-exact)"))
         for line in usage_lines(usages):
             print(f"      {line}")

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from mindp.harness import run_processes as processes
 from host_agent.agent_args import integer
+from mindp.harness import run_processes as processes
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
