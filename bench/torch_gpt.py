@@ -263,7 +263,7 @@ class Sampler(threading.Thread):
         self.last = steps - 1  # the run's last step (from 0)
         self.done = threading.Event()
         self.snaps: list[tuple[int, dict]] = []  # (worker 0's step, each process's figures then)
-        self.span: tuple[int, int] | None = None  # the steps (after the first, to the last) usages() took
+        self._step_ms: float | None = None  # usages()'s: step_ms()
 
     def run(self) -> None:
         if isinstance(self.cores, Cores):  # this thread's reading costs the network's cores, not training's
@@ -304,7 +304,6 @@ class Sampler(threading.Thread):
         # ended while worker 0 still evaluated its last model (at 25M parameters, seconds).
         (s0, a), (s1, b) = self.snaps[0], next((x for x in reversed(self.snaps[1:]) if set(self.snaps[0][1]) <= set(x[1])),
                                                self.snaps[-1])
-        self.span = (s0, s1)
         n = s1 - s0
         logs = {}
 
@@ -317,6 +316,9 @@ class Sampler(threading.Thread):
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
             steps = [j for j in lines if j.get("ev") == "step" and s0 < j["step"] <= s1]  # the sampled steps' lines
             worker = int(path.stem.rsplit("-", 1)[1])
+            if worker == 0:
+                t = {j["step"]: j["t"] for j in lines if j.get("ev") == "step" and "t" in j}
+                self._step_ms = (t[s1] - t[s0]) / n * 1e3 if s0 in t and s1 in t else None
             logs[worker] = (mean_ms(steps, "compute"), mean_ms(steps, "wait"), mean_ms(steps, "compute_cpu"))
             waits[worker] = {j["step"]: j["wait"] for j in steps if "wait" in j}
         behind = behind_ms(waits)
@@ -339,15 +341,10 @@ class Sampler(threading.Thread):
 
     def step_ms(self) -> float | None:
         """Worker 0's wall ms a step over the steps usages() took their CPU from (its step lines'
-        times): the span an idle time is taken over, as a side's steps/s takes other steps (the
-        first timed step of a short run ran up to a second slower than the rest at 25M)."""
-        if self.span is None:
-            return None
-        log = next(self.runs.glob("2*/logs/worker-job1-0.log"), None)
-        lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")] if log else []
-        t = {j["step"]: j["t"] for j in lines if j.get("ev") == "step" and "t" in j}
-        s0, s1 = self.span
-        return (t[s1] - t[s0]) / (s1 - s0) * 1e3 if s0 in t and s1 in t else None
+        times, read in the same pass), None before: the span an idle time is taken over, as a side's
+        steps/s takes other steps (the first timed step of a short run ran up to a second slower
+        than the rest at 25M)."""
+        return self._step_ms
 
 
 def behind_ms(waits: dict[int, dict[int, float]]) -> dict[int, float]:
@@ -431,7 +428,7 @@ class Round:
 
     rates: dict[str, float] = field(default_factory=dict)
     cpu_ms: dict[str, float] = field(default_factory=dict)
-    step_ms: dict[str, float] = field(default_factory=dict)  # a step's wall ms over the steps cpu_ms is of
+    wall_ms: dict[str, float] = field(default_factory=dict)  # a step's wall ms over the steps cpu_ms is of
 
 
 def side_order(round_index: int, sides: list[str]) -> list[str]:
@@ -452,7 +449,7 @@ def one_round(args, gpt: dict, base_steps: int, tmp: pathlib.Path, index: int = 
     tmp.mkdir(parents=True, exist_ok=True)
     switch_targets = [t for t in ("embedded", "bmv2") if t in args.targets.split(",")]
     fig = Round()
-    rates, cpu_ms, wall_ms = fig.rates, fig.cpu_ms, fig.step_ms
+    rates, cpu_ms, wall_ms = fig.rates, fig.cpu_ms, fig.wall_ms
     order = side_order(index, ["one process", "DDP", *switch_targets])
     for side in order:
         if side == "one process":
