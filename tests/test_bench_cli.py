@@ -108,16 +108,15 @@ def test_softswitch_takes_each_ratio_within_its_round(monkeypatch):
                    ("embedded elements a switch CPU-second", 512): [10.0, 11.2]}
 
 
-def test_torch_gpt_samples_each_worker_by_its_id_while_its_threads_come_and_go(monkeypatch):
+def test_torch_gpt_samples_each_worker_by_its_id_while_its_threads_come_and_go():
     """A worker whose threads end between listing and reading them is still sampled, under its own
     worker id."""
-    bench = load("torch_gpt", monkeypatch)
     churn = ("import threading, time\nprint('up', flush=True)\n"
              "while True:\n    threading.Thread(target=time.sleep, args=(0.0005,)).start()\n")
     p = subprocess.Popen([sys.executable, "-c", churn, "mininet_topos.trainer", "--worker", "3"], stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline() == b"up\n"
-        seen = [bench.proc_usage(p.pid) for _ in range(300)]
+        seen = [processes.proc_usage(p.pid) for _ in range(300)]
     finally:
         p.kill()
         p.wait()
@@ -222,10 +221,9 @@ def test_torch_gpt_tells_the_wait_for_a_slower_worker_from_the_network_s_round_t
     assert bench.behind_ms({0: {1: 0.01}, 1: {2: 0.01}}) == {}
 
 
-def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):
+def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart():
     """A worker's pump thread (named by mindp.threadname) is sampled apart, by its name; the
     process's other threads are not listed."""
-    bench = load("torch_gpt", monkeypatch)
     # The named thread spins until the kernel has counted CPU to it: then the parent samples.
     spin = ("import threading\nfrom mindp import threadname\n"
             "def spin():\n    stat = f'/proc/self/task/{threading.get_native_id()}/stat'\n"
@@ -237,7 +235,7 @@ def test_torch_gpt_gives_the_cpu_of_a_thread_mindp_names_apart(monkeypatch):
                          stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline() == b"up\n"
-        role, cpu, _, named, faults = bench.proc_usage(p.pid)
+        role, cpu, _, named, faults = processes.proc_usage(p.pid)
     finally:
         p.kill()
         p.wait()
@@ -270,10 +268,9 @@ def exec_done(p: subprocess.Popen) -> None:
         os.sched_yield()
 
 
-def test_torch_gpt_samples_bmv2_as_the_switch_and_no_wrapper(monkeypatch):
+def test_torch_gpt_samples_bmv2_as_the_switch_and_no_wrapper():
     """BMv2's simple_switch_grpc is the switch of a TARGET=bmv2 run; a wrapper whose command line
     names a role (flock ... softswitch) is not sampled as that role."""
-    bench = load("torch_gpt", monkeypatch)
     sleep = shutil.which("sleep")
     # argv[0] as given: the names, not the program, matter.
     bmv2 = subprocess.Popen(["/opt/p4tools/bin/simple_switch_grpc", "60"], executable=sleep)
@@ -281,8 +278,8 @@ def test_torch_gpt_samples_bmv2_as_the_switch_and_no_wrapper(monkeypatch):
     try:
         for p in (bmv2, wrapper):
             exec_done(p)
-        assert bench.proc_usage(bmv2.pid)[0] == "switch"
-        assert bench.proc_usage(wrapper.pid) is None
+        assert processes.proc_usage(bmv2.pid)[0] == "switch"
+        assert processes.proc_usage(wrapper.pid) is None
     finally:
         for p in (bmv2, wrapper):
             p.kill()

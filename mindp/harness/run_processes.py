@@ -20,7 +20,8 @@ def role(pid: int) -> str | None:
     flock or sudo, or a process that ended)."""
     try:
         argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        found = next((r for word, r in ROLES if word in " ".join(argv)), None)
+        line = " ".join(argv)
+        found = next((r for word, r in ROLES if word in line), None)
         if found is None or ("python" not in argv[0] and not argv[0].endswith(BMV2)):
             return None
         return f"worker {argv[argv.index('--worker') + 1]}" if found == "worker" and "--worker" in argv else found
