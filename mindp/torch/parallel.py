@@ -14,6 +14,8 @@ from mindp import listed
 from mindp.layout import Layout
 from mindp.lossscale import LossScaler
 
+from . import widened
+
 
 def trained(module: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """The parameters the network trains: those that require a gradient. A frozen one
@@ -76,6 +78,7 @@ class DataParallel:
         # called once a step before its first gradient leaves (a script Optimizer checks its lr there)
         self.before_send: Callable[[], None] | None = None
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
+        widened.warm()
 
     def _syncing(self) -> bool:
         """Whether a backward() sends: not under no_sync(), nor while the module's
@@ -165,7 +168,11 @@ class DataParallel:
     def _same_bits(self, p: torch.Tensor, values: np.ndarray) -> bool:
         """Whether p holds `values` as finish() wrote them (copied into p's dtype), bit for bit:
         CHECK_BLOCK elements at a time through a scratch of its own, reused (a whole copy each step
-        was fresh pages each step, the kernel zeroing them in page faults)."""
+        was fresh pages each step, the kernel zeroing them in page faults). A float32 parameter
+        (most are) is compared in one compiled pass instead (widened.same)."""
+        if widened.COMPILED and p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() \
+                and values.dtype == np.float16:
+            return widened.same(p.detach().view(-1).numpy().view(np.uint32), values.reshape(-1).view(np.uint16))
         flat, v = p.detach().reshape(-1), torch.from_numpy(values.reshape(-1))
         scratch = self._scratch.get(p.dtype)
         if scratch is None:
