@@ -16,6 +16,7 @@ import pytest
 
 from host_agent.agent_args import integer
 from mindp.harness import run_processes as processes
+from mindp.protocol import K
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -23,6 +24,8 @@ BAD = [
     ("agents.py", ["--chunks", "0"]),
     ("agents.py", ["--elements", "31"]),
     ("agents.py", ["--page-chunks", "x"]),
+    ("checks.py", ["--rounds", "0"]),
+    ("checks.py", ["--elements", "x"]),
     ("dataplane.py", ["--k", "8008"]),
     ("digest.py", ["--rounds", "0"]),
     ("dataplane.py", ["--window", "1"]),
@@ -506,3 +509,17 @@ def test_dataplane_row_refuses_a_k_other_than_its_own(monkeypatch, capsys):
     for args in (["--row"], ["--row", "--k", str(bench.K)]):
         with pytest.raises(WorkStarted):
             bench_main(bench, monkeypatch, *args)
+
+
+def test_checks_times_each_check_beside_what_it_is_compared_with():
+    """bench/checks.py over a small model: holds against put, the parameter check against finish()'s
+    copy and the torch path (or its one-line skips without numba or torch)."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "checks.py"), "--elements", "70000", "--rounds", "1"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stdout.splitlines()
+    if lines[0].startswith("bench/checks.py: skipped"):
+        return
+    assert lines[0].startswith(f"K = {K}, 70,000 elements in 2 tensors")
+    assert "holds / put" in lines[1]
+    assert "through torch / compiled" in lines[2] or lines[2] == "  parameters: skipped (no torch)"
