@@ -26,15 +26,16 @@ from host_agent.agent_args import integer  # noqa: E402
 from mindp import codec  # noqa: E402
 from mindp.protocol import K, Kind  # noqa: E402
 
+
 def tensor_sizes(elements: int | None) -> list[int]:
     """The default gpt's trained tensors' sizes (torch installed, `elements` None), else `elements`
-    (1.3M by default) in tensors of 65,536."""
+    (20 tensors' worth by default) in tensors of 65,536."""
     if elements is None:
         try:
             from mindp.torch import models, parallel
             return [p.numel() for _, p in parallel.trained(models.build("gpt", {}, 0))]
         except ImportError:
-            elements = 1_329_600
+            elements = 20 * 65536
     return [65536] * (elements // 65536) + ([elements % 65536] if elements % 65536 else [])
 
 
