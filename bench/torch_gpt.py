@@ -584,14 +584,16 @@ def main() -> int:
     wl = workload.WorkloadConfig(n_workers=args.workers, model="gpt", model_args=gpt)
     whole = state_in_ram(wl)
     args.node_ram = whole if args.node_ram is None else args.node_ram
-    print(f"{workload.describe(wl, workload.init_params(wl))}, {args.workers} workers x {wl.batch} examples, AdamW lr "
-          f"{config.DEFAULT_LR['gpt']}, {args.steps} steps; the node's RAM budget {args.node_ram / 2**20:,.0f} MiB "
-          f"({'its whole state' if args.node_ram >= whole else 'out of core'}), made durable "
-          f"{'at every step' if args.sync == 'step' else 'at exit (--sync exit)'}" +
-          (f"; {args.cores.describe()}" if isinstance(args.cores, Cores) else "") +
-          (f"; pinned (make run PIN=1, DDP's rank N as worker N): {args.cores.describe()}" if args.pin else ""))
     rounds = []
+    # Made before the first line: a Ctrl-C once the run has said what it trains finds the directory
+    # under `with` (tempfile's first use, and mkdtemp, left a file or a directory when it came between).
     with tempfile.TemporaryDirectory(prefix="mindp-bench-gpt-") as tmp:
+        print(f"{workload.describe(wl, workload.init_params(wl))}, {args.workers} workers x {wl.batch} examples, AdamW lr "
+              f"{config.DEFAULT_LR['gpt']}, {args.steps} steps; the node's RAM budget {args.node_ram / 2**20:,.0f} MiB "
+              f"({'its whole state' if args.node_ram >= whole else 'out of core'}), made durable "
+              f"{'at every step' if args.sync == 'step' else 'at exit (--sync exit)'}" +
+              (f"; {args.cores.describe()}" if isinstance(args.cores, Cores) else "") +
+              (f"; pinned (make run PIN=1, DDP's rank N as worker N): {args.cores.describe()}" if args.pin else ""))
         for i in range(args.rounds):
             if args.rounds > 1:
                 print(f" round {i + 1} of {args.rounds}")

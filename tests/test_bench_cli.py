@@ -289,14 +289,17 @@ def test_torch_gpt_samples_bmv2_as_the_switch_and_no_wrapper():
             p.wait()
 
 
-def test_torch_gpt_ctrl_c_is_one_line_and_exit_130():
-    """Ctrl-C ends the bench with one line, not a traceback (what it started is ended on the way)."""
+def test_torch_gpt_ctrl_c_is_one_line_and_exit_130(tmp_path):
+    """Ctrl-C ends the bench with one line, not a traceback (what it started is ended on the way),
+    and leaves nothing in the temp directory (a Ctrl-C just after its first line once left tempfile's
+    empty probe file or its own directory there)."""
     pytest.importorskip("torch")
     # As from a terminal: SIGINT at its default (an xdist worker ignores it, and so would its
     # children, Python installing no handler for an ignored signal).
     p = subprocess.Popen([sys.executable, str(REPO / "bench" / "torch_gpt.py"), "--local-steps", "100000",
                           "--targets", "embedded"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
     assert p.stdout.readline().startswith("gpt (")  # its first line: the model; then one process trains
     p.send_signal(signal.SIGINT)
     try:
@@ -307,6 +310,7 @@ def test_torch_gpt_ctrl_c_is_one_line_and_exit_130():
         pytest.fail("torch_gpt.py went on after Ctrl-C")
     assert p.returncode == 130 and "Traceback" not in err
     assert err.strip().splitlines()[-1] == "torch_gpt: interrupted"
+    assert not list(tmp_path.iterdir())
 
 
 def test_torch_gpt_runs_its_sides_in_reverse_every_other_round(monkeypatch):
