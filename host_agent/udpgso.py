@@ -105,15 +105,21 @@ class Sender:
         returns the rows it did send: the caller sends the others."""
         stride = frames.shape[1]
         heads = frames[rows, :PREFIX]
-        sizes = np.full(len(rows), stride) if lens is None else np.asarray(lens, dtype=np.int64)[rows]
-        # a run ends where a row's header or length differs from the one before it
-        starts = np.flatnonzero(np.r_[True, (heads[1:] != heads[:-1]).any(1) | (sizes[1:] != sizes[:-1])])
-        ends = np.r_[starts[1:], len(rows)]
+        # a run ends where a row's header or length differs from the one before it (headers compared
+        # whole, as opaque 42-byte items)
+        items = heads.view(f"V{PREFIX}").reshape(-1)
+        cut = items[1:] != items[:-1]
+        if lens is None:
+            sizes = None
+        else:
+            sizes = np.asarray(lens, dtype=np.int64)[rows]
+            cut |= sizes[1:] != sizes[:-1]
+        edges = (np.flatnonzero(cut) + 1).tolist()
         mv = memoryview(frames).cast("B")
         sendmsg = self.sock.sendmsg
         failed = 0
-        for a, b in zip(starts.tolist(), ends.tolist()):
-            width = int(sizes[a])
+        for a, b in zip([0, *edges], [*edges, len(rows)]):
+            width = stride if sizes is None else int(sizes[a])
             seg = width - PREFIX
             step = min(MAX_SEGMENTS, (MAX_BYTES - IP - UDP) // seg) if plain_udp(heads[a], width) else 1
             for i in range(a, b, step):

@@ -125,6 +125,18 @@ def test_rows_that_are_not_plain_udp_go_as_built(link):
     assert received(rx, 40) == [row.tobytes() for row in f]
 
 
+def test_rows_of_one_header_go_at_their_own_lengths(link):
+    """Rows whose headers are alike but whose lengths are not (the header does not give the
+    frame's length, so not plain UDP) each leave at the length given for it."""
+    tx, rx = link
+    width = frame_len(Kind.GRAD)
+    f = build(6, width)
+    f[:, 16:18] = (0, 60)  # one IP length for every row
+    sizes = np.array([width, width - 10, width - 10, width, 100, 100])
+    assert rawsock.send_rows(tx, f, range(6), lens=sizes) == (6, 0)
+    assert received(rx, 6) == [row[:size].tobytes() for row, size in zip(f, sizes)]
+
+
 def test_without_a_sender_rows_go_one_by_one_as_built(link, monkeypatch):
     monkeypatch.setattr(udpgso, "ENABLED", False)  # as MINDP_NO_GSO=1 at import
     a, b = testbed.tagged("mdp-gso2"), testbed.tagged("mdp-gso3")
