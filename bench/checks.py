@@ -4,7 +4,7 @@ tensors of the default gpt (1.3M elements; `--elements` for another count), the 
 - holds(): that no gradient changed after backward() sent it (gradframes.holds, in put()'s own
   compiled kernel comparing instead of writing), against the put() that wrote the frames;
 - the parameter check: that no parameter was edited through `.data` since the network wrote it
-  (DataParallel._same_bits: widened's compiled pass for float32), against the torch path it takes
+  (parallel.same_bits: widened's compiled pass for float32), against the torch path it takes
   without numba, and against finish()'s copy of the fp16 values into the parameters.
 
 K is the process's (MINDP_K). .venv/bin/python bench/checks.py [--rounds N] [--elements N]
@@ -73,13 +73,12 @@ def parameter_checks(sizes: list[int], rounds: int) -> tuple[float, float, float
         import torch
     except ImportError:
         return None
-    from mindp.torch import parallel, widened
+    from mindp.torch import parallel
     torch.set_num_threads(1)
     rng = np.random.default_rng(1)
     values = [rng.standard_normal(n).astype(np.float16) for n in sizes]
     params = [torch.nn.Parameter(torch.empty(n)) for n in sizes]
-    dp = parallel.DataParallel.__new__(parallel.DataParallel)  # _same_bits needs only its scratch
-    dp._scratch = {}
+    scratch: dict = {}
 
     def copy():
         with torch.no_grad():
@@ -88,14 +87,10 @@ def parameter_checks(sizes: list[int], rounds: int) -> tuple[float, float, float
 
     def check(compiled: bool):
         def run():
-            widened.COMPILED = compiled
-            assert all(dp._same_bits(p, v) for p, v in zip(params, values))
+            assert all(parallel.same_bits(p, v, scratch, compiled) for p, v in zip(params, values))
         return run
     copy()
-    try:
-        return timed(copy, rounds), timed(check(True), rounds), timed(check(False), rounds)
-    finally:
-        widened.COMPILED = not fused.NUMPY_ONLY
+    return timed(copy, rounds), timed(check(True), rounds), timed(check(False), rounds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,6 +41,29 @@ _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an el
 CHANGED_HINT = "the switch sums the gradients as backward() produces them; docs/TORCH.md"
 
 
+def same_bits(p: torch.Tensor, values: np.ndarray, scratch: dict[torch.dtype, torch.Tensor],
+              compiled: bool | None = None) -> bool:
+    """Whether p holds `values` as finish() wrote them (copied into p's dtype), bit for bit:
+    CHECK_BLOCK elements at a time through the caller's `scratch` (a block per dtype, reused: a
+    whole copy each step was fresh pages each step, the kernel zeroing them in page faults). A
+    float32 parameter (most are) is compared in one compiled pass instead (widened.same) where
+    `compiled` (default: widened.COMPILED, where numba is)."""
+    if (widened.COMPILED if compiled is None else compiled) and p.dtype == torch.float32 \
+            and p.device.type == "cpu" and p.is_contiguous() and values.dtype == np.float16:
+        return widened.same(p.detach().view(-1).numpy().view(np.uint32), values.reshape(-1).view(np.uint16))
+    flat, v = p.detach().reshape(-1), torch.from_numpy(values.reshape(-1))
+    block = scratch.get(p.dtype)
+    if block is None:
+        block = scratch[p.dtype] = torch.empty(CHECK_BLOCK, dtype=p.dtype)
+    bits = _BITS[p.element_size()]
+    for i in range(0, flat.numel(), CHECK_BLOCK):
+        part = block[: min(CHECK_BLOCK, flat.numel() - i)]
+        part.copy_(v[i : i + len(part)])
+        if not torch.equal(flat[i : i + len(part)].view(bits), part.view(bits)):
+            return False
+    return True
+
+
 class GradientChanged(RuntimeError):
     """A gradient was modified between backward() and step(): the change would be silently lost."""
 
@@ -74,7 +97,7 @@ class DataParallel:
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self._written = self._stamps()  # each parameter as the network last left it
         self._values: dict[str, np.ndarray] = {}  # the fp16 values finish() last wrote (see _check_values)
-        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # _same_bits's, a dtype each
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # same_bits's, a dtype each
         # called once a step before its first gradient leaves (a script Optimizer checks its lr there)
         self.before_send: Callable[[], None] | None = None
         self.hooks = [p.register_post_accumulate_grad_hook(self._hook(name)) for name, p in self.named.items()]
@@ -158,32 +181,12 @@ class DataParallel:
         until its next wait() returns (it receives a step into its other buffer): read, not copied.
         Compared as bits in the parameter's dtype (fp16 widens exactly to float32 and float64), so an
         Inf is the same as itself, and a NaN too (a float32 one: as any NaN, widened says why)."""
-        edited = [n for n, p in self.named.items() if n in self._values and not self._same_bits(p, self._values[n])]
+        edited = [n for n, p in self.named.items() if n in self._values and not same_bits(p, self._values[n], self._scratch)]
         if edited:
             raise self.error(f"{listed(edited, 3)}: values changed since the network last wrote the parameters (an "
                              "in-place edit through .data, such as p.data.clamp_()): the optimizer node holds them "
                              "and its next parameters would undo it; change parameters through the model's loss, "
                              "or before init")
-
-    def _same_bits(self, p: torch.Tensor, values: np.ndarray) -> bool:
-        """Whether p holds `values` as finish() wrote them (copied into p's dtype), bit for bit:
-        CHECK_BLOCK elements at a time through a scratch of its own, reused (a whole copy each step
-        was fresh pages each step, the kernel zeroing them in page faults). A float32 parameter
-        (most are) is compared in one compiled pass instead (widened.same)."""
-        if widened.COMPILED and p.dtype == torch.float32 and p.device.type == "cpu" and p.is_contiguous() \
-                and values.dtype == np.float16:
-            return widened.same(p.detach().view(-1).numpy().view(np.uint32), values.reshape(-1).view(np.uint16))
-        flat, v = p.detach().reshape(-1), torch.from_numpy(values.reshape(-1))
-        scratch = self._scratch.get(p.dtype)
-        if scratch is None:
-            scratch = self._scratch[p.dtype] = torch.empty(CHECK_BLOCK, dtype=p.dtype)
-        bits = _BITS[p.element_size()]
-        for i in range(0, flat.numel(), CHECK_BLOCK):
-            part = scratch[: min(CHECK_BLOCK, flat.numel() - i)]
-            part.copy_(v[i : i + len(part)])
-            if not torch.equal(flat[i : i + len(part)].view(bits), part.view(bits)):
-                return False
-        return True
 
     def begin(self, set_to_none: bool = True) -> None:
         """Start a step: gradients from now on go to the network as autograd finishes each
