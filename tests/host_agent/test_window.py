@@ -2,13 +2,55 @@
 import numpy as np
 import pytest
 
+from host_agent import window as window_module
 from host_agent.window import RtoConfig, RttEstimator, StepTimeout, Window
 from host_agent.worker import slot_and_version
 from mindp import schedule
 
+PATHS = [True, False] if window_module.COMPILED else [False]
+
+
+@pytest.fixture(autouse=True, params=PATHS, ids=lambda compiled: "compiled" if compiled else "numpy")
+def due_path(request, monkeypatch):
+    """Every test of the window on each of due()'s paths (compiled where numba is, and numpy)."""
+    monkeypatch.setattr(window_module, "COMPILED", request.param)
+
 
 def window(n=10, slots=4, **rto):
     return Window(0, n, slots, RttEstimator(RtoConfig(**rto)), now=0.0)
+
+
+@pytest.mark.skipif(not window_module.COMPILED, reason="no numba: due() has one path")
+@pytest.mark.parametrize("seed", range(6))
+def test_both_paths_of_due_send_the_same_chunks_at_the_same_times(monkeypatch, seed):
+    """Two windows fed the same readiness, answers (some lost) and clock, one on each path of due()."""
+    rng = np.random.default_rng(seed)
+    n, slots = int(rng.integers(1, 300)), int(rng.integers(1, 64))
+    pair = {path: Window(0, n, slots, RttEstimator(RtoConfig(initial=0.05, min=0.01)), now=0.0) for path in PATHS}
+    order = rng.permutation(n)
+    now, made, outstanding = 0.0, 0, []
+    while not pair[True].complete:
+        now += float(rng.uniform(0.0, 0.02))
+        if made < n:
+            batch = order[made : made + int(rng.integers(1, 40))]
+            made += len(batch)
+        else:
+            batch = order[:0]
+        answered = [c for c in outstanding if rng.random() > 0.1]
+        out = {}
+        for path, w in pair.items():
+            monkeypatch.setattr(window_module, "COMPILED", path)
+            w.set_ready(batch)
+            if answered:
+                w.on_params(np.array(sorted(answered)), now, np.ones(len(answered), bool))
+            out[path] = w.due(now)
+        assert out[True] == out[False]
+        outstanding = sorted(set(outstanding) - set(answered) | set(out[True][0]) | set(out[True][1]))
+        assert now < 1000, "the step never completed"
+    a, b = pair[True], pair[False]
+    assert a.complete and b.complete and a.n_sent == b.n_sent
+    for field in ("attempts", "first_sent", "sent_at", "expiry", "next_in_slot"):
+        assert np.array_equal(getattr(a, field), getattr(b, field)), field
 
 
 def test_at_most_one_outstanding_chunk_per_slot():
