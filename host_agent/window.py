@@ -12,8 +12,9 @@ from mindp import listed, progress
 from . import fused
 from .optim import ConfigError
 
-#: due()'s scan for first sends in one compiled call (with numba), else in numpy calls: ~15 of them
-#: a pump, which with the worker's training thread on the same core cost ~45 us of its CPU a pump.
+#: due()'s scan for first sends and on_params' array work each in one compiled call (with numba),
+#: else in numpy calls: ~15 and ~25 of them, which beside the worker's training thread on one core
+#: cost ~45 and ~25 us more of its pump thread's CPU a pump.
 COMPILED = not fused.NUMPY_ONLY
 
 
@@ -228,6 +229,7 @@ class Window:
         # Per slot, the next chunk to send in it: slot uses go strictly in chunk order.
         self.next_in_slot = np.arange(min(slots, n_chunks), dtype=np.int64)
         self._new = np.empty(len(self.next_in_slot), dtype=np.int64)  # _first_sends' chunks
+        self._overdue = np.empty(0, dtype=np.int64)  # _answered's (grown to n chunks at its first call)
         self.n_sent = 0
         self._changed = True  # something became ready or done since the last scan for new chunks
         self.n_done = 0
@@ -420,6 +422,8 @@ class Window:
         stalls that caused the resends: they recurred every step. Answers to this worker's resends
         teach the hold of a window late as a whole (RttEstimator.resends_answered)."""
         chunks = np.asarray(chunks, dtype=np.int64)
+        if COMPILED and len(self._his) == 1:
+            return self._on_params_compiled(chunks, now, np.asarray(sample, dtype=bool))
         if len(chunks) < 2 or (chunks[1:] > chunks[:-1]).all():  # each once (the usual batch): no sort
             fresh = ~self.done[chunks]
         else:
@@ -447,14 +451,7 @@ class Window:
             sent = self.first_sent[eligible]
             self.rtt.sample(now - float(sent.max()), now - float(sent.min()))
         if self._held:
-            # The silence the hold waited out ended: on a lossy network the held timers go by the
-            # RTO again (a frame lost meanwhile, a tail one no later answer shows, waited the hold).
-            self._held = False
-            out = np.flatnonzero(self.expiry != np.inf)
-            if len(out):
-                self.expiry[out] = np.minimum(self.expiry[out], self.sent_at[out] + np.minimum(
-                    self.rtt.cap, self.rtt.rto * 2.0 ** (self.attempts[out] - 1)))
-                self._earliest = min(self._earliest, float(self.expiry[out].min()))
+            self._release_held()
         gap = self.rtt.cfg.fast_after
         if gap:
             at = now + min(self.rtt.cfg.reorder * (self.rtt.srtt or 0.0), self.rtt.cfg.min)
@@ -473,6 +470,45 @@ class Window:
                     self._fast_checked[shard] = hi
         return fresh
 
+    def _on_params_compiled(self, chunks: np.ndarray, now: float, sample: np.ndarray) -> np.ndarray:
+        """on_params of a window whose chunks one node owns, its array work in one compiled call
+        (_answered); the round-trip estimator's and the hold's updates as on_params makes them."""
+        fresh = np.empty(len(chunks), dtype=bool)
+        if len(self._overdue) < self.n:
+            self._overdue = np.empty(self.n, dtype=np.int64)
+        gap = self.rtt.cfg.fast_after
+        got = _answered(chunks, sample, self.done, self.attempts, self.first_sent, self.expiry, self.behind,
+                        self.heard_at if self.heard else now, gap, int(self._fast_checked[0]), fresh, self._overdue)
+        n_fresh, resent, resent_flagged, resent_timed, timed, oldest, newest, checked, n_overdue = got
+        if not n_fresh:
+            return fresh
+        if not self.heard:
+            self.heard, self.heard_at = True, now
+        if resent:
+            self.rtt.resends_answered(resent_flagged, resent_timed)
+        self.n_done += n_fresh
+        self.last_progress = now
+        self._changed = True
+        if timed:
+            self.rtt.sample(now - newest, now - oldest)
+        if self._held:
+            self._release_held()
+        if gap:
+            at = now + min(self.rtt.cfg.reorder * (self.rtt.srtt or 0.0), self.rtt.cfg.min)
+            self.fast_due += [(at, c) for c in self._overdue[:n_overdue].tolist()]
+            self._fast_checked[0] = checked
+        return fresh
+
+    def _release_held(self) -> None:
+        """The silence the hold waited out ended: on a lossy network the held timers go by the RTO
+        again (a frame lost meanwhile, a tail one no later answer shows, waited the hold)."""
+        self._held = False
+        out = np.flatnonzero(self.expiry != np.inf)
+        if len(out):
+            self.expiry[out] = np.minimum(self.expiry[out], self.sent_at[out] + np.minimum(
+                self.rtt.cap, self.rtt.rto * 2.0 ** (self.attempts[out] - 1)))
+            self._earliest = min(self._earliest, float(self.expiry[out].min()))
+
     def wake_at(self) -> float:
         """When something is next due: a fast retransmit, the earliest expiry, or the deadline."""
         fast = min((at for at, _ in self.fast_due), default=float("inf"))
@@ -483,6 +519,16 @@ class Window:
 
     def missing(self) -> list[int]:
         return [int(c) for c in np.flatnonzero(~self.done)]
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) the window's kernels now, as gradframes.warm does
+    put()'s: not in a worker's first pumps, where a compile on a loaded machine outlasts its
+    peers' step deadline."""
+    if COMPILED:
+        w = Window(0, 2, 1, RttEstimator(RtoConfig()), 0.0)
+        w.set_ready([0, 1])
+        w.on_params(np.array(w.due(0.0)[0], dtype=np.int64), 0.0, np.ones(1, dtype=bool))
 
 
 if COMPILED:
@@ -509,3 +555,43 @@ if COMPILED:
             sent_at[c] = now
             expiry[c] = exp
         return k
+
+    @njit(nogil=True, cache=True)
+    def _answered(chunks, sample, done, attempts, first_sent, expiry, behind, heard_at, gap, checked, fresh, overdue):
+        """on_params' array work for a window one node owns: `fresh` (each entry not had before and
+        first in the batch), the fresh chunks marked done and unexpiring, the counts and first-send
+        times the estimator takes, and the chunks a fast retransmit finds overdue (each looked at
+        once: from `checked` up to `gap` below the freshest) into `overdue`. Returns (fresh,
+        resent, resent and flagged, resent and timed, timed, the oldest and newest first send of
+        the timed, where the fast retransmit's check now starts, overdue)."""
+        n_fresh = resent = resent_flagged = resent_timed = timed = 0
+        oldest, newest = np.inf, -np.inf
+        top = -1
+        for i in range(len(chunks)):
+            c = chunks[i]
+            fresh[i] = not done[c]
+            if not fresh[i]:
+                continue
+            done[c] = True  # (a later entry of the same chunk is then not fresh)
+            n_fresh += 1
+            top = max(top, c)
+            flagged = not sample[i]
+            is_timed = not flagged and not (behind and first_sent[c] < heard_at)
+            if attempts[c] > 1:
+                resent += 1
+                resent_flagged += flagged
+                resent_timed += is_timed
+            if is_timed:
+                timed += 1
+                oldest = min(oldest, first_sent[c])
+                newest = max(newest, first_sent[c])
+            expiry[c] = np.inf
+        n_overdue = 0
+        if gap and n_fresh and top - gap + 1 > checked:
+            hi = top - gap + 1
+            for c in range(checked, hi):
+                if not done[c] and attempts[c] == 1 and first_sent[c] <= first_sent[top]:
+                    overdue[n_overdue] = c
+                    n_overdue += 1
+            checked = hi
+        return n_fresh, resent, resent_flagged, resent_timed, timed, oldest, newest, checked, n_overdue

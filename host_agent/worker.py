@@ -24,7 +24,7 @@ from mindp.readable import readable
 from mindp.switch_constants import MAX_JOB_ID
 from mindp.topology import Topology, TopologyError
 
-from . import agent_args, digest, fused, gradframes, param_rx, rawsock, reference, shards
+from . import agent_args, digest, fused, gradframes, param_rx, rawsock, reference, shards, window
 from .optim import ConfigError
 from .pumper import Pumper
 from .resume import ResumeFile
@@ -153,6 +153,7 @@ class WorkerAgent:
         self.receiver = rawsock.RowReceiver(self.rx, self.auxdata) if rawsock.MMSG else None
         self.kernel = fused.selected()  # for the gradients' fp16 rounding, as the node's (raises KernelError)
         gradframes.warm(self.kernel)
+        window.warm()
         n = layout.n_chunks
         self.spec_of = {s.name: s for s in layout.specs}
         self.bucket = min(cfg.bucket, max(1, n // 16))

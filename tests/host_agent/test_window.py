@@ -1,4 +1,8 @@
 """The worker's per-step state machine: slot window, adaptive timeouts, back-off, deadline."""
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -23,7 +27,8 @@ def window(n=10, slots=4, **rto):
 @pytest.mark.skipif(not window_module.COMPILED, reason="no numba: due() has one path")
 @pytest.mark.parametrize("seed", range(6))
 def test_both_paths_of_due_send_the_same_chunks_at_the_same_times(monkeypatch, seed):
-    """Two windows fed the same readiness, answers (some lost) and clock, one on each path of due()."""
+    """Two windows fed the same readiness, answers (some lost, some twice, out of order, some flagged
+    RETRANSMIT) and clock, one on each path of due() and on_params()."""
     rng = np.random.default_rng(seed)
     n, slots = int(rng.integers(1, 300)), int(rng.integers(1, 64))
     pair = {path: Window(0, n, slots, RttEstimator(RtoConfig(initial=0.05, min=0.01)), now=0.0) for path in PATHS}
@@ -37,19 +42,27 @@ def test_both_paths_of_due_send_the_same_chunks_at_the_same_times(monkeypatch, s
         else:
             batch = order[:0]
         answered = [c for c in outstanding if rng.random() > 0.1]
-        out = {}
+        arrived = np.array(answered + [c for c in answered if rng.random() < 0.1], dtype=np.int64)
+        if seed % 2:
+            rng.shuffle(arrived)
+        else:
+            arrived.sort()
+        sample = rng.random(len(arrived)) > 0.2
+        out, fresh = {}, {}
         for path, w in pair.items():
             monkeypatch.setattr(window_module, "COMPILED", path)
             w.set_ready(batch)
-            if answered:
-                w.on_params(np.array(sorted(answered)), now, np.ones(len(answered), bool))
+            if len(arrived):
+                fresh[path] = w.on_params(arrived, now, sample).tolist()
             out[path] = w.due(now)
-        assert out[True] == out[False]
+        assert out[True] == out[False] and fresh.get(True) == fresh.get(False)
+        assert pair[True].fast_due == pair[False].fast_due and pair[True].n_done == pair[False].n_done
+        assert (pair[True].rtt.srtt, pair[True].rtt.rto) == (pair[False].rtt.srtt, pair[False].rtt.rto)
         outstanding = sorted(set(outstanding) - set(answered) | set(out[True][0]) | set(out[True][1]))
         assert now < 1000, "the step never completed"
     a, b = pair[True], pair[False]
     assert a.complete and b.complete and a.n_sent == b.n_sent
-    for field in ("attempts", "first_sent", "sent_at", "expiry", "next_in_slot"):
+    for field in ("attempts", "first_sent", "sent_at", "expiry", "next_in_slot", "done", "_fast_checked"):
         assert np.array_equal(getattr(a, field), getattr(b, field)), field
 
 
@@ -606,3 +619,11 @@ def test_losses_shrink_the_peak_of_a_one_off_stall_as_they_shrink_the_hold():
     waits = [1.8, 0.9, 0.45, 0.225, 0.18, 0.18, 0.18]  # the peak x 2 x hold, hold >= the RTO's floor
     assert lossy - clean == pytest.approx(sum(waits), abs=0.005)  # (a resend's round trip replaces the lost one's)
     assert rtt.hold == pytest.approx(0.1) and rtt.rto == pytest.approx(0.18) and rtt.peaks[1] == pytest.approx(0.9)
+
+
+@pytest.mark.skipif(not window_module.COMPILED, reason="no numba: nothing to compile")
+def test_warm_compiles_both_kernels_before_a_step():
+    """In a process of its own: none of this one's windows has compiled them for it."""
+    code = ("from host_agent import window; assert not window._first_sends.signatures; window.warm(); "
+            "assert window._first_sends.signatures and window._answered.signatures")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=pathlib.Path(__file__).parents[2])
