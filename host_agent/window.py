@@ -423,7 +423,8 @@ class Window:
         teach the hold of a window late as a whole (RttEstimator.resends_answered)."""
         chunks = np.asarray(chunks, dtype=np.int64)
         if COMPILED and len(self._his) == 1:
-            return self._on_params_compiled(chunks, now, np.asarray(sample, dtype=bool))
+            # (contiguous, as warm() compiled it: param_rx passes a column of its output rows)
+            return self._on_params_compiled(np.ascontiguousarray(chunks), now, np.ascontiguousarray(sample, dtype=bool))
         if len(chunks) < 2 or (chunks[1:] > chunks[:-1]).all():  # each once (the usual batch): no sort
             fresh = ~self.done[chunks]
         else:

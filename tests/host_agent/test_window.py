@@ -624,6 +624,11 @@ def test_losses_shrink_the_peak_of_a_one_off_stall_as_they_shrink_the_hold():
 @pytest.mark.skipif(not window_module.COMPILED, reason="no numba: nothing to compile")
 def test_warm_compiles_both_kernels_before_a_step():
     """In a process of its own: none of this one's windows has compiled them for it."""
-    code = ("from host_agent import window; assert not window._first_sends.signatures; window.warm(); "
-            "assert window._first_sends.signatures and window._answered.signatures")
+    code = ("import numpy as np; from host_agent import window; assert not window._first_sends.signatures; "
+            "window.warm(); have = len(window._first_sends.signatures), len(window._answered.signatures); "
+            "assert all(have); w = window.Window(0, 4, 2, window.RttEstimator(window.RtoConfig()), 0.0); "
+            "w.set_ready(range(4)); rows = np.zeros((2, 4), np.int64); rows[:, 2] = w.due(0.0)[0]; "
+            # as param_rx passes them: a column of its output rows; no compile left for a step
+            "w.on_params(rows[:, 2], 0.0, (rows[:, 3] & 1) == 0); "
+            "assert (len(window._first_sends.signatures), len(window._answered.signatures)) == have")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=pathlib.Path(__file__).parents[2])
