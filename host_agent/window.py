@@ -277,30 +277,12 @@ class Window:
     def due(self, now: float) -> tuple[list[int], list[int]]:
         """(chunks to send for the first time, chunks to send again), marked as sent now."""
         new: list[int] = []
-        if self._changed and self.n_sent < self.n and COMPILED:
+        if self._changed and self.n_sent < self.n:
             self._changed = False
             exp = now + self.rtt.backoff(1)
-            k = _first_sends(self.next_in_slot, self.ready, self.done, self.attempts, self.first_sent, self.sent_at,
-                             self.expiry, self.slots, now, exp, self._new)
-            if k:
-                self.n_sent += k
-                new = self._new[:k].tolist()
-                self._earliest = min(self._earliest, exp)
-        elif self._changed and self.n_sent < self.n:
-            self._changed = False
-            c = self.next_in_slot
-            live = c < self.n
-            cc = np.minimum(c, self.n - 1)
-            ok = live & self.ready[cc] & ((cc < self.slots) | self.done[np.maximum(cc - self.slots, 0)])
-            if ok.any():
-                sel = np.sort(c[ok])
-                self.attempts[sel] = 1
-                self.first_sent[sel] = self.sent_at[sel] = now
-                self.next_in_slot[ok] += self.slots
-                self.n_sent += len(sel)
-                new = sel.tolist()
-                exp = now + self.rtt.backoff(1)
-                self.expiry[sel] = exp
+            new = self._scan_first_sends(now, exp)
+            if new:
+                self.n_sent += len(new)
                 self._earliest = min(self._earliest, exp)
         expired = []
         if now >= self._earliest:  # expiries only grow or leave, so the bound stays valid
@@ -331,6 +313,24 @@ class Window:
         self.timeouts += len(expired)
         self.fast_retransmits += len(fast)
         return new, again
+
+    def _scan_first_sends(self, now: float, exp: float) -> list[int]:
+        """Each slot's next chunk that is ready and whose slot's previous chunk is done, in chunk
+        order, marked sent at `now` (expiring at `exp`), its slot moved on."""
+        if COMPILED:
+            return self._new[: _first_sends(self.next_in_slot, self.ready, self.done, self.attempts, self.first_sent,
+                                            self.sent_at, self.expiry, self.slots, now, exp, self._new)].tolist()
+        c = self.next_in_slot
+        cc = np.minimum(c, self.n - 1)
+        ok = (c < self.n) & self.ready[cc] & ((cc < self.slots) | self.done[np.maximum(cc - self.slots, 0)])
+        if not ok.any():
+            return []
+        sel = np.sort(c[ok])
+        self.attempts[sel] = 1
+        self.first_sent[sel] = self.sent_at[sel] = now
+        self.expiry[sel] = exp
+        self.next_in_slot[ok] += self.slots
+        return sel.tolist()
 
     def after_own_resend(self, new: list[int]) -> list[int]:
         """Of chunks sent for the first time, those whose slot's previous chunk this worker had to
