@@ -33,7 +33,7 @@ def layout_of(module: torch.nn.Module) -> Layout:
     return optim.layout_of(layout_arrays(module))
 
 
-#: Elements _check_values compares at a time through torch (a parameter not float32 and contiguous, or
+#: Elements same_bits compares at a time through torch (a parameter not float32 and contiguous, or
 #: no numba): 256 KiB of float32 scratch, in a core's L2 (a Python loop's turn a block).
 CHECK_BLOCK = 65536
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # an element's bits, by its size
@@ -181,7 +181,8 @@ class DataParallel:
         until its next wait() returns (it receives a step into its other buffer): read, not copied.
         Compared as bits in the parameter's dtype (fp16 widens exactly to float32 and float64), so an
         Inf is the same as itself, and a NaN too (a float32 one: as any NaN, widened says why)."""
-        edited = [n for n, p in self.named.items() if n in self._values and not same_bits(p, self._values[n], self._scratch)]
+        edited = [n for n, p in self.named.items()
+                  if n in self._values and not same_bits(p, self._values[n], self._scratch)]
         if edited:
             raise self.error(f"{listed(edited, 3)}: values changed since the network last wrote the parameters (an "
                              "in-place edit through .data, such as p.data.clamp_()): the optimizer node holds them "
