@@ -31,6 +31,7 @@ from mindp.vnet import F_NEEDS_CSUM, GSO_UDP_L4, PACKET_VNET_HDR, SOL_PACKET, VN
 
 ETH, IP, UDP = 14, 20, 8
 PREFIX = ETH + IP + UDP
+_HEADER = np.dtype((np.void, PREFIX))  # a frame's headers as one opaque item (compared whole)
 #: Frames per super-frame at most: UDP GSO's limit in the kernels that have it (UDP_MAX_SEGMENTS, 64
 #: before 6.10), and 64 KB.
 MAX_SEGMENTS = 64
@@ -105,9 +106,8 @@ class Sender:
         returns the rows it did send: the caller sends the others."""
         stride = frames.shape[1]
         heads = frames[rows, :PREFIX]
-        # a run ends where a row's header or length differs from the one before it (headers compared
-        # whole, as opaque 42-byte items)
-        items = heads.view(f"V{PREFIX}").reshape(-1)
+        # a run ends where a row's headers or length differ from the one before it
+        items = heads.view(_HEADER).reshape(-1)
         cut = items[1:] != items[:-1]
         if lens is None:
             sizes = None

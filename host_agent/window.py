@@ -13,8 +13,8 @@ from . import fused
 from .optim import ConfigError
 
 #: due()'s scan for first sends and on_params' array work each in one compiled call (with numba),
-#: else in numpy calls: ~15 and ~25 of them, which beside the worker's training thread on one core
-#: cost ~45 and ~25 us more of its pump thread's CPU a pump.
+#: else in numpy calls, some 15 and 25 a pump: the pump thread's largest Python cost beside the
+#: worker's training thread.
 COMPILED = not fused.NUMPY_ONLY
 
 
@@ -229,7 +229,7 @@ class Window:
         # Per slot, the next chunk to send in it: slot uses go strictly in chunk order.
         self.next_in_slot = np.arange(min(slots, n_chunks), dtype=np.int64)
         self._new = np.empty(len(self.next_in_slot), dtype=np.int64)  # _first_sends' chunks
-        self._overdue = np.empty(0, dtype=np.int64)  # _answered's (grown to n chunks at its first call)
+        self._overdue = np.empty(n_chunks, dtype=np.int64)  # _answered's
         self.n_sent = 0
         self._changed = True  # something became ready or done since the last scan for new chunks
         self.n_done = 0
@@ -421,10 +421,11 @@ class Window:
         RFC 3522). Excluding every resent chunk instead left the estimate blind to exactly the
         stalls that caused the resends: they recurred every step. Answers to this worker's resends
         teach the hold of a window late as a whole (RttEstimator.resends_answered)."""
-        chunks = np.asarray(chunks, dtype=np.int64)
         if COMPILED and len(self._his) == 1:
             # (contiguous, as warm() compiled it: param_rx passes a column of its output rows)
-            return self._on_params_compiled(np.ascontiguousarray(chunks), now, np.ascontiguousarray(sample, dtype=bool))
+            return self._on_params_compiled(np.ascontiguousarray(chunks, dtype=np.int64), now,
+                                            np.ascontiguousarray(sample, dtype=bool))
+        chunks = np.asarray(chunks, dtype=np.int64)
         if len(chunks) < 2 or (chunks[1:] > chunks[:-1]).all():  # each once (the usual batch): no sort
             fresh = ~self.done[chunks]
         else:
@@ -475,8 +476,6 @@ class Window:
         """on_params of a window whose chunks one node owns, its array work in one compiled call
         (_answered); the round-trip estimator's and the hold's updates as on_params makes them."""
         fresh = np.empty(len(chunks), dtype=bool)
-        if len(self._overdue) < self.n:
-            self._overdue = np.empty(self.n, dtype=np.int64)
         gap = self.rtt.cfg.fast_after
         got = _answered(chunks, sample, self.done, self.attempts, self.first_sent, self.expiry, self.behind,
                         self.heard_at if self.heard else now, gap, int(self._fast_checked[0]), fresh, self._overdue)
