@@ -220,9 +220,11 @@ class OptimizerNode:
         self._tx = np.empty((0, param_frame_len(PARAM_CHUNKS_MAX)), np.uint8)
         self._tx16, self._tx_lens = self._tx.view(np.uint16), np.empty(0, np.int64)
         if not fused.NUMPY_ONLY:  # compiled (or loaded) now: the first batch neither waits nor grows the process
-            _take_sums(self.rx[:0], self._me, self._src_rows, self.sources is None, _CHECK_TABLE,
-                       np.zeros(len(ROW_REJECTS), np.int64), np.empty((0, codec.HEADER_LEN), np.uint8),
-                       np.empty((0, K), np.int64))
+            width = self.rx.shape[1]  # rows of the buffer, and rows of the ring (strided: a slot apart)
+            for rows in (self.rx[:0], np.zeros((2, width + 1), np.uint8)[:, :width]):
+                _take_sums(rows, self._me, self._src_rows, self.sources is None, _CHECK_TABLE,
+                           np.zeros(len(ROW_REJECTS), np.int64), np.empty((len(rows), codec.HEADER_LEN), np.uint8),
+                           np.empty((len(rows), K), np.int64))
             frames = np.empty((0, param_frame_len(PARAM_CHUNKS_MAX)), np.uint8)
             _pack_params(np.empty((0, codec.HEADER_LEN), np.uint8), np.empty((0, K), np.uint16), self._prefixes,
                          frames, frames.view(np.uint16), np.empty(0, np.int64))
@@ -297,14 +299,23 @@ class OptimizerNode:
             time.sleep(self.hold)
         self.stats["receives"] += 1
         if self.receiver is not None and not self.faults:
-            n, tagged, other = rawsock.recv_rows_untagged(self.sock, self.rx, self.receiver)
-            self.stats["rejected_tagged"] += int(tagged)  # (numpy counts would not go into --stats' JSON)
-            self.stats["rejected_length"] += int(other)
-            rows = self.rx[:n]
-            if fused.NUMPY_ONLY:
-                mine = self._rows_from_switch(rows)
-                return self._handle(rows if mine.all() else rows[mine])  # (a copy of megabytes at large K)
-            dec = self._decode_rows(rows)
+            waiting = None if fused.NUMPY_ONLY else rawsock.waiting_rows(self.sock, self.rx.shape[1], len(self.rx))
+            if waiting is not None:  # decoded where the kernel put them: the sums are not copied twice
+                ring, rows = waiting
+                self.stats["receives_in_place"] += 1
+                try:
+                    dec = self._decode_rows(rows)
+                finally:
+                    ring.release(len(rows))
+            else:
+                n, tagged, other = rawsock.recv_rows_untagged(self.sock, self.rx, self.receiver)
+                self.stats["rejected_tagged"] += int(tagged)  # (numpy counts would not go into --stats' JSON)
+                self.stats["rejected_length"] += int(other)
+                rows = self.rx[:n]
+                if fused.NUMPY_ONLY:
+                    mine = self._rows_from_switch(rows)
+                    return self._handle(rows if mine.all() else rows[mine])  # (a copy of megabytes at large K)
+                dec = self._decode_rows(rows)
             self._handle_decoded(dec)
             return len(dec.headers) + sum(dec.rejects.values())  # the rows from the switch, as _handle counts
         if self.auxdata:

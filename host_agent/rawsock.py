@@ -292,6 +292,19 @@ class RowReceiver:
         return rows, tagged, other
 
 
+def waiting_rows(s: socket.socket, width: int, most: int) -> tuple[rxring.RxRing, np.ndarray] | None:
+    """The frames waiting in `s`'s ring, read where the kernel put them: (the ring, rows of a view
+    of its memory), when at least one waits and recv_rows_untagged would take them all as they are
+    (good frames of exactly `width` bytes; RxRing.waiting_rows); the caller hands the slots back
+    with ring.release(len(rows)). None otherwise (no ring, frames queued before it, nothing or
+    anything else waiting): recv_rows_untagged then copies, sorts out and raises as it does."""
+    r = _rings.get(s)
+    if r is None or r.ring is None or r.queued:
+        return None
+    rows = r.ring.waiting_rows(width, most)
+    return (r.ring, rows) if rows is not None and len(rows) else None
+
+
 def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver | None = None,
                        lens: np.ndarray | None = None) -> tuple[int, int, int]:
     """Receive frames of exactly buf.shape[1] bytes straight into the rows of `buf` (no bytes

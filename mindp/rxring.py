@@ -52,7 +52,7 @@ TOO_LONG, GONE = -1, -2  # RxRing._take's results other than a length
 #: A slot's first 44 bytes as 32-bit words: tp_status, tp_len, tp_snaplen, tp_mac | tp_net << 16,
 #: tp_sec, tp_nsec, tp_vlan_tci | tp_vlan_tpid << 16, tp_padding (zero), sll_family | sll_protocol
 #: << 16, sll_ifindex, sll_hatype | sll_pkttype << 16 | sll_halen << 24 (the source address after
-#: it differs from frame to frame). The words RxRing._take_run compares:
+#: it differs from frame to frame). The words RxRing._good_run compares:
 HEAD_WORDS = 11
 STATUS, LEN, SNAPLEN, OFFSETS, TAG_WORD, LINK = 0, 1, 2, 3, 6, 10
 
@@ -217,8 +217,7 @@ class RxRing:
             if not m:
                 break
             if self._take_run(k, m, buf, rows, out):
-                self.status[k : k + m] = 0  # the slots go back to the kernel, after their frames were copied
-                self.head[0] = head + m
+                self.release(m)  # after their frames were copied
                 rows += m
                 continue
             m = self._owned(k, m)
@@ -245,8 +244,7 @@ class RxRing:
             tagged += int(np.count_nonzero(tag & mine))
             odd = np.flatnonzero(~good & ~tag & mine)
             other += sum(self._mindp(k + int(i)) for i in odd)  # rare: a frame at a time
-            self.status[s] = 0  # the slots go back to the kernel, after their frames were copied
-            self.head[0] = head + m
+            self.release(m)  # after their frames were copied
             rows += keep
         return rows - start, tagged, other
 
@@ -255,34 +253,62 @@ class RxRing:
         frame good (untagged, not ours, whole, of the rows' width; with `out`, of up to it) and at
         one offset: their frames copied into rows row.. of `buf` (lengths into `out`); True. Else
         nothing done, False (the general path sorts them out)."""
+        run = self._good_run(k, m, buf.shape[1], out is None)
+        if run is None:
+            return False
+        mac, w, sizes = run
+        if out is not None:
+            out[row : row + m] = sizes
+        buf[row : row + m, :w] = self.slots[k : k + m, mac : mac + w]
+        return True
+
+    def _good_run(self, k: int, m: int, width: int, exact: bool) -> tuple[int, int, np.ndarray | int] | None:
+        """Whether the m slots from k on are all owned and hold good frames (untagged, not ours,
+        whole) at one offset, each `width` bytes long (`exact`) or up to it: (their offset, the
+        longest frame's length, each frame's length or their one length); None when not."""
         # Owned first, in a call of its own: a header is read only once its status said it is ours.
         if not np.bitwise_and.reduce(self.status[k : k + m]) & TP_STATUS_USER:
-            return False
+            return None
         heads = self._heads[k : k + m]
         first = heads[0]
         same = (heads == first).all(axis=0).tolist()  # per word: the run's slots all alike
         status, size, snap, at, _, _, tag, _, _, _, link = first.tolist()
         if not (same[STATUS] and same[OFFSETS] and same[TAG_WORD] and same[LINK] and not tag
                 and not status & TP_STATUS_VLAN_VALID and (link >> 16) & 0xFF != PACKET_OUTGOING):
-            return False
-        width = buf.shape[1]
+            return None
         if same[LEN] and same[SNAPLEN]:
-            if snap != size or size > width or (out is None and size != width):
-                return False
-            w = size
-            if out is not None:
-                out[row : row + m] = size
-        else:
-            if out is None:
-                return False
-            sizes = heads[:, LEN]
-            w = int(sizes.max())
-            if w > width or not (sizes == heads[:, SNAPLEN]).all():
-                return False
-            out[row : row + m] = sizes
-        mac = at & 0xFFFF
-        buf[row : row + m, :w] = self.slots[k : k + m, mac : mac + w]
-        return True
+            if snap != size or size > width or (exact and size != width):
+                return None
+            return at & 0xFFFF, size, size
+        if exact:
+            return None
+        sizes = heads[:, LEN]
+        w = int(sizes.max())
+        if w > width or not (sizes == heads[:, SNAPLEN]).all():
+            return None
+        return at & 0xFFFF, w, sizes
+
+    def waiting_rows(self, width: int, most: int) -> np.ndarray | None:
+        """receive_rows' common case without its copy: the waiting frames from the head on (up to
+        `most`, not past the ring's end), when all are good frames of exactly `width` bytes at
+        one offset, as the rows of a view of the ring's memory; an empty view when none waits.
+        None otherwise: receive_rows then sorts them out. The slots stay the reader's, and the
+        view valid, until `release(len(rows))`."""
+        k = int(self.head[0]) % self.frames
+        m = self._run(k, most)
+        if not m:
+            return self.slots[:0, :width]
+        run = self._good_run(k, m, width, True)
+        if run is None:
+            return None
+        return self.slots[k : k + m, run[0] : run[0] + width]
+
+    def release(self, m: int) -> None:
+        """Hand the m slots from the head on (waiting_rows' view) back to the kernel."""
+        head = int(self.head[0])
+        k = head % self.frames
+        self.status[k : k + m] = 0
+        self.head[0] = head + m
 
     def _mindp(self, k: int) -> bool:
         """Slot k holds a mindp frame (is_mindp), whatever its length."""

@@ -19,13 +19,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 KS = (32, 1024)
 
 
-def exercise(use_ring: bool) -> dict:
-    """The scenario, in this process's K: what the receiving socket got and counted."""
+def exercise(mode: str) -> dict:
+    """The scenario, in this process's K: what the receiving socket got and counted; `mode` ring,
+    in-place (the frames read where the ring holds them, where rawsock.waiting_rows gives them) or
+    recvmmsg (no ring)."""
     from host_agent import rawsock
     from mindp.harness import testbed
     from mindp.protocol import UDP_PORT, Kind, frame_len
 
-    rawsock.RING = use_ring
+    rawsock.RING = mode != "recvmmsg"
     width = frame_len(Kind.SUM)
     a, b = testbed.tagged("mdp-rr0"), testbed.tagged("mdp-rr1")
     with testbed.veth_pair(a, b):
@@ -34,6 +36,7 @@ def exercise(use_ring: bool) -> dict:
             tx, rx = socks = [rawsock.open_raw(a), rawsock.open_raw(b)]
             n = 5 * rawsock.RING_FRAMES // 2 + 3  # the ring wraps twice
             f = np.random.default_rng(width).integers(0, 256, size=(n, width), dtype=np.uint8)
+            f[:, :6] = (2, 0, 0, 0, 0, 1)  # one unicast destination: one packet type, as a node's sums have
             f[:, 12:14] = (0x88, 0xB5)
             f[:, 14:18] = np.arange(n, dtype=">u4").view(np.uint8).reshape(-1, 4)
             assert rawsock.send_rows(tx, f, range(3)) == (3, 0)  # queued before the ring
@@ -41,7 +44,7 @@ def exercise(use_ring: bool) -> dict:
             ring = rawsock.ring_of(rx)
             buf = np.zeros((rawsock.RING_FRAMES // 2, width), np.uint8)
             receiver = rawsock.RowReceiver(buf, tagged_ok) if rawsock.MMSG else None
-            got, tagged, other = [], 0, 0
+            got, tagged, other, views = [], 0, 0, 0
             for lo in range(3, n, 1000):
                 hi = min(lo + 1000, n)
                 assert rawsock.send_rows(tx, f, range(lo, hi)) == (hi - lo, 0)
@@ -53,7 +56,15 @@ def exercise(use_ring: bool) -> dict:
                 want = hi + 2 * (1 + (lo - 3) // 1000)
 
                 def take() -> bool:
-                    nonlocal tagged, other
+                    nonlocal tagged, other, views
+                    # (runs of 100: a burst's last frames, tagged and short, leave the rest to recv_rows_untagged)
+                    waiting = rawsock.waiting_rows(rx, width, 100) if mode == "in-place" else None
+                    if waiting is not None:
+                        ring, rows = waiting
+                        got.extend(bytes(r) for r in rows)
+                        ring.release(len(rows))
+                        views += 1
+                        return len(got) + tagged + other >= want
                     rows, t, o = rawsock.recv_rows_untagged(rx, buf, receiver)
                     got.extend(bytes(r) for r in buf[:rows])
                     tagged, other = tagged + t, other + o
@@ -62,13 +73,13 @@ def exercise(use_ring: bool) -> dict:
                 progress.wait(take, lambda: len(got) + tagged + other, stall=progress.STALL, what="the ring")
             return {"ring": None if ring is None else [ring.frame, ring.frames], "in_order": got == [r.tobytes() for r in f],
                     "tagged": tagged, "other": other, "bursts": -(-(n - 3) // 1000), "width": width,
-                    "dropped": ring.dropped() if ring else 0}
+                    "dropped": ring.dropped() if ring else 0, "views": views}
         finally:
             for s in socks:
                 s.close()
 
 
-CHILD = "import json, sys; from tests.host_agent.test_rawsock_ring import exercise; print(json.dumps(exercise(sys.argv[1] == 'ring')))"
+CHILD = "import json, sys; from tests.host_agent.test_rawsock_ring import exercise; print(json.dumps(exercise(sys.argv[1])))"
 
 
 @pytest.mark.net
@@ -79,16 +90,16 @@ def test_an_agent_socket_receives_through_its_ring_at_each_k(k):
     assert k <= MAX_K
     env = {**os.environ, "MINDP_K": str(k), "PYTHONPATH": str(ROOT)}
     out = {}
-    for mode in ("ring", "recvmmsg"):
+    for mode in ("ring", "in-place", "recvmmsg"):
         proc = progress.run([sys.executable, "-c", CHILD, mode], capture_output=True, text=True, env=env, cwd=ROOT)
         assert proc.returncode == 0, proc.stderr
         out[mode] = json.loads(proc.stdout)
-    ring, plain = out["ring"], out["recvmmsg"]
+    ring, in_place, plain = out["ring"], out["in-place"], out["recvmmsg"]
     assert ring["width"] == frame_len(Kind.SUM, k)
     frame, frames = ring["ring"]
     assert frame == rxring.slot_bytes(frame_len(Kind.SUM, k)) and frame >= rxring.MAC_OFFSET + frame_len(Kind.SUM, k)
-    assert plain["ring"] is None
-    for r in (ring, plain):
+    assert plain["ring"] is None and in_place["ring"] == ring["ring"] and in_place["views"] and not ring["views"]
+    for r in (ring, in_place, plain):
         assert r["in_order"] and r["tagged"] == r["other"] == r["bursts"] and r["dropped"] == 0, r
 
 
@@ -228,29 +239,24 @@ def test_frames_of_several_lengths_take_the_common_path_with_lens_and_only_with_
             assert bytes(buf[0]) == frames[1]
 
 
-@pytest.mark.parametrize("seed", range(40))
-@pytest.mark.parametrize("with_lens", [False, True])
-def test_the_common_path_takes_what_the_general_path_takes(seed, with_lens):
-    """Scripted rings, all good, all of one other kind or mixed (tagged: status and tci, status
-    alone (VID 0) or tci alone; ours; short, long, cut short, only partly kept; another MAC offset;
-    another status bit; a slot still the kernel's before or after one handed over), read from a
-    random position in random-sized buffers: rows, lengths, counts, read position and slot states
-    are the same with the common path as with the general path alone; where all are good the
-    common path takes them."""
+KINDS = ["vlan", "vlan0", "tci", "ours", "short", "long", "cut", "snap", "mac", "losing", "kernel"]
+
+
+def scripted(seed: int, with_lens: bool, rings: tuple, n: int = 16, width: int = 96) -> bool:
+    """`rings` (of n slots) scripted alike from `seed`: slots all good, all of one other kind
+    (KINDS: tagged by status and tci, by status alone (VID 0) or by tci alone; ours; short, long,
+    cut short, only partly kept; another MAC offset; another status bit; a slot still the kernel's
+    before or after one handed over) or mixed, from a random read position; True when all are
+    good. Frames of `width` bytes (with_lens: of up to it)."""
     from mindp.protocol import UDP_PORT
 
     rng = np.random.default_rng(seed)
-    n, frame, width = 16, 256, 96
-    rings = FakeRing(n, frame), GeneralRing(n, frame)
-    kinds = ["vlan", "vlan0", "tci", "ours", "short", "long", "cut", "snap", "mac", "losing", "kernel"]
-    # Slots all good (the common path's case), all of one other kind, or mixed.
-    mode = ["good", str(rng.choice(kinds)), "mixed", "mixed"][seed % 4]
-    plain = mode == "good"
+    mode = ["good", str(rng.choice(KINDS)), "mixed", "mixed"][seed % 4]
     start = int(rng.integers(0, 4 * n))
     for i in range(n - int(rng.integers(0, 3))):
         k = (start + i) % n
         size = width if not with_lens or rng.random() < 0.5 else int(rng.integers(40, width + 1))
-        kind = mode if mode != "mixed" else "good" if rng.random() < 0.6 else rng.choice(kinds)
+        kind = mode if mode != "mixed" else "good" if rng.random() < 0.6 else rng.choice(KINDS)
         size = {"short": 30, "long": width + 8, "cut": width}.get(kind, size)
         f = bytearray(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
         f[12:14], f[23], f[36:38] = b"\x08\x00", 17, UDP_PORT.to_bytes(2, "big")
@@ -266,7 +272,20 @@ def test_the_common_path_takes_what_the_general_path_takes(seed, with_lens):
                 ring.snaplens[k] = size - 20
             if kind == "kernel":
                 ring.status[k] = 0
-            ring.head[0] = start
+    for ring in rings:
+        ring.head[0] = start
+    return mode == "good"
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("with_lens", [False, True])
+def test_the_common_path_takes_what_the_general_path_takes(seed, with_lens):
+    """Scripted rings (`scripted`), read in random-sized buffers: rows, lengths, counts, read
+    position and slot states are the same with the common path as with the general path alone;
+    where all are good the common path takes them."""
+    width = 96
+    rings = FakeRing(16, 256), GeneralRing(16, 256)
+    plain = scripted(seed, with_lens, rings, width=width)
     results = []
     for ring in rings:
         got = []
@@ -283,6 +302,47 @@ def test_the_common_path_takes_what_the_general_path_takes(seed, with_lens):
     assert results[0] == results[1]
     if plain:
         assert True in rings[0].common
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rows_read_in_place_are_the_rows_receive_rows_copies(seed):
+    """The node's read of its sums where the kernel put them (waiting_rows, then release; where it
+    gives None, receive_rows as before) receives the frames receive_rows alone receives, in order,
+    and leaves the same read position and slot states, on the scripted rings; a view is the ring's
+    memory, its slots the reader's until released; where all are good no frame is copied."""
+    width = 96
+    rings = FakeRing(16, 256), FakeRing(16, 256)
+    plain = scripted(seed, False, rings, width=width)
+    copied, in_place = rings
+    want = []
+    while True:
+        buf = np.zeros((5, width), np.uint8)
+        counts = copied.receive_rows(buf)
+        if counts == (0, 0, 0):
+            break
+        want += [bytes(r) for r in buf[: counts[0]]]
+    got, views = [], 0
+    while True:
+        rows = in_place.waiting_rows(width, 5)
+        if rows is not None and len(rows):
+            assert np.shares_memory(rows, in_place.slots) and rows.shape == (len(rows), width)
+            head = int(in_place.head[0])
+            k = head % in_place.frames
+            assert (in_place.status[k : k + len(rows)] & rxring.TP_STATUS_USER).all()
+            got += [bytes(r) for r in rows]
+            in_place.release(len(rows))
+            assert int(in_place.head[0]) == head + len(rows) and not in_place.status[k : k + len(rows)].any()
+            views += 1
+            continue
+        buf = np.zeros((5, width), np.uint8)
+        counts = in_place.receive_rows(buf)
+        if counts == (0, 0, 0):
+            break
+        got += [bytes(r) for r in buf[: counts[0]]]
+    assert got == want
+    assert int(in_place.head[0]) == int(copied.head[0]) and in_place.status.tolist() == copied.status.tolist()
+    if plain:
+        assert views and in_place.common == []
 
 
 @pytest.mark.net
