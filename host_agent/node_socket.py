@@ -208,7 +208,8 @@ class OptimizerNode:
         self.sources = None if sources is None else {(bytes.fromhex(m.replace(":", "")), socket.inet_aton(i))
                                                       for m, i in sources}
         self.auxdata = rawsock.enable_auxdata(sock)
-        # Sums come in by recvmmsg straight into the rows of one buffer, a burst per poll.
+        # A burst of sums a poll: decoded where the receive ring holds them (rawsock.waiting_rows), else
+        # copied into the rows of this buffer first (frames to sort out; no ring: recvmmsg into them).
         self.rx = np.zeros((RECV_ROWS, codec.frame_len(Kind.SUM)), dtype=np.uint8)
         self._prefixes = np.array([np.frombuffer(codec.frame_prefix(Kind.PARAM, self.addrs, c * K), np.uint8)
                                    for c in range(1, PARAM_CHUNKS_MAX + 1)])
