@@ -302,7 +302,7 @@ def waiting_rows(s: socket.socket, width: int, most: int) -> tuple[rxring.RxRing
     if r is None or r.ring is None or r.queued:
         return None
     rows = r.ring.waiting_rows(width, most)
-    return (r.ring, rows) if rows is not None and len(rows) else None
+    return None if rows is None else (r.ring, rows)
 
 
 def recv_rows_untagged(s: socket.socket, buf: np.ndarray, receiver: RowReceiver | None = None,

@@ -291,14 +291,12 @@ class RxRing:
     def waiting_rows(self, width: int, most: int) -> np.ndarray | None:
         """receive_rows' common case without its copy: the waiting frames from the head on (up to
         `most`, not past the ring's end), when all are good frames of exactly `width` bytes at
-        one offset, as the rows of a view of the ring's memory; an empty view when none waits.
-        None otherwise: receive_rows then sorts them out. The slots stay the reader's, and the
-        view valid, until `release(len(rows))`."""
+        one offset, as the rows of a view of the ring's memory. None otherwise (none waits, or
+        receive_rows has frames to sort out). The slots stay the reader's, and the view valid,
+        until `release(len(rows))`."""
         k = int(self.head[0]) % self.frames
         m = self._run(k, most)
-        if not m:
-            return self.slots[:0, :width]
-        run = self._good_run(k, m, width, True)
+        run = self._good_run(k, m, width, True) if m else None
         if run is None:
             return None
         return self.slots[k : k + m, run[0] : run[0] + width]

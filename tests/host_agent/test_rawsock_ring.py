@@ -324,8 +324,8 @@ def test_rows_read_in_place_are_the_rows_receive_rows_copies(seed):
     got, views = [], 0
     while True:
         rows = in_place.waiting_rows(width, 5)
-        if rows is not None and len(rows):
-            assert np.shares_memory(rows, in_place.slots) and rows.shape == (len(rows), width)
+        if rows is not None:
+            assert len(rows) and np.shares_memory(rows, in_place.slots) and rows.shape == (len(rows), width)
             head = int(in_place.head[0])
             k = head % in_place.frames
             assert (in_place.status[k : k + len(rows)] & rxring.TP_STATUS_USER).all()
