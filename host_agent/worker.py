@@ -54,17 +54,18 @@ class WorkerConfig:
     shards: tuple[tuple[int, int, str, str], ...] = ()
     # Receive coalescing, as a NIC's rx-usecs: woken by parameters while at least `coalesce_min`
     # chunks are unanswered (a stream of them is on its way), the agent waits `coalesce` seconds
-    # before reading, so that one read takes a batch. Most of a read's cost is per read, not per
-    # frame: the gpt's workers read ~800 times a step, ~50 frames each, on the cores the switch and
-    # node use. Smaller models (the MLP's and cnn's 151 and 120 chunks) never wait: for them it
-    # would only add latency. coalesce 0 turns it off.
+    # before reading, so that one read takes a batch. It pays where a step has many small frames
+    # (at K = 32 the gpt's workers read ~800 times a step, ~50 frames each, a read's cost mostly
+    # per read); at K = 1,024 they read ~20 times a step and seldom have that many chunks out. A
+    # model with fewer chunks never waits: for it the wait would only add latency. 0: off.
     coalesce: float = 0.0005
     coalesce_min: int = 256
     # Sends go in buckets, as DDP's allreduces do: put() sends (and takes what came) once at least
     # this many chunks became ready since it last did, or a sixteenth of the step's chunks if fewer
-    # (a small model's sends still overlap its backward); wait() sends the rest. A pump (a send and
-    # a receive) costs ~0.5 ms of numpy and system calls whatever its size, and backward puts a
-    # tensor every few ms (the gpt's 53 tensors: 43 pumps a step; at 128, ~20). 1: every put.
+    # (a small model's sends still overlap its backward); wait() sends the rest. At K = 32 a pump
+    # (a send and a receive) cost ~0.5 ms of numpy and system calls whatever its size, and backward
+    # puts a tensor every few ms (the gpt's 53 tensors: 43 pumps a step; at 128, ~20); at K = 1,024
+    # the gpt's 1,270 chunks a step make buckets of 79, about 12 a step. 1: every put.
     bucket: int = 128
     # Streaming: from a step's start to wait(), a thread of the agent's takes the answers as they
     # come and sends each slot's next chunk at once (host_agent.pumper), where put()'s pumps alone
