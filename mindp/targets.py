@@ -146,25 +146,28 @@ def slice_of(index: int, count: int) -> str:
     return f"{lo + index * size}-{lo + (index + 1) * size}"
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1, free now and not handed out before by this process, below the
-    kernel's ephemeral range: a port from bind(0) is in that range, where any outgoing connection
-    (a gRPC client's, say) may take it as its source port before the switch binds it (seen: an
-    embedded switch's Thrift port taken so in a full test run)."""
+def free_port(count: int = 1) -> int:
+    """The first of `count` consecutive TCP ports on 127.0.0.1 (a tree's switches take the next
+    ones), each free now and not handed out before by this process, below the kernel's ephemeral
+    range: a port from bind(0) is in that range, where any outgoing connection (a gRPC client's,
+    say) may take it as its source port before the switch binds it (seen: an embedded switch's
+    Thrift port taken so in a full test run)."""
     lo, hi = port_range()
-    for _ in range(1000):
-        port = random.randrange(lo, hi) if hi > lo else 0
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            port = s.getsockname()[1]
-        _handed_out.add(port)
-        return port
-    raise TargetError("no free TCP port on 127.0.0.1")
+    for _ in range(1000 if hi - count >= lo else 0):
+        ports = range(first := random.randrange(lo, hi - count + 1), first + count)
+        if not _handed_out.intersection(ports) and all(_bindable(p) for p in ports):
+            _handed_out.update(ports)
+            return first
+    raise TargetError(f"no {count} free consecutive TCP ports on 127.0.0.1 in {lo}-{hi}")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class SwitchProcess:

@@ -217,12 +217,19 @@ def parse(*, target: str = "auto", model: str = "mlp", workers: str = "auto", st
         if cfg.total_workers > MAX_WORKERS:
             raise RunConfigError(f"LEAVES x WORKERS must be at most {MAX_WORKERS} (worker ids), "
                                  f"got {cfg.leaves} x {cfg.workers}")
-        switches = cfg.leaves + 1  # each takes the next gRPC and Thrift port
-        if abs(cfg.grpc_port - cfg.thrift_port) < switches or max(cfg.grpc_port, cfg.thrift_port) + switches > 65536:
-            raise RunConfigError(f"--grpc-port and --thrift-port need {switches} free ports each, apart")
+    check_ports(cfg)
+    return cfg
+
+
+def check_ports(cfg: RunConfig) -> None:
+    """The switches' gRPC and Thrift ports: each switch of a tree takes the next of each, so the two
+    runs of ports must not meet (a resumed run checks again: its ports are this command's)."""
+    switches = cfg.leaves + 1 if cfg.topo == "leafspine" else 1
+    if switches > 1 and (abs(cfg.grpc_port - cfg.thrift_port) < switches
+                         or max(cfg.grpc_port, cfg.thrift_port) + switches > 65536):
+        raise RunConfigError(f"--grpc-port and --thrift-port need {switches} free ports each, apart")
     if cfg.grpc_port == cfg.thrift_port:
         raise RunConfigError("--grpc-port and --thrift-port must differ")
-    return cfg
 
 
 def _sync(text: str) -> str:

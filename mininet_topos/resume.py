@@ -28,7 +28,7 @@ from host_agent.optim import ConfigError, OptimizerConfig
 from mindp.layout import Layout
 
 from .agents import STATE
-from .config import RunConfig, RunConfigError
+from .config import RunConfig, RunConfigError, check_ports
 
 #: What may differ from the resumed run (none of them changes a bit of the training): variable ->
 #: its RunConfig field (None: none), which keeps the earlier run's value unless the variable is given,
@@ -98,6 +98,7 @@ def settings(old: Resumed, now: RunConfig, given: list[str]) -> RunConfig:
                   slots=base.slots if "TARGET" not in given else 0)  # 0: auto, for the new target
     if cfg.steps < base.steps:
         raise RunConfigError(f"RESUME: STEPS={cfg.steps} is fewer than the run's own {base.steps}")
+    check_ports(cfg)
     return cfg
 
 

@@ -19,6 +19,21 @@ def test_port_slices_are_disjoint_and_free_port_keeps_to_its_own(monkeypatch):
     assert all(lo <= targets.free_port() < hi for _ in range(50))
 
 
+def test_free_ports_in_a_row_are_all_free_and_never_handed_out_twice(monkeypatch):
+    """A tree's switches take the ports after the first: ports drawn one at a time once put a leaf's
+    Thrift port on the spine's gRPC port."""
+    monkeypatch.setenv(targets.PORTS_ENV, "20000-20064")
+    monkeypatch.setattr(targets, "_handed_out", set())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 20003))
+        blocks = [targets.free_port(8) for _ in range(6)]
+    spans = [set(range(b, b + 8)) for b in blocks]
+    assert all(20000 <= b and b + 8 <= 20064 and 20003 not in s for b, s in zip(blocks, spans))
+    assert len(set().union(*spans)) == 48  # no port in two blocks
+    with pytest.raises(targets.TargetError, match="no 8 free consecutive TCP ports"):
+        [targets.free_port(8) for _ in range(8)]
+
+
 def test_beds_of_two_workers_never_share_a_name(monkeypatch):
     names = []
     for tag in ("0", "1"):

@@ -22,6 +22,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 #: Interface names of this test process (its name tag: no other live process has it, so test workers
 #: and test runs side by side never meet), never make run's own mnr-.
 PREFIX = testbed.tagged("mt") + "-"
+#: Consecutive gRPC and Thrift ports a run gets, enough for the trees the tests build (a tree's
+#: switches take the next ports; ports taken one by one met once: a leaf's Thrift on the spine's gRPC).
+TREE_PORTS = 8
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="make run needs root")
 
 
@@ -32,7 +35,7 @@ class MakeRun:
         self.tmp = tmp
         self.state_file = tmp / "run-state.json"
         self.runs = tmp / "runs"
-        grpc, thrift = targets.free_port(), targets.free_port()
+        grpc, thrift = targets.free_port(TREE_PORTS), targets.free_port(TREE_PORTS)
         self.cmd = [sys.executable, "-m", "mininet_topos.run", "--runs-dir", str(self.runs), "--state-file",
                     str(self.state_file), "--grpc-port", str(grpc), "--thrift-port", str(thrift), "--cli", "0",
                     "--if-prefix", PREFIX, *args]

@@ -317,6 +317,11 @@ def test_a_resumed_run_keeps_each_setting_that_may_change_unless_it_is_given(tmp
     kept = resume.settings(old, now, ["RESUME"])
     assert (kept.loss, kept.check, kept.slots) == (0.02, False, before.slots)
     assert (kept.grpc_port, kept.thrift_port) == (9600, 9700)  # free now, not then
+    tree = resume.Resumed(tmp_path, config.parse(target="embedded", topo="leafspine", leaves="2").on("embedded")
+                          .to_dict())
+    close = config.parse(target="auto", grpc_port="9600", thrift_port="9602")  # fine for one switch
+    with pytest.raises(config.RunConfigError, match="need 3 free ports each, apart"):
+        resume.settings(tree, close, ["RESUME"])  # its spine's gRPC port would be leaf 2's Thrift port
     fields = [f for f in resume.MAY_CHANGE.values() if f]
     assert all(getattr(before, f) != getattr(now, f) for f in fields)  # each would show a change
     assert [getattr(kept, f) for f in fields] == [getattr(before, f) for f in fields]
