@@ -265,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         core.on_commit = lambda step, elements, seconds, durable: print(json.dumps({
             "ev": "commit", "job": args.job, "shard": args.shard or 0, "step": step, "t": time.time(),
             "elements": elements, "seconds": round(seconds, 6), "commit_seconds": round(durable, 6),
-            "rejected": sum(v for k, v in core.stats.items() if k.startswith("rejected_"))}), flush=True)
+            "rejected": sum(v for k, v in core.stats.items() if k.startswith("rejected_")),
+            "cpu": round(time.process_time(), 4)}), flush=True)
     faults = None
     if args.drop_send or args.drop_recv or args.dup_send or args.reorder_send:
         faults = agent_args.faults_from_args(args)

@@ -8,7 +8,8 @@ gradient frames, retransmissions and rejected frames of the job's hosts during i
 node's update rate in it (elements it updated per second spent updating them: kernel and state
 paging, on its clock; shards' rates summed), the seconds its commit took to make the step durable
 (write-back and fsync; the slowest shard's: a disk that stalls shows here, and the workers'
-retransmissions while the node waited on it), and the job's drops on its switch(es) by reason: the
+retransmissions while the node waited on it), the CPU seconds of the workers' and node(s)' processes
+in it (their lines say it), and the job's drops on its switch(es) by reason: the
 counters are read once a step has finished, at most once a second, and after the last step, so a
 read that spans several steps counts them in the row of the last and leaves the rows between empty.
 """
@@ -43,6 +44,8 @@ class StepRow:
     compute_seconds: float = NAN  # the workers' mean forward and backward seconds; nan: not reported
     wait_seconds: float = NAN  # their mean wait for the step's parameters after backward; nan: not reported
     batch_loss: float = NAN  # the workers' mean loss on their own batches in the step; nan: not reported
+    worker_cpu_seconds: float = NAN  # a worker's process's CPU in the step (every thread), mean of the job's
+    node_cpu_seconds: float = NAN  # the job's optimizer node processes' CPU in the step, shards summed
     switch_drops: dict[str, int] | None = None  # reason name -> drops (nonzero); None: not read at this step
 
     @property
@@ -58,17 +61,18 @@ SCALARS = [f.name for f in fields(StepRow) if f.name != "switch_drops"]
 COLUMNS = [*SCALARS, "switch_drops", *DROP_COLUMNS]
 
 
-def _node(progress: Progress, job: int, s: int) -> tuple[float, float, int]:
-    """(elements updated per second, the slowest commit's seconds, frames the node(s) rejected) in
-    step s, from their commit lines."""
+def _node(progress: Progress, job: int, s: int) -> tuple[float, float, int, float]:
+    """(elements updated per second, the slowest commit's seconds, frames the node(s) rejected, their
+    CPU seconds: nan unless every shard said it at s and s - 1) in step s, from their commit lines."""
     now = progress.commits.get((job, s))
     if not now:
-        return NAN, NAN, 0
+        return NAN, NAN, 0, NAN
     before = progress.commits.get((job, s - 1), {})
-    rate = sum(e / t for e, t, _, _ in now.values() if t > 0) if any(t > 0 for _, t, _, _ in now.values()) else NAN
-    commits = [c for _, _, _, c in now.values() if not math.isnan(c)]
+    rate = sum(c[0] / c[1] for c in now.values() if c[1] > 0) if any(c[1] > 0 for c in now.values()) else NAN
+    commits = [c[3] for c in now.values() if not math.isnan(c[3])]
+    cpu = sum(c[4] - before[shard][4] for shard, c in now.items()) if before.keys() == now.keys() else NAN
     return (rate, max(commits) if commits else NAN,
-            sum(r - before.get(shard, (0, 0.0, 0, NAN))[2] for shard, (_, _, r, _) in now.items()))
+            sum(c[2] - (before[shard][2] if shard in before else 0) for shard, c in now.items()), cpu)
 
 
 def _drops(progress: Progress, job: int, s: int) -> dict[str, int] | None:
@@ -99,10 +103,12 @@ def rows(progress: Progress) -> list[StepRow]:
                 return sum(m[i] for m in now) - sum(m[i] for m in before)
 
             x, a = loss.get(s, (NAN, NAN))
-            rate, commit, node_rejected = _node(progress, job, s)
+            rate, commit, node_rejected, node_cpu = _node(progress, job, s)
             out.append(StepRow(job, s, x, a, max(m[0] for m in now) - max(m[0] for m in before), delta(1), delta(2),
                                delta(3) + node_rejected, rate, commit, mean_said(m[4] for m in now),
-                               mean_said(m[5] for m in now), mean_said(m[6] for m in now), _drops(progress, job, s)))
+                               mean_said(m[5] for m in now), mean_said(m[6] for m in now),
+                               sum(m[7] for m in now) / n - sum(m[7] for m in before) / n, node_cpu,
+                               _drops(progress, job, s)))
     return out
 
 
@@ -127,14 +133,14 @@ def write_csv(path: pathlib.Path, table: list[StepRow]) -> None:
 def _row(r: dict) -> StepRow:
     num = {c: float(r.get(c) or "nan")
            for c in ("loss", "accuracy", "step_seconds", "node_elements_per_s", "node_commit_seconds",
-                     "compute_seconds", "wait_seconds", "batch_loss")}
+                     "compute_seconds", "wait_seconds", "batch_loss", "worker_cpu_seconds", "node_cpu_seconds")}
     drops = None
     if r.get("switch_drops"):
         drops = {reason.name: int(r[c]) for reason, c in zip(DropReason, DROP_COLUMNS) if r.get(c) and int(r[c])}
     return StepRow(int(r["job"]), int(r["step"]), num["loss"], num["accuracy"], num["step_seconds"],
                    int(r["grad_frames"]), int(r["retransmissions"]), int(r.get("host_rejected") or 0),
                    num["node_elements_per_s"], num["node_commit_seconds"], num["compute_seconds"],
-                   num["wait_seconds"], num["batch_loss"], drops)
+                   num["wait_seconds"], num["batch_loss"], num["worker_cpu_seconds"], num["node_cpu_seconds"], drops)
 
 
 def read_csv(path: pathlib.Path) -> list[StepRow]:
@@ -183,6 +189,36 @@ def timing(table: list[StepRow]) -> dict[str, float]:
     return {"mean_compute_seconds": round(compute / len(said), 6),
             "mean_wait_seconds": round(sum(r.wait_seconds for r in said) / len(said), 6),
             "compute_share": round(compute / sum(r.step_seconds for r in said), 4)}
+
+
+def cpu(progress: Progress) -> dict[str, float]:
+    """summary.json's CPU seconds a step by role, means over jobs, from the run's first trained step
+    (the step after the workers' ready records; it warms up: torch's first backward, the node's first
+    pages) to its last: a worker's process (every thread: its pump, worker 0's evaluation; a script's
+    rank), the job's optimizer nodes together, and every switch together (read by the run when it
+    sees a step finished: over the steps between its first and last read). A role whose processes
+    did not say, or that has fewer than two steps to measure, is left out ({}: none)."""
+    if not progress.marks:
+        return {}
+    start = min(s for _, s in progress.marks) + 1
+
+    def per_step(at: dict[int, float]) -> float:  # CPU so far at each step -> seconds a step between the ends
+        steps = sorted(s for s in at if s >= start)
+        return (at[steps[-1]] - at[steps[0]]) / (steps[-1] - steps[0]) if len(steps) > 1 else NAN
+
+    workers, nodes = [], []
+    for job in progress.curves:
+        mine = {(j, s): m for (j, s), m in progress.marks.items() if j == job}
+        ids = {w for m in mine.values() for w in m}
+        each = [per_step({s: m[w][7] for (_, s), m in mine.items() if w in m}) for w in ids]
+        workers.append(sum(each) / len(each) if each else NAN)
+        commits = {s: c for (j, s), c in progress.commits.items() if j == job}
+        shards = set().union(*commits.values()) if commits else set()
+        nodes.append(sum(per_step({s: c[k][4] for s, c in commits.items() if c.keys() == shards}) for k in shards)
+                     if shards else NAN)
+    out = {"worker_cpu_seconds_a_step": mean_said(workers), "node_cpu_seconds_a_step": mean_said(nodes),
+           "switch_cpu_seconds_a_step": per_step(progress.switch_cpu)}
+    return {k: round(v, 6) for k, v in out.items() if math.isfinite(v)}
 
 
 def write(run_dir: pathlib.Path, progress: Progress) -> list[StepRow]:

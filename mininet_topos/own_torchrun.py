@@ -84,6 +84,7 @@ class UpRun(ScriptRun):
                 read()
                 self.check_alive()
                 self.probe_switch(progress)
+                self.read_switch_cpu(progress)
                 if tty:
                     print("\r  " + progress.bar() + "\x1b[K", end="", flush=True)
                 elif progress.step != shown:

@@ -5,10 +5,11 @@ of status: step, loss, accuracy, steps/s, the workers' gradient packets/s and re
 (summary.json adds the optimizer nodes' parameter frames and resends). `marks` keeps each
 worker's clock and counters at each step, `commits` each node's update figures per step (its
 "commit" lines, host_agent.node --step-lines), `drops` the switches' drop counters read after each
-step (`drops_due`, `feed_drops`): metrics.csv. A "log" record (a script's mindp.torch.log) gives a
-step's loss (and acc) apart from its "step" record; so does a JSON line {"loss": x, ...} of a
-script's rank 0 (`feed_output`). The curves are worker 0's (the built-in workers' evaluating one, a
-script's rank 0).
+step (`drops_due`, `feed_drops`): metrics.csv. Workers, ranks and nodes state their process's CPU
+seconds in those lines; `switch_cpu` keeps the switches', read by the run (`feed_switch_cpu`). A
+"log" record (a script's mindp.torch.log) gives a step's loss (and acc) apart from its "step"
+record; so does a JSON line {"loss": x, ...} of a script's rank 0 (`feed_output`). The curves are
+worker 0's (the built-in workers' evaluating one, a script's rank 0).
 """
 from __future__ import annotations
 
@@ -47,12 +48,16 @@ class Progress:
         self.curves = {j: Curve() for j in jobs}
         self.samples: list[tuple[float, int, int]] = []  # (time, steps done, packets), for rates
         # (job, step) -> worker -> (its clock, gradient frames sent, retransmitted, frames rejected) when
-        # it finished the step, its seconds computing and then waiting for the parameters, and its loss
-        # on its own batch (nan: not said)
-        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int, int, float, float, float]]] = {}
+        # it finished the step, its seconds computing and then waiting for the parameters, its loss
+        # on its own batch, and its process's CPU seconds so far (nan: not said)
+        self.marks: dict[tuple[int, int], dict[int, tuple[float, int, int, int, float, float, float, float]]] = {}
         # (job, step) -> shard -> (elements updated in the step, seconds spent on them, frames rejected so
-        # far, seconds its commit took to make the step durable: nan from a node that did not say)
-        self.commits: dict[tuple[int, int], dict[int, tuple[int, float, int, float]]] = {}
+        # far, seconds its commit took to make the step durable, its process's CPU seconds so far: nan
+        # from a node that did not say)
+        self.commits: dict[tuple[int, int], dict[int, tuple[int, float, int, float, float]]] = {}
+        # step -> every switch's CPU seconds so far, read at the first look after every worker of
+        # every job finished the step (feed_switch_cpu)
+        self.switch_cpu: dict[int, float] = {}
         # (job, step) -> the job's drops by reason on its switches (cumulative), read after the step
         self.drops: dict[tuple[int, int], dict[str, int]] = {}
         self._drops_at: dict[int, int] = {}  # job -> the step of its latest read
@@ -67,7 +72,7 @@ class Progress:
             if isinstance(rec, dict) and rec.get("ev") == "commit":  # an optimizer node's step
                 self.commits.setdefault((int(rec["job"]), int(rec["step"])), {})[int(rec["shard"])] = (
                     int(rec["elements"]), float(rec["seconds"]), int(rec.get("rejected", 0)),
-                    float(rec.get("commit_seconds", "nan")))
+                    float(rec.get("commit_seconds", "nan")), float(rec.get("cpu", "nan")))
                 return
             key = (int(rec["job"]), int(rec["worker"]))
             wp = self.workers[key]
@@ -85,7 +90,7 @@ class Progress:
                 self.marks.setdefault((key[0], int(rec["step"])), {})[key[1]] = (
                     float(rec["t"]), wp.sent, wp.retx, int(rec.get("rej", 0)),
                     float(rec.get("compute", "nan")), float(rec.get("wait", "nan")),
-                    float(rec.get("batch_loss", "nan")))
+                    float(rec.get("batch_loss", "nan")), float(rec.get("cpu", "nan")))
         if rec.get("ev") in ("step", "log") and "loss" in rec and key[1] == 0:  # the curve is worker 0's
             try:
                 point = int(rec["step"]), float(rec["loss"]), float(rec.get("acc", "nan"))
@@ -134,6 +139,15 @@ class Progress:
             if s is not None and s > self._drops_at.get(j, -2):
                 self.drops[(j, s)] = dict(drops)
                 self._drops_at[j] = s
+
+    def switch_cpu_due(self) -> bool:
+        """Every worker finished a step since the switches' CPU was last kept."""
+        return self.step - 1 >= self.first and self.step - 1 not in self.switch_cpu
+
+    def feed_switch_cpu(self, seconds: float) -> None:
+        """The switches' CPU seconds so far, read now: kept at the last step every worker finished."""
+        if self.switch_cpu_due():
+            self.switch_cpu[self.step - 1] = seconds
 
     @property
     def step(self) -> int:

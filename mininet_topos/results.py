@@ -146,6 +146,14 @@ def table(s: dict) -> str:
     return "\n".join(f"  {k:<{w}}  {v}" for k, v in rows)
 
 
+def cpu_line(s: dict) -> str:
+    """The summary's CPU a step by role as a line of the run's report ('' when none was measured)."""
+    said = [(who, s[f"{role}_cpu_seconds_a_step"]) for role, who in
+            (("worker", "a worker"), ("node", "the node(s)"), ("switch", "the switch(es)"))
+            if f"{role}_cpu_seconds_a_step" in s]
+    return ("  CPU a step: " + ", ".join(f"{who} {v * 1000:.1f} ms" for who, v in said)) if said else ""
+
+
 def write_summary(path: pathlib.Path, s: dict) -> None:
     path.write_text(json.dumps(s, indent=1, default=float) + "\n")
 

@@ -237,6 +237,7 @@ class ScriptRun(Run):
                 break
             self.check_alive()  # the switch and the node
             self.probe_switch(progress)
+            self.read_switch_cpu(progress)
             watch.look(progress.step)
             if watch.stalled():
                 raise self.stalled()
@@ -247,6 +248,7 @@ class ScriptRun(Run):
         for tail in tails + [o.tail for o in self.agents.optimizers]:
             for line in tail.lines():
                 progress.feed(line)
+        self.read_switch_cpu(progress)
         bar.end(progress.bar())
         if rc != 0:
             why = rankerrors.first_failure(self.logs / "torchrun", hp.log) or f"torchrun exit {rc}"
@@ -298,7 +300,7 @@ class ScriptRun(Run):
                 "steps_per_second": round((progress.step - self.resume_step) / wall, 3) if wall else 0.0,
                 "setup_seconds": round(setup, 2), "max_abs_param_diff_vs_reference": diff,
                 **({"not_compared": unchecked} if unchecked else {}),
-                "skipped_steps": results.skipped_steps(stats), **metrics.timing(table),
+                "skipped_steps": results.skipped_steps(stats), **metrics.timing(table), **metrics.cpu(progress),
                 **results.digest_counts([w.done for w in progress.workers.values()]),  # the ranks' exit records
                 **({"resumed_from": {"run": str(self.resumed.run), "first_step": self.resume_step}}
                    if self.resumed else {})}
@@ -311,7 +313,8 @@ class ScriptRun(Run):
                          f"{summ['packets_sent']:,} frames, "
                          f"{summ['retransmissions']} retransmitted; curve: {self.dir / 'curve.svg'}, "
                          f"metrics: {self.dir / 'metrics.csv'}")
-        for line in (results.skipped_line(summ["skipped_steps"]), results.digest_warning(summ, self.logs)):
+        for line in (results.cpu_line(summ), results.skipped_line(summ["skipped_steps"]),
+                     results.digest_warning(summ, self.logs)):
             if line:
                 self.console.say(line)
         if not self.cfg.check:

@@ -17,7 +17,7 @@ import numpy as np
 
 from host_agent import optim, residency, state
 from host_agent.optim import OptimizerConfig
-from mindp import progress as pace, protocol, targets, topology, workload
+from mindp import procstat, progress as pace, protocol, targets, topology, workload
 
 from . import config, metrics, placement, results, resume
 from .agents import Agents, JobFiles
@@ -241,9 +241,11 @@ class Run:
                     progress.feed(line)
             self.check_alive()
             self.probe_switch(progress)
+            self.read_switch_cpu(progress)
             watch.look(progress.step)
             if progress.all_done() and self.agents.workers_exited():
                 self.probe_switch(progress, last=True)  # the last steps' drops, in the last step's row
+                self.read_switch_cpu(progress)
                 break
             if watch.stalled():
                 raise self.stalled()
@@ -255,6 +257,14 @@ class Run:
         # by resending): only now are they told to stop; they export their state on SIGTERM.
         self.agents.stop_optimizers()
         return progress, wall
+
+    def read_switch_cpu(self, progress: Progress) -> None:
+        """Every switch process's CPU seconds so far (all its threads), kept at the step every worker
+        just finished (summary.json's switch CPU a step); nothing once a switch has ended."""
+        if progress.switch_cpu_due():
+            stats = [procstat.of(sw.process.pid) for sw in self.net.switches if sw.process and sw.process.pid]
+            if stats and None not in stats:
+                progress.feed_switch_cpu(sum(procstat.cpu_seconds(f) for f in stats))
 
     def stalled(self) -> RunError:
         return RunError(f"no training step completed and no agent busy for {STALL_SECONDS:.0f} s; see {self.logs}/")
@@ -360,6 +370,7 @@ class Run:
         jobs_res = self.results(progress)
         summ = results.summary(self.run_dict(), jobs_res, wall, setup, model, results.n_params(self.jobs[0].init))
         summ.update(metrics.timing(table))
+        summ.update(metrics.cpu(progress))
         if self.resumed:
             summ["resumed_from"] = {"run": str(self.resumed.run), "first_step": self.jobs[0].first_step}
         results.write_summary(self.dir / "summary.json", summ)
@@ -369,9 +380,9 @@ class Run:
         said = ("not compared with the reference trainer (CHECK=0)" if not self.cfg.check else
                 "bit-exact with the reference trainer" if exact else "DIFFERS from the reference trainer")
         self.console.say(f"  {said}; curve: {self.dir / 'curve.svg'}, metrics: {self.dir / 'metrics.csv'}")
-        warning = results.digest_warning(summ, self.logs)
-        if warning:
-            self.console.say(warning)
+        for line in (results.cpu_line(summ), results.digest_warning(summ, self.logs)):
+            if line:
+                self.console.say(line)
         return 0 if exact or not self.cfg.check else 1
 
     # -- after training --

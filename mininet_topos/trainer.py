@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def status(step: int, **extra) -> None:
         lines.line(params, ev="step", job=args.job, worker=args.worker, step=step, t=time.time(),
-                   sent=agent.stats["sent"], retx=agent.stats["retransmitted"], rej=agent.rejected, **extra)
+                   sent=agent.stats["sent"], retx=agent.stats["retransmitted"], rej=agent.rejected,
+                   cpu=round(time.process_time(), 4), **extra)
 
     status(agent.step - 1)  # the model before the first step this process runs
     code = 0

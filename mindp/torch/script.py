@@ -169,7 +169,8 @@ class Optimizer:
         if self.metrics:
             self.last_t = time.time()
             line = {"job": self.job, "worker": self.rank, "t": self.last_t, "sent": self.agent.stats["sent"],
-                    "retx": self.agent.stats["retransmitted"], "rej": self.agent.rejected, **rec}
+                    "retx": self.agent.stats["retransmitted"], "rej": self.agent.rejected,
+                    "cpu": round(time.process_time(), 4), **rec}
             with open(self.metrics, "a") as f:
                 f.write(json.dumps(line) + "\n")
 

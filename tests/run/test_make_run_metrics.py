@@ -35,6 +35,8 @@ def test_metrics_count_drops_per_step_and_the_nodes_update_rate(tmp_path, loss):
     assert all(float(r["node_elements_per_s"]) > 0 and float(r["node_commit_seconds"]) > 0 for r in rows)  # every commit line read
     assert all(float(r["compute_seconds"]) > 0 and float(r["wait_seconds"]) > 0 for r in rows)  # every worker's step timed
     assert all(float(r["batch_loss"]) > 0 for r in rows)  # and its loss said
+    assert all(float(r["worker_cpu_seconds"]) > 0 for r in rows)  # and its process's CPU
+    assert rows[0]["node_cpu_seconds"] == "" and all(float(r["node_cpu_seconds"]) > 0 for r in rows[1:])
     read = [r for r in rows if r["switch_drops"] != ""]
     assert read, "no read of the switch's drops after any step"
     for r in read:  # the total is the sum of the reasons' columns
@@ -52,6 +54,9 @@ def test_metrics_count_drops_per_step_and_the_nodes_update_rate(tmp_path, loss):
         assert drops > 0 and resent > 0
     s = run.summary()
     assert s["mean_compute_seconds"] > 0 and s["mean_wait_seconds"] > 0 and s["compute_share"] > 0
+    assert s["worker_cpu_seconds_a_step"] > 0 and s["node_cpu_seconds_a_step"] > 0
+    assert s.get("switch_cpu_seconds_a_step", 0) >= 0  # (absent when one read saw every step done)
+    assert f"CPU a step: a worker {s['worker_cpu_seconds_a_step'] * 1000:.1f} ms" in run.out
     back = metrics.read_csv(run.run_dir / "metrics.csv")
     assert len(back) == STEPS and not any(math.isnan(r.node_elements_per_s) for r in back)
     assert_clean(run)

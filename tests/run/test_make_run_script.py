@@ -266,6 +266,8 @@ def test_plain_text_script_shows_rank0_and_writes_per_step_figures(tmp_path):
     assert rows[0].startswith("job,step,loss,accuracy,step_seconds,grad_frames,retransmissions") and len(rows) == 5
     table = metrics.read_csv(run.run_dir / "metrics.csv")  # the ranks' zero_grad() to step(), then their wait
     assert all(r.compute_seconds > 0 and r.wait_seconds > 0 for r in table) and s["compute_share"] > 0
+    assert all(r.worker_cpu_seconds > 0 for r in table) and s["worker_cpu_seconds_a_step"] > 0  # each rank's process
+    assert "CPU a step: a worker" in run.out
     assert "<polyline" in (run.run_dir / "curve.svg").read_text()
     assert_clean(run)
 

@@ -99,6 +99,46 @@ def test_the_summarys_timing_is_over_the_steps_whose_workers_timed_theirs():
     assert metrics.timing(metrics.rows(p)) == {} and metrics.timing([]) == {}
 
 
+def cpu_fed(first: int = 0, steps: int = 4, told: int | None = None) -> Progress:
+    """Two workers whose processes spend 0.2 and 0.4 s of CPU a step after a first step of 1 s (its
+    warm-up), two shards spending 0.05 each, and switch reads that skip steps, as the run's do.
+    told: the first step the Progress is told (a resumed script's is 0: its ranks say where they start)."""
+    p = Progress({1: 2}, steps, first if told is None else told)
+    for s in range(first - 1, steps):
+        after = s - first  # steps after the first this run trained
+        for w in (0, 1):
+            cpu = 3.0 + w + (0 if after < 0 else 1.0 + after * 0.2 * (w + 1))
+            p.feed(rec(worker=w, step=s, t=float(s), sent=0, retx=0, cpu=cpu))
+        for shard in (0, 1):
+            if s >= first:
+                p.feed(json.dumps({"ev": "commit", "job": 1, "shard": shard, "step": s, "t": 1.0, "elements": 8,
+                                   "seconds": 0.5, "cpu": 2.0 + shard + 0.05 * after}))
+        if s in (first, first + 2, steps - 1):
+            assert p.switch_cpu_due()
+            p.feed_switch_cpu(10.0 + 0.125 * s)
+            assert not p.switch_cpu_due()  # until every worker finishes another step
+    return p
+
+
+def test_cpu_a_step_by_role_leaves_out_the_first_step_and_what_was_not_said():
+    for first, told in ((0, 0), (5, 5), (5, 0)):  # a fresh run, one resumed at step 5, a resumed script
+        p = cpu_fed(first, first + 4, told)
+        assert metrics.cpu(p) == {"worker_cpu_seconds_a_step": 0.3, "node_cpu_seconds_a_step": 0.1,
+                                  "switch_cpu_seconds_a_step": 0.125}
+        rows = metrics.rows(p)
+        assert [round(r.worker_cpu_seconds, 6) for r in rows] == [1.0, 0.3, 0.3, 0.3]  # the first: its warm-up
+        assert math.isnan(rows[0].node_cpu_seconds) and [round(r.node_cpu_seconds, 6) for r in rows[1:]] == [0.1] * 3
+    quiet = Progress({1: 1}, 3)
+    for s in range(-1, 3):
+        quiet.feed(rec(worker=0, step=s, t=float(s), sent=0, retx=0))  # an older worker: no cpu said
+    assert metrics.cpu(quiet) == {} and math.isnan(metrics.rows(quiet)[1].worker_cpu_seconds)
+    one = cpu_fed(0, 1)  # a single step: nothing after the first
+    assert metrics.cpu(one) == {}
+    line = results.cpu_line({**metrics.cpu(cpu_fed()), "steps": 4})
+    assert line == "  CPU a step: a worker 300.0 ms, the node(s) 100.0 ms, the switch(es) 125.0 ms"
+    assert results.cpu_line({"steps": 4}) == ""
+
+
 def test_two_shards_rates_add_up_and_a_read_of_a_job_is_kept_at_its_own_step():
     p = Progress({1: 1, 2: 1}, 1)
     for s in (-1, 0):
@@ -142,6 +182,10 @@ def test_csv_round_trip_and_a_foreign_file_is_one_line(tmp_path):
     assert back[0].node_commit_seconds == 0.25 and math.isnan(back[1].node_commit_seconds)
     assert [(r.compute_seconds, r.wait_seconds, r.batch_loss) for r in back] \
         == [(r.compute_seconds, r.wait_seconds, r.batch_loss) for r in table]
+    cpu = metrics.rows(cpu_fed())
+    metrics.write_csv(tmp_path / "cpu.csv", cpu)
+    assert [(round(r.worker_cpu_seconds, 6), r.node_cpu_seconds) for r in metrics.read_csv(tmp_path / "cpu.csv")[1:]] \
+        == [(round(r.worker_cpu_seconds, 6), pytest.approx(r.node_cpu_seconds, abs=1e-6)) for r in cpu[1:]]
     assert [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in back] \
         == [(r.step, r.loss, r.grad_frames, r.host_rejected, r.switch_drops) for r in table]
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
@@ -158,6 +202,7 @@ def test_an_older_runs_metrics_without_the_new_columns_still_reads(tmp_path):
     assert (r.loss, r.grad_frames, r.host_rejected, r.switch_drops) == (2.5, 151, 0, None)
     assert math.isnan(r.node_elements_per_s) and math.isnan(r.node_commit_seconds)
     assert math.isnan(r.compute_seconds) and math.isnan(r.wait_seconds) and math.isnan(r.batch_loss)
+    assert math.isnan(r.worker_cpu_seconds) and math.isnan(r.node_cpu_seconds)
     assert [p.ylabel for p in compare.panels([("old", [r])])] == ["training loss", "test accuracy (%)", "step time (s)",
                                                                   "retransmissions per step"]  # no wait panel
 
