@@ -358,7 +358,7 @@ class Run:
         results.write_summary(self.dir / "summary.json", {
             "model": model, "target": self.target, "k": protocol.K, "workers": self.cfg.total_workers, "stopped": why,
             **unchecked, "steps_done": p.step, "loss_curve": {j: list(zip(c.steps, c.loss)) for j, c in p.curves.items()},
-            "packets_sent": p.packets, "retransmissions": p.retransmissions})
+            "packets_sent": p.packets, "retransmissions": p.retransmissions, **metrics.cpu(p)})
         self.draw(p, model)
         self.console.say(f"  kept the {p.step} step(s) done{' (' + NOT_COMPARED + ')' if checking else ''}: "
                          f"{self.dir / 'summary.json'}, curve.svg, metrics.csv")

@@ -89,10 +89,11 @@ def test_a_run_kept_during_its_check_has_its_figures_and_says_so(tmp_path, capsy
     run.progress = p = Progress({1: 1}, steps=2)
     for s in (-1, 0, 1):
         p.feed(json.dumps({"ev": "step", "job": 1, "worker": 0, "step": s, "sent": 4 * (s + 1), "retx": 0,
-                           "loss": 2.0 - s, "acc": 0.5, "t": 10.0 + s}))
+                           "loss": 2.0 - s, "acc": 0.5, "t": 10.0 + s, "cpu": 1.0 + 0.25 * (s + 1) + (s == 1)}))
     run.keep_partial("mlp (1.2k parameters)", "interrupted", checking=True)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["stopped"] == "interrupted" and s["not_compared"] == NOT_COMPARED and s["steps_done"] == 2
+    assert s["worker_cpu_seconds_a_step"] == 1.25  # its CPU a step so far, the first step left out
     assert (tmp_path / "curve.svg").exists() and len((tmp_path / "metrics.csv").read_text().splitlines()) == 1 + 2
     assert NOT_COMPARED in capsys.readouterr().out
     run.keep_partial("mlp (1.2k parameters)", "interrupted")  # stopped while training: nothing of the sort
