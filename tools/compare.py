@@ -73,7 +73,8 @@ def load(d: pathlib.Path) -> list[metrics.StepRow]:
 
 def panels(runs: list[tuple[str, list[metrics.StepRow]]]) -> list[svgplot.Panel]:
     """Loss, the workers' batch loss, accuracy and their wait for the parameters (each when any run
-    has it), step time and retransmissions per step; x: after step s."""
+    has it), step time and retransmissions per step, then a worker's and the node's CPU a step (when
+    any run has them); x: after step s."""
     def series(field: str, scale: float = 1.0) -> dict:
         out = {}
         for name, table in runs:
@@ -96,6 +97,11 @@ def panels(runs: list[tuple[str, list[metrics.StepRow]]]) -> list[svgplot.Panel]
     if any(math.isfinite(y) for _, ys in wait.values() for y in ys):
         out.append(svgplot.Panel("step", "waiting for the parameters (s)", wait))
     out.append(svgplot.Panel("step", "retransmissions per step", series("retransmissions")))
+    for field, label in (("worker_cpu_seconds", "a worker's CPU a step (ms)"),
+                         ("node_cpu_seconds", "the node's CPU a step (ms)")):
+        cpu = series(field, 1000.0)
+        if any(math.isfinite(y) for _, ys in cpu.values() for y in ys):
+            out.append(svgplot.Panel("step", label, cpu))
     return out
 
 

@@ -137,6 +137,8 @@ def test_cpu_a_step_by_role_leaves_out_the_first_step_and_what_was_not_said():
     line = results.cpu_line({**metrics.cpu(cpu_fed()), "steps": 4})
     assert line == "  CPU a step: a worker 300.0 ms, the node(s) 100.0 ms, the switch(es) 125.0 ms"
     assert results.cpu_line({"steps": 4}) == ""
+    labels = [panel.ylabel for panel in compare.panels([("run", metrics.rows(cpu_fed()))])]
+    assert labels[-2:] == ["a worker's CPU a step (ms)", "the node's CPU a step (ms)"]  # make compare draws them
 
 
 def test_two_shards_rates_add_up_and_a_read_of_a_job_is_kept_at_its_own_step():
