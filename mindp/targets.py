@@ -153,15 +153,18 @@ def free_port(count: int = 1) -> int:
     say) may take it as its source port before the switch binds it (seen: an embedded switch's
     Thrift port taken so in a full test run)."""
     lo, hi = port_range()
-    for _ in range(1000 if hi - count >= lo else 0):
-        ports = range(first := random.randrange(lo, hi - count + 1), first + count)
-        if not _handed_out.intersection(ports) and all(_bindable(p) for p in ports):
+    last = hi - count  # the last first port whose run stays below hi
+    start = random.randrange(lo, last + 1) if last >= lo else lo
+    for first in [*range(start, last + 1), *range(lo, start)]:  # from a random port on: none missed
+        ports = range(first, first + count)
+        if not _handed_out.intersection(ports) and all(port_free(p) for p in ports):
             _handed_out.update(ports)
             return first
     raise TargetError(f"no {count} free consecutive TCP ports on 127.0.0.1 in {lo}-{hi}")
 
 
-def _bindable(port: int) -> bool:
+def port_free(port: int) -> bool:
+    """Whether a TCP socket may bind `port` on 127.0.0.1 now."""
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))

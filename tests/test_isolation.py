@@ -21,17 +21,26 @@ def test_port_slices_are_disjoint_and_free_port_keeps_to_its_own(monkeypatch):
 
 def test_free_ports_in_a_row_are_all_free_and_never_handed_out_twice(monkeypatch):
     """A tree's switches take the ports after the first: ports drawn one at a time once put a leaf's
-    Thrift port on the spine's gRPC port."""
-    monkeypatch.setenv(targets.PORTS_ENV, "20000-20064")
+    Thrift port on the spine's gRPC port. Blocks are drawn until none is left: none shares a port or
+    takes a busy one, and the error comes only when no 8 free ports in a row remain."""
     monkeypatch.setattr(targets, "_handed_out", set())
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 20003))
-        blocks = [targets.free_port(8) for _ in range(6)]
-    spans = [set(range(b, b + 8)) for b in blocks]
-    assert all(20000 <= b and b + 8 <= 20064 and 20003 not in s for b, s in zip(blocks, spans))
-    assert len(set().union(*spans)) == 48  # no port in two blocks
-    with pytest.raises(targets.TargetError, match="no 8 free consecutive TCP ports"):
-        [targets.free_port(8) for _ in range(8)]
+    first = targets.free_port(8)
+    assert all(targets.port_free(p) for p in range(first, first + 8))  # real sockets: each binds now
+    monkeypatch.setenv(targets.PORTS_ENV, "20000-20064")
+    busy = {20003, 20030, 20031}
+    monkeypatch.setattr(targets, "port_free", lambda port: port not in busy)  # (what the kernel says)
+    blocks = []
+    while True:
+        try:
+            blocks.append(targets.free_port(8))
+        except targets.TargetError as exc:
+            assert str(exc) == "no 8 free consecutive TCP ports on 127.0.0.1 in 20000-20064"
+            break
+    handed = [p for b in blocks for p in range(b, b + 8)]
+    assert blocks and len(set(handed)) == len(handed) and all(20000 <= p < 20064 for p in handed)
+    assert not busy & set(handed)
+    left = [p for p in range(20000, 20064) if p not in handed and p not in busy]
+    assert not any(left[i + 7] - left[i] == 7 for i in range(len(left) - 7))  # no free run of 8 was missed
 
 
 def test_beds_of_two_workers_never_share_a_name(monkeypatch):
