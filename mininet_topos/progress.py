@@ -36,6 +36,7 @@ class WorkerProgress:
     retx: int = 0
     done: dict | None = None  # the final "done" record
     ready_t: float | None = None  # wall clock of its first record (initial model, before step 0)
+    ready_step: int | None = None  # the step of that record: the one before the first this run trains
 
 
 class Progress:
@@ -83,7 +84,7 @@ class Progress:
             self.last_t = max(self.last_t, float(rec["t"]))
         if rec.get("ev") == "step":
             if wp.ready_t is None and "t" in rec:
-                wp.ready_t = float(rec["t"])
+                wp.ready_t, wp.ready_step = float(rec["t"]), int(rec["step"])
             wp.step = max(wp.step, int(rec["step"]))
             wp.sent, wp.retx = int(rec.get("sent", 0)), int(rec.get("retx", 0))
             if "t" in rec:
@@ -178,6 +179,13 @@ class Progress:
             return None
         return self.last_t - max(ready)
 
+    @property
+    def started(self) -> int:
+        """The first step this run trained: after the workers' ready records (a resumed script's
+        ranks say where they start; `first` otherwise)."""
+        return min((w.ready_step for w in self.workers.values() if w.ready_step is not None),
+                   default=self.first - 1) + 1
+
     def all_done(self) -> bool:
         return all(wp.done is not None for wp in self.workers.values())
 
@@ -211,7 +219,7 @@ class Progress:
 
     def bar(self, width: int = 24) -> str:
         total = self.training_seconds()
-        rates = ((self.step - self.first) / total, self.packets / total) if total else self.rates()
+        rates = ((self.step - self.started) / total, self.packets / total) if total else self.rates()
         speed = f"{three_digits(rates[0])} steps/s  {rates[1]:,.0f} grad pkt/s" if rates else "- steps/s  - grad pkt/s"
         done = self.step
         loss, acc = self.latest()

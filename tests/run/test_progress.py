@@ -102,9 +102,10 @@ def test_a_resumed_run_counts_from_the_steps_its_earlier_run_did():
 
 def test_the_rate_after_training_counts_the_steps_this_run_did():
     """A script's step count is not known ahead (steps=0), and a resumed run began at `first`: the
-    final rate is the steps done here over the training time, not 0 steps/s."""
-    for first, steps in ((0, 0), (6, 10)):
-        p = Progress({1: 1}, steps=steps, first=first)
+    final rate is the steps done here over the training time, not 0 steps/s. A resumed script's
+    Progress is told no first step: its ranks' ready records say it."""
+    for first, steps, told in ((0, 0, 0), (6, 10, 6), (6, 0, 0)):  # the last: a resumed script's (first 0)
+        p = Progress({1: 1}, steps=steps, first=told)
         p.feed(line(job=1, worker=0, step=first - 1, sent=0, retx=0, t=100.0))
         for s in range(first, first + 4):
             p.feed(line(job=1, worker=0, step=s, sent=s, retx=0, t=100.0 + 0.02 * (s - first + 1)))
