@@ -200,7 +200,7 @@ def cpu(progress: Progress) -> dict[str, float]:
     did not say, or that has fewer than two steps to measure, is left out ({}: none)."""
     if not progress.marks:
         return {}
-    start = min(s for _, s in progress.marks) + 1
+    start = progress.started
 
     def per_step(at: dict[int, float]) -> float:  # CPU so far at each step -> seconds a step between the ends
         steps = sorted(s for s in at if s >= start)
