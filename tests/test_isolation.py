@@ -1,4 +1,5 @@
 """What keeps parallel test workers apart: each its own port slice and its own name tag."""
+import os
 import socket
 import subprocess
 import sys
@@ -59,6 +60,17 @@ def test_a_claimed_tag_is_not_handed_to_another_process():
     other = subprocess.run([sys.executable, "-c", "from mindp.harness import testbed; print(testbed.claim_tag())"],
                            capture_output=True, text=True, check=True).stdout.strip()
     assert len(mine) == len(other) == 1 and other != mine and mine != testbed.claim_tag()
+
+
+def test_a_tag_is_held_across_file_systems_that_share_the_network():
+    """A run in a container on the host's network (own /run and /tmp) meets this run's interface
+    names, so it must not get this process's tag: the claim lives in the network namespace."""
+    mine = testbed.claim_tag()
+    claim = "from mindp.harness import testbed; print(testbed.claim_tag())"
+    other = subprocess.run(["unshare", "--mount", "sh", "-c", "mount -t tmpfs none /run && mount -t tmpfs none /tmp"
+                            f" && exec {sys.executable} -c '{claim}'"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert len(other) == 1 and other not in (mine, os.environ[testbed.TAG_ENV])  # the latter: conftest's claim
 
 
 @pytest.fixture

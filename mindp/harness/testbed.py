@@ -8,10 +8,7 @@ frames a test sends cross the link. Everything is removed on close, by name.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
-import pathlib
-import tempfile
 import socket
 import subprocess
 import time
@@ -41,42 +38,25 @@ def tagged(prefix: str) -> str:
 
 
 TAG_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
-_held: list[int] = []
-
-
-def _lock_dir() -> pathlib.Path:
-    base = pathlib.Path("/run") if os.access("/run", os.W_OK) else pathlib.Path(tempfile.gettempdir())
-    d = base / "mindp-net-locks"
-    d.mkdir(exist_ok=True)
-    return d
+_held: list[socket.socket] = []
 
 
 def claim_tag() -> str:
-    """A one-character name tag that no other live process holds (a lock file each, held until
-    this process exits): concurrent test runs, of one checkout or several, never share a name."""
-    d = _lock_dir()
+    """A one-character name tag that no other live process of this network namespace holds: a Unix
+    socket bound to an abstract name (`\\0mindp-tag-X`) for as long as this process lives. Abstract
+    names belong to the network namespace, as the interface and namespace names the tag guards do,
+    so test runs that share the network but not a file system (a container on the host's network)
+    never share a name either."""
     for ch in TAG_CHARS:
-        fd = os.open(d / f"tag-{ch}", os.O_CREAT | os.O_RDWR, 0o644)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+            sock.bind(f"\0mindp-tag-{ch}")
+        except OSError:
+            sock.close()
             continue
-        _held.append(fd)
+        _held.append(sock)
         return ch
-    raise TestbedError(f"all {len(TAG_CHARS)} name tags are held by other processes (locks in {d})")
-
-
-@contextmanager
-def machine_lock(name: str):
-    """Held by one process of the machine at a time (others wait): for what has fixed names, such
-    as make run's Mininet network."""
-    fd = os.open(_lock_dir() / f"{name}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    raise TestbedError(f"all {len(TAG_CHARS)} name tags are held by other processes of this network namespace")
 
 
 class TestbedError(RuntimeError):
