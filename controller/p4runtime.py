@@ -293,6 +293,7 @@ class SwitchConnection:
         self.grpc_addr = grpc_addr
         self.device_id = device_id
         self.election_id = tuple(election_id)
+        self.timeout = timeout
         self.p4info_path = pathlib.Path(p4info_path or artifacts.P4INFO)
         self.p4info = load_p4info(self.p4info_path)
         self.ctx = Context()
@@ -312,6 +313,11 @@ class SwitchConnection:
                              if primary else f"not primary on {grpc_addr}")
 
     # --- session ----------------------------------------------------------
+    def deadline(self, least: float) -> float:
+        """A request's deadline: `least` seconds, or the connection's timeout where that is longer
+        (--timeout / MINDP_CTL_TIMEOUT: how long to wait for the switch on a loaded machine)."""
+        return max(least, self.timeout)
+
     @property
     def is_primary(self) -> bool:
         return self.client.is_primary
@@ -392,7 +398,7 @@ class SwitchConnection:
         req.response_type = p4runtime_pb2.GetForwardingPipelineConfigRequest.P4INFO_AND_COOKIE
         try:
             with interrupts.shielded():
-                rep = self.client.stub.GetForwardingPipelineConfig(req, timeout=10)
+                rep = self.client.stub.GetForwardingPipelineConfig(req, timeout=self.deadline(10))
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 return None, 0
@@ -514,7 +520,7 @@ class SwitchConnection:
         u.entity.CopyFrom(entity)
         try:
             with interrupts.shielded():
-                self.client.stub.Write(req, timeout=10)
+                self.client.stub.Write(req, timeout=self.deadline(10))
         except grpc.RpcError as exc:
             raise self._err(exc, what) from None
 
@@ -569,8 +575,9 @@ class SwitchConnection:
 
     # --- reads --------------------------------------------------------------
     def _read(self, entity: p4runtime_pb2.Entity | list[p4runtime_pb2.Entity], what: str,
-              timeout: float = 30.0) -> list[p4runtime_pb2.Entity]:
-        """One Read of one entity, or of several (in one request)."""
+              timeout: float | None = None) -> list[p4runtime_pb2.Entity]:
+        """One Read of one entity, or of several (in one request); `timeout` None: deadline(30)."""
+        timeout = self.deadline(30) if timeout is None else timeout
         req = p4runtime_pb2.ReadRequest()
         req.device_id = self.device_id
         req.entities.extend(entity if isinstance(entity, list) else [entity])
@@ -611,7 +618,7 @@ class SwitchConnection:
         return sorted(out, key=lambda g: g.group_id)
 
     def read_counter(self, name: str, index: int | None = None,
-                     timeout: float = 30.0) -> dict[int, tuple[int, int]]:
+                     timeout: float | None = None) -> dict[int, tuple[int, int]]:
         """index -> (packets, bytes) of one cell, or of every cell."""
         ent = p4runtime_pb2.Entity()
         ent.counter_entry.counter_id = self._id(P4Type.counter, name)
@@ -621,7 +628,7 @@ class SwitchConnection:
         return {e.counter_entry.index.index: (e.counter_entry.data.packet_count, e.counter_entry.data.byte_count)
                 for e in got}
 
-    def read_counter_cells(self, name: str, indices: list[int], timeout: float = 30.0) -> dict[int, tuple[int, int]]:
+    def read_counter_cells(self, name: str, indices: list[int], timeout: float | None = None) -> dict[int, tuple[int, int]]:
         """index -> (packets, bytes) of the given cells of one counter, in one Read (a whole large
         counter costs a switch far more: BMv2 and the embedded switch take ~0.2 s for 2,080 cells)."""
         cid = self._id(P4Type.counter, name)
