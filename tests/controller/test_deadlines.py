@@ -2,14 +2,13 @@
 longer than the request's own least: on a loaded machine the switch gets the time the user gave it."""
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 import pytest
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4runtime import OpKind, SwitchConnection
-from mindp import targets
+
+from .seam import p4runtime_server
 
 
 class Deadlines(p4runtime_pb2_grpc.P4RuntimeServicer):
@@ -44,13 +43,8 @@ class Deadlines(p4runtime_pb2_grpc.P4RuntimeServicer):
 @pytest.fixture
 def server():
     servicer = Deadlines()
-    srv = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(servicer, srv)
-    addr = f"127.0.0.1:{targets.free_port()}"
-    srv.add_insecure_port(addr)
-    srv.start()
-    yield addr, servicer
-    srv.stop(None)
+    with p4runtime_server(servicer) as addr:
+        yield addr, servicer
 
 
 @pytest.mark.parametrize("timeout, least", [(120.0, {"pipeline read": 120, "write": 120, "read": 120}),

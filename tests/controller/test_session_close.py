@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent import futures
 
-import grpc
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from controller.p4runtime import SwitchConnection
-from mindp import targets
+
+from .seam import p4runtime_server
 
 
 class LateRelease(p4runtime_pb2_grpc.P4RuntimeServicer):
@@ -43,16 +42,9 @@ class LateRelease(p4runtime_pb2_grpc.P4RuntimeServicer):
 
 def test_close_returns_after_the_switch_let_go_of_the_session():
     servicer = LateRelease()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(servicer, server)
-    addr = f"127.0.0.1:{targets.free_port()}"
-    server.add_insecure_port(addr)
-    server.start()
-    try:
+    with p4runtime_server(servicer) as addr:
         for _ in range(3):
             conn = SwitchConnection(addr, timeout=10)
             assert conn.client.is_primary and servicer.sessions == 1
             conn.close()
             assert servicer.sessions == 0
-    finally:
-        server.stop(None)
