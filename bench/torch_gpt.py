@@ -24,7 +24,7 @@ in brackets the share of the threads mindp names, e.g. a worker's pump thread), 
 context switches (wake-ups), its minor page faults (memory the kernel zeroes for it again each
 step) and, for a rank or worker, its forward+backward ms on its own clock (a
 worker's `compute`) and their CPU ms in its training thread (`compute_cpu`; the gradient hooks
-run in it); all CPU but that is the rest of the step: optimizer, communication. On two cores the
+run in it, their own CPU in brackets: `hooks_cpu`); all CPU but that is the rest of the step: optimizer, communication. On two cores the
 sum of CPU is what a step costs, and each round prints DDP's sum over a switch run's: where every
 core trains, the ratio of steps/s follows it, with less of the host's drift (a side's CPU a step
 moves less than its steps/s). A worker's forward+backward above a rank's is the other processes'
@@ -179,6 +179,7 @@ class Usage:
     compute_cpu_ms: float | None = None
     behind_ms: float | None = None  # of wait_ms, the time behind a slower worker (behind_ms())
     faults: float | None = None
+    hooks_cpu_ms: float | None = None  # of compute_cpu_ms, a worker's gradient hooks' own
 
 
 def _cpu_ms(u: Usage) -> str:
@@ -198,7 +199,8 @@ def usage_lines(usages: list[Usage]) -> list[str]:
     waits = ", ".join(f"{u.role} {u.wait_ms:.0f}" for u in usages if u.wait_ms is not None)
     behind = ", ".join(f"{u.role} {u.behind_ms:.0f}" for u in usages if u.behind_ms is not None)
     model = [u.compute_cpu_ms for u in usages if u.compute_cpu_ms is not None]
-    fb_cpu = ", ".join(f"{u.role} {u.compute_cpu_ms:.0f}" for u in usages if u.compute_cpu_ms is not None)
+    fb_cpu = ", ".join(f"{u.role} {u.compute_cpu_ms:.0f}" + (f" (hooks {u.hooks_cpu_ms:.0f})" if u.hooks_cpu_ms is not None
+                                                            else "") for u in usages if u.compute_cpu_ms is not None)
     rest = sum(u.cpu_ms for u in usages) - sum(model)
     return [f"CPU ms a step: {cpu}; all {sum(u.cpu_ms for u in usages):.0f}",
             f"voluntary context switches a step: {wake}",
@@ -319,7 +321,8 @@ class Sampler(threading.Thread):
             if worker == 0:
                 t = {j["step"]: j["t"] for j in lines if j.get("ev") == "step" and "t" in j}
                 self._step_ms = (t[s1] - t[s0]) / n * 1e3 if s0 in t and s1 in t else None
-            logs[worker] = (mean_ms(steps, "compute"), mean_ms(steps, "wait"), mean_ms(steps, "compute_cpu"))
+            logs[worker] = (mean_ms(steps, "compute"), mean_ms(steps, "wait"), mean_ms(steps, "compute_cpu"),
+                            mean_ms(steps, "hooks_cpu"))
             waits[worker] = {j["step"]: j["wait"] for j in steps if "wait" in j}
         behind = behind_ms(waits)
         order = [r for _, r in ROLES]
@@ -331,12 +334,12 @@ class Sampler(threading.Thread):
         out = []
         for pid in sorted(set(a) & set(b), key=rank):
             label, cpu, vol, named, faults = b[pid]
-            compute, wait, compute_cpu = logs.get(int(label.split()[1]), (None,) * 3) if label.startswith("worker ") \
-                else (None,) * 3
+            compute, wait, compute_cpu, hooks_cpu = logs.get(int(label.split()[1]), (None,) * 4) \
+                if label.startswith("worker ") else (None,) * 4
             threads = {name: (sec - a[pid][3].get(name, 0.0)) / n * 1e3 for name, sec in sorted(named.items())}
             out.append(Usage(label, (cpu - a[pid][1]) / n * 1e3, (vol - a[pid][2]) / n, compute, wait, threads,
                              compute_cpu, behind.get(int(label.split()[1])) if label.startswith("worker ") else None,
-                             (faults - a[pid][4]) / n))
+                             (faults - a[pid][4]) / n, hooks_cpu))
         return out
 
     def step_ms(self) -> float | None:

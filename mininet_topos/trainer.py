@@ -122,7 +122,8 @@ def _scaler_state(scaler) -> list[float]:
 
 def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, resumed: bool, timing: dict):
     """timing["compute"]: the last step's forward and backward seconds (its step line's), "compute_cpu"
-    their CPU seconds in the training thread (the gradient hooks' included); timing["wait"]: the
+    their CPU seconds in the training thread (the gradient hooks' included; "hooks_cpu" theirs alone:
+    the gradients rounded into frames, the pump thread nudged); timing["wait"]: the
     seconds it then waited for the step's parameters (the round trip not hidden by backward);
     timing["batch_loss"]: the loss on this worker's batch (unscaled)."""
     from mindp.lossscale import LossScaler
@@ -152,6 +153,7 @@ def _torch_step(wl: workload.WorkloadConfig, agent: WorkerAgent, start: dict, re
         params = dp.step(loss)
         timing["compute"] = round(forward + dp.backward_seconds, 6)
         timing["compute_cpu"] = round(forward_cpu + dp.backward_cpu, 6)
+        timing["hooks_cpu"] = round(dp.hooks_cpu, 6)
         timing["wait"] = round(dp.wait_seconds, 6)
         timing["batch_loss"] = loss.item()
         return params

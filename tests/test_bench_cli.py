@@ -161,14 +161,15 @@ def test_torch_gpt_splits_the_cpu_into_forward_backward_and_the_rest(monkeypatch
     logs.mkdir(parents=True)
     for w, cpus in ((0, (0.5, 0.25, 0.21, 0.23)), (1, (0.5, 0.1, 0.12, 0.14))):
         (logs / f"worker-job1-{w}.log").write_text("".join(
-            json.dumps({"ev": "step", "step": s, "compute": 1.0, "wait": 0.0, "compute_cpu": c}) + "\n"
+            json.dumps({"ev": "step", "step": s, "compute": 1.0, "wait": 0.0, "compute_cpu": c,
+                        **({"hooks_cpu": 0.01 * (1 + s % 2)} if w == 0 else {})}) + "\n"  # worker 1's: none
             for s, c in enumerate(cpus)))
     sampler = bench.Sampler(0, tmp_path, steps=5)
     at = lambda cpu0, cpu1, node: {10: ("worker 0", cpu0, 5, {}, 0), 11: ("worker 1", cpu1, 7, {}, 0),
                                    12: ("node", node, 9, {}, 0)}
     sampler.snaps = [(1, at(1.0, 2.0, 0.5)), (3, at(1.6, 2.4, 0.7))]
     lines = bench.usage_lines(sampler.usages())
-    assert "forward+backward CPU ms (training thread, gradient hooks in): worker 0 220, worker 1 130; " \
+    assert "forward+backward CPU ms (training thread, gradient hooks in): worker 0 220 (hooks 15), worker 1 130; " \
            "all the rest 250 (optimizer, communication: every other thread and process)" in lines
 
 

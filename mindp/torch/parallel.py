@@ -93,6 +93,7 @@ class DataParallel:
         self._handle = None
         self.backward_seconds = 0.0  # step()'s last backward
         self.backward_cpu = 0.0  # its CPU seconds in this thread (the hooks' sends included)
+        self.hooks_cpu = 0.0  # of those, the hooks' own: the gradients into frames, the pump nudged
         self.wait_seconds = 0.0  # the last finish()'s wait for the step's parameters (after backward)
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (id, version) of the gradient the hook sent
         self._written = self._stamps()  # each parameter as the network last left it
@@ -118,10 +119,12 @@ class DataParallel:
                                      "model.require_backward_grad_sync = False), as with DDP; or a parameter used in "
                                      "several torch.utils.checkpoint(use_reentrant=True) segments: use_reentrant=False "
                                      f"({CHANGED_HINT})")
+                cpu = time.thread_time()
                 if not self._pushed and self.before_send:
                     self.before_send()
                 self._put(self._handle, name, self._dense(name, p.grad))
                 self._pushed[name] = (id(p.grad), p.grad._version)
+                self.hooks_cpu += time.thread_time() - cpu
         return ready
 
     def _dense(self, name: str, grad: torch.Tensor) -> torch.Tensor:
@@ -199,6 +202,7 @@ class DataParallel:
         self._check_parameters()
         self.module.zero_grad(set_to_none=set_to_none)
         self._pushed.clear()
+        self.hooks_cpu = 0.0
         self._handle = self.agent.start_step()
 
     def finish(self) -> dict[str, np.ndarray]:

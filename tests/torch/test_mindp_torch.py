@@ -5,6 +5,7 @@ sums, the node's optimizer), also with packet loss and with dynamic loss scaling
 import json
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -90,6 +91,9 @@ def test_torch_models_through_the_switch_are_bit_identical(bed, tmp_path, target
         assert sum(d["stats"].get("retransmitted", 0) for d in done) > 0
 
 
+BURN = 0.001  # CPU seconds the recorder's put spends
+
+
 def test_hooks_push_gradients_during_backward_in_backward_order():
     cfg = workload.WorkloadConfig(n_workers=1, seed=1, batch=4, model="gpt", model_args=TINY_GPT)
     net = tasks.model(cfg)
@@ -108,6 +112,9 @@ def test_hooks_push_gradients_during_backward_in_backward_order():
                 def put(self, name, g, scale=1.0):
                     rec.order.append((name, torch._C._current_graph_task_id() != -1))
                     self.put_names.add(name)
+                    t = time.thread_time()
+                    while time.thread_time() - t < BURN:  # a put's own CPU, which hooks_cpu counts
+                        pass
 
                 def holds(self, name, g, scale=1.0):
                     return True
@@ -131,6 +138,9 @@ def test_hooks_push_gradients_during_backward_in_backward_order():
     assert set(params) == set(dict(net.named_parameters()))
     assert dp.backward_seconds > 0  # the step line's compute: forward and this
     assert dp.wait_seconds > 0  # the step line's wait: finish()'s wait for the parameters
+    assert len(names) * BURN <= dp.hooks_cpu <= dp.backward_cpu  # the hooks' own CPU, within backward's
+    dp.begin()
+    assert dp.hooks_cpu == 0.0  # each step's own
     dp.close()
 
 
