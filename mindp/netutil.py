@@ -14,6 +14,24 @@ ETH_P_ALL = 0x0003
 SIOCGIFFLAGS = 0x8913
 IFF_UP, IFF_RUNNING = 0x1, 0x40
 
+_claims: list[socket.socket] = []  # the names this process claimed, bound while it lives
+
+
+def claim(name: str) -> bool:
+    """Claim `name` for this process's life: a Unix socket bound to the abstract name `\\0mindp-<name>`;
+    False where another live process of this network namespace holds it (or this one already
+    does). Abstract names belong to the network namespace, as interface names and ports do, so
+    processes that share the network but not a file system (a container on the host's network)
+    see each other's claims; the kernel drops a claim with the process that held it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(f"\0mindp-{name}")
+    except OSError:
+        sock.close()
+        return False
+    _claims.append(sock)
+    return True
+
 
 def interface_holding(ip: str) -> str | None:
     """The interface of this network namespace that holds IPv4 address `ip`, or None."""

@@ -6,6 +6,7 @@ it by PID.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import pathlib
 import random
@@ -16,7 +17,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from . import progress, protocol, vnet
+from . import netutil, progress, protocol, vnet
 
 #: embedded-python: the embedded switch on its Python pipeline only (the reference the compiled one equals)
 TARGETS = ("auto", "bmv2", "embedded", "embedded-python")
@@ -116,11 +117,15 @@ def grpc_port_open(addr: str) -> bool:
         return False
 
 
-_handed_out: set[int] = set()
-
-#: "LO-HI": free_port() picks from this range only. A parallel test runner gives each worker its
-#: own slice, so two workers never pick the same port between its check and the switch's bind.
+#: "LO-HI": free_port() picks from this range only.
 PORTS_ENV = "MINDP_PORTS"
+#: free_port() hands out ports from blocks of this many (aligned to it) that the process claims
+#: for its life (netutil.claim), so no two live processes of a network namespace (two xdist
+#: workers, two test runs, a container on the host's network) hand out the same port between its
+#: check and a switch's bind.
+PORT_BLOCK = 64
+_blocks: list[int] = []  # the first port of each block this process claimed, in claim order
+_handed_out: set[int] = set()
 
 
 def _ephemeral_low() -> int:
@@ -139,28 +144,37 @@ def port_range() -> tuple[int, int]:
     return 10000, _ephemeral_low()
 
 
-def slice_of(index: int, count: int) -> str:
-    """The $MINDP_PORTS value of parallel worker `index` of `count`: its own share of the range."""
-    lo, hi = 10000, _ephemeral_low()
-    size = (hi - lo) // count
-    return f"{lo + index * size}-{lo + (index + 1) * size}"
-
-
 def free_port(count: int = 1) -> int:
     """The first of `count` consecutive TCP ports on 127.0.0.1 (a tree's switches take the next
-    ones), each free now and not handed out before by this process, below the kernel's ephemeral
-    range: a port from bind(0) is in that range, where any outgoing connection (a gRPC client's,
-    say) may take it as its source port before the switch binds it (seen: an embedded switch's
-    Thrift port taken so in a full test run)."""
+    ones; at most PORT_BLOCK), each free now, in a block this process claimed and not handed out
+    before by it, below the kernel's ephemeral range: a port from bind(0) is in that range, where
+    any outgoing connection (a gRPC client's, say) may take it as its source port before the
+    switch binds it (seen: an embedded switch's Thrift port taken so in a full test run)."""
+    if not 1 <= count <= PORT_BLOCK:
+        raise TargetError(f"free_port: {count} ports in a row; 1 to {PORT_BLOCK}")
     lo, hi = port_range()
-    last = hi - count  # the last first port whose run stays below hi
-    start = random.randrange(lo, last + 1) if last >= lo else lo
-    for first in [*range(start, last + 1), *range(lo, start)]:  # from a random port on: none missed
-        ports = range(first, first + count)
-        if not _handed_out.intersection(ports) and all(port_free(p) for p in ports):
-            _handed_out.update(ports)
-            return first
+    for block in itertools.chain(list(_blocks), _new_blocks(lo, hi)):
+        for first in range(max(block, lo), min(block + PORT_BLOCK, hi) - count + 1):
+            ports = range(first, first + count)
+            if not _handed_out.intersection(ports) and all(port_free(p) for p in ports):
+                _handed_out.update(ports)
+                return first
     raise TargetError(f"no {count} free consecutive TCP ports on 127.0.0.1 in {lo}-{hi}")
+
+
+def _new_blocks(lo: int, hi: int):
+    """The blocks touching lo..hi that no live process holds, from a random one on, each claimed
+    as it is reached (the caller stops at the first with room)."""
+    firsts = range(lo - lo % PORT_BLOCK, hi, PORT_BLOCK)
+    start = random.randrange(len(firsts)) if firsts else 0
+    for first in [*firsts[start:], *firsts[:start]]:
+        if first not in _blocks and _claim_block(first):
+            _blocks.append(first)
+            yield first
+
+
+def _claim_block(first: int) -> bool:
+    return netutil.claim(f"ports-{first}")
 
 
 def port_free(port: int) -> bool:

@@ -23,22 +23,17 @@ pytest.register_assert_rewrite(*sorted(f"tests.{d.name}" for d in pathlib.Path(_
                                        if (d / "__init__.py").is_file()))
 
 from controller.p4runtime import TIMEOUT_ENV  # noqa: E402
-from mindp import progress, targets  # noqa: E402
+from mindp import progress  # noqa: E402
 from mindp.harness import testbed  # noqa: E402
 from tests.target_params import DATAPLANE_TARGETS  # noqa: E402
 
-# Each xdist worker (gw0, gw1, ...) gets its own slice of TCP ports, and every test process a name
-# tag on namespaces and interfaces that no other live process holds, so that even two test runs
-# at once (two checkouts) never share a name; the subprocesses it starts inherit both.
+# Every test process takes a name tag on namespaces and interfaces that no other live process
+# holds, so that even two test runs at once (two checkouts) never share a name; the subprocesses it
+# starts inherit it. (TCP ports are kept apart so too: targets.free_port claims blocks of them.)
 # mindp-ctl and the controller wait 3 s for a switch unless told: here, with other tests loading the
 # machine, that wait is a hang guard (tests of a switch that does not answer give their own timeout).
 os.environ.setdefault(TIMEOUT_ENV, str(progress.STALL))
-_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-if _worker.startswith("gw"):
-    _index = int(_worker[2:])
-    os.environ[targets.PORTS_ENV] = targets.slice_of(_index, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
-    os.environ[testbed.TAG_ENV] = testbed.claim_tag()
-elif testbed.TAG_ENV not in os.environ:  # a run without xdist is apart from every other run too
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") or testbed.TAG_ENV not in os.environ:
     os.environ[testbed.TAG_ENV] = testbed.claim_tag()
 
 

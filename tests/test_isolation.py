@@ -1,4 +1,4 @@
-"""What keeps parallel test workers apart: each its own port slice and its own name tag."""
+"""What keeps parallel test workers apart: ports from blocks each claims, and its own name tag."""
 import os
 import socket
 import subprocess
@@ -12,36 +12,53 @@ from mindp.harness import testbed
 from mindp.topology import Host
 
 
-def test_port_slices_are_disjoint_and_free_port_keeps_to_its_own(monkeypatch):
-    slices = [tuple(map(int, targets.slice_of(i, 4).split("-"))) for i in range(4)]
-    assert all(a[1] <= b[0] for a, b in zip(slices, slices[1:])) and slices[0][0] >= 10000
-    monkeypatch.setenv(targets.PORTS_ENV, targets.slice_of(2, 4))
-    lo, hi = slices[2]
-    assert all(lo <= targets.free_port() < hi for _ in range(50))
+def test_free_port_keeps_to_mindp_ports(monkeypatch):
+    p = targets.free_port()
+    block = p - p % targets.PORT_BLOCK
+    monkeypatch.setattr(targets, "_handed_out", set())  # (other tests of this process may have used the block)
+    monkeypatch.setenv(targets.PORTS_ENV, f"{block + 5}-{block + 40}")  # inside a block this process holds
+    assert all(block + 5 <= targets.free_port() < block + 40 for _ in range(20))
 
 
 def test_free_ports_in_a_row_are_all_free_and_never_handed_out_twice(monkeypatch):
     """A tree's switches take the ports after the first: ports drawn one at a time once put a leaf's
     Thrift port on the spine's gRPC port. Blocks are drawn until none is left: none shares a port or
-    takes a busy one, and the error comes only when no 8 free ports in a row remain."""
-    monkeypatch.setattr(targets, "_handed_out", set())
+    takes a busy one, and the error comes only when no 8 free ports in a row remain in a block."""
     first = targets.free_port(8)
     assert all(targets.port_free(p) for p in range(first, first + 8))  # real sockets: each binds now
-    monkeypatch.setenv(targets.PORTS_ENV, "20000-20064")
-    busy = {20003, 20030, 20031}
+    monkeypatch.setattr(targets, "_handed_out", set())
+    monkeypatch.setattr(targets, "_blocks", [])
+    monkeypatch.setattr(targets, "_claim_block", lambda first: True)  # (claims across processes: below)
+    monkeypatch.setenv(targets.PORTS_ENV, "20000-20100")  # blocks 19968 (from 20000), 20032, 20096 (to 20100)
+    busy = {20003, 20030, 20031, 20040}
     monkeypatch.setattr(targets, "port_free", lambda port: port not in busy)  # (what the kernel says)
     blocks = []
     while True:
         try:
             blocks.append(targets.free_port(8))
         except targets.TargetError as exc:
-            assert str(exc) == "no 8 free consecutive TCP ports on 127.0.0.1 in 20000-20064"
+            assert str(exc) == "no 8 free consecutive TCP ports on 127.0.0.1 in 20000-20100"
             break
     handed = [p for b in blocks for p in range(b, b + 8)]
-    assert blocks and len(set(handed)) == len(handed) and all(20000 <= p < 20064 for p in handed)
+    assert blocks and len(set(handed)) == len(handed) and all(20000 <= p < 20100 for p in handed)
     assert not busy & set(handed)
-    left = [p for p in range(20000, 20064) if p not in handed and p not in busy]
-    assert not any(left[i + 7] - left[i] == 7 for i in range(len(left) - 7))  # no free run of 8 was missed
+    assert all(p // 64 == (p + 7) // 64 for p in blocks)  # each run inside one block
+    left = [p for p in range(20000, 20100) if p not in handed and p not in busy]
+    assert not any(left[i + 7] - left[i] == 7 and left[i] // 64 == left[i + 7] // 64
+                   for i in range(len(left) - 7))  # no free run of 8 in a block was missed
+    with pytest.raises(targets.TargetError, match="65 ports in a row; 1 to 64"):
+        targets.free_port(65)
+
+
+def test_a_block_of_ports_one_process_holds_is_not_handed_to_another(monkeypatch):
+    """Two test runs on one network (a container on the host's) once drew the same port slices:
+    a port this process handed out is in a block no other process hands from while it lives."""
+    p = targets.free_port()
+    block = p - p % targets.PORT_BLOCK
+    monkeypatch.setenv(targets.PORTS_ENV, f"{block}-{block + targets.PORT_BLOCK}")
+    other = subprocess.run([sys.executable, "-c", "from mindp import targets; print(targets.free_port())"],
+                           capture_output=True, text=True, env=os.environ)
+    assert other.returncode != 0 and f"no 1 free consecutive TCP ports on 127.0.0.1 in {block}-" in other.stderr
 
 
 def test_beds_of_two_workers_never_share_a_name(monkeypatch):

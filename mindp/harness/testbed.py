@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mindp import progress
-from mindp.netutil import IFF_RUNNING, drop_at_ingress, hold_udp_port, interface_flags, packet_socket
+from mindp.netutil import IFF_RUNNING, claim, drop_at_ingress, hold_udp_port, interface_flags, packet_socket
 from mindp.protocol import link_mtu
 from mindp.readable import readable
 from mindp.topology import Host
@@ -38,24 +38,16 @@ def tagged(prefix: str) -> str:
 
 
 TAG_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz"
-_held: list[socket.socket] = []
 
 
 def claim_tag() -> str:
-    """A one-character name tag that no other live process of this network namespace holds: a Unix
-    socket bound to an abstract name (`\\0mindp-tag-X`) for as long as this process lives. Abstract
-    names belong to the network namespace, as the interface and namespace names the tag guards do,
-    so test runs that share the network but not a file system (a container on the host's network)
-    never share a name either."""
+    """A one-character name tag that no other live process of this network namespace holds,
+    claimed (netutil.claim: `\\0mindp-tag-X`) for as long as this process lives: the interface and
+    namespace names the tag guards belong to the network namespace too, so test runs that share
+    the network but not a file system (a container on the host's network) never share a name."""
     for ch in TAG_CHARS:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.bind(f"\0mindp-tag-{ch}")
-        except OSError:
-            sock.close()
-            continue
-        _held.append(sock)
-        return ch
+        if claim(f"tag-{ch}"):
+            return ch
     raise TestbedError(f"all {len(TAG_CHARS)} name tags are held by other processes of this network namespace")
 
 
