@@ -126,6 +126,9 @@ PORTS_ENV = "MINDP_PORTS"
 PORT_BLOCK = 64
 _blocks: list[int] = []  # the first port of each block this process claimed, in claim order
 _handed_out: set[int] = set()
+# A forked child claims blocks of its own (its parent's claims, inherited, keep it off theirs), or
+# both would hand out the same next port of a block they share.
+os.register_at_fork(after_in_child=_blocks.clear)
 
 
 def _ephemeral_low() -> int:

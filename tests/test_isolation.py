@@ -61,6 +61,25 @@ def test_a_block_of_ports_one_process_holds_is_not_handed_to_another(monkeypatch
     assert other.returncode != 0 and f"no 1 free consecutive TCP ports on 127.0.0.1 in {block}-" in other.stderr
 
 
+def test_a_forked_child_hands_out_ports_from_blocks_of_its_own():
+    mine = targets.free_port()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its port, or 0 where it has none
+        try:
+            port = targets.free_port()
+        except BaseException:
+            port = 0
+        os.write(w, str(port).encode())
+        os._exit(0)
+    os.close(w)
+    child = int(os.read(r, 16))
+    os.close(r)
+    os.waitpid(pid, 0)
+    ours = targets.free_port()
+    assert child and child // targets.PORT_BLOCK not in {p // targets.PORT_BLOCK for p in (mine, ours)}
+
+
 def test_beds_of_two_workers_never_share_a_name(monkeypatch):
     names = []
     for tag in ("0", "1"):
