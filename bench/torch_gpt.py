@@ -11,7 +11,8 @@ Each make run line names the K (elements a frame) it ran: the target's default (
 --k's on the embedded switch (a K with no committed program is compiled with p4c first, as make
 run K= does: minutes at a large K, once).
 
-Like is compared with like: every side times the steps after its first (warm-up) one, and the
+Like is compared with like: every side times the steps after its first (warm-up) one, keeps the
+memory a step frees for the next (DDP's ranks and the one process as make run's workers), and the
 switch run's worker 0 evaluates only the first and the last model (make run EVAL=0; DDP's ranks
 and the one process evaluate nothing), and the optimizer node holds its whole state in RAM as
 each DDP rank holds its own (make run NODE_RAM=; --node-ram 256M, make run's default, streams a
@@ -74,7 +75,7 @@ except ImportError:
 
 from host_agent import optim, residency, state  # noqa: E402
 from host_agent.agent_args import integer, parse_size  # noqa: E402
-from mindp import INSTALL_TORCH, procstat, protocol, targets, threadname, workload  # noqa: E402
+from mindp import INSTALL_TORCH, heap, procstat, protocol, targets, threadname, workload  # noqa: E402
 from mindp.harness import testbed  # noqa: E402
 from mindp.harness.run_processes import ROLES, Cores, cpu_list, parse_cpus, pin, proc_usage  # noqa: E402
 from mindp.topology import Host  # noqa: E402
@@ -83,10 +84,18 @@ from mininet_topos.placement import Placement  # noqa: E402
 from p4src import artifacts  # noqa: E402
 
 
+def trains_as_a_worker() -> None:
+    """This process's heap as make run's workers' (mininet_topos/trainer.py, mindp.torch.init): the
+    memory a step frees kept for the next (mindp/heap.py), on every side that trains; glibc's default
+    gives it back, and the kernel zeroes it again on the next step's first touch."""
+    heap.keep_freed()
+
+
 def single_process(wl: workload.WorkloadConfig, steps: int) -> float:
     """Steps/s of one process: every worker's batch in one forward/backward, torch.optim.AdamW."""
     from mindp.torch import models, tasks
 
+    trains_as_a_worker()
     net = tasks.model(wl)
     torch.set_num_threads(len(os.sched_getaffinity(0)))  # every core it may use, as the switch run's workers
     opt = torch.optim.AdamW(net.parameters(), lr=config.DEFAULT_LR["gpt"], weight_decay=0.01)
@@ -117,6 +126,7 @@ def ddp_worker(rank: int, world: int, master: str, steps: int, gpt: dict, cpu: i
 
     if cpu is not None:  # --pin: before gloo starts its threads, which follow
         os.sched_setaffinity(0, {cpu})
+    trains_as_a_worker()
     os.environ["GLOO_SOCKET_IFNAME"] = "eth0"
     dist.init_process_group("gloo", init_method=f"tcp://{master}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=120))

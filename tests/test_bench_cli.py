@@ -528,3 +528,49 @@ def test_checks_times_each_check_beside_what_it_is_compared_with():
     assert lines[0].startswith(f"K = {K}, 70,000 elements in 2 tensors")
     assert "holds / put" in lines[1]
     assert "through torch / compiled" in lines[2] or lines[2] == "  parameters: skipped (no torch)"
+
+
+KEPT = """
+import resource, sys
+import numpy as np
+sys.path.insert(0, "bench")
+import torch_gpt
+from mindp import workload
+if sys.argv[1] == "trained":  # a step of the one-process side first
+    torch_gpt.single_process(workload.WorkloadConfig(n_workers=1, model="gpt", model_args={"d": 32, "layers": 1}), 1)
+faults = []
+for _ in range(5):  # then steps that free and allocate 64 MiB, as tests/test_heap.py's
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    arrays = [np.ones(1 << 20) for _ in range(8)]
+    del arrays
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(min(faults[2:]))
+"""
+
+
+def test_torch_gpt_s_one_process_keeps_the_memory_a_step_frees_as_make_run_s_workers():
+    """Like with like: the one-process side's heap keeps what a step frees, as a mindp worker's."""
+    pytest.importorskip("torch")
+    def faults_a_step(mode: str) -> int:
+        return int(subprocess.run([sys.executable, "-c", KEPT, mode], cwd=REPO, check=True, capture_output=True,
+                                  text=True).stdout)
+    default, trained = faults_a_step("default"), faults_a_step("trained")
+    assert default > (64 << 20) // 4096 // 8 and trained * 20 < default
+
+
+def test_torch_gpt_s_ddp_rank_keeps_the_memory_a_step_frees_before_gloo_starts(monkeypatch):
+    """A DDP rank's heap is set as a worker's before gloo starts (its threads' arenas too)."""
+    pytest.importorskip("torch")
+    import torch.distributed as dist
+    bench = load("torch_gpt", monkeypatch)
+    calls = []
+    monkeypatch.setattr(bench, "trains_as_a_worker", lambda: calls.append("heap"))
+
+    def init_process_group(*args, **kwargs):
+        calls.append("gloo")
+        raise RuntimeError("no gloo here")
+    monkeypatch.setattr(dist, "init_process_group", init_process_group)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # (the rank sets its own)
+    with pytest.raises(RuntimeError, match="no gloo here"):
+        bench.ddp_worker(0, 1, "127.0.0.1:1", 1, {})
+    assert calls == ["heap", "gloo"]
