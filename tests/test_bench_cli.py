@@ -17,6 +17,7 @@ import pytest
 from host_agent.agent_args import integer
 from mindp.harness import run_processes as processes
 from mindp.protocol import K
+from tests.heap_steps import FRESH, faults_a_step
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -530,32 +531,21 @@ def test_checks_times_each_check_beside_what_it_is_compared_with():
     assert "through torch / compiled" in lines[2] or lines[2] == "  parameters: skipped (no torch)"
 
 
-KEPT = """
-import resource, sys
-import numpy as np
+# A step of the one-process side, before tests/heap_steps.py's steps
+ONE_PROCESS_STEP = """
+import sys
 sys.path.insert(0, "bench")
 import torch_gpt
 from mindp import workload
-if sys.argv[1] == "trained":  # a step of the one-process side first
-    torch_gpt.single_process(workload.WorkloadConfig(n_workers=1, model="gpt", model_args={"d": 32, "layers": 1}), 1)
-faults = []
-for _ in range(5):  # then steps that free and allocate 64 MiB, as tests/test_heap.py's
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    arrays = [np.ones(1 << 20) for _ in range(8)]
-    del arrays
-    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(min(faults[2:]))
+torch_gpt.single_process(workload.WorkloadConfig(n_workers=1, model="gpt", model_args={"d": 32, "layers": 1}), 1)
 """
 
 
 def test_torch_gpt_s_one_process_keeps_the_memory_a_step_frees_as_make_run_s_workers():
     """Like with like: the one-process side's heap keeps what a step frees, as a mindp worker's."""
     pytest.importorskip("torch")
-    def faults_a_step(mode: str) -> int:
-        return int(subprocess.run([sys.executable, "-c", KEPT, mode], cwd=REPO, check=True, capture_output=True,
-                                  text=True).stdout)
-    default, trained = faults_a_step("default"), faults_a_step("trained")
-    assert default > (64 << 20) // 4096 // 8 and trained * 20 < default
+    default, trained = faults_a_step(), faults_a_step(ONE_PROCESS_STEP)
+    assert default > FRESH and trained * 20 < default
 
 
 def test_torch_gpt_s_ddp_rank_keeps_the_memory_a_step_frees_before_gloo_starts(monkeypatch):
@@ -570,7 +560,7 @@ def test_torch_gpt_s_ddp_rank_keeps_the_memory_a_step_frees_before_gloo_starts(m
         calls.append("gloo")
         raise RuntimeError("no gloo here")
     monkeypatch.setattr(dist, "init_process_group", init_process_group)
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # (the rank sets its own)
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")  # restored after the test: the rank sets its own
     with pytest.raises(RuntimeError, match="no gloo here"):
         bench.ddp_worker(0, 1, "127.0.0.1:1", 1, {})
     assert calls == ["heap", "gloo"]
