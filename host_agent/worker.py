@@ -61,12 +61,12 @@ class WorkerConfig:
     coalesce: float = 0.0005
     coalesce_min: int = 256
     # Sends go in buckets, as DDP's allreduces do: put() sends (and takes what came) once at least
-    # this many chunks became ready since it last did, or a sixteenth of the step's chunks if fewer
-    # (a small model's sends still overlap its backward); wait() sends the rest. At K = 32 a pump
-    # (a send and a receive) cost ~0.5 ms of numpy and system calls whatever its size, and backward
-    # puts a tensor every few ms (the gpt's 53 tensors: 43 pumps a step; at 128, ~20); at K = 1,024
-    # the gpt's 1,270 chunks a step make buckets of 79, about 12 a step. 1: every put.
-    bucket: int = 128
+    # this many chunks became ready since it last did, or a quarter of the step's chunks if fewer
+    # (a small model's sends still overlap its backward); wait() sends the rest. Each bucket wakes
+    # the pump thread, the switch, the node and the pumps again, each paying its wake-up and per-call
+    # work: where the network shares the training's cores, fewer and larger buckets leave the
+    # training more CPU (docs/PERFORMANCE.md). 1: every put.
+    bucket: int = 512
     # Streaming: from a step's start to wait(), a thread of the agent's takes the answers as they
     # come and sends each slot's next chunk at once (host_agent.pumper), where put()'s pumps alone
     # left most of a large model's chunks for wait(); put() then only nudges it once a bucket is
@@ -157,7 +157,7 @@ class WorkerAgent:
         window.warm()
         n = layout.n_chunks
         self.spec_of = {s.name: s for s in layout.specs}
-        self.bucket = min(cfg.bucket, max(1, n // 16))
+        self.bucket = min(cfg.bucket, max(1, n // 4))
         self.counts = np.array([layout.chunk_count(c) for c in range(n)], dtype=np.uint16) if n else np.zeros(0)
         self.param_rx = param_rx.ParamReceiver(cfg.job_id, self.counts, cfg.optimizer_mac, cfg.optimizer_ip,
                                                self.param_sources, len(self.rx))

@@ -221,7 +221,7 @@ def test_steps_reuse_a_receive_buffer_but_return_parameters_of_their_own():
 
 def test_puts_send_in_buckets_and_wait_sends_the_rest():
     """put() sends once `bucket` chunks became ready since the last send (as DDP's buckets), or a
-    sixteenth of the step's chunks if fewer; a put that completes fewer leaves them for a later
+    quarter of the step's chunks if fewer; a put that completes fewer leaves them for a later
     put or for wait()."""
     sizes = {"a": 3, "b": 2, "c": 58, "d": 1}  # chunks 0-2 | 3-4 | 5-62 | 63
     lay = optim.layout_of({t: np.zeros(m * K, np.float32) for t, m in sizes.items()})
@@ -230,7 +230,7 @@ def test_puts_send_in_buckets_and_wait_sends_the_rest():
     for s in (a, b):  # c's 58 gradients, then 63 answers, queued at once at any K
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     agent = WorkerAgent(replace(CFG, slots=n, bucket=4, stream=False), lay, a)
-    assert agent.bucket == 4 and WorkerAgent(replace(CFG, slots=n, bucket=5), lay, a).bucket == n // 16
+    assert agent.bucket == 4 and WorkerAgent(replace(CFG, slots=n, bucket=17), lay, a).bucket == n // 4
     h = agent.start_step()
 
     def sent_now() -> list[int]:
